@@ -1,0 +1,23 @@
+// The tally command's subcommands. Each registers itself on the app and, when chosen, runs
+// with the options it parsed, writing to the context's streams and setting its exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <iosfwd>
+
+namespace tally::cli {
+
+struct CommandContext {
+  std::ostream& out;
+  std::ostream& err;
+  int exit_code = 0;
+};
+
+void add_topo_command(CLI::App& app, CommandContext& context);
+void add_enumerate_command(CLI::App& app, CommandContext& context);
+
+// Parses argv, runs the chosen command and returns the process exit code: 0 good, 1 a counting
+// failure, 2 bad input (one line on err), 3 an infrastructure failure.
+int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace tally::cli

@@ -1,0 +1,65 @@
+// ParallelConfig: the sizes of one Megatron-LM parallel configuration, and the rules
+// (reference/megatron-gradnorm.md section 2.1) that decide whether Megatron-LM accepts it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tally::topologies {
+
+// The five tokens of Megatron-LM's `order` string. In the dense grid `ep` has size 1; in the
+// expert grid `cp` has size 1, `tp` means ETP and `dp` means EDP.
+enum class Axis : std::uint8_t { tp, cp, ep, dp, pp };
+inline constexpr int kAxisCount = 5;
+inline constexpr std::array<Axis, kAxisCount> kAllAxes = {Axis::tp, Axis::cp, Axis::ep, Axis::dp,
+                                                          Axis::pp};
+std::string_view axis_token(Axis axis);
+
+// An order string resolved to all five axes, fastest-varying first. Megatron-LM appends axes
+// missing from the string in the order tp, pp, dp, ep, cp; they must have size 1 there.
+using AxisOrder = std::array<Axis, kAxisCount>;
+
+// tally's own bound: a RankLayout holds every group of every family in memory.
+inline constexpr int kMaxWorld = 1 << 20;
+
+inline constexpr std::string_view kDefaultOrder = "tp-cp-ep-dp-pp";
+
+struct ParallelConfig {
+  int world = 1;
+  int tp = 1;
+  int cp = 1;
+  int pp = 1;
+  int ep = 1;
+  int etp = 1;  // callers that mirror Megatron-LM's default pass etp = tp
+  int vpp = 1;  // virtual pipeline chunks per stage
+  std::string order = std::string(kDefaultOrder);
+  int dist_opt_instances = 1;
+
+  friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
+};
+
+// Derived sizes. Only meaningful for a configuration that passes check_config.
+int dp(const ParallelConfig& config);   // world / (tp * cp * pp)
+int edp(const ParallelConfig& config);  // world / (etp * ep * pp)
+
+// Parses an order string ("tp-cp-ep-dp-pp", "tp-dp", ...). On error returns nullopt and sets
+// `error` to a one-line message naming the string and the broken rule.
+std::optional<AxisOrder> parse_order(std::string_view order, std::string* error);
+
+// The canonical form of an order: all five tokens, missing ones appended as Megatron-LM does.
+std::string order_string(const AxisOrder& order);
+
+// The first rule of Megatron-LM's initialize_model_parallel (plus its argument checks for vpp)
+// that `config` breaks, as one line naming the sizes and the rule; nullopt when it is valid.
+std::optional<std::string> check_config(const ParallelConfig& config);
+
+// The resolved order of a configuration that passes check_config.
+AxisOrder resolved_order(const ParallelConfig& config);
+
+// "world 8, tp 2, cp 1, pp 1, ep 4, etp 1, order tp-cp-ep-dp-pp" for messages.
+std::string describe(const ParallelConfig& config);
+
+}  // namespace tally::topologies

@@ -1,0 +1,109 @@
+// RankLayout: every process group of a parallel configuration, laid out exactly as
+// Megatron-LM's RankGenerator and initialize_model_parallel lay them out.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string_view>
+#include <vector>
+
+#include "topologies/parallel_config.h"
+
+namespace tally::topologies {
+
+// Group families, named by Megatron-LM's tokens. Dense grid first, then the expert grid, then
+// the groups initialize_model_parallel derives from them.
+enum class Family : std::uint8_t {
+  tp,
+  cp,
+  dp,
+  dp_cp,
+  pp,
+  tp_pp,     // the model-parallel group (MP)
+  tp_cp,
+  tp_dp_cp,
+  tp_dp,
+  expt_tp,   // ETP
+  expt_ep,
+  expt_dp,   // EDP
+  expt_tp_ep,
+  expt_tp_ep_pp,
+  embedding,  // first and last rank of each pp group; middle stages belong to none
+  world,
+  dist_opt,   // the ranks of one distributed-optimizer instance (the world when k = 1)
+};
+inline constexpr int kFamilyCount = 17;
+inline constexpr std::array<Family, kFamilyCount> kAllFamilies = {
+    Family::tp,         Family::cp,         Family::dp,      Family::dp_cp,
+    Family::pp,         Family::tp_pp,      Family::tp_cp,   Family::tp_dp_cp,
+    Family::tp_dp,      Family::expt_tp,    Family::expt_ep, Family::expt_dp,
+    Family::expt_tp_ep, Family::expt_tp_ep_pp, Family::embedding, Family::world,
+    Family::dist_opt};
+
+std::string_view family_name(Family family);  // "tp", "dp-cp", "expt-tp-ep-pp", ...
+std::optional<Family> family_from_name(std::string_view name);
+
+// One group of one family: the `index`-th group Megatron-LM creates for it.
+struct GroupId {
+  Family family = Family::world;
+  int index = 0;
+  friend bool operator==(const GroupId&, const GroupId&) = default;
+};
+
+// A rank's position on every axis of both grids (pp is shared by both).
+struct Coordinates {
+  int tp = 0, cp = 0, dp = 0, pp = 0;  // dense grid
+  int etp = 0, ep = 0, edp = 0;        // expert grid
+  friend bool operator==(const Coordinates&, const Coordinates&) = default;
+};
+
+class InvalidConfig : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Immutable once built. Each group lists its ranks in ascending order, which is both the order
+// RankGenerator produces and the order torch.distributed assigns group ranks in; a rank's
+// index in that list is its rank in the group.
+class RankLayout {
+ public:
+  // Throws InvalidConfig with check_config's message when the configuration is not valid.
+  explicit RankLayout(ParallelConfig config);
+
+  const ParallelConfig& config() const { return config_; }
+  int world() const { return config_.world; }
+  int dp() const { return dp_; }
+  int edp() const { return edp_; }
+
+  int group_count(Family family) const;
+  std::span<const int> ranks(GroupId group) const;
+
+  // The group of `family` that holds `rank`; nullopt only for embedding on middle stages.
+  std::optional<GroupId> group_of(Family family, int rank) const;
+  // The ranks of that group (empty when there is none).
+  std::span<const int> group_ranks(Family family, int rank) const;
+  // `rank`'s index in its group of `family`; -1 when it belongs to none.
+  int index_in(Family family, int rank) const;
+
+  Coordinates coordinates(int rank) const;
+
+ private:
+  struct FamilyTable {
+    std::vector<int> offsets;        // group g holds ranks[offsets[g] .. offsets[g+1])
+    std::vector<int> ranks;
+    std::vector<int> group_of_rank;  // -1: in no group of this family
+    std::vector<int> index_of_rank;
+  };
+  const FamilyTable& table(Family family) const { return tables_[static_cast<int>(family)]; }
+
+  ParallelConfig config_;
+  int dp_ = 1;
+  int edp_ = 1;
+  AxisOrder order_{};
+  std::array<FamilyTable, kFamilyCount> tables_;
+};
+
+}  // namespace tally::topologies
