@@ -15,6 +15,18 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   CommandContext context{out, err};
   add_topo_command(app, context);
   add_enumerate_command(app, context);
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + command->get_name();
+      known = known || command->get_name() == argv[1];
+    }
+    if (!known) {
+      err << "tally: error: unknown command '" << argv[1] << "' (commands: " << names << ")\n";
+      return kExitBadInput;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
