@@ -1,0 +1,68 @@
+// Communicator: the all-reduces the grad-norm path issues, over groups of a RankLayout.
+//
+// Contract shared by every backend (sim, mpi, nccl):
+// - Every member of a group calls all_reduce once per collective, and all members issue their
+//   collectives on that group in the same order with the same op, element type and length.
+// - The path is written in phases: a rank may read a result only after the phase in which it
+//   issued the collective has ended (blocking backends complete on return; `sim` completes a
+//   collective when its last member arrives, which may be a later rank of the same phase).
+// - A collective that some member never joins is an infrastructure failure (InfraError), never
+//   a wrong number: backends detect it (sim at the end of the phase, mpi/nccl by a watchdog).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "topologies/rank_layout.h"
+
+namespace tally::comm {
+
+// A process group of a RankLayout: which one (for naming and for backends that hold one
+// communicator per group) and its ranks in group order.
+struct Group {
+  topologies::GroupId id;
+  std::span<const int> ranks;
+};
+
+// The group of `family` that holds `rank`. Throws std::logic_error when the rank belongs to none
+// (only the embedding family has such ranks): a path that needs a group must name one that exists.
+Group group_of(const topologies::RankLayout& layout, topologies::Family family, int rank);
+
+// "tp-pp group 3 [0,1,4,5]" for messages (rank lists longer than 16 are abbreviated).
+std::string describe(const Group& group);
+
+enum class ReduceOp : std::uint8_t { sum, max };
+std::string_view op_name(ReduceOp op);
+
+// An infrastructure failure: a hang caught by a watchdog, a mismatched collective, an MPI, NCCL
+// or CUDA error. `call` names what was waiting or failing. Distinct from any counting verdict.
+class InfraError : public std::runtime_error {
+ public:
+  InfraError(std::string call, const std::string& message)
+      : std::runtime_error(message), call_(std::move(call)) {}
+  const std::string& call() const { return call_; }
+
+ private:
+  std::string call_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // `rank` contributes `values` and receives the reduction over `group` in place. `label` names
+  // the statistic for error messages ("dense grad stats").
+  virtual void all_reduce(int rank, const Group& group, std::span<double> values, ReduceOp op,
+                          std::string_view label) = 0;
+  virtual void all_reduce(int rank, const Group& group, std::span<std::int64_t> values,
+                          ReduceOp op, std::string_view label) = 0;
+
+  // Ends a phase: every collective issued so far must be complete. Throws InfraError naming the
+  // group, the collective and the ranks that never joined otherwise.
+  virtual void end_phase() = 0;
+};
+
+}  // namespace tally::comm
