@@ -1,0 +1,132 @@
+#include "topologies/sharding.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace tally::topologies {
+
+namespace {
+
+// The `index`-th of `parts` contiguous blocks along `dim` (TP/ETP rank i of size t).
+Slice block_of(const Shape& shape, int dim, int index, int parts) {
+  Slice slice;
+  slice.rank = shape.rank;
+  for (int d = 0; d < shape.rank; ++d) slice.extent[d] = shape.dims[d];
+  if (dim >= 0) {
+    slice.extent[dim] = shape.dims[dim] / parts;
+    slice.offset[dim] = slice.extent[dim] * index;
+  }
+  return slice;
+}
+
+}  // namespace
+
+std::int64_t Slice::numel() const {
+  std::int64_t n = 1;
+  for (int d = 0; d < rank; ++d) n *= extent[d];
+  return n;
+}
+
+std::string slice_string(const Slice& slice) {
+  std::string out = "[";
+  for (int d = 0; d < slice.rank; ++d)
+    out += (d ? ", " : "") + std::to_string(slice.offset[d]) + ":" +
+           std::to_string(slice.offset[d] + slice.extent[d]);
+  return out + "]";
+}
+
+bool expert_topology(const ModelPlacement& placement) {
+  return placement.ep > 1 || placement.etp != placement.tp;
+}
+
+void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
+                  std::vector<LocalParam>& out) {
+  out.clear();
+  const ModelPlacement& m = model.placement();
+  const ParallelConfig& c = layout.config();
+  const ModelPlacement have{c.tp, c.etp, c.ep, c.pp, c.vpp};
+  if (have != m)
+    throw std::invalid_argument(
+        "the model was validated for tp " + std::to_string(m.tp) + ", etp " +
+        std::to_string(m.etp) + ", ep " + std::to_string(m.ep) + ", pp " + std::to_string(m.pp) +
+        ", vpp " + std::to_string(m.vpp) + " but the layout has " + describe(c) + ", vpp " +
+        std::to_string(c.vpp));
+  const Coordinates at = layout.coordinates(rank);
+  const bool expert_pgs = expert_topology(m);
+  const int per_rank = model.experts_per_ep_rank();
+  const int lo = at.ep * per_rank, hi = lo + per_rank;  // this rank's experts [lo, hi)
+
+  auto add = [&](int id, int local_expert) {
+    const LogicalParam& p = model.param(id);
+    LocalParam local;
+    local.logical_id = p.id;
+    local.param_class = p.param_class;
+    local.vpp_chunk = p.chunk;
+    local.local_expert = local_expert;
+    const int dim = partition_dim(p.param_class);
+    const bool expert = is_expert_class(p.param_class);
+    local.slice = block_of(p.shape, dim, expert ? at.etp : at.tp, expert ? m.etp : m.tp);
+    local.tensor_model_parallel = dim >= 0;
+    local.partition_dim = dim;
+    local.allreduce = !(expert && expert_pgs);
+    local.grad_norm_group = p.grad_norm_group;
+    out.push_back(local);
+  };
+
+  // The last stage's zeroed copy of the word embedding: the whole TP shard, marked shared.
+  // The MTP stage's embedding comes first in its chunk, a tied output layer last.
+  const bool holds_copy = model.last_stage_copy() != SharedCopy::none && at.pp == m.pp - 1;
+  auto add_copy = [&] {
+    const LogicalParam& embedding = model.param(model.last_stage_copy_of());
+    LocalParam copy;
+    copy.logical_id = embedding.id;
+    copy.copy = model.last_stage_copy();
+    copy.param_class =
+        copy.copy == SharedCopy::output_layer ? ParamClass::column : ParamClass::vocab;
+    copy.vpp_chunk = m.vpp - 1;
+    copy.slice = block_of(embedding.shape, 0, at.tp, m.tp);
+    copy.tensor_model_parallel = true;
+    copy.partition_dim = 0;
+    copy.shared = true;
+    out.push_back(copy);
+  };
+
+  for (int chunk = 0; chunk < m.vpp; ++chunk) {
+    const bool last_chunk = chunk == m.vpp - 1;
+    if (holds_copy && last_chunk && model.last_stage_copy() == SharedCopy::mtp_embedding)
+      add_copy();
+    for (const LogicalModel::Run& run : model.runs(at.pp, chunk)) {
+      if (run.expert_block_size == 0) {
+        for (int id = run.begin; id < run.end; ++id) add(id, -1);
+        continue;
+      }
+      const int k = run.expert_block_size;
+      const int first = std::max(lo, run.first_expert);
+      const int last = std::min(hi, run.first_expert + (run.end - run.begin) / k);
+      for (int e = first; e < last; ++e) {
+        const int begin = run.begin + (e - run.first_expert) * k;
+        for (int id = begin; id < begin + k; ++id) add(id, e - lo);
+      }
+    }
+    if (holds_copy && last_chunk && model.last_stage_copy() == SharedCopy::output_layer)
+      add_copy();
+  }
+}
+
+std::vector<LocalParam> local_params(const LogicalModel& model, const RankLayout& layout,
+                                     int rank) {
+  std::vector<LocalParam> out;
+  local_params(model, layout, rank, out);
+  return out;
+}
+
+Family replication_family(const LocalParam& param) {
+  return param.allreduce ? Family::tp : Family::expt_tp;
+}
+
+std::string local_name(const LogicalModel& model, const LocalParam& param) {
+  if (param.copy != SharedCopy::none) return model.local_name(param.copy);
+  return model.local_name(param.logical_id, param.local_expert);
+}
+
+}  // namespace tally::topologies
