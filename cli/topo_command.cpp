@@ -84,7 +84,7 @@ void print_layout_table(std::ostream& out, const RankLayout& layout, int max_gro
   out << '\n' << std::left << std::setw(15) << "family" << std::right << std::setw(7) << "groups"
       << std::setw(6) << "size" << "  ranks\n";
   bool truncated = false;
-  for (Family family : topologies::kAllFamilies) {
+  for (Family family : topologies::kMegatronFamilies) {
     const int count = layout.group_count(family);
     out << std::left << std::setw(15) << topologies::family_name(family) << std::right
         << std::setw(7) << count << std::setw(6) << layout.ranks({family, 0}).size() << " ";
@@ -116,7 +116,7 @@ void print_rank(std::ostream& out, const RankLayout& layout, int rank, bool json
     j["coordinates"] = {{"tp", c.tp}, {"cp", c.cp},   {"dp", c.dp},  {"pp", c.pp},
                         {"etp", c.etp}, {"ep", c.ep}, {"edp", c.edp}};
     nlohmann::ordered_json& groups = j["groups"];
-    for (Family family : topologies::kAllFamilies) {
+    for (Family family : topologies::kMegatronFamilies) {
       const std::optional<GroupId> group = layout.group_of(family, rank);
       if (!group) {
         groups[std::string(topologies::family_name(family))] = nullptr;
@@ -137,7 +137,7 @@ void print_rank(std::ostream& out, const RankLayout& layout, int rank, bool json
       << "\n\n"
       << std::left << std::setw(15) << "family" << std::right << std::setw(7) << "group"
       << std::setw(7) << "index" << "  ranks\n";
-  for (Family family : topologies::kAllFamilies) {
+  for (Family family : topologies::kMegatronFamilies) {
     out << std::left << std::setw(15) << topologies::family_name(family) << std::right;
     const std::optional<GroupId> group = layout.group_of(family, rank);
     if (!group) {

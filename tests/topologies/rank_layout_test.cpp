@@ -155,6 +155,8 @@ int expected_size(const ParallelConfig& c, Family family) {
     case Family::embedding: return std::min(c.pp, 2);
     case Family::world: return c.world;
     case Family::dist_opt: return c.world / c.dist_opt_instances;
+    case Family::expt_tp_pp: return c.etp * c.pp;
+    case Family::expt_tp_dp_pp: return c.etp * edp * c.pp;
   }
   return -1;
 }
@@ -289,6 +291,10 @@ RC_GTEST_PROP(RankLayoutProperty, CompositeGroupsShareTheComplementCoordinates, 
             members([&](const Coordinates& y) { return y.edp == x.edp && y.pp == x.pp; }));
   RC_ASSERT(ranks_of(Family::expt_tp_ep_pp) ==
             members([&](const Coordinates& y) { return y.edp == x.edp; }));
+  RC_ASSERT(ranks_of(Family::expt_tp_pp) ==
+            members([&](const Coordinates& y) { return y.edp == x.edp && y.ep == x.ep; }));
+  RC_ASSERT(ranks_of(Family::expt_tp_dp_pp) ==
+            members([&](const Coordinates& y) { return y.ep == x.ep; }));
 }
 
 }  // namespace
