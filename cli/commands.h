@@ -15,6 +15,7 @@ struct CommandContext {
 
 void add_topo_command(CLI::App& app, CommandContext& context);
 void add_enumerate_command(CLI::App& app, CommandContext& context);
+void add_layout_command(CLI::App& app, CommandContext& context);
 
 // Parses argv, runs the chosen command and returns the process exit code: 0 good, 1 a counting
 // failure, 2 bad input (one line on err), 3 an infrastructure failure.

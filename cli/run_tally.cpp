@@ -15,6 +15,7 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   CommandContext context{out, err};
   add_topo_command(app, context);
   add_enumerate_command(app, context);
+  add_layout_command(app, context);
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
     bool known = false;

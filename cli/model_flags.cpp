@@ -1,0 +1,89 @@
+#include "cli/model_flags.h"
+
+#include "cli/usage_error.h"
+#include "fuzz/model_json.h"
+
+namespace tally::cli {
+
+void add_model_flags(CLI::App& command, ModelFlags& f) {
+  topologies::ModelSpec& s = f.spec;
+  auto add = [&](CLI::Option* option) { f.options.push_back(option); };
+  command.add_option("--model", f.file,
+                     "A JSON model spec (kind gpt with these fields in snake_case, or kind "
+                     "custom with params by class); excludes the model flags");
+  add(command.add_option("--num-layers", s.num_layers, "Decoder layers")->capture_default_str());
+  add(command.add_option("--hidden-size", s.hidden_size, "Hidden size")->capture_default_str());
+  add(command.add_option("--num-attention-heads", s.num_attention_heads, "Attention heads")
+          ->capture_default_str());
+  add(command.add_option("--num-query-groups", s.num_query_groups,
+                         "Query groups (GQA; default: the number of heads)"));
+  add(command.add_option("--kv-channels", s.kv_channels,
+                         "Channels per head (default: hidden size / heads)"));
+  add(command.add_option("--ffn-hidden-size", s.ffn_hidden_size,
+                         "Dense MLP hidden size (default: 4 * hidden size)"));
+  add(command.add_option("--vocab-size", s.vocab_size, "Vocabulary size")->capture_default_str());
+  add(command.add_option("--max-position-embeddings", s.max_position_embeddings,
+                         "Rows of the learned position embedding")
+          ->capture_default_str());
+  add(command.add_flag("--disable-bias-linear", f.disable_bias_linear,
+                       "No biases on linear layers (QKV, proj, FC1, FC2, router, experts)"));
+  add(command.add_option("--normalization", f.normalization, "LayerNorm (weight and bias) or RMSNorm")
+          ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
+          ->capture_default_str());
+  add(command.add_flag("--qk-layernorm", s.qk_layernorm, "Norms on queries and keys"));
+  add(command.add_option("--position-embedding-type", f.position_embedding,
+                         "learned_absolute (a replicated table) or rope (no parameter)")
+          ->check(CLI::IsMember({"learned_absolute", "rope"}))
+          ->capture_default_str());
+  add(command.add_option("--softmax-type", f.softmax_type,
+                         "vanilla, or learnable (an attention sink per head)")
+          ->check(CLI::IsMember({"vanilla", "learnable"}))
+          ->capture_default_str());
+  add(command.add_flag("--untie-embeddings-and-output-weights",
+                       s.untie_embeddings_and_output_weights, "Separate output layer"));
+  add(command.add_flag("--swiglu", s.swiglu, "Gated FC1 (twice the rows)"));
+  add(command.add_option("--num-experts", s.num_experts, "Routed experts per MoE layer (0: dense)")
+          ->capture_default_str());
+  add(command.add_option("--moe-ffn-hidden-size", s.moe_ffn_hidden_size,
+                         "Expert hidden size (default: ffn hidden size)"));
+  add(command.add_option("--moe-shared-expert-intermediate-size",
+                         s.moe_shared_expert_intermediate_size, "Shared expert size (0: none)"));
+  add(command.add_flag("--moe-shared-expert-gate", s.moe_shared_expert_gate,
+                       "A gate weight on the shared expert"));
+  add(command.add_option("--moe-layer-freq", s.moe_layer_freq,
+                         "Every n-th layer is MoE (layers 0, n, 2n, ...)")
+          ->capture_default_str());
+  add(command.add_option("--mtp-num-layers", s.mtp_num_layers, "Multi-token prediction layers"));
+  add(command.add_flag("--mtp-detach-heads", s.mtp_detach_heads,
+                       "MTP params in their own grad-norm group ('mtp')"));
+  add(command.add_option("--decoder-first-pipeline-num-layers", s.first_stage_layers,
+                         "Layers on the first pipeline stage (uneven stages)"));
+  add(command.add_option("--decoder-last-pipeline-num-layers", s.last_stage_layers,
+                         "Layers on the last pipeline stage (uneven stages)"));
+}
+
+topologies::ModelSpec to_model_spec(const ModelFlags& f) {
+  if (!f.file.empty()) {
+    for (const CLI::Option* option : f.options)
+      if (option->count() > 0)
+        throw UsageError("--model " + f.file + " cannot be combined with the model flag " +
+                         option->get_name() + " (put the field in the file)");
+    try {
+      return fuzz::load_model_spec(f.file);
+    } catch (const fuzz::ModelJsonError& error) {
+      throw UsageError(error.what());
+    }
+  }
+  topologies::ModelSpec spec = f.spec;
+  spec.add_bias_linear = !f.disable_bias_linear;
+  spec.normalization = f.normalization == "RMSNorm" ? topologies::Normalization::rms_norm
+                                                    : topologies::Normalization::layer_norm;
+  spec.position_embedding = f.position_embedding == "rope"
+                                ? topologies::PositionEmbedding::rope
+                                : topologies::PositionEmbedding::learned_absolute;
+  spec.softmax_type = f.softmax_type == "learnable" ? topologies::SoftmaxType::learnable
+                                                    : topologies::SoftmaxType::vanilla;
+  return spec;
+}
+
+}  // namespace tally::cli
