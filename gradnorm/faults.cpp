@@ -1,0 +1,133 @@
+#include "gradnorm/faults.h"
+
+namespace tally::gradnorm {
+
+namespace {
+
+constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
+    {Fault::expert_dedup_on_dense_tp, "expert-dedup-on-dense-tp",
+     "Megatron-LM #6099 (LayerWise/Muon children never received the TP groups); dev #6470",
+     "non-TP-marked expert-topology params are de-duplicated on the dense TP rank instead of the "
+     "expert TP (ETP) rank",
+     "an expert FC2 bias (or another non-TP-marked expert param) on a rank whose dense TP rank "
+     "differs from its ETP rank: EP > 1 with TP > 1 and ETP = 1, or TP = 1 with ETP > 1"},
+    {Fault::allreduce_flag_lost_on_main_params, "allreduce-flag-lost-on-main-params",
+     "Megatron-LM dev #6470 (copy_optimizer_param_metadata did not copy allreduce)",
+     "optimizer main copies lose allreduce = false, so the filter treats expert params as dense "
+     "and de-duplicates them on the dense TP rank",
+     "as expert-dedup-on-dense-tp: a non-TP-marked expert param whose dense TP rank differs from "
+     "its ETP rank"},
+    {Fault::expert_weights_not_tp_marked, "expert-weights-not-tp-marked",
+     "Megatron-LM #5916, common case (TE grouped-GEMM expert layers, fixed in cd4afffa64)",
+     "expert weights and column biases are not marked tensor_model_parallel, so they pass the "
+     "duplicate filter only where the dense TP rank is 0: whole experts or expert shards dropped",
+     "experts with EP > 1 or ETP > 1 on ranks whose dense TP rank is not 0"},
+    {Fault::expert_label_from_ep_only, "expert-label-from-ep-only",
+     "Megatron-LM #5916, uncommon case (allreduce derived from EP > 1 alone)",
+     "experts are labelled dense when EP = 1 even if ETP != TP: dense dedup group, dense stats "
+     "group, dense data-parallel sharding",
+     "experts with EP = 1 and ETP != TP"},
+    {Fault::expert_label_ignores_gtp, "expert-label-ignores-gtp",
+     "Megatron-LM #6080 (use_expert_pgs ignored expert GTP != dense GTP)",
+     "experts are labelled dense when EP = 1 and ETP = TP even if the expert GTP size differs "
+     "from the dense one",
+     "experts with EP = 1, ETP = TP and EGTP != GTP (tally has no GTP axis yet, so no case can "
+     "trigger it)"},
+    {Fault::expert_stats_over_dense_mp, "expert-stats-over-dense-mp",
+     "Megatron-LM #3024 (non-LayerWise Muon put expert weights in the dense optimizer)",
+     "expert linear weights join the dense Muon child, whose stats group is TP x PP: the other "
+     "EP ranks are never summed",
+     "the muon optimizer model with experts and EP > 1"},
+    {Fault::clip_per_child_norm, "clip-per-child-norm",
+     "Megatron-LM 2024, issue #785 (fixed in abf10f8590)",
+     "each child of a chained optimizer clips with its own norm, and the expert norm is reduced "
+     "over TP x PP only",
+     "a chained optimizer with a dense and an expert child (plain or muon) and clipping active"},
+    {Fault::tied_copy_not_shared, "tied-copy-not-shared",
+     "Megatron-LM #7227 and the 2021 T5 fix 5c8238c343",
+     "the last-stage copy of a tied embedding / output layer is not marked shared: counted twice",
+     "tied embeddings with PP > 1"},
+    {Fault::tp_sharded_param_unmarked, "tp-sharded-param-unmarked",
+     "Megatron-LM #7452 -> #7530 (learnable attention sink)",
+     "a head-sharded param is not marked tensor_model_parallel: only TP rank 0's shard counts",
+     "an attention sink (softmax offset) with TP > 1"},
+    {Fault::replicated_marked_tp, "replicated-marked-tp",
+     "TransformerEngine (ROCm) #715 (a replicated weight in a TE Linear with no parallel mode)",
+     "replicated params are marked tensor_model_parallel: counted once per TP rank",
+     "replicated params (norms, row biases, router, gate) with TP > 1"},
+    {Fault::no_dedup_filter, "no-dedup-filter", "NeMo-RL #3788 (DTensor path)",
+     "no duplicate filter at all: every replicated param counted on every TP (and ETP) rank",
+     "replicated params with TP > 1, or expert FC2 biases with ETP > 1"},
+    {Fault::average_rank_norms, "average-rank-norms", "DeepSpeed #8475 / #8478",
+     "the norm is the average of per-rank norms over the stats group instead of the root of the "
+     "summed squares",
+     "a stats group of two or more ranks whose local norms differ"},
+    {Fault::expert_norm_dropped, "expert-norm-dropped", "DeepSpeed #8613 (MoE, fp16 unfused)",
+     "the expert part of the norm is discarded", "experts in the expert topology"},
+    {Fault::missing_ep_reduction, "missing-ep-reduction", "NeMo-Automodel #3816",
+     "expert statistics are not reduced over the EP axis: each EP group computes its own "
+     "\"global\" norm and ranks disagree",
+     "experts with EP > 1"},
+    {Fault::missing_pp_reduction, "missing-pp-reduction", "torchtitan #596",
+     "statistics are not reduced across pipeline stages: each stage reports its own norm",
+     "PP > 1"},
+    {Fault::zero_count_in_float32, "zero-count-in-float32", "Megatron-LM #4015 (a01a6c5fe9)",
+     "the zero count is accumulated and reduced in float32: inexact above 2^24",
+     "more than 2^24 zero gradient elements"},
+    {Fault::empty_rank_skips_collective, "empty-rank-skips-collective",
+     "Megatron-LM #5530 (3c4645201a)",
+     "a rank with no gradients returns early instead of joining the all-reduce: the others hang",
+     "a rank that holds no counted gradient (a distributed-optimizer or layer-wise rank that owns "
+     "nothing, or a stage without params)"},
+    {Fault::inf_norm_combined_by_l2, "inf-norm-combined-by-l2",
+     "Megatron-LM ChainedOptimizer (non-shared path)",
+     "inf norms of the children are combined by L2 instead of max",
+     "a chained optimizer whose children have different stats groups, both non-empty"},
+    {Fault::distopt_padding_counted, "distopt-padding-counted",
+     "design hazard of padded distributed-optimizer buckets",
+     "padding elements of the flat buffer are counted as zero gradients",
+     "the distributed optimizer with a bucket not divisible by the data-parallel size"},
+    {Fault::distopt_overlapping_shards, "distopt-overlapping-shards",
+     "design hazard of distributed-optimizer shard ranges",
+     "each data-parallel rank's range also covers the first element of the next rank's range: "
+     "boundary elements counted twice",
+     "the distributed optimizer with data-parallel size > 1"},
+    {Fault::stats_over_replicas, "stats-over-replicas",
+     "design hazard of non-distributed optimizers",
+     "statistics are reduced over the whole world while gradients are replicated over DP: "
+     "counted DP x CP times",
+     "the plain or muon optimizer model with DP x CP > 1 (or EDP > 1 for experts)"},
+}};
+
+}  // namespace
+
+const std::array<FaultInfo, kFaultCount>& fault_catalog() { return kCatalog; }
+
+const FaultInfo& fault_info(Fault fault) { return kCatalog[static_cast<std::size_t>(fault)]; }
+
+std::optional<Fault> fault_from_name(std::string_view name) {
+  for (const FaultInfo& info : kCatalog)
+    if (info.name == name) return info.fault;
+  return std::nullopt;
+}
+
+FaultSet FaultSet::of(std::initializer_list<Fault> faults) {
+  FaultSet set;
+  for (Fault fault : faults) set.bits_.set(static_cast<std::size_t>(fault));
+  return set;
+}
+
+FaultSet FaultSet::with(Fault fault) const {
+  FaultSet set = *this;
+  set.bits_.set(static_cast<std::size_t>(fault));
+  return set;
+}
+
+std::string fault_list(const FaultSet& faults) {
+  std::string out;
+  for (const FaultInfo& info : kCatalog)
+    if (faults.has(info.fault)) out += (out.empty() ? "" : ",") + std::string(info.name);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace tally::gradnorm

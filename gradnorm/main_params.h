@@ -1,0 +1,51 @@
+// The optimizer's main copies of a rank's parameters and the duplicate filter that decides
+// which of them enter the norm (reference/megatron-gradnorm.md sections 1.2 and 3.4).
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "gradnorm/faults.h"
+#include "gradnorm/optimizer_model.h"
+#include "topologies/sharding.h"
+
+namespace tally::gradnorm {
+
+// A main copy: the model param's attributes as the optimizer sees them (faults that lose or
+// mislabel attributes act here), and the child optimizer that holds it.
+struct MainParam {
+  topologies::LocalParam attrs;
+  int child = 0;
+  // The model param's label (allreduce = false): it decides the buffer and data-parallel domain
+  // even when the main copy lost the attribute.
+  bool expert_label = false;
+  // The filter has no expert TP group for this param and falls back to the dense TP group.
+  bool dedup_on_dense_tp = false;
+};
+
+// The rank's main copies in local order. Faults that change attributes: tied-copy-not-shared,
+// tp-sharded-param-unmarked, replicated-marked-tp, expert-weights-not-tp-marked,
+// allreduce-flag-lost-on-main-params, expert-label-from-ep-only, expert-dedup-on-dense-tp.
+void make_main_params(const std::vector<topologies::LocalParam>& local, const OptimizerPlan& plan,
+                      const FaultSet& faults, std::vector<MainParam>& out);
+
+// Why the filter kept or dropped a param on a rank.
+enum class Rule : std::uint8_t {
+  kept_tensor_parallel,      // a distinct shard: tensor_model_parallel
+  kept_first_of_tp,          // replicated, rank 0 of its dense TP group
+  kept_first_of_etp,         // replicated within ETP, rank 0 of its expert TP group
+  kept_without_filter,       // no-dedup-filter
+  dropped_shared,            // a `shared` duplicate copy
+  dropped_not_first_of_tp,   // replicated, not rank 0 of its dense TP group
+  dropped_not_first_of_etp,  // replicated within ETP, not rank 0 of its expert TP group
+};
+std::string_view rule_text(Rule rule);
+inline bool rule_keeps(Rule rule) { return rule <= Rule::kept_without_filter; }
+
+// Megatron-LM's keep test for the main copy on `rank`: not shared, and tensor_model_parallel or
+// rank 0 of its replication group (ETP for expert-topology params when the expert TP group is
+// known, dense TP otherwise). The groups come from `layout`; there is no default.
+Rule filter_rule(const MainParam& param, const topologies::RankLayout& layout, int rank,
+                 const FaultSet& faults);
+
+}  // namespace tally::gradnorm

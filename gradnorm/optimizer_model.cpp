@@ -1,0 +1,154 @@
+#include "gradnorm/optimizer_model.h"
+
+#include "topologies/sharding.h"
+
+namespace tally::gradnorm {
+
+namespace {
+
+using topologies::Family;
+using topologies::ParamClass;
+
+constexpr std::array<OptimizerModelInfo, kOptimizerModelCount> kModels = {{
+    {OptimizerModel::plain, "plain",
+     "non-distributed chained optimizer: dense child over tp-pp, expert child over "
+     "expt-tp-ep-pp; one reduction when they share a group, else sqrt of summed squares"},
+    {OptimizerModel::distributed, "distributed",
+     "distributed optimizer (ZeRO-1): bucketed flat buffers split in equal contiguous ranges over "
+     "dp-cp (dense) and expt-dp (expert), with padding; stats over the instance"},
+    {OptimizerModel::layerwise, "layerwise",
+     "layer-wise distributed optimizer (Muon): whole params owned by one DP (EDP) rank; stats "
+     "over the world; children receive both TP groups"},
+    {OptimizerModel::muon, "muon",
+     "non-layer-wise Muon: linear weights in Muon children, the rest in Adam children; expert "
+     "children over expt-tp-ep-pp, dense over tp-pp"},
+}};
+
+bool is_linear_weight(ParamClass c) { return c == ParamClass::column || c == ParamClass::row; }
+bool is_expert_linear_weight(ParamClass c) {
+  return c == ParamClass::expert_column || c == ParamClass::expert_row;
+}
+
+}  // namespace
+
+const std::array<OptimizerModelInfo, kOptimizerModelCount>& optimizer_models() { return kModels; }
+
+std::string_view optimizer_model_name(OptimizerModel model) {
+  return kModels[static_cast<std::size_t>(model)].name;
+}
+
+std::optional<OptimizerModel> optimizer_model_from_name(std::string_view name) {
+  for (const OptimizerModelInfo& info : kModels)
+    if (info.name == name) return info.model;
+  return std::nullopt;
+}
+
+std::string_view child_role_name(ChildRole role) {
+  switch (role) {
+    case ChildRole::dense: return "dense";
+    case ChildRole::expert: return "expert";
+    case ChildRole::dense_muon: return "dense-muon";
+    case ChildRole::expert_muon: return "expert-muon";
+    case ChildRole::layer_wise: return "layer-wise";
+  }
+  return "?";
+}
+
+OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalModel& logical,
+                             const FaultSet& faults) {
+  OptimizerPlan plan;
+  plan.model = model;
+  const topologies::ModelPlacement& m = logical.placement();
+  // Megatron-LM's use_expert_pgs; #5916's uncommon case derived it from EP alone.
+  const bool expert_pgs = faults.has(Fault::expert_label_from_ep_only)
+                              ? m.ep > 1
+                              : topologies::expert_topology(m);
+
+  const int count = logical.size();
+  plan.expert_label.resize(count);
+  plan.child_of_param.resize(count);
+  plan.slot_of_param.resize(count);
+
+  // Which role each param goes to; children are created in a fixed role order for the roles
+  // that have params anywhere in the model (every rank builds the same chain).
+  std::vector<ChildRole> role_of(count);
+  for (const topologies::LogicalParam& p : logical.params()) {
+    const bool expert = topologies::is_expert_class(p.param_class) && expert_pgs;
+    plan.expert_label[p.id] = expert;
+    plan.has_mtp = plan.has_mtp || p.grad_norm_group == topologies::GradNormGroup::mtp;
+    switch (model) {
+      case OptimizerModel::plain:
+      case OptimizerModel::distributed:
+        role_of[p.id] = expert ? ChildRole::expert : ChildRole::dense;
+        break;
+      case OptimizerModel::layerwise:
+        role_of[p.id] = ChildRole::layer_wise;
+        break;
+      case OptimizerModel::muon:
+        if (expert && is_expert_linear_weight(p.param_class))
+          // #3024: expert weights went to the dense Muon optimizer.
+          role_of[p.id] = faults.has(Fault::expert_stats_over_dense_mp) ? ChildRole::dense_muon
+                                                                        : ChildRole::expert_muon;
+        else if (!expert && (is_linear_weight(p.param_class) ||
+                             is_expert_linear_weight(p.param_class)))
+          role_of[p.id] = ChildRole::dense_muon;
+        else
+          role_of[p.id] = expert ? ChildRole::expert : ChildRole::dense;
+        break;
+    }
+  }
+
+  const bool replicas = faults.has(Fault::stats_over_replicas);
+  const bool no_pp = faults.has(Fault::missing_pp_reduction);
+  const bool no_ep = faults.has(Fault::missing_ep_reduction);
+  auto stats_family = [&](ChildRole role) -> Family {
+    const bool expert = role == ChildRole::expert || role == ChildRole::expert_muon;
+    switch (model) {
+      case OptimizerModel::plain:
+      case OptimizerModel::muon:
+        if (replicas) return no_pp ? Family::tp_dp_cp : Family::world;
+        if (!expert) return no_pp ? Family::tp : Family::tp_pp;
+        // #785: the expert child's model-parallel group was TP x PP.
+        if (faults.has(Fault::clip_per_child_norm)) return no_pp ? Family::tp : Family::tp_pp;
+        if (no_ep) return no_pp ? Family::expt_tp : Family::expt_tp_pp;
+        return no_pp ? Family::expt_tp_ep : Family::expt_tp_ep_pp;
+      case OptimizerModel::distributed:
+        if (expert && no_ep) return Family::expt_tp_dp_pp;
+        return no_pp ? Family::tp_dp_cp : Family::dist_opt;
+      case OptimizerModel::layerwise:
+        return no_pp ? Family::tp_dp_cp : Family::world;
+    }
+    return Family::world;
+  };
+
+  constexpr std::array<ChildRole, 5> kRoleOrder = {ChildRole::dense, ChildRole::dense_muon,
+                                                   ChildRole::expert, ChildRole::expert_muon,
+                                                   ChildRole::layer_wise};
+  std::array<int, 5> child_index{};
+  child_index.fill(-1);
+  for (ChildRole role : kRoleOrder) {
+    bool used = false;
+    for (int id = 0; id < count && !used; ++id) used = role_of[id] == role;
+    if (!used) continue;
+    child_index[static_cast<int>(role)] = static_cast<int>(plan.children.size());
+    const bool expert = role == ChildRole::expert || role == ChildRole::expert_muon;
+    plan.children.push_back(Child{role, expert, stats_family(role)});
+    plan.params_per_child.push_back(0);
+  }
+  for (int id = 0; id < count; ++id) {
+    const int child = child_index[static_cast<int>(role_of[id])];
+    plan.child_of_param[id] = child;
+    plan.slot_of_param[id] = plan.params_per_child[child]++;
+  }
+  plan.shared_stats = !plan.children.empty();
+  for (const Child& child : plan.children)
+    plan.shared_stats = plan.shared_stats && child.stats_family == plan.children[0].stats_family;
+  // Group identity, not rank equality, decides Megatron-LM's shared path: the plain chain's dense
+  // and expert groups are distinct objects even where their ranks coincide. A chain whose
+  // children clip alone (#785) never shares.
+  if (model == OptimizerModel::plain) plan.shared_stats = plan.shared_stats && plan.children.size() == 1;
+  if (faults.has(Fault::clip_per_child_norm)) plan.shared_stats = plan.shared_stats && plan.children.size() == 1;
+  return plan;
+}
+
+}  // namespace tally::gradnorm

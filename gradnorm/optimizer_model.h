@@ -1,0 +1,64 @@
+// Optimizer models: which child optimizers a model's parameters go to, which data-parallel
+// ranks own which gradient elements, and over which group each child reduces its statistics
+// (reference/megatron-gradnorm.md sections 3.2, 3.5, 3.8-3.10).
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "gradnorm/faults.h"
+#include "topologies/logical_model.h"
+#include "topologies/rank_layout.h"
+
+namespace tally::gradnorm {
+
+enum class OptimizerModel : std::uint8_t { plain, distributed, layerwise, muon };
+inline constexpr int kOptimizerModelCount = 4;
+
+struct OptimizerModelInfo {
+  OptimizerModel model;
+  std::string_view name;
+  std::string_view description;
+};
+const std::array<OptimizerModelInfo, kOptimizerModelCount>& optimizer_models();
+std::string_view optimizer_model_name(OptimizerModel model);
+std::optional<OptimizerModel> optimizer_model_from_name(std::string_view name);
+
+// A child optimizer of the chain.
+enum class ChildRole : std::uint8_t {
+  dense,        // dense params (plain, distributed), or the dense non-linear params (muon)
+  expert,       // expert-topology params, or the expert non-linear params (muon)
+  dense_muon,   // muon: dense linear weights
+  expert_muon,  // muon: expert linear weights
+  layer_wise,   // layerwise: every param, one reduction over the world
+};
+std::string_view child_role_name(ChildRole role);
+
+struct Child {
+  ChildRole role = ChildRole::dense;
+  bool expert = false;  // holds expert-topology params (dropped by expert-norm-dropped)
+  topologies::Family stats_family = topologies::Family::tp_pp;
+};
+
+// Everything about a case's optimizer that depends on the model and not on the rank:
+// computed once per case, shared by every rank.
+struct OptimizerPlan {
+  OptimizerModel model = OptimizerModel::plain;
+  std::vector<Child> children;
+  // Children reduce together (one reduction) when they all share one stats group object.
+  bool shared_stats = false;
+  std::vector<int> child_of_param;     // by logical param id
+  std::vector<int> slot_of_param;      // index in its child's ledger
+  std::vector<int> params_per_child;   // ledger length of each child
+  bool has_mtp = false;
+  // Whether each logical param is labelled expert-topology (Megatron-LM's allreduce = false on
+  // the model param, which decides the child and the data-parallel domain).
+  std::vector<bool> expert_label;
+};
+
+OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalModel& logical,
+                             const FaultSet& faults);
+
+}  // namespace tally::gradnorm

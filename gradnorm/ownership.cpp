@@ -1,0 +1,115 @@
+#include "gradnorm/ownership.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace tally::gradnorm {
+
+namespace {
+
+using topologies::Family;
+
+// The rank's index and the size of its intra-instance data-parallel group for one buffer.
+struct DataParallelSlot {
+  int index = 0;
+  int size = 1;
+};
+
+DataParallelSlot data_parallel_slot(const topologies::RankLayout& layout, int rank, bool expert) {
+  const Family family = expert ? Family::expt_dp : Family::dp_cp;
+  const int full = static_cast<int>(layout.group_ranks(family, rank).size());
+  const int size = full / layout.config().dist_opt_instances;
+  return {layout.index_in(family, rank) % size, size};
+}
+
+void own_distributed(const std::vector<MainParam>& params, const topologies::RankLayout& layout,
+                     int rank, const OwnershipOptions& options, const FaultSet& faults,
+                     Ownership& out) {
+  const bool overlap = faults.has(Fault::distopt_overlapping_shards);
+  for (bool expert : {false, true}) {
+    const DataParallelSlot slot = data_parallel_slot(layout, rank, expert);
+    // Backward order: the buffer holds the last param first.
+    std::vector<int> order;
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i)
+      if (params[i].expert_label == expert) order.push_back(i);
+    std::size_t next = 0;
+    while (next < order.size()) {
+      // One bucket: params [next, end) at offsets within the bucket.
+      std::vector<std::int64_t> starts;
+      std::int64_t filled = 0;
+      std::size_t end = next;
+      while (end < order.size()) {
+        starts.push_back(filled);
+        filled += params[order[end]].attrs.slice.numel();
+        ++end;
+        if (options.bucket_elements > 0 && filled >= options.bucket_elements) break;
+      }
+      const std::int64_t padded = (filled + slot.size - 1) / slot.size * slot.size;
+      const std::int64_t share = padded / slot.size;
+      const std::int64_t lo = share * slot.index;
+      std::int64_t hi = lo + share;
+      if (overlap && hi < padded) ++hi;  // also the first element of the next rank's range
+      for (std::size_t k = next; k < end; ++k) {
+        const std::int64_t start = starts[k - next];
+        const std::int64_t numel = params[order[k]].attrs.slice.numel();
+        const std::int64_t begin = std::max(lo, start), stop = std::min(hi, start + numel);
+        if (begin < stop)
+          out.pieces.push_back({order[k], {begin - start, stop - start}});
+      }
+      out.padding += std::max<std::int64_t>(0, hi - std::max(lo, filled));
+      next = end;
+    }
+  }
+  std::sort(out.pieces.begin(), out.pieces.end(),
+            [](const OwnedPiece& a, const OwnedPiece& b) { return a.local_index < b.local_index; });
+}
+
+void own_layer_wise(const std::vector<MainParam>& params, const topologies::RankLayout& layout,
+                    int rank, Ownership& out) {
+  for (bool expert : {false, true}) {
+    const DataParallelSlot slot = [&] {
+      // Layer-wise ownership spans the full data-parallel group.
+      const Family family = expert ? Family::expt_dp : Family::dp_cp;
+      return DataParallelSlot{layout.index_in(family, rank),
+                              static_cast<int>(layout.group_ranks(family, rank).size())};
+    }();
+    std::vector<int> order;
+    for (int i = 0; i < static_cast<int>(params.size()); ++i)
+      if (params[i].expert_label == expert) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return params[a].attrs.slice.numel() > params[b].attrs.slice.numel();
+    });
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const std::size_t round = k / slot.size, within = k % slot.size;
+      const std::size_t owner = round % 2 == 0 ? within : slot.size - 1 - within;
+      if (static_cast<int>(owner) == slot.index)
+        out.pieces.push_back({order[k], {0, params[order[k]].attrs.slice.numel()}});
+    }
+  }
+  std::sort(out.pieces.begin(), out.pieces.end(),
+            [](const OwnedPiece& a, const OwnedPiece& b) { return a.local_index < b.local_index; });
+}
+
+}  // namespace
+
+void own_elements(OptimizerModel model, const std::vector<MainParam>& params,
+                  const topologies::RankLayout& layout, int rank, const OwnershipOptions& options,
+                  const FaultSet& faults, Ownership& out) {
+  out.pieces.clear();
+  out.padding = 0;
+  switch (model) {
+    case OptimizerModel::plain:
+    case OptimizerModel::muon:
+      for (int i = 0; i < static_cast<int>(params.size()); ++i)
+        out.pieces.push_back({i, {0, params[i].attrs.slice.numel()}});
+      return;
+    case OptimizerModel::distributed:
+      own_distributed(params, layout, rank, options, faults, out);
+      return;
+    case OptimizerModel::layerwise:
+      own_layer_wise(params, layout, rank, out);
+      return;
+  }
+}
+
+}  // namespace tally::gradnorm

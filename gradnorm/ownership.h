@@ -1,0 +1,42 @@
+// Which gradient elements of a rank's main copies its optimizer owns: all of them for the
+// non-distributed models, contiguous ranges of the flat buffer for the distributed optimizer,
+// whole params assigned round-trip over data-parallel ranks for the layer-wise optimizer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gradnorm/main_params.h"
+#include "kernels/local_stats.h"
+
+namespace tally::gradnorm {
+
+struct OwnedPiece {
+  int local_index = 0;           // into the rank's main params
+  kernels::ElementRange range;   // of the param's box, row-major
+};
+
+struct Ownership {
+  std::vector<OwnedPiece> pieces;  // in main-param order
+  std::int64_t padding = 0;        // buffer padding elements inside the owned ranges
+};
+
+struct OwnershipOptions {
+  // Distributed optimizer: a bucket closes once it holds at least this many elements; 0 puts
+  // every param of a buffer in one bucket.
+  std::int64_t bucket_elements = 0;
+};
+
+// Distributed optimizer (reference 3.8): each buffer (dense params, expert-labelled params) is
+// laid out in reverse param order (backward order), cut into buckets, each bucket padded to a
+// multiple of the data-parallel size D and split into D equal contiguous ranges; the rank owns
+// range i, i its index in the intra-instance data-parallel group (dp-cp for dense, expt-dp for
+// expert, split into dist_opt_instances contiguous parts).
+// Layer-wise (reference 3.9): params of each buffer sorted by size (largest first, ties in
+// param order) are dealt to data-parallel ranks 0, 1, ..., D-1, D-1, ..., 0, 0, 1, ...; the owner
+// holds the whole param.
+void own_elements(OptimizerModel model, const std::vector<MainParam>& params,
+                  const topologies::RankLayout& layout, int rank, const OwnershipOptions& options,
+                  const FaultSet& faults, Ownership& out);
+
+}  // namespace tally::gradnorm
