@@ -1,0 +1,167 @@
+#include "oracle/ground_truth.h"
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/local_stats.h"  // apply_clip only: the oracle never calls the kernels' sums
+#include "oracle/detail/compensated_sum.h"
+
+namespace tally::oracle {
+namespace {
+
+using detail::CompensatedSum;
+using topologies::LogicalParam;
+
+static_assert(std::numeric_limits<long double>::digits >= 64,
+              "the p-norm terms need a long double with at least 64 significand bits");
+static_assert(kTruthBlock <= detail::kMaxAddends, "one accumulator per block");
+
+// |g|^p in long double, rounded once to double: repeated multiplication for small integer p
+// (exact whenever |g|^p fits in 64 bits, so exact-mode powers stay exact), powl otherwise.
+struct PowerTerm {
+  long double p = 0.0L;
+  int integer_p = 0;  // 1..16, or 0 for powl
+  double operator()(double g) const {
+    const long double a = std::fabs(static_cast<long double>(g));
+    if (integer_p == 0) return static_cast<double>(std::pow(a, p));
+    long double r = a;
+    for (int k = 1; k < integer_p; ++k) r *= a;
+    return static_cast<double>(r);
+  }
+};
+
+PowerTerm power_term(double p) {
+  PowerTerm term;
+  term.p = static_cast<long double>(p);
+  if (p == std::floor(p) && p >= 1.0 && p <= 16.0) term.integer_p = static_cast<int>(p);
+  return term;
+}
+
+// The running statistics of one param or one group.
+struct Accumulator {
+  std::int64_t elements = 0;
+  CompensatedSum squares;
+  std::vector<CompensatedSum> p_sums;
+  double abs_max = 0.0;
+  std::int64_t zeros = 0;
+
+  explicit Accumulator(std::size_t p_count) : p_sums(p_count) {}
+
+  void merge(const Accumulator& other) {
+    elements += other.elements;
+    squares.merge(other.squares);
+    for (std::size_t i = 0; i < p_sums.size(); ++i) p_sums[i].merge(other.p_sums[i]);
+    abs_max = std::max(abs_max, other.abs_max);
+    zeros += other.zeros;
+  }
+};
+
+// Sums an Eigen array in a fresh accumulator (at most kTruthBlock addends).
+CompensatedSum block_sum(const Eigen::ArrayXd& terms) {
+  CompensatedSum sum;
+  for (Eigen::Index j = 0; j < terms.size(); ++j) sum.add(terms[j]);
+  return sum;
+}
+
+Accumulator param_stats(const LogicalParam& param, const kernels::GeneratorSpec& spec,
+                        const std::vector<PowerTerm>& powers) {
+  Accumulator acc(powers.size());
+  const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(param.id));
+  Eigen::ArrayXd values;
+  for (std::int64_t first = 0; first < param.numel; first += kTruthBlock) {
+    const std::int64_t n = std::min(kTruthBlock, param.numel - first);
+    values.resize(n);
+    for (std::int64_t j = 0; j < n; ++j)
+      values[j] = static_cast<double>(kernels::stored_value(
+          spec.mode, spec.dtype, key, static_cast<std::uint64_t>(first + j)));
+    acc.elements += n;
+    acc.squares.merge(block_sum(values.square()));  // exact squares of <= 24-bit significands
+    for (std::size_t i = 0; i < powers.size(); ++i)
+      acc.p_sums[i].merge(block_sum(values.unaryExpr(powers[i])));
+    acc.abs_max = std::max(acc.abs_max, values.abs().maxCoeff());
+    acc.zeros += (values == 0.0).count();  // -0 == 0 counts; NaN never compares equal
+  }
+  return acc;
+}
+
+GroupTruth finish(const Accumulator& acc, const TruthOptions& options) {
+  GroupTruth group;
+  group.elements = acc.elements;
+  group.sum_squares = acc.squares.value();
+  group.norm = std::sqrt(group.sum_squares);
+  group.abs_max = acc.abs_max;
+  group.zeros = acc.zeros;
+  for (std::size_t i = 0; i < options.p_values.size(); ++i) {
+    const double p = options.p_values[i];
+    const double sum = acc.p_sums[i].value();
+    group.p_norms.push_back({p, sum, std::pow(sum, 1.0 / p)});
+  }
+  group.clip = clip_truth(options.max_norm, group.norm);
+  return group;
+}
+
+void check_options(const TruthOptions& options) {
+  for (double p : options.p_values)
+    if (!std::isfinite(p) || !(p > 0.0))
+      throw std::invalid_argument("p-norm order " + std::to_string(p) +
+                                  " must be finite and > 0");
+  if (!std::isfinite(options.max_norm) || options.max_norm < 0.0)
+    throw std::invalid_argument("max_norm " + std::to_string(options.max_norm) +
+                                " must be finite and >= 0 (0: no clipping)");
+}
+
+}  // namespace
+
+ClipTruth clip_truth(double max_norm, double norm) {
+  ClipTruth clip;
+  clip.max_norm = max_norm;
+  clip.coefficient = max_norm / (norm + kClipEpsilon);
+  clip.applies = max_norm > 0.0 && clip.coefficient < 1.0;
+  return clip;
+}
+
+GroundTruth ground_truth(const topologies::LogicalModel& model,
+                         const kernels::GeneratorSpec& gradients, const TruthOptions& options) {
+  check_options(options);
+  std::vector<PowerTerm> powers;
+  for (double p : options.p_values) powers.push_back(power_term(p));
+
+  Accumulator main(powers.size()), mtp(powers.size());
+  GroundTruth truth;
+  truth.ledger.reserve(model.params().size());
+  for (const LogicalParam& param : model.params()) {
+    const Accumulator acc = param_stats(param, gradients, powers);
+    (param.grad_norm_group == GradNormGroup::mtp ? mtp : main).merge(acc);
+    truth.ledger.push_back({param.id, param.grad_norm_group, param.numel});
+    if (options.per_param)
+      truth.per_param.push_back({param.id, param.grad_norm_group, param.numel,
+                                 acc.squares.value(), acc.abs_max, acc.zeros});
+  }
+  truth.main = finish(main, options);
+  truth.mtp = finish(mtp, options);
+  truth.zeros = truth.main.zeros + truth.mtp.zeros;
+  return truth;
+}
+
+float clipped_value(const ClipTruth& clip, float stored) {
+  return clip.applies ? kernels::apply_clip(stored, clip.scale()) : stored;
+}
+
+float clipped_value(const ClipTruth& clip, float stored, kernels::Dtype storage) {
+  return clip.applies ? kernels::apply_clip(stored, clip.scale(), storage) : stored;
+}
+
+float expected_clipped(const GroundTruth& truth, const topologies::LogicalModel& model,
+                       const kernels::GeneratorSpec& gradients, int param,
+                       std::uint64_t element) {
+  const LogicalParam& p = model.param(param);
+  const float stored = kernels::gradient_value(gradients, static_cast<std::uint64_t>(param), element);
+  return clipped_value(truth.group(p.grad_norm_group).clip, stored);
+}
+
+}  // namespace tally::oracle
