@@ -45,8 +45,10 @@ std::int64_t read_integer(const json& value, const std::string& path, std::int64
   const std::string range = expected + " at most " + std::to_string(max);
   if (!value.is_number_integer()) fail(path, "expected " + expected + ", got " + shown(value));
   if (value.is_number_unsigned()) {
+    // Non-negative literals parse as unsigned; compare before narrowing.
     const std::uint64_t v = value.get<std::uint64_t>();
     if (v > static_cast<std::uint64_t>(max)) fail(path, "expected " + range + ", got " + shown(value));
+    if (static_cast<std::int64_t>(v) < min) fail(path, "expected " + expected + ", got " + shown(value));
     return static_cast<std::int64_t>(v);
   }
   const std::int64_t v = value.get<std::int64_t>();
