@@ -236,18 +236,22 @@ LogicalModel::LogicalModel(ModelSpec spec, const ParallelConfig& config) : spec_
   placement_ = {config.tp, config.etp, config.ep, config.pp, config.vpp};
   const int pp = config.pp, vpp = config.vpp;
 
-  // The (stage, chunk) of every decoder layer, from Megatron-LM's layer offsets.
+  // The (stage, chunk) of every decoder layer, from Megatron-LM's layer offsets: chunk rounds
+  // in order, stages in order within a round.
   std::vector<std::pair<int, int>> layer_home;
   if (spec_.kind == ModelKind::gpt) {
-    layer_home.resize(spec_.num_layers);
-    for (int stage = 0; stage < pp; ++stage)
-      for (int chunk = 0; chunk < vpp; ++chunk) {
-        const LayerRange range = layers_of(spec_, pp, vpp, stage, chunk);
-        for (int l = range.first; l < range.first + range.count; ++l) layer_home[l] = {stage, chunk};
+    const std::vector<int> per_chunk = detail::layers_per_chunk(spec_, pp, vpp);
+    layer_home.reserve(spec_.num_layers);
+    chunk_first_layer_.assign(static_cast<std::size_t>(pp) * vpp, 0);  // pp*vpp <= num_layers
+    for (int chunk = 0; chunk < vpp; ++chunk)
+      for (int stage = 0; stage < pp; ++stage) {
+        chunk_first_layer_[static_cast<std::size_t>(stage) * vpp + chunk] =
+            static_cast<int>(layer_home.size());
+        for (int l = 0; l < per_chunk[stage]; ++l) layer_home.emplace_back(stage, chunk);
       }
   }
 
-  runs_.assign(static_cast<std::size_t>(pp) * vpp, {});
+  by_stage_.assign(pp, {});
   params_.reserve(detail::param_count(spec_));
   patterns_.reserve(params_.capacity());
   detail::for_each_param(spec_, [&](const detail::ParamDraft& d) {
@@ -274,7 +278,11 @@ LogicalModel::LogicalModel(ModelSpec spec, const ParallelConfig& config) : spec_
 
     // Runs: consecutive dense ids, or consecutive whole experts of one block size. Only the
     // first param of an expert carries expert_block_size.
-    std::vector<Run>& runs = runs_[static_cast<std::size_t>(p.stage) * vpp + p.chunk];
+    std::vector<ChunkRuns>& chunks = by_stage_[p.stage];
+    auto at = std::lower_bound(chunks.begin(), chunks.end(), p.chunk,
+                               [](const ChunkRuns& c, int chunk) { return c.chunk < chunk; });
+    if (at == chunks.end() || at->chunk != p.chunk) at = chunks.insert(at, ChunkRuns{p.chunk, {}});
+    std::vector<Run>& runs = at->runs;
     Run* last = runs.empty() || runs.back().end != p.id ? nullptr : &runs.back();
     const int k = d.expert_block_size;
     if (k > 0) {
@@ -319,7 +327,7 @@ std::string LogicalModel::local_name(int id, int local_expert) const {
   const LogicalParam& p = params_.at(id);
   int layer = p.layer;
   if (layer >= 0)
-    layer -= layers_of(spec_, placement_.pp, placement_.vpp, p.stage, p.chunk).first;
+    layer -= chunk_first_layer_[static_cast<std::size_t>(p.stage) * placement_.vpp + p.chunk];
   return detail::format_name(patterns_[id], layer, local_expert);
 }
 
@@ -333,7 +341,9 @@ std::string LogicalModel::local_name(SharedCopy copy) const {
 }
 
 std::span<const LogicalModel::Run> LogicalModel::runs(int stage, int chunk) const {
-  return runs_.at(static_cast<std::size_t>(stage) * placement_.vpp + chunk);
+  for (const ChunkRuns& c : by_stage_.at(stage))
+    if (c.chunk == chunk) return c.runs;
+  return {};
 }
 
 }  // namespace tally::topologies

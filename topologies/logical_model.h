@@ -91,14 +91,22 @@ class LogicalModel {
     int expert_block_size = 0;
     int first_expert = -1;
   };
-  std::span<const Run> runs(int stage, int chunk) const;
+  struct ChunkRuns {
+    int chunk = 0;
+    std::vector<Run> runs;
+  };
+  // The chunks of `stage` that hold parameters, ascending (never more than the parameters, so
+  // a huge vpp costs nothing).
+  std::span<const ChunkRuns> chunks(int stage) const { return by_stage_.at(stage); }
+  std::span<const Run> runs(int stage, int chunk) const;  // empty when the chunk holds none
 
  private:
   ModelSpec spec_;
   ModelPlacement placement_;
   std::vector<LogicalParam> params_;
   std::vector<std::string> patterns_;  // names with {L} / {E}, per param
-  std::vector<std::vector<Run>> runs_;  // per stage * vpp + chunk
+  std::vector<std::vector<ChunkRuns>> by_stage_;
+  std::vector<int> chunk_first_layer_;  // gpt: first decoder layer of stage * vpp + chunk
   std::int64_t total_ = 0;
   int tied_id_ = -1;
   int copy_of_ = -1;

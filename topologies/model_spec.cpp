@@ -46,30 +46,6 @@ bool valid_name_char(char ch) {
          ch == '.' || ch == '_' || ch == '-' || ch == '/' || ch == ':';
 }
 
-// Pipeline placement of decoder layers: layers per chunk on each stage.
-struct StagePlan {
-  std::vector<int> per_chunk;  // decoder layers in each chunk of stage s
-  int chunk_total = 0;         // layers in one chunk of every stage together
-};
-
-StagePlan plan_stages(const ModelSpec& spec, int pp, int vpp) {
-  StagePlan plan;
-  plan.per_chunk.assign(pp, 0);
-  const int first = spec.first_stage_layers.value_or(0);
-  const int last = spec.last_stage_layers.value_or(0);
-  const int middle_stages =
-      pp - (spec.first_stage_layers ? 1 : 0) - (spec.last_stage_layers ? 1 : 0);
-  const int middle = middle_stages > 0 ? (spec.num_layers - first - last) / middle_stages : 0;
-  for (int s = 0; s < pp; ++s) {
-    int layers = middle;
-    if (s == 0 && spec.first_stage_layers) layers = first;
-    if (s == pp - 1 && spec.last_stage_layers) layers = last;
-    plan.per_chunk[s] = layers / vpp;
-    plan.chunk_total += layers / vpp;
-  }
-  return plan;
-}
-
 std::optional<std::string> check_sizes(const ModelSpec& s) {
   const std::array<std::pair<const char*, int>, 6> positive = {{
       {"num_layers", s.num_layers},
@@ -237,9 +213,10 @@ std::optional<std::string> check_stages(const ModelSpec& s, int pp, int vpp) {
     if (pp > layers)
       return "pp " + to_string(pp) + " is larger than num_layers " + to_string(layers) +
              ": every pipeline stage needs a layer";
-    if (layers % (pp * vpp) != 0)
+    const std::int64_t chunks = std::int64_t{pp} * vpp;
+    if (layers % chunks != 0)
       return "num_layers " + to_string(layers) + " is not divisible by pp*vpp = " +
-             to_string(pp * vpp);
+             to_string(chunks);
     return std::nullopt;
   }
   const char* first_name = "decoder_first_pipeline_num_layers";
@@ -392,12 +369,35 @@ std::optional<std::string> check_model(const ModelSpec& spec, const ParallelConf
                                      : check_custom_config(spec, config);
 }
 
+namespace detail {
+
+std::vector<int> layers_per_chunk(const ModelSpec& spec, int pp, int vpp) {
+  std::vector<int> per_chunk(pp, 0);
+  const int first = spec.first_stage_layers.value_or(0);
+  const int last = spec.last_stage_layers.value_or(0);
+  const int middle_stages =
+      pp - (spec.first_stage_layers ? 1 : 0) - (spec.last_stage_layers ? 1 : 0);
+  const int middle = middle_stages > 0 ? (spec.num_layers - first - last) / middle_stages : 0;
+  for (int s = 0; s < pp; ++s) {
+    int layers = middle;
+    if (s == 0 && spec.first_stage_layers) layers = first;
+    if (s == pp - 1 && spec.last_stage_layers) layers = last;
+    per_chunk[s] = layers / vpp;
+  }
+  return per_chunk;
+}
+
+}  // namespace detail
+
 LayerRange layers_of(const ModelSpec& spec, int pp, int vpp, int stage, int chunk) {
   if (spec.kind != ModelKind::gpt) return {};
-  const StagePlan plan = plan_stages(spec, pp, vpp);
-  int first = chunk * plan.chunk_total;
-  for (int s = 0; s < stage; ++s) first += plan.per_chunk[s];
-  return {first, plan.per_chunk[stage]};
+  const std::vector<int> per_chunk = detail::layers_per_chunk(spec, pp, vpp);
+  int round = 0, before = 0;
+  for (int s = 0; s < pp; ++s) {
+    round += per_chunk[s];
+    if (s < stage) before += per_chunk[s];
+  }
+  return {chunk * round + before, per_chunk[stage]};
 }
 
 std::string describe(const ModelSpec& s) {

@@ -91,11 +91,14 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     out.push_back(copy);
   };
 
-  for (int chunk = 0; chunk < m.vpp; ++chunk) {
-    const bool last_chunk = chunk == m.vpp - 1;
-    if (holds_copy && last_chunk && model.last_stage_copy() == SharedCopy::mtp_embedding)
+  const bool mtp_copy = holds_copy && model.last_stage_copy() == SharedCopy::mtp_embedding;
+  bool copied = false;
+  for (const LogicalModel::ChunkRuns& chunk : model.chunks(at.pp)) {
+    if (mtp_copy && chunk.chunk == m.vpp - 1) {
       add_copy();
-    for (const LogicalModel::Run& run : model.runs(at.pp, chunk)) {
+      copied = true;
+    }
+    for (const LogicalModel::Run& run : chunk.runs) {
       if (run.expert_block_size == 0) {
         for (int id = run.begin; id < run.end; ++id) add(id, -1);
         continue;
@@ -108,9 +111,8 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
         for (int id = begin; id < begin + k; ++id) add(id, e - lo);
       }
     }
-    if (holds_copy && last_chunk && model.last_stage_copy() == SharedCopy::output_layer)
-      add_copy();
   }
+  if (holds_copy && !copied) add_copy();  // a tied output layer comes last
 }
 
 std::vector<LocalParam> local_params(const LogicalModel& model, const RankLayout& layout,

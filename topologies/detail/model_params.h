@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "topologies/model_spec.h"
 
@@ -44,6 +45,9 @@ std::int64_t saturated_numel(const Shape& shape);
 
 // The number of parameters `for_each_param` visits, in O(1) for the GPT family (saturating).
 std::int64_t param_count(const ModelSpec& spec);
+
+// Decoder layers in each chunk of each stage (gpt; sizes that pass check_model).
+std::vector<int> layers_per_chunk(const ModelSpec& spec, int pp, int vpp);
 
 // Visits every parameter in order. Sizes must have passed the positivity checks.
 void for_each_param(const ModelSpec& spec, const std::function<void(const ParamDraft&)>& visit);
