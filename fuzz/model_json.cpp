@@ -3,7 +3,6 @@
 #include <fstream>
 #include <functional>
 #include <limits>
-#include <sstream>
 #include <unordered_set>
 #include <vector>
 
@@ -313,12 +312,20 @@ ModelSpec model_spec_from_text(std::string_view text, std::string_view source) {
 }
 
 ModelSpec load_model_spec(const std::string& file) {
+  // Bounded read: a model file is small; a huge or endless input is an error, not a hang.
+  constexpr std::size_t kMaxFileBytes = std::size_t{64} << 20;
   std::ifstream in(file, std::ios::binary);
   if (!in) throw ModelJsonError(file + ": cannot open the model file");
-  std::ostringstream text;
-  text << in.rdbuf();
+  std::string text;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxFileBytes)
+      throw ModelJsonError(file + ": larger than " + std::to_string(kMaxFileBytes >> 20) +
+                           " MiB, more than a model file holds");
+  }
   if (in.bad()) throw ModelJsonError(file + ": cannot read the model file");
-  return model_spec_from_text(text.str(), file);
+  return model_spec_from_text(text, file);
 }
 
 }  // namespace tally::fuzz
