@@ -262,7 +262,8 @@ void add_layout_command(CLI::App& app, CommandContext& context) {
   CLI::App* command = app.add_subcommand(
       "layout",
       "The logical parameters of a model (names, classes, shapes, stages) and their element "
-      "count N, or what one rank holds: slices, Megatron-LM attributes and the duplicate filter");
+      "count N, or what one rank holds: slices, Megatron-LM attributes and the duplicate filter. "
+      "Without --world, the smallest world the sizes allow");
   add_topology_flags(*command, options->topology, /*world_required=*/false);
   add_model_flags(*command, options->model);
   command->add_option("--rank", options->rank, "Show what this rank holds");
