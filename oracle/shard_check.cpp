@@ -166,7 +166,9 @@ std::optional<ShardMismatch> check_structure(const Reads& r, const LogicalParam&
 }
 
 // Compares the rank's reads with an Eigen slice of the materialised logical tensor, a batch of
-// whole logical rows at a time. The structure has been checked: the box is inside the tensor.
+// whole logical rows at a time. The structure has been checked: every element read is inside the
+// tensor, though the box may overhang it where a range stops short of the overhang, so the slice
+// is the box clipped to the tensor.
 template <int R>
 std::optional<ShardMismatch> compare_values(const Reads& r, const LogicalParam& p,
                                             const kernels::GeneratorSpec& spec) {
@@ -183,6 +185,8 @@ std::optional<ShardMismatch> compare_values(const Reads& r, const LogicalParam& 
   const std::int64_t end_row = (r.end - 1) / inner_box + 1;
   const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(p.id));
   const Dims box_stride = strides_of(r.extent, R);
+  Dims inside{};  // the box's extent clipped to the tensor (dims >= 1)
+  for (int d = 1; d < R; ++d) inside[d] = std::min(r.extent[d], p.shape[d] - r.offset[d]);
 
   std::vector<float> rows;
   for (std::int64_t b0 = first_row; b0 < end_row; b0 += rows_per_batch) {
@@ -200,18 +204,20 @@ std::optional<ShardMismatch> compare_values(const Reads& r, const LogicalParam& 
     for (int d = 1; d < R; ++d) {
       dims[d] = p.shape[d];
       offsets[d] = r.offset[d];
-      extents[d] = r.extent[d];
+      extents[d] = inside[d];
     }
     const Tensor block = ConstMap(rows.data(), dims).slice(offsets, extents);
 
-    const std::int64_t block_first = b0 * inner_box;  // box element of block.data()[0]
+    const std::int64_t block_first = b0 * inner_box;  // the box element at block row 0
     const std::int64_t v_begin = std::max(r.begin, block_first);
     const std::int64_t v_end = std::min(r.end, b1 * inner_box);
     Dims index = unravel(v_begin, box_stride, r.extent, R);
     for (std::int64_t v = v_begin; v < v_end; ++v) {
       const std::uint64_t read = rank_flat(r, index);
       const float got = read_value(spec, r.param, read);
-      const float expected = block.data()[v - block_first];
+      std::int64_t at = index[0] - b0;  // row-major in the clipped block
+      for (int d = 1; d < R; ++d) at = at * inside[d] + index[d];
+      const float expected = block.data()[at];
       if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(expected)) {
         ShardMismatch m;
         m.param = p.id;

@@ -157,6 +157,26 @@ TEST(ShardCheck, OverhangingSliceFailsAtTheFirstElementOutside) {
   EXPECT_FALSE(verify_shard(model, kSpec, d).has_value());
 }
 
+TEST(ShardCheck, RangeStoppingShortOfAnOverhangIsCompared) {
+  // The box overhangs dim 2 (columns 2..4 of 4) and dim 0 (rows past the end); the range reads
+  // only elements inside, which are compared against the box clipped to the tensor.
+  const LogicalModel model(one_param({3, 3, 4}));
+  ShardDesc d = desc_of(model, local(0, {1, 1, 2}, {4, 2, 3}));
+  d.range = kernels::ElementRange{0, 2};
+  EXPECT_FALSE(verify_shard(model, kSpec, d).has_value());
+  d.range = kernels::ElementRange{3, 5};  // (0, 1, 0), (0, 1, 1)
+  EXPECT_FALSE(verify_shard(model, kSpec, d).has_value());
+  d.range = kernels::ElementRange{6, 8};  // rows 2: (1, 0, 0), (1, 0, 1)
+  EXPECT_FALSE(verify_shard(model, kSpec, d).has_value());
+  d.range = kernels::ElementRange{3, 6};  // (0, 1, 2) lies outside
+  const std::optional<ShardMismatch> m = verify_shard(model, kSpec, d);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->rank_element, 5);
+  d.range = kernels::ElementRange{12, 14};  // box row 2 is logical row 3 of 3: outside
+  ASSERT_TRUE(verify_shard(model, kSpec, d).has_value());
+  EXPECT_EQ(verify_shard(model, kSpec, d)->rank_element, 12);
+}
+
 TEST(ShardCheck, OffsetPastTheEndFails) {
   const LogicalModel model(one_param({6, 5}));
   const std::optional<ShardMismatch> m = verify_shard(model, kSpec, local(0, {6, 0}, {1, 5}));
