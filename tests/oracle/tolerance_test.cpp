@@ -263,6 +263,46 @@ TEST(Tolerance, RandomNormalFp32Everywhere) {
                           "fp32_everywhere");
 }
 
+// The kernels' own CPU implementation stays within the bound too (a test may call the kernels'
+// sums; the oracle never does).
+TEST(Tolerance, LocalStatsCpuStaysWithinTheBound) {
+  const LogicalModel model(shards_model());
+  for (Accumulation accumulation : {Accumulation::fp32, Accumulation::fp64}) {
+    ReductionModel m;
+    m.local = accumulation;
+    m.shard_elements = *std::max_element(kSizes.begin(), kSizes.end());
+    m.shards = kShardsPerRank;
+    m.reduction_groups = {kRanks};
+    double worst = 0.0;
+    for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+      const GeneratorSpec spec{seed, GradientMode::normal, Dtype::bf16};
+      const GroundTruth truth = ground_truth(model, spec, {{1.0, 3.0, 2.5}, 0.0, false});
+      const Tolerance t = tolerance(m, truth.main);
+      double squares = 0.0;
+      std::vector<double> p_sums(3, 0.0);
+      for (int r = 0; r < kRanks; ++r) {
+        std::vector<kernels::ShardDesc> shards;
+        for (int s = 0; s < kShardsPerRank; ++s) {
+          const LogicalParam& p = model.param(r * kShardsPerRank + s);
+          shards.push_back(kernels::whole_tensor(static_cast<std::uint64_t>(p.id),
+                                                 {p.shape.dims.data(), static_cast<std::size_t>(p.shape.rank)}));
+        }
+        const kernels::Stats local =
+            kernels::local_stats_cpu(shards, spec, {accumulation, {1.0, 3.0, 2.5}, false}).total;
+        squares += local.sum_squares;
+        for (std::size_t i = 0; i < p_sums.size(); ++i) p_sums[i] += local.p_sums[i];
+      }
+      worst = std::max({worst, error_ratio(squares, truth.main.sum_squares, t.sum_squares),
+                        error_ratio(std::sqrt(squares), truth.main.norm, t.norm)});
+      for (std::size_t i = 0; i < p_sums.size(); ++i)
+        worst = std::max(worst, error_ratio(p_sums[i], truth.main.p_norms[i].sum, t.p_sums[i]));
+    }
+    std::cout << "local_stats_cpu " << kernels::accumulation_name(accumulation)
+              << ": max error/bound " << worst << "\n";
+    EXPECT_LE(worst, 1.0) << kernels::accumulation_name(accumulation);
+  }
+}
+
 TEST(Tolerance, RandomUniformFp64) {
   const Observed seen =
       run_random<double, double>(Accumulation::fp64, Accumulation::fp64, GradientMode::uniform);
