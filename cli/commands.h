@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <iosfwd>
+#include <string>
 
 namespace tally::cli {
 
@@ -16,6 +17,8 @@ struct CommandContext {
 void add_topo_command(CLI::App& app, CommandContext& context);
 void add_enumerate_command(CLI::App& app, CommandContext& context);
 void add_layout_command(CLI::App& app, CommandContext& context);
+// `command_line` is how this invocation was typed, for the replay line of a failure.
+void add_run_command(CLI::App& app, CommandContext& context, std::string command_line);
 
 // Parses argv, runs the chosen command and returns the process exit code: 0 good, 1 a counting
 // failure, 2 bad input (one line on err), 3 an infrastructure failure.

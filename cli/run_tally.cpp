@@ -5,6 +5,28 @@
 
 namespace tally::cli {
 
+namespace {
+
+// argv as a shell would need it typed again: words with shell metacharacters single-quoted.
+std::string shell_command(int argc, const char* const* argv) {
+  std::string out = "tally";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    const bool plain = !word.empty() && word.find_first_not_of(
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=,:+@%") == std::string::npos;
+    if (plain) {
+      out += " " + word;
+      continue;
+    }
+    std::string quoted = "'";
+    for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    out += " " + quoted + "'";
+  }
+  return out;
+}
+
+}  // namespace
+
 int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   CLI::App app{
       "tally: checks that a distributed gradient norm counts every parameter element exactly "
@@ -16,6 +38,7 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   add_topo_command(app, context);
   add_enumerate_command(app, context);
   add_layout_command(app, context);
+  add_run_command(app, context, shell_command(argc, argv));
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
     bool known = false;

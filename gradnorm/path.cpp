@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <unordered_map>
 
 #include "topologies/sharding.h"
 
@@ -46,6 +47,43 @@ struct UnitState {
   std::vector<std::int64_t> counts;  // [zeros, ledger of each child in unit order...]
 };
 
+// Local statistics are a pure function of (shards, generator, options): the data-parallel
+// replicas of a rank hold identical shards, so the in-process backend computes them once.
+class StatsMemo {
+ public:
+  const kernels::Stats& get(std::span<const kernels::ShardDesc> shards,
+                            const kernels::GeneratorSpec& gen, const kernels::StatsOptions& options,
+                            kernels::LocalStatsFn local_stats) {
+    key_.clear();
+    key_.push_back(static_cast<std::int64_t>(gen.mode));
+    key_.push_back(static_cast<std::int64_t>(options.p_values.size()));
+    for (const kernels::ShardDesc& shard : shards) {
+      key_.push_back(static_cast<std::int64_t>(shard.param_id));
+      key_.push_back(shard.ndim);
+      for (int d = 0; d < shard.ndim; ++d) {
+        key_.push_back(shard.offset[d]);
+        key_.push_back(shard.extent[d]);
+      }
+      key_.push_back(shard.range ? shard.range->begin : -1);
+      key_.push_back(shard.range ? shard.range->end : -1);
+    }
+    auto [entry, fresh] = memo_.try_emplace(key_);
+    if (fresh) entry->second = local_stats(shards, gen, options).total;
+    return entry->second;
+  }
+
+ private:
+  struct Hash {
+    std::size_t operator()(const std::vector<std::int64_t>& key) const {
+      std::uint64_t h = 0xcbf29ce484222325ull;
+      for (std::int64_t v : key) h = (h ^ static_cast<std::uint64_t>(v)) * 0x100000001b3ull;
+      return static_cast<std::size_t>(h);
+    }
+  };
+  std::vector<std::int64_t> key_;
+  std::unordered_map<std::vector<std::int64_t>, kernels::Stats, Hash> memo_;
+};
+
 struct RankState {
   int rank = 0;
   std::vector<UnitState> units;
@@ -82,7 +120,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
                      const PathOptions& options, const OptimizerPlan& plan,
                      const std::vector<Unit>& units, const std::vector<int>& ledger_offset,
                      comm::Communicator& communicator, kernels::LocalStatsFn local_stats,
-                     RankState& state, std::vector<topologies::LocalParam>& local,
+                     StatsMemo& memo, RankState& state, std::vector<topologies::LocalParam>& local,
                      std::vector<MainParam>& main, Ownership& ownership) {
   const FaultSet& faults = options.faults;
   const int rank = state.rank;
@@ -139,13 +177,13 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
   // Local statistics of one bin: the generated shards, then the all-zero ones.
   auto stats_of = [&](const std::array<std::vector<kernels::ShardDesc>, 2>& bin,
                       const kernels::StatsOptions& bin_options) {
-    kernels::LocalStats total = local_stats(bin[0], gens[0], bin_options);
+    kernels::Stats total = memo.get(bin[0], gens[0], bin_options, local_stats);
     if (!bin[1].empty()) {
-      const kernels::LocalStats zeros = local_stats(bin[1], gens[1], bin_options);
-      total.total.zeros += zeros.total.zeros;
-      total.total.elements += zeros.total.elements;
+      const kernels::Stats& zeros = memo.get(bin[1], gens[1], bin_options, local_stats);
+      total.zeros += zeros.zeros;
+      total.elements += zeros.elements;
     }
-    return total.total;
+    return total;
   };
   for (std::size_t u = 0; u < units.size(); ++u) {
     UnitState& unit = state.units[u];
@@ -279,10 +317,11 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   std::vector<topologies::LocalParam> local;
   std::vector<MainParam> main;
   Ownership ownership;
+  StatsMemo memo;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     states[i].rank = ranks[i];
     run_local_phase(model, layout, options, plan, units, ledger_offset, communicator, local_stats,
-                    states[i], local, main, ownership);
+                    memo, states[i], local, main, ownership);
   }
   communicator.end_phase();
 

@@ -135,7 +135,10 @@ GroundTruth ground_truth(const topologies::LogicalModel& model,
   GroundTruth truth;
   truth.ledger.reserve(model.params().size());
   for (const LogicalParam& param : model.params()) {
-    const Accumulator acc = param_stats(param, gradients, powers);
+    kernels::GeneratorSpec spec = gradients;
+    if (!(options.class_mask & (std::uint32_t{1} << static_cast<int>(param.param_class))))
+      spec.mode = kernels::GradientMode::zeros;
+    const Accumulator acc = param_stats(param, spec, powers);
     (param.grad_norm_group == GradNormGroup::mtp ? mtp : main).merge(acc);
     truth.ledger.push_back({param.id, param.grad_norm_group, param.numel});
     if (options.per_param)

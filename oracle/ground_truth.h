@@ -45,6 +45,9 @@ struct TruthOptions {
   std::vector<double> p_values;  // finite p > 0: general p-norms, in the order wanted back
   double max_norm = 0.0;         // clip_grad; 0: no clipping
   bool per_param = false;        // also fill GroundTruth::per_param (for the diagnosis)
+  // Bit i set: params of topologies::ParamClass i have generated gradients; the others are all
+  // zero (the selective invariant: only one class non-zero).
+  std::uint32_t class_mask = ~std::uint32_t{0};
   friend bool operator==(const TruthOptions&, const TruthOptions&) = default;
 };
 

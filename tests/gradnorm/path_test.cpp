@@ -8,6 +8,7 @@
 #include "comm/sim_communicator.h"
 #include "tests/support/fault_cases.h"
 #include "tests/support/model_gen.h"
+#include "tests/support/show.h"
 
 namespace tally::gradnorm {
 namespace {
@@ -75,6 +76,7 @@ TEST(FoundingRegression, LayerWiseExpertBiasNormAtWorld8) { check_founding_case(
 // element is counted exactly once in the ledger.
 RC_GTEST_PROP(PathProperty, AllOnesGivesSqrtNAndEveryElementOnce, ()) {
   const auto [config, spec] = *testing::valid_case(3);
+  RC_PRE(testing::megatron_assumptions_hold(config));
   const LogicalModel model(spec, config);
   PathOptions options = testing::ones(*rc::gen::element(
       OptimizerModel::plain, OptimizerModel::distributed, OptimizerModel::layerwise,
@@ -84,12 +86,15 @@ RC_GTEST_PROP(PathProperty, AllOnesGivesSqrtNAndEveryElementOnce, ()) {
   const double main_n = static_cast<double>(model.total_elements(topologies::GradNormGroup::main));
   const double mtp_n = static_cast<double>(model.total_elements(topologies::GradNormGroup::mtp));
   for (const RankResult& rank : ones.ranks) {
+    for (const topologies::LogicalParam& p : model.params())
+      if ((*rank.ledger)[p.id] != p.numel)
+        RC_FAIL("rank " + std::to_string(rank.rank) + " counted " +
+                std::to_string((*rank.ledger)[p.id]) + " of " + std::to_string(p.numel) +
+                " elements of " + p.name);
     RC_ASSERT(rank.norm == std::sqrt(main_n));
     RC_ASSERT(rank.mtp_norm == std::sqrt(mtp_n));
     RC_ASSERT(rank.zeros == 0);
     RC_ASSERT(rank.inf_norm == (main_n > 0 ? 1.0 : 0.0));
-    for (const topologies::LogicalParam& p : model.params())
-      RC_ASSERT((*rank.ledger)[p.id] == p.numel);
   }
   options.gradients.generator.mode = kernels::GradientMode::zeros;
   const PathResult zeros = run(config, spec, options);

@@ -1,0 +1,175 @@
+// tally run: one case, from flags or a case file; the verdict and the diagnosis.
+#include <memory>
+#include <ostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "cli/topology_flags.h"
+#include "cli/usage_error.h"
+#include "cli/verdict_report.h"
+#include "fuzz/case.h"
+#include "gradnorm/faults.h"
+
+namespace tally::cli {
+
+namespace {
+
+struct RunOptions {
+  std::string case_file;
+  TopologyFlags topology;
+  ModelFlags model;
+  std::string optimizer = "plain";
+  std::string grads = "dyadic";
+  std::string grad_dtype = "fp32";
+  std::uint64_t seed = 1;
+  std::vector<std::string> grad_classes;
+  std::string accumulation = "fp64";
+  std::vector<double> p_norms;
+  double max_norm = 1.0;
+  std::int64_t bucket_elements = 0;
+  std::vector<std::string> faults;
+  bool list_faults = false;
+  bool json = false;
+  std::string command_line;  // for the replay line
+};
+
+template <typename Enum>
+Enum parse_choice(const std::string& flag, const std::string& value,
+                  std::optional<Enum> (*from_name)(std::string_view), const std::string& choices) {
+  const std::optional<Enum> parsed = from_name(value);
+  if (!parsed) throw UsageError(flag + " '" + value + "' is not one of " + choices);
+  return *parsed;
+}
+
+gradnorm::FaultSet parse_faults(const std::vector<std::string>& names) {
+  gradnorm::FaultSet faults;
+  for (const std::string& list : names) {
+    std::stringstream items(list);
+    std::string name;
+    while (std::getline(items, name, ',')) {
+      const std::optional<gradnorm::Fault> fault = gradnorm::fault_from_name(name);
+      if (!fault)
+        throw UsageError("--fault '" + name + "' is not in the catalog (tally run --list-faults)");
+      faults = faults.with(*fault);
+    }
+  }
+  return faults;
+}
+
+std::uint32_t parse_classes(const std::vector<std::string>& names) {
+  if (names.empty()) return ~std::uint32_t{0};
+  std::uint32_t mask = 0;
+  for (const std::string& list : names) {
+    std::stringstream items(list);
+    std::string name;
+    while (std::getline(items, name, ',')) {
+      const std::optional<topologies::ParamClass> c = topologies::class_from_name(name);
+      if (!c)
+        throw UsageError("--grad-classes '" + name +
+                         "' is not a param class (column, column-bias, row, replicated, vocab, "
+                         "head-sharded, expert-column, expert-column-bias, expert-row, "
+                         "expert-row-bias)");
+      mask |= gradnorm::class_bit(*c);
+    }
+  }
+  return mask;
+}
+
+fuzz::Case case_from_flags(const RunOptions& o) {
+  if (o.topology.world == 0) throw UsageError("--world is required (or give a case file)");
+  fuzz::Case c;
+  c.topology = to_valid_config(o.topology);
+  c.model = to_model_spec(o.model);
+  gradnorm::PathOptions& path = c.path;
+  path.optimizer = parse_choice<gradnorm::OptimizerModel>(
+      "--optimizer", o.optimizer, gradnorm::optimizer_model_from_name,
+      "plain, distributed, layerwise, muon");
+  path.gradients.generator.mode = parse_choice<kernels::GradientMode>(
+      "--grads", o.grads, kernels::mode_from_name,
+      "ones, zeros, dyadic, uniform, normal, sparse, rank-encoded");
+  path.gradients.generator.dtype = parse_choice<kernels::Dtype>(
+      "--grad-dtype", o.grad_dtype, kernels::dtype_from_name, "fp32, bf16, fp16");
+  path.gradients.generator.seed = o.seed;
+  path.gradients.class_mask = parse_classes(o.grad_classes);
+  path.accumulation = parse_choice<kernels::Accumulation>(
+      "--accumulation", o.accumulation, kernels::accumulation_from_name, "fp32, fp64");
+  path.p_values = o.p_norms;
+  path.max_norm = o.max_norm;
+  path.bucket_elements = o.bucket_elements;
+  path.faults = parse_faults(o.faults);
+  return c;
+}
+
+void print_fault_catalog(std::ostream& out) {
+  out << "Faults (each replaces one rule with the wrong rule a real framework shipped):\n\n";
+  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
+    out << info.name << "\n  from:    " << info.provenance << "\n  wrong:   " << info.wrong_rule
+        << "\n  trigger: " << info.trigger << "\n\n";
+  }
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, CommandContext& context, std::string command_line) {
+  auto options = std::make_shared<RunOptions>();
+  options->command_line = std::move(command_line);
+  CLI::App* command = app.add_subcommand(
+      "run",
+      "Run one case on every rank of a topology and compare with the Eigen ground truth: the "
+      "norm, inf norm, zero count, clip coefficient, clipped gradients and the exact ledger of "
+      "every logical parameter. Exit 0 pass, 1 fail, 2 bad input, 3 infrastructure failure.");
+  add_topology_flags(*command, options->topology, /*world_required=*/false);
+  add_model_flags(*command, options->model);
+  command->add_option("--optimizer", options->optimizer,
+                      "Optimizer model: plain, distributed, layerwise, muon")
+      ->capture_default_str();
+  command->add_option("--grads", options->grads,
+                      "Gradient values: ones, zeros, dyadic, uniform, normal, sparse, "
+                      "rank-encoded (exact modes: ones, zeros, dyadic, rank-encoded)")
+      ->capture_default_str();
+  command->add_option("--grad-dtype", options->grad_dtype, "Stored gradient dtype: fp32, bf16, fp16")
+      ->capture_default_str();
+  command->add_option("--seed", options->seed, "Gradient seed")->capture_default_str();
+  command->add_option("--grad-classes", options->grad_classes,
+                      "Only these param classes get gradients, the rest are zero "
+                      "(e.g. expert-row-bias)")
+      ->delimiter(',');
+  command->add_option("--accumulation", options->accumulation, "Local sums in fp64 or fp32")
+      ->capture_default_str();
+  command->add_option("--p-norms", options->p_norms, "Extra p-norms to check (e.g. 1,3)")
+      ->delimiter(',');
+  command->add_option("--max-norm,--clip-grad", options->max_norm,
+                      "Clip threshold (Megatron-LM's --clip-grad; 0: no clipping)")
+      ->capture_default_str();
+  command->add_option("--bucket-elements", options->bucket_elements,
+                      "Distributed optimizer bucket size in elements (0: one bucket)")
+      ->capture_default_str();
+  command->add_option("--fault", options->faults,
+                      "Switch on a fault of the catalog (repeat, or comma-separate)");
+  command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
+  command->add_flag("--json", options->json, "Machine-readable verdict");
+  command->callback([options, &context] {
+    if (options->list_faults) {
+      print_fault_catalog(context.out);
+      context.exit_code = kExitPass;
+      return;
+    }
+    const fuzz::Case c = case_from_flags(*options);
+    oracle::Verdict verdict;
+    try {
+      verdict = fuzz::run_case(c);
+    } catch (const fuzz::InvalidCase& error) {
+      throw UsageError(error.what());
+    }
+    if (options->json)
+      context.out << verdict_json(verdict).dump() << '\n';
+    else
+      print_verdict(context.out, c, verdict, options->command_line);
+    context.exit_code = verdict.kind == oracle::Verdict::Kind::pass       ? kExitPass
+                        : verdict.kind == oracle::Verdict::Kind::infra_error ? kExitInfra
+                                                                             : kExitFail;
+  });
+}
+
+}  // namespace tally::cli

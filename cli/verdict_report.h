@@ -1,0 +1,25 @@
+// How a verdict reads: a table of statistics, the agreement of ranks, the diagnosis of each
+// miscounted param, and the command that replays the case; or the same as JSON.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+
+#include "fuzz/case.h"
+#include "oracle/verdict.h"
+
+namespace tally::cli {
+
+// "world 2 (dense tp 2, cp 1, pp 1, dp 1; expert etp 1, ep 2, edp 1), gpt ..., layerwise, ..."
+std::string case_summary(const fuzz::Case& c);
+
+void print_verdict(std::ostream& out, const fuzz::Case& c, const oracle::Verdict& verdict,
+                   const std::string& replay_command);
+
+// {"verdict":"pass"|"fail"|"infra-error","stats":{"l2":{"got":..,"expected":..,"error":..,
+// "bound":..},...},"miscounted":[{"param":..,"counted":..,"expected":..,"ranks":[..]}],
+// "ranks_agree":true,...}
+nlohmann::ordered_json verdict_json(const oracle::Verdict& verdict);
+
+}  // namespace tally::cli

@@ -1,0 +1,81 @@
+#include "fuzz/case.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "comm/sim_communicator.h"
+#include "topologies/logical_model.h"
+#include "topologies/rank_layout.h"
+
+namespace tally::fuzz {
+
+std::string_view outcome_name(Expectation::Outcome outcome) {
+  switch (outcome) {
+    case Expectation::Outcome::pass: return "pass";
+    case Expectation::Outcome::fail: return "fail";
+    case Expectation::Outcome::infra_error: return "infra-error";
+  }
+  return "?";
+}
+
+std::optional<std::string> check_case(const Case& c) {
+  if (std::optional<std::string> error = topologies::check_config(c.topology)) return error;
+  if (std::optional<std::string> error = topologies::check_model(c.model, c.topology)) return error;
+  const gradnorm::PathOptions& o = c.path;
+  for (double p : o.p_values)
+    if (!std::isfinite(p) || p <= 0.0)
+      return "p-norm p " + std::to_string(p) + " must be finite and > 0";
+  if (o.p_values.size() > 8) return "at most 8 p-norms (got " + std::to_string(o.p_values.size()) + ")";
+  if (!std::isfinite(o.max_norm) || o.max_norm < 0.0)
+    return "max_norm must be finite and >= 0 (0: no clipping)";
+  if (o.bucket_elements < 0) return "bucket_elements must be >= 0 (0: one bucket per buffer)";
+  return std::nullopt;
+}
+
+oracle::Verdict run_case(const Case& c, const oracle::JudgeOptions& judge) {
+  if (std::optional<std::string> error = check_case(c)) throw InvalidCase(*error);
+  const topologies::RankLayout layout(c.topology);
+  const topologies::LogicalModel model(c.model, c.topology);
+  comm::SimCommunicator communicator(layout);
+  const std::vector<int> ranks = gradnorm::all_ranks(layout);
+  try {
+    const gradnorm::PathResult result = gradnorm::run_path(model, layout, c.path, communicator, ranks);
+    return oracle::judge(model, layout, c.path, result, oracle::truth_for(model, c.path), judge);
+  } catch (const comm::InfraError& error) {
+    oracle::Verdict verdict;
+    verdict.kind = oracle::Verdict::Kind::infra_error;
+    verdict.infra_call = error.call();
+    verdict.infra_message = error.what();
+    return verdict;
+  }
+}
+
+std::vector<std::string> failed_statistics(const oracle::Verdict& verdict) {
+  std::vector<std::string> names;
+  for (const oracle::StatisticCheck& s : verdict.stats)
+    if (!s.ok) names.push_back(s.name);
+  if (verdict.miscounted_total > 0) names.push_back("ledger");
+  if (!verdict.ranks_agree) names.push_back("agreement");
+  if (!verdict.clipped.empty()) names.push_back("clipped");
+  return names;
+}
+
+std::optional<std::string> unmet_expectation(const Expectation& expect,
+                                             const oracle::Verdict& verdict) {
+  const std::string got(oracle::kind_name(verdict.kind));
+  const std::string want(outcome_name(expect.outcome));
+  if (got != want) return "expected " + want + ", got " + got;
+  if (expect.outcome != Expectation::Outcome::fail) return std::nullopt;
+  const std::vector<std::string> failed = failed_statistics(verdict);
+  for (const std::string& name : expect.statistics)
+    if (std::find(failed.begin(), failed.end(), name) == failed.end())
+      return "expected statistic '" + name + "' to fail, but it passed";
+  for (const std::string& name : expect.miscounted) {
+    const bool found = std::any_of(verdict.miscounted.begin(), verdict.miscounted.end(),
+                                   [&](const oracle::Miscount& m) { return m.name == name; });
+    if (!found) return "expected param '" + name + "' to be miscounted, but it was counted once";
+  }
+  return std::nullopt;
+}
+
+}  // namespace tally::fuzz
