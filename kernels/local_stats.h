@@ -1,7 +1,8 @@
 // Local statistics of one rank's gradient shards, in ONE multi-tensor call: sum of squares,
 // abs-max, zero count, sums of |g|^p and the number of elements visited, over generated gradient
 // values (kernels/gradient_generator.h). local_stats_cpu is the CPU implementation; the CUDA twin
-// (kernels/local_stats.cu) will have exactly the same signature (LocalStatsFn) and contract.
+// local_stats_cuda (kernels/local_stats_cuda.h) has exactly the same signature (LocalStatsFn) and
+// contract, and matches it bit for bit (that header says where pow makes the one exception).
 //
 // What is visited. A shard is a box of its logical tensor (offset and extent per dimension),
 // optionally narrowed to the contiguous range [begin, end) of the box's elements in row-major order
