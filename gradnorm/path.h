@@ -43,6 +43,7 @@ struct PathOptions {
   double max_norm = 0.0;         // Megatron-LM's clip_grad; 0 never clips
   std::int64_t bucket_elements = 0;  // distributed optimizer; 0: one bucket per buffer
   FaultSet faults;
+  friend bool operator==(const PathOptions&, const PathOptions&) = default;
 };
 
 // What one child optimizer did on a rank.
