@@ -1,10 +1,8 @@
 #include "fuzz/model_json.h"
 
-#include <fstream>
-#include <functional>
-#include <limits>
-#include <unordered_set>
 #include <vector>
+
+#include "fuzz/detail/json_read.h"
 
 namespace tally::fuzz {
 
@@ -14,92 +12,18 @@ using nlohmann::json;
 using topologies::CustomParam;
 using topologies::ModelKind;
 using topologies::ModelSpec;
-
-[[noreturn]] void fail(const std::string& path, const std::string& why) {
-  throw ModelJsonError(path + ": " + why);
-}
-
-// The value as it was written, shortened so a message stays one line.
-std::string shown(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return text;
-}
-
-const char* type_word(const json& value) {
-  if (value.is_object()) return "an object";
-  if (value.is_array()) return "an array";
-  if (value.is_string()) return "a string";
-  if (value.is_boolean()) return "a boolean";
-  if (value.is_null()) return "null";
-  return "a number";
-}
-
-std::int64_t read_integer(const json& value, const std::string& path, std::int64_t min,
-                          std::int64_t max) {
-  const std::string expected =
-      min == 1   ? "a positive integer"
-      : min == 0 ? "an integer >= 0"
-                 : "an integer >= " + std::to_string(min);
-  const std::string range = expected + " at most " + std::to_string(max);
-  if (!value.is_number_integer()) fail(path, "expected " + expected + ", got " + shown(value));
-  if (value.is_number_unsigned()) {
-    // Non-negative literals parse as unsigned; compare before narrowing.
-    const std::uint64_t v = value.get<std::uint64_t>();
-    if (v > static_cast<std::uint64_t>(max)) fail(path, "expected " + range + ", got " + shown(value));
-    if (static_cast<std::int64_t>(v) < min) fail(path, "expected " + expected + ", got " + shown(value));
-    return static_cast<std::int64_t>(v);
-  }
-  const std::int64_t v = value.get<std::int64_t>();
-  if (v < min) fail(path, "expected " + expected + ", got " + shown(value));
-  if (v > max) fail(path, "expected " + range + ", got " + shown(value));
-  return v;
-}
+using detail::Field;
+using detail::fail;
+using detail::read_bool;
+using detail::read_choice;
+using detail::read_integer;
+using detail::read_object;
+using detail::read_string;
+using detail::shown;
+using detail::type_word;
 
 int read_int(const json& value, const std::string& path, int min) {
   return static_cast<int>(read_integer(value, path, min, topologies::kMaxSize));
-}
-
-bool read_bool(const json& value, const std::string& path) {
-  if (!value.is_boolean()) fail(path, "expected true or false, got " + shown(value));
-  return value.get<bool>();
-}
-
-std::string read_string(const json& value, const std::string& path) {
-  if (!value.is_string()) fail(path, "expected a string, got " + shown(value));
-  return value.get<std::string>();
-}
-
-// One of `names`, returned as its index.
-int read_choice(const json& value, const std::string& path, std::vector<std::string_view> names) {
-  const std::string text = read_string(value, path);
-  for (std::size_t i = 0; i < names.size(); ++i)
-    if (names[i] == text) return static_cast<int>(i);
-  std::string list;
-  for (std::size_t i = 0; i < names.size(); ++i) list += (i ? ", " : "") + std::string(names[i]);
-  fail(path, "expected one of " + list + ", got " + shown(value));
-}
-
-// A reader for one key of an object.
-using FieldReader = std::function<void(const json& value, const std::string& path)>;
-struct Field {
-  std::string_view key;
-  FieldReader read;
-};
-
-void read_object(const json& object, const std::string& path, const std::vector<Field>& fields,
-                 std::string_view what, std::vector<std::string_view> required = {}) {
-  if (!object.is_object()) fail(path, std::string("expected an object, got ") + type_word(object));
-  for (const auto& [key, value] : object.items()) {
-    const Field* field = nullptr;
-    for (const Field& f : fields)
-      if (f.key == key) field = &f;
-    if (!field) fail(path + "." + key, "unknown key for " + std::string(what));
-    field->read(value, path + "." + key);
-  }
-  for (std::string_view key : required)
-    if (!object.contains(std::string(key)))
-      fail(path, "missing key '" + std::string(key) + "' for " + std::string(what));
 }
 
 std::vector<Field> gpt_fields(ModelSpec& s) {
@@ -206,41 +130,6 @@ std::vector<Field> custom_fields(ModelSpec& s) {
   };
 }
 
-// nlohmann keeps the last of repeated keys; a case file with two values for one field is
-// ambiguous, so it is rejected.
-json parse_rejecting_duplicates(std::string_view text, std::string_view source) {
-  std::vector<std::unordered_set<std::string>> keys;
-  std::string duplicate;
-  const json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start: keys.emplace_back(); break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-            duplicate.empty())
-          duplicate = parsed.get<std::string>();
-        break;
-      default: break;
-    }
-    return true;
-  };
-  json parsed;
-  try {
-    parsed = json::parse(text.begin(), text.end(), callback);
-  } catch (const json::parse_error& error) {
-    std::string what = error.what();
-    for (char& ch : what)
-      if (ch == '\n' || ch == '\r') ch = ' ';
-    throw ModelJsonError(std::string(source) + ": invalid JSON: " + what);
-  }
-  if (!duplicate.empty())
-    throw ModelJsonError(std::string(source) + ": key '" + duplicate +
-                         "' appears twice in one object");
-  return parsed;
-}
-
 }  // namespace
 
 nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
@@ -294,7 +183,7 @@ nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
   return j;
 }
 
-ModelSpec model_spec_from_json(const json& value, std::string_view path_view) {
+ModelSpec model_spec_from_json(const json& value, std::string_view path_view) try {
   const std::string path(path_view);
   if (!value.is_object()) fail(path, std::string("expected an object, got ") + type_word(value));
   ModelSpec spec;
@@ -305,26 +194,29 @@ ModelSpec model_spec_from_json(const json& value, std::string_view path_view) {
   else
     read_object(value, path, custom_fields(spec), "a custom layout", {"params"});
   return spec;
+} catch (const detail::JsonReadError& error) {
+  throw ModelJsonError(error.what());
 }
 
 ModelSpec model_spec_from_text(std::string_view text, std::string_view source) {
-  return model_spec_from_json(parse_rejecting_duplicates(text, source), "model");
+  json parsed;
+  try {
+    parsed = detail::parse_json(text, source);
+  } catch (const detail::JsonReadError& error) {
+    throw ModelJsonError(error.what());
+  }
+  return model_spec_from_json(parsed, "model");
 }
 
 ModelSpec load_model_spec(const std::string& file) {
   // Bounded read: a model file is small; a huge or endless input is an error, not a hang.
   constexpr std::size_t kMaxFileBytes = std::size_t{64} << 20;
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw ModelJsonError(file + ": cannot open the model file");
   std::string text;
-  char buffer[1 << 16];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(in.gcount()));
-    if (text.size() > kMaxFileBytes)
-      throw ModelJsonError(file + ": larger than " + std::to_string(kMaxFileBytes >> 20) +
-                           " MiB, more than a model file holds");
+  try {
+    text = detail::read_bounded_file(file, kMaxFileBytes, "model file");
+  } catch (const detail::JsonReadError& error) {
+    throw ModelJsonError(error.what());
   }
-  if (in.bad()) throw ModelJsonError(file + ": cannot read the model file");
   return model_spec_from_text(text, file);
 }
 
