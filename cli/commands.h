@@ -19,6 +19,11 @@ void add_enumerate_command(CLI::App& app, CommandContext& context);
 void add_layout_command(CLI::App& app, CommandContext& context);
 // `command_line` is how this invocation was typed, for the replay line of a failure.
 void add_run_command(CLI::App& app, CommandContext& context, std::string command_line);
+void add_show_command(CLI::App& app, CommandContext& context);
+void add_replay_command(CLI::App& app, CommandContext& context);
+
+// `word` as a shell reads it back: as it is when it is plain, else single-quoted.
+std::string shell_quote(const std::string& word);
 
 // Parses argv, runs the chosen command and returns the process exit code: 0 good, 1 a counting
 // failure, 2 bad input (one line on err), 3 an infrastructure failure.

@@ -9,6 +9,7 @@
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/case.h"
+#include "fuzz/case_file.h"
 #include "gradnorm/faults.h"
 
 namespace tally::cli {
@@ -16,7 +17,11 @@ namespace tally::cli {
 namespace {
 
 struct RunOptions {
-  std::string case_file;
+  std::string case_file;          // positional: run this case file
+  std::string save;               // --save: write the case to this file, then run it
+  std::string expect;             // --expect with --save: pass, fail or observed
+  std::string description;        // --description with --save
+  std::vector<CLI::Option*> case_flags;  // the flags that describe a case
   TopologyFlags topology;
   ModelFlags model;
   std::string optimizer = "plain";
@@ -109,6 +114,56 @@ void print_fault_catalog(std::ostream& out) {
   }
 }
 
+// The case to run: the file's, or the flags'. Throws UsageError.
+fuzz::Case input_case(const RunOptions& o) {
+  if (o.case_file.empty()) return case_from_flags(o);
+  for (const CLI::Option* option : o.case_flags)
+    if (option->count() > 0)
+      throw UsageError("the case file " + o.case_file + " cannot be combined with the case flag " +
+                       option->get_name() + " (edit the file, or give the case by flags only)");
+  try {
+    return fuzz::load_case_file(o.case_file);
+  } catch (const fuzz::CaseFileError& error) {
+    throw UsageError(error.what());
+  }
+}
+
+void save_case(const std::string& file, const fuzz::Case& c) {
+  try {
+    fuzz::write_case_file(file, c);
+  } catch (const std::exception& error) {
+    throw UsageError(error.what());
+  }
+}
+
+// The expectation a run showed: its outcome, the statistics it failed and the params it
+// miscounted (at most kMaxObservedParams of them, in param order).
+fuzz::Expectation observed_expectation(const oracle::Verdict& verdict) {
+  constexpr std::size_t kMaxObservedParams = 32;
+  fuzz::Expectation e;
+  e.outcome = verdict.kind == oracle::Verdict::Kind::pass   ? fuzz::Expectation::Outcome::pass
+              : verdict.kind == oracle::Verdict::Kind::fail ? fuzz::Expectation::Outcome::fail
+                                                            : fuzz::Expectation::Outcome::infra_error;
+  if (e.outcome != fuzz::Expectation::Outcome::fail) return e;
+  e.statistics = fuzz::failed_statistics(verdict);
+  for (const oracle::Miscount& m : verdict.miscounted)
+    if (e.miscounted.size() < kMaxObservedParams) e.miscounted.push_back(m.name);
+  return e;
+}
+
+// "expect fail (l2, ledger; decoder.layers.0.mlp...)" for the expectation line.
+std::string expectation_text(const fuzz::Expectation& e) {
+  std::string text = "expect " + std::string(fuzz::outcome_name(e.outcome));
+  std::string details;
+  for (const std::string& name : e.statistics) details += (details.empty() ? "" : ", ") + name;
+  if (!e.miscounted.empty()) {
+    details += details.empty() ? "" : "; ";
+    details += std::to_string(e.miscounted.size()) + " miscounted param" +
+               (e.miscounted.size() == 1 ? "" : "s");
+  }
+  return details.empty() ? text : text + " (" + details + ")";
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& app, CommandContext& context, std::string command_line) {
@@ -119,6 +174,9 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       "Run one case on every rank of a topology and compare with the Eigen ground truth: the "
       "norm, inf norm, zero count, clip coefficient, clipped gradients and the exact ledger of "
       "every logical parameter. Exit 0 pass, 1 fail, 2 bad input, 3 infrastructure failure.");
+  // Every option registered from here to the snapshot below describes the case, and so cannot
+  // be combined with a case file.
+  const std::size_t options_before = command->get_options().size();
   add_topology_flags(*command, options->topology, /*world_required=*/false);
   add_model_flags(*command, options->model);
   command->add_option("--optimizer", options->optimizer,
@@ -147,6 +205,20 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       ->capture_default_str();
   command->add_option("--fault", options->faults,
                       "Switch on a fault of the catalog (repeat, or comma-separate)");
+  {
+    const std::vector<CLI::Option*> all = command->get_options();
+    options->case_flags.assign(all.begin() + static_cast<std::ptrdiff_t>(options_before), all.end());
+  }
+  command->add_option("case", options->case_file,
+                      "A case file (JSON, docs/case-files.md) to run instead of the case flags");
+  command->add_option("--save", options->save,
+                      "Write the case to this file (atomically) before running it");
+  command->add_option("--expect", options->expect,
+                      "With --save: the expectation to record: pass, fail, or observed (what "
+                      "this run shows: outcome, failed statistics, miscounted params)")
+      ->check(CLI::IsMember({"pass", "fail", "observed"}));
+  command->add_option("--description", options->description,
+                      "With --save: the case's description (one line)");
   command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
   command->add_flag("--json", options->json, "Machine-readable verdict");
   command->callback([options, &context] {
@@ -155,17 +227,55 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       context.exit_code = kExitPass;
       return;
     }
-    const fuzz::Case c = case_from_flags(*options);
+    const RunOptions& o = *options;
+    if (o.save.empty() && !o.expect.empty()) throw UsageError("--expect needs --save FILE");
+    if (o.save.empty() && !o.description.empty())
+      throw UsageError("--description needs --save FILE");
+    fuzz::Case c = input_case(o);
+    if (!o.description.empty()) {
+      for (char ch : o.description)
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          throw UsageError("--description must be one line without control characters");
+      c.description = o.description;
+    }
+    if (o.expect == "pass") c.expect = fuzz::Expectation{};
+    if (o.expect == "fail") c.expect = fuzz::Expectation{fuzz::Expectation::Outcome::fail, {}, {}};
+    if (!o.save.empty()) {
+      // Checked first, so an invalid case never reaches the disk.
+      if (std::optional<std::string> error = fuzz::check_case(c)) throw UsageError(*error);
+      save_case(o.save, c);  // before running: a crash loses nothing
+    }
     oracle::Verdict verdict;
     try {
       verdict = fuzz::run_case(c);
     } catch (const fuzz::InvalidCase& error) {
       throw UsageError(error.what());
     }
-    if (options->json)
-      context.out << verdict_json(verdict).dump() << '\n';
-    else
-      print_verdict(context.out, c, verdict, options->command_line);
+    if (o.expect == "observed") {
+      c.expect = observed_expectation(verdict);
+      save_case(o.save, c);
+    }
+    const std::string case_source = !o.case_file.empty() ? o.case_file : o.save;
+    const std::string replay =
+        case_source.empty() ? o.command_line : "tally run " + shell_quote(case_source);
+    std::optional<std::string> unmet;
+    if (c.expect) unmet = fuzz::unmet_expectation(*c.expect, verdict);
+    if (o.json) {
+      nlohmann::ordered_json j = verdict_json(verdict);
+      if (c.expect)
+        j["expectation"] = {{"expect", fuzz::case_to_json(c)["expect"]},
+                            {"met", !unmet.has_value()},
+                            {"reason", unmet.value_or("")}};
+      if (!case_source.empty()) j["case_file"] = case_source;
+      context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+                  << '\n';
+    } else {
+      print_verdict(context.out, c, verdict, replay);
+      if (!o.save.empty()) context.out << "saved: " << o.save << '\n';
+      if (c.expect)
+        context.out << "expectation (" << expectation_text(*c.expect) << "): "
+                    << (unmet ? "NOT met: " + *unmet : std::string("met")) << '\n';
+    }
     context.exit_code = verdict.kind == oracle::Verdict::Kind::pass       ? kExitPass
                         : verdict.kind == oracle::Verdict::Kind::infra_error ? kExitInfra
                                                                              : kExitFail;

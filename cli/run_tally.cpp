@@ -5,23 +5,21 @@
 
 namespace tally::cli {
 
+std::string shell_quote(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of(
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=,:+@%") == std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return quoted + "'";
+}
+
 namespace {
 
 // argv as a shell would need it typed again: words with shell metacharacters single-quoted.
 std::string shell_command(int argc, const char* const* argv) {
   std::string out = "tally";
-  for (int i = 1; i < argc; ++i) {
-    const std::string word = argv[i];
-    const bool plain = !word.empty() && word.find_first_not_of(
-        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=,:+@%") == std::string::npos;
-    if (plain) {
-      out += " " + word;
-      continue;
-    }
-    std::string quoted = "'";
-    for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    out += " " + quoted + "'";
-  }
+  for (int i = 1; i < argc; ++i) out += " " + shell_quote(argv[i]);
   return out;
 }
 
@@ -39,6 +37,8 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   add_enumerate_command(app, context);
   add_layout_command(app, context);
   add_run_command(app, context, shell_command(argc, argv));
+  add_show_command(app, context);
+  add_replay_command(app, context);
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
     bool known = false;

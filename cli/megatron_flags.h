@@ -1,0 +1,25 @@
+// A case as the Megatron-LM command-line arguments that build the same topology, model and
+// optimizer, so a finding can be rerun in the framework itself (DESIGN.md "Case files").
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fuzz/case.h"
+
+namespace tally::cli {
+
+struct MegatronArgs {
+  // Flags with their values as separate words ("--tensor-model-parallel-size", "2", ...).
+  std::vector<std::string> args;
+  // What has no Megatron-LM flag: the world size (the launcher's), a rank order other than the
+  // two Megatron-LM spells, a custom layout, tally's gradients and faults.
+  std::vector<std::string> notes;
+};
+
+MegatronArgs megatron_args(const fuzz::Case& c);
+
+// The args as lines a shell accepts: "  --flag value \" per flag, the last without the "\".
+std::string megatron_command_text(const MegatronArgs& args);
+
+}  // namespace tally::cli

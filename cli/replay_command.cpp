@@ -1,0 +1,219 @@
+// tally replay: rerun case files (and the case files under folders) and check each one's
+// expectation. The CI gate over the regression corpus (seeds/).
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <ostream>
+#include <system_error>
+
+#include "cli/commands.h"
+#include "cli/usage_error.h"
+#include "cli/verdict_report.h"
+#include "fuzz/case_file.h"
+#include "fuzz/junit.h"
+
+namespace tally::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ReplayOptions {
+  std::vector<std::string> paths;
+  std::string junit;
+  bool json = false;
+};
+
+// One input: a case file to run, or a path that could not be expanded.
+struct Input {
+  std::string file;
+  std::string error;  // non-empty: the path is bad (missing, unreadable, an empty folder)
+};
+
+// Case files under `folder`, recursively: regular files named *.json, sorted by path.
+std::vector<Input> expand_folder(const std::string& folder) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(folder, fs::directory_options::none, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code type_error;
+    if (it->is_regular_file(type_error) && it->path().extension() == ".json")
+      files.push_back(it->path().generic_string());
+  }
+  if (ec) return {{folder, folder + ": cannot list the folder: " + ec.message()}};
+  if (files.empty()) return {{folder, folder + ": no case files (*.json) in this folder"}};
+  std::sort(files.begin(), files.end());
+  std::vector<Input> inputs;
+  for (std::string& file : files) inputs.push_back({std::move(file), ""});
+  return inputs;
+}
+
+std::vector<Input> expand(const std::vector<std::string>& paths) {
+  std::vector<Input> inputs;
+  for (const std::string& path : paths) {
+    std::error_code ec;
+    const fs::file_status status = fs::status(path, ec);
+    if (ec || !fs::exists(status)) {
+      inputs.push_back({path, path + ": no such file or folder"});
+    } else if (fs::is_directory(status)) {
+      for (Input& input : expand_folder(path)) inputs.push_back(std::move(input));
+    } else {
+      inputs.push_back({path, ""});
+    }
+  }
+  return inputs;
+}
+
+enum class Result { ok, mismatch, error };
+
+struct Outcome {
+  std::string file;
+  Result result = Result::ok;
+  std::string verdict;   // pass, fail, infra-error; empty when the case did not run
+  std::string expected;  // the expected outcome
+  std::string message;   // mismatch: why; error: the one-line error
+  double seconds = 0.0;
+};
+
+Outcome replay_one(const Input& input) {
+  Outcome o;
+  o.file = input.file;
+  if (!input.error.empty()) {
+    o.result = Result::error;
+    o.message = input.error;
+    return o;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    const fuzz::Case c = fuzz::load_case_file(input.file);
+    const fuzz::Expectation expect = c.expect.value_or(fuzz::Expectation{});
+    o.expected = fuzz::outcome_name(expect.outcome);
+    const oracle::Verdict verdict = fuzz::run_case(c);
+    o.verdict = oracle::kind_name(verdict.kind);
+    if (std::optional<std::string> unmet = fuzz::unmet_expectation(expect, verdict)) {
+      o.result = Result::mismatch;
+      o.message = *unmet;
+    }
+  } catch (const std::exception& error) {
+    // CaseFileError (an invalid file), InvalidCase, or anything else the run threw.
+    o.result = Result::error;
+    o.message = error.what();
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+// "tally.replay.seeds" for seeds/x.json: the folder, dotted, as JUnit readers group by it.
+std::string junit_classname(const std::string& file) {
+  std::string folder = fs::path(file).parent_path().generic_string();
+  while (folder.rfind("./", 0) == 0) folder.erase(0, 2);
+  while (!folder.empty() && (folder.front() == '/' || folder.front() == '.')) folder.erase(0, 1);
+  std::replace(folder.begin(), folder.end(), '/', '.');
+  return folder.empty() ? "tally.replay" : "tally.replay." + folder;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f s", seconds);
+  return text;
+}
+
+void print_line(std::ostream& out, const Outcome& o) {
+  switch (o.result) {
+    case Result::ok:
+      out << "ok        " << o.file << "  (" << o.verdict << " as expected, "
+          << seconds_text(o.seconds) << ")\n";
+      break;
+    case Result::mismatch:
+      out << "MISMATCH  " << o.file << "  " << o.message << "; replay: tally run "
+          << shell_quote(o.file) << '\n';
+      break;
+    case Result::error: out << "ERROR     " << o.message << '\n'; break;
+  }
+  out.flush();
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<ReplayOptions>();
+  CLI::App* command = app.add_subcommand(
+      "replay",
+      "Rerun case files, and every *.json case file under folders (recursively, in sorted "
+      "order), and check each one's expectation (a case without one must pass). Exit 0 when "
+      "every expectation is met, 1 when one is not, 2 when a path is missing or a file invalid.");
+  command->add_option("paths", options->paths, "Case files and folders")->required();
+  command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file");
+  command->add_flag("--json", options->json, "Machine-readable results");
+  command->callback([options, &context] {
+    const std::vector<Input> inputs = expand(options->paths);
+    std::vector<Outcome> outcomes;
+    std::size_t passed = 0, errors = 0;
+    const Outcome* first_error = nullptr;
+    for (const Input& input : inputs) {
+      outcomes.push_back(replay_one(input));
+      const Outcome& o = outcomes.back();
+      if (!options->json) print_line(context.out, o);
+      passed += o.result == Result::ok;
+      errors += o.result == Result::error;
+    }
+    for (const Outcome& o : outcomes)
+      if (o.result == Result::error) {
+        first_error = &o;
+        break;
+      }
+    const std::size_t failed = outcomes.size() - passed;
+    if (options->json) {
+      nlohmann::ordered_json cases = nlohmann::ordered_json::array();
+      for (const Outcome& o : outcomes) {
+        nlohmann::ordered_json j = {{"file", o.file},
+                                    {"result", o.result == Result::ok         ? "ok"
+                                               : o.result == Result::mismatch ? "mismatch"
+                                                                              : "error"}};
+        if (!o.verdict.empty()) j["verdict"] = o.verdict;
+        if (!o.expected.empty()) j["expected"] = o.expected;
+        if (!o.message.empty()) j["message"] = o.message;
+        j["seconds"] = o.seconds;
+        cases.push_back(std::move(j));
+      }
+      const nlohmann::ordered_json j = {{"cases", std::move(cases)}, {"passed", passed}, {"failed", failed}};
+      context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+    } else {
+      context.out << passed << " passed, " << failed << " failed\n";
+    }
+    if (!options->junit.empty()) {
+      std::vector<fuzz::JunitCase> report;
+      for (const Outcome& o : outcomes) {
+        fuzz::JunitCase j;
+        j.name = o.file;
+        j.classname = junit_classname(o.file);
+        j.seconds = o.seconds;
+        if (o.result == Result::mismatch)
+          j.failure = o.message + "\nreplay: tally run " + shell_quote(o.file);
+        if (o.result == Result::error) {
+          j.failure = o.message;
+          j.error = true;
+        }
+        report.push_back(std::move(j));
+      }
+      try {
+        fuzz::write_junit(options->junit, "tally.replay", report);
+      } catch (const std::exception& error) {
+        throw UsageError(error.what());
+      }
+    }
+    if (errors > 0) {
+      // One line for bad input; the ERROR lines above name every bad path.
+      std::string first = first_error->message;
+      std::replace_if(first.begin(), first.end(), [](char ch) { return ch == '\n' || ch == '\r'; }, ' ');
+      context.err << "tally: error: " << errors << " of " << outcomes.size()
+                  << " inputs could not be replayed (first: " << first << ")\n";
+      context.exit_code = kExitBadInput;
+      return;
+    }
+    context.exit_code = failed == 0 ? kExitPass : kExitFail;
+  });
+}
+
+}  // namespace tally::cli

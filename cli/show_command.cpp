@@ -1,0 +1,77 @@
+// tally show: a case file in readable form, and the equivalent Megatron-LM flags.
+#include <memory>
+#include <ostream>
+
+#include "cli/commands.h"
+#include "cli/megatron_flags.h"
+#include "cli/usage_error.h"
+#include "cli/verdict_report.h"
+#include "fuzz/case_file.h"
+
+namespace tally::cli {
+
+namespace {
+
+struct ShowOptions {
+  std::string case_file;
+  bool json = false;
+};
+
+std::string expectation_line(const std::optional<fuzz::Expectation>& expect) {
+  if (!expect) return "expect: nothing recorded (replay expects pass)";
+  std::string line = "expect: " + std::string(fuzz::outcome_name(expect->outcome));
+  if (expect->outcome != fuzz::Expectation::Outcome::fail) return line;
+  auto join = [](const std::vector<std::string>& items) {
+    std::string text;
+    for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
+    return text;
+  };
+  line += expect->statistics.empty() ? ", any statistic" : ", statistics " + join(expect->statistics);
+  if (!expect->miscounted.empty()) line += "; miscounted " + join(expect->miscounted);
+  return line;
+}
+
+}  // namespace
+
+void add_show_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<ShowOptions>();
+  CLI::App* command = app.add_subcommand(
+      "show", "Print a case file: the case in readable form and the Megatron-LM command-line "
+              "flags that build the same topology, model and optimizer.");
+  command->add_option("case", options->case_file, "The case file (JSON, docs/case-files.md)")
+      ->required();
+  command->add_flag("--json", options->json,
+                    "Machine-readable: the canonical case, its summary and the Megatron-LM args");
+  command->callback([options, &context] {
+    fuzz::Case c;
+    try {
+      c = fuzz::load_case_file(options->case_file);
+    } catch (const fuzz::CaseFileError& error) {
+      throw UsageError(error.what());
+    }
+    const MegatronArgs megatron = megatron_args(c);
+    if (options->json) {
+      nlohmann::ordered_json j;
+      j["file"] = options->case_file;
+      j["case"] = fuzz::case_to_json(c);
+      j["summary"] = case_summary(c);
+      j["megatron_args"] = megatron.args;
+      j["megatron_notes"] = megatron.notes;
+      j["replay"] = "tally run " + shell_quote(options->case_file);
+      context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+                  << '\n';
+    } else {
+      std::ostream& out = context.out;
+      out << "case file " << options->case_file << '\n';
+      if (!c.description.empty()) out << c.description << '\n';
+      out << case_summary(c) << '\n' << expectation_line(c.expect) << "\n\n";
+      out << "Megatron-LM flags:\n" << megatron_command_text(megatron);
+      out << "\nnotes:\n";
+      for (const std::string& note : megatron.notes) out << "  " << note << '\n';
+      out << "\nreplay: tally run " << shell_quote(options->case_file) << '\n';
+    }
+    context.exit_code = kExitPass;
+  });
+}
+
+}  // namespace tally::cli
