@@ -242,9 +242,10 @@ Verdict judge(const LogicalModel& model, const RankLayout& layout, const PathOpt
   verdict.miscounted_total = static_cast<std::int64_t>(miscounts.size());
   for (auto& [id, m] : miscounts) {
     if (static_cast<int>(verdict.miscounted.size()) < judge_options.max_diagnosed_params) {
+      const int observed_on = m.observed_on;  // (clang 14 cannot capture a structured binding)
       const RankResult& observer = *std::find_if(
           result.ranks.begin(), result.ranks.end(),
-          [&](const RankResult& r) { return r.rank == m.observed_on; });
+          [observed_on](const RankResult& r) { return r.rank == observed_on; });
       const int child = result.plan.child_of_param[id];
       const topologies::GroupId group = observer.children[child].group;
       m.stats_group = comm::describe(comm::Group{group, layout.ranks(group)});
