@@ -117,5 +117,23 @@ TEST(ModelJson, MalformedTextIsOneLine) {
   EXPECT_THROW(load_model_spec("/nonexistent/model.json"), ModelJsonError);
 }
 
+TEST(ModelJson, HostileTextIsAnErrorNotACrash) {
+  // Found by libFuzzer (tests/fuzz/case_reader_crashes/model-number-overflow-5e555): nlohmann
+  // reports a literal beyond double as out_of_range, not parse_error, and it escaped.
+  try {
+    model_spec_from_text(R"({"num_layers": 1e400})", "m.json");
+    ADD_FAILURE() << "no error";
+  } catch (const ModelJsonError& error) {
+    EXPECT_EQ(std::string(error.what()).rfind("m.json: invalid JSON: ", 0), 0u) << error.what();
+  }
+  const std::string deep = std::string(10000, '[') + std::string(10000, ']');
+  try {
+    model_spec_from_text(deep, "m.json");
+    ADD_FAILURE() << "no error";
+  } catch (const ModelJsonError& error) {
+    EXPECT_STREQ(error.what(), "m.json: nested deeper than 64 levels");
+  }
+}
+
 }  // namespace
 }  // namespace tally::fuzz

@@ -1,0 +1,26 @@
+// libFuzzer target for the case-file reader (built with -DTALLY_BUILD_LIBFUZZER=ON and clang;
+// ci/fuzz-case-reader runs it). Any input must either read as a case or be rejected with a
+// CaseFileError; a crash, a sanitizer report, another exception, a leak or a timeout is a
+// finding. A case that reads must also write back and read again to the same case.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "fuzz/case_file.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  tally::fuzz::Case c;
+  try {
+    c = tally::fuzz::case_from_text(text, "input.json");
+  } catch (const tally::fuzz::CaseFileError&) {
+    return 0;
+  }
+  // Round trip: what was read writes back canonically and reads to the same case.
+  const std::string canonical = tally::fuzz::case_to_text(c);
+  if (!(tally::fuzz::case_from_text(canonical, "canonical.json") == c)) std::abort();
+  if (tally::fuzz::case_to_text(tally::fuzz::case_from_text(canonical, "canonical.json")) != canonical)
+    std::abort();
+  return 0;
+}
