@@ -1,0 +1,181 @@
+#include "fuzz/campaign.h"
+
+#include <chrono>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+#include "fuzz/case_file.h"
+
+namespace tally::fuzz {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string corpus_file(const std::string& dir, std::uint64_t seed, std::int64_t index,
+                        const char* suffix) {
+  return (std::filesystem::path(dir) / (std::to_string(seed) + "-" + std::to_string(index) + suffix))
+      .string();
+}
+
+void ensure_dir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) throw std::runtime_error("cannot create corpus directory " + dir + ": " + error.message());
+}
+
+std::string fault_names(const Case& c) { return gradnorm::fault_list(c.path.faults); }
+
+}  // namespace
+
+Expectation expectation_of(const oracle::Verdict& verdict) {
+  Expectation e;
+  switch (verdict.kind) {
+    case oracle::Verdict::Kind::pass: e.outcome = Expectation::Outcome::pass; break;
+    case oracle::Verdict::Kind::fail: e.outcome = Expectation::Outcome::fail; break;
+    case oracle::Verdict::Kind::infra_error: e.outcome = Expectation::Outcome::infra_error; break;
+  }
+  if (verdict.kind != oracle::Verdict::Kind::fail) return e;
+  e.statistics = failed_statistics(verdict);
+  for (const oracle::Miscount& m : verdict.miscounted) e.miscounted.push_back(m.name);
+  return e;
+}
+
+std::string_view stop_name(CampaignResult::Stop stop) {
+  switch (stop) {
+    case CampaignResult::Stop::cases: return "cases";
+    case CampaignResult::Stop::time: return "time";
+    case CampaignResult::Stop::interrupted: return "interrupted";
+    case CampaignResult::Stop::max_failures: return "max-failures";
+  }
+  return "?";
+}
+
+CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& run,
+                            CampaignObserver& observer, const std::atomic<bool>* stop) {
+  const Clock::time_point start = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  auto stopping = [&] { return stop && stop->load(); };
+  CampaignResult result;
+  result.seed = options.seed;
+  for (std::int64_t index = 0;; ++index) {
+    if (options.max_cases > 0 && result.cases >= options.max_cases) {
+      result.stopped_by = CampaignResult::Stop::cases;
+      break;
+    }
+    if (options.max_seconds > 0 && elapsed() >= options.max_seconds) {
+      result.stopped_by = CampaignResult::Stop::time;
+      break;
+    }
+    if (stopping()) {
+      result.stopped_by = CampaignResult::Stop::interrupted;
+      break;
+    }
+    if (options.max_failures > 0 && static_cast<int>(result.failures.size()) >= options.max_failures) {
+      result.stopped_by = CampaignResult::Stop::max_failures;
+      break;
+    }
+
+    const rc::Shrinkable<Case> generated = generate_case(options.generator, options.seed, index);
+    Case c = generated.value();
+    if (std::optional<std::string> error = check_case(c))
+      throw std::logic_error("the generator made an invalid case (seed " +
+                             std::to_string(options.seed) + ", case " + std::to_string(index) +
+                             "): " + *error);
+    const oracle::Verdict verdict = run(c);
+    ++result.cases;
+    if (verdict.kind == oracle::Verdict::Kind::pass) {
+      observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());
+      continue;
+    }
+
+    // A failure: on disk first, then shrunk.
+    Failure failure;
+    failure.index = index;
+    failure.signature = failure_signature(verdict);
+    failure.original = std::move(c);
+    failure.original.description = "tally fuzz --seed " + std::to_string(options.seed) +
+                                   ": case " + std::to_string(index) + ", faults " +
+                                   fault_names(failure.original);
+    failure.original.expect = expectation_of(verdict);
+    failure.original_verdict = verdict;
+    if (!options.corpus_dir.empty()) {
+      ensure_dir(options.corpus_dir);
+      failure.original_path = corpus_file(options.corpus_dir, options.seed, index, ".json");
+      write_case_file(failure.original_path, failure.original);
+    }
+    observer.failure_found(failure);
+
+    const ShrinkOutcome shrunk = shrink_failure(
+        generated, verdict, run, options.shrink, stopping,
+        [&](const ShrinkOutcome& step) { observer.shrink_step(failure, step); });
+    failure.shrunk_done = true;
+    failure.shrunk = shrunk.shrunk;
+    failure.shrunk_verdict = shrunk.verdict;
+    failure.shrink = shrunk.progress;
+    failure.shrink_complete = shrunk.complete;
+    failure.shrunk.description =
+        "shrunk from " +
+        (failure.original_path.empty() ? "case " + std::to_string(index) : failure.original_path) +
+        " (tally fuzz --seed " + std::to_string(options.seed) + ") in " +
+        std::to_string(shrunk.progress.steps) + " steps" +
+        (shrunk.complete ? "" : ", stopped early") + ": faults " + fault_names(failure.shrunk) +
+        ", " + describe(failure_signature(shrunk.verdict));
+    failure.shrunk.expect = expectation_of(shrunk.verdict);
+    if (!options.corpus_dir.empty()) {
+      failure.shrunk_path = corpus_file(options.corpus_dir, options.seed, index, ".shrunk.json");
+      write_case_file(failure.shrunk_path, failure.shrunk);
+    }
+    result.failures.push_back(failure);
+    observer.failure_shrunk(result.failures.back());
+    observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());
+  }
+  result.seconds = elapsed();
+  return result;
+}
+
+std::optional<std::string> fault_not_applicable(gradnorm::Fault fault) {
+  if (fault == gradnorm::Fault::expert_label_ignores_gtp)
+    return "needs expert GTP != dense GTP; tally has no GTP axis yet, so no case can trigger it";
+  return std::nullopt;
+}
+
+std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRunner& run,
+                                      const std::function<void(const MutantResult&)>& on_result,
+                                      const std::atomic<bool>* stop) {
+  std::vector<gradnorm::Fault> faults = options.faults;
+  if (faults.empty())
+    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) faults.push_back(info.fault);
+  std::vector<MutantResult> results;
+  for (gradnorm::Fault fault : faults) {
+    if (stop && stop->load()) break;
+    MutantResult r;
+    r.fault = fault;
+    if (std::optional<std::string> why = fault_not_applicable(fault)) {
+      r.not_applicable = *why;
+    } else {
+      CampaignOptions campaign;
+      campaign.seed = options.seed;
+      campaign.max_cases = options.budget;
+      campaign.generator.topology.max_world = options.max_world;
+      campaign.generator.faults = {fault};
+      campaign.corpus_dir = options.corpus_dir;
+      campaign.shrink = options.shrink;
+      campaign.max_failures = 1;
+      CampaignObserver quiet;
+      const CampaignResult found = run_campaign(campaign, run, quiet, stop);
+      r.cases = found.cases;
+      r.seconds = found.seconds;
+      if (!found.failures.empty()) {
+        r.found = true;
+        r.failure = found.failures.front();
+      }
+    }
+    if (on_result) on_result(r);
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+}  // namespace tally::fuzz

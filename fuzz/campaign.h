@@ -1,0 +1,111 @@
+// A fuzz campaign: generate cases from a seed, run each, and for each failure write the case
+// file to the corpus (before shrinking starts, so nothing found is ever lost), shrink it, and
+// write the shrunk case next to it. The mutation score runs one campaign per fault.
+//
+// Reproducibility: case i of the campaign with seed S is generate_case(options, S, i)
+// (fuzz/generators.h) and nothing else; the same seed gives the same cases in the same order,
+// and so the same failures, files and shrunk cases.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fuzz/case.h"
+#include "fuzz/generators.h"
+#include "fuzz/shrink.h"
+#include "gradnorm/faults.h"
+
+namespace tally::fuzz {
+
+// What a failing case is expected to do on replay: fail with its failing statistics and its
+// diagnosed miscounted params (or an infra-error).
+Expectation expectation_of(const oracle::Verdict& verdict);
+
+struct CampaignOptions {
+  std::uint64_t seed = 1;
+  std::int64_t max_cases = 0;  // stop after this many cases; 0: no bound
+  double max_seconds = 0.0;    // stop after this long; 0: no bound
+  CaseGenOptions generator;
+  std::string corpus_dir;  // failures are written here (created when needed); empty: nowhere
+  ShrinkLimits shrink;
+  int max_failures = 0;  // stop after this many failures; 0: no bound
+};
+
+struct Failure {
+  std::int64_t index = 0;  // the case number in the campaign
+  Case original;           // with its expectation
+  oracle::Verdict original_verdict;
+  FailureSignature signature;
+  std::string original_path;  // empty without a corpus
+  bool shrunk_done = false;   // the fields below are set (failure_found comes before)
+  Case shrunk;                // with its expectation
+  oracle::Verdict shrunk_verdict;
+  std::string shrunk_path;
+  ShrinkProgress shrink;
+  bool shrink_complete = false;  // a local minimum (not stopped by a budget or an interrupt)
+};
+
+struct CampaignResult {
+  enum class Stop { cases, time, interrupted, max_failures };
+  std::uint64_t seed = 0;
+  std::int64_t cases = 0;
+  double seconds = 0.0;
+  Stop stopped_by = Stop::cases;
+  std::vector<Failure> failures;
+};
+std::string_view stop_name(CampaignResult::Stop stop);  // "cases", "time", ...
+
+// What a campaign tells as it goes (the CLI prints it; tests check the order of events).
+class CampaignObserver {
+ public:
+  virtual ~CampaignObserver() = default;
+  virtual void case_done(std::int64_t /*cases*/, int /*failures*/, double /*seconds*/) {}
+  // The original is on disk (when there is a corpus); shrinking starts next.
+  virtual void failure_found(const Failure& /*failure*/) {}
+  virtual void shrink_step(const Failure& /*failure*/, const ShrinkOutcome& /*outcome*/) {}
+  // The shrunk case is on disk (when there is a corpus).
+  virtual void failure_shrunk(const Failure& /*failure*/) {}
+};
+
+// Runs the campaign until a bound is reached or `stop` becomes true (checked between cases
+// and between shrink candidates; the case in progress finishes, and a shrink in progress writes
+// what it has). Throws std::runtime_error when the corpus cannot be written and
+// std::logic_error when the generator produces an invalid case (a bug of tally).
+CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& run,
+                            CampaignObserver& observer, const std::atomic<bool>* stop = nullptr);
+
+// ---- The mutation score.
+
+// Why no case can trigger `fault` (nullopt: some case can).
+std::optional<std::string> fault_not_applicable(gradnorm::Fault fault);
+
+struct MutantOptions {
+  std::int64_t budget = 1000;  // cases per fault
+  std::uint64_t seed = 1;
+  int max_world = 64;
+  ShrinkLimits shrink;
+  std::vector<gradnorm::Fault> faults;  // empty: the whole catalog
+  std::string corpus_dir;               // empty: failures are not written
+};
+
+struct MutantResult {
+  gradnorm::Fault fault{};
+  std::string not_applicable;  // non-empty: the reason, and nothing was run
+  bool found = false;
+  std::int64_t cases = 0;  // cases run (the finding one included)
+  double seconds = 0.0;
+  std::optional<Failure> failure;
+};
+
+// For each fault, a campaign with only that fault until a case fails or the budget is spent.
+// `on_result` hears of each fault's result as soon as it is known.
+std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRunner& run,
+                                      const std::function<void(const MutantResult&)>& on_result = {},
+                                      const std::atomic<bool>* stop = nullptr);
+
+}  // namespace tally::fuzz

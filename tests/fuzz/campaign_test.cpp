@@ -1,0 +1,301 @@
+#include "fuzz/campaign.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "fuzz/case_file.h"
+
+namespace tally::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+using gradnorm::Fault;
+
+// A fresh folder under the build tree for one test's corpus.
+std::string fresh_dir(const std::string& name) {
+  const fs::path dir = fs::path(TALLY_BINARY_DIR) / "tests" / "fuzz" / "corpus" / name;
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+oracle::Verdict sim(const Case& c) { return run_case(c); }
+
+// Replays a case file as `tally replay` does: its expectation must be met.
+void expect_replays(const std::string& path) {
+  const Case c = load_case_file(path);
+  ASSERT_TRUE(c.expect.has_value()) << path;
+  EXPECT_EQ(c.expect->outcome, Expectation::Outcome::fail) << path;
+  EXPECT_FALSE(c.expect->statistics.empty()) << path;
+  const std::optional<std::string> unmet = unmet_expectation(*c.expect, run_case(c));
+  EXPECT_FALSE(unmet) << path << ": " << unmet.value_or("");
+}
+
+// The first case of a campaign with `fault` that fails at a world of at least `min_world`.
+struct Found {
+  rc::Shrinkable<Case> shrinkable;
+  Case value;
+  oracle::Verdict verdict;
+};
+std::optional<Found> first_failure(Fault fault, int min_world, std::uint64_t seed = 1) {
+  CaseGenOptions o;
+  o.topology.max_world = 64;
+  o.faults = {fault};
+  o.big_zeros_per_mille = 0;
+  for (int i = 0; i < 3000; ++i) {
+    if (case_size_param(i) < 90) continue;  // the large worlds
+    rc::Shrinkable<Case> s = generate_case(o, seed, i);
+    Case c = s.value();
+    if (c.topology.world < min_world) continue;
+    oracle::Verdict v = run_case(c);
+    if (v.kind != oracle::Verdict::Kind::pass) return Found{s, c, v};
+  }
+  return std::nullopt;
+}
+
+TEST(FailureSignature, SameWayNeedsTheSameKindLedgerClassAndStatistic) {
+  oracle::Verdict v;
+  v.kind = oracle::Verdict::Kind::fail;
+  v.stats = {{"l2", 2, 1, 1, 0, 0, false}, {"zeros", 0, 0, 0, 0, 0, true}};
+  v.miscounted_total = 1;
+  oracle::Miscount m;
+  m.param_class = "expert-row-bias";
+  v.miscounted = {m};
+  const FailureSignature s = failure_signature(v);
+  EXPECT_EQ(describe(s), "fail: ledger (expert-row-bias), l2");
+  EXPECT_TRUE(fails_the_same_way(s, v));
+
+  oracle::Verdict other_class = v;
+  other_class.miscounted[0].param_class = "replicated";
+  EXPECT_FALSE(fails_the_same_way(s, other_class));
+  oracle::Verdict no_ledger = v;
+  no_ledger.miscounted_total = 0;
+  no_ledger.miscounted.clear();
+  EXPECT_FALSE(fails_the_same_way(s, no_ledger));
+  oracle::Verdict other_stat = v;
+  other_stat.stats[0].ok = true;
+  other_stat.stats[1].ok = false;
+  EXPECT_FALSE(fails_the_same_way(s, other_stat));
+  oracle::Verdict hang;
+  hang.kind = oracle::Verdict::Kind::infra_error;
+  EXPECT_FALSE(fails_the_same_way(s, hang));
+  EXPECT_TRUE(fails_the_same_way(failure_signature(hang), hang));
+  EXPECT_EQ(describe(failure_signature(hang)), "infra-error");
+}
+
+// A failure found at a big world shrinks to a small world, few layers and few experts, and
+// still fails the same way.
+TEST(Shrink, BigWorldFailuresShrinkToSmallCases) {
+  for (Fault fault : {Fault::expert_dedup_on_dense_tp, Fault::missing_pp_reduction,
+                      Fault::tied_copy_not_shared, Fault::stats_over_replicas,
+                      Fault::missing_ep_reduction, Fault::replicated_marked_tp}) {
+    SCOPED_TRACE(std::string(gradnorm::fault_info(fault).name));
+    const std::optional<Found> found = first_failure(fault, 32);
+    ASSERT_TRUE(found.has_value());
+    const ShrinkOutcome out = shrink_failure(found->shrinkable, found->verdict, sim, ShrinkLimits{});
+    EXPECT_TRUE(out.complete);
+    EXPECT_TRUE(fails_the_same_way(failure_signature(found->verdict), out.verdict));
+    EXPECT_EQ(out.verdict.kind, found->verdict.kind);
+    const CaseSize size = case_size(out.shrunk);
+    EXPECT_LE(size.world, 4) << topologies::describe(out.shrunk.topology);
+    EXPECT_LE(size.layers, 2);
+    EXPECT_LE(size.experts, 2);
+    EXPECT_LT(size.elements, case_size(found->value).elements);
+    EXPECT_EQ(out.shrunk.path.faults, found->value.path.faults);  // the fault never shrinks away
+  }
+}
+
+TEST(Shrink, StopsWithinItsBudget) {
+  const std::optional<Found> found = first_failure(Fault::stats_over_replicas, 32);
+  ASSERT_TRUE(found.has_value());
+  const ShrinkOutcome out = shrink_failure(found->shrinkable, found->verdict, sim, ShrinkLimits{3, 60});
+  EXPECT_FALSE(out.complete);
+  EXPECT_LE(out.progress.runs, 3);
+  EXPECT_TRUE(fails_the_same_way(failure_signature(found->verdict), out.verdict));
+  int asked = 0;
+  const ShrinkOutcome stopped = shrink_failure(found->shrinkable, found->verdict, sim, ShrinkLimits{},
+                                               [&] { return ++asked > 2; });
+  EXPECT_TRUE(stopped.interrupted);
+  EXPECT_FALSE(stopped.complete);
+}
+
+// Records the order of events and checks the corpus at each.
+class Recorder final : public CampaignObserver {
+ public:
+  std::vector<std::string> events;
+  bool original_on_disk_while_shrinking = true;
+  std::atomic<bool>* stop = nullptr;  // set on the first failure found, when given
+
+  void failure_found(const Failure& f) override {
+    events.push_back("found " + std::to_string(f.index));
+    EXPECT_TRUE(fs::exists(f.original_path));
+    const std::string shrunk = f.original_path.substr(0, f.original_path.size() - 5) + ".shrunk.json";
+    EXPECT_FALSE(fs::exists(shrunk));
+    const Case on_disk = load_case_file(f.original_path);
+    EXPECT_EQ(on_disk.expect, f.original.expect);
+    if (stop) stop->store(true);
+  }
+  void shrink_step(const Failure& f, const ShrinkOutcome&) override {
+    if (events.back().rfind("shrink", 0) != 0) events.push_back("shrink " + std::to_string(f.index));
+    original_on_disk_while_shrinking = original_on_disk_while_shrinking && fs::exists(f.original_path);
+  }
+  void failure_shrunk(const Failure& f) override {
+    events.push_back("shrunk " + std::to_string(f.index));
+    EXPECT_TRUE(fs::exists(f.shrunk_path));
+  }
+};
+
+TEST(Campaign, WritesEachFailureBeforeShrinkingAndBothReplay) {
+  CampaignOptions o;
+  o.seed = 4;
+  o.max_cases = 300;
+  o.generator.faults = {Fault::tied_copy_not_shared, Fault::no_dedup_filter};
+  o.corpus_dir = fresh_dir("before-shrinking");
+  o.max_failures = 2;
+  Recorder recorder;
+  const CampaignResult result = run_campaign(o, sim, recorder);
+  ASSERT_EQ(result.failures.size(), 2u);
+  EXPECT_EQ(result.stopped_by, CampaignResult::Stop::max_failures);
+  const std::string a = std::to_string(result.failures[0].index);
+  const std::string b = std::to_string(result.failures[1].index);
+  EXPECT_EQ(recorder.events, (std::vector<std::string>{"found " + a, "shrink " + a, "shrunk " + a,
+                                                       "found " + b, "shrink " + b, "shrunk " + b}));
+  EXPECT_TRUE(recorder.original_on_disk_while_shrinking);
+  for (const Failure& f : result.failures) {
+    EXPECT_EQ(f.original_path, o.corpus_dir + "/4-" + std::to_string(f.index) + ".json");
+    EXPECT_EQ(f.shrunk_path, o.corpus_dir + "/4-" + std::to_string(f.index) + ".shrunk.json");
+    expect_replays(f.original_path);
+    expect_replays(f.shrunk_path);
+    EXPECT_LE(f.shrunk.topology.world, f.original.topology.world);
+  }
+}
+
+TEST(Campaign, SameSeedSameFailuresAndFiles) {
+  CampaignOptions o;
+  o.seed = 9;
+  o.max_cases = 150;
+  o.generator.faults = {Fault::average_rank_norms, Fault::missing_ep_reduction};
+  o.max_failures = 3;
+  o.corpus_dir = fresh_dir("repeat");
+  CampaignObserver quiet;
+  const CampaignResult first = run_campaign(o, sim, quiet);
+  ASSERT_FALSE(first.failures.empty());
+  std::vector<std::string> files;
+  for (const Failure& f : first.failures) {
+    files.push_back(read_file(f.original_path));
+    files.push_back(read_file(f.shrunk_path));
+  }
+  const CampaignResult second = run_campaign(o, sim, quiet);
+  ASSERT_EQ(second.failures.size(), first.failures.size());
+  EXPECT_EQ(second.cases, first.cases);
+  for (std::size_t i = 0; i < first.failures.size(); ++i) {
+    EXPECT_EQ(second.failures[i].index, first.failures[i].index);
+    EXPECT_EQ(read_file(second.failures[i].original_path), files[2 * i]);
+    EXPECT_EQ(read_file(second.failures[i].shrunk_path), files[2 * i + 1]);
+  }
+}
+
+TEST(Campaign, FaultFreeCampaignPasses) {
+  CampaignOptions o;
+  o.seed = 12;
+  o.max_cases = 400;
+  o.corpus_dir = fresh_dir("fault-free");
+  CampaignObserver quiet;
+  const CampaignResult result = run_campaign(o, sim, quiet);
+  EXPECT_EQ(result.cases, 400);
+  EXPECT_TRUE(result.failures.empty());
+  EXPECT_EQ(result.stopped_by, CampaignResult::Stop::cases);
+  EXPECT_FALSE(fs::exists(o.corpus_dir));  // created only for a failure
+}
+
+// An interrupt during shrinking: the shrink stops, the shrunk-so-far case is written, the
+// campaign ends with what it found.
+TEST(Campaign, InterruptKeepsWhatWasFound) {
+  std::atomic<bool> stop{false};
+  CampaignOptions o;
+  o.seed = 4;
+  o.max_cases = 1000;
+  o.generator.faults = {Fault::stats_over_replicas};
+  o.corpus_dir = fresh_dir("interrupt");
+  Recorder recorder;
+  recorder.stop = &stop;
+  const CampaignResult result = run_campaign(o, sim, recorder, &stop);
+  EXPECT_EQ(result.stopped_by, CampaignResult::Stop::interrupted);
+  ASSERT_EQ(result.failures.size(), 1u);
+  EXPECT_FALSE(result.failures[0].shrink_complete);
+  expect_replays(result.failures[0].original_path);
+  expect_replays(result.failures[0].shrunk_path);
+}
+
+TEST(Campaign, StopsOnTime) {
+  CampaignOptions o;
+  o.seed = 1;
+  o.max_seconds = 0.3;
+  CampaignObserver quiet;
+  const CampaignResult result = run_campaign(o, sim, quiet);
+  EXPECT_EQ(result.stopped_by, CampaignResult::Stop::time);
+  EXPECT_GT(result.cases, 0);
+  EXPECT_LT(result.seconds, 5.0);
+}
+
+// A case that never finishes its collectives is a finding too (infra-error), not a crash.
+TEST(Campaign, HangsAreFailures) {
+  CampaignOptions o;
+  o.seed = 2;
+  o.max_cases = 1000;
+  o.generator.faults = {Fault::empty_rank_skips_collective};
+  o.max_failures = 1;
+  o.corpus_dir = fresh_dir("hang");
+  CampaignObserver quiet;
+  const CampaignResult result = run_campaign(o, sim, quiet);
+  ASSERT_EQ(result.failures.size(), 1u);
+  const Failure& f = result.failures[0];
+  EXPECT_EQ(f.signature.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_EQ(load_case_file(f.shrunk_path).expect->outcome, Expectation::Outcome::infra_error);
+  EXPECT_LE(f.shrunk.topology.world, 2);
+}
+
+// The mutation score: every applicable fault is found within the default budget, and the one
+// without a trigger says why.
+TEST(Mutants, EveryApplicableFaultIsFoundWithinTheDefaultBudget) {
+  MutantOptions o;  // budget 1000, seed 1, worlds up to 64
+  const std::vector<MutantResult> results = run_mutants(o, sim);
+  ASSERT_EQ(results.size(), static_cast<std::size_t>(gradnorm::kFaultCount));
+  for (const MutantResult& r : results) {
+    SCOPED_TRACE(std::string(gradnorm::fault_info(r.fault).name));
+    if (r.fault == Fault::expert_label_ignores_gtp) {
+      EXPECT_FALSE(r.not_applicable.empty());
+      EXPECT_NE(r.not_applicable.find("GTP"), std::string::npos);
+      EXPECT_EQ(r.cases, 0);
+      continue;
+    }
+    EXPECT_TRUE(r.not_applicable.empty());
+    ASSERT_TRUE(r.found);
+    EXPECT_LE(r.cases, o.budget);
+    ASSERT_TRUE(r.failure.has_value());
+    EXPECT_LE(r.failure->shrunk.topology.world, 8);
+    EXPECT_TRUE(r.failure->shrunk.path.faults.has(r.fault));
+  }
+}
+
+TEST(Mutants, ABudgetTooSmallIsReportedAsNotFound) {
+  MutantOptions o;
+  o.budget = 1;  // case 0 is a single rank at size 0
+  o.faults = {Fault::missing_pp_reduction};
+  const std::vector<MutantResult> results = run_mutants(o, sim);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_FALSE(results[0].found);
+  EXPECT_EQ(results[0].cases, 1);
+}
+
+}  // namespace
+}  // namespace tally::fuzz

@@ -1,0 +1,200 @@
+#include "fuzz/generators.h"
+
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "tests/support/config_gen.h"
+#include "tests/support/show.h"
+#include "topologies/rank_layout.h"
+
+namespace tally::fuzz {
+
+inline void showValue(const Case& c, std::ostream& os) {
+  os << topologies::describe(c.topology) << ", vpp " << c.topology.vpp << ", instances "
+     << c.topology.dist_opt_instances << "\n"
+     << topologies::describe(c.model) << "\noptimizer "
+     << gradnorm::optimizer_model_name(c.path.optimizer) << ", "
+     << kernels::mode_name(c.path.gradients.generator.mode) << " "
+     << kernels::dtype_name(c.path.gradients.generator.dtype) << ", faults "
+     << gradnorm::fault_list(c.path.faults);
+}
+
+namespace {
+
+using topologies::ParallelConfig;
+
+CaseGenOptions fault_free(int max_world) {
+  CaseGenOptions o;
+  o.topology.max_world = max_world;
+  return o;
+}
+
+// Megatron-LM's assumption, checked the slow way: every rank's index in its TP group equals its
+// index in its ETP group, and the groups hold the same ranks.
+bool etp_groups_equal_tp_groups(const ParallelConfig& c) {
+  const topologies::RankLayout layout(c);
+  for (int rank = 0; rank < c.world; ++rank) {
+    if (layout.index_in(topologies::Family::tp, rank) !=
+        layout.index_in(topologies::Family::expt_tp, rank))
+      return false;
+    const std::span<const int> tp = layout.group_ranks(topologies::Family::tp, rank);
+    const std::span<const int> etp = layout.group_ranks(topologies::Family::expt_tp, rank);
+    if (!std::equal(tp.begin(), tp.end(), etp.begin(), etp.end())) return false;
+  }
+  return true;
+}
+
+RC_GTEST_PROP(Generators, CasesAreValid, ()) {
+  CaseGenOptions o;
+  o.topology.max_world = *rc::gen::element(1, 8, 64, 256);
+  o.topology.grow_with_size = *rc::gen::arbitrary<bool>();
+  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+    if (*rc::gen::arbitrary<bool>()) o.faults.push_back(info.fault);
+  o.big_zeros_per_mille = 0;
+  const Case c = *gen_case(o);
+  const std::optional<std::string> error = check_case(c);
+  RC_ASSERT(!error);
+  RC_ASSERT(c.topology.world <= o.topology.max_world);
+  RC_ASSERT(megatron_layout_assumptions_hold(c.topology));
+  RC_ASSERT(c.path.faults.count() == (o.faults.empty() ? 0 : 1));
+}
+
+RC_GTEST_PROP(Generators, ConfigsRespectTheirBounds, ()) {
+  TopologyGenOptions o;
+  o.max_world = *rc::gen::inRange(1, 200);
+  o.max_axis = *rc::gen::inRange(0, 5);
+  o.max_vpp = *rc::gen::inRange(1, 4);
+  o.grow_with_size = false;
+  o.avoid_megatron_corners = *rc::gen::arbitrary<bool>();
+  const ParallelConfig c = *gen_config(o);
+  RC_ASSERT(!topologies::check_config(c));
+  RC_ASSERT(c.world <= o.max_world);
+  if (o.max_axis > 0)
+    for (int size : {c.tp, c.cp, c.pp, topologies::dp(c)}) RC_ASSERT(size <= o.max_axis);
+  RC_ASSERT(c.vpp <= o.max_vpp);
+  if (c.dist_opt_instances > 1) RC_ASSERT(c.order == topologies::kDefaultOrder);
+  if (o.avoid_megatron_corners) RC_ASSERT(megatron_layout_assumptions_hold(c));
+}
+
+// The stride test of megatron_layout_assumptions_hold against the rank layout itself.
+RC_GTEST_PROP(Generators, LayoutAssumptionAgreesWithTheRankLayout, ()) {
+  const ParallelConfig c = *testing::valid_config(4);
+  const bool dense_experts = c.ep == 1 && c.etp == c.tp;
+  const bool expected = !(c.dist_opt_instances > 1 && c.order != topologies::kDefaultOrder) &&
+                        (!dense_experts || etp_groups_equal_tp_groups(c));
+  RC_ASSERT(megatron_layout_assumptions_hold(c) == expected);
+}
+
+// The fault-free property: with no fault switched on, every generated case passes.
+RC_GTEST_PROP(Generators, FaultFreeCasesPass, ()) {
+  CaseGenOptions o = fault_free(*rc::gen::element(4, 16, 64));
+  o.big_zeros_per_mille = 0;
+  const Case c = *gen_case(o);
+  const oracle::Verdict verdict = run_case(c);
+  RC_ASSERT(verdict.kind == oracle::Verdict::Kind::pass);
+}
+
+// The size parameter bounds the world: size 0 gives one rank, size 100 up to max_world.
+TEST(Generators, WorldGrowsWithSize) {
+  CaseGenOptions o = fault_free(64);
+  int largest = 0;
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    EXPECT_EQ(gen_case(o)(rc::Random(seed), 0).value().topology.world, 1);
+    EXPECT_LE(gen_case(o)(rc::Random(seed), 50).value().topology.world, 8);
+    largest = std::max(largest, gen_case(o)(rc::Random(seed), 100).value().topology.world);
+  }
+  EXPECT_GT(largest, 16);
+  EXPECT_LE(largest, 64);
+}
+
+// Over a campaign's worth of cases, every axis, order kind and model feature the faults need
+// shows up, in reasonable proportions.
+TEST(Generators, CoverEveryAxisAndFeature) {
+  const CaseGenOptions o = fault_free(64);
+  std::map<std::string, int> seen;
+  std::set<std::string> orders;
+  const int n = 3000;
+  for (int i = 0; i < n; ++i) {
+    const Case c = generate_case(o, 11, i).value();
+    const ParallelConfig& t = c.topology;
+    const topologies::ModelSpec& m = c.model;
+    orders.insert(t.order);
+    seen["tp>1"] += t.tp > 1;
+    seen["cp>1"] += t.cp > 1;
+    seen["pp>1"] += t.pp > 1;
+    seen["dp>1"] += topologies::dp(t) > 1;
+    seen["ep>1"] += t.ep > 1;
+    seen["etp!=tp"] += t.etp != t.tp;
+    seen["ep>1,tp>1,etp=1"] += t.ep > 1 && t.tp > 1 && t.etp == 1;
+    seen["vpp>1"] += t.vpp > 1;
+    seen["instances>1"] += t.dist_opt_instances > 1;
+    seen["order!=default"] += t.order != topologies::kDefaultOrder;
+    seen["world>=32"] += t.world >= 32;
+    seen["odd world"] += t.world % 2 == 1 && t.world > 1;
+    seen["custom"] += m.kind == topologies::ModelKind::custom;
+    seen["moe"] += m.num_experts > 0;
+    seen["expert biases"] += m.kind == topologies::ModelKind::gpt && m.num_experts > 0 && m.add_bias_linear;
+    seen["attention sink"] += m.softmax_type == topologies::SoftmaxType::learnable;
+    seen["mtp"] += m.mtp_num_layers > 0;
+    seen["tied, pp>1"] += m.kind == topologies::ModelKind::gpt && !m.untie_embeddings_and_output_weights && t.pp > 1;
+    seen["uneven stages"] += m.first_stage_layers.has_value() || m.last_stage_layers.has_value();
+    seen["shared expert"] += m.moe_shared_expert_intermediate_size > 0;
+    seen["big zeros"] += !m.params.empty() && m.params.front().name == "big";
+    for (int k = 0; k < gradnorm::kOptimizerModelCount; ++k)
+      seen["optimizer " + std::string(gradnorm::optimizer_models()[k].name)] +=
+          c.path.optimizer == gradnorm::optimizer_models()[k].model;
+    seen["fp32 accumulation"] += c.path.accumulation == kernels::Accumulation::fp32;
+    seen["bf16"] += c.path.gradients.generator.dtype == kernels::Dtype::bf16;
+    seen["buckets"] += c.path.bucket_elements > 0;
+    seen["p-norms"] += !c.path.p_values.empty();
+    seen["no clipping"] += c.path.max_norm == 0.0;
+    seen["class-selective"] += c.path.gradients.class_mask != ~std::uint32_t{0};
+  }
+  for (const auto& [what, count] : seen) {
+    EXPECT_GE(count, what == "big zeros" ? 5 : n / 100) << what;
+    EXPECT_LE(count, n * 95 / 100) << what;
+  }
+  EXPECT_EQ(seen.size(), 31u);
+  EXPECT_GE(orders.size(), 30u);
+}
+
+// Case i of a campaign is a function of (seed, i) alone.
+TEST(Generators, SameSeedSameCases) {
+  const CaseGenOptions o = fault_free(64);
+  int differ = 0;
+  for (int i = 0; i < 50; ++i) {
+    const Case c = generate_case(o, 5, i).value();
+    EXPECT_TRUE(generate_case(o, 5, i).value() == c) << "case " << i;
+    differ += !(generate_case(o, 6, i).value() == c);
+  }
+  EXPECT_GE(differ, 45);
+}
+
+// Shrinking walks towards the simplest choice: the minimal shrink of every case is the
+// smallest case (one rank, default order, one layer) when any failure will do.
+TEST(Generators, EveryCaseShrinksToTheSimplest) {
+  const CaseGenOptions o = fault_free(64);
+  for (int i = 90; i < 100; ++i) {
+    rc::Shrinkable<Case> current = generate_case(o, 3, i);
+    for (int steps = 0; steps < 10000; ++steps) {
+      rc::Maybe<rc::Shrinkable<Case>> first = current.shrinks().next();
+      if (!first) break;
+      current = *first;
+    }
+    const Case c = current.value();
+    EXPECT_EQ(c.topology.world, 1);
+    EXPECT_EQ(c.topology.order, topologies::kDefaultOrder);
+    EXPECT_EQ(c.model.kind, topologies::ModelKind::gpt);
+    EXPECT_EQ(c.model.num_layers, 1);
+    EXPECT_EQ(c.model.num_experts, 0);
+    EXPECT_EQ(c.path.optimizer, gradnorm::OptimizerModel::plain);
+    EXPECT_EQ(c.path.gradients.generator.mode, kernels::GradientMode::ones);
+  }
+}
+
+}  // namespace
+}  // namespace tally::fuzz
