@@ -21,6 +21,8 @@ void add_layout_command(CLI::App& app, CommandContext& context);
 void add_run_command(CLI::App& app, CommandContext& context, std::string command_line);
 void add_show_command(CLI::App& app, CommandContext& context);
 void add_replay_command(CLI::App& app, CommandContext& context);
+void add_fuzz_command(CLI::App& app, CommandContext& context);
+void add_mutants_command(CLI::App& app, CommandContext& context);
 
 // `word` as a shell reads it back: as it is when it is plain, else single-quoted.
 std::string shell_quote(const std::string& word);

@@ -39,6 +39,8 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   add_run_command(app, context, shell_command(argc, argv));
   add_show_command(app, context);
   add_replay_command(app, context);
+  add_fuzz_command(app, context);
+  add_mutants_command(app, context);
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
     bool known = false;

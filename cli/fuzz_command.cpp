@@ -1,0 +1,582 @@
+// tally fuzz (a campaign: generate, run, save and shrink each failure) and tally mutants (the
+// mutation score: one campaign per fault of the catalog).
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/usage_error.h"
+#include "cli/verdict_report.h"
+#include "fuzz/campaign.h"
+#include "fuzz/junit.h"
+#include "gradnorm/faults.h"
+
+namespace tally::cli {
+
+namespace {
+
+// SIGINT or SIGTERM: the case in progress finishes (a shrink in progress writes what it has),
+// then the summary. A second signal ends the process as usual.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int signal) {
+  g_interrupted.store(true);
+  std::signal(signal, SIG_DFL);
+}
+
+class InterruptScope {
+ public:
+  InterruptScope() {
+    g_interrupted.store(false);
+    previous_int_ = std::signal(SIGINT, on_interrupt);
+    previous_term_ = std::signal(SIGTERM, on_interrupt);
+  }
+  ~InterruptScope() {
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
+  }
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+
+ private:
+  void (*previous_int_)(int) = SIG_DFL;
+  void (*previous_term_)(int) = SIG_DFL;
+};
+
+// "90", "90s", "10m", "1h", "1h30m", "0.5m": seconds.
+double parse_duration(const std::string& text) {
+  const std::string message = "--time '" + text + "' is not a duration (e.g. 90s, 10m, 1h30m; a plain number is seconds)";
+  if (text.empty()) throw UsageError(message);
+  double total = 0.0;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t used = 0;
+    double value = 0.0;
+    try {
+      value = std::stod(text.substr(at), &used);
+    } catch (const std::exception&) {
+      throw UsageError(message);
+    }
+    if (used == 0 || !std::isfinite(value) || value < 0 || text[at] == '+' || text[at] == '-')
+      throw UsageError(message);
+    at += used;
+    double unit = 1.0;
+    if (at < text.size()) {
+      const char c = text[at++];
+      if (c == 's') unit = 1.0;
+      else if (c == 'm') unit = 60.0;
+      else if (c == 'h') unit = 3600.0;
+      else throw UsageError(message);
+    } else if (total > 0.0) {
+      throw UsageError(message);  // "1h30": a unit is missing
+    }
+    total += value * unit;
+  }
+  if (!(total > 0.0)) throw UsageError("--time must be longer than 0 (got '" + text + "')");
+  return total;
+}
+
+// "none", "all" or a comma-separated list of catalog names.
+std::vector<gradnorm::Fault> parse_fault_list(const std::string& text, const std::string& flag) {
+  std::vector<gradnorm::Fault> faults;
+  if (text == "none") return faults;
+  if (text == "all") {
+    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+      if (!fuzz::fault_not_applicable(info.fault)) faults.push_back(info.fault);
+    return faults;
+  }
+  std::stringstream items(text);
+  std::string name;
+  while (std::getline(items, name, ',')) {
+    const std::optional<gradnorm::Fault> fault = gradnorm::fault_from_name(name);
+    if (!fault)
+      throw UsageError(flag + " '" + name +
+                       "' is not in the catalog (none, all, or names from tally run --list-faults)");
+    if (std::find(faults.begin(), faults.end(), *fault) == faults.end()) faults.push_back(*fault);
+  }
+  if (faults.empty()) throw UsageError(flag + " is empty (none, all, or names from tally run --list-faults)");
+  return faults;
+}
+
+std::string faults_text(const std::vector<gradnorm::Fault>& faults) {
+  if (faults.empty()) return "none";
+  if (faults == parse_fault_list("all", "--faults"))
+    return "all (" + std::to_string(faults.size()) + ", one per case)";
+  std::string out;
+  for (gradnorm::Fault f : faults) out += (out.empty() ? "" : ",") + std::string(gradnorm::fault_info(f).name);
+  return out;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1fs", seconds);
+  return text;
+}
+
+std::string rate_text(std::int64_t cases, double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f", seconds > 0 ? static_cast<double>(cases) / seconds : 0.0);
+  return text;
+}
+
+// "world 2 (tp 2, ep 2, etp 1)": the axes that are not 1, and the order when not the default.
+std::string world_text(const topologies::ParallelConfig& c) {
+  std::string axes;
+  auto add = [&](const char* name, int value) {
+    if (value != 1) axes += (axes.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(value);
+  };
+  add("tp", c.tp);
+  add("cp", c.cp);
+  add("pp", c.pp);
+  add("dp", topologies::dp(c));
+  add("ep", c.ep);
+  if (c.etp != c.tp) axes += (axes.empty() ? "" : ", ") + std::string("etp ") + std::to_string(c.etp);
+  add("vpp", c.vpp);
+  add("dist-opt instances", c.dist_opt_instances);
+  if (c.order != topologies::kDefaultOrder) axes += (axes.empty() ? "" : ", ") + std::string("order ") + c.order;
+  return "world " + std::to_string(c.world) + (axes.empty() ? "" : " (" + axes + ")");
+}
+
+// "gpt, 1 layer, 2 experts: 31 params, 412 elements" or "custom: 1 param, 3 elements".
+std::string model_text(const fuzz::Case& c) {
+  const fuzz::CaseSize size = fuzz::case_size(c);
+  auto plural = [](std::int64_t n, const char* what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  };
+  std::string out(topologies::model_kind_name(c.model.kind));
+  if (c.model.kind == topologies::ModelKind::gpt) out += ", " + plural(size.layers, "layer");
+  if (size.experts > 0) out += ", " + plural(size.experts, "expert");
+  return out + ": " + plural(size.params, "param") + ", " + plural(size.elements, "element");
+}
+
+std::string indent(const std::string& text, const std::string& prefix) {
+  std::string out = prefix;
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += prefix;
+  }
+  return out;
+}
+
+// Campaigns run on the in-process backend: each case has its own world.
+void add_backend_flag(CLI::App& command, std::string& backend) {
+  command.add_option("--backend", backend, "Where the ranks run: sim (all in this process; the only "
+                                           "backend campaigns use for now)")
+      ->capture_default_str();
+}
+
+fuzz::CaseRunner runner_for(const std::string& backend, const char* command) {
+  if (backend != "sim")
+    throw UsageError("--backend '" + backend + "': tally " + command +
+                     " runs on the sim backend only for now (each case has its own world; mpi "
+                     "comes later)");
+  return [](const fuzz::Case& c) { return fuzz::run_case(c); };
+}
+
+nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
+  nlohmann::ordered_json j;
+  j["case"] = f.index;
+  j["failure"] = fuzz::describe(f.signature);
+  j["faults"] = gradnorm::fault_list(f.original.path.faults);
+  j["original"] = f.original_path;
+  j["shrunk"] = f.shrunk_path;
+  j["original_world"] = f.original.topology.world;
+  j["shrunk_world"] = f.shrunk.topology.world;
+  j["shrunk_model"] = model_text(f.shrunk);
+  j["shrink_steps"] = f.shrink.steps;
+  j["shrink_runs"] = f.shrink.runs;
+  j["shrink_complete"] = f.shrink_complete;
+  j["statistics"] = f.shrunk.expect ? f.shrunk.expect->statistics : std::vector<std::string>{};
+  return j;
+}
+
+// ---- tally fuzz
+
+struct FuzzOptions {
+  std::int64_t cases = 0;
+  std::string time;
+  std::optional<std::uint64_t> seed;
+  int max_world = 64;
+  std::string faults = "none";
+  std::string corpus = "tally-corpus";
+  std::string junit;
+  int max_failures = 20;
+  int shrink_runs = 1000;
+  std::string shrink_time = "60s";
+  std::string backend = "sim";
+  bool json = false;
+};
+
+// One testcase per failure (its shrunk case once shrunk), or one passing testcase for a
+// campaign without failures.
+std::vector<fuzz::JunitCase> junit_cases(std::uint64_t seed, std::int64_t cases, double seconds,
+                                         const std::vector<fuzz::Failure>& failures) {
+  std::vector<fuzz::JunitCase> out;
+  for (const fuzz::Failure& f : failures) {
+    fuzz::JunitCase j;
+    j.name = !f.shrunk_path.empty()    ? f.shrunk_path
+             : !f.original_path.empty() ? f.original_path
+                                        : "case " + std::to_string(f.index);
+    j.classname = "tally.fuzz";
+    j.seconds = f.shrink.seconds;
+    j.failure = fuzz::describe(f.signature) + " at case " + std::to_string(f.index) + " (faults " +
+                gradnorm::fault_list(f.original.path.faults) + ")\n" +
+                case_summary(f.shrunk_done ? f.shrunk : f.original);
+    if (!f.shrunk_path.empty()) j.failure += "\nreplay: tally replay " + f.shrunk_path;
+    if (!f.original_path.empty()) j.failure += "\nreplay: tally replay " + f.original_path;
+    out.push_back(std::move(j));
+  }
+  if (out.empty()) {
+    fuzz::JunitCase j;
+    j.name = "campaign seed " + std::to_string(seed) + ", " + std::to_string(cases) + " cases";
+    j.classname = "tally.fuzz";
+    j.seconds = seconds;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// Prints a campaign as it goes: a live line on a terminal, plain lines every few seconds
+// otherwise, and each failure with its files and replay commands.
+class FuzzPrinter final : public fuzz::CampaignObserver {
+ public:
+  FuzzPrinter(std::ostream& out, bool terminal, bool quiet, std::uint64_t seed, std::string junit)
+      : out_(out), terminal_(terminal), quiet_(quiet), seed_(seed), junit_(std::move(junit)) {}
+
+  // The JUnit report, rewritten at each failure (so a killed campaign leaves one) and at the end.
+  void write_junit(std::int64_t cases, double seconds) const {
+    if (!junit_.empty()) fuzz::write_junit(junit_, "tally fuzz", junit_cases(seed_, cases, seconds, failures_));
+  }
+
+  void case_done(std::int64_t cases, int failures, double seconds) override {
+    if (quiet_) return;
+    const double gap = terminal_ ? 0.1 : 5.0;
+    if (seconds - last_ < gap) return;
+    last_ = seconds;
+    const std::string line = "cases " + std::to_string(cases) + "  " + rate_text(cases, seconds) +
+                             " cases/s  failures " + std::to_string(failures) + "  elapsed " +
+                             seconds_text(seconds);
+    if (terminal_) {
+      out_ << '\r' << line << "   " << std::flush;
+      live_ = true;
+    } else {
+      out_ << "progress: " << line << '\n' << std::flush;
+    }
+  }
+
+  void failure_found(const fuzz::Failure& f) override {
+    failures_.push_back(f);
+    write_junit(0, 0.0);
+    if (quiet_) return;
+    end_live_line();
+    out_ << "FAILURE at case " << f.index << ": " << fuzz::describe(f.signature) << " (faults "
+         << gradnorm::fault_list(f.original.path.faults) << ")\n"
+         << indent(case_summary(f.original), "  ") << '\n';
+    if (!f.original_path.empty()) out_ << "  saved " << f.original_path << '\n';
+    out_ << "  shrinking..." << std::flush;
+  }
+
+  void shrink_step(const fuzz::Failure&, const fuzz::ShrinkOutcome&) override {
+    if (quiet_ || !terminal_) return;
+    out_ << '.' << std::flush;
+  }
+
+  void failure_shrunk(const fuzz::Failure& f) override {
+    failures_.back() = f;
+    write_junit(0, 0.0);
+    if (quiet_) return;
+    out_ << "\n  shrunk in " << f.shrink.steps << " steps (" << f.shrink.runs << " cases run"
+         << (f.shrink_complete ? "" : ", stopped early") << "): " << world_text(f.shrunk.topology)
+         << ", " << model_text(f.shrunk) << '\n'
+         << indent(case_summary(f.shrunk), "  ") << '\n';
+    if (!f.shrunk_path.empty()) {
+      out_ << "  saved " << f.shrunk_path << '\n'
+           << "  replay: tally replay " << f.shrunk_path << '\n'
+           << "          tally replay " << f.original_path << '\n';
+    }
+    out_ << std::flush;
+  }
+
+  void end_live_line() {
+    if (live_) out_ << '\n';
+    live_ = false;
+  }
+
+ private:
+  std::ostream& out_;
+  bool terminal_;
+  bool quiet_;
+  bool live_ = false;
+  double last_ = 0.0;
+  std::uint64_t seed_;
+  std::string junit_;
+  std::vector<fuzz::Failure> failures_;
+};
+
+void run_fuzz(const FuzzOptions& o, CommandContext& context) {
+  const fuzz::CaseRunner run = runner_for(o.backend, "fuzz");
+  if (o.cases < 0) throw UsageError("--cases must be at least 1 (got " + std::to_string(o.cases) + ")");
+  if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
+    throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
+                     " (got " + std::to_string(o.max_world) + ")");
+  if (o.max_failures < 0) throw UsageError("--max-failures must be at least 0 (0: no bound)");
+  if (o.shrink_runs < 0) throw UsageError("--shrink-runs must be at least 0");
+  fuzz::CampaignOptions campaign;
+  campaign.seed = o.seed ? *o.seed : std::random_device{}() * 4294967296ull + std::random_device{}();
+  campaign.max_cases = o.cases;
+  campaign.max_seconds = o.time.empty() ? (o.cases > 0 ? 0.0 : 60.0) : parse_duration(o.time);
+  campaign.generator.topology.max_world = o.max_world;
+  campaign.generator.faults = parse_fault_list(o.faults, "--faults");
+  campaign.corpus_dir = o.corpus;
+  campaign.max_failures = o.max_failures;
+  campaign.shrink.max_runs = o.shrink_runs;
+  campaign.shrink.max_seconds = parse_duration(o.shrink_time);
+
+  std::ostream& out = context.out;
+  const bool terminal = &out == &std::cout && ::isatty(STDOUT_FILENO) == 1;
+  std::string repeat = "tally fuzz --seed " + std::to_string(campaign.seed);
+  if (o.cases > 0) repeat += " --cases " + std::to_string(o.cases);
+  if (!o.time.empty()) repeat += " --time " + o.time;
+  if (o.max_world != 64) repeat += " --max-world " + std::to_string(o.max_world);
+  if (o.faults != "none") repeat += " --faults " + o.faults;
+  if (!o.json) {
+    out << "tally fuzz: seed " << campaign.seed << ", backend sim, faults "
+        << faults_text(campaign.generator.faults) << ", max world " << o.max_world << ", ";
+    if (o.cases > 0) out << o.cases << " cases";
+    if (o.cases > 0 && campaign.max_seconds > 0) out << " or ";
+    if (campaign.max_seconds > 0) out << seconds_text(campaign.max_seconds);
+    out << ", corpus " << campaign.corpus_dir << "\nrepeat: " << repeat << '\n' << std::flush;
+  }
+
+  FuzzPrinter printer(out, terminal, o.json, campaign.seed, o.junit);
+  InterruptScope interrupt;
+  fuzz::CampaignResult result;
+  try {
+    result = fuzz::run_campaign(campaign, run, printer, &g_interrupted);
+    printer.write_junit(result.cases, result.seconds);
+  } catch (const std::exception& error) {
+    printer.end_live_line();
+    context.err << "tally: error: " << error.what() << '\n';
+    context.exit_code = kExitInfra;
+    return;
+  }
+  printer.end_live_line();
+
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["seed"] = result.seed;
+    j["cases"] = result.cases;
+    j["seconds"] = result.seconds;
+    j["cases_per_second"] = result.seconds > 0 ? static_cast<double>(result.cases) / result.seconds : 0.0;
+    j["stopped_by"] = std::string(fuzz::stop_name(result.stopped_by));
+    j["faults"] = faults_text(campaign.generator.faults);
+    j["failures"] = nlohmann::ordered_json::array();
+    for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
+    out << j.dump() << '\n';
+  } else {
+    const std::size_t failures = result.failures.size();
+    out << "summary: " << result.cases << " cases in " << seconds_text(result.seconds) << " ("
+        << rate_text(result.cases, result.seconds) << " cases/s), " << failures
+        << (failures == 1 ? " failure" : " failures") << ", seed " << result.seed;
+    switch (result.stopped_by) {
+      case fuzz::CampaignResult::Stop::interrupted: out << ", interrupted"; break;
+      case fuzz::CampaignResult::Stop::max_failures:
+        out << ", stopped at --max-failures " << o.max_failures;
+        break;
+      default: break;
+    }
+    out << '\n';
+    for (const fuzz::Failure& f : result.failures)
+      out << "  case " << f.index << ": " << fuzz::describe(f.signature) << "; shrunk to "
+          << world_text(f.shrunk.topology) << ", " << model_text(f.shrunk)
+          << (f.shrunk_path.empty() ? "" : "; tally replay " + f.shrunk_path) << '\n';
+    if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
+  }
+  context.exit_code = result.failures.empty() ? kExitPass : kExitFail;
+}
+
+// ---- tally mutants
+
+struct MutantsOptions {
+  std::int64_t budget = 1000;
+  std::uint64_t seed = 1;
+  int max_world = 64;
+  std::string faults = "all";
+  std::string corpus;
+  int shrink_runs = 1000;
+  std::string backend = "sim";
+  bool json = false;
+};
+
+void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
+  const fuzz::CaseRunner run = runner_for(o.backend, "mutants");
+  if (o.budget < 1) throw UsageError("--budget must be at least 1 (got " + std::to_string(o.budget) + ")");
+  if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
+    throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
+                     " (got " + std::to_string(o.max_world) + ")");
+  fuzz::MutantOptions m;
+  m.budget = o.budget;
+  m.seed = o.seed;
+  m.max_world = o.max_world;
+  m.shrink.max_runs = o.shrink_runs;
+  m.corpus_dir = o.corpus;
+  if (o.faults == "all") {
+    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) m.faults.push_back(info.fault);
+  } else {
+    m.faults = parse_fault_list(o.faults, "--faults");
+    if (m.faults.empty()) throw UsageError("--faults none: tally mutants needs faults (all, or names)");
+  }
+
+  std::ostream& out = context.out;
+  char row[512];
+  const char* format = "%-36s %-6s %6s  %-44s %s\n";
+  if (!o.json) {
+    out << "tally mutants: seed " << o.seed << ", budget " << o.budget
+        << " cases per fault, max world " << o.max_world << ", backend sim\n";
+    std::snprintf(row, sizeof row, format, "fault", "found", "cases", "shrunk world", "shrunk model");
+    out << row << std::flush;
+  }
+  auto on_result = [&](const fuzz::MutantResult& r) {
+    if (o.json) return;
+    const std::string name(gradnorm::fault_info(r.fault).name);
+    if (!r.not_applicable.empty()) {
+      std::snprintf(row, sizeof row, format, name.c_str(), "n/a", "-",
+                    ("not applicable: " + r.not_applicable).c_str(), "");
+    } else if (!r.found) {
+      std::snprintf(row, sizeof row, format, name.c_str(), "NO", std::to_string(r.cases).c_str(),
+                    "-", "-");
+    } else {
+      std::snprintf(row, sizeof row, format, name.c_str(), "yes", std::to_string(r.cases).c_str(),
+                    world_text(r.failure->shrunk.topology).c_str(), model_text(r.failure->shrunk).c_str());
+    }
+    out << row << std::flush;
+  };
+  InterruptScope interrupt;
+  std::vector<fuzz::MutantResult> results;
+  try {
+    results = fuzz::run_mutants(m, run, on_result, &g_interrupted);
+  } catch (const std::exception& error) {
+    context.err << "tally: error: " << error.what() << '\n';
+    context.exit_code = kExitInfra;
+    return;
+  }
+  int applicable = 0, found = 0;
+  std::string missed;
+  for (const fuzz::MutantResult& r : results) {
+    if (!r.not_applicable.empty()) continue;
+    ++applicable;
+    if (r.found) ++found;
+    else missed += (missed.empty() ? "" : ", ") + std::string(gradnorm::fault_info(r.fault).name);
+  }
+  const bool interrupted = g_interrupted.load();
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["seed"] = o.seed;
+    j["budget"] = o.budget;
+    j["max_world"] = o.max_world;
+    j["faults"] = nlohmann::ordered_json::array();
+    for (const fuzz::MutantResult& r : results) {
+      nlohmann::ordered_json f;
+      f["fault"] = std::string(gradnorm::fault_info(r.fault).name);
+      if (!r.not_applicable.empty()) {
+        f["applicable"] = false;
+        f["reason"] = r.not_applicable;
+      } else {
+        f["applicable"] = true;
+        f["found"] = r.found;
+        f["cases"] = r.cases;
+        f["seconds"] = r.seconds;
+        if (r.failure) {
+          f["failure"] = fuzz::describe(r.failure->signature);
+          f["shrunk_world"] = r.failure->shrunk.topology.world;
+          f["shrunk_config"] = world_text(r.failure->shrunk.topology);
+          const fuzz::CaseSize size = fuzz::case_size(r.failure->shrunk);
+          f["shrunk_model"] = {{"kind", std::string(topologies::model_kind_name(r.failure->shrunk.model.kind))},
+                               {"layers", size.layers},
+                               {"experts", size.experts},
+                               {"params", size.params},
+                               {"elements", size.elements}};
+          if (!r.failure->shrunk_path.empty()) f["shrunk_case"] = r.failure->shrunk_path;
+        }
+      }
+      j["faults"].push_back(f);
+    }
+    j["applicable"] = applicable;
+    j["found"] = found;
+    j["interrupted"] = interrupted;
+    out << j.dump() << '\n';
+  } else {
+    out << found << " of " << applicable << " applicable faults found within " << o.budget
+        << (o.budget == 1 ? " case each" : " cases each");
+    if (!missed.empty()) out << "; not found: " << missed;
+    if (interrupted) out << " (interrupted)";
+    out << '\n';
+  }
+  context.exit_code = found == applicable && !interrupted ? kExitPass : kExitFail;
+}
+
+}  // namespace
+
+void add_fuzz_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<FuzzOptions>();
+  CLI::App* command = app.add_subcommand(
+      "fuzz",
+      "A fuzz campaign: random valid cases (topology, model, optimizer, gradients) on the "
+      "in-process backend. Each failure is written to the corpus, shrunk, and the shrunk case "
+      "written next to it. Exit 0 no failure, 1 failures found, 2 bad input, 3 infrastructure "
+      "failure. Ctrl-C finishes the current case and prints the summary.");
+  // A flag given twice takes its last value, so scripts' defaults can be overridden.
+  command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  command->add_option("--cases", options->cases, "Stop after this many cases");
+  command->add_option("--time", options->time,
+                      "Stop after this long (90s, 10m, 1h30m; default 1m when --cases is not given)");
+  command->add_option("--seed", options->seed, "Campaign seed (default: a fresh one, printed)");
+  command->add_option("--max-world", options->max_world, "Largest world generated")->capture_default_str();
+  command->add_option("--faults", options->faults,
+                      "none, all, or fault names (comma-separated): each case switches on one")
+      ->capture_default_str();
+  command->add_option("--corpus", options->corpus, "Folder for the case files of failures")
+      ->capture_default_str();
+  command->add_option("--junit", options->junit, "Write a JUnit XML report here");
+  command->add_option("--max-failures", options->max_failures,
+                      "Stop after this many failures (0: no bound)")
+      ->capture_default_str();
+  command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one failure")
+      ->capture_default_str();
+  command->add_option("--shrink-time", options->shrink_time, "Time spent shrinking one failure")
+      ->capture_default_str();
+  command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
+  add_backend_flag(*command, options->backend);
+  command->callback([options, &context] { run_fuzz(*options, context); });
+}
+
+void add_mutants_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<MutantsOptions>();
+  CLI::App* command = app.add_subcommand(
+      "mutants",
+      "The mutation score: for each fault of the catalog, fuzz with only that fault switched on "
+      "until a case fails or the budget is spent; a table of faults found, cases needed and the "
+      "shrunk case. Exit 0 when every applicable fault is found, 1 otherwise.");
+  command->add_option("--budget", options->budget, "Cases per fault")->capture_default_str();
+  command->add_option("--seed", options->seed, "Campaign seed (the same for every fault)")
+      ->capture_default_str();
+  command->add_option("--max-world", options->max_world, "Largest world generated")->capture_default_str();
+  command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
+      ->capture_default_str();
+  command->add_option("--corpus", options->corpus, "Write each finding's case files here");
+  command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")
+      ->capture_default_str();
+  command->add_flag("--json", options->json, "Machine-readable table");
+  add_backend_flag(*command, options->backend);
+  command->callback([options, &context] { run_mutants_command(*options, context); });
+}
+
+}  // namespace tally::cli
