@@ -2,7 +2,8 @@
 // model and every rank's shards, runs the grad-norm path on every rank with the ledger, computes
 // the Eigen ground truth and judges every statistic. Then one large world, timed alone.
 //
-// Usage: sim_throughput_bench [cases] [seed]
+// Usage: sim_throughput_bench [cases] [seed] [modes: mixed | exact | random]
+// mixed: dyadic, ones, rank-encoded, uniform and normal gradients in equal parts.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -27,7 +28,8 @@ long peak_rss_mib() {
 
 // A mix: worlds 1..64, small GPT/MoE models (2-4 layers, hidden 16-64), every optimizer model,
 // exact and random gradient modes.
-Case sample_case(std::mt19937_64& rng, std::map<int, std::vector<ParallelConfig>>& configs) {
+Case sample_case(std::mt19937_64& rng, std::map<int, std::vector<ParallelConfig>>& configs,
+                 const std::vector<tally::kernels::GradientMode>& modes) {
   const int worlds[] = {1, 2, 4, 8, 16, 32, 64};
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   while (true) {
@@ -58,10 +60,7 @@ Case sample_case(std::mt19937_64& rng, std::map<int, std::vector<ParallelConfig>
     }
     m.add_bias_linear = !(moe && t.etp != 1);
     c.path.optimizer = static_cast<tally::gradnorm::OptimizerModel>(pick(4));
-    const tally::kernels::GradientMode modes[] = {tally::kernels::GradientMode::dyadic,
-                                                 tally::kernels::GradientMode::ones,
-                                                 tally::kernels::GradientMode::normal};
-    c.path.gradients.generator.mode = modes[pick(3)];
+    c.path.gradients.generator.mode = modes[static_cast<std::size_t>(pick(static_cast<int>(modes.size())))];
     c.path.gradients.generator.seed = rng();
     c.path.max_norm = 1.0;
     if (tally::fuzz::check_case(c)) continue;
@@ -74,21 +73,27 @@ Case sample_case(std::mt19937_64& rng, std::map<int, std::vector<ParallelConfig>
 int main(int argc, char** argv) {
   const int cases = argc > 1 ? std::max(1, std::atoi(argv[1])) : 2000;
   const std::uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
+  const std::string mix = argc > 3 ? argv[3] : "mixed";
+  using tally::kernels::GradientMode;
+  std::vector<GradientMode> modes;
+  if (mix != "random")
+    modes.insert(modes.end(), {GradientMode::dyadic, GradientMode::ones, GradientMode::rank_encoded});
+  if (mix != "exact") modes.insert(modes.end(), {GradientMode::uniform, GradientMode::normal});
   std::mt19937_64 rng(seed);
   std::map<int, std::vector<ParallelConfig>> configs;
-  std::vector<Case> mix;
-  for (int i = 0; i < cases; ++i) mix.push_back(sample_case(rng, configs));
+  std::vector<Case> cases_to_run;
+  for (int i = 0; i < cases; ++i) cases_to_run.push_back(sample_case(rng, configs, modes));
 
   long ranks = 0, failures = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (const Case& c : mix) {
+  for (const Case& c : cases_to_run) {
     ranks += c.topology.world;
     if (tally::fuzz::run_case(c).kind != tally::oracle::Verdict::Kind::pass) ++failures;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("mix: %d cases (worlds 1-64, mean world %.1f), %.2f s, %.0f cases/s, %ld not passing\n",
-              cases, static_cast<double>(ranks) / cases, seconds, cases / seconds, failures);
+  std::printf("%s modes: %d cases (worlds 1-64, mean world %.1f), %.2f s, %.0f cases/s, %ld not passing\n",
+              mix.c_str(), cases, static_cast<double>(ranks) / cases, seconds, cases / seconds, failures);
 
   // One large world: tp 8, pp 8, ep 64, a 16-layer MoE model, exact mode, ledger and clipping.
   Case large;

@@ -6,11 +6,14 @@
 #include <iosfwd>
 #include <string>
 
+#include "fuzz/backend.h"
+
 namespace tally::cli {
 
 struct CommandContext {
   std::ostream& out;
   std::ostream& err;
+  fuzz::Backend& backend;  // where the commands that run cases run them
   int exit_code = 0;
 };
 

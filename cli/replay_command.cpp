@@ -7,6 +7,7 @@
 #include <ostream>
 #include <system_error>
 
+#include "cli/backend_flags.h"
 #include "cli/commands.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
@@ -65,7 +66,8 @@ std::vector<Input> expand(const std::vector<std::string>& paths) {
   return inputs;
 }
 
-enum class Result { ok, mismatch, error };
+// not_runnable: the case's world does not fit this job (an mpi or nccl job of another size).
+enum class Result { ok, mismatch, error, not_runnable };
 
 struct Outcome {
   std::string file;
@@ -76,7 +78,7 @@ struct Outcome {
   double seconds = 0.0;
 };
 
-Outcome replay_one(const Input& input) {
+Outcome replay_one(const Input& input, fuzz::Backend& backend) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -89,12 +91,15 @@ Outcome replay_one(const Input& input) {
     const fuzz::Case c = fuzz::load_case_file(input.file);
     const fuzz::Expectation expect = c.expect.value_or(fuzz::Expectation{});
     o.expected = fuzz::outcome_name(expect.outcome);
-    const oracle::Verdict verdict = fuzz::run_case(c);
+    const oracle::Verdict verdict = backend.run(c, {});
     o.verdict = oracle::kind_name(verdict.kind);
     if (std::optional<std::string> unmet = fuzz::unmet_expectation(expect, verdict)) {
       o.result = Result::mismatch;
       o.message = *unmet;
     }
+  } catch (const fuzz::NotRunnableHere& error) {
+    o.result = Result::not_runnable;
+    o.message = error.what();
   } catch (const std::exception& error) {
     // CaseFileError (an invalid file), InvalidCase, or anything else the run threw.
     o.result = Result::error;
@@ -102,15 +107,6 @@ Outcome replay_one(const Input& input) {
   }
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
-}
-
-// "tally.replay.seeds" for seeds/x.json: the folder, dotted, as JUnit readers group by it.
-std::string junit_classname(const std::string& file) {
-  std::string folder = fs::path(file).parent_path().generic_string();
-  while (folder.rfind("./", 0) == 0) folder.erase(0, 2);
-  while (!folder.empty() && (folder.front() == '/' || folder.front() == '.')) folder.erase(0, 1);
-  std::replace(folder.begin(), folder.end(), '/', '.');
-  return folder.empty() ? "tally.replay" : "tally.replay." + folder;
 }
 
 std::string seconds_text(double seconds) {
@@ -130,6 +126,9 @@ void print_line(std::ostream& out, const Outcome& o) {
           << shell_quote(o.file) << '\n';
       break;
     case Result::error: out << "ERROR     " << o.message << '\n'; break;
+    case Result::not_runnable:
+      out << "SKIP      " << o.file << "  (not runnable on this job: " << o.message << ")\n";
+      break;
   }
   out.flush();
 }
@@ -146,16 +145,18 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
   command->add_option("paths", options->paths, "Case files and folders")->required();
   command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file");
   command->add_flag("--json", options->json, "Machine-readable results");
+  add_backend_flags(*command);
   command->callback([options, &context] {
     const std::vector<Input> inputs = expand(options->paths);
     std::vector<Outcome> outcomes;
-    std::size_t passed = 0, errors = 0;
+    std::size_t passed = 0, errors = 0, skipped = 0;
     const Outcome* first_error = nullptr;
     for (const Input& input : inputs) {
-      outcomes.push_back(replay_one(input));
+      outcomes.push_back(replay_one(input, context.backend));
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;
+      skipped += o.result == Result::not_runnable;
       errors += o.result == Result::error;
     }
     for (const Outcome& o : outcomes)
@@ -163,31 +164,39 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         first_error = &o;
         break;
       }
-    const std::size_t failed = outcomes.size() - passed;
+    const std::size_t failed = outcomes.size() - passed - skipped;
     if (options->json) {
       nlohmann::ordered_json cases = nlohmann::ordered_json::array();
       for (const Outcome& o : outcomes) {
         nlohmann::ordered_json j = {{"file", o.file},
                                     {"result", o.result == Result::ok         ? "ok"
                                                : o.result == Result::mismatch ? "mismatch"
-                                                                              : "error"}};
+                                               : o.result == Result::not_runnable
+                                                   ? "not-runnable"
+                                                   : "error"}};
         if (!o.verdict.empty()) j["verdict"] = o.verdict;
         if (!o.expected.empty()) j["expected"] = o.expected;
         if (!o.message.empty()) j["message"] = o.message;
         j["seconds"] = o.seconds;
         cases.push_back(std::move(j));
       }
-      const nlohmann::ordered_json j = {{"cases", std::move(cases)}, {"passed", passed}, {"failed", failed}};
+      nlohmann::ordered_json j = {{"cases", std::move(cases)}, {"passed", passed}, {"failed", failed}};
+      if (skipped > 0) j["not_runnable"] = skipped;
       context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     } else {
-      context.out << passed << " passed, " << failed << " failed\n";
+      context.out << passed << " passed, " << failed << " failed";
+      if (skipped > 0)
+        context.out << ", " << skipped << " not runnable on this " << context.backend.name()
+                    << " job";
+      context.out << '\n';
     }
     if (!options->junit.empty()) {
       std::vector<fuzz::JunitCase> report;
       for (const Outcome& o : outcomes) {
         fuzz::JunitCase j;
         j.name = o.file;
-        j.classname = junit_classname(o.file);
+        const std::string folder = fs::path(o.file).parent_path().generic_string();
+        j.classname = "tally.replay." + (folder.empty() ? std::string(".") : folder);
         j.seconds = o.seconds;
         if (o.result == Result::mismatch)
           j.failure = o.message + "\nreplay: tally run " + shell_quote(o.file);
@@ -195,6 +204,8 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
           j.failure = o.message;
           j.error = true;
         }
+        // JunitCase has no skipped state: the name says it.
+        if (o.result == Result::not_runnable) j.name += " (not runnable on this job)";
         report.push_back(std::move(j));
       }
       try {

@@ -3,6 +3,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "cli/backend_flags.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/topology_flags.h"
@@ -221,6 +222,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                       "With --save: the case's description (one line)");
   command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
   command->add_flag("--json", options->json, "Machine-readable verdict");
+  add_backend_flags(*command);
   command->callback([options, &context] {
     if (options->list_faults) {
       print_fault_catalog(context.out);
@@ -247,7 +249,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     }
     oracle::Verdict verdict;
     try {
-      verdict = fuzz::run_case(c);
+      verdict = context.backend.run(c, {});
     } catch (const fuzz::InvalidCase& error) {
       throw UsageError(error.what());
     }

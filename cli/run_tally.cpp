@@ -1,7 +1,9 @@
 #include <iostream>
 
+#include "cli/backend_flags.h"
 #include "cli/commands.h"
 #include "cli/usage_error.h"
+#include "comm/mpi_communicator.h"
 
 namespace tally::cli {
 
@@ -23,16 +25,16 @@ std::string shell_command(int argc, const char* const* argv) {
   return out;
 }
 
-}  // namespace
-
-int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+// Registers every command, parses argv and runs the chosen one with `backend`.
+int run_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+                fuzz::Backend& backend) {
   CLI::App app{
       "tally: checks that a distributed gradient norm counts every parameter element exactly "
       "once, in every parallel topology (TP, CP, PP, DP, EP, ETP) of Megatron-LM."};
   app.name("tally");
   app.require_subcommand(1);
   app.set_version_flag("--version", "tally 0.1.0");
-  CommandContext context{out, err};
+  CommandContext context{out, err, backend};
   add_topo_command(app, context);
   add_enumerate_command(app, context);
   add_layout_command(app, context);
@@ -71,8 +73,70 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   } catch (const UsageError& error) {
     err << "tally: error: " << error.what() << '\n';
     return kExitBadInput;
+  } catch (const std::exception& error) {
+    err << "tally: internal error: " << error.what() << '\n';
+    return kExitInfra;
   }
   return context.exit_code;
+}
+
+// Rank 0 runs the command; the other ranks serve its cases and exit with its exit code.
+int run_under_mpi(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+                  const BackendChoice& choice) {
+#if TALLY_HAVE_MPI
+  comm::MpiSession session(nullptr, nullptr, comm::MpiOptions{choice.timeout_seconds});
+  if (session.rank() != 0) return fuzz::serve_mpi_cases(session);
+  fuzz::MpiBackend backend(session);
+  const int code = run_command(argc, argv, out, err, backend);
+  backend.finish(code);
+  return code;
+#else
+  (void)argc, (void)argv, (void)out, (void)choice;
+  err << "tally: error: --backend mpi: this tally was built without MPI (install libopenmpi-dev "
+         "and configure with -DTALLY_ENABLE_MPI=ON)\n";
+  return kExitBadInput;
+#endif
+}
+
+// The nccl backend: one process per GPU, --ranks-per-gpu ranks each; rank 0 runs the command.
+int run_under_nccl(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+                   const BackendChoice& choice) {
+#if TALLY_HAVE_MPI
+  std::string why;
+  if (!fuzz::nccl_engine_available(&why)) {
+    err << "tally: error: --backend nccl: " << why << '\n';
+    return kExitBadInput;
+  }
+  comm::MpiSession session(nullptr, nullptr, comm::MpiOptions{choice.timeout_seconds});
+  std::unique_ptr<fuzz::RankEngine> engine;
+  try {
+    engine = fuzz::make_nccl_engine(session, choice.ranks_per_gpu);
+  } catch (const comm::InfraError& error) {
+    err << "tally: rank " << session.rank() << ": infrastructure failure: " << error.what() << '\n';
+    err.flush();
+    session.abort(kExitInfra);
+  }
+  if (session.rank() != 0) return fuzz::serve_mpi_cases(session, *engine);
+  fuzz::MpiBackend backend(session, std::move(engine));
+  const int code = run_command(argc, argv, out, err, backend);
+  backend.finish(code);
+  return code;
+#else
+  (void)argc, (void)argv, (void)out, (void)choice;
+  err << "tally: error: --backend nccl: this tally was built without the nccl backend (needs "
+         "CUDA, MPI and NCCL; configure with -DTALLY_ENABLE_NCCL=ON)\n";
+  return kExitBadInput;
+#endif
+}
+
+}  // namespace
+
+int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  const BackendChoice choice = backend_choice(argc, argv);
+  if (choice.name == "mpi") return run_under_mpi(argc, argv, out, err, choice);
+  if (choice.name == "nccl") return run_under_nccl(argc, argv, out, err, choice);
+  fuzz::SimBackend sim;
+  return run_command(argc, argv, out, err, sim);
 }
 
 }  // namespace tally::cli

@@ -68,6 +68,40 @@ CompensatedSum block_sum(const Eigen::ArrayXd& terms) {
   return sum;
 }
 
+// The stored values of elements [first, first + n) of a stream, the mode and dtype resolved
+// once per block rather than per element.
+template <kernels::GradientMode M, kernels::Dtype D>
+void fill_block(Eigen::ArrayXd& values, std::uint64_t key, std::int64_t first) {
+  for (Eigen::Index j = 0; j < values.size(); ++j)
+    values[j] = static_cast<double>(
+        kernels::stored_value<M, D>(key, static_cast<std::uint64_t>(first + j)));
+}
+
+template <kernels::GradientMode M>
+void fill_block(Eigen::ArrayXd& values, kernels::Dtype dtype, std::uint64_t key,
+                std::int64_t first) {
+  switch (dtype) {
+    case kernels::Dtype::fp32: return fill_block<M, kernels::Dtype::fp32>(values, key, first);
+    case kernels::Dtype::bf16: return fill_block<M, kernels::Dtype::bf16>(values, key, first);
+    case kernels::Dtype::fp16: return fill_block<M, kernels::Dtype::fp16>(values, key, first);
+  }
+}
+
+void fill_block(Eigen::ArrayXd& values, const kernels::GeneratorSpec& spec, std::uint64_t key,
+                std::int64_t first) {
+  using kernels::GradientMode;
+  switch (spec.mode) {
+    case GradientMode::ones: return fill_block<GradientMode::ones>(values, spec.dtype, key, first);
+    case GradientMode::zeros: return fill_block<GradientMode::zeros>(values, spec.dtype, key, first);
+    case GradientMode::dyadic: return fill_block<GradientMode::dyadic>(values, spec.dtype, key, first);
+    case GradientMode::uniform: return fill_block<GradientMode::uniform>(values, spec.dtype, key, first);
+    case GradientMode::normal: return fill_block<GradientMode::normal>(values, spec.dtype, key, first);
+    case GradientMode::sparse: return fill_block<GradientMode::sparse>(values, spec.dtype, key, first);
+    case GradientMode::rank_encoded:
+      return fill_block<GradientMode::rank_encoded>(values, spec.dtype, key, first);
+  }
+}
+
 Accumulator param_stats(const LogicalParam& param, const kernels::GeneratorSpec& spec,
                         const std::vector<PowerTerm>& powers) {
   Accumulator acc(powers.size());
@@ -76,9 +110,7 @@ Accumulator param_stats(const LogicalParam& param, const kernels::GeneratorSpec&
   for (std::int64_t first = 0; first < param.numel; first += kTruthBlock) {
     const std::int64_t n = std::min(kTruthBlock, param.numel - first);
     values.resize(n);
-    for (std::int64_t j = 0; j < n; ++j)
-      values[j] = static_cast<double>(kernels::stored_value(
-          spec.mode, spec.dtype, key, static_cast<std::uint64_t>(first + j)));
+    fill_block(values, spec, key, first);
     acc.elements += n;
     acc.squares.merge(block_sum(values.square()));  // exact squares of <= 24-bit significands
     for (std::size_t i = 0; i < powers.size(); ++i)

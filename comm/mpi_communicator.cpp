@@ -1,0 +1,194 @@
+#include "comm/mpi_communicator.h"
+
+#include <mpi.h>
+#include <sched.h>
+
+#include <array>
+#include <chrono>
+#include <thread>
+
+namespace tally::comm {
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+// CHECK for MPI calls: names the call, file:line and the library's message; a typed error.
+#define TALLY_MPI_CHECK(call)                                                              \
+  do {                                                                                     \
+    const int tally_mpi_code = (call);                                                     \
+    if (tally_mpi_code != MPI_SUCCESS)                                                     \
+      throw InfraError(#call, std::string(#call) + " failed at " + __FILE__ + ":" +        \
+                                  std::to_string(__LINE__) + ": " +                        \
+                                  mpi_error_text(tally_mpi_code));                         \
+  } while (0)
+
+// Waits for a non-blocking collective with a deadline. Polls, yielding the core: under
+// --oversubscribe several ranks share one core.
+void wait_with_watchdog(MPI_Request& request, double timeout_seconds, int world_rank,
+                        const std::string& call) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    TALLY_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_seconds)
+      throw InfraError(call, "rank " + std::to_string(world_rank) + " waited " +
+                                 std::to_string(static_cast<int>(waited)) + " s in " + call +
+                                 ": a member never joined (the job would hang)");
+    if (polls < 1000)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(polls < 10000 ? 50 : 500));
+  }
+}
+
+}  // namespace
+
+bool mpi_available() { return true; }
+
+MpiSession::MpiSession(int* argc, char*** argv, MpiOptions options) : options_(options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) TALLY_MPI_CHECK(MPI_Init(argc, argv));
+  // Errors come back as codes and become InfraError, never an abort inside the library.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void MpiSession::broadcast(std::string& bytes, int root, const std::string& what,
+                           bool patient) const {
+  std::int64_t length = static_cast<std::int64_t>(bytes.size());
+  MPI_Request request;
+  TALLY_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, root, MPI_COMM_WORLD, &request));
+  wait_with_watchdog(request, patient ? 1e300 : options_.timeout_seconds, rank_,
+                     "broadcast of " + what);
+  bytes.resize(static_cast<std::size_t>(length));
+  if (length == 0) return;
+  TALLY_MPI_CHECK(MPI_Ibcast(bytes.data(), static_cast<int>(length), MPI_CHAR, root,
+                             MPI_COMM_WORLD, &request));
+  wait_with_watchdog(request, options_.timeout_seconds, rank_, "broadcast of " + what);
+}
+
+std::vector<std::string> MpiSession::gather(const std::string& bytes, int root,
+                                            const std::string& what) const {
+  const int length = static_cast<int>(bytes.size());
+  std::vector<int> lengths(rank_ == root ? size_ : 0);
+  MPI_Request request;
+  TALLY_MPI_CHECK(MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root,
+                              MPI_COMM_WORLD, &request));
+  wait_with_watchdog(request, options_.timeout_seconds, rank_, "gather of " + what);
+  std::vector<int> offsets(lengths.size());
+  std::string all;
+  if (rank_ == root) {
+    int at = 0;
+    for (int r = 0; r < size_; ++r) {
+      offsets[r] = at;
+      at += lengths[r];
+    }
+    all.resize(static_cast<std::size_t>(at));
+  }
+  TALLY_MPI_CHECK(MPI_Igatherv(bytes.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                               offsets.data(), MPI_CHAR, root, MPI_COMM_WORLD, &request));
+  wait_with_watchdog(request, options_.timeout_seconds, rank_, "gather of " + what);
+  std::vector<std::string> parts;
+  if (rank_ == root)
+    for (int r = 0; r < size_; ++r) parts.push_back(all.substr(offsets[r], lengths[r]));
+  return parts;
+}
+
+void MpiSession::abort(int code) const {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+}
+
+struct MpiCommunicator::Impl {
+  const topologies::RankLayout& layout;
+  const MpiSession& session;
+  std::array<MPI_Comm, topologies::kFamilyCount> comms{};
+};
+
+MpiCommunicator::MpiCommunicator(const topologies::RankLayout& layout, const MpiSession& session,
+                                 std::span<const topologies::Family> families)
+    : impl_(new Impl{layout, session, {}}) {
+  impl_->comms.fill(MPI_COMM_NULL);
+  add_families(families);
+}
+
+void MpiCommunicator::add_families(std::span<const topologies::Family> families) {
+  const topologies::RankLayout& layout = impl_->layout;
+  const MpiSession& session = impl_->session;
+  if (layout.world() != session.size())
+    throw InfraError("MpiCommunicator", "the layout has world " + std::to_string(layout.world()) +
+                                            " but the job has " + std::to_string(session.size()) +
+                                            " processes");
+  const int rank = session.rank();
+  for (topologies::Family family : families) {
+    if (impl_->comms[static_cast<int>(family)] != MPI_COMM_NULL) continue;
+    const std::optional<topologies::GroupId> group = layout.group_of(family, rank);
+    const int color = group ? group->index : MPI_UNDEFINED;
+    const int key = group ? layout.index_in(family, rank) : 0;
+    MPI_Comm& comm = impl_->comms[static_cast<int>(family)];
+    TALLY_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+    if (comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  }
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  for (MPI_Comm& comm : impl_->comms)
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+}
+
+namespace {
+
+void all_reduce_with_watchdog(const MpiSession& session, MPI_Comm comm, void* data, int count,
+                              MPI_Datatype type, ReduceOp op, const Group& group,
+                              std::string_view label) {
+  if (comm == MPI_COMM_NULL)
+    throw std::logic_error("no MPI communicator was created for the " +
+                           std::string(topologies::family_name(group.id.family)) + " family");
+  const std::string call = "all_reduce(" + std::string(op_name(op)) + ") '" + std::string(label) +
+                           "' on " + describe(group);
+  MPI_Request request;
+  TALLY_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type,
+                                 op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm, &request));
+  wait_with_watchdog(request, session.options().timeout_seconds, session.rank(), call);
+}
+
+}  // namespace
+
+void MpiCommunicator::all_reduce(int rank, const Group& group, std::span<double> values,
+                                 ReduceOp op, std::string_view label) {
+  if (rank != impl_->session.rank())
+    throw std::logic_error("the mpi backend runs rank " + std::to_string(impl_->session.rank()) +
+                           ", not rank " + std::to_string(rank));
+  all_reduce_with_watchdog(impl_->session, impl_->comms[static_cast<int>(group.id.family)],
+                           values.data(), static_cast<int>(values.size()), MPI_DOUBLE, op, group,
+                           label);
+}
+
+void MpiCommunicator::all_reduce(int rank, const Group& group, std::span<std::int64_t> values,
+                                 ReduceOp op, std::string_view label) {
+  if (rank != impl_->session.rank())
+    throw std::logic_error("the mpi backend runs rank " + std::to_string(impl_->session.rank()) +
+                           ", not rank " + std::to_string(rank));
+  all_reduce_with_watchdog(impl_->session, impl_->comms[static_cast<int>(group.id.family)],
+                           values.data(), static_cast<int>(values.size()), MPI_INT64_T, op, group,
+                           label);
+}
+
+}  // namespace tally::comm
