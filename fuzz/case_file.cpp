@@ -1,6 +1,7 @@
 #include "fuzz/case_file.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -46,6 +47,10 @@ struct SemanticError {
   std::string message;
 };
 
+// A string from the input as a message shows it: JSON-quoted (so a control character cannot
+// break the line) and shortened.
+std::string message_quote(const std::string& text) { return shown(json(text)); }
+
 std::string index_path(const std::string& path, std::size_t i) {
   return path + "[" + std::to_string(i) + "]";
 }
@@ -68,7 +73,7 @@ std::vector<std::string> read_string_list(const json& value, const std::string& 
   for (std::size_t i = 0; i < value.size(); ++i) {
     const std::string at = index_path(path, i);
     std::string item = read_string(value[i], at, max_length);
-    if (!seen.insert(item).second) fail(at, "'" + item + "' is listed twice");
+    if (!seen.insert(item).second) fail(at, message_quote(item) + " is listed twice");
     check(item, at);
     items.push_back(std::move(item));
   }
@@ -151,7 +156,7 @@ void read_gradients(const json& value, const std::string& path, gradnorm::Gradie
                                for (topologies::ParamClass known : topologies::kAllParamClasses)
                                  list += (list.empty() ? "" : ", ") +
                                          std::string(topologies::class_name(known));
-                               fail(at, "expected a param class (" + list + "), got '" + name + "'");
+                               fail(at, "expected a param class (" + list + "), got " + message_quote(name));
                              }
                              g.class_mask |= gradnorm::class_bit(*c);
                            });
@@ -193,7 +198,7 @@ gradnorm::FaultSet read_faults(const json& value, const std::string& path) {
                    [&](const std::string& name, const std::string& at) {
                      const std::optional<gradnorm::Fault> fault = gradnorm::fault_from_name(name);
                      if (!fault)
-                       fail(at, "'" + name + "' is not a fault of the catalog (tally run --list-faults)");
+                       fail(at, message_quote(name) + " is not a fault of the catalog (tally run --list-faults)");
                      faults = faults.with(*fault);
                    });
   return faults;
@@ -220,7 +225,7 @@ Expectation read_expect(const json& value, const std::string& path) {
               v, p, kMaxExpectStatistics, 32, [](const std::string& name, const std::string& at) {
                 if (!known_statistic(name))
                   fail(at, "expected a statistic (l2, inf, zeros, mtp-l2, p<p>, clip, ledger, "
-                           "agreement, clipped), got '" + name + "'");
+                           "agreement, clipped), got " + message_quote(name));
               });
         }},
        {"miscounted",
@@ -259,7 +264,7 @@ void check_expect_names(const Case& c, const std::string& path) {
                                    [&](double p) { return p_statistic_name(p) == name; });
     if (!known)
       fail(index_path(path + ".statistics", i),
-           "'" + name + "' is not a p-norm of this case (statistics.p_norms)");
+           message_quote(name) + " is not a p-norm of this case (statistics.p_norms)");
   }
   if (e.miscounted.empty()) return;
   const topologies::LogicalModel model(c.model, c.topology);
@@ -268,7 +273,7 @@ void check_expect_names(const Case& c, const std::string& path) {
   for (std::size_t i = 0; i < e.miscounted.size(); ++i)
     if (!names.contains(e.miscounted[i]))
       fail(index_path(path + ".miscounted", i),
-           "'" + e.miscounted[i] + "' is not a param of the model (tally layout lists them)");
+           message_quote(e.miscounted[i]) + " is not a param of the model (tally layout lists them)");
 }
 
 Case read_case(const json& value, const std::string& path) {
@@ -377,13 +382,15 @@ ordered_json case_to_json(const Case& c) {
   return j;
 }
 
+// Messages quote user input (names, orders): control characters are escaped so that every
+// message is one line, whichever rule produced it.
 Case case_from_json(const json& value, std::string_view path) {
   try {
     return read_case(value, std::string(path));
   } catch (const detail::JsonReadError& error) {
-    throw CaseFileError(error.what());
+    throw CaseFileError(detail::escape_controls(error.what()));
   } catch (const SemanticError& error) {
-    throw CaseFileError(error.message);
+    throw CaseFileError(detail::escape_controls(error.message));
   }
 }
 
@@ -399,14 +406,14 @@ Case case_from_text(std::string_view text, std::string_view source) {
   try {
     parsed = detail::parse_json(text, source);
   } catch (const detail::JsonReadError& error) {
-    throw CaseFileError(error.what());
+    throw CaseFileError(detail::escape_controls(error.what()));
   }
   try {
     return read_case(parsed, "case");
   } catch (const detail::JsonReadError& error) {
-    throw CaseFileError(prefix + error.what());
+    throw CaseFileError(detail::escape_controls(prefix + error.what()));
   } catch (const SemanticError& error) {
-    throw CaseFileError(prefix + error.message);
+    throw CaseFileError(detail::escape_controls(prefix + error.message));
   }
 }
 

@@ -1,7 +1,8 @@
 // libFuzzer target for the case-file reader (built with -DTALLY_BUILD_LIBFUZZER=ON and clang;
 // ci/fuzz-case-reader runs it). Any input must either read as a case or be rejected with a
-// CaseFileError; a crash, a sanitizer report, another exception, a leak or a timeout is a
-// finding. A case that reads must also write back and read again to the same case.
+// CaseFileError of one line; a crash, a sanitizer report, another exception, a leak or a
+// timeout is a finding. A case that reads must also write back and read again to the same case
+// and the same bytes.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,7 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tally::fuzz::Case c;
   try {
     c = tally::fuzz::case_from_text(text, "input.json");
-  } catch (const tally::fuzz::CaseFileError&) {
+  } catch (const tally::fuzz::CaseFileError& error) {
+    // Every message is one line (the CLI prints it as the one line of a bad input).
+    if (std::string_view(error.what()).find('\n') != std::string_view::npos) std::abort();
     return 0;
   }
   // Round trip: what was read writes back canonically and reads to the same case.

@@ -1,6 +1,7 @@
 #include "fuzz/detail/json_read.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -122,6 +123,35 @@ const json& read_array(const json& value, const std::string& path, std::size_t m
   return value;
 }
 
+std::string escape_controls(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte >= 0x20 && byte != 0x7f) {
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (ch == '\r') {
+      out += "\\r";
+    } else {
+      char code[8];
+      std::snprintf(code, sizeof code, "\\x%02x", byte);
+      out += code;
+    }
+  }
+  return out;
+}
+
+std::string key_path(const std::string& path, const std::string& key) {
+  const bool plain = !key.empty() && key.size() <= 64 &&
+                     key.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                           "0123456789_-") == std::string::npos;
+  return plain ? path + "." + key : path + "[" + shown(json(key)) + "]";
+}
+
 void read_object(const json& object, const std::string& path, const std::vector<Field>& fields,
                  std::string_view what, const std::vector<std::string_view>& required) {
   if (!object.is_object()) fail(path, std::string("expected an object, got ") + type_word(object));
@@ -129,7 +159,7 @@ void read_object(const json& object, const std::string& path, const std::vector<
     const Field* field = nullptr;
     for (const Field& f : fields)
       if (f.key == key) field = &f;
-    if (!field) fail(path + "." + key, "unknown key for " + std::string(what));
+    if (!field) fail(key_path(path, key), "unknown key for " + std::string(what));
     field->read(value, path + "." + key);
   }
   for (std::string_view key : required)

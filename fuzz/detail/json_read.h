@@ -46,6 +46,14 @@ int read_choice(const nlohmann::json& value, const std::string& path,
 const nlohmann::json& read_array(const nlohmann::json& value, const std::string& path,
                                  std::size_t max_size);
 
+// `text` with every control character written as an escape (\n, \t, \r, \x01, ...), so a
+// message that quotes user input stays one line.
+std::string escape_controls(std::string_view text);
+
+// "case.topology" and "tp" -> "case.topology.tp"; a key that is not a plain name is shown
+// JSON-quoted: case["to\nol"], so a message stays one line.
+std::string key_path(const std::string& path, const std::string& key);
+
 // A reader for one key of an object.
 using FieldReader = std::function<void(const nlohmann::json& value, const std::string& path)>;
 struct Field {

@@ -240,7 +240,7 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
       {with_section(R"("gradients": {"mode": "gaussian"})"),
        "bad.json: case.gradients.mode: expected one of ones, zeros, dyadic, uniform, normal, sparse, rank-encoded, got \"gaussian\""},
       {with_section(R"("gradients": {"classes": ["row", "row"]})"),
-       "bad.json: case.gradients.classes[1]: 'row' is listed twice"},
+       "bad.json: case.gradients.classes[1]: \"row\" is listed twice"},
       {with_section(R"("gradients": {"classes": "row"})"),
        "bad.json: case.gradients.classes: expected an array, got a string"},
       {with_section(R"("statistics": {"p_norms": [2, 0]})"),
@@ -252,17 +252,17 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
       {with_section(R"("statistics": {"max_norm": null})"),
        "bad.json: case.statistics.max_norm: expected a number, got null"},
       {with_section(R"("faults": ["no-such-fault"])"),
-       "bad.json: case.faults[0]: 'no-such-fault' is not a fault of the catalog (tally run --list-faults)"},
+       "bad.json: case.faults[0]: \"no-such-fault\" is not a fault of the catalog (tally run --list-faults)"},
       {with_section(R"("faults": [1])"), "bad.json: case.faults[0]: expected a string, got 1"},
       {with_section(R"("expect": {})"), "bad.json: case.expect: missing key 'outcome' for the expectation"},
       {with_section(R"("expect": {"outcome": "pass", "statistics": ["l2"]})"),
        "bad.json: case.expect: statistics and miscounted are only for \"outcome\": \"fail\""},
       {with_section(R"("expect": {"outcome": "fail", "statistics": ["norm"]})"),
-       "bad.json: case.expect.statistics[0]: expected a statistic (l2, inf, zeros, mtp-l2, p<p>, clip, ledger, agreement, clipped), got 'norm'"},
+       "bad.json: case.expect.statistics[0]: expected a statistic (l2, inf, zeros, mtp-l2, p<p>, clip, ledger, agreement, clipped), got \"norm\""},
       {with_section(R"("expect": {"outcome": "fail", "statistics": ["p3"]})"),
-       "bad.json: case.expect.statistics[0]: 'p3' is not a p-norm of this case (statistics.p_norms)"},
+       "bad.json: case.expect.statistics[0]: \"p3\" is not a p-norm of this case (statistics.p_norms)"},
       {with_section(R"("expect": {"outcome": "fail", "miscounted": ["decoder.layers.9.bias"]})"),
-       "bad.json: case.expect.miscounted[0]: 'decoder.layers.9.bias' is not a param of the model (tally layout lists them)"},
+       "bad.json: case.expect.miscounted[0]: \"decoder.layers.9.bias\" is not a param of the model (tally layout lists them)"},
       {with_section(R"("tool": {"version": 1})"), "bad.json: case.tool.version: expected a string, got 1"},
       {with_section(R"("description": "two\nlines")"),
        "bad.json: case.description: expected one line of text without control characters"},
@@ -339,6 +339,19 @@ TEST(CaseFile, HostileInputsAreErrorsNotCrashes) {
           {"name": "w", "class": "replicated", "shape": [1099511627777]}]}})"),
             "bad.json: case.model.params[0].shape[0]: expected a positive integer at most 1099511627776, got 1099511627777");
   EXPECT_NE(error_of(R"({"tally_case": 1, "topology": {"world": 1}, "model": {"num_layers": 1073741824, "hidden_size": 1073741824}})"), "");
+  // Found by libFuzzer (case_reader_crashes/unknown-key-with-line-break): an unknown key with a
+  // line break in it broke the message over two lines.
+  EXPECT_EQ(error_of(with_section(R"("to\nol": 1)")), "bad.json: case[\"to\\nol\"]: unknown key for a case");
+  EXPECT_EQ(error_of(with_section(R"("": 1)")), "bad.json: case[\"\"]: unknown key for a case");
+  // Rules of the whole case quote names and orders as they are: control characters escaped.
+  EXPECT_EQ(error_of(R"({"tally_case": 1, "topology": {"world": 1, "order": "tp-\nx"}, "model": {}})"),
+            "bad.json: order 'tp-\\nx' has unknown token '\\nx' (tokens: tp, cp, ep, dp, pp)");
+  EXPECT_EQ(error_of(R"({"tally_case": 1, "topology": {"world": 1}, "model": {"kind": "custom", "params": [
+          {"name": "a\u0001b", "class": "replicated", "shape": [1]}]}})"),
+            "bad.json: params[0] 'a\\x01b': name may use letters, digits and . _ - / : only");
+  // A name with a line break is shown JSON-quoted: the message stays one line.
+  EXPECT_EQ(error_of(with_section(R"("faults": ["two\nlines"])")),
+            "bad.json: case.faults[0]: \"two\\nlines\" is not a fault of the catalog (tally run --list-faults)");
   // A long string is reported without copying it into the message.
   const std::string long_name(1 << 20, 'x');
   const std::string message = error_of(with_section(R"("faults": [")" + long_name + "\"]"));
