@@ -96,7 +96,9 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     failure.signature = failure_signature(verdict);
     failure.original = std::move(c);
     failure.original.description = "tally fuzz --seed " + std::to_string(options.seed) +
-                                   ": case " + std::to_string(index) + ", faults " +
+                                   ": case " + std::to_string(index) + " (RapidCheck seed " +
+                                   std::to_string(case_seed(options.seed, index)) + ", size " +
+                                   std::to_string(case_size_param(index)) + "), faults " +
                                    fault_names(failure.original);
     failure.original.expect = expectation_of(verdict);
     failure.original_verdict = verdict;

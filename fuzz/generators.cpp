@@ -321,6 +321,11 @@ ModelSpec pick_custom(const ParallelConfig& c) {
     p.mtp = d.mtp;
     s.params.push_back(std::move(p));
   }
+  // Without expert params and without EP, no experts at all.
+  if (c.ep == 1 && std::none_of(s.params.begin(), s.params.end(), [](const topologies::CustomParam& p) {
+        return topologies::is_expert_class(p.param_class);
+      }))
+    s.num_experts = 0;
   return s;
 }
 
@@ -400,8 +405,12 @@ rc::Gen<Case> gen_case(const CaseGenOptions& options) {
       Case c;
       const int fault_index =
           options.faults.empty() ? 0 : *fixed_index(static_cast<int>(options.faults.size()));
-      const int per_mille = std::clamp(options.big_zeros_per_mille, 0, 1000);
-      const bool big_zeros = *weighted_index({1000 - per_mille, per_mille}) == 1;
+      const bool zero_count_fault =
+          !options.faults.empty() &&
+          options.faults[static_cast<std::size_t>(fault_index)] == gradnorm::Fault::zero_count_in_float32;
+      const int one_in = std::max(0, zero_count_fault ? options.big_zeros_one_in_for_its_fault
+                                                      : options.big_zeros_one_in);
+      const bool big_zeros = one_in > 0 && *weighted_index({one_in - 1, 1}) == 1;
       TopologyGenOptions topology = options.topology;
       if (big_zeros) topology.max_world = std::min(topology.max_world, 4);
       c.topology = *gen_config(topology);

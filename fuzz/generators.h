@@ -68,10 +68,13 @@ struct CaseGenOptions {
   TopologyGenOptions topology;
   // Each case switches on one of these, drawn uniformly (never shrunk); empty: no fault.
   std::vector<gradnorm::Fault> faults;
-  // Cases per thousand of the big-zeros scenario: a world of at most 4 ranks, a custom layout
-  // with one replicated tensor of kBigZerosElements elements, all-zero gradients (about 0.1 s
-  // each, where a usual case takes about 2 ms).
-  int big_zeros_per_mille = 8;
+  // The big-zeros scenario: a world of at most 4 ranks, a custom layout with one replicated
+  // tensor of kBigZerosElements elements, all-zero gradients. It is the only trigger of
+  // zero-count-in-float32, and one such case costs as much as about a thousand ordinary ones
+  // (75 ms against 80 us), so it is rare: one case in `big_zeros_one_in`, except cases whose
+  // fault is zero-count-in-float32 (one in `big_zeros_one_in_for_its_fault`). 0: never.
+  int big_zeros_one_in = 20000;
+  int big_zeros_one_in_for_its_fault = 20;
 };
 
 // A whole case (topology, model, path options with its fault); passes check_case. Its

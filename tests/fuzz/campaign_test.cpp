@@ -50,7 +50,7 @@ std::optional<Found> first_failure(Fault fault, int min_world, std::uint64_t see
   CaseGenOptions o;
   o.topology.max_world = 64;
   o.faults = {fault};
-  o.big_zeros_per_mille = 0;
+  o.big_zeros_one_in = 0;
   for (int i = 0; i < 3000; ++i) {
     if (case_size_param(i) < 90) continue;  // the large worlds
     rc::Shrinkable<Case> s = generate_case(o, seed, i);
