@@ -7,7 +7,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "fuzz/generators.h"
 #include "tests/support/fault_cases.h"
 #include "tests/support/model_gen.h"
 #include "topologies/logical_model.h"
@@ -73,22 +72,6 @@ RC_GTEST_PROP(CaseFile, RoundTrips, ()) {
   const Case read = case_from_text(text, "case.json");
   RC_ASSERT(read == c);
   RC_ASSERT(case_to_text(read) == text);  // text -> case -> text: the same bytes
-}
-
-// The cases tally fuzz generates (every fault), which its campaigns write as case files and the
-// mpi backend ships to its ranks as case-file text.
-RC_GTEST_PROP(CaseFile, RoundTripsEveryGeneratedCase, ()) {
-  CaseGenOptions options;
-  options.topology.max_world = 64;
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) options.faults.push_back(info.fault);
-  options.big_zeros_per_mille = 0;
-  Case c = *gen_case(options);
-  c.description = "generated";
-  c.expect = Expectation{Expectation::Outcome::fail, {"l2"}, {}};
-  const std::string text = case_to_text(c);
-  const Case read = case_from_text(text, "generated.json");
-  RC_ASSERT(read == c);
-  RC_ASSERT(case_to_text(read) == text);
 }
 
 std::string read_file(const fs::path& file) {
