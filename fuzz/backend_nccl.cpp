@@ -37,7 +37,12 @@ class NcclEngine final : public RankEngine {
 
 bool nccl_engine_available(std::string* why) {
 #if TALLY_HAVE_NCCL
-  (void)why;
+  // A build with the backend on a machine without a usable GPU (CI's): say so before MPI starts.
+  std::string reason;
+  if (!kernels::cuda_device_available(&reason)) {
+    if (why) *why = "no usable CUDA device here (" + reason + ")";
+    return false;
+  }
   return true;
 #else
   if (why) *why = "this tally was built without the nccl backend (needs CUDA, MPI and NCCL; "
