@@ -52,8 +52,9 @@ class InterruptScope {
 };
 
 // "90", "90s", "10m", "1h", "1h30m", "0.5m": seconds.
-double parse_duration(const std::string& text) {
-  const std::string message = "--time '" + text + "' is not a duration (e.g. 90s, 10m, 1h30m; a plain number is seconds)";
+double parse_duration(const std::string& text, const std::string& flag) {
+  const std::string message =
+      flag + " '" + text + "' is not a duration (e.g. 90s, 10m, 1h30m; a plain number is seconds)";
   if (text.empty()) throw UsageError(message);
   double total = 0.0;
   std::size_t at = 0;
@@ -80,7 +81,7 @@ double parse_duration(const std::string& text) {
     }
     total += value * unit;
   }
-  if (!(total > 0.0)) throw UsageError("--time must be longer than 0 (got '" + text + "')");
+  if (!(total > 0.0)) throw UsageError(flag + " must be longer than 0 (got '" + text + "')");
   return total;
 }
 
@@ -332,13 +333,13 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   fuzz::CampaignOptions campaign;
   campaign.seed = o.seed ? *o.seed : std::random_device{}() * 4294967296ull + std::random_device{}();
   campaign.max_cases = o.cases;
-  campaign.max_seconds = o.time.empty() ? (o.cases > 0 ? 0.0 : 60.0) : parse_duration(o.time);
+  campaign.max_seconds = o.time.empty() ? (o.cases > 0 ? 0.0 : 60.0) : parse_duration(o.time, "--time");
   campaign.generator.topology.max_world = o.max_world;
   campaign.generator.faults = parse_fault_list(o.faults, "--faults");
   campaign.corpus_dir = o.corpus;
   campaign.max_failures = o.max_failures;
   campaign.shrink.max_runs = o.shrink_runs;
-  campaign.shrink.max_seconds = parse_duration(o.shrink_time);
+  campaign.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
 
   std::ostream& out = context.out;
   const bool terminal = &out == &std::cout && ::isatty(STDOUT_FILENO) == 1;
@@ -347,6 +348,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (!o.time.empty()) repeat += " --time " + o.time;
   if (o.max_world != 64) repeat += " --max-world " + std::to_string(o.max_world);
   if (o.faults != "none") repeat += " --faults " + o.faults;
+  if (o.max_failures != 20) repeat += " --max-failures " + std::to_string(o.max_failures);
   if (!o.json) {
     out << "tally fuzz: seed " << campaign.seed << ", backend sim, faults "
         << faults_text(campaign.generator.faults) << ", max world " << o.max_world << ", ";

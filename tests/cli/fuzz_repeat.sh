@@ -22,7 +22,7 @@ run second
 diff <(normalise <"$dir/first.out") <(normalise <"$dir/second.out") || fail "outputs differ"
 diff -r "$dir/first-corpus" "$dir/corpus" || fail "corpus files differ"
 [ "$(ls "$dir/corpus" | wc -l)" = 4 ] || fail "expected 2 originals and 2 shrunk cases: $(ls "$dir/corpus")"
-grep -q '^repeat: tally fuzz --seed 5 --cases 150 --faults missing-pp-reduction,no-dedup-filter$' "$dir/first.out" ||
+grep -q '^repeat: tally fuzz --seed 5 --cases 150 --faults missing-pp-reduction,no-dedup-filter --max-failures 2$' "$dir/first.out" ||
   fail "no repeat line"
 grep -q 'failures="2"' "$dir/junit.xml" || fail "junit: no failures=\"2\""
 grep -q "tally replay $dir/corpus/5-[0-9]*.shrunk.json" "$dir/junit.xml" || fail "junit: no replay command"
