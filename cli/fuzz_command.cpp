@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli/backend_flags.h"
 #include "cli/commands.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
@@ -167,19 +168,11 @@ std::string indent(const std::string& text, const std::string& prefix) {
   return out;
 }
 
-// Campaigns run on the in-process backend: each case has its own world.
-void add_backend_flag(CLI::App& command, std::string& backend) {
-  command.add_option("--backend", backend, "Where the ranks run: sim (all in this process; the only "
-                                           "backend campaigns use for now)")
-      ->capture_default_str();
-}
-
-fuzz::CaseRunner runner_for(const std::string& backend, const char* command) {
-  if (backend != "sim")
-    throw UsageError("--backend '" + backend + "': tally " + command +
-                     " runs on the sim backend only for now (each case has its own world; mpi "
-                     "comes later)");
-  return [](const fuzz::Case& c) { return fuzz::run_case(c); };
+// On sim each case has its own world; on mpi and nccl every case has the job's world.
+fuzz::CaseRunner runner_for(CommandContext& context) {
+  fuzz::Backend& backend = context.backend;
+  if (backend.world() == 0) return [](const fuzz::Case& c) { return fuzz::run_case(c); };
+  return [&backend](const fuzz::Case& c) { return backend.run(c, {}); };
 }
 
 nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
@@ -212,7 +205,6 @@ struct FuzzOptions {
   int max_failures = 20;
   int shrink_runs = 1000;
   std::string shrink_time = "60s";
-  std::string backend = "sim";
   bool json = false;
 };
 
@@ -323,7 +315,7 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
 };
 
 void run_fuzz(const FuzzOptions& o, CommandContext& context) {
-  const fuzz::CaseRunner run = runner_for(o.backend, "fuzz");
+  const fuzz::CaseRunner run = runner_for(context);
   if (o.cases < 0) throw UsageError("--cases must be at least 1 (got " + std::to_string(o.cases) + ")");
   if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
     throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
@@ -335,6 +327,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.max_cases = o.cases;
   campaign.max_seconds = o.time.empty() ? (o.cases > 0 ? 0.0 : 60.0) : parse_duration(o.time, "--time");
   campaign.generator.topology.max_world = o.max_world;
+  campaign.generator.topology.exact_world = context.backend.world();
   campaign.generator.faults = parse_fault_list(o.faults, "--faults");
   campaign.corpus_dir = o.corpus;
   campaign.max_failures = o.max_failures;
@@ -349,8 +342,12 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (o.max_world != 64) repeat += " --max-world " + std::to_string(o.max_world);
   if (o.faults != "none") repeat += " --faults " + o.faults;
   if (o.max_failures != 20) repeat += " --max-failures " + std::to_string(o.max_failures);
+  if (context.backend.world() > 0)  // the same job size, the same cases
+    repeat = "mpirun -np <the same> " + repeat + " --backend " + std::string(context.backend.name());
   if (!o.json) {
-    out << "tally fuzz: seed " << campaign.seed << ", backend sim, faults "
+    out << "tally fuzz: seed " << campaign.seed << ", backend " << context.backend.name()
+        << (context.backend.world() > 0 ? " (world " + std::to_string(context.backend.world()) + ")" : std::string())
+        << ", faults "
         << faults_text(campaign.generator.faults) << ", max world " << o.max_world << ", ";
     if (o.cases > 0) out << o.cases << " cases";
     if (o.cases > 0 && campaign.max_seconds > 0) out << " or ";
@@ -414,12 +411,11 @@ struct MutantsOptions {
   std::string faults = "all";
   std::string corpus;
   int shrink_runs = 1000;
-  std::string backend = "sim";
   bool json = false;
 };
 
 void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
-  const fuzz::CaseRunner run = runner_for(o.backend, "mutants");
+  const fuzz::CaseRunner run = runner_for(context);
   if (o.budget < 1) throw UsageError("--budget must be at least 1 (got " + std::to_string(o.budget) + ")");
   if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
     throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
@@ -428,6 +424,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   m.budget = o.budget;
   m.seed = o.seed;
   m.max_world = o.max_world;
+  m.exact_world = context.backend.world();
   m.shrink.max_runs = o.shrink_runs;
   m.corpus_dir = o.corpus;
   if (o.faults == "all") {
@@ -442,7 +439,8 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   const char* format = "%-36s %-6s %6s  %-44s %s\n";
   if (!o.json) {
     out << "tally mutants: seed " << o.seed << ", budget " << o.budget
-        << " cases per fault, max world " << o.max_world << ", backend sim\n";
+        << " cases per fault, max world " << o.max_world << ", backend "
+        << context.backend.name() << "\n";
     std::snprintf(row, sizeof row, format, "fault", "found", "cases", "shrunk world", "shrunk model");
     out << row << std::flush;
   }
@@ -556,7 +554,7 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
   command->add_option("--shrink-time", options->shrink_time, "Time spent shrinking one failure")
       ->capture_default_str();
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
-  add_backend_flag(*command, options->backend);
+  add_backend_flags(*command);
   command->callback([options, &context] { run_fuzz(*options, context); });
 }
 
@@ -577,7 +575,7 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")
       ->capture_default_str();
   command->add_flag("--json", options->json, "Machine-readable table");
-  add_backend_flag(*command, options->backend);
+  add_backend_flags(*command);
   command->callback([options, &context] { run_mutants_command(*options, context); });
 }
 

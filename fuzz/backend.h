@@ -28,6 +28,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // The one world this backend runs (a job's process count times its ranks per process), or
+  // 0 when every case brings its own (sim).
+  virtual int world() const { return 0; }
   // Runs `c` on every rank of its topology and judges it. Throws InvalidCase when the case is
   // invalid or does not fit the backend (an mpi job whose size is not the case's world).
   virtual oracle::Verdict run(const Case& c, const oracle::JudgeOptions& judge) = 0;
@@ -83,6 +86,7 @@ class MpiBackend final : public Backend {
   MpiBackend(const comm::MpiSession& session, std::unique_ptr<RankEngine> engine);
   ~MpiBackend() override;
   std::string_view name() const override;
+  int world() const override;
   oracle::Verdict run(const Case& c, const oracle::JudgeOptions& judge) override;
   // Tells the other ranks to stop serving and to exit with `exit_code`.
   void finish(int exit_code);

@@ -123,6 +123,8 @@ MpiBackend::~MpiBackend() = default;
 
 std::string_view MpiBackend::name() const { return engine_->name(); }
 
+int MpiBackend::world() const { return session_.size() * engine_->ranks_per_process(); }
+
 oracle::Verdict MpiBackend::run(const Case& c, const oracle::JudgeOptions& judge) {
   if (std::optional<std::string> error = check_case(c)) throw InvalidCase(*error);
   const int k = engine_->ranks_per_process();

@@ -161,6 +161,7 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
       campaign.seed = options.seed;
       campaign.max_cases = options.budget;
       campaign.generator.topology.max_world = options.max_world;
+      campaign.generator.topology.exact_world = options.exact_world;
       campaign.generator.faults = {fault};
       campaign.corpus_dir = options.corpus_dir;
       campaign.shrink = options.shrink;

@@ -88,6 +88,7 @@ struct MutantOptions {
   std::int64_t budget = 1000;  // cases per fault
   std::uint64_t seed = 1;
   int max_world = 64;
+  int exact_world = 0;  // every case of this world (an mpi or nccl job); 0: any
   ShrinkLimits shrink;
   std::vector<gradnorm::Fault> faults;  // empty: the whole catalog
   std::string corpus_dir;               // empty: failures are not written

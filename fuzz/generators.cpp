@@ -116,7 +116,7 @@ std::int64_t world_bound(const TopologyGenOptions& o, int size) {
 ParallelConfig pick_config(const TopologyGenOptions& o, int size) {
   static const std::vector<topologies::AxisOrder> orders = topologies::full_orders();
   const std::int64_t axis_bound = o.max_axis > 0 ? o.max_axis : o.max_world;
-  std::int64_t budget = world_bound(o, size);
+  std::int64_t budget = o.exact_world > 0 ? o.exact_world : world_bound(o, size);
   auto axis = [&](std::vector<int> weights) {
     const int value = clamp_size(*weighted_index(std::move(weights)), std::min(budget, axis_bound));
     budget /= value;
@@ -127,7 +127,16 @@ ParallelConfig pick_config(const TopologyGenOptions& o, int size) {
   c.pp = axis({40, 30, 5, 14, 1, 6, 2, 1, 1});
   c.tp = axis({30, 30, 4, 16, 2, 10, 4, 2, 1, 1});
   c.cp = axis({60, 25, 3, 8, 1, 3});
-  const int dp = axis({25, 30, 6, 18, 2, 10, 5, 2, 1, 1, 1, 1, 1});
+  int dp = axis({25, 30, 6, 18, 2, 10, 5, 2, 1, 1, 1, 1, 1});
+  if (o.exact_world > 0) {
+    // The same picks, each moved to a divisor of what the world leaves: shrinking still leads
+    // every axis toward 1, and dp takes the rest.
+    const int w = o.exact_world;
+    c.pp = largest_divisor_at_most(w, c.pp);
+    c.tp = largest_divisor_at_most(w / c.pp, c.tp);
+    c.cp = largest_divisor_at_most(w / (c.pp * c.tp), c.cp);
+    dp = w / (c.pp * c.tp * c.cp);
+  }
   c.world = c.tp * c.cp * c.pp * dp;
   const int expert_ranks = c.tp * c.cp * dp;  // etp * ep * edp
 
@@ -412,7 +421,7 @@ rc::Gen<Case> gen_case(const CaseGenOptions& options) {
                                                       : options.big_zeros_one_in);
       const bool big_zeros = one_in > 0 && *weighted_index({one_in - 1, 1}) == 1;
       TopologyGenOptions topology = options.topology;
-      if (big_zeros) topology.max_world = std::min(topology.max_world, 4);
+      if (big_zeros && topology.exact_world == 0) topology.max_world = std::min(topology.max_world, 4);
       c.topology = *gen_config(topology);
       if (big_zeros) {
         c.model = *gen_custom_model(c.topology);

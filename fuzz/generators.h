@@ -36,6 +36,9 @@ struct TopologyGenOptions {
                                // tp * cp * dp
   bool grow_with_size = true;  // the world bound grows with RapidCheck's size (see above)
   int max_vpp = 3;             // virtual pipeline chunks per stage, when pp > 1
+  // Every configuration has exactly this world (0: any): the world of an mpi or nccl job,
+  // whose process count is fixed. The axes are then divisors of it.
+  int exact_world = 0;
   // Leave out the corner where Megatron-LM's own layout miscounts without any fault: EP 1 and
   // ETP = TP (experts treated as dense) while the ETP groups differ from the TP groups. Several
   // distributed-optimizer instances are generated in the default order only, always (in other
