@@ -156,6 +156,10 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
     r.fault = fault;
     if (std::optional<std::string> why = fault_not_applicable(fault)) {
       r.not_applicable = *why;
+    } else if (fault == gradnorm::Fault::empty_rank_skips_collective && options.exact_world > 0) {
+      // On sim a hang is a verdict; on mpi and nccl the watchdog ends the whole job (exit 3).
+      r.not_applicable = "on a process-per-rank backend the hang it causes ends the job (exit 3): "
+                         "run it on sim, or see the hang tests";
     } else {
       CampaignOptions campaign;
       campaign.seed = options.seed;
