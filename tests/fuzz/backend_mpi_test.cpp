@@ -8,6 +8,7 @@
 #include "comm/mpi_communicator.h"
 #include "fuzz/backend.h"
 #include "tests/support/fault_cases.h"
+#include "tests/support/verdict_compare.h"
 #include "tests/support/model_gen.h"
 #include "topologies/enumerate.h"
 
@@ -18,26 +19,6 @@ comm::MpiSession* g_session = nullptr;  // set once in main() for the test bodie
 MpiBackend* g_backend = nullptr;
 
 int world() { return g_session->size(); }
-
-void expect_same(const oracle::Verdict& sim, const oracle::Verdict& mpi, bool exact) {
-  ASSERT_EQ(oracle::kind_name(sim.kind), oracle::kind_name(mpi.kind));
-  ASSERT_EQ(sim.stats.size(), mpi.stats.size());
-  for (std::size_t i = 0; i < sim.stats.size(); ++i) {
-    const oracle::StatisticCheck &a = sim.stats[i], &b = mpi.stats[i];
-    EXPECT_EQ(a.name, b.name);
-    if (exact)
-      EXPECT_EQ(std::bit_cast<std::uint64_t>(a.got), std::bit_cast<std::uint64_t>(b.got)) << a.name;
-    else
-      EXPECT_LE(std::abs(a.got - b.got), 2 * a.bound + 1e-300) << a.name;
-    EXPECT_EQ(a.ok, b.ok) << a.name;
-  }
-  EXPECT_EQ(sim.miscounted_total, mpi.miscounted_total);
-  for (std::size_t i = 0; i < std::min(sim.miscounted.size(), mpi.miscounted.size()); ++i) {
-    EXPECT_EQ(sim.miscounted[i].name, mpi.miscounted[i].name);
-    EXPECT_EQ(sim.miscounted[i].counted, mpi.miscounted[i].counted);
-  }
-  EXPECT_EQ(sim.ranks_agree, mpi.ranks_agree);
-}
 
 // The founding #6099 case at this job's world (2 or 8), with and without the fault.
 TEST(MpiBackend, FoundingCaseMatchesSim) {
@@ -51,11 +32,11 @@ TEST(MpiBackend, FoundingCaseMatchesSim) {
   oracle::Verdict mpi = g_backend->run(c, {});
   EXPECT_EQ(mpi.kind, oracle::Verdict::Kind::pass);
   EXPECT_EQ(mpi.stats[0].got, 4.0);
-  expect_same(sim.run(c, {}), mpi, true);
+  testing::expect_same_verdict(sim.run(c, {}), mpi, true);
   c.path.faults = gradnorm::FaultSet::of({gradnorm::Fault::expert_dedup_on_dense_tp});
   mpi = g_backend->run(c, {});
   EXPECT_EQ(mpi.stats[0].got, std::sqrt(8.0));
-  expect_same(sim.run(c, {}), mpi, true);
+  testing::expect_same_verdict(sim.run(c, {}), mpi, true);
 }
 
 // Random configurations of this world, random models, every optimizer model, exact and random
@@ -84,7 +65,7 @@ TEST(MpiBackend, RandomCasesMatchSim) {
     c.path.max_norm = 1.0;
     if (i % 2 == 1) c.path.faults = gradnorm::FaultSet::of({faults[(i / 2) % faults.size()]});
     SCOPED_TRACE("case " + std::to_string(i) + ": " + topologies::describe(c.topology));
-    expect_same(sim.run(c, {}), g_backend->run(c, {}), exact);
+    testing::expect_same_verdict(sim.run(c, {}), g_backend->run(c, {}), exact);
   }
 }
 

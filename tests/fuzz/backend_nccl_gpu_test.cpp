@@ -18,6 +18,7 @@
 #include "fuzz/backend.h"
 #include "kernels/local_stats_cuda.h"
 #include "tests/support/fault_cases.h"
+#include "tests/support/verdict_compare.h"
 #include "tests/support/model_gen.h"
 #include "topologies/enumerate.h"
 
@@ -41,26 +42,6 @@ class NcclBackend : public ::testing::Test {
   static int world() { return g_session->size() * g_ranks_per_gpu; }
 };
 
-void expect_same(const oracle::Verdict& sim, const oracle::Verdict& nccl, bool exact) {
-  ASSERT_EQ(oracle::kind_name(sim.kind), oracle::kind_name(nccl.kind));
-  ASSERT_EQ(sim.stats.size(), nccl.stats.size());
-  for (std::size_t i = 0; i < sim.stats.size(); ++i) {
-    const oracle::StatisticCheck &a = sim.stats[i], &b = nccl.stats[i];
-    EXPECT_EQ(a.name, b.name);
-    if (exact)
-      EXPECT_EQ(std::bit_cast<std::uint64_t>(a.got), std::bit_cast<std::uint64_t>(b.got)) << a.name;
-    else
-      EXPECT_LE(std::abs(a.got - b.got), 2 * a.bound + 1e-300) << a.name;
-    EXPECT_EQ(a.ok, b.ok) << a.name;
-  }
-  EXPECT_EQ(sim.miscounted_total, nccl.miscounted_total);
-  for (std::size_t i = 0; i < std::min(sim.miscounted.size(), nccl.miscounted.size()); ++i) {
-    EXPECT_EQ(sim.miscounted[i].name, nccl.miscounted[i].name);
-    EXPECT_EQ(sim.miscounted[i].counted, nccl.miscounted[i].counted);
-  }
-  EXPECT_EQ(sim.ranks_agree, nccl.ranks_agree);
-}
-
 // The founding #6099 case (TP 2, EP 2, ETP 1, expert biases, layer-wise, only expert-row-bias
 // gradients) at this job's world: 2 (two GPUs) or 8 (two GPUs, four ranks each).
 TEST_F(NcclBackend, FoundingCaseMatchesSim) {
@@ -74,12 +55,12 @@ TEST_F(NcclBackend, FoundingCaseMatchesSim) {
   oracle::Verdict nccl = g_backend->run(c, {});
   EXPECT_EQ(nccl.kind, oracle::Verdict::Kind::pass);
   EXPECT_EQ(nccl.stats[0].got, 4.0);
-  expect_same(sim.run(c, {}), nccl, true);
+  testing::expect_same_verdict(sim.run(c, {}), nccl, true);
   c.path.faults = gradnorm::FaultSet::of({gradnorm::Fault::expert_dedup_on_dense_tp});
   nccl = g_backend->run(c, {});
   EXPECT_EQ(nccl.kind, oracle::Verdict::Kind::fail);
   EXPECT_EQ(nccl.stats[0].got, std::sqrt(8.0));
-  expect_same(sim.run(c, {}), nccl, true);
+  testing::expect_same_verdict(sim.run(c, {}), nccl, true);
 }
 
 // Random configurations of this world, random models, every optimizer model, exact and random
@@ -111,9 +92,9 @@ TEST_F(NcclBackend, RandomCasesMatchSim) {
     if (i % 2 == 1) c.path.faults = gradnorm::FaultSet::of({faults[(i / 2) % faults.size()]});
     SCOPED_TRACE("case " + std::to_string(i) + ": " + topologies::describe(c.topology));
     const oracle::Verdict nccl = g_backend->run(c, {});
-    expect_same(sim.run(c, {}), nccl, exact);
+    testing::expect_same_verdict(sim.run(c, {}), nccl, exact);
     // Same case, same bits (the determinism contract of comm/nccl_communicator.h).
-    if (i % 4 == 0) expect_same(nccl, g_backend->run(c, {}), true);
+    if (i % 4 == 0) testing::expect_same_verdict(nccl, g_backend->run(c, {}), true);
   }
 }
 
