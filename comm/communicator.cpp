@@ -23,6 +23,19 @@ std::string describe(const Group& group) {
   return out;
 }
 
+InfraError mismatched_collective(int rank, const Group& group, ReduceOp op, std::size_t length,
+                                 std::string_view label, ReduceOp their_op,
+                                 std::size_t their_length, std::string_view their_label) {
+  return InfraError("all_reduce(" + std::string(op_name(op)) + ") '" + std::string(label) +
+                        "' on " + describe(group),
+                    "rank " + std::to_string(rank) + " issued all_reduce(" +
+                        std::string(op_name(op)) + ", " + std::to_string(length) + " values) '" +
+                        std::string(label) + "' where other members of " + describe(group) +
+                        " issued all_reduce(" + std::string(op_name(their_op)) + ", " +
+                        std::to_string(their_length) + " values) '" + std::string(their_label) +
+                        "'");
+}
+
 std::string_view op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
 
 }  // namespace tally::comm

@@ -49,6 +49,12 @@ class InfraError : public std::runtime_error {
   std::string call_;
 };
 
+// The error when members of `group` issue different collectives at the same position: `rank`
+// issued (op, length, label) where the others issued (their_op, their_length, their_label).
+InfraError mismatched_collective(int rank, const Group& group, ReduceOp op, std::size_t length,
+                                 std::string_view label, ReduceOp their_op,
+                                 std::size_t their_length, std::string_view their_label);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

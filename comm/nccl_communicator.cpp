@@ -354,13 +354,8 @@ void NcclCommunicator::Impl::contribute(int rank, const Group& group, void* data
                                     std::vector<void*>(state.local_members.size(), nullptr), 0});
   Pending& collective = state.pending[static_cast<std::size_t>(sequence - state.first_pending)];
   if (collective.op != op || collective.type != type || collective.length != length)
-    throw InfraError("all_reduce(" + std::string(op_name(op)) + ") '" + std::string(label) +
-                         "' on " + describe(group),
-                     "rank " + std::to_string(rank) + " issued all_reduce(" +
-                         std::string(op_name(op)) + ", " + std::to_string(length) + " values) '" +
-                         std::string(label) + "' where other members of " + describe(group) +
-                         " issued all_reduce(" + std::string(op_name(collective.op)) + ", " +
-                         std::to_string(collective.length) + " values) '" + collective.label + "'");
+    throw mismatched_collective(rank, group, op, length, label, collective.op,
+                                collective.length, collective.label);
   collective.buffers[local_member] = data;
   if (++collective.arrived < static_cast<int>(state.local_members.size())) return;
 
