@@ -1,0 +1,97 @@
+// A manifest: what one rank of a framework run counted in its gradient norm (docs/manifest.md).
+// Plain data, read from and written to JSON by manifest_json.h, judged by check.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tally::manifest {
+
+inline constexpr int kManifestVersion = 1;
+
+// The statistics of a gradient (or of an owned range of it), in fp64.
+struct GradStats {
+  double sum_squares = 0.0;
+  double abs_max = 0.0;
+  std::int64_t zeros = 0;
+  friend bool operator==(const GradStats&, const GradStats&) = default;
+};
+
+// The counting attributes of reference/megatron-gradnorm.md 1.1.
+struct Attributes {
+  bool tensor_model_parallel = false;
+  int partition_dim = -1;
+  bool allreduce = true;
+  bool shared = false;
+  std::optional<std::string> grad_norm_group;
+  friend bool operator==(const Attributes&, const Attributes&) = default;
+};
+
+// A local model parameter: the box of its logical tensor this rank holds.
+struct ModelParam {
+  std::string name;  // the framework's local name
+  std::string logical_name;
+  std::vector<std::int64_t> logical_shape;
+  std::vector<std::int64_t> offsets;
+  std::vector<std::int64_t> extents;
+  Attributes attributes;
+  GradStats stats;
+  friend bool operator==(const ModelParam&, const ModelParam&) = default;
+};
+
+// A piece an optimizer owns: a row-major range [begin, end) of a model param's box.
+struct MainParam {
+  int param = 0;  // index into RankManifest::params
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  Attributes attributes;  // of the main copy, as the filter saw them
+  bool kept = false;      // kept for the norm by the framework's filter
+  bool kept_zeros = false;
+  GradStats stats;
+  friend bool operator==(const MainParam&, const MainParam&) = default;
+};
+
+struct Clip {
+  double max_norm = 0.0;
+  double coefficient = 1.0;
+  friend bool operator==(const Clip&, const Clip&) = default;
+};
+
+struct OptimizerRecord {
+  std::string name;
+  std::vector<int> stats_group;
+  std::optional<std::vector<int>> tp_group;         // null: none given (fallback)
+  std::optional<std::vector<int>> expert_tp_group;  // null: none given (fallback)
+  std::optional<Clip> clip;
+  std::vector<MainParam> main_params;
+  friend bool operator==(const OptimizerRecord&, const OptimizerRecord&) = default;
+};
+
+struct Reported {
+  std::optional<double> norm;
+  std::optional<double> inf_norm;
+  std::optional<std::int64_t> zeros;
+  friend bool operator==(const Reported&, const Reported&) = default;
+};
+
+struct ParallelSizes {
+  int tp = 1, cp = 1, pp = 1, dp = 1, ep = 1, etp = 1;
+  friend bool operator==(const ParallelSizes&, const ParallelSizes&) = default;
+};
+
+struct RankManifest {
+  std::string producer;
+  int rank = 0;
+  int world = 1;
+  ParallelSizes parallel;
+  std::map<std::string, std::vector<int>> groups;  // must hold "tp" and "expt_tp"
+  std::vector<ModelParam> params;
+  std::vector<OptimizerRecord> optimizers;
+  Reported reported;
+  friend bool operator==(const RankManifest&, const RankManifest&) = default;
+};
+
+}  // namespace tally::manifest
