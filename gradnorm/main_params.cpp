@@ -27,12 +27,17 @@ void make_main_params(const std::vector<topologies::LocalParam>& local, const Op
         c != ParamClass::expert_row_bias) {
       // Pre-#5916 TE expert layers: no TP marking, and a filter with no expert TP group.
       a.tensor_model_parallel = false;
-      main.dedup_on_dense_tp = true;
     }
     if (faults.has(Fault::allreduce_flag_lost_on_main_params)) a.allreduce = true;
-    if (faults.has(Fault::expert_dedup_on_dense_tp)) main.dedup_on_dense_tp = true;
+    main.dedup_on_dense_tp = filter_lacks_expert_tp_group(c, faults);
     out.push_back(main);
   }
+}
+
+bool filter_lacks_expert_tp_group(ParamClass c, const FaultSet& faults) {
+  if (faults.has(Fault::expert_dedup_on_dense_tp)) return true;
+  return faults.has(Fault::expert_weights_not_tp_marked) && topologies::is_expert_class(c) &&
+         c != ParamClass::expert_row_bias;
 }
 
 std::string_view rule_text(Rule rule) {

@@ -23,6 +23,12 @@ struct MainParam {
   bool dedup_on_dense_tp = false;
 };
 
+// Whether the duplicate filter has no expert TP group for a param of class `c` and falls back
+// to the dense TP group: every param under expert-dedup-on-dense-tp (#6099: the children never
+// received the groups), the TE expert layers' weights and column biases under
+// expert-weights-not-tp-marked. Decides MainParam::dedup_on_dense_tp.
+bool filter_lacks_expert_tp_group(topologies::ParamClass c, const FaultSet& faults);
+
 // The rank's main copies in local order. Faults that change attributes: tied-copy-not-shared,
 // tp-sharded-param-unmarked, replicated-marked-tp, expert-weights-not-tp-marked,
 // allreduce-flag-lost-on-main-params, expert-label-from-ep-only, expert-dedup-on-dense-tp.

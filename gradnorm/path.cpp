@@ -89,20 +89,6 @@ struct RankState {
   std::vector<UnitState> units;
 };
 
-kernels::ShardDesc shard_of(const topologies::LogicalParam& logical,
-                            const topologies::LocalParam& local, kernels::ElementRange range) {
-  kernels::ShardDesc shard;
-  shard.param_id = static_cast<std::uint64_t>(logical.id);
-  shard.ndim = logical.shape.rank;
-  for (int d = 0; d < logical.shape.rank; ++d) {
-    shard.shape[d] = logical.shape.dims[d];
-    shard.offset[d] = local.slice.offset[d];
-    shard.extent[d] = local.slice.extent[d];
-  }
-  if (range.begin != 0 || range.end != local.slice.numel()) shard.range = range;
-  return shard;
-}
-
 // Offsets of each child's ledger inside its unit's counts (after the zero count).
 std::vector<int> ledger_offsets(const OptimizerPlan& plan, const std::vector<Unit>& units) {
   std::vector<int> offset(plan.children.size());
@@ -155,13 +141,14 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     if (!rule_keeps(filter_rule(param, layout, rank, faults))) continue;
     const topologies::LogicalParam& logical = model.param(param.attrs.logical_id);
     const int u = unit_of_child[param.child];
-    const kernels::ShardDesc shard = shard_of(logical, param.attrs, piece.range);
+    const kernels::ShardDesc shard = shard_desc(logical, param.attrs, piece.range);
     const int generated = (options.gradients.class_mask & class_bit(logical.param_class)) ? 0 : 1;
-    if (faults.has(Fault::expert_norm_dropped) && plan.children[param.child].expert) {
+    const NormShare share = norm_share(plan, param, logical, faults);
+    if (share == NormShare::zeros_only) {
       shards[u][kUncounted][generated].push_back(shard);  // still in the zero count
       continue;
     }
-    shards[u][logical.grad_norm_group == GradNormGroup::mtp ? kMtp : kMain][generated].push_back(shard);
+    shards[u][share == NormShare::mtp ? kMtp : kMain][generated].push_back(shard);
     state.units[u].counts[ledger_offset[param.child] + plan.slot_of_param[logical.id]] +=
         piece.range.end - piece.range.begin;
   }
@@ -292,6 +279,28 @@ RankResult combine(const OptimizerPlan& plan, const std::vector<Unit>& units,
 
 }  // namespace
 
+kernels::ShardDesc shard_desc(const topologies::LogicalParam& logical,
+                              const topologies::LocalParam& local, kernels::ElementRange range) {
+  kernels::ShardDesc shard;
+  shard.param_id = static_cast<std::uint64_t>(logical.id);
+  shard.ndim = logical.shape.rank;
+  for (int d = 0; d < logical.shape.rank; ++d) {
+    shard.shape[d] = logical.shape.dims[d];
+    shard.offset[d] = local.slice.offset[d];
+    shard.extent[d] = local.slice.extent[d];
+  }
+  if (range.begin != 0 || range.end != local.slice.numel()) shard.range = range;
+  return shard;
+}
+
+NormShare norm_share(const OptimizerPlan& plan, const MainParam& param,
+                     const topologies::LogicalParam& logical, const FaultSet& faults) {
+  // DeepSpeed #8613: the expert child's norm is computed, then discarded.
+  if (faults.has(Fault::expert_norm_dropped) && plan.children[param.child].expert)
+    return NormShare::zeros_only;
+  return logical.grad_norm_group == GradNormGroup::mtp ? NormShare::mtp : NormShare::main;
+}
+
 kernels::GeneratorSpec generator_for(const GradientSpec& gradients, topologies::ParamClass c) {
   kernels::GeneratorSpec spec = gradients.generator;
   if (!(gradients.class_mask & class_bit(c))) spec.mode = kernels::GradientMode::zeros;
@@ -357,8 +366,8 @@ std::vector<ParamOnRank> explain_param(const topologies::LogicalModel& model,
     on.shared_copy = param.attrs.copy != topologies::SharedCopy::none;
     for (const OwnedPiece& piece : ownership.pieces)
       if (piece.local_index == i) on.owned += piece.range.end - piece.range.begin;
-    const bool dropped_child =
-        options.faults.has(Fault::expert_norm_dropped) && plan.children[param.child].expert;
+    const bool dropped_child = norm_share(plan, param, model.param(logical_id), options.faults) ==
+                               NormShare::zeros_only;
     on.counted = rule_keeps(on.rule) && !dropped_child ? on.owned : 0;
     out.push_back(on);
   }
