@@ -33,21 +33,27 @@ std::optional<std::string> check_case(const Case& c) {
 }
 
 oracle::Verdict run_case(const Case& c, const oracle::JudgeOptions& judge) {
+  return run_case_with_result(c, judge).verdict;
+}
+
+CaseRun run_case_with_result(const Case& c, const oracle::JudgeOptions& judge) {
   if (std::optional<std::string> error = check_case(c)) throw InvalidCase(*error);
   const topologies::RankLayout layout(c.topology);
   const topologies::LogicalModel model(c.model, c.topology);
   comm::SimCommunicator communicator(layout);
   const std::vector<int> ranks = gradnorm::all_ranks(layout);
+  CaseRun run;
   try {
-    const gradnorm::PathResult result = gradnorm::run_path(model, layout, c.path, communicator, ranks);
-    return oracle::judge(model, layout, c.path, result, oracle::truth_for(model, c.path), judge);
+    run.result = gradnorm::run_path(model, layout, c.path, communicator, ranks);
   } catch (const comm::InfraError& error) {
-    oracle::Verdict verdict;
-    verdict.kind = oracle::Verdict::Kind::infra_error;
-    verdict.infra_call = error.call();
-    verdict.infra_message = error.what();
-    return verdict;
+    run.verdict.kind = oracle::Verdict::Kind::infra_error;
+    run.verdict.infra_call = error.call();
+    run.verdict.infra_message = error.what();
+    return run;
   }
+  run.verdict =
+      oracle::judge(model, layout, c.path, *run.result, oracle::truth_for(model, c.path), judge);
+  return run;
 }
 
 std::vector<std::string> failed_statistics(const oracle::Verdict& verdict) {

@@ -48,6 +48,15 @@ std::optional<std::string> check_case(const Case& c);
 // never completes is a verdict of kind infra_error, not an exception.
 oracle::Verdict run_case(const Case& c, const oracle::JudgeOptions& judge = {});
 
+// The run of a case together with what the path did on every rank, for readers of the run
+// beyond its verdict (manifest/from_path.h). `result` is empty when the run hung (infra_error).
+struct CaseRun {
+  oracle::Verdict verdict;
+  std::optional<gradnorm::PathResult> result;
+};
+// run_case, keeping the path's result. Throws InvalidCase.
+CaseRun run_case_with_result(const Case& c, const oracle::JudgeOptions& judge = {});
+
 // Whether `verdict` meets `expect`, and if not, one line saying why.
 std::optional<std::string> unmet_expectation(const Expectation& expect,
                                              const oracle::Verdict& verdict);
