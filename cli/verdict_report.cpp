@@ -41,6 +41,8 @@ std::string classes_text(std::uint32_t mask) {
 
 // "counted 0 times", "counted 2 times", "counted 1.5 times (12 of 8 elements)".
 std::string times_text(std::int64_t counted, std::int64_t expected) {
+  if (expected == 0)  // a param outside the norm's group
+    return "counted " + std::to_string(counted) + " element counts where none belong";
   if (expected > 0 && counted % expected == 0)
     return "counted " + std::to_string(counted / expected) + (counted / expected == 1 ? " time" : " times");
   return "counted " + short_number(static_cast<double>(counted) / static_cast<double>(expected)) +
@@ -80,7 +82,13 @@ void print_verdict(std::ostream& out, const fuzz::Case& c, const oracle::Verdict
     if (!replay_command.empty()) out << "replay: " << replay_command << '\n';
     return;
   }
-  out << std::left << std::setw(9) << "stat" << std::setw(25) << "got" << std::setw(25)
+  print_verdict_body(out, verdict);
+  if (verdict.kind != oracle::Verdict::Kind::pass && !replay_command.empty())
+    out << "replay: " << replay_command << '\n';
+}
+
+void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
+  out << std::left << std::setw(11) << "stat" << std::setw(25) << "got" << std::setw(25)
       << "expected" << std::setw(11) << "error" << std::setw(11) << "bound"
       << "result\n";
   for (const oracle::StatisticCheck& s : verdict.stats) {
@@ -88,7 +96,7 @@ void print_verdict(std::ostream& out, const fuzz::Case& c, const oracle::Verdict
     std::string result = s.ok ? "ok" : "FAIL";
     if (s.bound > 0.0) result += " (error/bound " + short_number(s.error / s.bound) + ")";
     if (!s.ok) result += " on rank " + std::to_string(s.rank);
-    out << std::setw(9) << s.name << std::setw(25) << number(s.got) << std::setw(25)
+    out << std::setw(11) << s.name << std::setw(25) << number(s.got) << std::setw(25)
         << number(s.expected) << std::setw(11) << short_number(s.error) << std::setw(11) << bound
         << result << '\n';
   }
@@ -122,8 +130,6 @@ void print_verdict(std::ostream& out, const fuzz::Case& c, const oracle::Verdict
         << number(m.applied_coefficient) << " applied, " << number(m.expected_coefficient)
         << " expected)\n";
   out << "\nverdict: " << (verdict.kind == oracle::Verdict::Kind::pass ? "PASS" : "FAIL") << '\n';
-  if (verdict.kind != oracle::Verdict::Kind::pass && !replay_command.empty())
-    out << "replay: " << replay_command << '\n';
 }
 
 nlohmann::ordered_json verdict_json(const oracle::Verdict& verdict) {

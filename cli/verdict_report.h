@@ -17,6 +17,10 @@ std::string case_summary(const fuzz::Case& c);
 void print_verdict(std::ostream& out, const fuzz::Case& c, const oracle::Verdict& verdict,
                    const std::string& replay_command);
 
+// The statistics table, the agreement of ranks, the ledger and its diagnosis, and the verdict
+// line: what `tally run` and `tally check` print alike.
+void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict);
+
 // {"verdict":"pass"|"fail"|"infra-error","stats":{"l2":{"got":..,"expected":..,"error":..,
 // "bound":..},...},"miscounted":[{"param":..,"counted":..,"expected":..,"ranks":[..]}],
 // "ranks_agree":true,...}

@@ -1,0 +1,166 @@
+// tally check: the per-rank manifests of a real framework run (docs/manifest.md) judged with the
+// same ledger, ground truth and diagnosis as `tally run`.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <ostream>
+#include <tuple>
+
+#include "cli/commands.h"
+#include "cli/usage_error.h"
+#include "cli/verdict_report.h"
+#include "fuzz/junit.h"
+#include "manifest/check.h"
+#include "manifest/manifest_json.h"
+
+namespace tally::cli {
+
+namespace {
+
+struct CheckCommandOptions {
+  std::string dir;
+  bool json = false;
+  std::string junit;
+  double rtol = 1e-5;
+};
+
+std::string number(double value) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = "[";
+  const std::size_t shown = std::min<std::size_t>(ranks.size(), 16);
+  for (std::size_t i = 0; i < shown; ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  if (ranks.size() > shown) out += ",... " + std::to_string(ranks.size()) + " ranks";
+  return out + "]";
+}
+
+std::string optional_number(const std::optional<double>& value) {
+  return value ? number(*value) : "not reported";
+}
+
+void print_report(std::ostream& out, const std::string& dir, const manifest::CheckReport& r) {
+  const manifest::ParallelSizes& p = r.parallel;
+  out << "manifests: " << r.world << " rank" << (r.world == 1 ? "" : "s") << " in " << dir;
+  if (!r.producer.empty()) out << ", written by " << r.producer;
+  out << "\nworld " << r.world << " (dense tp " << p.tp << ", cp " << p.cp << ", pp " << p.pp
+      << ", dp " << p.dp << "; expert etp " << p.etp << ", ep " << p.ep << ", edp "
+      << r.world / (p.etp * p.ep * p.pp) << ")\nlogical model: " << r.logical_params
+      << " params, " << r.logical_elements << " elements\noptimizers:\n";
+  for (const std::string& o : r.optimizers) out << "  " << o << '\n';
+  out << '\n';
+  print_verdict_body(out, r.verdict);
+  out << "\nreported by rank (truth: norm " << number(r.truth_norm) << ", zeros " << r.truth_zeros
+      << "):\n";
+  // Ranks that reported the same values and whose ledgers imply the same, on one line.
+  using Values = std::tuple<std::optional<double>, double, std::optional<std::int64_t>, std::int64_t,
+                            std::optional<double>>;
+  std::vector<std::pair<Values, std::vector<int>>> lines;
+  for (const manifest::RankValues& v : r.ranks) {
+    const Values values{v.reported.norm, v.implied_norm, v.reported.zeros, v.implied_zeros,
+                        v.reported.inf_norm};
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == values; });
+    if (it == lines.end()) lines.push_back({values, {v.rank}});
+    else it->second.push_back(v.rank);
+  }
+  for (const auto& [values, ranks] : lines) {
+    const auto& [norm, implied_norm, zeros, implied_zeros, inf_norm] = values;
+    out << "  " << (ranks.size() == 1 ? "rank " + std::to_string(ranks.front()) : "ranks " + rank_list(ranks))
+        << ": norm " << optional_number(norm) << " (ledger implies " << number(implied_norm)
+        << "), zeros " << (zeros ? std::to_string(*zeros) : "not reported") << " (ledger implies "
+        << implied_zeros << ")";
+    if (inf_norm) out << ", inf norm " << number(*inf_norm);
+    out << '\n';
+  }
+}
+
+nlohmann::ordered_json report_json(const std::string& dir, const manifest::CheckReport& r) {
+  nlohmann::ordered_json j = verdict_json(r.verdict);
+  j["dir"] = dir;
+  j["producer"] = r.producer;
+  j["world"] = r.world;
+  j["parallel"] = {{"tp", r.parallel.tp}, {"cp", r.parallel.cp}, {"pp", r.parallel.pp},
+                   {"dp", r.parallel.dp}, {"ep", r.parallel.ep}, {"etp", r.parallel.etp}};
+  j["logical_params"] = r.logical_params;
+  j["logical_elements"] = r.logical_elements;
+  j["truth"] = {{"norm", r.truth_norm}, {"inf_norm", r.truth_inf_norm}, {"zeros", r.truth_zeros}};
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const manifest::RankValues& v : r.ranks) {
+    auto value = [](const auto& x) { return x ? nlohmann::ordered_json(*x) : nlohmann::ordered_json(nullptr); };
+    ranks.push_back({{"rank", v.rank},
+                     {"norm", value(v.reported.norm)},
+                     {"inf_norm", value(v.reported.inf_norm)},
+                     {"zeros", value(v.reported.zeros)},
+                     {"implied_norm", v.implied_norm},
+                     {"implied_zeros", v.implied_zeros}});
+  }
+  j["ranks"] = std::move(ranks);
+  return j;
+}
+
+// The first line of the failure: the failing statistics and miscounted params.
+std::string failure_summary(const oracle::Verdict& v) {
+  std::string text;
+  for (const oracle::StatisticCheck& s : v.stats)
+    if (!s.ok) text += (text.empty() ? "" : ", ") + s.name + " " + number(s.got) + " (expected " + number(s.expected) + ")";
+  if (!v.ranks_agree) text += (text.empty() ? "" : ", ") + std::string("ranks disagree: ") + v.disagreement;
+  if (v.miscounted_total > 0)
+    text += (text.empty() ? "" : ", ") + std::to_string(v.miscounted_total) + " logical params miscounted";
+  for (const oracle::Miscount& m : v.miscounted) text += "\n" + m.name;
+  return text;
+}
+
+}  // namespace
+
+void add_check_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<CheckCommandOptions>();
+  CLI::App* command = app.add_subcommand(
+      "check",
+      "Check the per-rank manifests a real framework run wrote (rank-<R>.json, docs/manifest.md; "
+      "adapters/megatron writes them for Megatron-core): rebuild the logical model from the "
+      "slices, compute the truth (each logical element once), the ledger the framework's own "
+      "kept flags and stats groups imply, and print the verdict and diagnosis as `tally run` "
+      "does. Exit 0 pass, 1 fail, 2 bad or inconsistent manifests.");
+  command->add_option("dir", options->dir, "The folder of the run's manifests")->required();
+  command->add_flag("--json", options->json, "Machine-readable verdict, truth and per-rank values");
+  command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file");
+  command->add_option("--rtol", options->rtol,
+                      "Relative tolerance of reported values against the truth and against "
+                      "each rank's own ledger (frameworks reduce in fp32; the ledger itself is "
+                      "exact)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  command->callback([options, &context] {
+    const auto start = std::chrono::steady_clock::now();
+    manifest::CheckReport report;
+    try {
+      report = manifest::check_run(manifest::load_run(options->dir), {.rtol = options->rtol});
+    } catch (const manifest::ManifestError& error) {
+      throw UsageError(error.what());
+    }
+    if (options->json)
+      context.out << report_json(options->dir, report).dump(2) << '\n';
+    else
+      print_report(context.out, options->dir, report);
+    const bool passed = report.verdict.kind == oracle::Verdict::Kind::pass;
+    if (!options->junit.empty()) {
+      fuzz::JunitCase c;
+      c.name = options->dir;
+      c.classname = "tally.check";
+      c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!passed) c.failure = failure_summary(report.verdict);
+      try {
+        fuzz::write_junit(options->junit, "tally.check", {c});
+      } catch (const std::runtime_error& error) {
+        throw UsageError(error.what());
+      }
+    }
+    context.exit_code = passed ? kExitPass : kExitFail;
+  });
+}
+
+}  // namespace tally::cli
