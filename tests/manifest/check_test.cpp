@@ -1,0 +1,370 @@
+// tally check on hand-built runs: the founding #6099 topology with and without the fallback,
+// every validation rule with its message, pieces cut by a distributed optimizer, and the
+// statistics a ledger cannot see (averaged reductions, disagreeing ranks, clipping).
+#include "manifest/check.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "manifest/manifest_json.h"
+
+namespace tally::manifest {
+namespace {
+
+Attributes replicated() { return {}; }
+Attributes expert_replicated() {
+  Attributes a;
+  a.allreduce = false;
+  return a;
+}
+Attributes tp_shard(int dim) {
+  Attributes a;
+  a.tensor_model_parallel = true;
+  a.partition_dim = dim;
+  return a;
+}
+
+GradStats ones(std::int64_t n) { return {static_cast<double>(n), 1.0, 0}; }
+
+// Every element of a ModelParam's box owned whole and kept as `kept` says.
+MainParam whole(int param, const ModelParam& p, bool kept) {
+  std::int64_t n = 1;
+  for (std::int64_t e : p.extents) n *= e;
+  return {param, 0, n, p.attributes, kept, kept, p.stats};
+}
+
+// World 2, TP 2, EP 2, ETP 1 (DP 1, EDP 1): a norm weight replicated over TP, one expert FC2
+// bias per EP rank, a column-parallel weight. All gradients 1. With `fallback`, the filter has
+// no expert-TP group and de-duplicates the expert bias on the TP group (Megatron-LM #6099).
+std::vector<RankManifest> founding_run(bool fallback) {
+  std::vector<RankManifest> run;
+  for (int r = 0; r < 2; ++r) {
+    RankManifest m;
+    m.producer = "test";
+    m.rank = r;
+    m.world = 2;
+    m.parallel = {.tp = 2, .cp = 1, .pp = 1, .dp = 1, .ep = 2, .etp = 1};
+    m.groups = {{"tp", {0, 1}}, {"expt_tp", {r}}, {"world", {0, 1}}};
+    m.params = {
+        {"norm.weight", "norm.weight", {8}, {0}, {8}, replicated(), ones(8)},
+        {"local_experts.0.fc2.bias", "experts." + std::to_string(r) + ".fc2.bias", {8}, {0}, {8},
+         expert_replicated(), ones(8)},
+        {"fc1.weight", "fc1.weight", {4, 8}, {2 * r, 0}, {2, 8}, tp_shard(0), ones(16)},
+    };
+    OptimizerRecord o;
+    o.name = "chained[0]";
+    o.stats_group = {0, 1};
+    o.tp_group = std::vector<int>{0, 1};
+    if (!fallback) o.expert_tp_group = std::vector<int>{r};
+    o.main_params = {whole(0, m.params[0], r == 0), whole(1, m.params[1], fallback ? r == 0 : true),
+                     whole(2, m.params[2], true)};
+    m.optimizers = {o};
+    const double counted = fallback ? 8 + 8 + 32 : 8 + 16 + 32;
+    m.reported = {std::sqrt(counted), std::nullopt, 0};
+    run.push_back(m);
+  }
+  return run;
+}
+
+std::string check_error(const std::vector<RankManifest>& run) {
+  try {
+    check_run(run);
+  } catch (const ManifestError& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+const oracle::StatisticCheck* stat(const CheckReport& report, const std::string& name) {
+  for (const oracle::StatisticCheck& s : report.verdict.stats)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+TEST(CheckRun, CorrectFilterPassesWithEveryElementOnce) {
+  const CheckReport report = check_run(founding_run(false));
+  EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::pass);
+  EXPECT_EQ(report.logical_params, 4);
+  EXPECT_EQ(report.logical_elements, 8 + 8 + 8 + 32);
+  EXPECT_DOUBLE_EQ(report.truth_norm, std::sqrt(56.0));
+  EXPECT_EQ(report.verdict.miscounted_total, 0);
+}
+
+TEST(CheckRun, ExpertBiasDedupOnTpGroupIsDiagnosedOnTheRankThatDropsIt) {
+  const CheckReport report = check_run(founding_run(true));
+  ASSERT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
+  ASSERT_EQ(report.verdict.miscounted.size(), 1u);
+  const oracle::Miscount& m = report.verdict.miscounted.front();
+  EXPECT_EQ(m.name, "experts.1.fc2.bias");
+  EXPECT_EQ(m.counted, 0);
+  EXPECT_EQ(m.expected, 8);
+  EXPECT_EQ(m.wrong_ranks, (std::vector<int>{0, 1}));
+  ASSERT_EQ(m.contributions.size(), 1u);
+  EXPECT_EQ(m.contributions[0].rank, 1);
+  EXPECT_EQ(m.contributions[0].counted, 0);
+  EXPECT_NE(m.contributions[0].rule.find("no expert-TP group: fell back to the TP group [0,1]"),
+            std::string::npos)
+      << m.contributions[0].rule;
+  // The reported norm is what the framework's own ledger implies: the reduction is right, the
+  // filter is not.
+  EXPECT_TRUE(stat(report, "l2-ledger")->ok);
+  EXPECT_FALSE(stat(report, "l2")->ok);
+}
+
+TEST(CheckRun, ExpertGroupEqualToTpGroupIsNamedAsSuch) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) {
+    m.optimizers[0].expert_tp_group = std::vector<int>{0, 1};
+    m.optimizers[0].main_params[1].kept = m.rank == 0;
+  }
+  const CheckReport report = check_run(run);
+  ASSERT_EQ(report.verdict.miscounted.size(), 1u);
+  EXPECT_NE(report.verdict.miscounted[0].contributions[0].rule.find(
+                "expert-topology param de-duplicated on a TP group [0,1] (rank 1 there)"),
+            std::string::npos);
+}
+
+TEST(CheckRun, AveragedReductionFailsAgainstTheRanksOwnLedger) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) m.reported.norm = *m.reported.norm / std::sqrt(2.0);
+  const CheckReport report = check_run(run);
+  EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
+  EXPECT_EQ(report.verdict.miscounted_total, 0);
+  EXPECT_FALSE(stat(report, "l2-ledger")->ok);
+}
+
+TEST(CheckRun, RanksThatReportDifferentNormsDisagree) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].reported.norm = *run[1].reported.norm + 1.0;
+  const CheckReport report = check_run(run);
+  EXPECT_FALSE(report.verdict.ranks_agree);
+  EXPECT_NE(report.verdict.disagreement.find("rank 1"), std::string::npos);
+}
+
+TEST(CheckRun, ZeroCountIsExact) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[0].reported.zeros = 1;
+  run[1].reported.zeros = 1;
+  const CheckReport report = check_run(run);
+  EXPECT_FALSE(stat(report, "zeros")->ok);
+}
+
+TEST(CheckRun, ClipCoefficientIsJudgedAgainstTheTruth) {
+  std::vector<RankManifest> run = founding_run(false);
+  const double max_norm = 1.0;
+  for (RankManifest& m : run) m.optimizers[0].clip = Clip{max_norm, max_norm / (std::sqrt(56.0) + 1e-6)};
+  EXPECT_TRUE(stat(check_run(run), "clip")->ok);
+  for (RankManifest& m : run) m.optimizers[0].clip->coefficient = max_norm / (std::sqrt(48.0) + 1e-6);
+  EXPECT_FALSE(stat(check_run(run), "clip")->ok);
+}
+
+TEST(CheckRun, ParamOutsideTheMainNormMustNotBeKept) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) {
+    m.params[0].attributes.grad_norm_group = "mtp";
+    m.optimizers[0].main_params[0].attributes.grad_norm_group = "mtp";
+  }
+  const CheckReport report = check_run(run);  // rank 0 still keeps norm.weight
+  ASSERT_EQ(report.verdict.miscounted.size(), 1u);
+  EXPECT_EQ(report.verdict.miscounted[0].name, "norm.weight");
+  EXPECT_EQ(report.verdict.miscounted[0].expected, 0);
+  EXPECT_EQ(report.verdict.miscounted[0].counted, 8);
+}
+
+// A distributed optimizer over DP 2: each rank owns half of a row-parallel shard's row-major
+// range, so pieces are strided in the logical tensor.
+std::vector<RankManifest> distributed_run(std::int64_t split0, std::int64_t split1) {
+  std::vector<RankManifest> run;
+  for (int r = 0; r < 4; ++r) {  // TP 2 x DP 2, TP fastest
+    const int tp_rank = r % 2;
+    RankManifest m;
+    m.rank = r;
+    m.world = 4;
+    m.parallel = {.tp = 2, .cp = 1, .pp = 1, .dp = 2, .ep = 1, .etp = 2};
+    m.groups = {{"tp", {r - tp_rank, r - tp_rank + 1}}, {"expt_tp", {r - tp_rank, r - tp_rank + 1}}};
+    m.params = {{"proj.weight", "proj.weight", {3, 8}, {0, 4 * tp_rank}, {3, 4}, tp_shard(1), ones(12)}};
+    const bool first_half = r < 2;
+    const std::int64_t split = tp_rank == 0 ? split0 : split1;
+    MainParam piece = whole(0, m.params[0], true);
+    piece.begin = first_half ? 0 : split;
+    piece.end = first_half ? split : 12;
+    piece.stats = ones(piece.end - piece.begin);
+    OptimizerRecord o;
+    o.name = "dist";
+    o.stats_group = {0, 1, 2, 3};
+    o.main_params = {piece};
+    m.optimizers = {o};
+    m.reported = {std::sqrt(24.0), std::nullopt, 0};
+    run.push_back(m);
+  }
+  return run;
+}
+
+TEST(CheckRun, StridedDistributedPiecesCountEachElementOnce) {
+  EXPECT_EQ(check_run(distributed_run(5, 7)).verdict.kind, oracle::Verdict::Kind::pass);
+}
+
+TEST(CheckRun, OverlappingDistributedPiecesAreCountedTwice) {
+  std::vector<RankManifest> run = distributed_run(5, 5);
+  run[0].optimizers[0].main_params[0].end = 7;  // rank 0 owns [0,7), rank 2 owns [5,12)
+  run[0].optimizers[0].main_params[0].stats = ones(7);
+  const CheckReport report = check_run(run);
+  ASSERT_EQ(report.verdict.miscounted.size(), 1u);
+  EXPECT_EQ(report.verdict.miscounted[0].name, "proj.weight");
+  EXPECT_EQ(report.verdict.miscounted[0].counted, 26);  // 2 of 24 elements twice
+}
+
+TEST(CheckRun, StatsGroupThatMissesTheHoldersCountsZeroTimes) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) {
+    m.optimizers[0].stats_group = {m.rank};
+    m.groups["mp"] = {m.rank};
+  }
+  const CheckReport report = check_run(run);
+  EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
+  EXPECT_GE(report.verdict.miscounted_total, 2);  // the other rank's expert bias and fc1 shard
+}
+
+// ---- validation: each rule and its message ----
+
+TEST(CheckRunValidation, MissingRanksAreListed) {
+  std::vector<RankManifest> run = founding_run(false);
+  run.pop_back();
+  EXPECT_NE(check_error(run).find("missing the manifests of 1 of 2 ranks: [1]"), std::string::npos)
+      << check_error(run);
+}
+
+TEST(CheckRunValidation, RepeatedRank) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1] = run[0];
+  EXPECT_NE(check_error(run).find("rank-0.json: manifest.rank: two manifests for rank 0"),
+            std::string::npos);
+}
+
+TEST(CheckRunValidation, InconsistentGroupNamesBothRanks) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].groups["tp"] = {1};
+  EXPECT_NE(check_error(run).find("rank-0.json: inconsistent group \"tp\": [0,1] here, but rank 1 lists [1]"),
+            std::string::npos)
+      << check_error(run);
+}
+
+TEST(CheckRunValidation, InconsistentStatsGroup) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].optimizers[0].stats_group = {1};
+  EXPECT_NE(check_error(run).find("inconsistent optimizers[0].stats_group"), std::string::npos);
+}
+
+TEST(CheckRunValidation, DifferentLogicalShapes) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].params[0].logical_shape = {9};
+  EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): logical_shape [9] differs from [8]"),
+            std::string::npos)
+      << check_error(run);
+}
+
+TEST(CheckRunValidation, ReplicasWhoseStatisticsDisagree) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].params[0].stats.sum_squares = 7.0;
+  EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): replicas disagree"),
+            std::string::npos)
+      << check_error(run);
+}
+
+TEST(CheckRunValidation, BoxesOverlappingPartially) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].params[2].offsets = {1, 0};
+  EXPECT_NE(check_error(run).find("overlaps rank 0's box"), std::string::npos) << check_error(run);
+}
+
+TEST(CheckRunValidation, ElementsHeldByNoRank) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].params[2].logical_shape = {6, 8};
+  run[0].params[2].logical_shape = {6, 8};
+  EXPECT_NE(check_error(run).find("logical param fc1.weight [6,8]: the ranks hold 32 of its 48 elements"),
+            std::string::npos)
+      << check_error(run);
+}
+
+TEST(CheckRunValidation, DifferentOptimizerCounts) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].optimizers.push_back(run[1].optimizers[0]);
+  EXPECT_NE(check_error(run).find("rank-1.json: manifest.optimizers: 2 optimizers, but rank 0 has 1"),
+            std::string::npos);
+}
+
+// ---- JSON ----
+
+TEST(ManifestJson, WritingThenReadingGivesTheSameManifest) {
+  for (const RankManifest& m : founding_run(true)) {
+    EXPECT_EQ(manifest_from_text(manifest_to_text(m), "x"), m);
+    EXPECT_EQ(manifest_to_text(manifest_from_text(manifest_to_text(m), "x")), manifest_to_text(m));
+  }
+}
+
+std::string read_error(const std::string& text) {
+  try {
+    manifest_from_text(text, "rank-0.json");
+  } catch (const ManifestError& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+// The founding rank-0 manifest with `edit` applied to its JSON.
+template <class Edit>
+std::string edited(Edit edit) {
+  nlohmann::json j = manifest_to_json(founding_run(false)[0]);
+  edit(j);
+  return j.dump();
+}
+
+TEST(ManifestJson, EachRuleNamesTheFieldAndTheRule) {
+  EXPECT_EQ(read_error("{"), read_error("{"));  // one line, below
+  EXPECT_NE(read_error("{}").find("not a tally manifest"), std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["tally_manifest"] = 2; }))
+                .find("manifest.tally_manifest: this tally reads manifest version 1, got 2"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["colour"] = 1; })).find("colour"), std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["rank"] = 2; })).find("manifest.rank"), std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["parallel"]["dp"] = 2; }))
+                .find("manifest.parallel: tp*cp*pp*dp = 4 is not the world 2"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["groups"]["tp"] = {1}; }))
+                .find("manifest.groups.tp: the group does not hold this manifest's own rank 0"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["groups"]["world"] = {1, 0}; }))
+                .find("expected ranks in increasing order"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["groups"].erase("expt_tp"); }))
+                .find("missing the group \"expt_tp\""),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["params"][2]["extents"] = {5, 8}; }))
+                .find("manifest.params[2].extents[0]: the box overflows the logical shape: offset 0 + extent 5 > 4"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["params"][0]["offsets"] = {0, 0}; }))
+                .find("offsets and extents need one entry per dim"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["optimizers"][0]["main_params"][0]["end"] = 9; }))
+                .find("manifest.optimizers[0].main_params[0]: expected 0 <= begin < end <= 8"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["optimizers"][0]["main_params"][0]["param"] = 3; }))
+                .find("manifest.optimizers[0].main_params[0].param"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["params"][0]["stats"]["zeros"] = 9; }))
+                .find("counts 9 zeros in 8 elements"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["params"][0]["stats"]["sum_squares"] = -1; }))
+                .find("expected a number >= 0"),
+            std::string::npos);
+  for (const std::string& message :
+       {read_error("{"), read_error(edited([](auto& j) { j["params"][0]["name"] = "a\nb"; j["params"][0]["logical_name"] = 3; }))}) {
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_EQ(message.rfind("rank-0.json", 0), 0u) << message;
+  }
+}
+
+}  // namespace
+}  // namespace tally::manifest
