@@ -271,8 +271,22 @@ void for_each_interval(const std::vector<std::int64_t>& shape, const std::vector
 
 // ---- ledgers --------------------------------------------------------------------------------
 
+// The two ledgers: which elements each rank's norm counts, and which its zero count counts.
+enum class Ledger { norm, zeros };
+
+bool keeps(const MainParam& piece, Ledger ledger) {
+  return ledger == Ledger::norm ? piece.kept : piece.kept_zeros;
+}
+
+// How often a ledger must count an element of `param`: the zero count counts every param once,
+// the main norm those outside a separate grad_norm_group.
+int expected_times(const LogicalParam& param, Ledger ledger) {
+  return ledger == Ledger::zeros || param.in_main_norm ? 1 : 0;
+}
+
 struct AtomRange {
   std::int64_t first = 0, last = 0;  // [first, last) in the run's atom index
+  bool norm = false, zeros = false;  // kept for the norm, for the zero count
 };
 
 // The atoms (maximal runs of elements no piece boundary cuts) of every logical param, and the
@@ -324,13 +338,14 @@ Atoms cut_atoms(const std::vector<const RankManifest*>& ranks, std::vector<Logic
   atoms.kept.assign(ranks.size(), std::vector<std::vector<AtomRange>>(ranks.front()->optimizers.size()));
   pieces([&](const RankManifest& m, std::size_t c, const MainParam& p, const ModelParam& box,
              LogicalParam& l) {
-    if (!p.kept) return;
+    if (!p.kept && !p.kept_zeros) return;
     for_each_interval(l.shape, box.offsets, box.extents, p.begin, p.end,
                       [&](std::int64_t lo, std::int64_t hi) {
                         const auto at = [&](std::int64_t x) {
                           return l.first_atom + (std::lower_bound(l.cuts.begin(), l.cuts.end(), x) - l.cuts.begin());
                         };
-                        atoms.kept[static_cast<std::size_t>(m.rank)][c].push_back({at(lo), at(hi)});
+                        atoms.kept[static_cast<std::size_t>(m.rank)][c].push_back(
+                            {at(lo), at(hi), p.kept, p.kept_zeros});
                       });
   });
   return atoms;
@@ -339,7 +354,8 @@ Atoms cut_atoms(const std::vector<const RankManifest*>& ranks, std::vector<Logic
 // What one child's reduction over one group adds up: per atom how often it is counted, and the
 // kept statistics.
 struct GroupSum {
-  std::vector<int> counts;  // per atom
+  std::vector<int> counts;        // per atom, in the norm
+  std::vector<int> zero_counts;   // per atom, in the zero count
   double sum_squares = 0.0;
   std::int64_t zeros = 0;
 };
@@ -348,11 +364,14 @@ GroupSum sum_over_group(const std::vector<const RankManifest*>& ranks, const Ato
                         std::size_t child, const std::vector<int>& group) {
   GroupSum out;
   std::vector<int> difference(static_cast<std::size_t>(atoms.count) + 1, 0);
+  std::vector<int> zero_difference(difference.size(), 0);
   CompensatedSum squares;
   for (int member : group) {
     for (const AtomRange& r : atoms.kept[static_cast<std::size_t>(member)][child]) {
-      ++difference[static_cast<std::size_t>(r.first)];
-      --difference[static_cast<std::size_t>(r.last)];
+      difference[static_cast<std::size_t>(r.first)] += r.norm;
+      difference[static_cast<std::size_t>(r.last)] -= r.norm;
+      zero_difference[static_cast<std::size_t>(r.first)] += r.zeros;
+      zero_difference[static_cast<std::size_t>(r.last)] -= r.zeros;
     }
     for (const MainParam& p : ranks[static_cast<std::size_t>(member)]->optimizers[child].main_params) {
       if (p.kept) squares.add(p.stats.sum_squares);
@@ -360,8 +379,12 @@ GroupSum sum_over_group(const std::vector<const RankManifest*>& ranks, const Ato
     }
   }
   out.counts.resize(static_cast<std::size_t>(atoms.count));
-  int running = 0;
-  for (std::size_t a = 0; a < out.counts.size(); ++a) out.counts[a] = running += difference[a];
+  out.zero_counts.resize(out.counts.size());
+  int running = 0, zero_running = 0;
+  for (std::size_t a = 0; a < out.counts.size(); ++a) {
+    out.counts[a] = running += difference[a];
+    out.zero_counts[a] = zero_running += zero_difference[a];
+  }
   out.sum_squares = squares.value();
   return out;
 }
@@ -376,7 +399,8 @@ std::string group_role(const std::vector<int>& group, const RankManifest& holder
 // Why the framework's filter kept or dropped a piece, from the attributes the filter saw and the
 // groups the optimizer gave it.
 std::string explain_piece(const MainParam& piece, const ModelParam& model_param,
-                          const OptimizerRecord& optimizer, const RankManifest& holder) {
+                          const OptimizerRecord& optimizer, const RankManifest& holder,
+                          Ledger ledger) {
   const Attributes& a = piece.attributes;
   const std::vector<int>& tp = holder.groups.at("tp");
   const std::vector<int>& expt_tp = holder.groups.at("expt_tp");
@@ -413,7 +437,7 @@ std::string explain_piece(const MainParam& piece, const ModelParam& model_param,
       why += std::string(optimizer.tp_group ? "" : "no TP group given: ") + "replicated, TP group " +
              group_role(tp, holder);
   }
-  return why + (piece.kept ? ": kept" : ": dropped");
+  return why + (keeps(piece, ledger) ? ": kept" : ": dropped");
 }
 
 std::string class_text(const Attributes& a) {
@@ -425,13 +449,14 @@ std::string class_text(const Attributes& a) {
 oracle::Miscount diagnose(const std::vector<const RankManifest*>& ranks,
                           const std::vector<LogicalParam>& model,
                           const std::vector<std::vector<int>>& index_of, int logical,
-                          const std::vector<int>& wrong_ranks, std::int64_t counted) {
+                          Ledger ledger, const std::vector<int>& wrong_ranks,
+                          std::int64_t counted) {
   const LogicalParam& l = model[static_cast<std::size_t>(logical)];
   oracle::Miscount m;
   m.param = logical;
   m.name = l.name;
-  m.param_class = class_text(l.attributes);
-  m.expected = l.in_main_norm ? l.numel : 0;
+  m.param_class = class_text(l.attributes) + (ledger == Ledger::zeros ? "; in the zero count" : "");
+  m.expected = expected_times(l, ledger) * l.numel;
   m.counted = counted;
   m.observed_on = wrong_ranks.front();
   m.wrong_rank_count = static_cast<std::int64_t>(wrong_ranks.size());
@@ -468,9 +493,9 @@ oracle::Miscount diagnose(const std::vector<const RankManifest*>& ranks,
       for (const MainParam& p : s->optimizers[c].main_params) {
         if (logical_of[static_cast<std::size_t>(p.param)] != logical) continue;
         k.owned += p.end - p.begin;
-        if (p.kept) k.counted += p.end - p.begin;
+        if (keeps(p, ledger)) k.counted += p.end - p.begin;
         const std::string why = explain_piece(p, s->params[static_cast<std::size_t>(p.param)],
-                                              s->optimizers[c], *s);
+                                              s->optimizers[c], *s, ledger);
         if (rule.find(why) == std::string::npos) rule += (rule.empty() ? "" : "; ") + why;
       }
     if (k.held == 0 && k.owned == 0) continue;
@@ -484,6 +509,39 @@ oracle::Miscount diagnose(const std::vector<const RankManifest*>& ranks,
   if (!outside.empty())
     m.stats_group += "; owned outside it by ranks " + ranks_text(outside);
   return m;
+}
+
+// A param some rank's ledger counts wrongly: those ranks, and the element counts of the first.
+struct WrongLedger {
+  std::vector<int> ranks;
+  std::int64_t counted = 0;
+};
+
+// Ranks sharing one ledger (the same group for every child) are judged once.
+std::map<int, WrongLedger> find_miscounts(
+    const std::map<std::vector<const GroupSum*>, std::vector<int>>& ranks_by_ledger,
+    const Atoms& atoms, const std::vector<LogicalParam>& model, Ledger ledger) {
+  std::map<int, WrongLedger> wrong;
+  for (const auto& [sums, holders] : ranks_by_ledger) {
+    std::map<int, std::int64_t> counted;
+    std::set<int> wrong_here;
+    for (std::int64_t a = 0; a < atoms.count; ++a) {
+      int times = 0;
+      for (const GroupSum* g : sums)
+        times += (ledger == Ledger::norm ? g->counts : g->zero_counts)[static_cast<std::size_t>(a)];
+      const int logical = atoms.param_of[static_cast<std::size_t>(a)];
+      counted[logical] += times * atoms.size[static_cast<std::size_t>(a)];
+      if (times != expected_times(model[static_cast<std::size_t>(logical)], ledger))
+        wrong_here.insert(logical);
+    }
+    for (int logical : wrong_here) {
+      WrongLedger& w = wrong[logical];
+      if (w.ranks.empty() || holders.front() < w.ranks.front()) w.counted = counted[logical];
+      w.ranks.insert(w.ranks.end(), holders.begin(), holders.end());
+      std::sort(w.ranks.begin(), w.ranks.end());
+    }
+  }
+  return wrong;
 }
 
 // ---- statistics -----------------------------------------------------------------------------
@@ -563,46 +621,29 @@ CheckReport check_run(const std::vector<RankManifest>& manifests, const CheckOpt
     report.ranks.push_back({m->rank, m->reported, std::sqrt(implied.value()), implied_zeros});
   }
 
-  // The ledger: every atom counted once (zero times outside the main norm) on every rank.
-  std::map<int, std::vector<int>> wrong_ranks;  // logical param -> ranks
-  std::map<int, std::int64_t> counted_on_first;
-  for (const auto& [ledger, holders] : ranks_by_ledger) {
-    std::vector<int> wrong_here;
-    std::map<int, std::int64_t> counted;
-    for (std::int64_t a = 0; a < atoms.count; ++a) {
-      int times = 0;
-      for (const GroupSum* g : ledger) times += g->counts[static_cast<std::size_t>(a)];
-      const int logical = atoms.param_of[static_cast<std::size_t>(a)];
-      counted[logical] += times * atoms.size[static_cast<std::size_t>(a)];
-      const int expected = model[static_cast<std::size_t>(logical)].in_main_norm ? 1 : 0;
-      if (times != expected && (wrong_here.empty() || wrong_here.back() != logical))
-        wrong_here.push_back(logical);
-    }
-    for (int logical : wrong_here) {
-      std::vector<int>& list = wrong_ranks[logical];
-      const bool first_seen = list.empty() ||
-                              holders.front() < *std::min_element(list.begin(), list.end());
-      if (first_seen) counted_on_first[logical] = counted[logical];
-      list.insert(list.end(), holders.begin(), holders.end());
-    }
-  }
+  // The ledgers: every atom counted once (by the norm: zero times outside the main norm) on
+  // every rank. The zero count's miscounts are listed after the norm's, for other params.
   oracle::Verdict& verdict = report.verdict;
-  for (auto& [logical, list] : wrong_ranks) {
-    std::sort(list.begin(), list.end());
-    ++verdict.miscounted_total;
-    if (static_cast<int>(verdict.miscounted.size()) < options.max_diagnosed_params)
-      verdict.miscounted.push_back(diagnose(ranks, model, index_of, logical, list, counted_on_first[logical]));
-    else {
+  std::set<int> listed;
+  for (Ledger ledger : {Ledger::norm, Ledger::zeros}) {
+    for (auto& [logical, wrong] : find_miscounts(ranks_by_ledger, atoms, model, ledger)) {
+      if (!listed.insert(logical).second) continue;
+      ++verdict.miscounted_total;
+      if (static_cast<int>(verdict.miscounted.size()) < options.max_diagnosed_params) {
+        verdict.miscounted.push_back(
+            diagnose(ranks, model, index_of, logical, ledger, wrong.ranks, wrong.counted));
+        continue;
+      }
       oracle::Miscount m;  // counted, not diagnosed
       const LogicalParam& l = model[static_cast<std::size_t>(logical)];
       m.param = logical;
       m.name = l.name;
       m.param_class = class_text(l.attributes);
-      m.expected = l.in_main_norm ? l.numel : 0;
-      m.counted = counted_on_first[logical];
-      m.observed_on = list.front();
-      m.wrong_ranks = {list.front()};
-      m.wrong_rank_count = static_cast<std::int64_t>(list.size());
+      m.expected = expected_times(l, ledger) * l.numel;
+      m.counted = wrong.counted;
+      m.observed_on = wrong.ranks.front();
+      m.wrong_ranks = {wrong.ranks.front()};
+      m.wrong_rank_count = static_cast<std::int64_t>(wrong.ranks.size());
       verdict.miscounted.push_back(std::move(m));
     }
   }

@@ -173,6 +173,16 @@ TEST(CheckRun, ParamOutsideTheMainNormMustNotBeKept) {
   EXPECT_EQ(report.verdict.miscounted[0].counted, 8);
 }
 
+TEST(CheckRun, ZeroCountLedgerIsJudgedToo) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].optimizers[0].main_params[0].kept_zeros = true;  // norm.weight's TP replica
+  const CheckReport report = check_run(run);
+  ASSERT_EQ(report.verdict.miscounted.size(), 1u);
+  EXPECT_EQ(report.verdict.miscounted[0].name, "norm.weight");
+  EXPECT_EQ(report.verdict.miscounted[0].counted, 16);
+  EXPECT_NE(report.verdict.miscounted[0].param_class.find("in the zero count"), std::string::npos);
+}
+
 // A distributed optimizer over DP 2: each rank owns half of a row-parallel shard's row-major
 // range, so pieces are strided in the logical tensor.
 std::vector<RankManifest> distributed_run(std::int64_t split0, std::int64_t split1) {
