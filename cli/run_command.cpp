@@ -12,6 +12,8 @@
 #include "fuzz/case.h"
 #include "fuzz/case_file.h"
 #include "gradnorm/faults.h"
+#include "manifest/from_path.h"
+#include "manifest/manifest_json.h"
 
 namespace tally::cli {
 
@@ -22,6 +24,7 @@ struct RunOptions {
   std::string save;               // --save: write the case to this file, then run it
   std::string expect;             // --expect with --save: pass, fail or observed
   std::string description;        // --description with --save
+  std::string manifests;          // --manifests: write the run's manifests to this folder
   std::vector<CLI::Option*> case_flags;  // the flags that describe a case
   TopologyFlags topology;
   ModelFlags model;
@@ -165,6 +168,16 @@ std::string expectation_text(const fuzz::Expectation& e) {
   return details.empty() ? text : text + " (" + details + ")";
 }
 
+// Writes the manifests of the path's `result` on case `c` (docs/manifest.md). Throws
+// UsageError when the folder cannot be written.
+void write_manifests(const std::string& dir, const fuzz::Case& c, const gradnorm::PathResult& result) {
+  try {
+    manifest::write_run(dir, manifest::manifests_from_run(c, result));
+  } catch (const std::exception& error) {
+    throw UsageError(std::string("--manifests: ") + error.what());
+  }
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& app, CommandContext& context, std::string command_line) {
@@ -220,6 +233,11 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       ->check(CLI::IsMember({"pass", "fail", "observed"}));
   command->add_option("--description", options->description,
                       "With --save: the case's description (one line)");
+  command->add_option("--manifests", options->manifests,
+                      "After the run, write the manifests tally's own model of the path would "
+                      "write (rank-<R>.json per rank, docs/manifest.md, faults included) to "
+                      "this folder, for `tally check DIR`. sim backend only; a run that hangs "
+                      "writes none");
   command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
   command->add_flag("--json", options->json, "Machine-readable verdict");
   add_backend_flags(*command);
@@ -233,6 +251,12 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     if (o.save.empty() && !o.expect.empty()) throw UsageError("--expect needs --save FILE");
     if (o.save.empty() && !o.description.empty())
       throw UsageError("--description needs --save FILE");
+    // The mpi and nccl backends bring back only the verdict to this process, not the path's
+    // result on every rank that the manifests are made from.
+    if (!o.manifests.empty() && context.backend.name() != "sim")
+      throw UsageError("--manifests needs --backend sim (the " +
+                       std::string(context.backend.name()) +
+                       " backend returns only the verdict, not each rank's decisions)");
     fuzz::Case c = input_case(o);
     if (!o.description.empty()) {
       for (char ch : o.description)
@@ -248,8 +272,17 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       save_case(o.save, c);  // before running: a crash loses nothing
     }
     oracle::Verdict verdict;
+    bool manifests_written = false;
     try {
-      verdict = context.backend.run(c, {});
+      if (o.manifests.empty()) {
+        verdict = context.backend.run(c, {});
+      } else {
+        // The sim backend's run, keeping the path's result for the manifests.
+        fuzz::CaseRun run = fuzz::run_case_with_result(c);
+        verdict = std::move(run.verdict);
+        if (run.result) write_manifests(o.manifests, c, *run.result);
+        manifests_written = run.result.has_value();
+      }
     } catch (const fuzz::InvalidCase& error) {
       throw UsageError(error.what());
     }
@@ -269,11 +302,18 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                             {"met", !unmet.has_value()},
                             {"reason", unmet.value_or("")}};
       if (!case_source.empty()) j["case_file"] = case_source;
+      if (!o.manifests.empty())
+        j["manifests"] = manifests_written ? nlohmann::ordered_json(o.manifests) : nullptr;
       context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
                   << '\n';
     } else {
       print_verdict(context.out, c, verdict, replay);
       if (!o.save.empty()) context.out << "saved: " << o.save << '\n';
+      if (!o.manifests.empty())
+        context.out << (manifests_written ? "manifests: " + o.manifests + " (tally check " +
+                                                shell_quote(o.manifests) + ")"
+                                          : std::string("manifests: none (the run hung)"))
+                    << '\n';
       if (c.expect)
         context.out << "expectation (" << expectation_text(*c.expect) << "): "
                     << (unmet ? "NOT met: " + *unmet : std::string("met")) << '\n';
