@@ -1,5 +1,7 @@
 #include "manifest/from_path.h"
 
+#include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 
