@@ -440,7 +440,9 @@ std::string explain_piece(const MainParam& piece, const ModelParam& model_param,
       why += "replicated, de-duplicated on " + group_role(*optimizer.tp_group, holder) +
              ", not its TP group " + ranks_text(tp);
     else
-      why += std::string(optimizer.tp_group ? "" : "no TP group given: ") + "replicated, TP group " +
+      why += std::string(optimizer.tp_group ? "replicated, TP group "
+                                            : "replicated; no TP group given: fell back to the "
+                                              "global TP group ") +
              group_role(tp, holder);
   }
   return why + (keeps(piece, ledger) ? ": kept" : ": dropped");
