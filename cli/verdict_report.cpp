@@ -111,7 +111,8 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
     for (const oracle::Miscount& m : verdict.miscounted) {
       if (m.contributions.empty() && m.stats_group.empty()) continue;
       ++diagnosed;
-      out << "  " << m.name << " (" << m.param_class << ", " << m.expected << " elements): "
+      out << "  " << m.name << " (" << m.param_class << ", " << (m.numel ? m.numel : m.expected)
+          << " elements): "
           << times_text(m.counted, m.expected) << " in rank " << m.observed_on << "'s "
           << m.stats_group << "; wrong on ranks " << ranks_text(m.wrong_ranks, m.wrong_rank_count)
           << '\n';

@@ -1,9 +1,11 @@
 #include "manifest/check.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "manifest/manifest_json.h"
@@ -18,6 +20,13 @@ constexpr std::size_t kMaxShownRanks = 16;
 
 [[noreturn]] void invalid(int rank, const std::string& why) {
   throw ManifestError(manifest_file_name(rank) + ": " + why);
+}
+
+// Every digit of a double: two values a message calls different must print differently.
+std::string number(double value) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
 }
 
 std::string ranks_text(const std::vector<int>& ranks) {
@@ -45,10 +54,15 @@ struct CompensatedSum {
   double sum = 0.0, compensation = 0.0;
   void add(double x) {
     const double t = sum + x;
+    if (!std::isfinite(t)) {  // overflow: the sum is inf, not inf - inf
+      sum = t;
+      compensation = 0.0;
+      return;
+    }
     compensation += std::abs(sum) >= std::abs(x) ? (sum - t) + x : (x - t) + sum;
     sum = t;
   }
-  double value() const { return sum + compensation; }
+  double value() const { return std::isfinite(sum) ? sum + compensation : sum; }
 };
 
 bool close(double a, double b, double rtol) {
@@ -204,6 +218,9 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
                              shape_text(p.logical_shape) + " differs from " + shape_text(l.shape) +
                              " of rank " + std::to_string(l.boxes.front().first.rank));
       if (l.attributes.shared && !p.attributes.shared) l.attributes = p.attributes;
+      else if (!p.attributes.shared && p.attributes.grad_norm_group != l.attributes.grad_norm_group)
+        invalid(m->rank, param_at(*m, static_cast<int>(i)) + ": grad_norm_group differs from " +
+                             "another holder's (every holder of a logical param is in one norm group)");
       const Holder here{m->rank, static_cast<int>(i)};
       bool placed = false;
       for (DistinctBox& box : l.boxes) {
@@ -213,10 +230,10 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
               !close(s.sum_squares, p.stats.sum_squares, kReplicaRtol))
             invalid(m->rank, param_at(*m, static_cast<int>(i)) +
                                  ": replicas disagree: sum_squares " +
-                                 std::to_string(p.stats.sum_squares) + ", abs_max " +
-                                 std::to_string(p.stats.abs_max) + ", zeros " +
+                                 number(p.stats.sum_squares) + ", abs_max " +
+                                 number(p.stats.abs_max) + ", zeros " +
                                  std::to_string(p.stats.zeros) + " here, but " +
-                                 std::to_string(s.sum_squares) + ", " + std::to_string(s.abs_max) +
+                                 number(s.sum_squares) + ", " + number(s.abs_max) +
                                  ", " + std::to_string(s.zeros) + " on rank " +
                                  std::to_string(box.first.rank) + " for the same box offsets " +
                                  shape_text(p.offsets) + " extents " + shape_text(p.extents));
@@ -233,7 +250,11 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
       if (!placed) l.boxes.push_back({p.offsets, p.extents, here, p.stats});
     }
   }
+  double total = 0.0;
   for (LogicalParam& l : model) {
+    total += static_cast<double>(l.numel);
+    if (total > 9.0e15)
+      throw ManifestError("the logical params hold more than 2^53 elements in all");
     std::int64_t held = 0;
     for (const DistinctBox& b : l.boxes) held += volume(b.extents);
     if (held != l.numel)
@@ -465,6 +486,7 @@ oracle::Miscount diagnose(const std::vector<const RankManifest*>& ranks,
   m.name = l.name;
   m.param_class = class_text(l.attributes) + (ledger == Ledger::zeros ? "; in the zero count" : "");
   m.expected = expected_times(l, ledger) * l.numel;
+  m.numel = l.numel;
   m.counted = counted;
   m.observed_on = wrong_ranks.front();
   m.wrong_rank_count = static_cast<std::int64_t>(wrong_ranks.size());
@@ -523,6 +545,7 @@ oracle::Miscount diagnose(const std::vector<const RankManifest*>& ranks,
 struct WrongLedger {
   std::vector<int> ranks;
   std::int64_t counted = 0;
+  int least = 0, most = 0;  // the fewest and most times the first rank counts one element
 };
 
 // Ranks sharing one ledger (the same group for every child) are judged once.
@@ -532,6 +555,7 @@ std::map<int, WrongLedger> find_miscounts(
   std::map<int, WrongLedger> wrong;
   for (const auto& [sums, holders] : ranks_by_ledger) {
     std::map<int, std::int64_t> counted;
+    std::map<int, std::pair<int, int>> range;  // logical param -> least, most times
     std::set<int> wrong_here;
     for (std::int64_t a = 0; a < atoms.count; ++a) {
       int times = 0;
@@ -539,12 +563,17 @@ std::map<int, WrongLedger> find_miscounts(
         times += (ledger == Ledger::norm ? g->counts : g->zero_counts)[static_cast<std::size_t>(a)];
       const int logical = atoms.param_of[static_cast<std::size_t>(a)];
       counted[logical] += times * atoms.size[static_cast<std::size_t>(a)];
+      auto [it, first] = range.emplace(logical, std::pair{times, times});
+      if (!first) it->second = {std::min(it->second.first, times), std::max(it->second.second, times)};
       if (times != expected_times(model[static_cast<std::size_t>(logical)], ledger))
         wrong_here.insert(logical);
     }
     for (int logical : wrong_here) {
       WrongLedger& w = wrong[logical];
-      if (w.ranks.empty() || holders.front() < w.ranks.front()) w.counted = counted[logical];
+      if (w.ranks.empty() || holders.front() < w.ranks.front()) {
+        w.counted = counted[logical];
+        std::tie(w.least, w.most) = range[logical];
+      }
       w.ranks.insert(w.ranks.end(), holders.begin(), holders.end());
       std::sort(w.ranks.begin(), w.ranks.end());
     }
@@ -640,14 +669,19 @@ CheckReport check_run(const std::vector<RankManifest>& manifests, const CheckOpt
       if (static_cast<int>(verdict.miscounted.size()) < options.max_diagnosed_params) {
         verdict.miscounted.push_back(
             diagnose(ranks, model, index_of, logical, ledger, wrong.ranks, wrong.counted));
+        if (wrong.least != wrong.most)  // a total can look right while elements are not
+          verdict.miscounted.back().param_class += "; its elements counted from " +
+                                                   std::to_string(wrong.least) + " to " +
+                                                   std::to_string(wrong.most) + " times";
         continue;
       }
       oracle::Miscount m;  // counted, not diagnosed
       const LogicalParam& l = model[static_cast<std::size_t>(logical)];
       m.param = logical;
       m.name = l.name;
-      m.param_class = class_text(l.attributes);
+      m.param_class = class_text(l.attributes) + (ledger == Ledger::zeros ? "; in the zero count" : "");
       m.expected = expected_times(l, ledger) * l.numel;
+      m.numel = l.numel;
       m.counted = wrong.counted;
       m.observed_on = wrong.ranks.front();
       m.wrong_ranks = {wrong.ranks.front()};
@@ -688,8 +722,12 @@ CheckReport check_run(const std::vector<RankManifest>& manifests, const CheckOpt
     if (!verdict.ranks_agree) break;
     if (v.reported.norm.has_value() != r0.reported.norm.has_value() ||
         (v.reported.norm && !close(*v.reported.norm, *r0.reported.norm, options.rtol)))
-      differ("norm", r0.reported.norm ? std::to_string(*r0.reported.norm) : "none",
-             v.reported.norm ? std::to_string(*v.reported.norm) : "none");
+      differ("norm", r0.reported.norm ? number(*r0.reported.norm) : "none",
+             v.reported.norm ? number(*v.reported.norm) : "none");
+    else if (v.reported.inf_norm.has_value() != r0.reported.inf_norm.has_value() ||
+             (v.reported.inf_norm && !close(*v.reported.inf_norm, *r0.reported.inf_norm, options.rtol)))
+      differ("inf norm", r0.reported.inf_norm ? number(*r0.reported.inf_norm) : "none",
+             v.reported.inf_norm ? number(*v.reported.inf_norm) : "none");
     else if (v.reported.zeros != r0.reported.zeros)
       differ("zeros", r0.reported.zeros ? std::to_string(*r0.reported.zeros) : "none",
              v.reported.zeros ? std::to_string(*v.reported.zeros) : "none");

@@ -274,9 +274,9 @@ RankManifest read_manifest(const json& value, const std::string& path) {
        {"parallel",
         [&](const json& v, const std::string& p) {
           ParallelSizes& s = m.parallel;
-          auto size = [&](int& target) {
-            return [&target](const json& x, const std::string& q) {
-              target = static_cast<int>(read_integer(x, q, 1, topologies::kMaxWorld));
+          auto size = [&](int& target) {  // each at most the world: the products below fit
+            return [&target, &m](const json& x, const std::string& q) {
+              target = static_cast<int>(read_integer(x, q, 1, m.world));
             };
           };
           read_object(v, p,

@@ -42,6 +42,7 @@ struct Miscount {
   std::string name;
   std::string param_class;
   std::int64_t expected = 0;  // numel: each element once
+  std::int64_t numel = 0;     // the param's elements when `expected` is not (0: the same)
   std::int64_t counted = 0;   // elements counted, as the observing rank's ledger says
   int observed_on = 0;        // the first rank whose ledger is wrong for this param
   std::vector<int> wrong_ranks;  // every rank whose ledger is wrong (capped)

@@ -183,6 +183,52 @@ TEST(CheckRun, ZeroCountLedgerIsJudgedToo) {
   EXPECT_NE(report.verdict.miscounted[0].param_class.find("in the zero count"), std::string::npos);
 }
 
+TEST(CheckRun, ElementsCountedTwiceAndNeverDoNotCancel) {
+  std::vector<RankManifest> run = founding_run(false);
+  // Rank 0 keeps the first half of norm.weight twice (two pieces), rank 1 keeps nothing.
+  MainParam& piece = run[0].optimizers[0].main_params[0];
+  piece.end = 4;
+  MainParam again = piece;
+  run[0].optimizers[0].main_params.push_back(again);
+  const CheckReport report = check_run(run);
+  ASSERT_EQ(report.verdict.miscounted.size(), 1u);
+  EXPECT_EQ(report.verdict.miscounted[0].counted, 8);  // the total alone looks right
+  EXPECT_NE(report.verdict.miscounted[0].param_class.find("its elements counted from 0 to 2 times"),
+            std::string::npos)
+      << report.verdict.miscounted[0].param_class;
+}
+
+TEST(CheckRun, RanksReportingDifferentInfNormsDisagree) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[0].reported.inf_norm = 1.0;
+  run[1].reported.inf_norm = 5.0;
+  EXPECT_FALSE(check_run(run).verdict.ranks_agree);
+}
+
+TEST(CheckRun, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) {
+    m.params[2].stats.sum_squares = 1e308;
+    m.optimizers[0].main_params[2].stats.sum_squares = 1e308;
+  }
+  EXPECT_TRUE(std::isinf(check_run(run).truth_norm));
+}
+
+TEST(CheckRunValidation, ReplicaMessageShowsEveryDigit) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].params[0].stats.sum_squares = 8.00000001;
+  EXPECT_NE(check_error(run).find("sum_squares 8.0000000100000008 here, but 8, "), std::string::npos)
+      << check_error(run);
+}
+
+TEST(CheckRunValidation, HoldersInDifferentNormGroups) {
+  std::vector<RankManifest> run = founding_run(false);
+  run[1].params[0].attributes.grad_norm_group = "mtp";
+  EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): grad_norm_group differs"),
+            std::string::npos)
+      << check_error(run);
+}
+
 // A distributed optimizer over DP 2: each rank owns half of a row-parallel shard's row-major
 // range, so pieces are strided in the logical tensor.
 std::vector<RankManifest> distributed_run(std::int64_t split0, std::int64_t split1) {
