@@ -217,7 +217,7 @@ TEST(CheckRun, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
 TEST(CheckRunValidation, ReplicaMessageShowsEveryDigit) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[0].stats.sum_squares = 8.00000001;
-  EXPECT_NE(check_error(run).find("sum_squares 8.0000000100000008 here, but 8, "), std::string::npos)
+  EXPECT_NE(check_error(run).find("sum_squares 8.0000000100000008, abs_max 1, zeros 0 here, but 8, 1, 0 on rank 0"), std::string::npos)
       << check_error(run);
 }
 
