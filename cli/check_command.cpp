@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <ostream>
 #include <tuple>
@@ -137,10 +138,20 @@ void add_check_command(CLI::App& app, CommandContext& context) {
   command->callback([options, &context] {
     const auto start = std::chrono::steady_clock::now();
     manifest::CheckReport report;
+    std::vector<manifest::RankManifest> run;
     try {
-      report = manifest::check_run(manifest::load_run(options->dir), {.rtol = options->rtol});
+      run = manifest::load_run(options->dir);  // its messages name each file with its folder
     } catch (const manifest::ManifestError& error) {
       throw UsageError(error.what());
+    }
+    try {
+      report = manifest::check_run(run, {.rtol = options->rtol});
+    } catch (const manifest::ManifestError& error) {
+      // check_run names a rank's file ("rank-3.json: ...") or the run as a whole.
+      const std::string what = error.what();
+      const std::string folder = std::filesystem::path(options->dir).string();
+      throw UsageError(what.rfind("rank-", 0) == 0 ? (std::filesystem::path(folder) / what).string()
+                                                 : folder + ": " + what);
     }
     if (options->json)
       context.out << report_json(options->dir, report).dump(2) << '\n';
