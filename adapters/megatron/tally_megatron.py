@@ -441,6 +441,9 @@ def _describe_params(chunks):
         for name, p in chunk.named_parameters():
             if getattr(p, "__fsdp_param__", False):
                 raise NotImplementedError(f"{name}: Megatron-FSDP params are not supported")
+            if not p.requires_grad:
+                # Frozen: no optimizer holds it and no norm counts it, so the truth leaves it out.
+                continue
             attrs = _attributes(p)
             module_name = name.rpartition(".")[0]
             logical = logical_param_name(
