@@ -43,6 +43,15 @@ std::int64_t element_count(const std::vector<std::int64_t>& extents) {
   return n;
 }
 
+// A name printed in reports: no control characters, so every report line stays one line.
+std::string read_name(const json& value, const std::string& path) {
+  std::string name = read_string(value, path, kMaxNameLength);
+  for (unsigned char c : name)
+    if (c < 0x20 || c == 0x7f)
+      fail(path, "a name may not hold control characters (newlines, tabs, ...)");
+  return name;
+}
+
 // A non-negative finite number.
 double read_magnitude(const json& value, const std::string& path) {
   const double x = read_number(value, path);
@@ -124,10 +133,10 @@ ModelParam read_param(const json& value, const std::string& path) {
   json stats;
   read_object(
       value, path,
-      {{"name", [&](const json& v, const std::string& p) { m.name = read_string(v, p, kMaxNameLength); }},
+      {{"name", [&](const json& v, const std::string& p) { m.name = read_name(v, p); }},
        {"logical_name",
         [&](const json& v, const std::string& p) {
-          m.logical_name = read_string(v, p, kMaxNameLength);
+          m.logical_name = read_name(v, p);
           if (m.logical_name.empty()) fail(p, "expected a non-empty name");
         }},
        {"logical_shape",
@@ -191,7 +200,7 @@ OptimizerRecord read_optimizer(const json& value, const std::string& path, int w
   OptimizerRecord o;
   read_object(
       value, path,
-      {{"name", [&](const json& v, const std::string& p) { o.name = read_string(v, p, kMaxNameLength); }},
+      {{"name", [&](const json& v, const std::string& p) { o.name = read_name(v, p); }},
        {"stats_group",
         [&](const json& v, const std::string& p) { o.stats_group = read_rank_list(v, p, world, rank); }},
        {"tp_group",
@@ -268,7 +277,7 @@ RankManifest read_manifest(const json& value, const std::string& path) {
       value, path,
       {{"tally_manifest", [](const json&, const std::string&) {}},
        {"producer",
-        [&](const json& v, const std::string& p) { m.producer = read_string(v, p, kMaxNameLength); }},
+        [&](const json& v, const std::string& p) { m.producer = read_name(v, p); }},
        {"rank", [](const json&, const std::string&) {}},
        {"world", [](const json&, const std::string&) {}},
        {"parallel",

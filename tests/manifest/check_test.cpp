@@ -412,6 +412,12 @@ TEST(ManifestJson, EachRuleNamesTheFieldAndTheRule) {
   EXPECT_NE(read_error(edited([](auto& j) { j["params"][0]["stats"]["zeros"] = 9; }))
                 .find("counts 9 zeros in 8 elements"),
             std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["producer"] = "a\nb"; }))
+                .find("manifest.producer: a name may not hold control characters"),
+            std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["params"][1]["logical_name"] = "x\ty"; }))
+                .find("manifest.params[1].logical_name: a name may not hold control characters"),
+            std::string::npos);
   EXPECT_NE(read_error(edited([](auto& j) { j["params"][0]["stats"]["sum_squares"] = -1; }))
                 .find("expected a number >= 0"),
             std::string::npos);
