@@ -2,7 +2,6 @@
 // same ledger, ground truth and diagnosis as `tally run`.
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <ostream>
@@ -26,22 +25,8 @@ struct CheckCommandOptions {
   double rtol = 1e-5;
 };
 
-std::string number(double value) {
-  char text[40];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out = "[";
-  const std::size_t shown = std::min<std::size_t>(ranks.size(), 16);
-  for (std::size_t i = 0; i < shown; ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
-  if (ranks.size() > shown) out += ",... " + std::to_string(ranks.size()) + " ranks";
-  return out + "]";
-}
-
 std::string optional_number(const std::optional<double>& value) {
-  return value ? number(*value) : "not reported";
+  return value ? oracle::all_digits(*value) : "not reported";
 }
 
 void print_report(std::ostream& out, const std::string& dir, const manifest::CheckReport& r) {
@@ -55,7 +40,7 @@ void print_report(std::ostream& out, const std::string& dir, const manifest::Che
   for (const std::string& o : r.optimizers) out << "  " << o << '\n';
   out << '\n';
   print_verdict_body(out, r.verdict);
-  out << "\nreported by rank (truth: norm " << number(r.truth_norm) << ", zeros " << r.truth_zeros
+  out << "\nreported by rank (truth: norm " << oracle::all_digits(r.truth_norm) << ", zeros " << r.truth_zeros
       << "):\n";
   // Ranks that reported the same values and whose ledgers imply the same, on one line.
   using Values = std::tuple<std::optional<double>, double, std::optional<std::int64_t>, std::int64_t,
@@ -70,11 +55,11 @@ void print_report(std::ostream& out, const std::string& dir, const manifest::Che
   }
   for (const auto& [values, ranks] : lines) {
     const auto& [norm, implied_norm, zeros, implied_zeros, inf_norm] = values;
-    out << "  " << (ranks.size() == 1 ? "rank " + std::to_string(ranks.front()) : "ranks " + rank_list(ranks))
-        << ": norm " << optional_number(norm) << " (ledger implies " << number(implied_norm)
+    out << "  " << (ranks.size() == 1 ? "rank " + std::to_string(ranks.front()) : "ranks " + oracle::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size())))
+        << ": norm " << optional_number(norm) << " (ledger implies " << oracle::all_digits(implied_norm)
         << "), zeros " << (zeros ? std::to_string(*zeros) : "not reported") << " (ledger implies "
         << implied_zeros << ")";
-    if (inf_norm) out << ", inf norm " << number(*inf_norm);
+    if (inf_norm) out << ", inf norm " << oracle::all_digits(*inf_norm);
     out << '\n';
   }
 }
@@ -107,7 +92,7 @@ nlohmann::ordered_json report_json(const std::string& dir, const manifest::Check
 std::string failure_summary(const oracle::Verdict& v) {
   std::string text;
   for (const oracle::StatisticCheck& s : v.stats)
-    if (!s.ok) text += (text.empty() ? "" : ", ") + s.name + " " + number(s.got) + " (expected " + number(s.expected) + ")";
+    if (!s.ok) text += (text.empty() ? "" : ", ") + s.name + " " + oracle::all_digits(s.got) + " (expected " + oracle::all_digits(s.expected) + ")";
   if (!v.ranks_agree) text += (text.empty() ? "" : ", ") + std::string("ranks disagree: ") + v.disagreement;
   if (v.miscounted_total > 0)
     text += (text.empty() ? "" : ", ") + std::to_string(v.miscounted_total) + " logical params miscounted";

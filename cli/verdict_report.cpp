@@ -11,24 +11,10 @@ namespace tally::cli {
 
 namespace {
 
-std::string number(double value) {
-  char text[40];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
-
 std::string short_number(double value) {
   char text[40];
   std::snprintf(text, sizeof text, "%.3g", value);
   return text;
-}
-
-std::string ranks_text(const std::vector<int>& ranks, std::int64_t total) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
-  if (total > static_cast<std::int64_t>(ranks.size()))
-    out += ",... " + std::to_string(total - static_cast<std::int64_t>(ranks.size())) + " more";
-  return out + "]";
 }
 
 std::string classes_text(std::uint32_t mask) {
@@ -66,7 +52,7 @@ std::string case_summary(const fuzz::Case& c) {
       << kernels::dtype_name(c.path.gradients.generator.dtype) << " seed "
       << c.path.gradients.generator.seed << classes_text(c.path.gradients.class_mask)
       << ", accumulation " << kernels::accumulation_name(c.path.accumulation);
-  if (c.path.max_norm > 0) out << ", max_norm " << number(c.path.max_norm);
+  if (c.path.max_norm > 0) out << ", max_norm " << oracle::all_digits(c.path.max_norm);
   if (c.path.optimizer == gradnorm::OptimizerModel::distributed && c.path.bucket_elements > 0)
     out << ", buckets of " << c.path.bucket_elements;
   out << "\nfaults: " << gradnorm::fault_list(c.path.faults);
@@ -96,8 +82,8 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
     std::string result = s.ok ? "ok" : "FAIL";
     if (s.bound > 0.0) result += " (error/bound " + short_number(s.error / s.bound) + ")";
     if (!s.ok) result += " on rank " + std::to_string(s.rank);
-    out << std::setw(11) << s.name << std::setw(25) << number(s.got) << std::setw(25)
-        << number(s.expected) << std::setw(11) << short_number(s.error) << std::setw(11) << bound
+    out << std::setw(11) << s.name << std::setw(25) << oracle::all_digits(s.got) << std::setw(25)
+        << oracle::all_digits(s.expected) << std::setw(11) << short_number(s.error) << std::setw(11) << bound
         << result << '\n';
   }
   out << std::right << "\nranks agree: "
@@ -114,7 +100,7 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
       out << "  " << m.name << " (" << m.param_class << ", " << (m.numel ? m.numel : m.expected)
           << " elements): "
           << times_text(m.counted, m.expected) << " in rank " << m.observed_on << "'s "
-          << m.stats_group << "; wrong on ranks " << ranks_text(m.wrong_ranks, m.wrong_rank_count)
+          << m.stats_group << "; wrong on ranks " << oracle::rank_list_text(m.wrong_ranks, m.wrong_rank_count)
           << '\n';
       for (const oracle::Contribution& k : m.contributions) {
         out << "    rank " << k.rank << (k.shared_copy ? " (shared copy)" : "") << ": holds "
@@ -127,8 +113,8 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
   }
   for (const oracle::ClippedMismatch& m : verdict.clipped)
     out << "clipped: rank " << m.rank << ", " << m.name << " element " << m.element << ": got "
-        << number(m.got) << ", expected " << number(m.expected) << " (coefficient "
-        << number(m.applied_coefficient) << " applied, " << number(m.expected_coefficient)
+        << oracle::all_digits(m.got) << ", expected " << oracle::all_digits(m.expected) << " (coefficient "
+        << oracle::all_digits(m.applied_coefficient) << " applied, " << oracle::all_digits(m.expected_coefficient)
         << " expected)\n";
   out << "\nverdict: " << (verdict.kind == oracle::Verdict::Kind::pass ? "PASS" : "FAIL") << '\n';
 }

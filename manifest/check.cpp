@@ -1,7 +1,6 @@
 #include "manifest/check.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
 #include <map>
 #include <set>
@@ -22,19 +21,8 @@ constexpr std::size_t kMaxShownRanks = 16;
   throw ManifestError(manifest_file_name(rank) + ": " + why);
 }
 
-// Every digit of a double: two values a message calls different must print differently.
-std::string number(double value) {
-  char text[40];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
-
 std::string ranks_text(const std::vector<int>& ranks) {
-  std::string out = "[";
-  const std::size_t shown = std::min(ranks.size(), kMaxShownRanks);
-  for (std::size_t i = 0; i < shown; ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
-  if (ranks.size() > shown) out += ",... " + std::to_string(ranks.size()) + " ranks";
-  return out + "]";
+  return oracle::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size()), kMaxShownRanks);
 }
 
 std::string shape_text(const std::vector<std::int64_t>& sizes) {
@@ -230,10 +218,10 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
               !close(s.sum_squares, p.stats.sum_squares, kReplicaRtol))
             invalid(m->rank, param_at(*m, static_cast<int>(i)) +
                                  ": replicas disagree: sum_squares " +
-                                 number(p.stats.sum_squares) + ", abs_max " +
-                                 number(p.stats.abs_max) + ", zeros " +
+                                 oracle::all_digits(p.stats.sum_squares) + ", abs_max " +
+                                 oracle::all_digits(p.stats.abs_max) + ", zeros " +
                                  std::to_string(p.stats.zeros) + " here, but " +
-                                 number(s.sum_squares) + ", " + number(s.abs_max) +
+                                 oracle::all_digits(s.sum_squares) + ", " + oracle::all_digits(s.abs_max) +
                                  ", " + std::to_string(s.zeros) + " on rank " +
                                  std::to_string(box.first.rank) + " for the same box offsets " +
                                  shape_text(p.offsets) + " extents " + shape_text(p.extents));
@@ -722,12 +710,12 @@ CheckReport check_run(const std::vector<RankManifest>& manifests, const CheckOpt
     if (!verdict.ranks_agree) break;
     if (v.reported.norm.has_value() != r0.reported.norm.has_value() ||
         (v.reported.norm && !close(*v.reported.norm, *r0.reported.norm, options.rtol)))
-      differ("norm", r0.reported.norm ? number(*r0.reported.norm) : "none",
-             v.reported.norm ? number(*v.reported.norm) : "none");
+      differ("norm", r0.reported.norm ? oracle::all_digits(*r0.reported.norm) : "none",
+             v.reported.norm ? oracle::all_digits(*v.reported.norm) : "none");
     else if (v.reported.inf_norm.has_value() != r0.reported.inf_norm.has_value() ||
              (v.reported.inf_norm && !close(*v.reported.inf_norm, *r0.reported.inf_norm, options.rtol)))
-      differ("inf norm", r0.reported.inf_norm ? number(*r0.reported.inf_norm) : "none",
-             v.reported.inf_norm ? number(*v.reported.inf_norm) : "none");
+      differ("inf norm", r0.reported.inf_norm ? oracle::all_digits(*r0.reported.inf_norm) : "none",
+             v.reported.inf_norm ? oracle::all_digits(*v.reported.inf_norm) : "none");
     else if (v.reported.zeros != r0.reported.zeros)
       differ("zeros", r0.reported.zeros ? std::to_string(*r0.reported.zeros) : "none",
              v.reported.zeros ? std::to_string(*v.reported.zeros) : "none");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -50,12 +51,6 @@ bool same_bits(double a, double b) {
   return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
 }
 
-std::string number(double value) {
-  char text[40];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
-
 // The first rank whose reported statistics differ from rank 0's, as a sentence.
 std::string first_disagreement(const PathResult& result) {
   if (result.ranks.empty()) return "";
@@ -63,8 +58,8 @@ std::string first_disagreement(const PathResult& result) {
   for (const RankResult& other : result.ranks) {
     auto differ = [&](const char* what, double a, double b) -> std::string {
       if (same_bits(a, b)) return "";
-      return "rank " + std::to_string(first.rank) + " reports " + what + " " + number(a) +
-             " but rank " + std::to_string(other.rank) + " reports " + number(b);
+      return "rank " + std::to_string(first.rank) + " reports " + what + " " + all_digits(a) +
+             " but rank " + std::to_string(other.rank) + " reports " + all_digits(b);
     };
     for (std::string message :
          {differ("l2", first.norm, other.norm), differ("inf", first.inf_norm, other.inf_norm),
@@ -271,6 +266,21 @@ Verdict judge(const LogicalModel& model, const RankLayout& layout, const PathOpt
                      ? Verdict::Kind::pass
                      : Verdict::Kind::fail;
   return verdict;
+}
+
+std::string all_digits(double value) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+std::string rank_list_text(const std::vector<int>& ranks, std::int64_t total, std::size_t shown) {
+  std::string out = "[";
+  const std::size_t listed = std::min(ranks.size(), shown);
+  for (std::size_t i = 0; i < listed; ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  if (total > static_cast<std::int64_t>(listed))
+    out += ",... " + std::to_string(total - static_cast<std::int64_t>(listed)) + " more";
+  return out + "]";
 }
 
 }  // namespace tally::oracle

@@ -77,6 +77,12 @@ struct Verdict {
 
 std::string_view kind_name(Verdict::Kind kind);  // "pass", "fail", "infra-error"
 
+// How verdicts and their reports write values. Every digit of a double, so two values a message
+// calls different print differently.
+std::string all_digits(double value);
+// "[0,1,2]"; past the first `shown` of `ranks`, ",... N more" counts the rest of `total`.
+std::string rank_list_text(const std::vector<int>& ranks, std::int64_t total, std::size_t shown = 16);
+
 struct JudgeOptions {
   int max_diagnosed_params = 8;  // explain this many miscounted params in full
   bool check_clipped = true;
