@@ -463,23 +463,37 @@ std::string class_text(const Attributes& a) {
   return out + (a.allreduce ? "replicated over TP" : "param replicated over ETP");
 }
 
-oracle::Miscount diagnose(const std::vector<const RankManifest*>& ranks,
-                          const std::vector<LogicalParam>& model,
-                          const std::vector<std::vector<int>>& index_of, int logical,
-                          Ledger ledger, const std::vector<int>& wrong_ranks,
-                          std::int64_t counted) {
-  const LogicalParam& l = model[static_cast<std::size_t>(logical)];
+// A param some rank's ledger counts wrongly: those ranks, and the element counts of the first.
+struct WrongLedger {
+  std::vector<int> ranks;
+  std::int64_t counted = 0;
+  int least = 0, most = 0;  // the fewest and most times the first rank counts one element
+};
+
+// What the ledger says of a miscounted param: how often, on which ranks.
+oracle::Miscount miscount(const LogicalParam& l, int logical, Ledger ledger, const WrongLedger& wrong) {
   oracle::Miscount m;
   m.param = logical;
   m.name = l.name;
   m.param_class = class_text(l.attributes) + (ledger == Ledger::zeros ? "; in the zero count" : "");
+  if (wrong.least != wrong.most)  // a total can look right while elements are not
+    m.param_class += "; its elements counted from " + std::to_string(wrong.least) + " to " +
+                     std::to_string(wrong.most) + " times";
   m.expected = expected_times(l, ledger) * l.numel;
   m.numel = l.numel;
-  m.counted = counted;
-  m.observed_on = wrong_ranks.front();
-  m.wrong_rank_count = static_cast<std::int64_t>(wrong_ranks.size());
-  m.wrong_ranks.assign(wrong_ranks.begin(),
-                       wrong_ranks.begin() + static_cast<std::ptrdiff_t>(std::min(wrong_ranks.size(), kMaxShownRanks)));
+  m.counted = wrong.counted;
+  m.observed_on = wrong.ranks.front();
+  m.wrong_rank_count = static_cast<std::int64_t>(wrong.ranks.size());
+  m.wrong_ranks.assign(wrong.ranks.begin(),
+                       wrong.ranks.begin() + static_cast<std::ptrdiff_t>(std::min(wrong.ranks.size(), kMaxShownRanks)));
+  return m;
+}
+
+// Adds to `m` why: the stats groups the first wrong rank reduced the param over, and for each
+// member holding it the rule that kept or dropped its pieces.
+void diagnose(const std::vector<const RankManifest*>& ranks,
+              const std::vector<std::vector<int>>& index_of, int logical, Ledger ledger,
+              oracle::Miscount& m) {
   const RankManifest& observer = *ranks[static_cast<std::size_t>(m.observed_on)];
   std::set<int> members;
   for (std::size_t c = 0; c < observer.optimizers.size(); ++c) {
@@ -526,15 +540,7 @@ oracle::Miscount diagnose(const std::vector<const RankManifest*>& ranks,
   }
   if (!outside.empty())
     m.stats_group += "; owned outside it by ranks " + ranks_text(outside);
-  return m;
 }
-
-// A param some rank's ledger counts wrongly: those ranks, and the element counts of the first.
-struct WrongLedger {
-  std::vector<int> ranks;
-  std::int64_t counted = 0;
-  int least = 0, most = 0;  // the fewest and most times the first rank counts one element
-};
 
 // Ranks sharing one ledger (the same group for every child) are judged once.
 std::map<int, WrongLedger> find_miscounts(
@@ -654,26 +660,9 @@ CheckReport check_run(const std::vector<RankManifest>& manifests, const CheckOpt
     for (auto& [logical, wrong] : find_miscounts(ranks_by_ledger, atoms, model, ledger)) {
       if (!listed.insert(logical).second) continue;
       ++verdict.miscounted_total;
-      if (static_cast<int>(verdict.miscounted.size()) < options.max_diagnosed_params) {
-        verdict.miscounted.push_back(
-            diagnose(ranks, model, index_of, logical, ledger, wrong.ranks, wrong.counted));
-        if (wrong.least != wrong.most)  // a total can look right while elements are not
-          verdict.miscounted.back().param_class += "; its elements counted from " +
-                                                   std::to_string(wrong.least) + " to " +
-                                                   std::to_string(wrong.most) + " times";
-        continue;
-      }
-      oracle::Miscount m;  // counted, not diagnosed
-      const LogicalParam& l = model[static_cast<std::size_t>(logical)];
-      m.param = logical;
-      m.name = l.name;
-      m.param_class = class_text(l.attributes) + (ledger == Ledger::zeros ? "; in the zero count" : "");
-      m.expected = expected_times(l, ledger) * l.numel;
-      m.numel = l.numel;
-      m.counted = wrong.counted;
-      m.observed_on = wrong.ranks.front();
-      m.wrong_ranks = {wrong.ranks.front()};
-      m.wrong_rank_count = static_cast<std::int64_t>(wrong.ranks.size());
+      oracle::Miscount m = miscount(model[static_cast<std::size_t>(logical)], logical, ledger, wrong);
+      if (static_cast<int>(verdict.miscounted.size()) < options.max_diagnosed_params)
+        diagnose(ranks, index_of, logical, ledger, m);
       verdict.miscounted.push_back(std::move(m));
     }
   }
