@@ -72,7 +72,7 @@ import json
 import os
 import re
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 MANIFEST_VERSION = 1
 ADAPTER_VERSION = 1
@@ -520,63 +520,69 @@ def _source_mentions(fn, word: str) -> bool:
         return False
 
 
-def _plan(optimizer, world: int):
-    """[(name, child, stats_group, zeros_counted, zeros_tp_group, zeros_expert_tp_group)]:
-    which children compute the norm, over which group, and what their zero count passes."""
+class ChildPlan(NamedTuple):
+    """A child that computes the norm: the group it reduces over (None: WORLD), whether its zero
+    count is counted, and the groups its zero count's duplicate filter receives."""
+
+    name: str
+    child: Any
+    stats_group: Any
+    zeros_counted: bool
+    zeros_tp_group: Any
+    zeros_expert_tp_group: Any
+
+
+def _groups_count_zeros_passes(optimizer, holder):
+    """The groups `optimizer.count_zeros` hands count_zeros_fp32, read off `holder`: none where
+    that version passes no tp_group (0.16.1's LayerWise and shared ChainedOptimizer paths)."""
+    if not _source_mentions(type(optimizer).count_zeros, "tp_group"):
+        return None, None
+    return getattr(holder, "tp_group", None), getattr(holder, "expert_tp_group", None)
+
+
+def _plan(optimizer, world: int) -> List[ChildPlan]:
+    """Which children compute the norm, over which group, and what their zero count passes."""
     C = _megatron_classes()
     LW = C.get("LayerWiseDistributedOptimizer")
     Chained = C["ChainedOptimizer"]
     top = type(optimizer).__name__
-    plan = []
     if LW is not None and isinstance(optimizer, LW):
         # 0.16.1: get_grad_norm_fp32(..., grad_stats_parallel_group=None) and
-        # count_zeros_fp32(params, grad_stats_parallel_group=None) (no tp_group): WORLD.
-        passes = _source_mentions(type(optimizer).count_zeros, "tp_group")
-        ztp = getattr(optimizer, "tp_group", None) if passes else None
-        zetp = getattr(optimizer, "expert_tp_group", None) if passes else None
+        # count_zeros_fp32(params, grad_stats_parallel_group=None): WORLD.
+        ztp, zetp = _groups_count_zeros_passes(optimizer, optimizer)
+        plan = []
         for i, child in enumerate(optimizer.chained_optimizers):
             _check_child(child, C)
-            plan.append((f"{top}.chained_optimizers[{i}]", child, None, True, ztp, zetp))
-    elif isinstance(optimizer, Chained):
-        children = optimizer.chained_optimizers
-        for child in children:
-            _check_child(child, C)
-        shared = optimizer.grads_states_parallel_group_is_shared() if children else True
-        if shared:
-            # one count_zeros_fp32 over every child's params; 0.16.1 passes no tp_group
-            passes = _source_mentions(type(optimizer).count_zeros, "tp_group")
-            first = children[0] if children else None
-            ztp = getattr(first, "tp_group", None) if passes else None
-            zetp = getattr(first, "expert_tp_group", None) if passes else None
-            for i, child in enumerate(children):
-                plan.append(
-                    (
-                        f"{top}.chained_optimizers[{i}]",
-                        child,
-                        child.get_grad_stats_parallel_group(),
-                        True,
-                        ztp,
-                        zetp,
-                    )
-                )
-        else:
-            for i, child in enumerate(children):
-                counted = bool(getattr(child.config, "log_num_zeros_in_grad", False))
-                ztp, zetp = _own_zero_groups(child)
-                plan.append(
-                    (
-                        f"{top}.chained_optimizers[{i}]",
-                        child,
-                        child.get_grad_stats_parallel_group(),
-                        counted,
-                        ztp,
-                        zetp,
-                    )
-                )
-    else:
+            plan.append(ChildPlan(f"{top}.chained_optimizers[{i}]", child, None, True, ztp, zetp))
+        return plan
+    if not isinstance(optimizer, Chained):
         _check_child(optimizer, C)
         ztp, zetp = _own_zero_groups(optimizer)
-        plan.append((top, optimizer, optimizer.get_grad_stats_parallel_group(), True, ztp, zetp))
+        return [ChildPlan(top, optimizer, optimizer.get_grad_stats_parallel_group(), True, ztp, zetp)]
+    children = optimizer.chained_optimizers
+    for child in children:
+        _check_child(child, C)
+    # Shared group: one count_zeros_fp32 over every child's params with the first child's
+    # groups; else each child counts its own zeros, when its config logs them.
+    shared = optimizer.grads_states_parallel_group_is_shared() if children else True
+    shared_groups = _groups_count_zeros_passes(optimizer, children[0]) if children else (None, None)
+    plan = []
+    for i, child in enumerate(children):
+        if shared:
+            counted, (ztp, zetp) = True, shared_groups
+        else:
+            counted = bool(getattr(child.config, "log_num_zeros_in_grad", False))
+            ztp, zetp = _own_zero_groups(child)
+        plan.append(
+            ChildPlan(
+                f"{top}.chained_optimizers[{i}]",
+                child,
+                child.get_grad_stats_parallel_group(),
+                counted,
+                ztp,
+                zetp,
+            )
+        )
     return plan
 
 
