@@ -8,12 +8,12 @@
 #include <cstdlib>
 
 #include "comm/mpi_communicator.h"
-#include "fuzz/backend.h"
+#include "run/backend.h"
 #include "topologies/enumerate.h"
 
 namespace {
 
-using tally::fuzz::Case;
+using tally::casefile::Case;
 
 Case make_case(const tally::topologies::ParallelConfig& config, int i) {
   Case c;
@@ -42,7 +42,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 int main(int argc, char** argv) {
   tally::comm::MpiSession session(&argc, &argv, tally::comm::MpiOptions{120.0});
-  if (session.rank() != 0) return tally::fuzz::serve_mpi_cases(session);
+  if (session.rank() != 0) return tally::run::serve_mpi_cases(session);
   const int cases = argc > 1 ? std::max(1, std::atoi(argv[1])) : 200;
   const int world = session.size();
 
@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
     varied.push_back(make_case(configs[static_cast<std::size_t>(i) % configs.size()], i));
   }
 
-  tally::fuzz::MpiBackend mpi(session);
-  tally::fuzz::SimBackend sim;
+  tally::run::MpiBackend mpi(session);
+  tally::run::SimBackend sim;
   std::printf("world %d, %d cases per mix, %zu configurations in the varied mix\n", world, cases,
               configs.size());
   std::printf("%-22s %12s %12s %8s\n", "mix", "sim cases/s", "mpi cases/s", "sim/mpi");

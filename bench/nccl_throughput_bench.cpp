@@ -11,12 +11,12 @@
 
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
-#include "fuzz/backend.h"
+#include "run/backend.h"
 #include "topologies/enumerate.h"
 
 namespace {
 
-using tally::fuzz::Case;
+using tally::casefile::Case;
 
 Case make_case(const tally::topologies::ParallelConfig& config, int i) {
   Case c;
@@ -46,8 +46,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int main(int argc, char** argv) {
   tally::comm::MpiSession session(&argc, &argv, tally::comm::MpiOptions{120.0});
   const int k = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1;
-  std::unique_ptr<tally::fuzz::RankEngine> engine = tally::fuzz::make_nccl_engine(session, k);
-  if (session.rank() != 0) return tally::fuzz::serve_mpi_cases(session, *engine);
+  std::unique_ptr<tally::run::RankEngine> engine = tally::run::make_nccl_engine(session, k);
+  if (session.rank() != 0) return tally::run::serve_mpi_cases(session, *engine);
   const int cases = argc > 2 ? std::max(1, std::atoi(argv[2])) : 200;
   const int world = session.size() * k;
 
@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
     varied.push_back(make_case(configs[static_cast<std::size_t>(i) % configs.size()], i));
   }
 
-  tally::fuzz::MpiBackend mpi(session, std::move(engine));
-  tally::fuzz::SimBackend sim;
+  tally::run::MpiBackend mpi(session, std::move(engine));
+  tally::run::SimBackend sim;
   std::printf("%d GPUs x %d ranks per GPU = world %d, %d cases per mix, %zu configurations in the "
               "varied mix\n", session.size(), k, world, cases, configs.size());
   std::printf("%-22s %12s %12s %8s\n", "mix", "sim cases/s", "nccl cases/s", "nccl/sim");

@@ -12,12 +12,13 @@
 #include <map>
 #include <random>
 
-#include "fuzz/case.h"
+#include "casefile/case.h"
+#include "run/run_case.h"
 #include "topologies/enumerate.h"
 
 namespace {
 
-using tally::fuzz::Case;
+using tally::casefile::Case;
 using tally::topologies::ParallelConfig;
 
 // CPU seconds of this process: what "cases per second on one core" means on a shared machine.
@@ -71,7 +72,7 @@ Case sample_case(std::mt19937_64& rng, std::map<int, std::vector<ParallelConfig>
     c.path.gradients.generator.mode = modes[static_cast<std::size_t>(pick(static_cast<int>(modes.size())))];
     c.path.gradients.generator.seed = rng();
     c.path.max_norm = 1.0;
-    if (tally::fuzz::check_case(c)) continue;
+    if (tally::casefile::check_case(c)) continue;
     return c;
   }
 }
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   for (const Case& c : cases_to_run) {
     ranks += c.topology.world;
-    if (tally::fuzz::run_case(c).kind != tally::oracle::Verdict::Kind::pass) ++failures;
+    if (tally::run::run_case(c).kind != tally::oracle::Verdict::Kind::pass) ++failures;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
         tally::gradnorm::OptimizerModel::layerwise}) {
     large.path.optimizer = model;
     const auto t0 = std::chrono::steady_clock::now();
-    const tally::oracle::Verdict verdict = tally::fuzz::run_case(large);
+    const tally::oracle::Verdict verdict = tally::run::run_case(large);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("world 16384 (tp 8, pp 8, ep 64), 16-layer MoE, 64 experts, %s: %s in %.2f s, peak RSS %ld MiB\n",
                 std::string(tally::gradnorm::optimizer_model_name(model)).c_str(),

@@ -6,14 +6,14 @@
 #include <iosfwd>
 #include <string>
 
-#include "fuzz/backend.h"
+#include "run/backend.h"
 
 namespace tally::cli {
 
 struct CommandContext {
   std::ostream& out;
   std::ostream& err;
-  fuzz::Backend& backend;  // where the commands that run cases run them
+  run::Backend& backend;  // where the commands that run cases run them
   int exit_code = 0;
 };
 

@@ -148,7 +148,7 @@ std::string world_text(const topologies::ParallelConfig& c) {
 }
 
 // "gpt, 1 layer, 2 experts: 31 params, 412 elements" or "custom: 1 param, 3 elements".
-std::string model_text(const fuzz::Case& c) {
+std::string model_text(const casefile::Case& c) {
   const fuzz::CaseSize size = fuzz::case_size(c);
   auto plural = [](std::int64_t n, const char* what) {
     return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
@@ -170,9 +170,9 @@ std::string indent(const std::string& text, const std::string& prefix) {
 
 // On sim each case has its own world; on mpi and nccl every case has the job's world.
 fuzz::CaseRunner runner_for(CommandContext& context) {
-  fuzz::Backend& backend = context.backend;
-  if (backend.world() == 0) return [](const fuzz::Case& c) { return fuzz::run_case(c); };
-  return [&backend](const fuzz::Case& c) { return backend.run(c, {}); };
+  run::Backend& backend = context.backend;
+  if (backend.world() == 0) return [](const casefile::Case& c) { return run::run_case(c); };
+  return [&backend](const casefile::Case& c) { return backend.run(c, {}); };
 }
 
 nlohmann::ordered_json failure_json(const fuzz::Failure& f) {

@@ -10,7 +10,7 @@
 #include "cli/model_flags.h"
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
-#include "fuzz/model_json.h"
+#include "casefile/model_json.h"
 #include "topologies/logical_model.h"
 #include "topologies/rank_layout.h"
 #include "topologies/sharding.h"
@@ -125,7 +125,7 @@ void print_params(std::ostream& out, const LogicalModel& model, const RankLayout
 
 nlohmann::ordered_json params_json(const LogicalModel& model, const RankLayout& layout) {
   nlohmann::ordered_json j;
-  j["model"] = fuzz::model_spec_to_json(model.spec());
+  j["model"] = casefile::model_spec_to_json(model.spec());
   j["config"] = config_json(layout);
   nlohmann::ordered_json params = nlohmann::ordered_json::array();
   for (const LogicalParam& p : model.params()) {
@@ -187,7 +187,7 @@ void print_rank(std::ostream& out, const LogicalModel& model, const RankLayout& 
   const topologies::Coordinates c = layout.coordinates(rank);
   if (json) {
     nlohmann::ordered_json j;
-    j["model"] = fuzz::model_spec_to_json(model.spec());
+    j["model"] = casefile::model_spec_to_json(model.spec());
     j["config"] = config_json(layout);
     j["rank"] = rank;
     j["coordinates"] = {{"tp", c.tp},   {"cp", c.cp}, {"dp", c.dp},  {"pp", c.pp},

@@ -16,7 +16,7 @@ std::string number_text(double value) { return nlohmann::json(value).dump(); }
 
 }  // namespace
 
-MegatronArgs megatron_args(const fuzz::Case& c) {
+MegatronArgs megatron_args(const casefile::Case& c) {
   MegatronArgs m;
   auto flag = [&m](std::string name) { m.args.push_back(std::move(name)); };
   auto value = [&m](std::string name, const std::string& text) {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "fuzz/case.h"
+#include "casefile/case.h"
 
 namespace tally::cli {
 
@@ -17,7 +17,7 @@ struct MegatronArgs {
   std::vector<std::string> notes;
 };
 
-MegatronArgs megatron_args(const fuzz::Case& c);
+MegatronArgs megatron_args(const casefile::Case& c);
 
 // The args as lines a shell accepts: "  --flag value \" per flag, the last without the "\".
 std::string megatron_command_text(const MegatronArgs& args);

@@ -1,7 +1,7 @@
 #include "cli/model_flags.h"
 
 #include "cli/usage_error.h"
-#include "fuzz/model_json.h"
+#include "casefile/model_json.h"
 
 namespace tally::cli {
 
@@ -69,8 +69,8 @@ topologies::ModelSpec to_model_spec(const ModelFlags& f) {
         throw UsageError("--model " + f.file + " cannot be combined with the model flag " +
                          option->get_name() + " (put the field in the file)");
     try {
-      return fuzz::load_model_spec(f.file);
-    } catch (const fuzz::ModelJsonError& error) {
+      return casefile::load_model_spec(f.file);
+    } catch (const casefile::ModelJsonError& error) {
       throw UsageError(error.what());
     }
   }

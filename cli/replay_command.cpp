@@ -11,7 +11,8 @@
 #include "cli/commands.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
-#include "fuzz/case_file.h"
+#include "casefile/case_file.h"
+#include "run/run_case.h"
 #include "fuzz/junit.h"
 
 namespace tally::cli {
@@ -78,7 +79,7 @@ struct Outcome {
   double seconds = 0.0;
 };
 
-Outcome replay_one(const Input& input, fuzz::Backend& backend) {
+Outcome replay_one(const Input& input, run::Backend& backend) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -88,12 +89,12 @@ Outcome replay_one(const Input& input, fuzz::Backend& backend) {
   }
   const auto start = std::chrono::steady_clock::now();
   try {
-    const fuzz::Case c = fuzz::load_case_file(input.file);
-    const fuzz::Expectation expect = c.expect.value_or(fuzz::Expectation{});
-    o.expected = fuzz::outcome_name(expect.outcome);
+    const casefile::Case c = casefile::load_case_file(input.file);
+    const casefile::Expectation expect = c.expect.value_or(casefile::Expectation{});
+    o.expected = casefile::outcome_name(expect.outcome);
     // On sim a hang is a verdict; on a process-per-rank backend it ends the whole job (exit 3),
     // so a case that expects one would stop the replay of every case after it.
-    if (expect.outcome == fuzz::Expectation::Outcome::infra_error && backend.name() != "sim") {
+    if (expect.outcome == casefile::Expectation::Outcome::infra_error && backend.name() != "sim") {
       o.result = Result::not_runnable;
       o.message = "it expects a hang, which ends a " + std::string(backend.name()) +
                   " job instead of giving a verdict";
@@ -101,11 +102,11 @@ Outcome replay_one(const Input& input, fuzz::Backend& backend) {
     }
     const oracle::Verdict verdict = backend.run(c, {});
     o.verdict = oracle::kind_name(verdict.kind);
-    if (std::optional<std::string> unmet = fuzz::unmet_expectation(expect, verdict)) {
+    if (std::optional<std::string> unmet = run::unmet_expectation(expect, verdict)) {
       o.result = Result::mismatch;
       o.message = *unmet;
     }
-  } catch (const fuzz::NotRunnableHere& error) {
+  } catch (const run::NotRunnableHere& error) {
     o.result = Result::not_runnable;
     o.message = error.what();
   } catch (const std::exception& error) {

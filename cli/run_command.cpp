@@ -9,10 +9,11 @@
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
-#include "fuzz/case.h"
-#include "fuzz/case_file.h"
+#include "casefile/case.h"
+#include "run/run_case.h"
+#include "casefile/case_file.h"
 #include "gradnorm/faults.h"
-#include "manifest/from_path.h"
+#include "run/model_manifests.h"
 #include "manifest/manifest_json.h"
 
 namespace tally::cli {
@@ -85,9 +86,9 @@ std::uint32_t parse_classes(const std::vector<std::string>& names) {
   return mask;
 }
 
-fuzz::Case case_from_flags(const RunOptions& o) {
+casefile::Case case_from_flags(const RunOptions& o) {
   if (o.topology.world == 0) throw UsageError("--world is required (or give a case file)");
-  fuzz::Case c;
+  casefile::Case c;
   c.topology = to_valid_config(o.topology);
   c.model = to_model_spec(o.model);
   gradnorm::PathOptions& path = c.path;
@@ -119,22 +120,22 @@ void print_fault_catalog(std::ostream& out) {
 }
 
 // The case to run: the file's, or the flags'. Throws UsageError.
-fuzz::Case input_case(const RunOptions& o) {
+casefile::Case input_case(const RunOptions& o) {
   if (o.case_file.empty()) return case_from_flags(o);
   for (const CLI::Option* option : o.case_flags)
     if (option->count() > 0)
       throw UsageError("the case file " + o.case_file + " cannot be combined with the case flag " +
                        option->get_name() + " (edit the file, or give the case by flags only)");
   try {
-    return fuzz::load_case_file(o.case_file);
-  } catch (const fuzz::CaseFileError& error) {
+    return casefile::load_case_file(o.case_file);
+  } catch (const casefile::CaseFileError& error) {
     throw UsageError(error.what());
   }
 }
 
-void save_case(const std::string& file, const fuzz::Case& c) {
+void save_case(const std::string& file, const casefile::Case& c) {
   try {
-    fuzz::write_case_file(file, c);
+    casefile::write_case_file(file, c);
   } catch (const std::exception& error) {
     throw UsageError(error.what());
   }
@@ -142,22 +143,22 @@ void save_case(const std::string& file, const fuzz::Case& c) {
 
 // The expectation a run showed: its outcome, the statistics it failed and the params it
 // miscounted (at most kMaxObservedParams of them, in param order).
-fuzz::Expectation observed_expectation(const oracle::Verdict& verdict) {
+casefile::Expectation observed_expectation(const oracle::Verdict& verdict) {
   constexpr std::size_t kMaxObservedParams = 32;
-  fuzz::Expectation e;
-  e.outcome = verdict.kind == oracle::Verdict::Kind::pass   ? fuzz::Expectation::Outcome::pass
-              : verdict.kind == oracle::Verdict::Kind::fail ? fuzz::Expectation::Outcome::fail
-                                                            : fuzz::Expectation::Outcome::infra_error;
-  if (e.outcome != fuzz::Expectation::Outcome::fail) return e;
-  e.statistics = fuzz::failed_statistics(verdict);
+  casefile::Expectation e;
+  e.outcome = verdict.kind == oracle::Verdict::Kind::pass   ? casefile::Expectation::Outcome::pass
+              : verdict.kind == oracle::Verdict::Kind::fail ? casefile::Expectation::Outcome::fail
+                                                            : casefile::Expectation::Outcome::infra_error;
+  if (e.outcome != casefile::Expectation::Outcome::fail) return e;
+  e.statistics = run::failed_statistics(verdict);
   for (const oracle::Miscount& m : verdict.miscounted)
     if (e.miscounted.size() < kMaxObservedParams) e.miscounted.push_back(m.name);
   return e;
 }
 
 // "expect fail (l2, ledger; decoder.layers.0.mlp...)" for the expectation line.
-std::string expectation_text(const fuzz::Expectation& e) {
-  std::string text = "expect " + std::string(fuzz::outcome_name(e.outcome));
+std::string expectation_text(const casefile::Expectation& e) {
+  std::string text = "expect " + std::string(casefile::outcome_name(e.outcome));
   std::string details;
   for (const std::string& name : e.statistics) details += (details.empty() ? "" : ", ") + name;
   if (!e.miscounted.empty()) {
@@ -170,9 +171,9 @@ std::string expectation_text(const fuzz::Expectation& e) {
 
 // Writes the manifests of the path's `result` on case `c` (docs/manifest.md). Throws
 // UsageError when the folder cannot be written.
-void write_manifests(const std::string& dir, const fuzz::Case& c, const gradnorm::PathResult& result) {
+void write_manifests(const std::string& dir, const casefile::Case& c, const gradnorm::PathResult& result) {
   try {
-    manifest::write_run(dir, manifest::manifests_from_run(c, result));
+    manifest::write_run(dir, run::manifests_from_run(c, result));
   } catch (const std::exception& error) {
     throw UsageError(std::string("--manifests: ") + error.what());
   }
@@ -257,18 +258,18 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       throw UsageError("--manifests needs --backend sim (the " +
                        std::string(context.backend.name()) +
                        " backend returns only the verdict, not each rank's decisions)");
-    fuzz::Case c = input_case(o);
+    casefile::Case c = input_case(o);
     if (!o.description.empty()) {
       for (char ch : o.description)
         if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
           throw UsageError("--description must be one line without control characters");
       c.description = o.description;
     }
-    if (o.expect == "pass") c.expect = fuzz::Expectation{};
-    if (o.expect == "fail") c.expect = fuzz::Expectation{fuzz::Expectation::Outcome::fail, {}, {}};
+    if (o.expect == "pass") c.expect = casefile::Expectation{};
+    if (o.expect == "fail") c.expect = casefile::Expectation{casefile::Expectation::Outcome::fail, {}, {}};
     if (!o.save.empty()) {
       // Checked first, so an invalid case never reaches the disk.
-      if (std::optional<std::string> error = fuzz::check_case(c)) throw UsageError(*error);
+      if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
       save_case(o.save, c);  // before running: a crash loses nothing
     }
     oracle::Verdict verdict;
@@ -278,12 +279,12 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
         verdict = context.backend.run(c, {});
       } else {
         // The sim backend's run, keeping the path's result for the manifests.
-        fuzz::CaseRun run = fuzz::run_case_with_result(c);
+        run::CaseRun run = run::run_case_with_result(c);
         verdict = std::move(run.verdict);
         if (run.result) write_manifests(o.manifests, c, *run.result);
         manifests_written = run.result.has_value();
       }
-    } catch (const fuzz::InvalidCase& error) {
+    } catch (const casefile::InvalidCase& error) {
       throw UsageError(error.what());
     }
     if (o.expect == "observed") {
@@ -294,11 +295,11 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     const std::string replay =
         case_source.empty() ? o.command_line : "tally run " + shell_quote(case_source);
     std::optional<std::string> unmet;
-    if (c.expect) unmet = fuzz::unmet_expectation(*c.expect, verdict);
+    if (c.expect) unmet = run::unmet_expectation(*c.expect, verdict);
     if (o.json) {
       nlohmann::ordered_json j = verdict_json(verdict);
       if (c.expect)
-        j["expectation"] = {{"expect", fuzz::case_to_json(c)["expect"]},
+        j["expectation"] = {{"expect", casefile::case_to_json(c)["expect"]},
                             {"met", !unmet.has_value()},
                             {"reason", unmet.value_or("")}};
       if (!case_source.empty()) j["case_file"] = case_source;

@@ -27,7 +27,7 @@ std::string shell_command(int argc, const char* const* argv) {
 
 // Registers every command, parses argv and runs the chosen one with `backend`.
 int run_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
-                fuzz::Backend& backend) {
+                run::Backend& backend) {
   CLI::App app{
       "tally: checks that a distributed gradient norm counts every parameter element exactly "
       "once, in every parallel topology (TP, CP, PP, DP, EP, ETP) of Megatron-LM."};
@@ -86,8 +86,8 @@ int run_under_mpi(int argc, const char* const* argv, std::ostream& out, std::ost
                   const BackendChoice& choice) {
 #if TALLY_HAVE_MPI
   comm::MpiSession session(nullptr, nullptr, comm::MpiOptions{choice.timeout_seconds});
-  if (session.rank() != 0) return fuzz::serve_mpi_cases(session);
-  fuzz::MpiBackend backend(session);
+  if (session.rank() != 0) return run::serve_mpi_cases(session);
+  run::MpiBackend backend(session);
   const int code = run_command(argc, argv, out, err, backend);
   backend.finish(code);
   return code;
@@ -104,21 +104,21 @@ int run_under_nccl(int argc, const char* const* argv, std::ostream& out, std::os
                    const BackendChoice& choice) {
 #if TALLY_HAVE_MPI
   std::string why;
-  if (!fuzz::nccl_engine_available(&why)) {
+  if (!run::nccl_engine_available(&why)) {
     err << "tally: error: --backend nccl: " << why << '\n';
     return kExitBadInput;
   }
   comm::MpiSession session(nullptr, nullptr, comm::MpiOptions{choice.timeout_seconds});
-  std::unique_ptr<fuzz::RankEngine> engine;
+  std::unique_ptr<run::RankEngine> engine;
   try {
-    engine = fuzz::make_nccl_engine(session, choice.ranks_per_gpu);
+    engine = run::make_nccl_engine(session, choice.ranks_per_gpu);
   } catch (const comm::InfraError& error) {
     err << "tally: rank " << session.rank() << ": infrastructure failure: " << error.what() << '\n';
     err.flush();
     session.abort(kExitInfra);
   }
-  if (session.rank() != 0) return fuzz::serve_mpi_cases(session, *engine);
-  fuzz::MpiBackend backend(session, std::move(engine));
+  if (session.rank() != 0) return run::serve_mpi_cases(session, *engine);
+  run::MpiBackend backend(session, std::move(engine));
   const int code = run_command(argc, argv, out, err, backend);
   backend.finish(code);
   return code;
@@ -136,7 +136,7 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   const BackendChoice choice = backend_choice(argc, argv);
   if (choice.name == "mpi") return run_under_mpi(argc, argv, out, err, choice);
   if (choice.name == "nccl") return run_under_nccl(argc, argv, out, err, choice);
-  fuzz::SimBackend sim;
+  run::SimBackend sim;
   return run_command(argc, argv, out, err, sim);
 }
 

@@ -6,7 +6,7 @@
 #include "cli/megatron_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
-#include "fuzz/case_file.h"
+#include "casefile/case_file.h"
 
 namespace tally::cli {
 
@@ -17,10 +17,10 @@ struct ShowOptions {
   bool json = false;
 };
 
-std::string expectation_line(const std::optional<fuzz::Expectation>& expect) {
+std::string expectation_line(const std::optional<casefile::Expectation>& expect) {
   if (!expect) return "expect: nothing recorded (replay expects pass)";
-  std::string line = "expect: " + std::string(fuzz::outcome_name(expect->outcome));
-  if (expect->outcome != fuzz::Expectation::Outcome::fail) return line;
+  std::string line = "expect: " + std::string(casefile::outcome_name(expect->outcome));
+  if (expect->outcome != casefile::Expectation::Outcome::fail) return line;
   auto join = [](const std::vector<std::string>& items) {
     std::string text;
     for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
@@ -43,17 +43,17 @@ void add_show_command(CLI::App& app, CommandContext& context) {
   command->add_flag("--json", options->json,
                     "Machine-readable: the canonical case, its summary and the Megatron-LM args");
   command->callback([options, &context] {
-    fuzz::Case c;
+    casefile::Case c;
     try {
-      c = fuzz::load_case_file(options->case_file);
-    } catch (const fuzz::CaseFileError& error) {
+      c = casefile::load_case_file(options->case_file);
+    } catch (const casefile::CaseFileError& error) {
       throw UsageError(error.what());
     }
     const MegatronArgs megatron = megatron_args(c);
     if (options->json) {
       nlohmann::ordered_json j;
       j["file"] = options->case_file;
-      j["case"] = fuzz::case_to_json(c);
+      j["case"] = casefile::case_to_json(c);
       j["summary"] = case_summary(c);
       j["megatron_args"] = megatron.args;
       j["megatron_notes"] = megatron.notes;

@@ -38,7 +38,7 @@ std::string times_text(std::int64_t counted, std::int64_t expected) {
 
 }  // namespace
 
-std::string case_summary(const fuzz::Case& c) {
+std::string case_summary(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
   std::ostringstream out;
   out << "world " << t.world << " (dense tp " << t.tp << ", cp " << t.cp << ", pp " << t.pp
@@ -59,7 +59,7 @@ std::string case_summary(const fuzz::Case& c) {
   return out.str();
 }
 
-void print_verdict(std::ostream& out, const fuzz::Case& c, const oracle::Verdict& verdict,
+void print_verdict(std::ostream& out, const casefile::Case& c, const oracle::Verdict& verdict,
                    const std::string& replay_command) {
   if (!c.description.empty()) out << c.description << '\n';
   out << case_summary(c) << "\n\n";

@@ -6,15 +6,15 @@
 #include <ostream>
 #include <string>
 
-#include "fuzz/case.h"
+#include "casefile/case.h"
 #include "oracle/verdict.h"
 
 namespace tally::cli {
 
 // "world 2 (dense tp 2, cp 1, pp 1, dp 1; expert etp 1, ep 2, edp 1), gpt ..., layerwise, ..."
-std::string case_summary(const fuzz::Case& c);
+std::string case_summary(const casefile::Case& c);
 
-void print_verdict(std::ostream& out, const fuzz::Case& c, const oracle::Verdict& verdict,
+void print_verdict(std::ostream& out, const casefile::Case& c, const oracle::Verdict& verdict,
                    const std::string& replay_command);
 
 // The statistics table, the agreement of ranks, the ledger and its diagnosis, and the verdict

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "fuzz/case_file.h"
+#include "casefile/case_file.h"
 
 namespace tally::fuzz {
 
@@ -25,19 +25,19 @@ void ensure_dir(const std::string& dir) {
   if (error) throw std::runtime_error("cannot create corpus directory " + dir + ": " + error.message());
 }
 
-std::string fault_names(const Case& c) { return gradnorm::fault_list(c.path.faults); }
+std::string fault_names(const casefile::Case& c) { return gradnorm::fault_list(c.path.faults); }
 
 }  // namespace
 
-Expectation expectation_of(const oracle::Verdict& verdict) {
-  Expectation e;
+casefile::Expectation expectation_of(const oracle::Verdict& verdict) {
+  casefile::Expectation e;
   switch (verdict.kind) {
-    case oracle::Verdict::Kind::pass: e.outcome = Expectation::Outcome::pass; break;
-    case oracle::Verdict::Kind::fail: e.outcome = Expectation::Outcome::fail; break;
-    case oracle::Verdict::Kind::infra_error: e.outcome = Expectation::Outcome::infra_error; break;
+    case oracle::Verdict::Kind::pass: e.outcome = casefile::Expectation::Outcome::pass; break;
+    case oracle::Verdict::Kind::fail: e.outcome = casefile::Expectation::Outcome::fail; break;
+    case oracle::Verdict::Kind::infra_error: e.outcome = casefile::Expectation::Outcome::infra_error; break;
   }
   if (verdict.kind != oracle::Verdict::Kind::fail) return e;
-  e.statistics = failed_statistics(verdict);
+  e.statistics = run::failed_statistics(verdict);
   for (const oracle::Miscount& m : verdict.miscounted) e.miscounted.push_back(m.name);
   return e;
 }
@@ -77,9 +77,9 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
       break;
     }
 
-    const rc::Shrinkable<Case> generated = generate_case(options.generator, options.seed, index);
-    Case c = generated.value();
-    if (std::optional<std::string> error = check_case(c))
+    const rc::Shrinkable<casefile::Case> generated = generate_case(options.generator, options.seed, index);
+    casefile::Case c = generated.value();
+    if (std::optional<std::string> error = casefile::check_case(c))
       throw std::logic_error("the generator made an invalid case (seed " +
                              std::to_string(options.seed) + ", case " + std::to_string(index) +
                              "): " + *error);
@@ -105,7 +105,7 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     if (!options.corpus_dir.empty()) {
       ensure_dir(options.corpus_dir);
       failure.original_path = corpus_file(options.corpus_dir, options.seed, index, ".json");
-      write_case_file(failure.original_path, failure.original);
+      casefile::write_case_file(failure.original_path, failure.original);
     }
     observer.failure_found(failure);
 
@@ -127,7 +127,7 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     failure.shrunk.expect = expectation_of(shrunk.verdict);
     if (!options.corpus_dir.empty()) {
       failure.shrunk_path = corpus_file(options.corpus_dir, options.seed, index, ".shrunk.json");
-      write_case_file(failure.shrunk_path, failure.shrunk);
+      casefile::write_case_file(failure.shrunk_path, failure.shrunk);
     }
     result.failures.push_back(failure);
     observer.failure_shrunk(result.failures.back());

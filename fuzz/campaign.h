@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "fuzz/case.h"
+#include "casefile/case.h"
+#include "run/run_case.h"
 #include "fuzz/generators.h"
 #include "fuzz/shrink.h"
 #include "gradnorm/faults.h"
@@ -24,7 +25,7 @@ namespace tally::fuzz {
 
 // What a failing case is expected to do on replay: fail with its failing statistics and its
 // diagnosed miscounted params (or an infra-error).
-Expectation expectation_of(const oracle::Verdict& verdict);
+casefile::Expectation expectation_of(const oracle::Verdict& verdict);
 
 struct CampaignOptions {
   std::uint64_t seed = 1;
@@ -38,12 +39,12 @@ struct CampaignOptions {
 
 struct Failure {
   std::int64_t index = 0;  // the case number in the campaign
-  Case original;           // with its expectation
+  casefile::Case original;           // with its expectation
   oracle::Verdict original_verdict;
   FailureSignature signature;
   std::string original_path;  // empty without a corpus
   bool shrunk_done = false;   // the fields below are set (failure_found comes before)
-  Case shrunk;                // with its expectation
+  casefile::Case shrunk;                // with its expectation
   oracle::Verdict shrunk_verdict;
   std::string shrunk_path;
   ShrinkProgress shrink;

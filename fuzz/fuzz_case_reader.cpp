@@ -8,22 +8,22 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "fuzz/case_file.h"
+#include "casefile/case_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  tally::fuzz::Case c;
+  tally::casefile::Case c;
   try {
-    c = tally::fuzz::case_from_text(text, "input.json");
-  } catch (const tally::fuzz::CaseFileError& error) {
+    c = tally::casefile::case_from_text(text, "input.json");
+  } catch (const tally::casefile::CaseFileError& error) {
     // Every message is one line (the CLI prints it as the one line of a bad input).
     if (std::string_view(error.what()).find('\n') != std::string_view::npos) std::abort();
     return 0;
   }
   // Round trip: what was read writes back canonically and reads to the same case.
-  const std::string canonical = tally::fuzz::case_to_text(c);
-  if (!(tally::fuzz::case_from_text(canonical, "canonical.json") == c)) std::abort();
-  if (tally::fuzz::case_to_text(tally::fuzz::case_from_text(canonical, "canonical.json")) != canonical)
+  const std::string canonical = tally::casefile::case_to_text(c);
+  if (!(tally::casefile::case_from_text(canonical, "canonical.json") == c)) std::abort();
+  if (tally::casefile::case_to_text(tally::casefile::case_from_text(canonical, "canonical.json")) != canonical)
     std::abort();
   return 0;
 }

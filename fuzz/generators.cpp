@@ -408,10 +408,10 @@ rc::Gen<gradnorm::PathOptions> gen_path_options() {
   return rc::gen::exec([] { return pick_path_options(); });
 }
 
-rc::Gen<Case> gen_case(const CaseGenOptions& options) {
-  return rc::Gen<Case>([options](const rc::Random& random, int size) {
+rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
+  return rc::Gen<casefile::Case>([options](const rc::Random& random, int size) {
     return rc::gen::exec([options] {
-      Case c;
+      casefile::Case c;
       const int fault_index =
           options.faults.empty() ? 0 : *fixed_index(static_cast<int>(options.faults.size()));
       const bool zero_count_fault =
@@ -453,12 +453,12 @@ std::uint64_t case_seed(std::uint64_t campaign_seed, std::int64_t index) {
 
 int case_size_param(std::int64_t index) { return static_cast<int>(index % 101); }
 
-rc::Shrinkable<Case> generate_case(const CaseGenOptions& options, std::uint64_t campaign_seed,
+rc::Shrinkable<casefile::Case> generate_case(const CaseGenOptions& options, std::uint64_t campaign_seed,
                                    std::int64_t index) {
   return gen_case(options)(rc::Random(case_seed(campaign_seed, index)), case_size_param(index));
 }
 
-CaseSize case_size(const Case& c) {
+CaseSize case_size(const casefile::Case& c) {
   CaseSize size;
   size.world = c.topology.world;
   size.layers = c.model.kind == topologies::ModelKind::gpt ? c.model.num_layers : 0;

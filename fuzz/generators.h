@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fuzz/case.h"
+#include "casefile/case.h"
 #include "gradnorm/faults.h"
 #include "topologies/model_spec.h"
 #include "topologies/parallel_config.h"
@@ -60,7 +60,7 @@ rc::Gen<topologies::ModelSpec> gen_custom_model(const topologies::ParallelConfig
 rc::Gen<topologies::ModelSpec> gen_model(const topologies::ParallelConfig& config);
 
 // Optimizer model, gradient mode, dtype, seed and class mask, accumulation, clipping, p-norms,
-// bucket size; never faults. Passes check_case for any config and model.
+// bucket size; never faults. Passes casefile::check_case for any config and model.
 rc::Gen<gradnorm::PathOptions> gen_path_options();
 
 // The element count of the big tensor of the big-zeros scenario: 2^24 + 1, more than a float32
@@ -80,17 +80,17 @@ struct CaseGenOptions {
   int big_zeros_one_in_for_its_fault = 20;
 };
 
-// A whole case (topology, model, path options with its fault); passes check_case. Its
+// A whole case (topology, model, path options with its fault); passes casefile::check_case. Its
 // description is empty (the campaign names it). Its expectation is unset.
-rc::Gen<Case> gen_case(const CaseGenOptions& options);
+rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options);
 
-// Case `index` of a campaign with seed `campaign_seed`: gen_case run with
+// casefile::Case `index` of a campaign with seed `campaign_seed`: gen_case run with
 // rc::Random(case_seed(campaign_seed, index)) at size case_size_param(index), so a campaign is
 // repeated exactly from its seed. Sizes sweep 0..100 over every 101 cases: worlds from one
 // rank up to max_world, again and again.
 std::uint64_t case_seed(std::uint64_t campaign_seed, std::int64_t index);
 int case_size_param(std::int64_t index);
-rc::Shrinkable<Case> generate_case(const CaseGenOptions& options, std::uint64_t campaign_seed,
+rc::Shrinkable<casefile::Case> generate_case(const CaseGenOptions& options, std::uint64_t campaign_seed,
                                    std::int64_t index);
 
 // Every parallel axis, layer, expert and parameter count of a case, for tests and reports.
@@ -101,6 +101,6 @@ struct CaseSize {
   int params = 0;       // logical parameters
   std::int64_t elements = 0;
 };
-CaseSize case_size(const Case& c);
+CaseSize case_size(const casefile::Case& c);
 
 }  // namespace tally::fuzz

@@ -11,7 +11,7 @@ FailureSignature failure_signature(const oracle::Verdict& verdict) {
   if (verdict.kind != oracle::Verdict::Kind::fail) return s;
   s.ledger = verdict.miscounted_total > 0;
   if (!verdict.miscounted.empty()) s.miscounted_class = verdict.miscounted.front().param_class;
-  const std::vector<std::string> failed = failed_statistics(verdict);
+  const std::vector<std::string> failed = run::failed_statistics(verdict);
   if (!failed.empty()) s.statistic = failed.front();
   return s;
 }
@@ -25,7 +25,7 @@ bool fails_the_same_way(const FailureSignature& original, const oracle::Verdict&
                    [&](const oracle::Miscount& m) { return m.param_class == original.miscounted_class; }))
     return false;
   if (original.statistic.empty()) return true;
-  const std::vector<std::string> failed = failed_statistics(verdict);
+  const std::vector<std::string> failed = run::failed_statistics(verdict);
   return std::find(failed.begin(), failed.end(), original.statistic) != failed.end();
 }
 
@@ -40,7 +40,7 @@ std::string describe(const FailureSignature& s) {
   return what.empty() ? out : out + ": " + what;
 }
 
-ShrinkOutcome shrink_failure(const rc::Shrinkable<Case>& failing, const oracle::Verdict& verdict,
+ShrinkOutcome shrink_failure(const rc::Shrinkable<casefile::Case>& failing, const oracle::Verdict& verdict,
                              const CaseRunner& run, const ShrinkLimits& limits,
                              const std::function<bool()>& should_stop,
                              const std::function<void(const ShrinkOutcome&)>& on_step) {
@@ -50,15 +50,15 @@ ShrinkOutcome shrink_failure(const rc::Shrinkable<Case>& failing, const oracle::
   ShrinkOutcome outcome;
   outcome.shrunk = failing.value();
   outcome.verdict = verdict;
-  rc::Shrinkable<Case> current = failing;
+  rc::Shrinkable<casefile::Case> current = failing;
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   auto out_of_budget = [&] {
     return outcome.progress.runs >= limits.max_runs || elapsed() >= limits.max_seconds;
   };
   while (true) {
     bool accepted = false;
-    rc::Seq<rc::Shrinkable<Case>> candidates = current.shrinks();
-    while (rc::Maybe<rc::Shrinkable<Case>> candidate = candidates.next()) {
+    rc::Seq<rc::Shrinkable<casefile::Case>> candidates = current.shrinks();
+    while (rc::Maybe<rc::Shrinkable<casefile::Case>> candidate = candidates.next()) {
       if (should_stop && should_stop()) {
         outcome.interrupted = true;
         outcome.progress.seconds = elapsed();
@@ -68,18 +68,18 @@ ShrinkOutcome shrink_failure(const rc::Shrinkable<Case>& failing, const oracle::
         outcome.progress.seconds = elapsed();
         return outcome;
       }
-      Case value;
+      casefile::Case value;
       try {
         value = candidate->value();
       } catch (const std::exception&) {
         continue;  // a generator that gave up on this shrink
       }
-      if (check_case(value)) continue;
+      if (casefile::check_case(value)) continue;
       ++outcome.progress.runs;
       oracle::Verdict got;
       try {
         got = run(value);
-      } catch (const InvalidCase&) {
+      } catch (const casefile::InvalidCase&) {
         continue;
       }
       if (!fails_the_same_way(signature, got)) continue;

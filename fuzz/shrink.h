@@ -9,13 +9,14 @@
 #include <functional>
 #include <string>
 
-#include "fuzz/case.h"
+#include "casefile/case.h"
+#include "run/run_case.h"
 #include "oracle/verdict.h"
 
 namespace tally::fuzz {
 
 // Runs one case and judges it (the in-process backend, or another).
-using CaseRunner = std::function<oracle::Verdict(const Case&)>;
+using CaseRunner = std::function<oracle::Verdict(const casefile::Case&)>;
 
 // How a verdict failed, as far as shrinking must preserve it: the verdict kind, whether the
 // ledger failed (some param counted a wrong number of times) and the class of the first
@@ -24,7 +25,7 @@ struct FailureSignature {
   oracle::Verdict::Kind kind = oracle::Verdict::Kind::fail;
   bool ledger = false;
   std::string miscounted_class;  // ledger failures: e.g. "expert-row-bias"
-  std::string statistic;         // the first of failed_statistics, e.g. "l2", "zeros", "ledger"
+  std::string statistic;         // the first of run::failed_statistics, e.g. "l2", "zeros", "ledger"
   friend bool operator==(const FailureSignature&, const FailureSignature&) = default;
 };
 
@@ -51,7 +52,7 @@ struct ShrinkProgress {
 };
 
 struct ShrinkOutcome {
-  Case shrunk;
+  casefile::Case shrunk;
   oracle::Verdict verdict;  // the shrunk case's
   ShrinkProgress progress;
   bool complete = false;     // no shrink of `shrunk` fails the same way (a local minimum)
@@ -61,7 +62,7 @@ struct ShrinkOutcome {
 // Shrinks `failing` (whose value fails with `verdict`). Candidates that are not valid cases or
 // whose generation throws are skipped. `should_stop` is asked between candidates; `on_step`
 // hears of every accepted shrink.
-ShrinkOutcome shrink_failure(const rc::Shrinkable<Case>& failing, const oracle::Verdict& verdict,
+ShrinkOutcome shrink_failure(const rc::Shrinkable<casefile::Case>& failing, const oracle::Verdict& verdict,
                              const CaseRunner& run, const ShrinkLimits& limits,
                              const std::function<bool()>& should_stop = {},
                              const std::function<void(const ShrinkOutcome&)>& on_step = {});

@@ -301,12 +301,6 @@ NormShare norm_share(const OptimizerPlan& plan, const MainParam& param,
   return logical.grad_norm_group == GradNormGroup::mtp ? NormShare::mtp : NormShare::main;
 }
 
-kernels::GeneratorSpec generator_for(const GradientSpec& gradients, topologies::ParamClass c) {
-  kernels::GeneratorSpec spec = gradients.generator;
-  if (!(gradients.class_mask & class_bit(c))) spec.mode = kernels::GradientMode::zeros;
-  return spec;
-}
-
 std::vector<int> all_ranks(const topologies::RankLayout& layout) {
   std::vector<int> ranks(layout.world());
   std::iota(ranks.begin(), ranks.end(), 0);

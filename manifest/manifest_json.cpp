@@ -5,23 +5,23 @@
 #include <limits>
 #include <system_error>
 
-#include "fuzz/detail/atomic_file.h"
-#include "fuzz/detail/json_read.h"
+#include "casefile/atomic_file.h"
+#include "casefile/json_read.h"
 #include "topologies/parallel_config.h"
 
 namespace tally::manifest {
 
 namespace {
 
-using fuzz::detail::Field;
-using fuzz::detail::fail;
-using fuzz::detail::read_array;
-using fuzz::detail::read_bool;
-using fuzz::detail::read_integer;
-using fuzz::detail::read_number;
-using fuzz::detail::read_object;
-using fuzz::detail::read_string;
-using fuzz::detail::shown;
+using casefile::Field;
+using casefile::fail;
+using casefile::read_array;
+using casefile::read_bool;
+using casefile::read_integer;
+using casefile::read_number;
+using casefile::read_object;
+using casefile::read_string;
+using casefile::shown;
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
@@ -257,7 +257,7 @@ bool is_group_name(const std::string& name) {
 }
 
 RankManifest read_manifest(const json& value, const std::string& path) {
-  if (!value.is_object()) fail(path, std::string("expected a manifest object, got ") + fuzz::detail::type_word(value));
+  if (!value.is_object()) fail(path, std::string("expected a manifest object, got ") + casefile::type_word(value));
   // The version first: a newer file should say so rather than fail on a field it added.
   if (!value.contains("tally_manifest"))
     fail(path, "not a tally manifest: the key \"tally_manifest\" (the format version) is missing");
@@ -303,10 +303,10 @@ RankManifest read_manifest(const json& value, const std::string& path) {
         }},
        {"groups",
         [&](const json& v, const std::string& p) {
-          if (!v.is_object()) fail(p, std::string("expected an object of rank lists, got ") + fuzz::detail::type_word(v));
+          if (!v.is_object()) fail(p, std::string("expected an object of rank lists, got ") + casefile::type_word(v));
           if (v.size() > kMaxGroups) fail(p, "more than " + std::to_string(kMaxGroups) + " groups");
           for (const auto& [name, ranks] : v.items()) {
-            const std::string at = fuzz::detail::key_path(p, name);
+            const std::string at = casefile::key_path(p, name);
             if (!is_group_name(name))
               fail(at, "a group name is lowercase letters, digits and _ (at most 64)");
             m.groups[name] = read_rank_list(ranks, at, m.world, m.rank);
@@ -416,17 +416,17 @@ std::string manifest_to_text(const RankManifest& m) {
 RankManifest manifest_from_json(const json& value, std::string_view source) {
   try {
     return read_manifest(value, "manifest");
-  } catch (const fuzz::detail::JsonReadError& error) {
-    throw ManifestError(fuzz::detail::escape_controls(std::string(source) + ": " + error.what()));
+  } catch (const casefile::JsonReadError& error) {
+    throw ManifestError(casefile::escape_controls(std::string(source) + ": " + error.what()));
   }
 }
 
 RankManifest manifest_from_text(std::string_view text, std::string_view source) {
   json parsed;
   try {
-    parsed = fuzz::detail::parse_json(text, source);
-  } catch (const fuzz::detail::JsonReadError& error) {
-    throw ManifestError(fuzz::detail::escape_controls(error.what()));
+    parsed = casefile::parse_json(text, source);
+  } catch (const casefile::JsonReadError& error) {
+    throw ManifestError(casefile::escape_controls(error.what()));
   }
   return manifest_from_json(parsed, source);
 }
@@ -469,8 +469,8 @@ std::vector<RankManifest> load_run(const std::string& dir) {
   for (const auto& [rank, file] : files) {
     std::string text;
     try {
-      text = fuzz::detail::read_bounded_file(file, kMaxManifestBytes, "manifest");
-    } catch (const fuzz::detail::JsonReadError& e) {
+      text = casefile::read_bounded_file(file, kMaxManifestBytes, "manifest");
+    } catch (const casefile::JsonReadError& e) {
       throw ManifestError(e.what());
     }
     RankManifest m = manifest_from_text(text, file);
@@ -487,7 +487,7 @@ void write_run(const std::string& dir, const std::vector<RankManifest>& manifest
   std::filesystem::create_directories(dir, error);
   if (error) throw std::runtime_error(dir + ": cannot create the folder (" + error.message() + ")");
   for (const RankManifest& m : manifests)
-    fuzz::detail::write_file_atomically((std::filesystem::path(dir) / manifest_file_name(m.rank)).string(),
+    casefile::write_file_atomically((std::filesystem::path(dir) / manifest_file_name(m.rank)).string(),
                                         manifest_to_text(m), "manifest");
 }
 

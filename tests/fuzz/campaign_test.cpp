@@ -1,3 +1,4 @@
+#include "run/run_case.h"
 #include "fuzz/campaign.h"
 
 #include <gtest/gtest.h>
@@ -6,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "fuzz/case_file.h"
+#include "casefile/case_file.h"
 
 namespace tally::fuzz {
 namespace {
@@ -28,22 +29,22 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-oracle::Verdict sim(const Case& c) { return run_case(c); }
+oracle::Verdict sim(const casefile::Case& c) { return run::run_case(c); }
 
 // Replays a case file as `tally replay` does: its expectation must be met.
 void expect_replays(const std::string& path) {
-  const Case c = load_case_file(path);
+  const casefile::Case c = casefile::load_case_file(path);
   ASSERT_TRUE(c.expect.has_value()) << path;
-  EXPECT_EQ(c.expect->outcome, Expectation::Outcome::fail) << path;
+  EXPECT_EQ(c.expect->outcome, casefile::Expectation::Outcome::fail) << path;
   EXPECT_FALSE(c.expect->statistics.empty()) << path;
-  const std::optional<std::string> unmet = unmet_expectation(*c.expect, run_case(c));
+  const std::optional<std::string> unmet = run::unmet_expectation(*c.expect, run::run_case(c));
   EXPECT_FALSE(unmet) << path << ": " << unmet.value_or("");
 }
 
 // The first case of a campaign with `fault` that fails at a world of at least `min_world`.
 struct Found {
-  rc::Shrinkable<Case> shrinkable;
-  Case value;
+  rc::Shrinkable<casefile::Case> shrinkable;
+  casefile::Case value;
   oracle::Verdict verdict;
 };
 std::optional<Found> first_failure(Fault fault, int min_world, std::uint64_t seed = 1) {
@@ -53,10 +54,10 @@ std::optional<Found> first_failure(Fault fault, int min_world, std::uint64_t see
   o.big_zeros_one_in = 0;
   for (int i = 0; i < 3000; ++i) {
     if (case_size_param(i) < 90) continue;  // the large worlds
-    rc::Shrinkable<Case> s = generate_case(o, seed, i);
-    Case c = s.value();
+    rc::Shrinkable<casefile::Case> s = generate_case(o, seed, i);
+    casefile::Case c = s.value();
     if (c.topology.world < min_world) continue;
-    oracle::Verdict v = run_case(c);
+    oracle::Verdict v = run::run_case(c);
     if (v.kind != oracle::Verdict::Kind::pass) return Found{s, c, v};
   }
   return std::nullopt;
@@ -140,7 +141,7 @@ class Recorder final : public CampaignObserver {
     EXPECT_TRUE(fs::exists(f.original_path));
     const std::string shrunk = f.original_path.substr(0, f.original_path.size() - 5) + ".shrunk.json";
     EXPECT_FALSE(fs::exists(shrunk));
-    const Case on_disk = load_case_file(f.original_path);
+    const casefile::Case on_disk = casefile::load_case_file(f.original_path);
     EXPECT_EQ(on_disk.expect, f.original.expect);
     if (stop) stop->store(true);
   }
@@ -260,7 +261,7 @@ TEST(Campaign, HangsAreFailures) {
   ASSERT_EQ(result.failures.size(), 1u);
   const Failure& f = result.failures[0];
   EXPECT_EQ(f.signature.kind, oracle::Verdict::Kind::infra_error);
-  EXPECT_EQ(load_case_file(f.shrunk_path).expect->outcome, Expectation::Outcome::infra_error);
+  EXPECT_EQ(casefile::load_case_file(f.shrunk_path).expect->outcome, casefile::Expectation::Outcome::infra_error);
   EXPECT_LE(f.shrunk.topology.world, 2);
 }
 

@@ -1,3 +1,4 @@
+#include "run/run_case.h"
 #include "fuzz/generators.h"
 
 #include <gtest/gtest.h>
@@ -7,14 +8,14 @@
 #include <map>
 #include <set>
 
-#include "fuzz/case_file.h"
+#include "casefile/case_file.h"
 #include "tests/support/config_gen.h"
 #include "tests/support/show.h"
 #include "topologies/rank_layout.h"
 
 namespace tally::fuzz {
 
-inline void showValue(const Case& c, std::ostream& os) {
+inline void showValue(const casefile::Case& c, std::ostream& os) {
   os << topologies::describe(c.topology) << ", vpp " << c.topology.vpp << ", instances "
      << c.topology.dist_opt_instances << "\n"
      << topologies::describe(c.model) << "\noptimizer "
@@ -56,8 +57,8 @@ RC_GTEST_PROP(Generators, CasesAreValid, ()) {
   for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
     if (*rc::gen::arbitrary<bool>()) o.faults.push_back(info.fault);
   o.big_zeros_one_in = 10;
-  const Case c = *gen_case(o);
-  const std::optional<std::string> error = check_case(c);
+  const casefile::Case c = *gen_case(o);
+  const std::optional<std::string> error = casefile::check_case(c);
   RC_ASSERT(!error);
   RC_ASSERT(c.topology.world <= o.topology.max_world);
   RC_ASSERT(megatron_layout_assumptions_hold(c.topology));
@@ -94,8 +95,8 @@ RC_GTEST_PROP(Generators, LayoutAssumptionAgreesWithTheRankLayout, ()) {
 RC_GTEST_PROP(Generators, FaultFreeCasesPass, ()) {
   CaseGenOptions o = fault_free(*rc::gen::element(4, 16, 64));
   o.big_zeros_one_in = 0;  // 75 ms each
-  const Case c = *gen_case(o);
-  const oracle::Verdict verdict = run_case(c);
+  const casefile::Case c = *gen_case(o);
+  const oracle::Verdict verdict = run::run_case(c);
   RC_ASSERT(verdict.kind == oracle::Verdict::Kind::pass);
 }
 
@@ -105,9 +106,9 @@ RC_GTEST_PROP(Generators, CasesRoundTripThroughCaseFiles, ()) {
   for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
     if (*rc::gen::arbitrary<bool>()) o.faults.push_back(info.fault);
   o.big_zeros_one_in = 10;
-  Case c = *gen_case(o);
-  if (*rc::gen::arbitrary<bool>()) c.expect = Expectation{};
-  const Case back = case_from_text(case_to_text(c), "generated");
+  casefile::Case c = *gen_case(o);
+  if (*rc::gen::arbitrary<bool>()) c.expect = casefile::Expectation{};
+  const casefile::Case back = casefile::case_from_text(casefile::case_to_text(c), "generated");
   RC_ASSERT(back == c);
 }
 
@@ -132,7 +133,7 @@ TEST(Generators, CoverEveryAxisAndFeature) {
   std::set<std::string> orders;
   const int n = 3000;
   for (int i = 0; i < n; ++i) {
-    const Case c = generate_case(o, 11, i).value();
+    const casefile::Case c = generate_case(o, 11, i).value();
     const ParallelConfig& t = c.topology;
     const topologies::ModelSpec& m = c.model;
     orders.insert(t.order);
@@ -180,7 +181,7 @@ TEST(Generators, BigZerosMostlyForItsFault) {
   auto big_zeros = [](const CaseGenOptions& o, int n) {
     int count = 0;
     for (int i = 0; i < n; ++i) {
-      const Case c = generate_case(o, 2, i).value();
+      const casefile::Case c = generate_case(o, 2, i).value();
       if (c.model.params.empty() || c.model.params.front().name != "big") continue;
       ++count;
       EXPECT_EQ(c.model.params.front().shape, std::vector<std::int64_t>{kBigZerosElements});
@@ -200,12 +201,12 @@ TEST(Generators, BigZerosMostlyForItsFault) {
   EXPECT_LE(big_zeros(other, 2000), 2);
 }
 
-// Case i of a campaign is a function of (seed, i) alone.
+// casefile::Case i of a campaign is a function of (seed, i) alone.
 TEST(Generators, SameSeedSameCases) {
   const CaseGenOptions o = fault_free(64);
   int differ = 0;
   for (int i = 0; i < 50; ++i) {
-    const Case c = generate_case(o, 5, i).value();
+    const casefile::Case c = generate_case(o, 5, i).value();
     EXPECT_TRUE(generate_case(o, 5, i).value() == c) << "case " << i;
     differ += !(generate_case(o, 6, i).value() == c);
   }
@@ -217,13 +218,13 @@ TEST(Generators, SameSeedSameCases) {
 TEST(Generators, EveryCaseShrinksToTheSimplest) {
   const CaseGenOptions o = fault_free(64);
   for (int i = 90; i < 100; ++i) {
-    rc::Shrinkable<Case> current = generate_case(o, 3, i);
+    rc::Shrinkable<casefile::Case> current = generate_case(o, 3, i);
     for (int steps = 0; steps < 10000; ++steps) {
-      rc::Maybe<rc::Shrinkable<Case>> first = current.shrinks().next();
+      rc::Maybe<rc::Shrinkable<casefile::Case>> first = current.shrinks().next();
       if (!first) break;
       current = *first;
     }
-    const Case c = current.value();
+    const casefile::Case c = current.value();
     EXPECT_EQ(c.topology.world, 1);
     EXPECT_EQ(c.topology.order, topologies::kDefaultOrder);
     EXPECT_EQ(c.model.kind, topologies::ModelKind::gpt);

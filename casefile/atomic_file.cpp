@@ -1,0 +1,65 @@
+#include "casefile/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+namespace tally::casefile {
+
+void write_file_atomically(const std::string& file, std::string_view text, std::string_view noun) {
+  namespace fs = std::filesystem;
+  const fs::path target(file);
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::string temp = (folder / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  auto failure = [&](const std::string& step, int code) {
+    return std::runtime_error(file + ": cannot write the " + std::string(noun) + " (" + step + ": " +
+                              std::strerror(code) + ")");
+  };
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) throw failure("creating a temporary file in " + folder.string(), errno);
+  int code = 0;
+  std::string step;
+  if (::fchmod(fd, 0644) != 0) {
+    code = errno;
+    step = "chmod " + temp;
+  }
+  for (std::size_t written = 0; code == 0 && written < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      code = n < 0 ? errno : EIO;
+      step = "writing " + temp;
+    } else {
+      written += static_cast<std::size_t>(n);
+    }
+  }
+  if (code == 0 && ::fsync(fd) != 0) {
+    code = errno;
+    step = "fsync " + temp;
+  }
+  if (::close(fd) != 0 && code == 0) {
+    code = errno;
+    step = "closing " + temp;
+  }
+  if (code == 0 && ::rename(temp.c_str(), file.c_str()) != 0) {
+    code = errno;
+    step = "renaming " + temp;
+  }
+  if (code != 0) {
+    ::unlink(temp.c_str());
+    throw failure(step, code);
+  }
+  // Make the rename itself durable (best effort: some file systems refuse fsync on folders).
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+}  // namespace tally::casefile

@@ -1,0 +1,32 @@
+#include "casefile/case.h"
+
+#include <cmath>
+
+#include "topologies/logical_model.h"
+
+namespace tally::casefile {
+
+std::string_view outcome_name(Expectation::Outcome outcome) {
+  switch (outcome) {
+    case Expectation::Outcome::pass: return "pass";
+    case Expectation::Outcome::fail: return "fail";
+    case Expectation::Outcome::infra_error: return "infra-error";
+  }
+  return "?";
+}
+
+std::optional<std::string> check_case(const Case& c) {
+  if (std::optional<std::string> error = topologies::check_config(c.topology)) return error;
+  if (std::optional<std::string> error = topologies::check_model(c.model, c.topology)) return error;
+  const gradnorm::PathOptions& o = c.path;
+  for (double p : o.p_values)
+    if (!std::isfinite(p) || p <= 0.0)
+      return "p-norm p " + std::to_string(p) + " must be finite and > 0";
+  if (o.p_values.size() > 8) return "at most 8 p-norms (got " + std::to_string(o.p_values.size()) + ")";
+  if (!std::isfinite(o.max_norm) || o.max_norm < 0.0)
+    return "max_norm must be finite and >= 0 (0: no clipping)";
+  if (o.bucket_elements < 0) return "bucket_elements must be >= 0 (0: one bucket per buffer)";
+  return std::nullopt;
+}
+
+}  // namespace tally::casefile

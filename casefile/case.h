@@ -1,0 +1,48 @@
+// A case: one parallel configuration, one model, one optimizer model with its gradients and
+// statistics, the faults switched on, and what the run is expected to give. The unit the fuzzer
+// generates and shrinks, case files store, and `tally run` and `tally replay` run.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradnorm/path_options.h"
+#include "topologies/model_spec.h"
+#include "topologies/parallel_config.h"
+
+namespace tally::casefile {
+
+struct Expectation {
+  enum class Outcome { pass, fail, infra_error };
+  Outcome outcome = Outcome::pass;
+  // For fail: statistics that must fail ("l2", "zeros", "agreement", "clipped", "ledger", ...)
+  // and logical params that must be miscounted. Empty: any failure will do.
+  std::vector<std::string> statistics;
+  std::vector<std::string> miscounted;
+  friend bool operator==(const Expectation&, const Expectation&) = default;
+};
+std::string_view outcome_name(Expectation::Outcome outcome);  // "pass", "fail", "infra-error"
+
+struct Case {
+  std::string description;
+  topologies::ParallelConfig topology;
+  topologies::ModelSpec model;
+  gradnorm::PathOptions path;
+  std::optional<Expectation> expect;
+  friend bool operator==(const Case&, const Case&) = default;
+};
+
+// A case that breaks a rule of the configuration, the model or the options. exit code 2.
+class InvalidCase : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// The first problem with the case as one line, or nullopt: check_config, check_model for the
+// configuration, and the option rules (finite p > 0, finite max_norm >= 0, ...).
+std::optional<std::string> check_case(const Case& c);
+
+}  // namespace tally::casefile

@@ -1,0 +1,49 @@
+// Case files: the durable, human-editable form of a Case (DESIGN.md "Case files"). Versioned
+// JSON; reading is strict (an unknown key, a wrong type, a number out of range is an error
+// naming the field path and the rule, e.g. `case.topology.tp: expected a positive integer,
+// got 0`); writing gives the canonical form, and reading then writing a canonical file gives
+// the same bytes.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "casefile/case.h"
+
+namespace tally::casefile {
+
+inline constexpr int kCaseFileVersion = 1;
+// The largest case file load_case_file reads (a custom layout of 10^6 params fits).
+inline constexpr std::size_t kMaxCaseFileBytes = std::size_t{16} << 20;
+
+// One line naming the file (when there is one), the field path and the problem.
+class CaseFileError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// The canonical JSON of a case (docs/case-files.md). case_from_json(case_to_json(c)) == c for
+// every valid case whose gradient class_mask is ~0 (all classes, written without "classes") or
+// a subset of the param classes (anything else throws std::invalid_argument).
+nlohmann::ordered_json case_to_json(const Case& c);
+// Reads every field strictly, then checks the case as a whole (check_case, and that expected
+// p-norm statistics and miscounted params exist in the case). Messages: "<path>.<field>: <rule>"
+// for a field, check_case's line for a rule of the whole case.
+Case case_from_json(const nlohmann::json& json, std::string_view path = "case");
+
+// The canonical text of a case file (2-space indented JSON and a final newline).
+std::string case_to_text(const Case& c);
+// Parses (bounded: nesting depth 64, arrays of 10^6 elements, no repeated keys) and reads.
+// Every message starts with `source`: "FILE.json: case.topology.tp: expected ...".
+Case case_from_text(std::string_view text, std::string_view source);
+
+// Reads a case file (bounded size). Throws CaseFileError.
+Case load_case_file(const std::string& file);
+// Writes atomically: a temporary file in the same folder, flushed, then renamed over `file`,
+// so a reader (or a crash) never sees a partial case. Throws std::runtime_error on I/O errors.
+void write_case_file(const std::string& file, const Case& c);
+
+}  // namespace tally::casefile

@@ -1,0 +1,214 @@
+#include "casefile/model_json.h"
+
+#include <vector>
+
+#include "casefile/json_read.h"
+
+namespace tally::casefile {
+
+namespace {
+
+using nlohmann::json;
+using topologies::CustomParam;
+using topologies::ModelKind;
+using topologies::ModelSpec;
+
+int read_int(const json& value, const std::string& path, int min) {
+  return static_cast<int>(read_integer(value, path, min, topologies::kMaxSize));
+}
+
+std::vector<Field> gpt_fields(ModelSpec& s) {
+  auto int_field = [](std::string_view key, int& target, int min) {
+    return Field{key, [&target, min](const json& v, const std::string& p) { target = read_int(v, p, min); }};
+  };
+  auto optional_field = [](std::string_view key, std::optional<int>& target) {
+    return Field{key, [&target](const json& v, const std::string& p) { target = read_int(v, p, 1); }};
+  };
+  auto bool_field = [](std::string_view key, bool& target) {
+    return Field{key, [&target](const json& v, const std::string& p) { target = read_bool(v, p); }};
+  };
+  return {
+      {"kind", [](const json&, const std::string&) {}},
+      int_field("num_layers", s.num_layers, 1),
+      int_field("hidden_size", s.hidden_size, 1),
+      int_field("num_attention_heads", s.num_attention_heads, 1),
+      optional_field("num_query_groups", s.num_query_groups),
+      optional_field("kv_channels", s.kv_channels),
+      optional_field("ffn_hidden_size", s.ffn_hidden_size),
+      int_field("vocab_size", s.vocab_size, 1),
+      int_field("max_position_embeddings", s.max_position_embeddings, 1),
+      bool_field("add_bias_linear", s.add_bias_linear),
+      {"normalization",
+       [&s](const json& v, const std::string& p) {
+         s.normalization = static_cast<topologies::Normalization>(
+             read_choice(v, p, {"LayerNorm", "RMSNorm"}));
+       }},
+      bool_field("qk_layernorm", s.qk_layernorm),
+      {"position_embedding_type",
+       [&s](const json& v, const std::string& p) {
+         s.position_embedding = static_cast<topologies::PositionEmbedding>(
+             read_choice(v, p, {"learned_absolute", "rope"}));
+       }},
+      {"softmax_type",
+       [&s](const json& v, const std::string& p) {
+         s.softmax_type =
+             static_cast<topologies::SoftmaxType>(read_choice(v, p, {"vanilla", "learnable"}));
+       }},
+      bool_field("untie_embeddings_and_output_weights", s.untie_embeddings_and_output_weights),
+      bool_field("swiglu", s.swiglu),
+      int_field("num_experts", s.num_experts, 0),
+      optional_field("moe_ffn_hidden_size", s.moe_ffn_hidden_size),
+      int_field("moe_shared_expert_intermediate_size", s.moe_shared_expert_intermediate_size, 0),
+      bool_field("moe_shared_expert_gate", s.moe_shared_expert_gate),
+      int_field("moe_layer_freq", s.moe_layer_freq, 1),
+      int_field("mtp_num_layers", s.mtp_num_layers, 0),
+      bool_field("mtp_detach_heads", s.mtp_detach_heads),
+      optional_field("decoder_first_pipeline_num_layers", s.first_stage_layers),
+      optional_field("decoder_last_pipeline_num_layers", s.last_stage_layers),
+  };
+}
+
+CustomParam read_custom_param(const json& value, const std::string& path) {
+  CustomParam p;
+  const std::vector<Field> fields = {
+      {"name", [&p](const json& v, const std::string& at) { p.name = read_string(v, at); }},
+      {"class",
+       [&p](const json& v, const std::string& at) {
+         const std::optional<topologies::ParamClass> c =
+             topologies::class_from_name(read_string(v, at));
+         if (!c) {
+           std::string list;
+           for (topologies::ParamClass known : topologies::kAllParamClasses)
+             list += (list.empty() ? "" : ", ") + std::string(topologies::class_name(known));
+           fail(at, "expected a class (" + list + "), got " + shown(v));
+         }
+         p.param_class = *c;
+       }},
+      {"shape",
+       [&p](const json& v, const std::string& at) {
+         if (!v.is_array() || v.empty() || v.size() > topologies::kMaxDims)
+           fail(at, "expected an array of 1 to " + std::to_string(topologies::kMaxDims) +
+                        " positive integers, got " + shown(v));
+         for (std::size_t i = 0; i < v.size(); ++i)
+           p.shape.push_back(read_integer(v[i], at + "[" + std::to_string(i) + "]", 1,
+                                          topologies::kMaxElements));
+       }},
+      {"stage", [&p](const json& v, const std::string& at) { p.stage = read_int(v, at, 0); }},
+      {"chunk", [&p](const json& v, const std::string& at) { p.chunk = read_int(v, at, 0); }},
+      {"expert", [&p](const json& v, const std::string& at) { p.expert = read_int(v, at, 0); }},
+      {"mtp", [&p](const json& v, const std::string& at) { p.mtp = read_bool(v, at); }},
+      {"tied", [&p](const json& v, const std::string& at) { p.tied = read_bool(v, at); }},
+  };
+  read_object(value, path, fields, "a custom param", {"name", "class", "shape"});
+  return p;
+}
+
+std::vector<Field> custom_fields(ModelSpec& s) {
+  return {
+      {"kind", [](const json&, const std::string&) {}},
+      {"num_experts",
+       [&s](const json& v, const std::string& p) { s.num_experts = read_int(v, p, 0); }},
+      {"params",
+       [&s](const json& v, const std::string& p) {
+         if (!v.is_array()) fail(p, std::string("expected an array, got ") + type_word(v));
+         if (static_cast<std::int64_t>(v.size()) > topologies::kMaxParams)
+           fail(p, "has " + std::to_string(v.size()) + " params; tally supports at most " +
+                       std::to_string(topologies::kMaxParams));
+         s.params.reserve(v.size());
+         for (std::size_t i = 0; i < v.size(); ++i)
+           s.params.push_back(read_custom_param(v[i], p + "[" + std::to_string(i) + "]"));
+       }},
+  };
+}
+
+}  // namespace
+
+nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
+  nlohmann::ordered_json j;
+  j["kind"] = topologies::model_kind_name(s.kind);
+  if (s.kind == ModelKind::custom) {
+    j["num_experts"] = s.num_experts;
+    nlohmann::ordered_json params = nlohmann::ordered_json::array();
+    for (const CustomParam& p : s.params) {
+      nlohmann::ordered_json q;
+      q["name"] = p.name;
+      q["class"] = topologies::class_name(p.param_class);
+      q["shape"] = p.shape;
+      q["stage"] = p.stage;
+      if (p.chunk != 0) q["chunk"] = p.chunk;
+      if (p.expert >= 0) q["expert"] = p.expert;
+      if (p.mtp) q["mtp"] = true;
+      if (p.tied) q["tied"] = true;
+      params.push_back(std::move(q));
+    }
+    j["params"] = std::move(params);
+    return j;
+  }
+  auto optional = [&j](const char* key, const std::optional<int>& value) {
+    if (value) j[key] = *value;
+  };
+  j["num_layers"] = s.num_layers;
+  j["hidden_size"] = s.hidden_size;
+  j["num_attention_heads"] = s.num_attention_heads;
+  optional("num_query_groups", s.num_query_groups);
+  optional("kv_channels", s.kv_channels);
+  optional("ffn_hidden_size", s.ffn_hidden_size);
+  j["vocab_size"] = s.vocab_size;
+  j["max_position_embeddings"] = s.max_position_embeddings;
+  j["add_bias_linear"] = s.add_bias_linear;
+  j["normalization"] = topologies::normalization_name(s.normalization);
+  j["qk_layernorm"] = s.qk_layernorm;
+  j["position_embedding_type"] = topologies::position_embedding_name(s.position_embedding);
+  j["softmax_type"] = topologies::softmax_type_name(s.softmax_type);
+  j["untie_embeddings_and_output_weights"] = s.untie_embeddings_and_output_weights;
+  j["swiglu"] = s.swiglu;
+  j["num_experts"] = s.num_experts;
+  optional("moe_ffn_hidden_size", s.moe_ffn_hidden_size);
+  j["moe_shared_expert_intermediate_size"] = s.moe_shared_expert_intermediate_size;
+  j["moe_shared_expert_gate"] = s.moe_shared_expert_gate;
+  j["moe_layer_freq"] = s.moe_layer_freq;
+  j["mtp_num_layers"] = s.mtp_num_layers;
+  j["mtp_detach_heads"] = s.mtp_detach_heads;
+  optional("decoder_first_pipeline_num_layers", s.first_stage_layers);
+  optional("decoder_last_pipeline_num_layers", s.last_stage_layers);
+  return j;
+}
+
+ModelSpec model_spec_from_json(const json& value, std::string_view path_view) try {
+  const std::string path(path_view);
+  if (!value.is_object()) fail(path, std::string("expected an object, got ") + type_word(value));
+  ModelSpec spec;
+  if (value.contains("kind"))
+    spec.kind = static_cast<ModelKind>(read_choice(value["kind"], path + ".kind", {"gpt", "custom"}));
+  if (spec.kind == ModelKind::gpt)
+    read_object(value, path, gpt_fields(spec), "a gpt model");
+  else
+    read_object(value, path, custom_fields(spec), "a custom layout", {"params"});
+  return spec;
+} catch (const JsonReadError& error) {
+  throw ModelJsonError(error.what());
+}
+
+ModelSpec model_spec_from_text(std::string_view text, std::string_view source) {
+  json parsed;
+  try {
+    parsed = parse_json(text, source);
+  } catch (const JsonReadError& error) {
+    throw ModelJsonError(error.what());
+  }
+  return model_spec_from_json(parsed, "model");
+}
+
+ModelSpec load_model_spec(const std::string& file) {
+  // Bounded read: a model file is small; a huge or endless input is an error, not a hang.
+  constexpr std::size_t kMaxFileBytes = std::size_t{64} << 20;
+  std::string text;
+  try {
+    text = read_bounded_file(file, kMaxFileBytes, "model file");
+  } catch (const JsonReadError& error) {
+    throw ModelJsonError(error.what());
+  }
+  return model_spec_from_text(text, file);
+}
+
+}  // namespace tally::casefile

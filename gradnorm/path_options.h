@@ -1,0 +1,45 @@
+// What a case asks of the grad-norm path: the optimizer model, the gradients, the statistics,
+// clipping and the faults switched on. Plain data, shared by the path, the case files and the
+// harness.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gradnorm/faults.h"
+#include "gradnorm/optimizer_model.h"
+#include "kernels/gradient_generator.h"
+#include "kernels/local_stats.h"
+#include "topologies/model_spec.h"
+
+namespace tally::gradnorm {
+
+// Which params get generated gradients; the others have all-zero gradients (the selective
+// invariant of reference section 5: only one class non-zero isolates that class's rule).
+struct GradientSpec {
+  kernels::GeneratorSpec generator;
+  std::uint32_t class_mask = ~std::uint32_t{0};  // bit i: topologies::ParamClass i
+  friend bool operator==(const GradientSpec&, const GradientSpec&) = default;
+};
+inline std::uint32_t class_bit(topologies::ParamClass c) {
+  return std::uint32_t{1} << static_cast<int>(c);
+}
+// The generator a param of class `c` reads: zeros for a class outside the mask.
+inline kernels::GeneratorSpec generator_for(const GradientSpec& gradients, topologies::ParamClass c) {
+  kernels::GeneratorSpec spec = gradients.generator;
+  if (!(gradients.class_mask & class_bit(c))) spec.mode = kernels::GradientMode::zeros;
+  return spec;
+}
+
+struct PathOptions {
+  OptimizerModel optimizer = OptimizerModel::plain;
+  GradientSpec gradients;
+  kernels::Accumulation accumulation = kernels::Accumulation::fp64;
+  std::vector<double> p_values;  // extra p-norms of the main group (finite p > 0)
+  double max_norm = 0.0;         // Megatron-LM's clip_grad; 0 never clips
+  std::int64_t bucket_elements = 0;  // distributed optimizer; 0: one bucket per buffer
+  FaultSet faults;
+  friend bool operator==(const PathOptions&, const PathOptions&) = default;
+};
+
+}  // namespace tally::gradnorm

@@ -1,0 +1,193 @@
+// The mpi and nccl backends' case protocol (built with TALLY_HAVE_MPI only). Rank 0 broadcasts
+// "run\n<case file text>" or "done\n<exit code>"; every process runs its ranks of the path
+// through its RankEngine; rank 0 gathers the encoded RankResults and judges.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "comm/mpi_communicator.h"
+#include "run/backend.h"
+#include "casefile/case_file.h"
+#include "run/result_wire.h"
+#include "kernels/local_stats_cuda.h"
+#include "topologies/logical_model.h"
+#include "topologies/rank_layout.h"
+
+namespace tally::run {
+
+// The layout of the last configuration: a campaign's cases often share it, and the engine's
+// communicators for it are created once (a collective over every process).
+struct MpiConfigCache {
+  topologies::ParallelConfig config;
+  std::unique_ptr<topologies::RankLayout> layout;
+};
+
+namespace {
+
+// One MPI communicator set per configuration, the CPU kernels.
+class MpiEngine final : public RankEngine {
+ public:
+  explicit MpiEngine(const comm::MpiSession& session) : session_(session) {}
+  std::string_view name() const override { return "mpi"; }
+  int ranks_per_process() const override { return 1; }
+  comm::Communicator& prepare(const topologies::RankLayout& layout, bool new_layout,
+                              std::span<const topologies::Family> families) override {
+    if (new_layout || !communicator_) {
+      communicator_.reset();
+      communicator_ = std::make_unique<comm::MpiCommunicator>(layout, session_, families);
+    } else {
+      communicator_->add_families(families);
+    }
+    return *communicator_;
+  }
+  kernels::LocalStatsFn local_stats() const override { return kernels::local_stats_cpu; }
+
+ private:
+  const comm::MpiSession& session_;
+  std::unique_ptr<comm::MpiCommunicator> communicator_;
+};
+
+// Each process's k results travel as one string: "<bytes>\n<encoded result>" per rank.
+std::string frame(const std::vector<gradnorm::RankResult>& ranks) {
+  std::string out;
+  for (const gradnorm::RankResult& rank : ranks) {
+    const std::string bytes = run::encode_rank_result(rank);
+    out += std::to_string(bytes.size()) + "\n" + bytes;
+  }
+  return out;
+}
+
+std::vector<std::string_view> unframe(std::string_view all) {
+  std::vector<std::string_view> parts;
+  while (!all.empty()) {
+    const std::size_t newline = all.find('\n');
+    if (newline == std::string_view::npos) throw std::invalid_argument("a truncated rank result");
+    const std::size_t length = std::stoull(std::string(all.substr(0, newline)));
+    if (newline + 1 + length > all.size()) throw std::invalid_argument("a truncated rank result");
+    parts.push_back(all.substr(newline + 1, length));
+    all.remove_prefix(newline + 1 + length);
+  }
+  return parts;
+}
+
+[[noreturn]] void end_job(const comm::MpiSession& session, const std::string& what) {
+  std::fprintf(stderr, "tally: rank %d: infrastructure failure: %s\n", session.rank(), what.c_str());
+  std::fflush(stderr);
+  session.abort(3);
+}
+
+// Runs this process's ranks of `c`. An infrastructure failure ends the whole job: the other
+// processes may be blocked in collectives that will never complete.
+gradnorm::PathResult run_own_ranks(const comm::MpiSession& session, RankEngine& engine,
+                                   const casefile::Case& c, std::unique_ptr<MpiConfigCache>& cached) {
+  try {
+    const topologies::LogicalModel model(c.model, c.topology);
+    // Only the stats groups this case reduces over: every process derives the same list.
+    std::vector<topologies::Family> families;
+    for (const gradnorm::Child& child :
+         gradnorm::plan_optimizer(c.path.optimizer, model, c.path.faults).children)
+      if (std::find(families.begin(), families.end(), child.stats_family) == families.end())
+        families.push_back(child.stats_family);
+    const bool new_layout = !cached || cached->config != c.topology;
+    if (new_layout) {
+      cached.reset();
+      auto fresh = std::make_unique<MpiConfigCache>();
+      fresh->config = c.topology;
+      fresh->layout = std::make_unique<topologies::RankLayout>(c.topology);
+      cached = std::move(fresh);
+    }
+    comm::Communicator& communicator = engine.prepare(*cached->layout, new_layout, families);
+    const int k = engine.ranks_per_process();
+    std::vector<int> ranks(static_cast<std::size_t>(k));
+    for (int i = 0; i < k; ++i) ranks[i] = session.rank() * k + i;
+    return gradnorm::run_path(model, *cached->layout, c.path, communicator, ranks,
+                              engine.local_stats());
+  } catch (const comm::InfraError& error) {
+    end_job(session, error.what());
+  } catch (const kernels::CudaError& error) {
+    end_job(session, error.what());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<RankEngine> make_mpi_engine(const comm::MpiSession& session) {
+  return std::make_unique<MpiEngine>(session);
+}
+
+MpiBackend::MpiBackend(const comm::MpiSession& session)
+    : MpiBackend(session, make_mpi_engine(session)) {}
+MpiBackend::MpiBackend(const comm::MpiSession& session, std::unique_ptr<RankEngine> engine)
+    : session_(session), engine_(std::move(engine)) {}
+MpiBackend::~MpiBackend() = default;
+
+std::string_view MpiBackend::name() const { return engine_->name(); }
+
+int MpiBackend::world() const { return session_.size() * engine_->ranks_per_process(); }
+
+oracle::Verdict MpiBackend::run(const casefile::Case& c, const oracle::JudgeOptions& judge) {
+  if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
+  const int k = engine_->ranks_per_process();
+  if (c.topology.world != session_.size() * k) {
+    if (k == 1)
+      throw NotRunnableHere("the case has world " + std::to_string(c.topology.world) + " but the " +
+                            std::string(name()) + " job has " + std::to_string(session_.size()) +
+                            " processes (mpirun -np must equal the case's world)");
+    throw NotRunnableHere("the case has world " + std::to_string(c.topology.world) + " but the " +
+                          std::string(name()) + " job runs " + std::to_string(session_.size()) +
+                          " processes x " + std::to_string(k) + " ranks per GPU = " +
+                          std::to_string(session_.size() * k) +
+                          " ranks (mpirun -np G with --ranks-per-gpu k must give G * k = world)");
+  }
+  std::string message = "run\n" + casefile::case_to_text(c);
+  session_.broadcast(message, 0, "a case");
+  gradnorm::PathResult result = run_own_ranks(session_, *engine_, c, cached_);
+  const std::vector<std::string> parts =
+      session_.gather(frame(result.ranks), 0, "rank results");
+  // Ranks that reduced over the same groups hold identical ledgers: keep one copy of each.
+  std::map<std::vector<std::int64_t>, std::shared_ptr<const std::vector<std::int64_t>>> ledgers;
+  result.ranks.clear();
+  for (const std::string& part : parts) {
+    for (std::string_view bytes : unframe(part)) {
+      gradnorm::RankResult rank = run::decode_rank_result(bytes);
+      auto& shared = ledgers[*rank.ledger];
+      if (!shared) shared = rank.ledger;
+      rank.ledger = shared;
+      result.ranks.push_back(std::move(rank));
+    }
+  }
+  const topologies::LogicalModel model(c.model, c.topology);
+  return oracle::judge(model, *cached_->layout, c.path, result, oracle::truth_for(model, c.path),
+                       judge);
+}
+
+void MpiBackend::finish(int exit_code) {
+  std::string message = "done\n" + std::to_string(exit_code);
+  session_.broadcast(message, 0, "the end of the command");
+}
+
+int serve_mpi_cases(const comm::MpiSession& session) {
+  const std::unique_ptr<RankEngine> engine = make_mpi_engine(session);
+  return serve_mpi_cases(session, *engine);
+}
+
+int serve_mpi_cases(const comm::MpiSession& session, RankEngine& engine) {
+  std::unique_ptr<MpiConfigCache> cached;
+  while (true) {
+    std::string message;
+    try {
+      session.broadcast(message, 0, "the next case from rank 0", /*patient=*/true);
+    } catch (const comm::InfraError& error) {
+      end_job(session, error.what());
+    }
+    const std::size_t newline = message.find('\n');
+    const std::string verb = message.substr(0, newline);
+    const std::string body = newline == std::string::npos ? "" : message.substr(newline + 1);
+    if (verb == "done") return std::stoi(body);
+    const casefile::Case c = casefile::case_from_text(body, "the case from rank 0");
+    const gradnorm::PathResult result = run_own_ranks(session, engine, c, cached);
+    session.gather(frame(result.ranks), 0, "rank results");
+  }
+}
+
+}  // namespace tally::run
