@@ -11,8 +11,11 @@
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/junit.h"
-#include "manifest/check.h"
 #include "manifest/manifest_json.h"
+#include "manifest/to_record.h"
+#include "oracle/ground_truth.h"
+#include "oracle/judge.h"
+#include "oracle/ledger.h"
 
 namespace tally::cli {
 
@@ -26,10 +29,44 @@ struct CheckCommandOptions {
 };
 
 std::string optional_number(const std::optional<double>& value) {
-  return value ? oracle::all_digits(*value) : "not reported";
+  return value ? record::all_digits(*value) : "not reported";
 }
 
-void print_report(std::ostream& out, const std::string& dir, const manifest::CheckReport& r) {
+// What tally check found: the run, its truth, and the verdict.
+struct CheckReport {
+  std::string producer;
+  int world = 0;
+  manifest::ParallelSizes parallel;
+  std::int64_t logical_params = 0;
+  std::int64_t logical_elements = 0;
+  std::vector<std::string> optimizers;  // "NAME: stats group [..]" of rank 0
+  oracle::GroundTruth truth;
+  std::vector<record::Reported> reported;  // by rank
+  oracle::Verdict verdict;
+};
+
+CheckReport check_run(const std::vector<manifest::RankManifest>& manifests, double rtol) {
+  const record::RunRecord run = manifest::to_record(manifests);
+  CheckReport r;
+  r.producer = run.producer;
+  r.world = run.world;
+  r.parallel = manifests.front().parallel;
+  r.logical_params = static_cast<std::int64_t>(run.tensors.size());
+  for (const record::Tensor& t : run.tensors) r.logical_elements += t.shape.numel();
+  const record::RankRecord& first = run.ranks.front();
+  for (std::size_t c = 0; c < run.children.size(); ++c)
+    r.optimizers.push_back(run.children[c] + ": stats group " +
+                           record::rank_list_text(run.groups[static_cast<std::size_t>(first.children[c].stats_group)],
+                                                  static_cast<std::int64_t>(run.groups[static_cast<std::size_t>(first.children[c].stats_group)].size())));
+  for (const record::RankRecord& rank : run.ranks) r.reported.push_back(rank.reported);
+  r.truth = oracle::truth_from_box_statistics(run);
+  oracle::Bounds bounds;
+  bounds.rtol = rtol;
+  r.verdict = oracle::judge(run, r.truth, bounds);
+  return r;
+}
+
+void print_report(std::ostream& out, const std::string& dir, const CheckReport& r) {
   const manifest::ParallelSizes& p = r.parallel;
   out << "manifests: " << r.world << " rank" << (r.world == 1 ? "" : "s") << " in " << dir;
   if (!r.producer.empty()) out << ", written by " << r.producer;
@@ -40,31 +77,31 @@ void print_report(std::ostream& out, const std::string& dir, const manifest::Che
   for (const std::string& o : r.optimizers) out << "  " << o << '\n';
   out << '\n';
   print_verdict_body(out, r.verdict);
-  out << "\nreported by rank (truth: norm " << oracle::all_digits(r.truth_norm) << ", zeros " << r.truth_zeros
-      << "):\n";
+  out << "\nreported by rank (truth: norm " << record::all_digits(r.truth.main.norm) << ", zeros "
+      << r.truth.zeros << "):\n";
   // Ranks that reported the same values and whose ledgers imply the same, on one line.
   using Values = std::tuple<std::optional<double>, double, std::optional<std::int64_t>, std::int64_t,
                             std::optional<double>>;
   std::vector<std::pair<Values, std::vector<int>>> lines;
-  for (const manifest::RankValues& v : r.ranks) {
-    const Values values{v.reported.norm, v.implied_norm, v.reported.zeros, v.implied_zeros,
-                        v.reported.inf_norm};
+  for (const oracle::Verdict::Implied& v : r.verdict.implied) {
+    const record::Reported& reported = r.reported[static_cast<std::size_t>(v.rank)];
+    const Values values{reported.norm, v.norm, reported.zeros, v.zeros, reported.inf_norm};
     auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == values; });
     if (it == lines.end()) lines.push_back({values, {v.rank}});
     else it->second.push_back(v.rank);
   }
   for (const auto& [values, ranks] : lines) {
     const auto& [norm, implied_norm, zeros, implied_zeros, inf_norm] = values;
-    out << "  " << (ranks.size() == 1 ? "rank " + std::to_string(ranks.front()) : "ranks " + oracle::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size())))
-        << ": norm " << optional_number(norm) << " (ledger implies " << oracle::all_digits(implied_norm)
+    out << "  " << (ranks.size() == 1 ? "rank " + std::to_string(ranks.front()) : "ranks " + record::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size())))
+        << ": norm " << optional_number(norm) << " (ledger implies " << record::all_digits(implied_norm)
         << "), zeros " << (zeros ? std::to_string(*zeros) : "not reported") << " (ledger implies "
         << implied_zeros << ")";
-    if (inf_norm) out << ", inf norm " << oracle::all_digits(*inf_norm);
+    if (inf_norm) out << ", inf norm " << record::all_digits(*inf_norm);
     out << '\n';
   }
 }
 
-nlohmann::ordered_json report_json(const std::string& dir, const manifest::CheckReport& r) {
+nlohmann::ordered_json report_json(const std::string& dir, const CheckReport& r) {
   nlohmann::ordered_json j = verdict_json(r.verdict);
   j["dir"] = dir;
   j["producer"] = r.producer;
@@ -73,16 +110,17 @@ nlohmann::ordered_json report_json(const std::string& dir, const manifest::Check
                    {"dp", r.parallel.dp}, {"ep", r.parallel.ep}, {"etp", r.parallel.etp}};
   j["logical_params"] = r.logical_params;
   j["logical_elements"] = r.logical_elements;
-  j["truth"] = {{"norm", r.truth_norm}, {"inf_norm", r.truth_inf_norm}, {"zeros", r.truth_zeros}};
+  j["truth"] = {{"norm", r.truth.main.norm}, {"inf_norm", r.truth.main.abs_max}, {"zeros", r.truth.zeros}};
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  for (const manifest::RankValues& v : r.ranks) {
+  for (const oracle::Verdict::Implied& v : r.verdict.implied) {
+    const record::Reported& reported = r.reported[static_cast<std::size_t>(v.rank)];
     auto value = [](const auto& x) { return x ? nlohmann::ordered_json(*x) : nlohmann::ordered_json(nullptr); };
     ranks.push_back({{"rank", v.rank},
-                     {"norm", value(v.reported.norm)},
-                     {"inf_norm", value(v.reported.inf_norm)},
-                     {"zeros", value(v.reported.zeros)},
-                     {"implied_norm", v.implied_norm},
-                     {"implied_zeros", v.implied_zeros}});
+                     {"norm", value(reported.norm)},
+                     {"inf_norm", value(reported.inf_norm)},
+                     {"zeros", value(reported.zeros)},
+                     {"implied_norm", v.norm},
+                     {"implied_zeros", v.zeros}});
   }
   j["ranks"] = std::move(ranks);
   return j;
@@ -92,7 +130,7 @@ nlohmann::ordered_json report_json(const std::string& dir, const manifest::Check
 std::string failure_summary(const oracle::Verdict& v) {
   std::string text;
   for (const oracle::StatisticCheck& s : v.stats)
-    if (!s.ok) text += (text.empty() ? "" : ", ") + s.name + " " + oracle::all_digits(s.got) + " (expected " + oracle::all_digits(s.expected) + ")";
+    if (!s.ok) text += (text.empty() ? "" : ", ") + s.name + " " + record::all_digits(s.got) + " (expected " + record::all_digits(s.expected) + ")";
   if (!v.ranks_agree) text += (text.empty() ? "" : ", ") + std::string("ranks disagree: ") + v.disagreement;
   if (v.miscounted_total > 0)
     text += (text.empty() ? "" : ", ") + std::to_string(v.miscounted_total) + " logical params miscounted";
@@ -122,21 +160,23 @@ void add_check_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->callback([options, &context] {
     const auto start = std::chrono::steady_clock::now();
-    manifest::CheckReport report;
+    CheckReport report;
     std::vector<manifest::RankManifest> run;
     try {
       run = manifest::load_run(options->dir);  // its messages name each file with its folder
     } catch (const manifest::ManifestError& error) {
       throw UsageError(error.what());
     }
+    const std::string folder = std::filesystem::path(options->dir).string();
     try {
-      report = manifest::check_run(run, {.rtol = options->rtol});
+      report = check_run(run, options->rtol);
     } catch (const manifest::ManifestError& error) {
-      // check_run names a rank's file ("rank-3.json: ...") or the run as a whole.
+      // to_record names a rank's file ("rank-3.json: ...") or the run as a whole.
       const std::string what = error.what();
-      const std::string folder = std::filesystem::path(options->dir).string();
       throw UsageError(what.rfind("rank-", 0) == 0 ? (std::filesystem::path(folder) / what).string()
                                                  : folder + ": " + what);
+    } catch (const oracle::RecordTooLarge& error) {
+      throw UsageError(folder + ": " + error.what());
     }
     if (options->json)
       context.out << report_json(options->dir, report).dump(2) << '\n';

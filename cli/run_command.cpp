@@ -169,11 +169,11 @@ std::string expectation_text(const casefile::Expectation& e) {
   return details.empty() ? text : text + " (" + details + ")";
 }
 
-// Writes the manifests of the path's `result` on case `c` (docs/manifest.md). Throws
+// Writes the manifests of the model target's `record` of case `c` (docs/manifest.md). Throws
 // UsageError when the folder cannot be written.
-void write_manifests(const std::string& dir, const casefile::Case& c, const gradnorm::PathResult& result) {
+void write_manifests(const std::string& dir, const casefile::Case& c, const record::RunRecord& record) {
   try {
-    manifest::write_run(dir, run::manifests_from_run(c, result));
+    manifest::write_run(dir, run::model_manifests(c, record));
   } catch (const std::exception& error) {
     throw UsageError(std::string("--manifests: ") + error.what());
   }
@@ -278,11 +278,11 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       if (o.manifests.empty()) {
         verdict = context.backend.run(c, {});
       } else {
-        // The sim backend's run, keeping the path's result for the manifests.
-        run::CaseRun run = run::run_case_with_result(c);
+        // The sim backend's run, keeping the record for the manifests.
+        run::CaseRun run = run::run_case_with_record(c);
         verdict = std::move(run.verdict);
-        if (run.result) write_manifests(o.manifests, c, *run.result);
-        manifests_written = run.result.has_value();
+        if (run.record) write_manifests(o.manifests, c, *run.record);
+        manifests_written = run.record.has_value();
       }
     } catch (const casefile::InvalidCase& error) {
       throw UsageError(error.what());

@@ -52,7 +52,7 @@ std::string case_summary(const casefile::Case& c) {
       << kernels::dtype_name(c.path.gradients.generator.dtype) << " seed "
       << c.path.gradients.generator.seed << classes_text(c.path.gradients.class_mask)
       << ", accumulation " << kernels::accumulation_name(c.path.accumulation);
-  if (c.path.max_norm > 0) out << ", max_norm " << oracle::all_digits(c.path.max_norm);
+  if (c.path.max_norm > 0) out << ", max_norm " << record::all_digits(c.path.max_norm);
   if (c.path.optimizer == gradnorm::OptimizerModel::distributed && c.path.bucket_elements > 0)
     out << ", buckets of " << c.path.bucket_elements;
   out << "\nfaults: " << gradnorm::fault_list(c.path.faults);
@@ -82,8 +82,8 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
     std::string result = s.ok ? "ok" : "FAIL";
     if (s.bound > 0.0) result += " (error/bound " + short_number(s.error / s.bound) + ")";
     if (!s.ok) result += " on rank " + std::to_string(s.rank);
-    out << std::setw(11) << s.name << std::setw(25) << oracle::all_digits(s.got) << std::setw(25)
-        << oracle::all_digits(s.expected) << std::setw(11) << short_number(s.error) << std::setw(11) << bound
+    out << std::setw(11) << s.name << std::setw(25) << record::all_digits(s.got) << std::setw(25)
+        << record::all_digits(s.expected) << std::setw(11) << short_number(s.error) << std::setw(11) << bound
         << result << '\n';
   }
   out << std::right << "\nranks agree: "
@@ -100,7 +100,7 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
       out << "  " << m.name << " (" << m.param_class << ", " << (m.numel ? m.numel : m.expected)
           << " elements): "
           << times_text(m.counted, m.expected) << " in rank " << m.observed_on << "'s "
-          << m.stats_group << "; wrong on ranks " << oracle::rank_list_text(m.wrong_ranks, m.wrong_rank_count)
+          << m.stats_group << "; wrong on ranks " << record::rank_list_text(m.wrong_ranks, m.wrong_rank_count)
           << '\n';
       for (const oracle::Contribution& k : m.contributions) {
         out << "    rank " << k.rank << (k.shared_copy ? " (shared copy)" : "") << ": holds "
@@ -113,8 +113,8 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
   }
   for (const oracle::ClippedMismatch& m : verdict.clipped)
     out << "clipped: rank " << m.rank << ", " << m.name << " element " << m.element << ": got "
-        << oracle::all_digits(m.got) << ", expected " << oracle::all_digits(m.expected) << " (coefficient "
-        << oracle::all_digits(m.applied_coefficient) << " applied, " << oracle::all_digits(m.expected_coefficient)
+        << record::all_digits(m.got) << ", expected " << record::all_digits(m.expected) << " (coefficient "
+        << record::all_digits(m.applied_coefficient) << " applied, " << record::all_digits(m.expected_coefficient)
         << " expected)\n";
   out << "\nverdict: " << (verdict.kind == oracle::Verdict::Kind::pass ? "PASS" : "FAIL") << '\n';
 }

@@ -40,6 +40,10 @@ bool filter_lacks_expert_tp_group(ParamClass c, const FaultSet& faults) {
          c != ParamClass::expert_row_bias;
 }
 
+bool children_receive_expert_tp_group(const FaultSet& faults) {
+  return !faults.has(Fault::expert_dedup_on_dense_tp);
+}
+
 std::string_view rule_text(Rule rule) {
   switch (rule) {
     case Rule::kept_tensor_parallel: return "kept: tensor_model_parallel (a distinct shard)";

@@ -29,6 +29,11 @@ struct MainParam {
 // expert-weights-not-tp-marked. Decides MainParam::dedup_on_dense_tp.
 bool filter_lacks_expert_tp_group(topologies::ParamClass c, const FaultSet& faults);
 
+// Whether the children's duplicate filters receive an expert TP group at all: not under
+// expert-dedup-on-dense-tp (#6099: the layer-wise optimizer's children got no groups). Under
+// expert-weights-not-tp-marked they have one, and only the TE expert weights ignore it.
+bool children_receive_expert_tp_group(const FaultSet& faults);
+
 // The rank's main copies in local order. Faults that change attributes: tied-copy-not-shared,
 // tp-sharded-param-unmarked, replicated-marked-tp, expert-weights-not-tp-marked,
 // allreduce-flag-lost-on-main-params, expert-label-from-ep-only, expert-dedup-on-dense-tp.

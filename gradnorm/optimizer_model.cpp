@@ -54,6 +54,11 @@ std::string_view child_role_name(ChildRole role) {
   return "?";
 }
 
+std::string child_name(const OptimizerPlan& plan, int c) {
+  return std::string(optimizer_model_name(plan.model)) + ".chained_optimizers[" +
+         std::to_string(c) + "] (" + std::string(child_role_name(plan.children[c].role)) + ")";
+}
+
 OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalModel& logical,
                              const FaultSet& faults) {
   OptimizerPlan plan;
@@ -67,7 +72,6 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
   const int count = logical.size();
   plan.expert_label.resize(count);
   plan.child_of_param.resize(count);
-  plan.slot_of_param.resize(count);
 
   // Which role each param goes to; children are created in a fixed role order for the roles
   // that have params anywhere in the model (every rank builds the same chain).
@@ -133,13 +137,8 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
     child_index[static_cast<int>(role)] = static_cast<int>(plan.children.size());
     const bool expert = role == ChildRole::expert || role == ChildRole::expert_muon;
     plan.children.push_back(Child{role, expert, stats_family(role)});
-    plan.params_per_child.push_back(0);
   }
-  for (int id = 0; id < count; ++id) {
-    const int child = child_index[static_cast<int>(role_of[id])];
-    plan.child_of_param[id] = child;
-    plan.slot_of_param[id] = plan.params_per_child[child]++;
-  }
+  for (int id = 0; id < count; ++id) plan.child_of_param[id] = child_index[static_cast<int>(role_of[id])];
   plan.shared_stats = !plan.children.empty();
   for (const Child& child : plan.children)
     plan.shared_stats = plan.shared_stats && child.stats_family == plan.children[0].stats_family;

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -50,13 +51,14 @@ struct OptimizerPlan {
   // Children reduce together (one reduction) when they all share one stats group object.
   bool shared_stats = false;
   std::vector<int> child_of_param;     // by logical param id
-  std::vector<int> slot_of_param;      // index in its child's ledger
-  std::vector<int> params_per_child;   // ledger length of each child
   bool has_mtp = false;
   // Whether each logical param is labelled expert-topology (Megatron-LM's allreduce = false on
   // the model param, which decides the child and the data-parallel domain).
   std::vector<bool> expert_label;
 };
+
+// "plain.chained_optimizers[0] (dense)": how a run names child `c` of `plan`.
+std::string child_name(const OptimizerPlan& plan, int c);
 
 OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalModel& logical,
                              const FaultSet& faults);

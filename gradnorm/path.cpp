@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -15,6 +16,10 @@ namespace {
 
 using topologies::Family;
 using topologies::GradNormGroup;
+
+// The run record's norm groups: the main norm, then the MTP norm when the model has one.
+constexpr int kMainNorm = 0;
+constexpr int kMtpNorm = 1;
 
 // Payload of one reduction unit (one child, or every child when they share a group).
 enum SumSlot : int { kSquares = 0, kSquaresMtp, kSqrtOfLocal, kZerosAsFloat, kFirstPSum };
@@ -41,10 +46,9 @@ std::vector<Unit> reduction_units(const OptimizerPlan& plan) {
 
 struct UnitState {
   comm::Group group;
-  bool joined = false;
   std::vector<double> sums;
   std::vector<double> maxima;
-  std::vector<std::int64_t> counts;  // [zeros, ledger of each child in unit order...]
+  std::vector<std::int64_t> zeros{0};
 };
 
 // Local statistics are a pure function of (shards, generator, options): the data-parallel
@@ -84,30 +88,78 @@ class StatsMemo {
   std::unordered_map<std::vector<std::int64_t>, kernels::Stats, Hash> memo_;
 };
 
+// The run record's group table, each group of the layout interned once however many ranks use it.
+class GroupRefs {
+ public:
+  GroupRefs(const topologies::RankLayout& layout, std::vector<std::vector<int>>& groups)
+      : layout_(layout), table_(groups) {}
+  int of(topologies::GroupId id) {
+    const std::uint64_t key =
+        (std::uint64_t{static_cast<std::uint8_t>(id.family)} << 32) | static_cast<std::uint32_t>(id.index);
+    auto [it, fresh] = cache_.try_emplace(key, 0);
+    if (fresh) {
+      const std::span<const int> ranks = layout_.ranks(id);
+      it->second = table_.intern({ranks.begin(), ranks.end()});
+    }
+    return it->second;
+  }
+  int of(Family family, int rank) { return of(*layout_.group_of(family, rank)); }
+
+ private:
+  const topologies::RankLayout& layout_;
+  record::GroupTable table_;
+  std::unordered_map<std::uint64_t, int> cache_;
+};
+
 struct RankState {
   int rank = 0;
+  std::shared_ptr<const record::LocalRecord> local;
   std::vector<UnitState> units;
 };
 
-// Offsets of each child's ledger inside its unit's counts (after the zero count).
-std::vector<int> ledger_offsets(const OptimizerPlan& plan, const std::vector<Unit>& units) {
-  std::vector<int> offset(plan.children.size());
-  for (const Unit& unit : units) {
-    int at = 1;
-    for (int c : unit.children) {
-      offset[c] = at;
-      at += plan.params_per_child[c];
-    }
+record::Attributes attributes_of(const topologies::LocalParam& a) {
+  return {a.tensor_model_parallel, a.partition_dim, a.allreduce, a.shared};
+}
+
+record::Box box_of(const topologies::Slice& slice, int ndim) {
+  record::Box box;
+  box.extent.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    box.offset[d] = slice.offset[d];
+    box.extent.size[d] = slice.extent[d];
   }
-  return offset;
+  return box;
+}
+
+// The rule behind the filter's decision, as the record states it.
+record::Rule record_rule(Rule rule, bool child_norm_discarded) {
+  record::Rule out;
+  out.child_norm_discarded = child_norm_discarded;
+  switch (rule) {
+    case Rule::kept_tensor_parallel: out.basis = record::Basis::tensor_parallel_shard; break;
+    case Rule::kept_without_filter: out.basis = record::Basis::no_filter; break;
+    case Rule::dropped_shared: out.basis = record::Basis::shared_copy; break;
+    case Rule::kept_first_of_tp:
+    case Rule::dropped_not_first_of_tp:
+      out.basis = record::Basis::replicated;
+      out.dedup = record::DedupGroup::tp;
+      break;
+    case Rule::kept_first_of_etp:
+    case Rule::dropped_not_first_of_etp:
+      out.basis = record::Basis::replicated;
+      out.dedup = record::DedupGroup::expert_tp;
+      break;
+  }
+  return out;
 }
 
 void run_local_phase(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
                      const PathOptions& options, const OptimizerPlan& plan,
-                     const std::vector<Unit>& units, const std::vector<int>& ledger_offset,
-                     comm::Communicator& communicator, kernels::LocalStatsFn local_stats,
-                     StatsMemo& memo, RankState& state, std::vector<topologies::LocalParam>& local,
-                     std::vector<MainParam>& main, Ownership& ownership) {
+                     const std::vector<Unit>& units, comm::Communicator& communicator,
+                     kernels::LocalStatsFn local_stats, StatsMemo& memo,
+                     record::LocalRecordPool& pool, RankState& state,
+                     std::vector<topologies::LocalParam>& local, std::vector<MainParam>& main,
+                     Ownership& ownership) {
   const FaultSet& faults = options.faults;
   const int rank = state.rank;
   topologies::local_params(model, layout, rank, local);
@@ -115,8 +167,18 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
   own_elements(options.optimizer, main, layout, rank, {options.bucket_elements}, faults,
                ownership);
 
-  const int unit_of_child_count = static_cast<int>(plan.children.size());
-  std::vector<int> unit_of_child(unit_of_child_count);
+  record::LocalRecord decisions;
+  decisions.params.reserve(local.size());
+  for (const topologies::LocalParam& param : local) {
+    // The model param carries the model's expert label (main copies may lose it).
+    topologies::LocalParam labelled = param;
+    labelled.allreduce = !plan.expert_label[param.logical_id];
+    decisions.params.push_back({param.logical_id,
+                                box_of(param.slice, model.param(param.logical_id).shape.rank),
+                                attributes_of(labelled), std::nullopt});
+  }
+
+  std::vector<int> unit_of_child(plan.children.size());
   for (int u = 0; u < static_cast<int>(units.size()); ++u)
     for (int c : units[u].children) unit_of_child[c] = u;
 
@@ -128,30 +190,39 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
   state.units.resize(units.size());
   for (std::size_t u = 0; u < units.size(); ++u) {
     UnitState& unit = state.units[u];
-    int length = 1;
-    for (int c : units[u].children) length += plan.params_per_child[c];
-    unit.counts.assign(static_cast<std::size_t>(length), 0);
     unit.sums.assign(kFirstPSum + p_count, 0.0);
     unit.maxima.assign(kMaxSlots, 0.0);
     unit.group = comm::group_of(layout, units[u].family, rank);
   }
 
+  decisions.pieces.reserve(ownership.pieces.size());
   for (const OwnedPiece& piece : ownership.pieces) {
     const MainParam& param = main[piece.local_index];
-    if (!rule_keeps(filter_rule(param, layout, rank, faults))) continue;
     const topologies::LogicalParam& logical = model.param(param.attrs.logical_id);
+    const Rule rule = filter_rule(param, layout, rank, faults);
+    const bool kept = rule_keeps(rule);
+    const NormShare share = kept ? norm_share(plan, param, logical, faults) : NormShare::zeros_only;
+    record::Piece& decided = decisions.pieces.emplace_back();
+    decided.param = piece.local_index;
+    decided.child = param.child;
+    decided.range = {piece.range.begin, piece.range.end};
+    decided.main_attributes = attributes_of(param.attrs);
+    decided.in_zero_count = kept;
+    decided.counted_in = !kept || share == NormShare::zeros_only ? -1
+                         : share == NormShare::mtp               ? kMtpNorm
+                                                                 : kMainNorm;
+    decided.rule = record_rule(rule, kept && share == NormShare::zeros_only);
+    if (!kept) continue;
+
     const int u = unit_of_child[param.child];
     const kernels::ShardDesc shard = shard_desc(logical, param.attrs, piece.range);
     const int generated = (options.gradients.class_mask & class_bit(logical.param_class)) ? 0 : 1;
-    const NormShare share = norm_share(plan, param, logical, faults);
-    if (share == NormShare::zeros_only) {
-      shards[u][kUncounted][generated].push_back(shard);  // still in the zero count
-      continue;
-    }
-    shards[u][share == NormShare::mtp ? kMtp : kMain][generated].push_back(shard);
-    state.units[u].counts[ledger_offset[param.child] + plan.slot_of_param[logical.id]] +=
-        piece.range.end - piece.range.begin;
+    const Bin bin = share == NormShare::zeros_only ? kUncounted  // still in the zero count
+                    : share == NormShare::mtp      ? kMtp
+                                                   : kMain;
+    shards[u][bin][generated].push_back(shard);
   }
+  state.local = pool.intern(std::move(decisions));
 
   kernels::StatsOptions stats_options;
   stats_options.accumulation = options.accumulation;
@@ -186,17 +257,15 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     for (std::size_t i = 0; i < p_count; ++i) unit.sums[kFirstPSum + i] = main_stats.p_sums[i];
     unit.maxima[kAbsMax] = main_stats.abs_max;
     unit.maxima[kAbsMaxMtp] = mtp_stats.abs_max;
-    unit.counts[0] = zeros;
+    unit.zeros[0] = zeros;
 
     // #5530: a rank with no gradients returned before the collective.
     bool empty = true;
     for (const auto& bin : shards[u]) empty = empty && bin[0].empty() && bin[1].empty();
     if (faults.has(Fault::empty_rank_skips_collective) && empty) continue;
-    unit.joined = true;
     communicator.all_reduce(rank, unit.group, unit.sums, comm::ReduceOp::sum, "grad-norm sums");
     communicator.all_reduce(rank, unit.group, unit.maxima, comm::ReduceOp::max, "grad-norm max");
-    communicator.all_reduce(rank, unit.group, unit.counts, comm::ReduceOp::sum,
-                            "zero count and ledger");
+    communicator.all_reduce(rank, unit.group, unit.zeros, comm::ReduceOp::sum, "zero count");
   }
 }
 
@@ -206,17 +275,103 @@ double clip_coefficient(double max_norm, double norm) {
   return coefficient < 1.0 ? coefficient : 1.0;
 }
 
-RankResult combine(const OptimizerPlan& plan, const std::vector<Unit>& units,
-                   const std::vector<int>& ledger_offset, const PathOptions& options,
-                   const topologies::LogicalModel& model, const RankState& state,
-                   std::map<std::vector<std::int64_t>, std::shared_ptr<const std::vector<std::int64_t>>>&
-                       ledgers) {
+// The clipped gradients of every local param of a rank, as the clip kernel produced them. Ranks
+// that hold the same boxes and apply the same coefficients (data-parallel replicas) share them;
+// each distinct (tensor, box, coefficient) is clipped once.
+class ClipMemo {
+ public:
+  ClipMemo(const topologies::LogicalModel& model, const PathOptions& options,
+           kernels::ClipScaleFn clip_scale)
+      : model_(model), options_(options), clip_scale_(clip_scale) {}
+
+  std::shared_ptr<const record::ClippedValues> clip(const record::LocalRecord& local,
+                                                    const std::vector<double>& coefficients) {
+    auto& entry = by_rank_[{&local, coefficients}];
+    if (entry) return entry;
+    auto out = std::make_shared<record::ClippedValues>(local.params.size());
+    // One kernel call per (generator, coefficient) for the boxes not clipped yet.
+    std::map<std::pair<int, double>, std::vector<std::size_t>> missing;
+    for (std::size_t i = 0; i < local.params.size(); ++i) {
+      const record::LocalParam& param = local.params[i];
+      (*out)[i].coefficient = coefficients[i];
+      auto found = values_.find(key_of(param, coefficients[i]));
+      if (found != values_.end()) (*out)[i].values = found->second;
+      else missing[{generated(param.tensor), coefficients[i]}].push_back(i);
+    }
+    for (const auto& [what, indices] : missing) {
+      std::vector<kernels::ShardDesc> shards;
+      for (std::size_t i : indices) shards.push_back(shard_of(local.params[i]));
+      kernels::GeneratorSpec gen = options_.gradients.generator;
+      if (what.first != 0) gen.mode = kernels::GradientMode::zeros;
+      // Megatron-LM scales only when the coefficient is below 1; otherwise the gradients stay.
+      const float scale = what.second < 1.0 ? static_cast<float>(what.second) : 1.0f;
+      const std::vector<float> all = clip_scale_(shards, gen, kernels::ClipSpec{scale, {}});
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < indices.size(); ++k) {
+        const std::size_t n = static_cast<std::size_t>(kernels::visited_numel(shards[k]));
+        auto values = std::make_shared<const std::vector<float>>(all.begin() + static_cast<std::ptrdiff_t>(at),
+                                                                 all.begin() + static_cast<std::ptrdiff_t>(at + n));
+        at += n;
+        const std::size_t i = indices[k];
+        values_.emplace(key_of(local.params[i], coefficients[i]), values);
+        (*out)[i].values = std::move(values);
+      }
+    }
+    entry = std::move(out);
+    return entry;
+  }
+
+ private:
+  using Key = std::vector<std::int64_t>;
+  Key key_of(const record::LocalParam& param, double coefficient) const {
+    Key key{param.tensor, std::bit_cast<std::int64_t>(coefficient)};
+    for (int d = 0; d < param.box.extent.ndim; ++d) {
+      key.push_back(param.box.offset[d]);
+      key.push_back(param.box.extent.size[d]);
+    }
+    return key;
+  }
+  // 0: the tensor has generated gradients; 1: they are all zero (its class is outside the mask).
+  int generated(int tensor) const {
+    return (options_.gradients.class_mask & class_bit(model_.param(tensor).param_class)) ? 0 : 1;
+  }
+  kernels::ShardDesc shard_of(const record::LocalParam& param) const {
+    const topologies::LogicalParam& logical = model_.param(param.tensor);
+    kernels::ShardDesc shard;
+    shard.param_id = static_cast<std::uint64_t>(logical.id);
+    shard.ndim = logical.shape.rank;
+    for (int d = 0; d < logical.shape.rank; ++d) {
+      shard.shape[d] = logical.shape.dims[d];
+      shard.offset[d] = param.box.offset[d];
+      shard.extent[d] = param.box.extent.size[d];
+    }
+    return shard;
+  }
+
+  const topologies::LogicalModel& model_;
+  const PathOptions& options_;
+  kernels::ClipScaleFn clip_scale_;
+  std::map<std::pair<const record::LocalRecord*, std::vector<double>>,
+           std::shared_ptr<const record::ClippedValues>>
+      by_rank_;
+  std::map<Key, std::shared_ptr<const std::vector<float>>> values_;
+};
+
+record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& units,
+                           const PathOptions& options, const topologies::LogicalModel& model,
+                           const RankState& state,
+                           GroupRefs& groups, ClipMemo& clip_memo) {
   const FaultSet& faults = options.faults;
-  RankResult result;
+  record::RankRecord result;
   result.rank = state.rank;
+  result.local = state.local;
+  result.tp_group = groups.of(Family::tp, state.rank);
+  result.expert_tp_group = groups.of(Family::expt_tp, state.rank);
   result.children.resize(plan.children.size());
+  record::Reported& reported = result.reported;
   double squares = 0.0, squares_mtp = 0.0, inf = 0.0, inf_l2 = 0.0;
   float zeros_float = 0.0f;
+  std::int64_t zeros = 0;
   std::vector<double> p_sums(options.p_values.size(), 0.0);
   std::vector<double> unit_norm(units.size());
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -230,51 +385,79 @@ RankResult combine(const OptimizerPlan& plan, const std::vector<Unit>& units,
     squares_mtp += unit.sums[kSquaresMtp];
     inf = std::max(inf, unit.maxima[kAbsMax]);
     inf_l2 += unit.maxima[kAbsMax] * unit.maxima[kAbsMax];
-    result.zeros += unit.counts[0];
+    zeros += unit.zeros[0];
     zeros_float += static_cast<float>(unit.sums[kZerosAsFloat]);
     for (std::size_t i = 0; i < p_sums.size(); ++i) p_sums[i] += unit.sums[kFirstPSum + i];
   }
-  result.norm = std::sqrt(squares);
-  result.mtp_norm = std::sqrt(squares_mtp);
-  result.inf_norm = faults.has(Fault::inf_norm_combined_by_l2) && units.size() > 1
-                        ? std::sqrt(inf_l2)
-                        : inf;
-  if (faults.has(Fault::zero_count_in_float32))
-    result.zeros = static_cast<std::int64_t>(zeros_float);
+  const double norm = std::sqrt(squares);
+  reported.norm = norm;
+  reported.inf_norm = faults.has(Fault::inf_norm_combined_by_l2) && units.size() > 1
+                          ? std::sqrt(inf_l2)
+                          : inf;
+  reported.zeros = faults.has(Fault::zero_count_in_float32) ? static_cast<std::int64_t>(zeros_float)
+                                                            : zeros;
   for (std::size_t i = 0; i < p_sums.size(); ++i)
-    result.p_norms.push_back(std::pow(p_sums[i], 1.0 / options.p_values[i]));
-  result.clip_coefficient = clip_coefficient(options.max_norm, result.norm);
-  result.mtp_clip_coefficient = plan.has_mtp ? clip_coefficient(options.max_norm, result.mtp_norm) : 1.0;
+    reported.p_norms.push_back(std::pow(p_sums[i], 1.0 / options.p_values[i]));
+  const double clip = clip_coefficient(options.max_norm, norm);
+  reported.clip_coefficient = clip;
+  double mtp_clip = 1.0;
+  if (plan.has_mtp) {
+    const double mtp_norm = std::sqrt(squares_mtp);
+    mtp_clip = clip_coefficient(options.max_norm, mtp_norm);
+    reported.group_norms.push_back({kMtpNorm, mtp_norm, mtp_clip});
+  }
 
-  std::vector<std::int64_t> key;
+  std::vector<double> child_clip(plan.children.size(), clip);
   for (std::size_t u = 0; u < units.size(); ++u) {
     for (int c : units[u].children) {
-      ChildOutcome& child = result.children[c];
-      child.group = state.units[u].group.id;
+      record::ChildRecord& child = result.children[c];
+      child.stats_group = groups.of(state.units[u].group.id);
+      child.tp_group = result.tp_group;
+      child.expert_tp_group =
+          children_receive_expert_tp_group(faults) ? result.expert_tp_group : -1;
       child.norm = unit_norm[u];
       // #785: each child clipped with its own norm.
-      child.clip_coefficient = faults.has(Fault::clip_per_child_norm)
-                                   ? clip_coefficient(options.max_norm, unit_norm[u])
-                                   : result.clip_coefficient;
+      if (faults.has(Fault::clip_per_child_norm))
+        child_clip[c] = clip_coefficient(options.max_norm, unit_norm[u]);
+      if (options.max_norm > 0.0) child.clip = record::Clip{options.max_norm, child_clip[c]};
     }
-    key.push_back(static_cast<std::int64_t>(state.units[u].group.id.family));
-    key.push_back(state.units[u].group.id.index);
   }
-  std::shared_ptr<const std::vector<std::int64_t>>& ledger = ledgers[key];
-  if (!ledger) {
-    auto combined = std::make_shared<std::vector<std::int64_t>>(model.size(), 0);
-    for (const topologies::LogicalParam& p : model.params()) {
-      const int c = plan.child_of_param[p.id];
-      int u = 0;
-      while (std::find(units[u].children.begin(), units[u].children.end(), c) ==
-             units[u].children.end())
-        ++u;
-      (*combined)[p.id] = state.units[u].counts[ledger_offset[c] + plan.slot_of_param[p.id]];
+
+  if (options.max_norm > 0.0) {
+    // Each local gradient is scaled by its norm group's coefficient: its child's for the main
+    // norm, the MTP norm's for MTP params.
+    std::vector<double> coefficients;
+    coefficients.reserve(state.local->params.size());
+    for (const record::LocalParam& param : state.local->params) {
+      const topologies::LogicalParam& logical = model.param(param.tensor);
+      coefficients.push_back(logical.grad_norm_group == GradNormGroup::mtp
+                                 ? mtp_clip
+                                 : child_clip[plan.child_of_param[param.tensor]]);
     }
-    ledger = std::move(combined);
+    result.clipped = clip_memo.clip(*state.local, coefficients);
   }
-  result.ledger = ledger;
   return result;
+}
+
+// The run-wide part of the record: tensors, norm groups, p-values, child names.
+void describe_run(const topologies::LogicalModel& model, const PathOptions& options,
+                  const OptimizerPlan& plan, record::RunRecord& run) {
+  run.tensors.reserve(static_cast<std::size_t>(model.size()));
+  for (const topologies::LogicalParam& p : model.params()) {
+    record::Tensor& t = run.tensors.emplace_back();
+    t.name = p.name;
+    t.shape.ndim = p.shape.rank;
+    for (int d = 0; d < p.shape.rank; ++d) t.shape.size[d] = p.shape.dims[d];
+    t.kind = std::string(topologies::class_name(p.param_class));
+    t.norm_group = p.grad_norm_group == GradNormGroup::mtp ? kMtpNorm : kMainNorm;
+  }
+  run.norm_groups = {record::NormGroup{"", true}};
+  if (plan.has_mtp)
+    run.norm_groups.push_back(
+        {std::string(topologies::grad_norm_group_name(GradNormGroup::mtp)), true});
+  run.p_values = options.p_values;
+  for (int c = 0; c < static_cast<int>(plan.children.size()); ++c)
+    run.children.push_back(child_name(plan, c));
 }
 
 }  // namespace
@@ -309,70 +492,38 @@ std::vector<int> all_ranks(const topologies::RankLayout& layout) {
 
 PathResult run_path(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
                     const PathOptions& options, comm::Communicator& communicator,
-                    std::span<const int> ranks, kernels::LocalStatsFn local_stats) {
+                    std::span<const int> ranks, kernels::LocalStatsFn local_stats,
+                    kernels::ClipScaleFn clip_scale) {
   PathResult result;
   result.plan = plan_optimizer(options.optimizer, model, options.faults);
   const OptimizerPlan& plan = result.plan;
   const std::vector<Unit> units = reduction_units(plan);
-  const std::vector<int> ledger_offset = ledger_offsets(plan, units);
+  record::RunRecord& run = result.record;
+  run.world = layout.world();
+  describe_run(model, options, plan, run);
 
   std::vector<RankState> states(ranks.size());
   std::vector<topologies::LocalParam> local;
   std::vector<MainParam> main;
   Ownership ownership;
   StatsMemo memo;
+  record::LocalRecordPool pool;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     states[i].rank = ranks[i];
-    run_local_phase(model, layout, options, plan, units, ledger_offset, communicator, local_stats,
-                    memo, states[i], local, main, ownership);
+    run_local_phase(model, layout, options, plan, units, communicator, local_stats, memo, pool,
+                    states[i], local, main, ownership);
   }
   communicator.end_phase();
 
-  std::map<std::vector<std::int64_t>, std::shared_ptr<const std::vector<std::int64_t>>> ledgers;
-  result.ranks.reserve(ranks.size());
+  GroupRefs groups(layout, run.groups);
+  ClipMemo clip_memo(model, options, clip_scale);
+  run.ranks.reserve(ranks.size());
   for (RankState& state : states) {
-    result.ranks.push_back(combine(plan, units, ledger_offset, options, model, state, ledgers));
+    run.ranks.push_back(
+        combine(plan, units, options, model, state, groups, clip_memo));
     state = RankState{};  // the reduced buffers are no longer needed
   }
   return result;
-}
-
-std::vector<ParamOnRank> explain_param(const topologies::LogicalModel& model,
-                                       const topologies::RankLayout& layout,
-                                       const PathOptions& options, const OptimizerPlan& plan,
-                                       int rank, int logical_id) {
-  std::vector<topologies::LocalParam> local;
-  std::vector<MainParam> main;
-  Ownership ownership;
-  topologies::local_params(model, layout, rank, local);
-  make_main_params(local, plan, options.faults, main);
-  own_elements(options.optimizer, main, layout, rank, {options.bucket_elements}, options.faults,
-               ownership);
-  std::vector<ParamOnRank> out;
-  for (int i = 0; i < static_cast<int>(main.size()); ++i) {
-    const MainParam& param = main[i];
-    if (param.attrs.logical_id != logical_id) continue;
-    ParamOnRank on;
-    on.rank = rank;
-    on.child = param.child;
-    on.held = param.attrs.slice.numel();
-    on.rule = filter_rule(param, layout, rank, options.faults);
-    on.shared_copy = param.attrs.copy != topologies::SharedCopy::none;
-    for (const OwnedPiece& piece : ownership.pieces)
-      if (piece.local_index == i) on.owned += piece.range.end - piece.range.begin;
-    const bool dropped_child = norm_share(plan, param, model.param(logical_id), options.faults) ==
-                               NormShare::zeros_only;
-    on.counted = rule_keeps(on.rule) && !dropped_child ? on.owned : 0;
-    out.push_back(on);
-  }
-  return out;
-}
-
-double applied_clip(const RankResult& result, const OptimizerPlan& plan,
-                    const topologies::LogicalModel& model, int logical_id) {
-  if (model.param(logical_id).grad_norm_group == GradNormGroup::mtp)
-    return result.mtp_clip_coefficient;
-  return result.children[plan.child_of_param[logical_id]].clip_coefficient;
 }
 
 }  // namespace tally::gradnorm

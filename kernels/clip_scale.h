@@ -1,4 +1,4 @@
-// Clipped gradient values of one rank's shards: kernels::apply_clip (local_stats.h) applied to the
+// Clipped gradient values of one rank's shards: kernels::apply_clip (below) applied to the
 // stored value of every visited element, for the later check of clipped gradients. clip_scale_cpu
 // is the CPU implementation; clip_scale_cuda (kernels/local_stats_cuda.h) is its CUDA twin with
 // the same signature (ClipScaleFn) and contract.
@@ -20,6 +20,18 @@
 #include "kernels/local_stats.h"
 
 namespace tally::kernels {
+
+// Clipping as Megatron-LM's clip_grad_by_total_norm_fp32 applies it: multi_tensor_scale computes
+// float(grad) * scale in fp32 with a float scale (a Python-float coefficient enters as
+// static_cast<float>), rounded once, no FMA. The second form stores the result back in the
+// gradient's dtype (bf16 decoupled_grad), rounded to nearest even.
+TALLY_HOST_DEVICE inline float apply_clip(float stored_grad, float coefficient) {
+  return detail::mulf(stored_grad, coefficient);
+}
+TALLY_HOST_DEVICE inline float apply_clip(float stored_grad, float coefficient, Dtype storage) {
+  return round_to(static_cast<double>(apply_clip(stored_grad, coefficient)), storage);
+}
+
 
 struct ClipSpec {
   float coefficient = 1.0f;       // the clip coefficient as Megatron-LM passes it (a float)

@@ -300,16 +300,6 @@ std::optional<std::string> check_shard(const ShardDesc& shard) {
   return std::nullopt;
 }
 
-std::string_view accumulation_name(Accumulation accumulation) {
-  return accumulation == Accumulation::fp32 ? "fp32" : "fp64";
-}
-
-std::optional<Accumulation> accumulation_from_name(std::string_view name) {
-  if (name == "fp32") return Accumulation::fp32;
-  if (name == "fp64") return Accumulation::fp64;
-  return std::nullopt;
-}
-
 LocalStats local_stats_cpu(std::span<const ShardDesc> shards, const GeneratorSpec& gen,
                            const StatsOptions& options) {
   for (std::size_t i = 0; i < shards.size(); ++i)

@@ -41,12 +41,11 @@
 #include <vector>
 
 #include "kernels/gradient_generator.h"
+#include "kernels/summation_order.h"
 
 namespace tally::kernels {
 
 inline constexpr int kMaxDims = 4;
-inline constexpr int kStatsLanes = 8;
-inline constexpr std::int64_t kStatsChunk = 2048;
 
 // [begin, end) of a box's elements in row-major order.
 struct ElementRange {
@@ -76,10 +75,6 @@ std::int64_t visited_numel(const ShardDesc& shard);
 // 0 <= ndim <= kMaxDims, shape >= 0, offset >= 0, extent >= 0, offset + extent <= shape, the
 // logical size fits in int64, 0 <= begin <= end <= box_numel.
 std::optional<std::string> check_shard(const ShardDesc& shard);
-
-enum class Accumulation : std::uint8_t { fp32, fp64 };
-std::string_view accumulation_name(Accumulation accumulation);  // "fp32", "fp64"
-std::optional<Accumulation> accumulation_from_name(std::string_view name);
 
 struct StatsOptions {
   Accumulation accumulation = Accumulation::fp64;
@@ -111,16 +106,5 @@ using LocalStatsFn = LocalStats (*)(std::span<const ShardDesc> shards, const Gen
 // or a p that is not finite and > 0; computes nothing in that case.
 LocalStats local_stats_cpu(std::span<const ShardDesc> shards, const GeneratorSpec& gen,
                            const StatsOptions& options);
-
-// Clipping as Megatron-LM's clip_grad_by_total_norm_fp32 applies it: multi_tensor_scale computes
-// float(grad) * scale in fp32 with a float scale (a Python-float coefficient enters as
-// static_cast<float>), rounded once, no FMA. The second form stores the result back in the
-// gradient's dtype (bf16 decoupled_grad), rounded to nearest even.
-TALLY_HOST_DEVICE inline float apply_clip(float stored_grad, float coefficient) {
-  return detail::mulf(stored_grad, coefficient);
-}
-TALLY_HOST_DEVICE inline float apply_clip(float stored_grad, float coefficient, Dtype storage) {
-  return round_to(static_cast<double>(apply_clip(stored_grad, coefficient)), storage);
-}
 
 }  // namespace tally::kernels

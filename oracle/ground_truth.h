@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/gradient_generator.h"
+#include "record/run_record.h"
 #include "topologies/logical_model.h"
 
 namespace tally::oracle {
@@ -120,6 +121,20 @@ struct GroundTruth {
 GroundTruth ground_truth(const topologies::LogicalModel& model,
                          const kernels::GeneratorSpec& gradients, const TruthOptions& options);
 
+// The truth of a run whose gradients tally cannot generate (a real framework's): from the
+// statistics its ranks recorded of the boxes they hold, each distinct box of each tensor once
+// (manifest/ has checked that a tensor's boxes are identical or disjoint, cover every element,
+// and that replicas agree). main: the tensors of the main norm group; zeros: every tensor; the
+// same compensated sums as above. No p-norms; no clip (each child's clip is judged against
+// its own max_norm).
+GroundTruth truth_from_box_statistics(const record::RunRecord& run);
+
+// The statistics of the row-major range `range` of `box` of one logical tensor, from the
+// generator `gradients` (already resolved for the param's class): the oracle's own sums, for
+// describing a model-target run in manifests.
+record::GradStats range_truth(const topologies::LogicalParam& param, const record::Box& box,
+                              record::ElementRange range, const kernels::GeneratorSpec& gradients);
+
 // The parameter norm (calc_params_l2_norm) is the same computation over parameter values: it
 // is ground_truth called with the GeneratorSpec of the parameters, nothing else. Its main.norm
 // is the parameter L2 norm (main.clip and zeros mean nothing there).
@@ -129,9 +144,9 @@ inline GroundTruth parameter_truth(const topologies::LogicalModel& model,
   return ground_truth(model, parameters, options);
 }
 
-// The expected clipped gradient: kernels::apply_clip(stored, clip.scale()) when clipping
-// applies, else the stored value unchanged. The second form stores the product back in
-// `storage` (a bf16 decoupled_grad), as apply_clip's second form does.
+// The expected clipped gradient: the fp32 product stored * clip.scale() when clipping applies,
+// else the stored value unchanged. The second form stores the product back in `storage` (a bf16
+// decoupled_grad), rounded to nearest even.
 float clipped_value(const ClipTruth& clip, float stored);
 float clipped_value(const ClipTruth& clip, float stored, kernels::Dtype storage);
 

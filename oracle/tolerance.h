@@ -59,7 +59,7 @@
 #include <vector>
 
 #include "kernels/gradient_generator.h"
-#include "kernels/local_stats.h"  // Accumulation, kStatsChunk, kStatsLanes: the documented order
+#include "kernels/summation_order.h"  // Accumulation, kStatsChunk, kStatsLanes: the documented order
 #include "oracle/ground_truth.h"
 
 namespace tally::oracle {

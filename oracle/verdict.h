@@ -1,18 +1,15 @@
-// The verdict of one case: the path's results on every rank against the ground truth, the
-// exact ledger, the agreement of all ranks and the clipped gradients; and, on a failure, the
+// The verdict of one run (oracle/judge.h makes it): every reported statistic against the truth,
+// the exact ledger, the agreement of all ranks and the clipped gradients; and, on a failure, the
 // diagnosis: each miscounted logical param, how often it was counted, on which ranks, and the
-// rule that kept or dropped it there.
+// rule that kept or dropped it there. Plain values, printed by cli/verdict_report.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "gradnorm/path.h"
-#include "oracle/ground_truth.h"
-#include "oracle/tolerance.h"
-#include "topologies/logical_model.h"
-#include "topologies/rank_layout.h"
+#include "record/text.h"
 
 namespace tally::oracle {
 
@@ -27,7 +24,7 @@ struct StatisticCheck {
   bool ok = true;
 };
 
-// One rank's contribution to a miscounted param, as explain_param reports it.
+// One rank's contribution to a miscounted param.
 struct Contribution {
   int rank = 0;
   std::int64_t held = 0;
@@ -41,14 +38,14 @@ struct Miscount {
   int param = 0;
   std::string name;
   std::string param_class;
-  std::int64_t expected = 0;  // numel: each element once
-  std::int64_t numel = 0;     // the param's elements when `expected` is not (0: the same)
+  std::int64_t expected = 0;  // element counts expected: numel, or 0 outside the ledger's norm
+  std::int64_t numel = 0;
   std::int64_t counted = 0;   // elements counted, as the observing rank's ledger says
   int observed_on = 0;        // the first rank whose ledger is wrong for this param
   std::vector<int> wrong_ranks;  // every rank whose ledger is wrong (capped)
   std::int64_t wrong_rank_count = 0;
-  std::string stats_group;    // the group the observing rank reduced this param over
-  std::vector<Contribution> contributions;  // members of that group holding the param
+  std::string stats_group;    // the groups the observing rank reduced this param over
+  std::vector<Contribution> contributions;  // members of those groups holding the param
 };
 
 struct ClippedMismatch {
@@ -73,29 +70,15 @@ struct Verdict {
   std::vector<ClippedMismatch> clipped;  // at most one per rank, capped
   std::string infra_call;     // infra_error: the collective or call that failed
   std::string infra_message;
+  // What each rank's own ledger implies (oracle/ledger.h), when the record has statistics.
+  struct Implied {
+    int rank = 0;
+    double norm = 0.0;
+    std::int64_t zeros = 0;
+  };
+  std::vector<Implied> implied;
 };
 
 std::string_view kind_name(Verdict::Kind kind);  // "pass", "fail", "infra-error"
-
-// How verdicts and their reports write values. Every digit of a double, so two values a message
-// calls different print differently.
-std::string all_digits(double value);
-// "[0,1,2]"; past the first `shown` of `ranks`, ",... N more" counts the rest of `total`.
-std::string rank_list_text(const std::vector<int>& ranks, std::int64_t total, std::size_t shown = 16);
-
-struct JudgeOptions {
-  int max_diagnosed_params = 8;  // explain this many miscounted params in full
-  bool check_clipped = true;
-};
-
-// Judges `result` (every rank of `layout`) against `truth`, computed from the same model and
-// gradients without faults.
-Verdict judge(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
-              const gradnorm::PathOptions& options, const gradnorm::PathResult& result,
-              const GroundTruth& truth, const JudgeOptions& judge_options = {});
-
-// The ground truth the path is judged against (its gradients, p-norms and clipping).
-GroundTruth truth_for(const topologies::LogicalModel& model, const gradnorm::PathOptions& options,
-                      bool per_param = false);
 
 }  // namespace tally::oracle

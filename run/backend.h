@@ -10,8 +10,10 @@
 #include <string_view>
 
 #include "casefile/case.h"
+#include "oracle/judge.h"
 #include "oracle/verdict.h"
 
+#include "kernels/clip_scale.h"
 #include "kernels/local_stats.h"
 
 namespace tally::comm {
@@ -67,6 +69,7 @@ class RankEngine {
   virtual comm::Communicator& prepare(const topologies::RankLayout& layout, bool new_layout,
                                       std::span<const topologies::Family> families) = 0;
   virtual kernels::LocalStatsFn local_stats() const = 0;
+  virtual kernels::ClipScaleFn clip_scale() const = 0;
 };
 
 // The mpi engine (TALLY_HAVE_MPI builds).

@@ -1,6 +1,6 @@
 // The mpi and nccl backends' case protocol (built with TALLY_HAVE_MPI only). Rank 0 broadcasts
 // "run\n<case file text>" or "done\n<exit code>"; every process runs its ranks of the path
-// through its RankEngine; rank 0 gathers the encoded RankResults and judges.
+// through its RankEngine; rank 0 gathers the encoded rank records and judges.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -8,7 +8,8 @@
 #include "comm/mpi_communicator.h"
 #include "run/backend.h"
 #include "casefile/case_file.h"
-#include "run/result_wire.h"
+#include "run/record_wire.h"
+#include "run/run_case.h"
 #include "kernels/local_stats_cuda.h"
 #include "topologies/logical_model.h"
 #include "topologies/rank_layout.h"
@@ -41,17 +42,18 @@ class MpiEngine final : public RankEngine {
     return *communicator_;
   }
   kernels::LocalStatsFn local_stats() const override { return kernels::local_stats_cpu; }
+  kernels::ClipScaleFn clip_scale() const override { return kernels::clip_scale_cpu; }
 
  private:
   const comm::MpiSession& session_;
   std::unique_ptr<comm::MpiCommunicator> communicator_;
 };
 
-// Each process's k results travel as one string: "<bytes>\n<encoded result>" per rank.
-std::string frame(const std::vector<gradnorm::RankResult>& ranks) {
+// Each process's k records travel as one string: "<bytes>\n<encoded record>" per rank.
+std::string frame(const record::RunRecord& run) {
   std::string out;
-  for (const gradnorm::RankResult& rank : ranks) {
-    const std::string bytes = run::encode_rank_result(rank);
+  for (const record::RankRecord& rank : run.ranks) {
+    const std::string bytes = encode_rank_record(rank, run.groups);
     out += std::to_string(bytes.size()) + "\n" + bytes;
   }
   return out;
@@ -61,9 +63,9 @@ std::vector<std::string_view> unframe(std::string_view all) {
   std::vector<std::string_view> parts;
   while (!all.empty()) {
     const std::size_t newline = all.find('\n');
-    if (newline == std::string_view::npos) throw std::invalid_argument("a truncated rank result");
+    if (newline == std::string_view::npos) throw std::invalid_argument("a truncated rank record");
     const std::size_t length = std::stoull(std::string(all.substr(0, newline)));
-    if (newline + 1 + length > all.size()) throw std::invalid_argument("a truncated rank result");
+    if (newline + 1 + length > all.size()) throw std::invalid_argument("a truncated rank record");
     parts.push_back(all.substr(newline + 1, length));
     all.remove_prefix(newline + 1 + length);
   }
@@ -101,7 +103,7 @@ gradnorm::PathResult run_own_ranks(const comm::MpiSession& session, RankEngine& 
     std::vector<int> ranks(static_cast<std::size_t>(k));
     for (int i = 0; i < k; ++i) ranks[i] = session.rank() * k + i;
     return gradnorm::run_path(model, *cached->layout, c.path, communicator, ranks,
-                              engine.local_stats());
+                              engine.local_stats(), engine.clip_scale());
   } catch (const comm::InfraError& error) {
     end_job(session, error.what());
   } catch (const kernels::CudaError& error) {
@@ -142,23 +144,19 @@ oracle::Verdict MpiBackend::run(const casefile::Case& c, const oracle::JudgeOpti
   std::string message = "run\n" + casefile::case_to_text(c);
   session_.broadcast(message, 0, "a case");
   gradnorm::PathResult result = run_own_ranks(session_, *engine_, c, cached_);
-  const std::vector<std::string> parts =
-      session_.gather(frame(result.ranks), 0, "rank results");
-  // Ranks that reduced over the same groups hold identical ledgers: keep one copy of each.
-  std::map<std::vector<std::int64_t>, std::shared_ptr<const std::vector<std::int64_t>>> ledgers;
-  result.ranks.clear();
-  for (const std::string& part : parts) {
-    for (std::string_view bytes : unframe(part)) {
-      gradnorm::RankResult rank = run::decode_rank_result(bytes);
-      auto& shared = ledgers[*rank.ledger];
-      if (!shared) shared = rank.ledger;
-      rank.ledger = shared;
-      result.ranks.push_back(std::move(rank));
-    }
-  }
+  const std::vector<std::string> parts = session_.gather(frame(result.record), 0, "rank records");
+  // The whole run's record: this process's run-wide part, every process's ranks.
+  record::RunRecord& run = result.record;
+  run.ranks.clear();
+  run.groups.clear();
+  record::GroupTable groups(run.groups);
+  record::LocalRecordPool locals;
+  for (const std::string& part : parts)
+    for (std::string_view bytes : unframe(part))
+      run.ranks.push_back(decode_rank_record(bytes, groups, locals));
+  run.producer = model_target_producer(c.path);
   const topologies::LogicalModel model(c.model, c.topology);
-  return oracle::judge(model, *cached_->layout, c.path, result, oracle::truth_for(model, c.path),
-                       judge);
+  return judge_model_run(c, model, *cached_->layout, result.plan, run, judge);
 }
 
 void MpiBackend::finish(int exit_code) {
@@ -186,7 +184,7 @@ int serve_mpi_cases(const comm::MpiSession& session, RankEngine& engine) {
     if (verb == "done") return std::stoi(body);
     const casefile::Case c = casefile::case_from_text(body, "the case from rank 0");
     const gradnorm::PathResult result = run_own_ranks(session, engine, c, cached);
-    session.gather(frame(result.ranks), 0, "rank results");
+    session.gather(frame(result.record), 0, "rank records");
   }
 }
 

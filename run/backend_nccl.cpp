@@ -27,6 +27,7 @@ class NcclEngine final : public RankEngine {
     return communicator_;
   }
   kernels::LocalStatsFn local_stats() const override { return kernels::local_stats_cuda; }
+  kernels::ClipScaleFn clip_scale() const override { return kernels::clip_scale_cuda; }
 
  private:
   comm::NcclCommunicator communicator_;

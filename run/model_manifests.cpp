@@ -1,18 +1,14 @@
 #include "run/model_manifests.h"
 
-#include <optional>
-#include <span>
+#include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 
-#include "gradnorm/main_params.h"
-#include "gradnorm/ownership.h"
-#include "kernels/local_stats.h"
+#include "gradnorm/path_options.h"
+#include "oracle/ground_truth.h"
+#include "topologies/logical_model.h"
 #include "topologies/sharding.h"
-
-#ifndef TALLY_VERSION
-#define TALLY_VERSION "?"
-#endif
 
 namespace tally::run {
 
@@ -20,56 +16,75 @@ namespace {
 
 using topologies::Family;
 
-// The statistics a manifest records: fp64, whatever the path accumulated in, of the gradient
-// the path generated for the shard.
-manifest::GradStats stats_of(const kernels::ShardDesc& shard, const kernels::GeneratorSpec& gen) {
-  kernels::StatsOptions options;
-  options.accumulation = kernels::Accumulation::fp64;
-  const kernels::Stats s = kernels::local_stats_cpu({&shard, 1}, gen, options).total;
-  return {s.sum_squares, s.abs_max, s.zeros};
-}
-
-manifest::Attributes attributes_of(const topologies::LocalParam& a) {
+manifest::Attributes attributes_of(const record::Attributes& a, const record::RunRecord& run,
+                                   const record::Tensor& tensor) {
   manifest::Attributes out;
   out.tensor_model_parallel = a.tensor_model_parallel;
   out.partition_dim = a.partition_dim;
   out.allreduce = a.allreduce;
   out.shared = a.shared;
-  if (a.grad_norm_group != topologies::GradNormGroup::main)
-    out.grad_norm_group = std::string(topologies::grad_norm_group_name(a.grad_norm_group));
+  if (tensor.norm_group != 0)
+    out.grad_norm_group = run.norm_groups[static_cast<std::size_t>(tensor.norm_group)].name;
   return out;
 }
 
-std::vector<int> ranks_of(std::span<const int> ranks) { return {ranks.begin(), ranks.end()}; }
+manifest::GradStats stats_of(const record::GradStats& s) { return {s.sum_squares, s.abs_max, s.zeros}; }
 
-// Whether child `c`'s duplicate filter has an expert TP group: not when one of its
-// expert-labelled params falls back to the dense TP group. Decided from the model, not the
-// rank, so every rank of the run describes the child alike.
-std::vector<bool> children_with_expert_tp_group(const topologies::LogicalModel& model,
-                                                const gradnorm::OptimizerPlan& plan,
-                                                const gradnorm::FaultSet& faults) {
-  std::vector<bool> has(plan.children.size(), true);
-  for (const topologies::LogicalParam& p : model.params())
-    if (plan.expert_label[p.id] && gradnorm::filter_lacks_expert_tp_group(p.param_class, faults))
-      has[plan.child_of_param[p.id]] = false;
+// The gradient statistics of (tensor, box, range), each computed once by the oracle.
+class StatsOfRanges {
+ public:
+  StatsOfRanges(const topologies::LogicalModel& model, const gradnorm::GradientSpec& gradients)
+      : model_(model), gradients_(gradients) {}
+  manifest::GradStats of(int tensor, const record::Box& box, record::ElementRange range) {
+    std::vector<std::int64_t> key{tensor, range.begin, range.end};
+    for (int d = 0; d < box.extent.ndim; ++d) {
+      key.push_back(box.offset[d]);
+      key.push_back(box.extent.size[d]);
+    }
+    auto [it, fresh] = memo_.try_emplace(std::move(key));
+    if (fresh) {
+      const topologies::LogicalParam& logical = model_.param(tensor);
+      it->second = stats_of(oracle::range_truth(
+          logical, box, range, gradnorm::generator_for(gradients_, logical.param_class)));
+    }
+    return it->second;
+  }
+
+ private:
+  const topologies::LogicalModel& model_;
+  const gradnorm::GradientSpec& gradients_;
+  std::map<std::vector<std::int64_t>, manifest::GradStats> memo_;
+};
+
+// Whether child `c`'s filter had an expert TP group for every expert piece of the run: not when
+// the record shows an expert-topology piece of it de-duplicated on the TP group. A manifest names
+// the groups per child, so such a child is written without one, and the check's reading of the
+// attributes then explains its decisions.
+std::vector<bool> children_with_expert_tp_group(const record::RunRecord& run) {
+  std::vector<bool> has(run.children.size(), true);
+  for (const record::RankRecord& rank : run.ranks) {
+    for (std::size_t c = 0; c < rank.children.size(); ++c)
+      if (rank.children[c].expert_tp_group < 0) has[c] = false;
+    for (const record::Piece& piece : rank.local->pieces)
+      if (!piece.main_attributes.allreduce && piece.rule.basis == record::Basis::replicated &&
+          piece.rule.dedup != record::DedupGroup::expert_tp)
+        has[static_cast<std::size_t>(piece.child)] = false;
+  }
   return has;
 }
 
-std::string producer_of(const gradnorm::PathOptions& options) {
-  return "tally " TALLY_VERSION " (its model of the grad-norm path: optimizer " +
-         std::string(gradnorm::optimizer_model_name(options.optimizer)) + ", faults " +
-         gradnorm::fault_list(options.faults) + ")";
+// The name a manifest gives `ranks`, a group `rank` reduced over: the family of the layout whose
+// group of `rank` it is.
+std::string name_of_group(const topologies::RankLayout& layout, int rank, const std::vector<int>& ranks) {
+  for (Family family : topologies::kAllFamilies) {
+    if (!layout.group_of(family, rank)) continue;
+    const std::span<const int> g = layout.group_ranks(family, rank);
+    if (std::equal(g.begin(), g.end(), ranks.begin(), ranks.end())) return std::string(group_name(family));
+  }
+  return "stats_group";
 }
 
-std::string child_name(const gradnorm::OptimizerPlan& plan, int c) {
-  return std::string(gradnorm::optimizer_model_name(plan.model)) + ".chained_optimizers[" +
-         std::to_string(c) + "] (" + std::string(gradnorm::child_role_name(plan.children[c].role)) +
-         ")";
-}
-
-manifest::ParallelSizes parallel_of(const topologies::ParallelConfig& c) {
-  return {c.tp, c.cp, c.pp, topologies::dp(c), c.ep, c.etp};
-}
+std::vector<int> ranks_of(std::span<const int> ranks) { return {ranks.begin(), ranks.end()}; }
 
 }  // namespace
 
@@ -98,125 +113,92 @@ std::string_view group_name(Family family) {
   return "unknown";
 }
 
-std::vector<manifest::RankManifest> manifests_from_run(const topologies::LogicalModel& model,
-                                             const topologies::RankLayout& layout,
-                                             const gradnorm::PathOptions& options,
-                                             const gradnorm::PathResult& result) {
-  const int world = layout.world();
-  const gradnorm::OptimizerPlan& plan = result.plan;
-  if (static_cast<int>(plan.child_of_param.size()) != model.size())
-    throw std::invalid_argument("manifests: the path result's optimizer plan has " +
-                                std::to_string(plan.child_of_param.size()) +
-                                " params but the model has " + std::to_string(model.size()));
-  std::vector<const gradnorm::RankResult*> by_rank(world, nullptr);
-  for (const gradnorm::RankResult& r : result.ranks) {
-    if (r.rank < 0 || r.rank >= world || r.children.size() != plan.children.size())
-      throw std::invalid_argument("manifests: the path result's rank " + std::to_string(r.rank) +
-                                  " does not fit world " + std::to_string(world));
-    by_rank[r.rank] = &r;
-  }
-  for (int rank = 0; rank < world; ++rank)
-    if (!by_rank[rank])
-      throw std::invalid_argument("manifests: the path result has no rank " +
-                                  std::to_string(rank) + " (run the path on every rank)");
-
-  const gradnorm::FaultSet& faults = options.faults;
-  const std::vector<bool> has_expert_tp_group = children_with_expert_tp_group(model, plan, faults);
-  const std::string producer = producer_of(options);
-  const manifest::ParallelSizes parallel = parallel_of(layout.config());
-
-  std::vector<manifest::RankManifest> manifests(world);
-  std::vector<topologies::LocalParam> local;
-  std::vector<gradnorm::MainParam> main;
-  gradnorm::Ownership ownership;
-  for (int rank = 0; rank < world; ++rank) {
-    const gradnorm::RankResult& outcome = *by_rank[rank];
-    manifest::RankManifest& m = manifests[rank];
-    m.producer = producer;
-    m.rank = rank;
-    m.world = world;
-    m.parallel = parallel;
-    for (Family family : topologies::kMegatronFamilies)
-      if (layout.group_of(family, rank))
-        m.groups[std::string(group_name(family))] = ranks_of(layout.group_ranks(family, rank));
-    // A faulty path may reduce over a group Megatron-LM never creates: it used it all the same.
-    for (const gradnorm::ChildOutcome& child : outcome.children)
-      m.groups[std::string(group_name(child.group.family))] = ranks_of(layout.ranks(child.group));
-
-    // The path's own decisions for this rank: its main copies and what its optimizer owns.
-    topologies::local_params(model, layout, rank, local);
-    gradnorm::make_main_params(local, plan, faults, main);
-    gradnorm::own_elements(options.optimizer, main, layout, rank, {options.bucket_elements},
-                           faults, ownership);
-
-    m.params.reserve(local.size());
-    std::vector<kernels::GeneratorSpec> generator(local.size());
-    for (std::size_t k = 0; k < local.size(); ++k) {
-      const topologies::LocalParam& param = local[k];
-      const topologies::LogicalParam& logical = model.param(param.logical_id);
-      // The gradient of a shared copy is the tensor it copies: the path reads the logical id.
-      generator[k] = gradnorm::generator_for(options.gradients, logical.param_class);
-      manifest::ModelParam p;
-      p.name = topologies::local_name(model, param);
-      p.logical_name = logical.name;
-      for (int d = 0; d < logical.shape.rank; ++d) {
-        p.logical_shape.push_back(logical.shape.dims[d]);
-        p.offsets.push_back(param.slice.offset[d]);
-        p.extents.push_back(param.slice.extent[d]);
-      }
-      // The model param carries the model's expert label (main copies may lose it).
-      topologies::LocalParam labelled = param;
-      labelled.allreduce = !plan.expert_label[param.logical_id];
-      p.attributes = attributes_of(labelled);
-      p.stats = stats_of(gradnorm::shard_desc(logical, param, {0, param.slice.numel()}),
-                         generator[k]);
-      m.params.push_back(std::move(p));
-    }
-
-    const std::vector<int> tp_group = ranks_of(layout.group_ranks(Family::tp, rank));
-    const std::vector<int> expert_tp_group = ranks_of(layout.group_ranks(Family::expt_tp, rank));
-    m.optimizers.resize(plan.children.size());
-    for (std::size_t c = 0; c < plan.children.size(); ++c) {
-      manifest::OptimizerRecord& o = m.optimizers[c];
-      o.name = child_name(plan, static_cast<int>(c));
-      o.stats_group = ranks_of(layout.ranks(outcome.children[c].group));
-      o.tp_group = tp_group;
-      if (has_expert_tp_group[c]) o.expert_tp_group = expert_tp_group;
-      if (options.max_norm > 0.0)
-        o.clip = manifest::Clip{options.max_norm, outcome.children[c].clip_coefficient};
-    }
-    for (const gradnorm::OwnedPiece& piece : ownership.pieces) {
-      const gradnorm::MainParam& param = main[piece.local_index];
-      const topologies::LogicalParam& logical = model.param(param.attrs.logical_id);
-      const bool kept_zeros =
-          gradnorm::rule_keeps(gradnorm::filter_rule(param, layout, rank, faults));
-      manifest::MainParam record;
-      record.param = piece.local_index;
-      record.begin = piece.range.begin;
-      record.end = piece.range.end;
-      record.attributes = attributes_of(param.attrs);
-      record.kept_zeros = kept_zeros;
-      record.kept = kept_zeros && gradnorm::norm_share(plan, param, logical, faults) ==
-                                      gradnorm::NormShare::main;
-      const bool whole = piece.range.begin == 0 && piece.range.end == param.attrs.slice.numel();
-      record.stats = whole ? m.params[piece.local_index].stats
-                           : stats_of(gradnorm::shard_desc(logical, param.attrs, piece.range),
-                                      generator[piece.local_index]);
-      m.optimizers[param.child].main_params.push_back(std::move(record));
-    }
-    m.reported.norm = outcome.norm;
-    m.reported.inf_norm = outcome.inf_norm;
-    m.reported.zeros = outcome.zeros;
-  }
-  return manifests;
-}
-
-std::vector<manifest::RankManifest> manifests_from_run(const casefile::Case& c,
-                                             const gradnorm::PathResult& result) {
+std::vector<manifest::RankManifest> model_manifests(const casefile::Case& c,
+                                                    const record::RunRecord& run) {
   if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
   const topologies::RankLayout layout(c.topology);
   const topologies::LogicalModel model(c.model, c.topology);
-  return manifests_from_run(model, layout, c.path, result);
+  const int world = layout.world();
+  if (run.world != world || static_cast<int>(run.ranks.size()) != world ||
+      static_cast<int>(run.tensors.size()) != model.size())
+    throw std::invalid_argument("manifests: the record has " + std::to_string(run.ranks.size()) +
+                                " of " + std::to_string(run.world) + " ranks and " +
+                                std::to_string(run.tensors.size()) + " tensors, the case world " +
+                                std::to_string(world) + " and " + std::to_string(model.size()) +
+                                " params (a record of every rank of this case is needed)");
+  const topologies::ParallelConfig& t = c.topology;
+  const manifest::ParallelSizes parallel{t.tp, t.cp, t.pp, topologies::dp(t), t.ep, t.etp};
+  const std::vector<bool> has_expert_tp_group = children_with_expert_tp_group(run);
+  StatsOfRanges stats(model, c.path.gradients);
+
+  std::vector<manifest::RankManifest> manifests(static_cast<std::size_t>(world));
+  std::vector<topologies::LocalParam> sharded;
+  for (const record::RankRecord& rank : run.ranks) {
+    if (rank.rank < 0 || rank.rank >= world)
+      throw std::invalid_argument("manifests: the record's rank " + std::to_string(rank.rank) +
+                                  " is outside world " + std::to_string(world));
+    manifest::RankManifest& m = manifests[static_cast<std::size_t>(rank.rank)];
+    m.producer = run.producer;
+    m.rank = rank.rank;
+    m.world = world;
+    m.parallel = parallel;
+    for (Family family : topologies::kMegatronFamilies)
+      if (layout.group_of(family, rank.rank))
+        m.groups[std::string(group_name(family))] = ranks_of(layout.group_ranks(family, rank.rank));
+    // A faulty path may reduce over a group Megatron-LM never creates: it used it all the same.
+    for (const record::ChildRecord& child : rank.children) {
+      const std::vector<int>& ranks = run.groups[static_cast<std::size_t>(child.stats_group)];
+      m.groups.emplace(name_of_group(layout, rank.rank, ranks), ranks);
+    }
+
+    const record::LocalRecord& local = *rank.local;
+    topologies::local_params(model, layout, rank.rank, sharded);  // for the local names only
+    if (sharded.size() != local.params.size())
+      throw std::invalid_argument("manifests: the record's rank " + std::to_string(rank.rank) +
+                                  " holds " + std::to_string(local.params.size()) +
+                                  " params, its sharding " + std::to_string(sharded.size()));
+    for (std::size_t k = 0; k < local.params.size(); ++k) {
+      const record::LocalParam& param = local.params[k];
+      const record::Tensor& tensor = run.tensors[static_cast<std::size_t>(param.tensor)];
+      manifest::ModelParam& p = m.params.emplace_back();
+      p.name = topologies::local_name(model, sharded[k]);
+      p.logical_name = tensor.name;
+      for (int d = 0; d < tensor.shape.ndim; ++d) {
+        p.logical_shape.push_back(tensor.shape.size[d]);
+        p.offsets.push_back(param.box.offset[d]);
+        p.extents.push_back(param.box.extent.size[d]);
+      }
+      p.attributes = attributes_of(param.attributes, run, tensor);
+      p.stats = stats.of(param.tensor, param.box, {0, param.box.numel()});
+    }
+
+    m.optimizers.resize(rank.children.size());
+    for (std::size_t ci = 0; ci < rank.children.size(); ++ci) {
+      const record::ChildRecord& child = rank.children[ci];
+      manifest::OptimizerRecord& o = m.optimizers[ci];
+      o.name = run.children[ci];
+      o.stats_group = run.groups[static_cast<std::size_t>(child.stats_group)];
+      if (child.tp_group >= 0) o.tp_group = run.groups[static_cast<std::size_t>(child.tp_group)];
+      if (child.expert_tp_group >= 0 && has_expert_tp_group[ci])
+        o.expert_tp_group = run.groups[static_cast<std::size_t>(child.expert_tp_group)];
+      if (child.clip) o.clip = manifest::Clip{child.clip->max_norm, child.clip->coefficient};
+    }
+    for (const record::Piece& piece : local.pieces) {
+      const record::LocalParam& param = local.params[static_cast<std::size_t>(piece.param)];
+      manifest::MainParam& p = m.optimizers[static_cast<std::size_t>(piece.child)].main_params.emplace_back();
+      p.param = piece.param;
+      p.begin = piece.range.begin;
+      p.end = piece.range.end;
+      p.attributes = attributes_of(piece.main_attributes, run, run.tensors[static_cast<std::size_t>(param.tensor)]);
+      p.kept = piece.counted_in == 0;
+      p.kept_zeros = piece.in_zero_count;
+      p.stats = stats.of(param.tensor, param.box, piece.range);
+    }
+    m.reported.norm = rank.reported.norm;
+    m.reported.inf_norm = rank.reported.inf_norm;
+    m.reported.zeros = rank.reported.zeros;
+  }
+  return manifests;
 }
 
 }  // namespace tally::run

@@ -1,40 +1,99 @@
 #include "run/run_case.h"
 
 #include <algorithm>
+#include <set>
 
 #include "comm/sim_communicator.h"
-#include "topologies/logical_model.h"
-#include "topologies/rank_layout.h"
+
+#ifndef TALLY_VERSION
+#error "run/run_case.cpp needs TALLY_VERSION (set by run/CMakeLists.txt)"
+#endif
 
 namespace tally::run {
 
+namespace {
+
 using casefile::Case;
 using casefile::Expectation;
-using casefile::InvalidCase;
-using casefile::check_case;
-using casefile::outcome_name;
 
-oracle::Verdict run_case(const Case& c, const oracle::JudgeOptions& judge) {
-  return run_case_with_result(c, judge).verdict;
+// How the model target summed (oracle/tolerance.h): its local accumulation, its largest shard
+// and shard count, the largest stats group, and children reduced apart.
+oracle::ReductionModel reduction_model(const topologies::LogicalModel& model,
+                                       const topologies::RankLayout& layout,
+                                       const gradnorm::PathOptions& options,
+                                       const gradnorm::OptimizerPlan& plan) {
+  oracle::ReductionModel m;
+  m.local = options.accumulation;
+  m.reduction = kernels::Accumulation::fp64;
+  for (const topologies::LogicalParam& p : model.params())
+    m.shard_elements = std::max(m.shard_elements, p.numel);
+  m.shards = std::max<std::int64_t>(1, model.size() + 1);  // every param, and a shared copy
+  int largest = 1;
+  std::set<topologies::Family> families;
+  for (const gradnorm::Child& child : plan.children) families.insert(child.stats_family);
+  for (topologies::Family family : families)
+    largest = std::max(largest, static_cast<int>(layout.ranks({family, 0}).size()));
+  m.reduction_groups = {largest};
+  // Children reduced apart add their sums of squares (and p-sums) on every rank.
+  const int units = plan.shared_stats ? 1 : static_cast<int>(plan.children.size());
+  if (units > 1) m.reduction_groups.push_back(units);
+  m.children = 1;
+  m.exact_mode = kernels::mode_is_exact(options.gradients.generator.mode);
+  return m;
 }
 
-CaseRun run_case_with_result(const Case& c, const oracle::JudgeOptions& judge) {
-  if (std::optional<std::string> error = check_case(c)) throw InvalidCase(*error);
+}  // namespace
+
+oracle::GroundTruth truth_of(const topologies::LogicalModel& model,
+                             const gradnorm::PathOptions& options, bool per_param) {
+  oracle::TruthOptions truth_options;
+  truth_options.p_values = options.p_values;
+  truth_options.max_norm = options.max_norm;
+  truth_options.per_param = per_param;
+  truth_options.class_mask = options.gradients.class_mask;
+  return oracle::ground_truth(model, options.gradients.generator, truth_options);
+}
+
+std::string model_target_producer(const gradnorm::PathOptions& options) {
+  return "tally " TALLY_VERSION " (its model of the grad-norm path: optimizer " +
+         std::string(gradnorm::optimizer_model_name(options.optimizer)) + ", faults " +
+         gradnorm::fault_list(options.faults) + ")";
+}
+
+oracle::Verdict judge_model_run(const Case& c, const topologies::LogicalModel& model,
+                                const topologies::RankLayout& layout,
+                                const gradnorm::OptimizerPlan& plan, const record::RunRecord& run,
+                                const oracle::JudgeOptions& judge) {
+  oracle::Bounds bounds;
+  bounds.reduction = reduction_model(model, layout, c.path, plan);
+  const oracle::GradientSource gradients{&model, c.path.gradients.generator,
+                                         c.path.gradients.class_mask};
+  return oracle::judge(run, truth_of(model, c.path), bounds, &gradients, judge);
+}
+
+oracle::Verdict run_case(const Case& c, const oracle::JudgeOptions& judge) {
+  return run_case_with_record(c, judge).verdict;
+}
+
+CaseRun run_case_with_record(const Case& c, const oracle::JudgeOptions& judge) {
+  if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
   const topologies::RankLayout layout(c.topology);
   const topologies::LogicalModel model(c.model, c.topology);
   comm::SimCommunicator communicator(layout);
   const std::vector<int> ranks = gradnorm::all_ranks(layout);
   CaseRun run;
+  gradnorm::PathResult result;
   try {
-    run.result = gradnorm::run_path(model, layout, c.path, communicator, ranks);
+    result = gradnorm::run_path(model, layout, c.path, communicator, ranks);
   } catch (const comm::InfraError& error) {
     run.verdict.kind = oracle::Verdict::Kind::infra_error;
     run.verdict.infra_call = error.call();
     run.verdict.infra_message = error.what();
     return run;
   }
-  run.verdict =
-      oracle::judge(model, layout, c.path, *run.result, oracle::truth_for(model, c.path), judge);
+  result.record.producer = model_target_producer(c.path);
+  run.verdict = judge_model_run(c, model, layout, result.plan, result.record, judge);
+  run.record = std::move(result.record);
   return run;
 }
 
@@ -51,7 +110,7 @@ std::vector<std::string> failed_statistics(const oracle::Verdict& verdict) {
 std::optional<std::string> unmet_expectation(const Expectation& expect,
                                              const oracle::Verdict& verdict) {
   const std::string got(oracle::kind_name(verdict.kind));
-  const std::string want(outcome_name(expect.outcome));
+  const std::string want(casefile::outcome_name(expect.outcome));
   if (got != want) return "expected " + want + ", got " + got;
   if (expect.outcome != Expectation::Outcome::fail) return std::nullopt;
   const std::vector<std::string> failed = failed_statistics(verdict);

@@ -15,6 +15,7 @@
 // touch it (there are no products).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace tally::oracle::detail {
@@ -34,7 +35,8 @@ class CompensatedSum {
     add(other.hi_);
     lo_ += other.lo_;
   }
-  double value() const { return hi_ + lo_; }
+  // An overflow makes hi_ infinite and lo_ NaN (inf - inf): the sum is then hi_.
+  double value() const { return std::isfinite(hi_) ? hi_ + lo_ : hi_; }
   double hi() const { return hi_; }
   double lo() const { return lo_; }
 

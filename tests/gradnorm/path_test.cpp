@@ -4,8 +4,11 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "comm/sim_communicator.h"
+#include "kernels/clip_scale.h"
+#include "oracle/ledger.h"
 #include "tests/support/fault_cases.h"
 #include "tests/support/model_gen.h"
 #include "tests/support/show.h"
@@ -35,6 +38,14 @@ int param_named(const LogicalModel& model, const std::string& name) {
   return -1;
 }
 
+// The piece of logical param `id` that `rank` owns (the first), or null.
+const record::Piece* piece_of(const PathResult& result, int rank, int id) {
+  const record::LocalRecord& local = *result.record.ranks[static_cast<std::size_t>(rank)].local;
+  for (const record::Piece& piece : local.pieces)
+    if (local.params[static_cast<std::size_t>(piece.param)].tensor == id) return &piece;
+  return nullptr;
+}
+
 // Megatron-LM #6099's regression test: only the expert FC2 bias gradients are 1, so the norm
 // is sqrt(num_experts * hidden) = 4; de-duplicating on the dense TP rank drops EP rank 1's bias.
 void check_founding_case(int world) {
@@ -44,36 +55,46 @@ void check_founding_case(int world) {
   options.gradients.class_mask = class_bit(ParamClass::expert_row_bias);
 
   const PathResult right = run(config, spec, options);
-  for (const RankResult& rank : right.ranks) EXPECT_EQ(rank.norm, 4.0) << "rank " << rank.rank;
+  for (const record::RankRecord& rank : right.record.ranks)
+    EXPECT_EQ(rank.reported.norm, 4.0) << "rank " << rank.rank;
+  EXPECT_TRUE(oracle::count_ledgers(right.record).wrong.empty());
 
   options.faults = FaultSet::of({Fault::expert_dedup_on_dense_tp});
   const PathResult wrong = run(config, spec, options);
-  for (const RankResult& rank : wrong.ranks) EXPECT_EQ(rank.norm, std::sqrt(8.0));
+  for (const record::RankRecord& rank : wrong.record.ranks) EXPECT_EQ(rank.reported.norm, std::sqrt(8.0));
 
   const RankLayout layout(config);
   const LogicalModel model(spec, config);
   const int bias = param_named(model, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.bias");
-  EXPECT_EQ((*wrong.ranks[0].ledger)[bias], 0);
-  EXPECT_EQ((*right.ranks[0].ledger)[bias], 8);
-  // EP rank 1 is dense-TP rank 1 and ETP rank 0: the fault's rule drops its bias there.
+  const oracle::LedgerResult ledger = oracle::count_ledgers(wrong.record);
+  ASSERT_EQ(ledger.wrong.size(), 1u);
+  EXPECT_EQ(ledger.wrong[0].tensor, bias);
+  EXPECT_EQ(ledger.wrong[0].counted, 0);
+  // EP rank 1 is dense-TP rank 1 and ETP rank 0: the fault's rule drops its bias there, and the
+  // record says the filter de-duplicated it on the TP group for want of an expert TP group.
   for (int rank = 0; rank < world; ++rank) {
     if (layout.coordinates(rank).ep != 1) continue;
-    const std::vector<ParamOnRank> why =
-        explain_param(model, layout, options, wrong.plan, rank, bias);
-    ASSERT_EQ(why.size(), 1u);
-    if (layout.index_in(topologies::Family::tp, rank) == 1) {
-      EXPECT_EQ(why[0].rule, Rule::dropped_not_first_of_tp);
-      EXPECT_EQ(why[0].counted, 0);
-    }
+    const record::Piece* piece = piece_of(wrong, rank, bias);
+    if (!piece) continue;  // layer-wise: another data-parallel rank owns it
+    EXPECT_EQ(piece->rule.basis, record::Basis::replicated);
+    EXPECT_EQ(piece->rule.dedup, record::DedupGroup::tp);
+    EXPECT_EQ(wrong.record.ranks[static_cast<std::size_t>(rank)].children[piece->child].expert_tp_group, -1);
+    const bool dropped = layout.index_in(topologies::Family::tp, rank) == 1;
+    EXPECT_EQ(piece->counted_in, dropped ? -1 : 0);
+    EXPECT_EQ(piece->in_zero_count, !dropped);
+    const record::Piece* without = piece_of(right, rank, bias);
+    ASSERT_NE(without, nullptr);
+    EXPECT_EQ(without->rule.dedup, record::DedupGroup::expert_tp);
+    EXPECT_EQ(without->counted_in, 0);
   }
 }
 
 TEST(FoundingRegression, LayerWiseExpertBiasNormAtWorld2) { check_founding_case(2); }
 TEST(FoundingRegression, LayerWiseExpertBiasNormAtWorld8) { check_founding_case(8); }
 
-// The logical-count invariant of reference section 5 for every optimizer model: all-ones
-// gradients give sqrt(N) on every rank, all-zero gradients give N zeros, and every logical
-// element is counted exactly once in the ledger.
+// The logical-count invariant of docs/megatron-reference.md for every optimizer model: all-ones
+// gradients give sqrt(N) on every rank, all-zero gradients give N zeros, and the decisions the
+// path records count every logical element exactly once.
 RC_GTEST_PROP(PathProperty, AllOnesGivesSqrtNAndEveryElementOnce, ()) {
   const auto [config, spec] = *testing::valid_case(3);
   RC_PRE(testing::megatron_assumptions_hold(config));
@@ -85,26 +106,26 @@ RC_GTEST_PROP(PathProperty, AllOnesGivesSqrtNAndEveryElementOnce, ()) {
   const PathResult ones = run(config, spec, options);
   const double main_n = static_cast<double>(model.total_elements(topologies::GradNormGroup::main));
   const double mtp_n = static_cast<double>(model.total_elements(topologies::GradNormGroup::mtp));
-  for (const RankResult& rank : ones.ranks) {
-    for (const topologies::LogicalParam& p : model.params())
-      if ((*rank.ledger)[p.id] != p.numel)
-        RC_FAIL("rank " + std::to_string(rank.rank) + " counted " +
-                std::to_string((*rank.ledger)[p.id]) + " of " + std::to_string(p.numel) +
-                " elements of " + p.name);
-    RC_ASSERT(rank.norm == std::sqrt(main_n));
-    RC_ASSERT(rank.mtp_norm == std::sqrt(mtp_n));
-    RC_ASSERT(rank.zeros == 0);
-    RC_ASSERT(rank.inf_norm == (main_n > 0 ? 1.0 : 0.0));
+  for (const oracle::WrongCount& wrong : oracle::count_ledgers(ones.record).wrong)
+    RC_FAIL("rank " + std::to_string(wrong.ranks.front()) + " counted " + std::to_string(wrong.counted) +
+            " elements of " + model.param(wrong.tensor).name + " in ledger " + std::to_string(wrong.ledger));
+  for (const record::RankRecord& rank : ones.record.ranks) {
+    const record::Reported& r = rank.reported;
+    RC_ASSERT(*r.norm == std::sqrt(main_n));
+    RC_ASSERT((r.group_norms.empty() ? 0.0 : r.group_norms[0].norm) == std::sqrt(mtp_n));
+    RC_ASSERT(*r.zeros == 0);
+    RC_ASSERT(*r.inf_norm == (main_n > 0 ? 1.0 : 0.0));
   }
   options.gradients.generator.mode = kernels::GradientMode::zeros;
   const PathResult zeros = run(config, spec, options);
-  for (const RankResult& rank : zeros.ranks) {
-    RC_ASSERT(rank.zeros == model.total_elements());
-    RC_ASSERT(rank.norm == 0.0);
+  for (const record::RankRecord& rank : zeros.record.ranks) {
+    RC_ASSERT(*rank.reported.zeros == model.total_elements());
+    RC_ASSERT(*rank.reported.norm == 0.0);
   }
 }
 
-// Clipping with max = sqrt(N)/2: every rank applies the same coefficient.
+// Clipping with max = sqrt(N)/2: every rank and child applies the same coefficient, and the
+// clipped gradients it records are the clip kernel's products with it.
 TEST(Path, ClipCoefficientIsMaxOverNormPlusEpsilon) {
   const ParallelConfig config = config_of(8, 2, 2, 2, 1);
   topologies::ModelSpec spec = testing::small_moe(2);
@@ -115,22 +136,52 @@ TEST(Path, ClipCoefficientIsMaxOverNormPlusEpsilon) {
                                    OptimizerModel::layerwise, OptimizerModel::muon}) {
     PathOptions options = testing::ones(optimizer);
     options.max_norm = n / 2;
-    for (const RankResult& rank : run(config, spec, options).ranks) {
-      EXPECT_EQ(rank.norm, n);
-      EXPECT_EQ(rank.clip_coefficient, (n / 2) / (n + 1e-6));
-      for (const ChildOutcome& child : rank.children) EXPECT_EQ(child.clip_coefficient, rank.clip_coefficient);
+    const double coefficient = (n / 2) / (n + 1e-6);
+    for (const record::RankRecord& rank : run(config, spec, options).record.ranks) {
+      EXPECT_EQ(rank.reported.norm, n);
+      EXPECT_EQ(rank.reported.clip_coefficient, coefficient);
+      for (const record::ChildRecord& child : rank.children) EXPECT_EQ(child.clip->coefficient, coefficient);
+      ASSERT_NE(rank.clipped, nullptr);
+      ASSERT_EQ(rank.clipped->size(), rank.local->params.size());
+      for (const record::ClippedParam& clipped : *rank.clipped) {
+        EXPECT_EQ(clipped.coefficient, coefficient);
+        for (float v : *clipped.values) ASSERT_EQ(v, kernels::apply_clip(1.0f, static_cast<float>(coefficient)));
+      }
     }
   }
 }
 
+TEST(Path, WithoutClippingNoClippedGradientsAreRecorded) {
+  PathOptions options = testing::ones(OptimizerModel::plain);
+  options.max_norm = 0.0;
+  for (const record::RankRecord& rank : run(config_of(2, 2, 1, 2, 1), testing::founding_model(), options).record.ranks)
+    EXPECT_EQ(rank.clipped, nullptr);
+}
+
+TEST(Path, DataParallelReplicasShareOneLocalRecord) {
+  const ParallelConfig config = config_of(8, 2, 1, 2, 1);  // DP 4, EDP 4
+  const PathResult result = run(config, testing::founding_model(), testing::ones(OptimizerModel::plain));
+  const RankLayout layout(config);
+  // A rank holds and decides by its TP index and its EP coordinate only.
+  std::map<std::pair<int, int>, const record::LocalRecord*> by_position;
+  for (const record::RankRecord& rank : result.record.ranks) {
+    const std::pair<int, int> position{layout.index_in(topologies::Family::tp, rank.rank),
+                                       layout.coordinates(rank.rank).ep};
+    auto [it, fresh] = by_position.try_emplace(position, rank.local.get());
+    EXPECT_EQ(it->second, rank.local.get()) << "rank " << rank.rank;
+  }
+  EXPECT_EQ(by_position.size(), 2u);  // here the EP coordinate is the TP index: 8 ranks, 2 records
+}
+
+// Whether two runs reported and decided the same.
 bool same_outcome(const PathResult& a, const PathResult& b) {
-  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
-    const RankResult &x = a.ranks[r], &y = b.ranks[r];
-    if (x.norm != y.norm || x.inf_norm != y.inf_norm || x.zeros != y.zeros ||
-        x.mtp_norm != y.mtp_norm || *x.ledger != *y.ledger)
+  for (std::size_t r = 0; r < a.record.ranks.size(); ++r) {
+    const record::RankRecord &x = a.record.ranks[r], &y = b.record.ranks[r];
+    if (!(x.reported == y.reported) || !(*x.local == *y.local) || !(x.children == y.children))
       return false;
-    for (std::size_t c = 0; c < x.children.size(); ++c)
-      if (x.children[c].clip_coefficient != y.children[c].clip_coefficient) return false;
+    if (a.record.groups[static_cast<std::size_t>(x.children[0].stats_group)] !=
+        b.record.groups[static_cast<std::size_t>(y.children[0].stats_group)])
+      return false;
   }
   return true;
 }

@@ -1,5 +1,7 @@
 #include "kernels/local_stats.h"
 
+#include "kernels/clip_scale.h"
+
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/local_stats.h"  // apply_clip
+#include "kernels/clip_scale.h"  // apply_clip: the kernel the oracle's own product must match
 #include "oracle/detail/compensated_sum.h"
 #include "tests/support/model_gen.h"
 

@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/local_stats.h"  // kStatsChunk, apply_clip: the documented order, not its code
+#include "kernels/clip_scale.h"   // apply_clip: compared with the bound, not used by it
+#include "kernels/local_stats.h"  // local_stats_cpu: measured against the bound
 
 namespace tally::oracle {
 namespace {

@@ -1,6 +1,9 @@
 // `tally check` on the manifests tally's model of the path writes must give `tally run`'s verdict:
 // the same kind (pass or fail) and the same miscounted logical params, for every seed and for
-// generated cases with every fault of the catalog, alone and in pairs.
+// generated cases with every fault of the catalog, alone and in pairs. Both go through the one
+// judge (oracle/judge.h); what differs is the input: run's record with the case's gradients and
+// derived bounds, check's record read back from manifests with their statistics and a relative
+// tolerance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +18,9 @@
 #include "casefile/case.h"
 #include "casefile/case_file.h"
 #include "fuzz/generators.h"
-#include "manifest/check.h"
+#include "manifest/to_record.h"
+#include "oracle/ground_truth.h"
+#include "oracle/judge.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
 #include "topologies/logical_model.h"
@@ -47,23 +52,16 @@ std::string statistics_text(const oracle::Verdict& verdict) {
   return out;
 }
 
-// Where run and check cannot agree, for a reason the manifest format gives. Each is allowed
-// only in the exact shape the reason predicts, and counted.
-//
-// 1. expert-norm-dropped on MTP params: the manifest describes one norm, the main one (params
-//    in a grad_norm_group are counted zero times in it, docs/manifest.md). The dropped expert
-//    child's MTP params stay in the zero count (kept_zeros), so the check sees them counted
-//    right, while run's ledger of the MTP norm sees them missing. Run names more params (all
-//    MTP), and fails where the check passes when they are its only miscounts.
-// 2. clip-per-child-norm where a child's wrong coefficient multiplies no gradient of the main
-//    norm: its main params' gradients are all zero (a child whose classes get no generated
-//    gradients has norm 0, so it does not clip), and its MTP params are clipped with the MTP
-//    norm's own coefficient, which the manifest has no field for. Run judges the clipped
-//    gradients, which are right; the check judges the coefficient the child reported, which is
-//    wrong. Only "clip" fails in the check.
+// Where run and check cannot agree, for a reason the manifest format gives, allowed only in the
+// exact shape the reason predicts, and counted: expert-norm-dropped on MTP params. A version 1
+// manifest describes one norm, the main one (params in a grad_norm_group are counted zero times
+// in it, docs/manifest.md). The dropped expert child's MTP params stay in the zero count
+// (kept_zeros), so the check sees them counted right, while run's ledger of the MTP norm sees
+// them missing. Run names more params (all MTP), and fails where the check passes when they are
+// its only miscounts. (The other former exception, clip-per-child-norm with a wrong coefficient
+// that multiplies nothing, is gone: the one judge checks each child's coefficient for both.)
 struct Allowed {
   int mtp_norm_only = 0;
-  int clip_outside_the_main_norm = 0;
 };
 
 bool is_mtp_param(const topologies::LogicalModel& model, const std::string& name) {
@@ -72,7 +70,7 @@ bool is_mtp_param(const topologies::LogicalModel& model, const std::string& name
   return false;
 }
 
-// Reason 1: run's miscounts beyond the check's are MTP params left out of the MTP norm.
+// Run's miscounts beyond the check's are MTP params left out of the MTP norm.
 bool only_mtp_norm_differs(const casefile::Case& c, const std::set<std::string>& run_names,
                            const std::set<std::string>& check_names) {
   if (!c.path.faults.has(gradnorm::Fault::expert_norm_dropped)) return false;
@@ -84,25 +82,13 @@ bool only_mtp_norm_differs(const casefile::Case& c, const std::set<std::string>&
   return true;
 }
 
-// Reason 2: the check fails on "clip" alone, and every optimizer whose coefficient is not the
-// truth's holds only zero gradients in the main norm.
-bool only_clip_outside_the_main_norm(const casefile::Case& c, const oracle::Verdict& run_verdict,
-                                 const manifest::CheckReport& report,
-                                 const std::vector<manifest::RankManifest>& manifests) {
-  if (!c.path.faults.has(gradnorm::Fault::clip_per_child_norm)) return false;
-  if (run_verdict.kind != oracle::Verdict::Kind::pass) return false;
-  if (!report.verdict.ranks_agree || report.verdict.miscounted_total > 0) return false;
-  for (const oracle::StatisticCheck& s : report.verdict.stats)
-    if (!s.ok && s.name != "clip") return false;
-  const double truth = std::min(1.0, c.path.max_norm / (report.truth_norm + 1e-6));
-  for (const manifest::RankManifest& m : manifests)
-    for (const manifest::OptimizerRecord& o : m.optimizers) {
-      if (!o.clip || std::abs(o.clip->coefficient - truth) <= 1e-5 * truth) continue;
-      for (const manifest::MainParam& piece : o.main_params)
-        if (!piece.attributes.grad_norm_group && m.params[piece.param].stats.sum_squares != 0.0)
-          return false;
-    }
-  return true;
+// tally check's judgement of manifests: the record they describe, its truth from their
+// statistics, the relative tolerance.
+oracle::Verdict check(const std::vector<manifest::RankManifest>& manifests) {
+  const record::RunRecord run = manifest::to_record(manifests);
+  oracle::JudgeOptions options;
+  options.max_diagnosed_params = 1 << 30;  // every miscount named, as run names them
+  return oracle::judge(run, oracle::truth_from_box_statistics(run), oracle::Bounds{}, nullptr, options);
 }
 
 // What a comparison saw: no manifests (the hang), or run's verdict.
@@ -111,16 +97,15 @@ enum class Compared { hung, passed, failed };
 // Runs `c` as tally run does, checks its manifests as tally check does, and compares.
 Compared expect_check_agrees(const casefile::Case& c, const std::string& what, Allowed& allowed) {
   SCOPED_TRACE(what + "\n" + casefile::case_to_text(c));
-  const CaseRun run = run_case_with_result(c);
-  if (!run.result) {
-    // Only the hang of empty-rank-skips-collective leaves no result, and then no manifests.
+  const CaseRun run = run_case_with_record(c);
+  if (!run.record) {
+    // Only the hang of empty-rank-skips-collective leaves no record, and then no manifests.
     EXPECT_TRUE(c.path.faults.has(gradnorm::Fault::empty_rank_skips_collective));
     return Compared::hung;
   }
-  const std::vector<manifest::RankManifest> manifests = manifests_from_run(c, *run.result);
-  manifest::CheckOptions options;
-  options.max_diagnosed_params = 1 << 30;  // every miscount named, as run names them
-  const manifest::CheckReport report = manifest::check_run(manifests, options);
+  struct {
+    oracle::Verdict verdict;
+  } report{check(model_manifests(c, *run.record))};
   const Compared compared =
       run.verdict.kind == oracle::Verdict::Kind::pass ? Compared::passed : Compared::failed;
 
@@ -133,11 +118,6 @@ Compared expect_check_agrees(const casefile::Case& c, const std::string& what, A
     ++allowed.mtp_norm_only;
     return compared;
   }
-  if (check_names == run_names &&
-      only_clip_outside_the_main_norm(c, run.verdict, report, manifests)) {
-    ++allowed.clip_outside_the_main_norm;
-    return compared;
-  }
   EXPECT_EQ(oracle::kind_name(report.verdict.kind), oracle::kind_name(run.verdict.kind))
       << "run:   " << statistics_text(run.verdict) << "\ncheck: " << statistics_text(report.verdict);
   EXPECT_EQ(check_names, run_names) << "check " << listed(check_names) << "\nrun   "
@@ -147,8 +127,7 @@ Compared expect_check_agrees(const casefile::Case& c, const std::string& what, A
 
 void print_allowed(const Allowed& allowed) {
   std::cout << "allowed disagreements: " << allowed.mtp_norm_only
-            << " expert-norm-dropped on MTP params, " << allowed.clip_outside_the_main_norm
-            << " clip-per-child-norm outside the main norm\n";
+            << " expert-norm-dropped on MTP params\n";
 }
 
 TEST(CheckAgreesWithRun, OnEverySeed) {
@@ -178,7 +157,7 @@ TEST(CheckAgreesWithRun, OnGeneratedFaultFreeCases) {
   for (std::int64_t index = 0; index < 1000; ++index)
     expect_check_agrees(fuzz::generate_case(options, 0x6d616e6966657374ull, index).value(),
                         "fault-free case " + std::to_string(index), allowed);
-  EXPECT_EQ(allowed.mtp_norm_only + allowed.clip_outside_the_main_norm, 0);
+  EXPECT_EQ(allowed.mtp_norm_only, 0);
 }
 
 TEST(CheckAgreesWithRun, OnGeneratedCasesWithOneFault) {

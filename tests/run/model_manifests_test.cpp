@@ -36,8 +36,8 @@ struct Ran {
 };
 
 Ran run(const casefile::Case& c) {
-  Ran r{c, run_case_with_result(c), {}};
-  if (r.run.result) r.manifests = manifests_from_run(c, *r.run.result);
+  Ran r{c, run_case_with_record(c), {}};
+  if (r.run.record) r.manifests = model_manifests(c, *r.run.record);
   return r;
 }
 
@@ -92,7 +92,7 @@ manifest::GradStats generated_stats(const manifest::ModelParam& p, std::int64_t 
 void expect_structure(const Ran& r) {
   const topologies::LogicalModel model(r.c.model, r.c.topology);
   const topologies::RankLayout layout(r.c.topology);
-  const gradnorm::PathResult& result = *r.run.result;
+  const record::RunRecord& run = *r.run.record;
   ASSERT_EQ(static_cast<int>(r.manifests.size()), layout.world());
   std::map<std::string, int> id_of;
   for (const topologies::LogicalParam& p : model.params()) id_of[p.name] = p.id;
@@ -134,15 +134,14 @@ void expect_structure(const Ran& r) {
       EXPECT_NEAR(p.stats.sum_squares, want.sum_squares, 1e-12 * (1 + want.sum_squares)) << p.name;
     }
 
-    const gradnorm::RankResult& outcome = result.ranks[rank];
-    ASSERT_EQ(m.optimizers.size(), result.plan.children.size());
+    const record::RankRecord& outcome = run.ranks[rank];
+    ASSERT_EQ(m.optimizers.size(), run.children.size());
     for (std::size_t c = 0; c < m.optimizers.size(); ++c) {
       const manifest::OptimizerRecord& o = m.optimizers[c];
       EXPECT_TRUE(std::binary_search(o.stats_group.begin(), o.stats_group.end(), rank));
-      const auto group = layout.ranks(outcome.children[c].group);
-      EXPECT_EQ(o.stats_group, std::vector<int>(group.begin(), group.end()));
+      EXPECT_EQ(o.stats_group, run.groups[outcome.children[c].stats_group]);
       EXPECT_EQ(o.clip.has_value(), r.c.path.max_norm > 0);
-      if (o.clip) EXPECT_EQ(o.clip->coefficient, outcome.children[c].clip_coefficient);
+      if (o.clip) EXPECT_EQ(o.clip->coefficient, outcome.children[c].clip->coefficient);
       for (const manifest::MainParam& piece : o.main_params) {
         ASSERT_GE(piece.param, 0);
         ASSERT_LT(piece.param, static_cast<int>(m.params.size()));
@@ -160,9 +159,9 @@ void expect_structure(const Ran& r) {
         EXPECT_NEAR(piece.stats.sum_squares, want.sum_squares, 1e-12 * (1 + want.sum_squares));
       }
     }
-    EXPECT_EQ(m.reported.norm, outcome.norm);
-    EXPECT_EQ(m.reported.inf_norm, outcome.inf_norm);
-    EXPECT_EQ(m.reported.zeros, outcome.zeros);
+    EXPECT_EQ(m.reported.norm, outcome.reported.norm);
+    EXPECT_EQ(m.reported.inf_norm, outcome.reported.inf_norm);
+    EXPECT_EQ(m.reported.zeros, outcome.reported.zeros);
   }
 
   // The boxes of each logical param are disjoint and cover it: the TP (or ETP) shards.
@@ -197,7 +196,7 @@ std::map<std::string, std::int64_t> ledger(const std::vector<manifest::RankManif
   return counted;
 }
 
-TEST(ManifestsFromRun, FoundingCaseHasEveryRankGroupAndBox) {
+TEST(ModelManifests, FoundingCaseHasEveryRankGroupAndBox) {
   for (int world : {2, 4, 8}) {
     SCOPED_TRACE("world " + std::to_string(world));
     expect_structure(run(founding_case(world, false)));
@@ -205,7 +204,7 @@ TEST(ManifestsFromRun, FoundingCaseHasEveryRankGroupAndBox) {
   }
 }
 
-TEST(ManifestsFromRun, FoundingCaseKeepsEachElementOnceWithoutTheFault) {
+TEST(ModelManifests, FoundingCaseKeepsEachElementOnceWithoutTheFault) {
   const Ran r = run(founding_case(4, false));
   const topologies::LogicalModel model(r.c.model, r.c.topology);
   for (int rank = 0; rank < 4; ++rank) {
@@ -222,7 +221,7 @@ TEST(ManifestsFromRun, FoundingCaseKeepsEachElementOnceWithoutTheFault) {
   }
 }
 
-TEST(ManifestsFromRun, FoundingFaultFallsBackToTheDenseTpGroupAndDropsEpRankOnesBias) {
+TEST(ModelManifests, FoundingFaultFallsBackToTheDenseTpGroupAndDropsEpRankOnesBias) {
   const Ran r = run(founding_case(2, true));
   const std::string bias = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.bias";
   for (int rank = 0; rank < 2; ++rank) {
@@ -248,7 +247,7 @@ TEST(ManifestsFromRun, FoundingFaultFallsBackToTheDenseTpGroupAndDropsEpRankOnes
   EXPECT_TRUE(seen);
 }
 
-TEST(ManifestsFromRun, ClassesOutsideTheMaskHaveZeroGradients) {
+TEST(ModelManifests, ClassesOutsideTheMaskHaveZeroGradients) {
   const Ran r = run(founding_case(2, false));
   for (const manifest::RankManifest& m : r.manifests)
     for (const manifest::ModelParam& p : m.params) {
@@ -259,13 +258,13 @@ TEST(ManifestsFromRun, ClassesOutsideTheMaskHaveZeroGradients) {
     }
 }
 
-TEST(ManifestsFromRun, EveryFaultCaseIsStructurallySound) {
+TEST(ModelManifests, EveryFaultCaseIsStructurallySound) {
   for (const testing::FaultCase& f : testing::fault_cases()) {
     for (bool with_fault : {false, true}) {
       SCOPED_TRACE(std::string(gradnorm::fault_info(f.fault).name) + (with_fault ? "" : " (off)"));
       const casefile::Case c = case_of(f, with_fault);
       const Ran r = run(c);
-      if (!r.run.result) {
+      if (!r.run.record) {
         EXPECT_EQ(f.fault, Fault::empty_rank_skips_collective);  // the hang: no manifests
         EXPECT_TRUE(with_fault);
         continue;
@@ -275,11 +274,12 @@ TEST(ManifestsFromRun, EveryFaultCaseIsStructurallySound) {
   }
 }
 
-TEST(ManifestsFromRun, ExpertNormDroppedKeepsTheExpertPiecesOnlyInTheZeroCount) {
+TEST(ModelManifests, ExpertNormDroppedKeepsTheExpertPiecesOnlyInTheZeroCount) {
   for (const testing::FaultCase& f : testing::fault_cases()) {
     if (f.fault != Fault::expert_norm_dropped) continue;
     const Ran r = run(case_of(f, true));
-    const gradnorm::OptimizerPlan& plan = r.run.result->plan;
+    const topologies::LogicalModel model(r.c.model, r.c.topology);
+    const gradnorm::OptimizerPlan plan = gradnorm::plan_optimizer(r.c.path.optimizer, model, r.c.path.faults);
     int expert_pieces = 0;
     for (const manifest::RankManifest& m : r.manifests)
       for (std::size_t c = 0; c < m.optimizers.size(); ++c)
@@ -292,7 +292,7 @@ TEST(ManifestsFromRun, ExpertNormDroppedKeepsTheExpertPiecesOnlyInTheZeroCount) 
   }
 }
 
-TEST(ManifestsFromRun, DistributedOptimizerPiecesPartitionEachBoxOverDataParallelRanks) {
+TEST(ModelManifests, DistributedOptimizerPiecesPartitionEachBoxOverDataParallelRanks) {
   casefile::Case c;
   c.topology = testing::config_of(4, 1, 1, 1, 1);
   c.model = testing::dense_model(1);
@@ -314,7 +314,7 @@ TEST(ManifestsFromRun, DistributedOptimizerPiecesPartitionEachBoxOverDataParalle
   EXPECT_TRUE(split);
 }
 
-TEST(ManifestsFromRun, TiedCopyNamesTheEmbeddingAndIsSharedOnTheModel) {
+TEST(ModelManifests, TiedCopyNamesTheEmbeddingAndIsSharedOnTheModel) {
   for (bool with_fault : {false, true}) {
     casefile::Case c;
     c.topology = testing::config_of(2, 1, 2, 1, 1);
@@ -334,7 +334,7 @@ TEST(ManifestsFromRun, TiedCopyNamesTheEmbeddingAndIsSharedOnTheModel) {
   }
 }
 
-TEST(ManifestsFromRun, SeedsGiveSoundManifests) {
+TEST(ModelManifests, SeedsGiveSoundManifests) {
   for (const char* name : {"founding-6099-world8.fail.json", "missing-ep-reduction.fail.json",
                            "distopt-overlapping-shards.fail.json", "stats-over-replicas.fail.json"}) {
     SCOPED_TRACE(name);
@@ -342,14 +342,14 @@ TEST(ManifestsFromRun, SeedsGiveSoundManifests) {
   }
 }
 
-TEST(ManifestsFromRun, AResultWithoutEveryRankIsRefused) {
+TEST(ModelManifests, ARecordWithoutEveryRankIsRefused) {
   const casefile::Case c = founding_case(2, false);
-  CaseRun ran = run_case_with_result(c);
-  ran.result->ranks.pop_back();
-  EXPECT_THROW(manifests_from_run(c, *ran.result), std::invalid_argument);
+  CaseRun ran = run_case_with_record(c);
+  ran.record->ranks.pop_back();
+  EXPECT_THROW(model_manifests(c, *ran.record), std::invalid_argument);
 }
 
-TEST(ManifestsFromRun, GroupNamesAreMegatronsAndPlainWords) {
+TEST(ModelManifests, GroupNamesAreMegatronsAndPlainWords) {
   for (topologies::Family family : topologies::kAllFamilies) {
     const std::string_view name = group_name(family);
     EXPECT_FALSE(name.empty());

@@ -1,7 +1,8 @@
-// tally check on hand-built runs: the founding #6099 topology with and without the fallback,
-// every validation rule with its message, pieces cut by a distributed optimizer, and the
-// statistics a ledger cannot see (averaged reductions, disagreeing ranks, clipping).
-#include "manifest/check.h"
+// Hand-built manifests read into a run record and judged, as `tally check` does: the founding
+// #6099 topology with and without the fallback, every validation rule with its message, pieces
+// cut by a distributed optimizer, and the statistics a ledger cannot see (averaged reductions,
+// disagreeing ranks, clipping).
+#include "manifest/to_record.h"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +10,31 @@
 #include <string>
 
 #include "manifest/manifest_json.h"
+#include "oracle/ground_truth.h"
+#include "oracle/judge.h"
 
 namespace tally::manifest {
 namespace {
+
+// What the check of a run found.
+struct CheckReport {
+  std::int64_t logical_params = 0;
+  std::int64_t logical_elements = 0;
+  double truth_norm = 0.0;
+  oracle::Verdict verdict;
+};
+
+// The manifests as a record, judged with tally check's relative tolerance.
+CheckReport check_run(const std::vector<RankManifest>& manifests) {
+  const record::RunRecord run = to_record(manifests);
+  CheckReport report;
+  report.logical_params = static_cast<std::int64_t>(run.tensors.size());
+  for (const record::Tensor& t : run.tensors) report.logical_elements += t.shape.numel();
+  const oracle::GroundTruth truth = oracle::truth_from_box_statistics(run);
+  report.truth_norm = truth.main.norm;
+  report.verdict = oracle::judge(run, truth, oracle::Bounds{});
+  return report;
+}
 
 Attributes replicated() { return {}; }
 Attributes expert_replicated() {
@@ -70,7 +93,7 @@ std::vector<RankManifest> founding_run(bool fallback) {
 
 std::string check_error(const std::vector<RankManifest>& run) {
   try {
-    check_run(run);
+    to_record(run);
   } catch (const ManifestError& error) {
     return error.what();
   }
@@ -83,7 +106,7 @@ const oracle::StatisticCheck* stat(const CheckReport& report, const std::string&
   return nullptr;
 }
 
-TEST(CheckRun, CorrectFilterPassesWithEveryElementOnce) {
+TEST(ManifestRunJudged, CorrectFilterPassesWithEveryElementOnce) {
   const CheckReport report = check_run(founding_run(false));
   EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::pass);
   EXPECT_EQ(report.logical_params, 4);
@@ -92,7 +115,7 @@ TEST(CheckRun, CorrectFilterPassesWithEveryElementOnce) {
   EXPECT_EQ(report.verdict.miscounted_total, 0);
 }
 
-TEST(CheckRun, ExpertBiasDedupOnTpGroupIsDiagnosedOnTheRankThatDropsIt) {
+TEST(ManifestRunJudged, ExpertBiasDedupOnTpGroupIsDiagnosedOnTheRankThatDropsIt) {
   const CheckReport report = check_run(founding_run(true));
   ASSERT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
   ASSERT_EQ(report.verdict.miscounted.size(), 1u);
@@ -113,7 +136,7 @@ TEST(CheckRun, ExpertBiasDedupOnTpGroupIsDiagnosedOnTheRankThatDropsIt) {
   EXPECT_FALSE(stat(report, "l2")->ok);
 }
 
-TEST(CheckRun, ExpertGroupEqualToTpGroupIsNamedAsSuch) {
+TEST(ManifestRunJudged, ExpertGroupEqualToTpGroupIsNamedAsSuch) {
   std::vector<RankManifest> run = founding_run(false);
   for (RankManifest& m : run) {
     m.optimizers[0].expert_tp_group = std::vector<int>{0, 1};
@@ -126,7 +149,7 @@ TEST(CheckRun, ExpertGroupEqualToTpGroupIsNamedAsSuch) {
             std::string::npos);
 }
 
-TEST(CheckRun, AveragedReductionFailsAgainstTheRanksOwnLedger) {
+TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
   std::vector<RankManifest> run = founding_run(false);
   for (RankManifest& m : run) m.reported.norm = *m.reported.norm / std::sqrt(2.0);
   const CheckReport report = check_run(run);
@@ -135,7 +158,7 @@ TEST(CheckRun, AveragedReductionFailsAgainstTheRanksOwnLedger) {
   EXPECT_FALSE(stat(report, "l2-ledger")->ok);
 }
 
-TEST(CheckRun, RanksThatReportDifferentNormsDisagree) {
+TEST(ManifestRunJudged, RanksThatReportDifferentNormsDisagree) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].reported.norm = *run[1].reported.norm + 1.0;
   const CheckReport report = check_run(run);
@@ -143,7 +166,7 @@ TEST(CheckRun, RanksThatReportDifferentNormsDisagree) {
   EXPECT_NE(report.verdict.disagreement.find("rank 1"), std::string::npos);
 }
 
-TEST(CheckRun, ZeroCountIsExact) {
+TEST(ManifestRunJudged, ZeroCountIsExact) {
   std::vector<RankManifest> run = founding_run(false);
   run[0].reported.zeros = 1;
   run[1].reported.zeros = 1;
@@ -151,7 +174,7 @@ TEST(CheckRun, ZeroCountIsExact) {
   EXPECT_FALSE(stat(report, "zeros")->ok);
 }
 
-TEST(CheckRun, ClipCoefficientIsJudgedAgainstTheTruth) {
+TEST(ManifestRunJudged, ClipCoefficientIsJudgedAgainstTheTruth) {
   std::vector<RankManifest> run = founding_run(false);
   const double max_norm = 1.0;
   for (RankManifest& m : run) m.optimizers[0].clip = Clip{max_norm, max_norm / (std::sqrt(56.0) + 1e-6)};
@@ -160,7 +183,7 @@ TEST(CheckRun, ClipCoefficientIsJudgedAgainstTheTruth) {
   EXPECT_FALSE(stat(check_run(run), "clip")->ok);
 }
 
-TEST(CheckRun, ParamOutsideTheMainNormMustNotBeKept) {
+TEST(ManifestRunJudged, ParamOutsideTheMainNormMustNotBeKept) {
   std::vector<RankManifest> run = founding_run(false);
   for (RankManifest& m : run) {
     m.params[0].attributes.grad_norm_group = "mtp";
@@ -173,7 +196,7 @@ TEST(CheckRun, ParamOutsideTheMainNormMustNotBeKept) {
   EXPECT_EQ(report.verdict.miscounted[0].counted, 8);
 }
 
-TEST(CheckRun, ZeroCountLedgerIsJudgedToo) {
+TEST(ManifestRunJudged, ZeroCountLedgerIsJudgedToo) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].optimizers[0].main_params[0].kept_zeros = true;  // norm.weight's TP replica
   const CheckReport report = check_run(run);
@@ -183,7 +206,7 @@ TEST(CheckRun, ZeroCountLedgerIsJudgedToo) {
   EXPECT_NE(report.verdict.miscounted[0].param_class.find("in the zero count"), std::string::npos);
 }
 
-TEST(CheckRun, ElementsCountedTwiceAndNeverDoNotCancel) {
+TEST(ManifestRunJudged, ElementsCountedTwiceAndNeverDoNotCancel) {
   std::vector<RankManifest> run = founding_run(false);
   // Rank 0 keeps the first half of norm.weight twice (two pieces), rank 1 keeps nothing.
   MainParam& piece = run[0].optimizers[0].main_params[0];
@@ -198,14 +221,14 @@ TEST(CheckRun, ElementsCountedTwiceAndNeverDoNotCancel) {
       << report.verdict.miscounted[0].param_class;
 }
 
-TEST(CheckRun, RanksReportingDifferentInfNormsDisagree) {
+TEST(ManifestRunJudged, RanksReportingDifferentInfNormsDisagree) {
   std::vector<RankManifest> run = founding_run(false);
   run[0].reported.inf_norm = 1.0;
   run[1].reported.inf_norm = 5.0;
   EXPECT_FALSE(check_run(run).verdict.ranks_agree);
 }
 
-TEST(CheckRun, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
+TEST(ManifestRunJudged, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
   std::vector<RankManifest> run = founding_run(false);
   for (RankManifest& m : run) {
     m.params[2].stats.sum_squares = 1e308;
@@ -214,14 +237,14 @@ TEST(CheckRun, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
   EXPECT_TRUE(std::isinf(check_run(run).truth_norm));
 }
 
-TEST(CheckRunValidation, ReplicaMessageShowsEveryDigit) {
+TEST(ToRecordValidation, ReplicaMessageShowsEveryDigit) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[0].stats.sum_squares = 8.00000001;
   EXPECT_NE(check_error(run).find("sum_squares 8.0000000100000008, abs_max 1, zeros 0 here, but 8, 1, 0 on rank 0"), std::string::npos)
       << check_error(run);
 }
 
-TEST(CheckRunValidation, HoldersInDifferentNormGroups) {
+TEST(ToRecordValidation, HoldersInDifferentNormGroups) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[0].attributes.grad_norm_group = "mtp";
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): grad_norm_group differs"),
@@ -258,11 +281,11 @@ std::vector<RankManifest> distributed_run(std::int64_t split0, std::int64_t spli
   return run;
 }
 
-TEST(CheckRun, StridedDistributedPiecesCountEachElementOnce) {
+TEST(ManifestRunJudged, StridedDistributedPiecesCountEachElementOnce) {
   EXPECT_EQ(check_run(distributed_run(5, 7)).verdict.kind, oracle::Verdict::Kind::pass);
 }
 
-TEST(CheckRun, OverlappingDistributedPiecesAreCountedTwice) {
+TEST(ManifestRunJudged, OverlappingDistributedPiecesAreCountedTwice) {
   std::vector<RankManifest> run = distributed_run(5, 5);
   run[0].optimizers[0].main_params[0].end = 7;  // rank 0 owns [0,7), rank 2 owns [5,12)
   run[0].optimizers[0].main_params[0].stats = ones(7);
@@ -272,7 +295,7 @@ TEST(CheckRun, OverlappingDistributedPiecesAreCountedTwice) {
   EXPECT_EQ(report.verdict.miscounted[0].counted, 26);  // 2 of 24 elements twice
 }
 
-TEST(CheckRun, StatsGroupThatMissesTheHoldersCountsZeroTimes) {
+TEST(ManifestRunJudged, StatsGroupThatMissesTheHoldersCountsZeroTimes) {
   std::vector<RankManifest> run = founding_run(false);
   for (RankManifest& m : run) {
     m.optimizers[0].stats_group = {m.rank};
@@ -285,21 +308,21 @@ TEST(CheckRun, StatsGroupThatMissesTheHoldersCountsZeroTimes) {
 
 // ---- validation: each rule and its message ----
 
-TEST(CheckRunValidation, MissingRanksAreListed) {
+TEST(ToRecordValidation, MissingRanksAreListed) {
   std::vector<RankManifest> run = founding_run(false);
   run.pop_back();
   EXPECT_NE(check_error(run).find("missing the manifests of 1 of 2 ranks: [1]"), std::string::npos)
       << check_error(run);
 }
 
-TEST(CheckRunValidation, RepeatedRank) {
+TEST(ToRecordValidation, RepeatedRank) {
   std::vector<RankManifest> run = founding_run(false);
   run[1] = run[0];
   EXPECT_NE(check_error(run).find("rank-0.json: manifest.rank: two manifests for rank 0"),
             std::string::npos);
 }
 
-TEST(CheckRunValidation, InconsistentGroupNamesBothRanks) {
+TEST(ToRecordValidation, InconsistentGroupNamesBothRanks) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].groups["tp"] = {1};
   EXPECT_NE(check_error(run).find("rank-0.json: inconsistent group \"tp\": [0,1] here, but rank 1 lists [1]"),
@@ -307,13 +330,13 @@ TEST(CheckRunValidation, InconsistentGroupNamesBothRanks) {
       << check_error(run);
 }
 
-TEST(CheckRunValidation, InconsistentStatsGroup) {
+TEST(ToRecordValidation, InconsistentStatsGroup) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].optimizers[0].stats_group = {1};
   EXPECT_NE(check_error(run).find("inconsistent optimizers[0].stats_group"), std::string::npos);
 }
 
-TEST(CheckRunValidation, DifferentLogicalShapes) {
+TEST(ToRecordValidation, DifferentLogicalShapes) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[0].logical_shape = {9};
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): logical_shape [9] differs from [8]"),
@@ -321,7 +344,7 @@ TEST(CheckRunValidation, DifferentLogicalShapes) {
       << check_error(run);
 }
 
-TEST(CheckRunValidation, ReplicasWhoseStatisticsDisagree) {
+TEST(ToRecordValidation, ReplicasWhoseStatisticsDisagree) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[0].stats.sum_squares = 7.0;
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): replicas disagree"),
@@ -329,13 +352,13 @@ TEST(CheckRunValidation, ReplicasWhoseStatisticsDisagree) {
       << check_error(run);
 }
 
-TEST(CheckRunValidation, BoxesOverlappingPartially) {
+TEST(ToRecordValidation, BoxesOverlappingPartially) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[2].offsets = {1, 0};
   EXPECT_NE(check_error(run).find("overlaps rank 0's box"), std::string::npos) << check_error(run);
 }
 
-TEST(CheckRunValidation, ElementsHeldByNoRank) {
+TEST(ToRecordValidation, ElementsHeldByNoRank) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[2].logical_shape = {6, 8};
   run[0].params[2].logical_shape = {6, 8};
@@ -344,7 +367,7 @@ TEST(CheckRunValidation, ElementsHeldByNoRank) {
       << check_error(run);
 }
 
-TEST(CheckRunValidation, DifferentOptimizerCounts) {
+TEST(ToRecordValidation, DifferentOptimizerCounts) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].optimizers.push_back(run[1].optimizers[0]);
   EXPECT_NE(check_error(run).find("rank-1.json: manifest.optimizers: 2 optimizers, but rank 0 has 1"),

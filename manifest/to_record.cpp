@@ -1,0 +1,351 @@
+#include "manifest/to_record.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "manifest/manifest_json.h"
+#include "record/text.h"
+
+namespace tally::manifest {
+
+namespace {
+
+constexpr double kReplicaRtol = 1e-9;               // replicas hold the same gradient
+constexpr std::size_t kMaxShownRanks = 16;
+
+[[noreturn]] void invalid(int rank, const std::string& why) {
+  throw ManifestError(manifest_file_name(rank) + ": " + why);
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  return record::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size()), kMaxShownRanks);
+}
+
+std::string shape_text(const std::vector<std::int64_t>& sizes) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? "," : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+std::int64_t volume(const std::vector<std::int64_t>& extents) {
+  std::int64_t n = 1;
+  for (std::int64_t e : extents) n *= e;
+  return n;
+}
+
+bool close(double a, double b, double rtol) {
+  return std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b));
+}
+
+// ---- the run as a whole -------------------------------------------------------------------
+
+// Every rank once, in rank order; the same world, sizes and optimizer count everywhere.
+std::vector<const RankManifest*> ranks_in_order(const std::vector<RankManifest>& manifests) {
+  if (manifests.empty()) throw ManifestError("no manifest to check");
+  const RankManifest& first = manifests.front();
+  std::vector<const RankManifest*> by_rank(static_cast<std::size_t>(first.world), nullptr);
+  for (const RankManifest& m : manifests) {
+    if (m.world != first.world)
+      invalid(m.rank, "manifest.world: " + std::to_string(m.world) + ", but rank " +
+                          std::to_string(first.rank) + " says " + std::to_string(first.world));
+    if (by_rank[static_cast<std::size_t>(m.rank)])
+      invalid(m.rank, "manifest.rank: two manifests for rank " + std::to_string(m.rank));
+    by_rank[static_cast<std::size_t>(m.rank)] = &m;
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < first.world; ++r)
+    if (!by_rank[static_cast<std::size_t>(r)]) missing.push_back(r);
+  if (!missing.empty())
+    throw ManifestError("missing the manifests of " + std::to_string(missing.size()) + " of " +
+                        std::to_string(first.world) + " ranks: " + ranks_text(missing) +
+                        " (expected rank-<R>.json for every rank R of the world)");
+  for (const RankManifest* m : by_rank) {
+    if (m->parallel != first.parallel)
+      invalid(m->rank, "manifest.parallel differs from rank " + std::to_string(first.rank) + "'s");
+    if (m->optimizers.size() != first.optimizers.size())
+      invalid(m->rank, "manifest.optimizers: " + std::to_string(m->optimizers.size()) +
+                           " optimizers, but rank " + std::to_string(first.rank) + " has " +
+                           std::to_string(first.optimizers.size()) +
+                           " (every rank builds the same children)");
+  }
+  return by_rank;
+}
+
+// A collective group must be the same rank list on each of its members. `list_of(rank)` is
+// that rank's list (null: the rank has none by that name). Lists are interned so a world-sized
+// group costs one id comparison per member, not one list comparison.
+template <class ListOf>
+void check_group_consistent(const std::vector<const RankManifest*>& ranks, const std::string& what,
+                            ListOf list_of) {
+  std::map<std::vector<int>, int> ids;
+  std::vector<int> id_of(ranks.size(), -1);
+  for (const RankManifest* m : ranks)
+    if (const std::vector<int>* mine = list_of(*m))
+      id_of[static_cast<std::size_t>(m->rank)] = ids.emplace(*mine, static_cast<int>(ids.size())).first->second;
+  for (const RankManifest* m : ranks) {
+    const std::vector<int>* mine = list_of(*m);
+    if (!mine) continue;
+    for (int member : *mine) {
+      if (id_of[static_cast<std::size_t>(member)] == id_of[static_cast<std::size_t>(m->rank)]) continue;
+      const std::vector<int>* theirs = list_of(*ranks[static_cast<std::size_t>(member)]);
+      if (!theirs)
+        invalid(m->rank, what + " " + ranks_text(*mine) + " holds rank " + std::to_string(member) +
+                             ", which has no " + what);
+      invalid(m->rank, "inconsistent " + what + ": " + ranks_text(*mine) + " here, but rank " +
+                           std::to_string(member) + " lists " + ranks_text(*theirs));
+    }
+  }
+}
+
+void check_groups(const std::vector<const RankManifest*>& ranks) {
+  std::set<std::string> names;
+  for (const RankManifest* m : ranks)
+    for (const auto& [name, list] : m->groups) names.insert(name);
+  for (const std::string& name : names)
+    check_group_consistent(ranks, "group \"" + name + "\"",
+                           [&name](const RankManifest& m) -> const std::vector<int>* {
+                             auto it = m.groups.find(name);
+                             return it == m.groups.end() ? nullptr : &it->second;
+                           });
+  const std::size_t children = ranks.front()->optimizers.size();
+  for (std::size_t c = 0; c < children; ++c) {
+    const std::string at = "optimizers[" + std::to_string(c) + "].";
+    check_group_consistent(ranks, at + "stats_group", [c](const RankManifest& m) {
+      return &m.optimizers[c].stats_group;
+    });
+    check_group_consistent(ranks, at + "tp_group",
+                           [c](const RankManifest& m) -> const std::vector<int>* {
+                             const auto& g = m.optimizers[c].tp_group;
+                             return g ? &*g : nullptr;
+                           });
+    check_group_consistent(ranks, at + "expert_tp_group",
+                           [c](const RankManifest& m) -> const std::vector<int>* {
+                             const auto& g = m.optimizers[c].expert_tp_group;
+                             return g ? &*g : nullptr;
+                           });
+  }
+}
+
+// ---- the logical model --------------------------------------------------------------------
+
+struct Holder {
+  int rank = 0;
+  int param = 0;  // index into that rank's params
+};
+
+struct DistinctBox {
+  std::vector<std::int64_t> offsets, extents;
+  Holder first;  // the holder whose statistics stand for the box
+  GradStats stats;
+};
+
+struct LogicalParam {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel = 0;
+  Attributes attributes;  // of the first holder that is not a shared copy
+  std::vector<DistinctBox> boxes;
+};
+
+bool boxes_intersect(const DistinctBox& a, const ModelParam& b) {
+  for (std::size_t d = 0; d < a.offsets.size(); ++d)
+    if (a.offsets[d] + a.extents[d] <= b.offsets[d] || b.offsets[d] + b.extents[d] <= a.offsets[d])
+      return false;
+  return true;
+}
+
+std::string param_at(const RankManifest& m, int index) {
+  return "params[" + std::to_string(index) + "] (" + m.params[static_cast<std::size_t>(index)].logical_name + ")";
+}
+
+// Logical params in order of first appearance; `index_of[rank][param]` locates each holder's.
+std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankManifest*>& ranks,
+                                                std::vector<std::vector<int>>& index_of) {
+  std::vector<LogicalParam> model;
+  std::map<std::string, int> by_name;
+  index_of.assign(ranks.size(), {});
+  for (const RankManifest* m : ranks) {
+    for (std::size_t i = 0; i < m->params.size(); ++i) {
+      const ModelParam& p = m->params[i];
+      auto [it, inserted] = by_name.emplace(p.logical_name, static_cast<int>(model.size()));
+      if (inserted) {
+        LogicalParam l;
+        l.name = p.logical_name;
+        l.shape = p.logical_shape;
+        l.numel = volume(p.logical_shape);
+        l.attributes = p.attributes;
+        model.push_back(std::move(l));
+      }
+      LogicalParam& l = model[static_cast<std::size_t>(it->second)];
+      index_of[static_cast<std::size_t>(m->rank)].push_back(it->second);
+      if (p.logical_shape != l.shape)
+        invalid(m->rank, param_at(*m, static_cast<int>(i)) + ": logical_shape " +
+                             shape_text(p.logical_shape) + " differs from " + shape_text(l.shape) +
+                             " of rank " + std::to_string(l.boxes.front().first.rank));
+      if (l.attributes.shared && !p.attributes.shared) l.attributes = p.attributes;
+      else if (!p.attributes.shared && p.attributes.grad_norm_group != l.attributes.grad_norm_group)
+        invalid(m->rank, param_at(*m, static_cast<int>(i)) + ": grad_norm_group differs from " +
+                             "another holder's (every holder of a logical param is in one norm group)");
+      const Holder here{m->rank, static_cast<int>(i)};
+      bool placed = false;
+      for (DistinctBox& box : l.boxes) {
+        if (box.offsets == p.offsets && box.extents == p.extents) {
+          const GradStats& s = box.stats;
+          if (s.zeros != p.stats.zeros || s.abs_max != p.stats.abs_max ||
+              !close(s.sum_squares, p.stats.sum_squares, kReplicaRtol))
+            invalid(m->rank, param_at(*m, static_cast<int>(i)) +
+                                 ": replicas disagree: sum_squares " +
+                                 record::all_digits(p.stats.sum_squares) + ", abs_max " +
+                                 record::all_digits(p.stats.abs_max) + ", zeros " +
+                                 std::to_string(p.stats.zeros) + " here, but " +
+                                 record::all_digits(s.sum_squares) + ", " + record::all_digits(s.abs_max) +
+                                 ", " + std::to_string(s.zeros) + " on rank " +
+                                 std::to_string(box.first.rank) + " for the same box offsets " +
+                                 shape_text(p.offsets) + " extents " + shape_text(p.extents));
+          placed = true;
+          break;
+        }
+        if (boxes_intersect(box, p))
+          invalid(m->rank, param_at(*m, static_cast<int>(i)) + ": the box offsets " +
+                               shape_text(p.offsets) + " extents " + shape_text(p.extents) +
+                               " overlaps rank " + std::to_string(box.first.rank) + "'s box offsets " +
+                               shape_text(box.offsets) + " extents " + shape_text(box.extents) +
+                               " partially (boxes of one logical param are identical or disjoint)");
+      }
+      if (!placed) l.boxes.push_back({p.offsets, p.extents, here, p.stats});
+    }
+  }
+  double total = 0.0;
+  for (LogicalParam& l : model) {
+    total += static_cast<double>(l.numel);
+    if (total > 9.0e15)
+      throw ManifestError("the logical params hold more than 2^53 elements in all");
+    std::int64_t held = 0;
+    for (const DistinctBox& b : l.boxes) held += volume(b.extents);
+    if (held != l.numel)
+      throw ManifestError("logical param " + l.name + " " + shape_text(l.shape) + ": the ranks hold " +
+                          std::to_string(held) + " of its " + std::to_string(l.numel) +
+                          " elements; the truth needs every element held somewhere");
+  }
+  return model;
+}
+
+// ---- the record -----------------------------------------------------------------------------
+
+// What a logical param is, in a diagnosis: its attributes, as the framework set them.
+std::string kind_of(const Attributes& a) {
+  std::string out = a.allreduce ? "" : "expert-topology ";
+  if (a.tensor_model_parallel) return out + "tensor-parallel shard (dim " + std::to_string(a.partition_dim) + ")";
+  return out + (a.allreduce ? "replicated over TP" : "param replicated over ETP");
+}
+
+record::Attributes attributes_of(const Attributes& a) {
+  return {a.tensor_model_parallel, a.partition_dim, a.allreduce, a.shared};
+}
+
+std::optional<record::GradStats> stats_of(const GradStats& s) {
+  return record::GradStats{s.sum_squares, s.abs_max, s.zeros};
+}
+
+record::Extents extents_of(const std::vector<std::int64_t>& sizes) {
+  record::Extents e;
+  e.ndim = static_cast<int>(sizes.size());
+  for (std::size_t d = 0; d < sizes.size(); ++d) e.size[d] = sizes[d];
+  return e;
+}
+
+// The rule a manifest implies for a piece: Megatron-LM's filter reading the main copy's
+// attributes with the groups its optimizer gave it (docs/megatron-reference.md).
+record::Rule rule_of(const MainParam& piece, const OptimizerRecord& optimizer) {
+  const Attributes& a = piece.attributes;
+  record::Rule rule;
+  if (a.shared) rule.basis = record::Basis::shared_copy;
+  else if (a.tensor_model_parallel) rule.basis = record::Basis::tensor_parallel_shard;
+  else {
+    rule.basis = record::Basis::replicated;
+    rule.dedup = !a.allreduce && optimizer.expert_tp_group ? record::DedupGroup::expert_tp
+                 : optimizer.tp_group                      ? record::DedupGroup::tp
+                                                           : record::DedupGroup::global_tp;
+  }
+  return rule;
+}
+
+}  // namespace
+
+record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
+  const std::vector<const RankManifest*> ranks = ranks_in_order(manifests);
+  check_groups(ranks);
+  std::vector<std::vector<int>> index_of;
+  const std::vector<LogicalParam> model = rebuild_logical_model(ranks, index_of);
+
+  record::RunRecord run;
+  const RankManifest& first = *ranks.front();
+  run.producer = first.producer;
+  run.world = first.world;
+  for (const OptimizerRecord& o : first.optimizers) run.children.push_back(o.name);
+  for (const LogicalParam& l : model) {
+    record::Tensor& t = run.tensors.emplace_back();
+    t.name = l.name;
+    t.shape = extents_of(l.shape);
+    t.kind = kind_of(l.attributes);
+    if (const std::optional<std::string>& group = l.attributes.grad_norm_group) {
+      // A separate grad-norm group: version 1 manifests report only the main norm.
+      auto known = std::find_if(run.norm_groups.begin(), run.norm_groups.end(),
+                                [&](const record::NormGroup& g) { return g.name == *group; });
+      t.norm_group = static_cast<int>(known - run.norm_groups.begin());
+      if (known == run.norm_groups.end()) run.norm_groups.push_back({*group, false});
+    }
+  }
+
+  record::GroupTable groups(run.groups);
+  record::LocalRecordPool locals;
+  auto group = [&](const std::optional<std::vector<int>>& ranks_of) {
+    return ranks_of ? groups.intern(*ranks_of) : -1;
+  };
+  for (const RankManifest* m : ranks) {
+    record::RankRecord& rank = run.ranks.emplace_back();
+    rank.rank = m->rank;
+    rank.tp_group = groups.intern(m->groups.at("tp"));
+    rank.expert_tp_group = groups.intern(m->groups.at("expt_tp"));
+    record::LocalRecord local;
+    const std::vector<int>& logical_of = index_of[static_cast<std::size_t>(m->rank)];
+    for (std::size_t i = 0; i < m->params.size(); ++i) {
+      const ModelParam& p = m->params[i];
+      record::LocalParam& param = local.params.emplace_back();
+      param.tensor = logical_of[i];
+      for (std::size_t d = 0; d < p.offsets.size(); ++d) param.box.offset[d] = p.offsets[d];
+      param.box.extent = extents_of(p.extents);
+      param.attributes = attributes_of(p.attributes);
+      param.stats = stats_of(p.stats);
+    }
+    for (std::size_t c = 0; c < m->optimizers.size(); ++c) {
+      const OptimizerRecord& o = m->optimizers[c];
+      record::ChildRecord& child = rank.children.emplace_back();
+      child.stats_group = groups.intern(o.stats_group);
+      child.tp_group = group(o.tp_group);
+      child.expert_tp_group = group(o.expert_tp_group);
+      if (o.clip) child.clip = record::Clip{o.clip->max_norm, o.clip->coefficient};
+      for (const MainParam& p : o.main_params) {
+        record::Piece& piece = local.pieces.emplace_back();
+        piece.param = p.param;
+        piece.child = static_cast<int>(c);
+        piece.range = {p.begin, p.end};
+        piece.main_attributes = attributes_of(p.attributes);
+        piece.counted_in = p.kept ? 0 : -1;
+        piece.in_zero_count = p.kept_zeros;
+        piece.rule = rule_of(p, o);
+        piece.stats = stats_of(p.stats);
+      }
+    }
+    rank.local = locals.intern(std::move(local));
+    rank.reported.norm = m->reported.norm;
+    rank.reported.inf_norm = m->reported.inf_norm;
+    rank.reported.zeros = m->reported.zeros;
+  }
+  return run;
+}
+
+}  // namespace tally::manifest

@@ -1,0 +1,180 @@
+#include "oracle/diagnosis.h"
+
+#include <algorithm>
+#include <set>
+
+namespace tally::oracle {
+
+namespace {
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  return record::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size()), kMaxListedRanks);
+}
+
+// "[0,1] (rank 1 there)": a group and the holder's index in it.
+std::string group_role(const std::vector<int>& group, int rank) {
+  const auto at = std::find(group.begin(), group.end(), rank);
+  const std::string position =
+      at == group.end() ? "not in it" : "rank " + std::to_string(at - group.begin()) + " there";
+  return ranks_text(group) + " (" + position + ")";
+}
+
+// The replicated piece's group: which one the filter de-duplicated on, and how it got it.
+std::string replicated_text(const record::RunRecord& run, const record::RankRecord& rank,
+                            const record::Piece& piece) {
+  static const std::vector<int> kNone;
+  auto group = [&](int index) -> const std::vector<int>& {
+    return index < 0 ? kNone : run.groups[static_cast<std::size_t>(index)];
+  };
+  const record::ChildRecord& child = rank.children[static_cast<std::size_t>(piece.child)];
+  const std::vector<int>& tp = group(rank.tp_group);
+  const std::vector<int>& expert_tp = group(rank.expert_tp_group);
+  const bool expert = !piece.main_attributes.allreduce;
+  const std::string not_expert_tp = ", not its expert-TP group " + ranks_text(expert_tp);
+  switch (piece.rule.dedup) {
+    case record::DedupGroup::global_tp:
+      return std::string(expert ? "" : "replicated; ") +
+             "no TP group given: fell back to the global TP rank, TP group " +
+             group_role(tp, rank.rank) + (expert && tp != expert_tp ? not_expert_tp : "");
+    case record::DedupGroup::expert_tp: {
+      const std::vector<int>& used = group(child.expert_tp_group);
+      if (!expert)
+        return "replicated, de-duplicated on the expert-TP group " + group_role(used, rank.rank) +
+               (used != tp ? ", not its TP group " + ranks_text(tp) : "");
+      if (used == expert_tp) return "replicated expert param, expert-TP group " + group_role(used, rank.rank);
+      return "expert-topology param de-duplicated on " + std::string(used == tp ? "a TP group " : "") +
+             group_role(used, rank.rank) + not_expert_tp;
+    }
+    case record::DedupGroup::tp: {
+      const std::vector<int>& used = group(child.tp_group);
+      if (!expert) {
+        if (used == tp) return "replicated, TP group " + group_role(used, rank.rank);
+        return "replicated, de-duplicated on " + group_role(used, rank.rank) + ", not its TP group " +
+               ranks_text(tp);
+      }
+      const std::string on = child.expert_tp_group < 0 ? "no expert-TP group: fell back to the TP group "
+                                                       : "expert-topology param de-duplicated on a TP group ";
+      return on + group_role(used, rank.rank) + (used != expert_tp ? not_expert_tp : "");
+    }
+  }
+  return "?";
+}
+
+// What one rank does with one tensor.
+struct Holding {
+  std::int64_t held = 0, owned = 0, counted = 0;
+  bool shared_copy = false;
+  std::string rule;  // the rules of its pieces, each once, "; "-separated
+};
+
+Holding holding(const record::RunRecord& run, const record::RankRecord& rank, int tensor, int ledger) {
+  Holding h;
+  const record::LocalRecord& local = *rank.local;
+  for (const record::LocalParam& p : local.params)
+    if (p.tensor == tensor) {
+      h.held += p.box.numel();
+      h.shared_copy = h.shared_copy || p.attributes.shared;
+    }
+  for (const record::Piece& piece : local.pieces) {
+    if (local.params[static_cast<std::size_t>(piece.param)].tensor != tensor) continue;
+    h.owned += piece.range.size();
+    if (counts_in(piece, ledger, run)) h.counted += piece.range.size();
+    const std::string why = rule_text(run, rank, piece, ledger);
+    if (h.rule.find(why) == std::string::npos) h.rule += (h.rule.empty() ? "" : "; ") + why;
+  }
+  return h;
+}
+
+bool owns_in_child(const record::LocalRecord& local, int tensor, int child) {
+  for (const record::Piece& piece : local.pieces)
+    if (piece.child == child && local.params[static_cast<std::size_t>(piece.param)].tensor == tensor)
+      return true;
+  return false;
+}
+
+std::string ledger_text(const record::RunRecord& run, int ledger) {
+  if (ledger == zero_count_ledger(run)) return "; in the zero count";
+  if (ledger == 0) return "";
+  return "; in the '" + run.norm_groups[static_cast<std::size_t>(ledger)].name + "' norm";
+}
+
+}  // namespace
+
+std::string rule_text(const record::RunRecord& run, const record::RankRecord& rank,
+                      const record::Piece& piece, int ledger) {
+  const record::LocalParam& param = rank.local->params[static_cast<std::size_t>(piece.param)];
+  std::string why;
+  if (!param.attributes.allreduce && piece.main_attributes.allreduce)
+    why = "the main copy lost allreduce=False (treated as dense); ";
+  if (param.attributes.shared && !piece.main_attributes.shared)
+    why += "the main copy lost shared=True (a duplicate counted as the tensor); ";
+  switch (piece.rule.basis) {
+    case record::Basis::shared_copy: why += "a shared copy"; break;
+    case record::Basis::no_filter: why += "no duplicate filter"; break;
+    case record::Basis::tensor_parallel_shard: why += "a tensor_model_parallel shard"; break;
+    case record::Basis::replicated: why += replicated_text(run, rank, piece); break;
+  }
+  const record::Tensor& tensor = run.tensors[static_cast<std::size_t>(param.tensor)];
+  if (tensor.norm_group != 0)
+    why += ", in grad_norm_group '" + run.norm_groups[static_cast<std::size_t>(tensor.norm_group)].name + "'";
+  if (piece.rule.child_norm_discarded) why += "; its optimizer's norm was computed, then discarded";
+  return why + (counts_in(piece, ledger, run) ? ": kept" : ": dropped");
+}
+
+Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong) {
+  const record::Tensor& tensor = run.tensors[static_cast<std::size_t>(wrong.tensor)];
+  Miscount m;
+  m.param = wrong.tensor;
+  m.name = tensor.name;
+  m.param_class = tensor.kind + ledger_text(run, wrong.ledger);
+  if (wrong.least != wrong.most)  // a total can look right while elements are not
+    m.param_class += "; its elements counted from " + std::to_string(wrong.least) + " to " +
+                     std::to_string(wrong.most) + " times";
+  m.numel = tensor.shape.numel();
+  m.expected = expected_times(run, wrong.tensor, wrong.ledger) * m.numel;
+  m.counted = wrong.counted;
+  m.observed_on = wrong.ranks.front();
+  m.wrong_rank_count = static_cast<std::int64_t>(wrong.ranks.size());
+  m.wrong_ranks.assign(wrong.ranks.begin(),
+                       wrong.ranks.begin() + static_cast<std::ptrdiff_t>(std::min(wrong.ranks.size(), kMaxListedRanks)));
+  return m;
+}
+
+void diagnose(const record::RunRecord& run, int ledger, Miscount& m) {
+  const int tensor = m.param;
+  const record::RankRecord& observer = run.ranks[static_cast<std::size_t>(m.observed_on)];
+  std::set<int> members;
+  for (std::size_t c = 0; c < observer.children.size(); ++c) {
+    const std::vector<int>& group = run.groups[static_cast<std::size_t>(observer.children[c].stats_group)];
+    const bool holds = std::any_of(group.begin(), group.end(), [&](int member) {
+      return owns_in_child(*run.ranks[static_cast<std::size_t>(member)].local, tensor, static_cast<int>(c));
+    });
+    if (!holds) continue;
+    m.stats_group += (m.stats_group.empty() ? "" : "; ") + std::string("stats group ") +
+                     ranks_text(group) + " of " + run.children[c];
+    members.insert(group.begin(), group.end());
+  }
+  if (m.stats_group.empty()) m.stats_group = "stats groups, where no optimizer holds it";
+  std::vector<int> outside;
+  for (const record::RankRecord& rank : run.ranks) {
+    const Holding h = holding(run, rank, tensor, ledger);
+    if (h.held == 0 && h.owned == 0) continue;
+    if (!members.count(rank.rank)) {
+      if (h.owned > 0) outside.push_back(rank.rank);
+      continue;
+    }
+    if (m.contributions.size() >= kMaxContributions) continue;
+    Contribution k;
+    k.rank = rank.rank;
+    k.held = h.held;
+    k.owned = h.owned;
+    k.counted = h.counted;
+    k.shared_copy = h.shared_copy;
+    k.rule = h.rule.empty() ? "holds it, but none of its optimizers owns a piece (another rank's does, or none)"
+                            : h.rule;
+    m.contributions.push_back(std::move(k));
+  }
+  if (!outside.empty()) m.stats_group += "; owned outside it by ranks " + ranks_text(outside);
+}
+
+}  // namespace tally::oracle

@@ -1,0 +1,222 @@
+#include "oracle/judge.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include "oracle/clipped.h"
+#include "oracle/diagnosis.h"
+#include "oracle/ledger.h"
+
+namespace tally::oracle {
+
+namespace {
+
+constexpr std::size_t kMaxClippedReports = 8;
+
+// One rank's value of a statistic and what it should be.
+struct Sample {
+  int rank = 0;
+  double got = 0.0;
+  double expected = 0.0;
+  double bound = 0.0;
+};
+
+// The worst rank of one statistic: the largest error / bound (an inexact value where the bound
+// is 0 counts as infinitely bad). Ranks that did not report the value are not samples.
+std::optional<StatisticCheck> worst(std::string name, const std::vector<Sample>& samples) {
+  if (samples.empty()) return std::nullopt;
+  StatisticCheck check;
+  check.name = std::move(name);
+  double worst_ratio = -1.0;
+  for (const Sample& s : samples) {
+    const double ratio = error_ratio(s.got, s.expected, s.bound);
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      check.got = s.got;
+      check.expected = s.expected;
+      check.bound = s.bound;
+      check.rank = s.rank;
+    }
+  }
+  check.error = std::abs(check.got - check.expected);
+  check.ok = worst_ratio <= 1.0;
+  return check;
+}
+
+const GroupTruth& group_truth(const GroundTruth& truth, int norm_group) {
+  return norm_group == 0 ? truth.main : truth.mtp;
+}
+
+// The statistics' expectations and bounds: derived for the model target, relative otherwise.
+class Expectations {
+ public:
+  Expectations(const GroundTruth& truth, const Bounds& bounds) : truth_(truth), bounds_(bounds) {
+    if (bounds.reduction) {
+      main_ = tolerance(*bounds.reduction, truth.main);
+      mtp_ = tolerance(*bounds.reduction, truth.mtp);
+    }
+  }
+  bool derived() const { return bounds_.reduction.has_value(); }
+  double relative(double expected) const { return bounds_.rtol * std::abs(expected); }
+  double norm_bound(int norm_group, double expected) const {
+    if (!derived()) return relative(expected);
+    return (norm_group == 0 ? main_ : mtp_).norm;
+  }
+  double inf_bound(double expected) const { return derived() ? 0.0 : relative(expected); }
+  double p_norm_bound(std::size_t i, double expected) const {
+    return derived() ? main_.p_norms[i] : relative(expected);
+  }
+  // The coefficient a child with `max_norm` must report, and its bound.
+  std::pair<double, double> clip(double max_norm) const {
+    const ClipTruth clip = clip_truth(max_norm, truth_.main.norm);
+    const double expected = clip.applies ? clip.coefficient : 1.0;
+    if (!derived()) return {expected, relative(expected)};
+    return {expected, clip.applies && main_.clip_decision_certain ? main_.clip_coefficient : 0.0};
+  }
+
+ private:
+  const GroundTruth& truth_;
+  const Bounds& bounds_;
+  Tolerance main_, mtp_;
+};
+
+std::vector<StatisticCheck> check_statistics(const record::RunRecord& run, const GroundTruth& truth,
+                                             const Bounds& bounds, const LedgerResult& ledgers) {
+  const Expectations e(truth, bounds);
+  std::vector<Sample> l2, l2_ledger, inf, zeros, clip;
+  std::vector<std::vector<Sample>> group_norms(run.norm_groups.size());
+  std::vector<std::vector<Sample>> p_norms(run.p_values.size());
+  for (const record::RankRecord& rank : run.ranks) {
+    const record::Reported& r = rank.reported;
+    const int at = rank.rank;
+    if (r.norm) {
+      l2.push_back({at, *r.norm, truth.main.norm, e.norm_bound(0, truth.main.norm)});
+      if (ledgers.has_statistics) {
+        const double implied = ledgers.implied_norm[static_cast<std::size_t>(at)];
+        l2_ledger.push_back({at, *r.norm, implied, e.norm_bound(0, implied)});
+      }
+    }
+    if (r.inf_norm) inf.push_back({at, *r.inf_norm, truth.main.abs_max, e.inf_bound(truth.main.abs_max)});
+    if (r.zeros)
+      zeros.push_back({at, static_cast<double>(*r.zeros), static_cast<double>(truth.zeros), 0.0});
+    for (const record::GroupNorm& g : r.group_norms) {
+      const double expected = group_truth(truth, g.norm_group).norm;
+      group_norms[static_cast<std::size_t>(g.norm_group)].push_back(
+          {at, g.norm, expected, e.norm_bound(g.norm_group, expected)});
+    }
+    for (std::size_t i = 0; i < r.p_norms.size() && i < p_norms.size(); ++i) {
+      const double expected = truth.main.p_norms[i].norm;
+      p_norms[i].push_back({at, r.p_norms[i], expected, e.p_norm_bound(i, expected)});
+    }
+    for (const record::ChildRecord& child : rank.children)
+      if (child.clip) {
+        const auto [expected, bound] = e.clip(child.clip->max_norm);
+        clip.push_back({at, child.clip->coefficient, expected, bound});
+      }
+  }
+  std::vector<StatisticCheck> checks;
+  auto add = [&](std::string name, const std::vector<Sample>& samples) {
+    if (std::optional<StatisticCheck> c = worst(std::move(name), samples)) checks.push_back(std::move(*c));
+  };
+  add("l2", l2);
+  add("l2-ledger", l2_ledger);
+  add("inf", inf);
+  add("zeros", zeros);
+  for (std::size_t g = 1; g < group_norms.size(); ++g) add(run.norm_groups[g].name + "-l2", group_norms[g]);
+  for (std::size_t i = 0; i < p_norms.size(); ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "p%g", run.p_values[i]);
+    add(name, p_norms[i]);
+  }
+  add("clip", clip);
+  return checks;
+}
+
+// The first pair of ranks whose reported values differ, as a sentence; "" when all agree. The
+// model target's ranks must agree bit for bit, a real run's within the relative tolerance.
+std::string first_disagreement(const record::RunRecord& run, const Bounds& bounds) {
+  if (run.ranks.empty()) return "";
+  const record::RankRecord& first = run.ranks.front();
+  const bool exact = bounds.reduction.has_value();
+  auto text = [](const std::optional<double>& v) { return v ? record::all_digits(*v) : std::string("none"); };
+  for (const record::RankRecord& other : run.ranks) {
+    auto differ = [&](const std::string& what, std::optional<double> a, std::optional<double> b,
+                      bool exact_value) -> std::string {
+      const bool same = a.has_value() == b.has_value() &&
+                        (!a || (exact_value ? std::bit_cast<std::uint64_t>(*a) == std::bit_cast<std::uint64_t>(*b)
+                                            : std::abs(*a - *b) <= bounds.rtol * std::max(std::abs(*a), std::abs(*b))));
+      if (same) return "";
+      return "rank " + std::to_string(first.rank) + " reports " + what + " " + text(a) + " but rank " +
+             std::to_string(other.rank) + " reports " + text(b);
+    };
+    auto as_double = [](const std::optional<std::int64_t>& v) {
+      return v ? std::optional<double>(static_cast<double>(*v)) : std::nullopt;
+    };
+    const record::Reported& a = first.reported;
+    const record::Reported& b = other.reported;
+    std::vector<std::function<std::string()>> checks = {
+        [&] { return differ("l2", a.norm, b.norm, exact); },
+        [&] { return differ("inf", a.inf_norm, b.inf_norm, exact); },
+        [&] { return differ("zeros", as_double(a.zeros), as_double(b.zeros), true); },
+    };
+    for (std::size_t g = 0; g < std::max(a.group_norms.size(), b.group_norms.size()); ++g)
+      checks.push_back([&, g] {
+        auto value = [g](const record::Reported& r) {
+          return g < r.group_norms.size() ? std::optional<double>(r.group_norms[g].norm) : std::nullopt;
+        };
+        const std::size_t group = static_cast<std::size_t>(
+            (g < a.group_norms.size() ? a.group_norms[g] : b.group_norms[g]).norm_group);
+        return differ(run.norm_groups[group].name + "-l2", value(a), value(b), exact);
+      });
+    checks.push_back([&] { return differ("clip coefficient", a.clip_coefficient, b.clip_coefficient, exact); });
+    for (std::size_t i = 0; i < std::max(a.p_norms.size(), b.p_norms.size()); ++i)
+      checks.push_back([&, i] {
+        auto value = [i](const record::Reported& r) {
+          return i < r.p_norms.size() ? std::optional<double>(r.p_norms[i]) : std::nullopt;
+        };
+        return differ("p-norm", value(a), value(b), exact);
+      });
+    for (const auto& check : checks)
+      if (std::string message = check(); !message.empty()) return message;
+  }
+  return "";
+}
+
+}  // namespace
+
+Verdict judge(const record::RunRecord& run, const GroundTruth& truth, const Bounds& bounds,
+              const GradientSource* gradients, const JudgeOptions& options) {
+  Verdict verdict;
+  const LedgerResult ledgers = count_ledgers(run);
+  verdict.stats = check_statistics(run, truth, bounds, ledgers);
+  verdict.disagreement = first_disagreement(run, bounds);
+  verdict.ranks_agree = verdict.disagreement.empty();
+
+  verdict.miscounted_total = static_cast<std::int64_t>(ledgers.wrong.size());
+  for (const WrongCount& wrong : ledgers.wrong) {
+    Miscount m = miscount_of(run, wrong);
+    if (static_cast<int>(verdict.miscounted.size()) < options.max_diagnosed_params)
+      diagnose(run, wrong.ledger, m);
+    verdict.miscounted.push_back(std::move(m));
+  }
+  if (ledgers.has_statistics)
+    for (const record::RankRecord& rank : run.ranks)
+      verdict.implied.push_back({rank.rank, ledgers.implied_norm[static_cast<std::size_t>(rank.rank)],
+                                 ledgers.implied_zeros[static_cast<std::size_t>(rank.rank)]});
+
+  if (gradients && bounds.reduction)
+    verdict.clipped = check_clipped(run, truth, *gradients, *bounds.reduction, kMaxClippedReports);
+
+  const bool stats_ok = std::all_of(verdict.stats.begin(), verdict.stats.end(),
+                                    [](const StatisticCheck& s) { return s.ok; });
+  verdict.kind = stats_ok && verdict.miscounted_total == 0 && verdict.ranks_agree &&
+                         verdict.clipped.empty()
+                     ? Verdict::Kind::pass
+                     : Verdict::Kind::fail;
+  return verdict;
+}
+
+}  // namespace tally::oracle

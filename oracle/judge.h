@@ -1,0 +1,54 @@
+// The judge: a run record (record/run_record.h) against its truth. One judge for every target:
+// `tally run` (tally's model of the path) and `tally check` (a real framework's manifests) give
+// it a record and a truth, and it returns the verdict and its diagnosis:
+//   - each statistic a rank reported (l2, inf, zeros, each separate norm group, p-norms, each
+//     child's clip coefficient) against the truth, the worst rank shown;
+//   - `l2-ledger`, where the record has statistics: each rank's norm against the one its own
+//     ledger implies, so a wrong reduction shows apart from a wrong filter;
+//   - the agreement of all ranks;
+//   - the exact ledger (oracle/ledger.h) and, for each miscounted tensor, the diagnosis
+//     (oracle/diagnosis.h);
+//   - where the record holds clipped gradients and the judge knows the gradients, every clipped
+//     element against the truth's coefficient times the stored gradient (oracle/clipped.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "kernels/gradient_generator.h"
+#include "oracle/ground_truth.h"
+#include "oracle/tolerance.h"
+#include "oracle/verdict.h"
+#include "record/run_record.h"
+#include "topologies/logical_model.h"
+
+namespace tally::oracle {
+
+// How far a reported value may be from its expectation.
+struct Bounds {
+  // The model target: tally knows how the path summed, so every bound is derived from its
+  // reduction (oracle/tolerance.h), exact gradient modes compare bit for bit, and all ranks
+  // must agree bit for bit.
+  std::optional<ReductionModel> reduction;
+  // Otherwise (a real framework, which reduces in fp32 in an order tally does not see): values
+  // within this relative tolerance of the truth, of their own ledger and of each other.
+  double rtol = 1e-5;
+};
+
+// The gradients of a run whose values the judge can compute (the model target's): the clipped
+// gradients it recorded are then judged element by element.
+struct GradientSource {
+  const topologies::LogicalModel* model = nullptr;  // the record's tensors, by id
+  kernels::GeneratorSpec generator;
+  std::uint32_t class_mask = ~std::uint32_t{0};  // classes outside it have all-zero gradients
+};
+
+struct JudgeOptions {
+  int max_diagnosed_params = 8;  // explain this many miscounted params in full
+};
+
+// Throws RecordTooLarge (oracle/ledger.h) when the record's pieces are too finely cut to count.
+Verdict judge(const record::RunRecord& run, const GroundTruth& truth, const Bounds& bounds,
+              const GradientSource* gradients = nullptr, const JudgeOptions& options = {});
+
+}  // namespace tally::oracle

@@ -1,0 +1,187 @@
+// The ledger of hand-built run records: each element once per norm group and zero count, over
+// the stats groups, element by element.
+#include "oracle/ledger.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+namespace tally::oracle {
+namespace {
+
+record::Box box_1d(std::int64_t offset, std::int64_t extent) {
+  record::Box b;
+  b.offset[0] = offset;
+  b.extent.ndim = 1;
+  b.extent.size[0] = extent;
+  return b;
+}
+
+record::Piece piece(int param, std::int64_t begin, std::int64_t end, int counted_in) {
+  record::Piece p;
+  p.param = param;
+  p.range = {begin, end};
+  p.counted_in = counted_in;
+  p.in_zero_count = counted_in >= 0;
+  return p;
+}
+
+// World 2, one tensor "w" of 8 elements held whole by both ranks, one child reducing over both.
+// `pieces[r]` are what rank r's optimizer owns of it.
+record::RunRecord replicated_run(const std::vector<std::vector<record::Piece>>& pieces) {
+  record::RunRecord run;
+  run.world = 2;
+  record::Tensor w;
+  w.name = "w";
+  w.shape.ndim = 1;
+  w.shape.size[0] = 8;
+  w.kind = "replicated";
+  run.tensors = {w};
+  run.children = {"child"};
+  run.groups = {{0, 1}};
+  for (int r = 0; r < 2; ++r) {
+    auto local = std::make_shared<record::LocalRecord>();
+    local->params = {{0, box_1d(0, 8), {}, std::nullopt}};
+    local->pieces = pieces[static_cast<std::size_t>(r)];
+    record::RankRecord rank;
+    rank.rank = r;
+    rank.local = local;
+    rank.children = {{0, -1, -1, std::nullopt, std::nullopt}};
+    run.ranks.push_back(rank);
+  }
+  return run;
+}
+
+TEST(Ledger, EachElementOnceOverTheStatsGroupPasses) {
+  const LedgerResult result = count_ledgers(replicated_run({{piece(0, 0, 8, 0)}, {piece(0, 0, 8, -1)}}));
+  EXPECT_TRUE(result.wrong.empty());
+  EXPECT_FALSE(result.has_statistics);
+}
+
+TEST(Ledger, ATensorKeptOnBothReplicasIsCountedTwiceOnEveryRank) {
+  const LedgerResult result = count_ledgers(replicated_run({{piece(0, 0, 8, 0)}, {piece(0, 0, 8, 0)}}));
+  ASSERT_EQ(result.wrong.size(), 1u);
+  EXPECT_EQ(result.wrong[0].tensor, 0);
+  EXPECT_EQ(result.wrong[0].ledger, 0);
+  EXPECT_EQ(result.wrong[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(result.wrong[0].counted, 16);
+  EXPECT_EQ(result.wrong[0].least, 2);
+  EXPECT_EQ(result.wrong[0].most, 2);
+}
+
+TEST(Ledger, ElementsCountedTwiceAndNeverAreSeenThoughTheTotalIsRight) {
+  // Rank 0 keeps [0, 5), rank 1 keeps [4, 7): element 4 twice, 7 never, 8 counts in all.
+  const LedgerResult result =
+      count_ledgers(replicated_run({{piece(0, 0, 5, 0)}, {piece(0, 4, 7, 0)}}));
+  ASSERT_EQ(result.wrong.size(), 1u);
+  EXPECT_EQ(result.wrong[0].counted, 8);
+  EXPECT_EQ(result.wrong[0].least, 0);
+  EXPECT_EQ(result.wrong[0].most, 2);
+}
+
+TEST(Ledger, AStatsGroupOfOneRankSeesOnlyItsOwnPieces) {
+  record::RunRecord run = replicated_run({{piece(0, 0, 4, 0)}, {piece(0, 4, 8, 0)}});
+  run.groups = {{0}, {1}};
+  run.ranks[1].children[0].stats_group = 1;
+  const LedgerResult result = count_ledgers(run);
+  ASSERT_EQ(result.wrong.size(), 1u);
+  EXPECT_EQ(result.wrong[0].counted, 4);  // rank 0 sees its half only
+  EXPECT_EQ(result.wrong[0].ranks, (std::vector<int>{0, 1}));
+}
+
+TEST(Ledger, ATensorOfAnotherNormGroupMustStayOutOfTheMainNorm) {
+  record::RunRecord run = replicated_run({{piece(0, 0, 8, 0)}, {}});
+  run.norm_groups.push_back({"mtp", true});
+  run.tensors[0].norm_group = 1;
+  LedgerResult result = count_ledgers(run);
+  ASSERT_EQ(result.wrong.size(), 1u);
+  EXPECT_EQ(result.wrong[0].ledger, 0);  // counted in the main norm, where it does not belong
+  EXPECT_EQ(expected_times(run, 0, 0), 0);
+  // Counted in its own group, once: right.
+  run = replicated_run({{piece(0, 0, 8, 1)}, {}});
+  run.norm_groups.push_back({"mtp", true});
+  run.tensors[0].norm_group = 1;
+  EXPECT_TRUE(count_ledgers(run).wrong.empty());
+  // A group the record does not count (a real run reporting only the main norm) is not judged.
+  run = replicated_run({{piece(0, 0, 8, -1)}, {}});
+  run.ranks[0].local = std::make_shared<record::LocalRecord>(record::LocalRecord{
+      run.ranks[0].local->params, {[] { record::Piece p = piece(0, 0, 8, -1); p.in_zero_count = true; return p; }()}});
+  run.norm_groups.push_back({"mtp", false});
+  run.tensors[0].norm_group = 1;
+  EXPECT_TRUE(count_ledgers(run).wrong.empty());
+}
+
+TEST(Ledger, TheZeroCountIsALedgerToo) {
+  record::RunRecord run = replicated_run({{piece(0, 0, 8, 0)}, {piece(0, 0, 8, -1)}});
+  auto local = std::make_shared<record::LocalRecord>(*run.ranks[1].local);
+  local->pieces[0].in_zero_count = true;  // the TP replica in the zero count
+  run.ranks[1].local = local;
+  const LedgerResult result = count_ledgers(run);
+  ASSERT_EQ(result.wrong.size(), 1u);
+  EXPECT_EQ(result.wrong[0].ledger, zero_count_ledger(run));
+  EXPECT_EQ(result.wrong[0].counted, 16);
+}
+
+TEST(Ledger, StatisticsGiveEachRanksImpliedNorm) {
+  std::vector<std::vector<record::Piece>> pieces = {{piece(0, 0, 8, 0)}, {piece(0, 0, 8, -1)}};
+  for (auto& rank : pieces) rank[0].stats = record::GradStats{8.0, 1.0, 0};
+  const LedgerResult result = count_ledgers(replicated_run(pieces));
+  ASSERT_TRUE(result.has_statistics);
+  EXPECT_EQ(result.implied_norm, (std::vector<double>{std::sqrt(8.0), std::sqrt(8.0)}));
+  EXPECT_EQ(result.implied_zeros, (std::vector<std::int64_t>{0, 0}));
+}
+
+TEST(Ledger, StridedPiecesOfATwoDimensionalBoxCountEachElementOnce) {
+  // A 3 x 8 tensor, two ranks holding the column halves [0:3, 0:4] and [0:3, 4:8]; each box's
+  // row-major range is split between two owners at different points.
+  record::RunRecord run;
+  run.world = 4;
+  record::Tensor t;
+  t.name = "proj.weight";
+  t.shape.ndim = 2;
+  t.shape.size[0] = 3;
+  t.shape.size[1] = 8;
+  run.tensors = {t};
+  run.children = {"dist"};
+  run.groups = {{0, 1, 2, 3}};
+  const std::int64_t split[2] = {5, 7};
+  for (int r = 0; r < 4; ++r) {
+    const int half = r % 2;
+    record::Box box;
+    box.offset[1] = 4 * half;
+    box.extent.ndim = 2;
+    box.extent.size[0] = 3;
+    box.extent.size[1] = 4;
+    auto local = std::make_shared<record::LocalRecord>();
+    local->params = {{0, box, {}, std::nullopt}};
+    local->pieces = {r < 2 ? piece(0, 0, split[half], 0) : piece(0, split[half], 12, 0)};
+    record::RankRecord rank;
+    rank.rank = r;
+    rank.local = local;
+    rank.children = {{0, -1, -1, std::nullopt, std::nullopt}};
+    run.ranks.push_back(rank);
+  }
+  EXPECT_TRUE(count_ledgers(run).wrong.empty());
+  // Rank 0 one element longer: that element twice.
+  auto longer = std::make_shared<record::LocalRecord>(*run.ranks[0].local);
+  longer->pieces[0].range.end = 6;
+  run.ranks[0].local = longer;
+  const LedgerResult result = count_ledgers(run);
+  ASSERT_EQ(result.wrong.size(), 1u);
+  EXPECT_EQ(result.wrong[0].counted, 25);
+  EXPECT_EQ(result.wrong[0].most, 2);
+}
+
+TEST(Ledger, TooManyIntervalsIsAnErrorNamingTheRank) {
+  try {
+    count_ledgers(replicated_run({{piece(0, 0, 8, 0)}, {piece(0, 0, 8, -1)}}), 1);
+    FAIL() << "no error";
+  } catch (const RecordTooLarge& error) {
+    EXPECT_NE(std::string(error.what()).find("the pieces of rank 1"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace tally::oracle
