@@ -159,7 +159,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
                      kernels::LocalStatsFn local_stats, StatsMemo& memo,
                      record::LocalRecordPool& pool, RankState& state,
                      std::vector<topologies::LocalParam>& local, std::vector<MainParam>& main,
-                     Ownership& ownership) {
+                     Ownership& ownership, record::LocalRecord& decisions) {
   const FaultSet& faults = options.faults;
   const int rank = state.rank;
   topologies::local_params(model, layout, rank, local);
@@ -167,8 +167,8 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
   own_elements(options.optimizer, main, layout, rank, {options.bucket_elements}, faults,
                ownership);
 
-  record::LocalRecord decisions;
-  decisions.params.reserve(local.size());
+  decisions.params.clear();
+  decisions.pieces.clear();
   for (const topologies::LocalParam& param : local) {
     // The model param carries the model's expert label (main copies may lose it).
     topologies::LocalParam labelled = param;
@@ -195,7 +195,6 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     unit.group = comm::group_of(layout, units[u].family, rank);
   }
 
-  decisions.pieces.reserve(ownership.pieces.size());
   for (const OwnedPiece& piece : ownership.pieces) {
     const MainParam& param = main[piece.local_index];
     const topologies::LogicalParam& logical = model.param(param.attrs.logical_id);
@@ -222,7 +221,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
                                                    : kMain;
     shards[u][bin][generated].push_back(shard);
   }
-  state.local = pool.intern(std::move(decisions));
+  state.local = pool.intern(decisions);
 
   kernels::StatsOptions stats_options;
   stats_options.accumulation = options.accumulation;
@@ -280,41 +279,53 @@ double clip_coefficient(double max_norm, double norm) {
 // each distinct (tensor, box, coefficient) is clipped once.
 class ClipMemo {
  public:
-  ClipMemo(const topologies::LogicalModel& model, const PathOptions& options,
-           kernels::ClipScaleFn clip_scale)
-      : model_(model), options_(options), clip_scale_(clip_scale) {}
+  ClipMemo(const topologies::LogicalModel& model, const OptimizerPlan& plan,
+           const PathOptions& options, kernels::ClipScaleFn clip_scale)
+      : model_(model), plan_(plan), options_(options), clip_scale_(clip_scale) {}
 
-  std::shared_ptr<const record::ClippedValues> clip(const record::LocalRecord& local,
-                                                    const std::vector<double>& coefficients) {
-    auto& entry = by_rank_[{&local, coefficients}];
+  // `child_clip`: each child's coefficient; `mtp_clip`: the MTP norm's.
+  std::shared_ptr<const record::ClippedValues> clip(const std::shared_ptr<const record::LocalRecord>& local,
+                                                    const std::vector<double>& child_clip,
+                                                    double mtp_clip) {
+    auto& entry = by_rank_[RankKey{local.get(), child_clip, mtp_clip}];
     if (entry) return entry;
-    auto out = std::make_shared<record::ClippedValues>(local.params.size());
+    auto out = std::make_shared<record::ClippedValues>(local->params.size());
     // One kernel call per (generator, coefficient) for the boxes not clipped yet.
     std::map<std::pair<int, double>, std::vector<std::size_t>> missing;
-    for (std::size_t i = 0; i < local.params.size(); ++i) {
-      const record::LocalParam& param = local.params[i];
-      (*out)[i].coefficient = coefficients[i];
-      auto found = values_.find(key_of(param, coefficients[i]));
-      if (found != values_.end()) (*out)[i].values = found->second;
-      else missing[{generated(param.tensor), coefficients[i]}].push_back(i);
+    for (std::size_t i = 0; i < local->params.size(); ++i) {
+      const record::LocalParam& param = local->params[i];
+      const topologies::LogicalParam& logical = model_.param(param.tensor);
+      // Each gradient is scaled by its norm group's coefficient: its child's for the main norm,
+      // the MTP norm's for MTP params.
+      const double coefficient = logical.grad_norm_group == GradNormGroup::mtp
+                                     ? mtp_clip
+                                     : child_clip[static_cast<std::size_t>(plan_.child_of_param[param.tensor])];
+      (*out)[i].coefficient = coefficient;
+      (*out)[i].size = static_cast<std::size_t>(param.box.numel());
+      if (coefficient >= 1.0) continue;  // Megatron-LM scales only below 1: left as stored
+      auto found = values_.find(BoxKey{param.tensor, param.box.offset, coefficient});
+      if (found != values_.end()) {
+        (*out)[i].data = found->second;
+      } else {
+        missing[{generated(logical), coefficient}].push_back(i);
+      }
     }
     for (const auto& [what, indices] : missing) {
       std::vector<kernels::ShardDesc> shards;
-      for (std::size_t i : indices) shards.push_back(shard_of(local.params[i]));
+      for (std::size_t i : indices) shards.push_back(shard_of(local->params[i]));
       kernels::GeneratorSpec gen = options_.gradients.generator;
       if (what.first != 0) gen.mode = kernels::GradientMode::zeros;
-      // Megatron-LM scales only when the coefficient is below 1; otherwise the gradients stay.
-      const float scale = what.second < 1.0 ? static_cast<float>(what.second) : 1.0f;
-      const std::vector<float> all = clip_scale_(shards, gen, kernels::ClipSpec{scale, {}});
+      // One buffer per kernel call; each param's values alias their part of it.
+      const auto all = std::make_shared<const std::vector<float>>(
+          clip_scale_(shards, gen, kernels::ClipSpec{static_cast<float>(what.second), {}}));
       std::size_t at = 0;
       for (std::size_t k = 0; k < indices.size(); ++k) {
         const std::size_t n = static_cast<std::size_t>(kernels::visited_numel(shards[k]));
-        auto values = std::make_shared<const std::vector<float>>(all.begin() + static_cast<std::ptrdiff_t>(at),
-                                                                 all.begin() + static_cast<std::ptrdiff_t>(at + n));
+        const std::shared_ptr<const float> values(all, all->data() + at);
         at += n;
         const std::size_t i = indices[k];
-        values_.emplace(key_of(local.params[i], coefficients[i]), values);
-        (*out)[i].values = std::move(values);
+        values_.emplace(BoxKey{local->params[i].tensor, local->params[i].box.offset, what.second}, values);
+        (*out)[i].data = values;
       }
     }
     entry = std::move(out);
@@ -322,18 +333,22 @@ class ClipMemo {
   }
 
  private:
-  using Key = std::vector<std::int64_t>;
-  Key key_of(const record::LocalParam& param, double coefficient) const {
-    Key key{param.tensor, std::bit_cast<std::int64_t>(coefficient)};
-    for (int d = 0; d < param.box.extent.ndim; ++d) {
-      key.push_back(param.box.offset[d]);
-      key.push_back(param.box.extent.size[d]);
-    }
-    return key;
-  }
-  // 0: the tensor has generated gradients; 1: they are all zero (its class is outside the mask).
-  int generated(int tensor) const {
-    return (options_.gradients.class_mask & class_bit(model_.param(tensor).param_class)) ? 0 : 1;
+  // A box is named by its tensor and offset: a tensor's distinct boxes never share an offset.
+  struct BoxKey {
+    int tensor;
+    std::array<std::int64_t, record::kMaxDims> offset;
+    double coefficient;
+    friend auto operator<=>(const BoxKey&, const BoxKey&) = default;
+  };
+  struct RankKey {
+    const record::LocalRecord* local;
+    std::vector<double> child_clip;
+    double mtp_clip;
+    friend auto operator<=>(const RankKey&, const RankKey&) = default;
+  };
+  // 0: the param's class has generated gradients; 1: they are all zero (outside the mask).
+  int generated(const topologies::LogicalParam& logical) const {
+    return (options_.gradients.class_mask & class_bit(logical.param_class)) ? 0 : 1;
   }
   kernels::ShardDesc shard_of(const record::LocalParam& param) const {
     const topologies::LogicalParam& logical = model_.param(param.tensor);
@@ -349,12 +364,11 @@ class ClipMemo {
   }
 
   const topologies::LogicalModel& model_;
+  const OptimizerPlan& plan_;
   const PathOptions& options_;
   kernels::ClipScaleFn clip_scale_;
-  std::map<std::pair<const record::LocalRecord*, std::vector<double>>,
-           std::shared_ptr<const record::ClippedValues>>
-      by_rank_;
-  std::map<Key, std::shared_ptr<const std::vector<float>>> values_;
+  std::map<RankKey, std::shared_ptr<const record::ClippedValues>> by_rank_;
+  std::map<BoxKey, std::shared_ptr<const float>> values_;
 };
 
 record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& units,
@@ -423,19 +437,7 @@ record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& u
     }
   }
 
-  if (options.max_norm > 0.0) {
-    // Each local gradient is scaled by its norm group's coefficient: its child's for the main
-    // norm, the MTP norm's for MTP params.
-    std::vector<double> coefficients;
-    coefficients.reserve(state.local->params.size());
-    for (const record::LocalParam& param : state.local->params) {
-      const topologies::LogicalParam& logical = model.param(param.tensor);
-      coefficients.push_back(logical.grad_norm_group == GradNormGroup::mtp
-                                 ? mtp_clip
-                                 : child_clip[plan.child_of_param[param.tensor]]);
-    }
-    result.clipped = clip_memo.clip(*state.local, coefficients);
-  }
+  if (options.max_norm > 0.0) result.clipped = clip_memo.clip(state.local, child_clip, mtp_clip);
   return result;
 }
 
@@ -508,15 +510,16 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   Ownership ownership;
   StatsMemo memo;
   record::LocalRecordPool pool;
+  record::LocalRecord decisions;  // one rank's, before the pool shares it
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     states[i].rank = ranks[i];
     run_local_phase(model, layout, options, plan, units, communicator, local_stats, memo, pool,
-                    states[i], local, main, ownership);
+                    states[i], local, main, ownership, decisions);
   }
   communicator.end_phase();
 
   GroupRefs groups(layout, run.groups);
-  ClipMemo clip_memo(model, options, clip_scale);
+  ClipMemo clip_memo(model, plan, options, clip_scale);
   run.ranks.reserve(ranks.size());
   for (RankState& state : states) {
     run.ranks.push_back(

@@ -1,9 +1,10 @@
 #include "kernels/clip_scale.h"
 
-#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/detail/shard_runs.h"
 
 namespace tally::kernels {
 
@@ -16,31 +17,19 @@ std::vector<float> clip_scale_cpu(std::span<const ShardDesc> shards, const Gener
                                   std::to_string(shards[i].param_id) + "): " + *error);
     total += visited_numel(shards[i]);
   }
-  std::vector<float> out;
-  out.reserve(static_cast<std::size_t>(total));
+  std::vector<float> out(static_cast<std::size_t>(total));
+  float* next = out.data();
   for (const ShardDesc& shard : shards) {
-    // The box with leading dimensions of size 1 up to kMaxDims (a scalar is one element).
-    std::array<std::int64_t, kMaxDims> shape{1, 1, 1, 1}, offset{}, extent{1, 1, 1, 1};
-    const int pad = kMaxDims - shard.ndim;
-    for (int d = 0; d < shard.ndim; ++d) {
-      shape[pad + d] = shard.shape[d];
-      offset[pad + d] = shard.offset[d];
-      extent[pad + d] = shard.extent[d];
-    }
-    const std::int64_t begin = shard.range ? shard.range->begin : 0;
-    const std::int64_t end = shard.range ? shard.range->end : box_numel(shard);
     const std::uint64_t key = stream_key(gen.seed, shard.param_id);
-    for (std::int64_t r = begin; r < end; ++r) {
-      std::int64_t rest = r, logical = 0, stride = 1;
-      for (int d = kMaxDims - 1; d >= 0; --d) {
-        logical += (offset[d] + rest % extent[d]) * stride;
-        rest /= extent[d];
-        stride *= shape[d];
-      }
-      const float g = stored_value(gen.mode, gen.dtype, key, static_cast<std::uint64_t>(logical));
-      out.push_back(clip.store_as ? apply_clip(g, clip.coefficient, *clip.store_as)
-                                  : apply_clip(g, clip.coefficient));
-    }
+    detail::with_mode_and_dtype(gen.mode, gen.dtype, [&]<GradientMode M, Dtype D>() {
+      detail::for_each_run(shard, [&](std::uint64_t first, std::int64_t count) {
+        for (std::int64_t k = 0; k < count; ++k) {
+          const float g = stored_value<M, D>(key, first + static_cast<std::uint64_t>(k));
+          *next++ = clip.store_as ? apply_clip(g, clip.coefficient, *clip.store_as)
+                                  : apply_clip(g, clip.coefficient);
+        }
+      });
+    });
   }
   return out;
 }

@@ -1,5 +1,7 @@
 #include "kernels/local_stats.h"
 
+#include "kernels/detail/shard_runs.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,68 +11,18 @@
 namespace tally::kernels {
 namespace {
 
+using detail::Box;
+using detail::box_of;
+using detail::for_each_run;
+using detail::visited_range;
+
 static_assert(kStatsLanes == 8, "the lane tree below is written for 8 lanes");
 static_assert(kStatsChunk % kStatsLanes == 0, "chunks must start at lane 0");
-
-// The descriptor with a scalar seen as a 1-D tensor of one element.
-struct Box {
-  int ndim = 1;
-  std::array<std::int64_t, kMaxDims> shape{1, 1, 1, 1};
-  std::array<std::int64_t, kMaxDims> offset{};
-  std::array<std::int64_t, kMaxDims> extent{1, 1, 1, 1};
-};
-
-Box box_of(const ShardDesc& shard) {
-  Box box;
-  if (shard.ndim == 0) return box;
-  box.ndim = shard.ndim;
-  for (int d = 0; d < shard.ndim; ++d) {
-    box.shape[d] = shard.shape[d];
-    box.offset[d] = shard.offset[d];
-    box.extent[d] = shard.extent[d];
-  }
-  return box;
-}
 
 // a * b, or nullopt when it does not fit in int64 (both are >= 0).
 std::optional<std::int64_t> checked_mul(std::int64_t a, std::int64_t b) {
   if (a != 0 && b > std::numeric_limits<std::int64_t>::max() / a) return std::nullopt;
   return a * b;
-}
-
-ElementRange visited_range(const ShardDesc& shard) {
-  return shard.range ? *shard.range : ElementRange{0, box_numel(shard)};
-}
-
-// Calls visit(first logical index, count) for each contiguous run of visited elements, in the
-// box's row-major order. The shard must be valid.
-template <class Visit>
-void for_each_run(const ShardDesc& shard, Visit&& visit) {
-  const Box box = box_of(shard);
-  const int nd = box.ndim;
-  const ElementRange range = visited_range(shard);
-  if (range.begin >= range.end) return;
-  std::array<std::int64_t, kMaxDims> stride{}, box_stride{}, index{};
-  stride[nd - 1] = 1;
-  box_stride[nd - 1] = 1;
-  for (int d = nd - 2; d >= 0; --d) {
-    stride[d] = stride[d + 1] * box.shape[d + 1];
-    box_stride[d] = box_stride[d + 1] * box.extent[d + 1];
-  }
-  for (int d = 0; d < nd; ++d) index[d] = (range.begin / box_stride[d]) % box.extent[d];
-  std::int64_t remaining = range.end - range.begin;
-  while (remaining > 0) {
-    std::int64_t first = 0;
-    for (int d = 0; d < nd; ++d) first += (box.offset[d] + index[d]) * stride[d];
-    const std::int64_t count = std::min(box.extent[nd - 1] - index[nd - 1], remaining);
-    visit(static_cast<std::uint64_t>(first), count);
-    remaining -= count;
-    index[nd - 1] += count;
-    for (int d = nd - 1; d > 0 && index[d] == box.extent[d]; --d) {
-      index[d] = 0;
-      ++index[d - 1];
-    }
-  }
 }
 
 template <class A>
@@ -278,13 +230,13 @@ std::optional<std::string> check_shard(const ShardDesc& shard) {
   std::int64_t logical = 1;
   std::int64_t box = 1;
   for (int d = 0; d < shard.ndim; ++d) {
-    const std::string dim = "dimension " + std::to_string(d) + ": ";
+    auto dim = [d] { return "dimension " + std::to_string(d) + ": "; };
     const std::int64_t size = shard.shape[d], off = shard.offset[d], ext = shard.extent[d];
-    if (size < 0) return dim + "shape " + std::to_string(size) + " is negative";
-    if (off < 0) return dim + "offset " + std::to_string(off) + " is negative";
-    if (ext < 0) return dim + "extent " + std::to_string(ext) + " is negative";
+    if (size < 0) return dim() + "shape " + std::to_string(size) + " is negative";
+    if (off < 0) return dim() + "offset " + std::to_string(off) + " is negative";
+    if (ext < 0) return dim() + "extent " + std::to_string(ext) + " is negative";
     if (off > size || ext > size - off)
-      return dim + "box [" + std::to_string(off) + ", " + std::to_string(off) + " + " +
+      return dim() + "box [" + std::to_string(off) + ", " + std::to_string(off) + " + " +
              std::to_string(ext) + ") exceeds shape " + std::to_string(size);
     const auto l = checked_mul(logical, size);
     if (!l) return "the logical tensor has more than 2^63 elements";

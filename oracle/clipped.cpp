@@ -2,27 +2,26 @@
 
 #include <Eigen/Core>
 
+#include <bit>
 #include <map>
+
+#include "oracle/detail/stored_values.h"
+#include "oracle/ledger.h"
 
 namespace tally::oracle {
 
 namespace {
 
-// Calls visit(logical row-major index) for each element of `box`, in the box's row-major order.
-template <typename Visit>
-void for_each_element(const record::Extents& shape, const record::Box& box, Visit visit) {
-  const int dims = shape.ndim;
-  std::array<std::int64_t, record::kMaxDims> index{};
-  const std::int64_t total = box.numel();
-  for (std::int64_t n = 0; n < total; ++n) {
-    std::int64_t logical = 0;
-    for (int d = 0; d < dims; ++d) logical = logical * shape.size[d] + box.offset[d] + index[d];
-    visit(static_cast<std::uint64_t>(logical));
-    for (int d = dims - 1; d >= 0; --d) {
-      if (++index[d] < box.extent.size[d]) break;
-      index[d] = 0;
-    }
+// The logical row-major index of element `at` (row-major in the box) of `box`.
+std::uint64_t logical_index(const record::Extents& shape, const record::Box& box, std::int64_t at) {
+  std::uint64_t logical = 0;
+  std::int64_t stride = 1;
+  for (int d = shape.ndim; d-- > 0;) {
+    logical += static_cast<std::uint64_t>((box.offset[d] + at % box.extent.size[d]) * stride);
+    at /= box.extent.size[d];
+    stride *= shape.size[d];
   }
+  return logical;
 }
 
 // The first element of one clipped tensor that differs from the truth, or none.
@@ -57,7 +56,7 @@ class ClippedJudge {
                                             const record::ClippedValues& clipped) {
     for (std::size_t i = 0; i < local.params.size() && i < clipped.size(); ++i) {
       const record::LocalParam& param = local.params[i];
-      const FirstWrong wrong = first_wrong(param, *clipped[i].values);
+      const FirstWrong wrong = first_wrong(param, clipped[i]);
       if (wrong.at < 0) continue;
       const ClipTruth& clip = clip_of(param.tensor);
       ClippedMismatch m;
@@ -73,11 +72,12 @@ class ClippedJudge {
     return std::nullopt;
   }
 
-  FirstWrong first_wrong(const record::LocalParam& param, const std::vector<float>& got) {
-    std::vector<std::int64_t> key{param.tensor};
-    key.push_back(reinterpret_cast<std::intptr_t>(got.data()));
-    for (int d = 0; d < param.box.extent.ndim; ++d) key.push_back(param.box.offset[d]);
-    auto [found, fresh] = compared_.try_emplace(std::move(key));
+  FirstWrong first_wrong(const record::LocalParam& param, const record::ClippedParam& clipped) {
+    const ClipTruth& clip = clip_of(param.tensor);
+    // Left as stored where the truth does not clip either: nothing to compare.
+    if (!clipped.data && !clip.applies && clipped.size == static_cast<std::size_t>(param.box.numel()))
+      return FirstWrong{};
+    auto [found, fresh] = compared_.try_emplace(Compared{clipped.data.get(), param.tensor, param.box.offset});
     if (!fresh) return found->second;
     FirstWrong& out = found->second;
 
@@ -85,30 +85,57 @@ class ClippedJudge {
     kernels::GeneratorSpec gen = gradients_.generator;
     if (!(gradients_.class_mask & (std::uint32_t{1} << static_cast<int>(logical.param_class))))
       gen.mode = kernels::GradientMode::zeros;
+    const std::uint64_t key = kernels::stream_key(gen.seed, static_cast<std::uint64_t>(logical.id));
     const record::Extents& shape = run_.tensors[static_cast<std::size_t>(param.tensor)].shape;
-    std::vector<std::uint64_t> elements;
-    elements.reserve(static_cast<std::size_t>(param.box.numel()));
-    for_each_element(shape, param.box, [&](std::uint64_t e) { elements.push_back(e); });
-    Eigen::ArrayXf stored(static_cast<Eigen::Index>(elements.size()));
-    for (Eigen::Index j = 0; j < stored.size(); ++j)
-      stored[j] = kernels::gradient_value(gen, static_cast<std::uint64_t>(logical.id), elements[static_cast<std::size_t>(j)]);
-    const ClipTruth& clip = clip_of(param.tensor);
+    // The stored values of the box, in its row-major order, run by run of the logical tensor:
+    // from the truth's own materialization when it kept it, else from the generator.
+    stored_.resize(static_cast<Eigen::Index>(param.box.numel()));
+    const std::vector<float>* kept =
+        static_cast<std::size_t>(param.tensor) < truth_.stored.size() ? &truth_.stored[static_cast<std::size_t>(param.tensor)] : nullptr;
+    Eigen::Index at = 0;
+    for_each_interval(shape, param.box, 0, param.box.numel(), [&](std::int64_t lo, std::int64_t hi) {
+      if (kept) std::copy(kept->begin() + lo, kept->begin() + hi, stored_.data() + at);
+      else detail::fill_stored(stored_.data() + at, hi - lo, gen, key, lo);
+      at += hi - lo;
+    });
     // One fp32 product per element, with the coefficient as a float: multi_tensor_scale's.
-    const Eigen::ArrayXf expected = clip.applies ? Eigen::ArrayXf(stored * clip.scale()) : stored;
-    const bool exact = reduction_.exact_mode;
-    const Tolerance& t = run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? main_tolerance_ : mtp_tolerance_;
-    if (static_cast<Eigen::Index>(got.size()) != expected.size()) {
-      out = {0, elements.empty() ? 0 : elements[0], 0.0f, expected.size() ? expected[0] : 0.0f, 0.0f};
+    if (clip.applies) expected_ = stored_ * clip.scale();
+    else expected_ = stored_;
+    // Left as stored: the path's gradient is the stored one.
+    const std::span<const float> got = clipped.data ? clipped.values() : std::span<const float>(stored_.data(), static_cast<std::size_t>(stored_.size()));
+    auto wrong_at = [&](Eigen::Index j) {
+      const float want = expected_[j];
+      out = {j, logical_index(shape, param.box, j), j < static_cast<Eigen::Index>(got.size()) ? got[static_cast<std::size_t>(j)] : 0.0f,
+             want, stored_[j]};
+    };
+    if (static_cast<Eigen::Index>(got.size()) != expected_.size()) {
+      wrong_at(0);
       return out;
     }
-    for (Eigen::Index j = 0; j < expected.size(); ++j) {
-      const double bound = exact ? 0.0 : clipped_bound(t, stored[j]);
-      if (error_ratio(got[static_cast<std::size_t>(j)], expected[j], bound) <= 1.0) continue;
-      out = {j, elements[static_cast<std::size_t>(j)], got[static_cast<std::size_t>(j)], expected[j], stored[j]};
-      break;
+    if (reduction_.exact_mode) {  // bit for bit
+      for (Eigen::Index j = 0; j < expected_.size(); ++j)
+        if (std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(j)]) != std::bit_cast<std::uint32_t>(expected_[j])) {
+          wrong_at(j);
+          break;
+        }
+      return out;
     }
+    const Tolerance& t = run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? main_tolerance_ : mtp_tolerance_;
+    for (Eigen::Index j = 0; j < expected_.size(); ++j)
+      if (error_ratio(got[static_cast<std::size_t>(j)], expected_[j], clipped_bound(t, stored_[j])) > 1.0) {
+        wrong_at(j);
+        break;
+      }
     return out;
   }
+
+  // A clipped tensor compared once: its values, and the box they belong to.
+  struct Compared {
+    const float* values;
+    int tensor;
+    std::array<std::int64_t, record::kMaxDims> offset;
+    friend auto operator<=>(const Compared&, const Compared&) = default;
+  };
 
   const record::RunRecord& run_;
   const GroundTruth& truth_;
@@ -116,7 +143,8 @@ class ClippedJudge {
   const ReductionModel& reduction_;
   const Tolerance main_tolerance_, mtp_tolerance_;
   std::map<const record::ClippedValues*, std::optional<ClippedMismatch>> by_rank_;
-  std::map<std::vector<std::int64_t>, FirstWrong> compared_;
+  std::map<Compared, FirstWrong> compared_;
+  Eigen::ArrayXf stored_, expected_;  // of the box being compared
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "oracle/detail/compensated_sum.h"
+#include "oracle/detail/stored_values.h"
 
 namespace tally::oracle {
 namespace {
@@ -68,49 +69,16 @@ CompensatedSum block_sum(const Eigen::ArrayXd& terms) {
   return sum;
 }
 
-// The stored values of elements [first, first + n) of a stream, the mode and dtype resolved
-// once per block rather than per element.
-template <kernels::GradientMode M, kernels::Dtype D>
-void fill_block(Eigen::ArrayXd& values, std::uint64_t key, std::int64_t first) {
-  for (Eigen::Index j = 0; j < values.size(); ++j)
-    values[j] = static_cast<double>(
-        kernels::stored_value<M, D>(key, static_cast<std::uint64_t>(first + j)));
-}
-
-template <kernels::GradientMode M>
-void fill_block(Eigen::ArrayXd& values, kernels::Dtype dtype, std::uint64_t key,
-                std::int64_t first) {
-  switch (dtype) {
-    case kernels::Dtype::fp32: return fill_block<M, kernels::Dtype::fp32>(values, key, first);
-    case kernels::Dtype::bf16: return fill_block<M, kernels::Dtype::bf16>(values, key, first);
-    case kernels::Dtype::fp16: return fill_block<M, kernels::Dtype::fp16>(values, key, first);
-  }
-}
-
-void fill_block(Eigen::ArrayXd& values, const kernels::GeneratorSpec& spec, std::uint64_t key,
-                std::int64_t first) {
-  using kernels::GradientMode;
-  switch (spec.mode) {
-    case GradientMode::ones: return fill_block<GradientMode::ones>(values, spec.dtype, key, first);
-    case GradientMode::zeros: return fill_block<GradientMode::zeros>(values, spec.dtype, key, first);
-    case GradientMode::dyadic: return fill_block<GradientMode::dyadic>(values, spec.dtype, key, first);
-    case GradientMode::uniform: return fill_block<GradientMode::uniform>(values, spec.dtype, key, first);
-    case GradientMode::normal: return fill_block<GradientMode::normal>(values, spec.dtype, key, first);
-    case GradientMode::sparse: return fill_block<GradientMode::sparse>(values, spec.dtype, key, first);
-    case GradientMode::rank_encoded:
-      return fill_block<GradientMode::rank_encoded>(values, spec.dtype, key, first);
-  }
-}
-
 Accumulator param_stats(const LogicalParam& param, const kernels::GeneratorSpec& spec,
-                        const std::vector<PowerTerm>& powers) {
+                        const std::vector<PowerTerm>& powers, std::vector<float>* stored) {
   Accumulator acc(powers.size());
   const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(param.id));
   Eigen::ArrayXd values;
   for (std::int64_t first = 0; first < param.numel; first += kTruthBlock) {
     const std::int64_t n = std::min(kTruthBlock, param.numel - first);
     values.resize(n);
-    fill_block(values, spec, key, first);
+    detail::fill_stored(values.data(), n, spec, key, first);
+    if (stored) stored->insert(stored->end(), values.begin(), values.end());  // exact: floats
     acc.elements += n;
     acc.squares.merge(block_sum(values.square()));  // exact squares of <= 24-bit significands
     for (std::size_t i = 0; i < powers.size(); ++i)
@@ -170,7 +138,9 @@ GroundTruth ground_truth(const topologies::LogicalModel& model,
     kernels::GeneratorSpec spec = gradients;
     if (!(options.class_mask & (std::uint32_t{1} << static_cast<int>(param.param_class))))
       spec.mode = kernels::GradientMode::zeros;
-    const Accumulator acc = param_stats(param, spec, powers);
+    const bool keep = options.keep_stored_up_to > 0 && model.total_elements() <= options.keep_stored_up_to;
+    if (keep) truth.stored.emplace_back().reserve(static_cast<std::size_t>(param.numel));
+    const Accumulator acc = param_stats(param, spec, powers, keep ? &truth.stored.back() : nullptr);
     (param.grad_norm_group == GradNormGroup::mtp ? mtp : main).merge(acc);
     truth.ledger.push_back({param.id, param.grad_norm_group, param.numel});
     if (options.per_param)

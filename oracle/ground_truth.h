@@ -46,6 +46,9 @@ struct TruthOptions {
   std::vector<double> p_values;  // finite p > 0: general p-norms, in the order wanted back
   double max_norm = 0.0;         // clip_grad; 0: no clipping
   bool per_param = false;        // also fill GroundTruth::per_param (for the diagnosis)
+  // Also keep every tensor's stored gradient values (GroundTruth::stored), when the model has at
+  // most this many elements: the clipped check then reads them instead of generating them again.
+  std::int64_t keep_stored_up_to = 0;
   // Bit i set: params of topologies::ParamClass i have generated gradients; the others are all
   // zero (the selective invariant: only one class non-zero).
   std::uint32_t class_mask = ~std::uint32_t{0};
@@ -111,6 +114,9 @@ struct GroundTruth {
   std::int64_t zeros = 0;
   std::vector<LedgerEntry> ledger;   // one per logical param, in id order
   std::vector<ParamTruth> per_param;  // one per logical param when TruthOptions::per_param
+  // Per logical param, its stored gradient values in row-major order, when kept (see
+  // TruthOptions::keep_stored_up_to); empty otherwise.
+  std::vector<std::vector<float>> stored;
   friend bool operator==(const GroundTruth&, const GroundTruth&) = default;
 
   const GroupTruth& group(GradNormGroup g) const { return g == GradNormGroup::mtp ? mtp : main; }

@@ -120,7 +120,7 @@ Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t
 // One child's reduction over one group: per checked ledger and atom, how often the members
 // counted it; the kept sums of squares and zero counts where the record has statistics.
 struct GroupSum {
-  std::vector<std::vector<int>> counts;  // [checked ledger][atom]
+  std::vector<int> counts;  // [checked ledger * atoms + atom]
   CompensatedSum squares;
   std::int64_t zeros = 0;
 };
@@ -205,15 +205,16 @@ class LedgerCounter {
   std::unique_ptr<GroupSum> sum_over(int child, const std::vector<int>& composition) {
     auto sum = std::make_unique<GroupSum>();
     const std::size_t atoms = static_cast<std::size_t>(atoms_.count);
-    std::vector<std::vector<int>> difference(checked_.size(), std::vector<int>(atoms + 1, 0));
+    const std::size_t row = atoms + 1;
+    difference_.assign(checked_.size() * row, 0);
     for (std::size_t m = 1; m < composition.size(); ++m) {
       const std::size_t li = static_cast<std::size_t>(composition[m]);
       for (const AtomRange& r : atoms_.ranges[li]) {
         if (r.child != child) continue;
         for (std::size_t k = 0; k < checked_.size(); ++k)
           if (r.ledgers & (std::uint32_t{1} << checked_[k])) {
-            ++difference[k][static_cast<std::size_t>(r.first)];
-            --difference[k][static_cast<std::size_t>(r.last)];
+            ++difference_[k * row + static_cast<std::size_t>(r.first)];
+            --difference_[k * row + static_cast<std::size_t>(r.last)];
           }
       }
       if (!has_statistics_) continue;
@@ -223,12 +224,10 @@ class LedgerCounter {
         if (piece.in_zero_count) sum->zeros += piece.stats->zeros;
       }
     }
-    sum->counts.resize(checked_.size());
+    sum->counts.resize(checked_.size() * atoms);
     for (std::size_t k = 0; k < checked_.size(); ++k) {
-      std::vector<int>& counts = sum->counts[k];
-      counts.resize(atoms);
       int running = 0;
-      for (std::size_t a = 0; a < atoms; ++a) counts[a] = running += difference[k][a];
+      for (std::size_t a = 0; a < atoms; ++a) sum->counts[k * atoms + a] = running += difference_[k * row + a];
     }
     return sum;
   }
@@ -248,7 +247,7 @@ class LedgerCounter {
       };
       for (std::size_t a = 0; a < atoms; ++a) {
         int times = 0;
-        for (const GroupSum* s : sums) times += s->counts[k][a];
+        for (const GroupSum* s : sums) times += s->counts[k * atoms + a];
         const int tensor = atoms_.tensor_of[a];
         if (tensor != current) {
           close();
@@ -273,6 +272,7 @@ class LedgerCounter {
   bool has_statistics_ = false;
   std::map<std::pair<int, int>, GroupSum*> by_group_;
   std::map<std::vector<int>, std::unique_ptr<GroupSum>> by_composition_;
+  std::vector<int> difference_;  // sum_over's scratch: [checked ledger * (atoms + 1) + atom]
 };
 
 }  // namespace

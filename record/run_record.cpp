@@ -1,6 +1,5 @@
 #include "record/run_record.h"
 
-#include <type_traits>
 
 namespace tally::record {
 
@@ -16,21 +15,13 @@ int GroupTable::intern(const std::vector<int>& ranks) {
 
 namespace {
 
-// FNV-1a over the fields that decide equality (the statistics by their bits).
+// A hash of the fields that locate and decide each param and piece (equal records hash alike;
+// the pool compares whole records on a hash hit). One multiply-xorshift step per field.
 class Hasher {
  public:
-  template <typename T>
-  void add(const T& value) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto* bytes = reinterpret_cast<const unsigned char*>(&value);
-    for (std::size_t i = 0; i < sizeof(T); ++i) hash_ = (hash_ ^ bytes[i]) * 0x100000001b3ull;
-  }
-  void add(const Attributes& a) {
-    add(a.tensor_model_parallel), add(a.partition_dim), add(a.allreduce), add(a.shared);
-  }
-  void add(const std::optional<GradStats>& s) {
-    add(s.has_value());
-    if (s) add(s->sum_squares), add(s->abs_max), add(s->zeros);
+  void add(std::int64_t value) {
+    hash_ = (hash_ ^ static_cast<std::uint64_t>(value)) * 0x9e3779b97f4a7c15ull;
+    hash_ ^= hash_ >> 29;
   }
   std::uint64_t value() const { return hash_; }
 
@@ -40,26 +31,24 @@ class Hasher {
 
 std::uint64_t hash_of(const LocalRecord& record) {
   Hasher h;
+  h.add(static_cast<std::int64_t>(record.params.size()));
   for (const LocalParam& p : record.params) {
-    h.add(p.tensor), h.add(p.box.extent.ndim);
-    for (int d = 0; d < p.box.extent.ndim; ++d) h.add(p.box.offset[d]), h.add(p.box.extent.size[d]);
-    h.add(p.attributes), h.add(p.stats);
+    h.add(p.tensor);
+    for (int d = 0; d < p.box.extent.ndim; ++d) h.add(p.box.offset[d]);
   }
-  for (const Piece& p : record.pieces) {
-    h.add(p.param), h.add(p.child), h.add(p.range.begin), h.add(p.range.end);
-    h.add(p.main_attributes), h.add(p.counted_in), h.add(p.in_zero_count);
-    h.add(p.rule.basis), h.add(p.rule.dedup), h.add(p.rule.child_norm_discarded), h.add(p.stats);
-  }
+  for (const Piece& p : record.pieces)
+    h.add((p.range.begin << 20) ^ (p.range.end << 2) ^ (p.counted_in + 1) ^ (p.in_zero_count ? 1 << 10 : 0) ^
+          (static_cast<std::int64_t>(p.rule.basis) << 12) ^ (static_cast<std::int64_t>(p.rule.dedup) << 15));
   return h.value();
 }
 
 }  // namespace
 
-std::shared_ptr<const LocalRecord> LocalRecordPool::intern(LocalRecord&& record) {
+std::shared_ptr<const LocalRecord> LocalRecordPool::intern(const LocalRecord& record) {
   std::vector<std::shared_ptr<const LocalRecord>>& same_hash = by_hash_[hash_of(record)];
   for (const std::shared_ptr<const LocalRecord>& known : same_hash)
     if (*known == record) return known;
-  same_hash.push_back(std::make_shared<const LocalRecord>(std::move(record)));
+  same_hash.push_back(std::make_shared<const LocalRecord>(record));
   ++count_;
   return same_hash.back();
 }

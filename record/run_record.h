@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -179,10 +180,15 @@ struct Reported {
 };
 
 // The gradient of one local param after clipping, as the path produced it: its values in the
-// box's row-major order, and the coefficient it multiplied them by (1: not clipped).
+// box's row-major order, and the coefficient it multiplied them by. `data` may point into a
+// buffer that several params (and ranks) share; null means the path left the gradient as it was
+// stored (Megatron-LM scales only when the coefficient is below 1), and `coefficient` is then
+// what it did not apply.
 struct ClippedParam {
   double coefficient = 1.0;
-  std::shared_ptr<const std::vector<float>> values;
+  std::shared_ptr<const float> data;
+  std::size_t size = 0;
+  std::span<const float> values() const { return {data.get(), size}; }
 };
 using ClippedValues = std::vector<ClippedParam>;  // one per LocalRecord::params entry
 
@@ -221,7 +227,8 @@ class GroupTable {
 // LocalRecords by content: the ranks of a run that hold and decide alike share one.
 class LocalRecordPool {
  public:
-  std::shared_ptr<const LocalRecord> intern(LocalRecord&& record);
+  // The pooled record equal to `record`, copied into the pool when it is new.
+  std::shared_ptr<const LocalRecord> intern(const LocalRecord& record);
   std::size_t size() const { return count_; }
 
  private:

@@ -132,7 +132,10 @@ std::string encode_rank_record(const record::RankRecord& rank,
     w.put<std::uint64_t>(rank.clipped->size());
     for (const record::ClippedParam& c : *rank.clipped) {
       w.put(c.coefficient);
-      w.put_vector(*c.values);
+      w.put<std::uint64_t>(c.size);
+      w.put<std::uint8_t>(c.data != nullptr);  // null: left as stored
+      if (c.data)
+        for (float v : c.values()) w.put(v);
     }
   }
   return w.take();
@@ -185,7 +188,12 @@ record::RankRecord decode_rank_record(std::string_view bytes, record::GroupTable
     auto clipped = std::make_shared<record::ClippedValues>(in.count(sizeof(double)));
     for (record::ClippedParam& c : *clipped) {
       c.coefficient = in.get<double>();
-      c.values = std::make_shared<const std::vector<float>>(in.get_vector<float>());
+      c.size = static_cast<std::size_t>(in.get<std::uint64_t>());
+      if (!in.get<std::uint8_t>()) continue;
+      if (c.size > bytes.size() / sizeof(float)) throw std::invalid_argument("truncated rank record");
+      auto values = std::make_shared<std::vector<float>>(c.size);
+      for (float& v : *values) v = in.get<float>();
+      c.data = std::shared_ptr<const float>(values, values->data());
     }
     rank.clipped = std::move(clipped);
   }

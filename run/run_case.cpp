@@ -51,6 +51,8 @@ oracle::GroundTruth truth_of(const topologies::LogicalModel& model,
   truth_options.max_norm = options.max_norm;
   truth_options.per_param = per_param;
   truth_options.class_mask = options.gradients.class_mask;
+  // The clipped check reads the stored gradients again: keep them for models up to 64 MiB.
+  if (options.max_norm > 0.0) truth_options.keep_stored_up_to = std::int64_t{1} << 24;
   return oracle::ground_truth(model, options.gradients.generator, truth_options);
 }
 

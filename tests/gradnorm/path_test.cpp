@@ -145,7 +145,7 @@ TEST(Path, ClipCoefficientIsMaxOverNormPlusEpsilon) {
       ASSERT_EQ(rank.clipped->size(), rank.local->params.size());
       for (const record::ClippedParam& clipped : *rank.clipped) {
         EXPECT_EQ(clipped.coefficient, coefficient);
-        for (float v : *clipped.values) ASSERT_EQ(v, kernels::apply_clip(1.0f, static_cast<float>(coefficient)));
+        for (float v : clipped.values()) ASSERT_EQ(v, kernels::apply_clip(1.0f, static_cast<float>(coefficient)));
       }
     }
   }

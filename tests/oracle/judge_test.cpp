@@ -142,9 +142,10 @@ TEST(Judge, AClippedValueTheKernelGotWrongFailsOnItsRankAndElement) {
   record::RunRecord run = *ran.record;
   // Rank 1's clip kernel is off by one ulp in the third element of its second param.
   auto clipped = std::make_shared<record::ClippedValues>(*run.ranks[1].clipped);
-  auto values = std::make_shared<std::vector<float>>(*(*clipped)[1].values);
+  const std::span<const float> shown = (*clipped)[1].values();
+  auto values = std::make_shared<std::vector<float>>(shown.begin(), shown.end());
   (*values)[2] = std::nextafter((*values)[2], 1.0f);
-  (*clipped)[1].values = values;
+  (*clipped)[1].data = std::shared_ptr<const float>(values, values->data());
   run.ranks[1].clipped = clipped;
   const Verdict verdict = rejudge(c, run);
   EXPECT_EQ(verdict.kind, Verdict::Kind::fail);
