@@ -44,20 +44,6 @@ bool children_receive_expert_tp_group(const FaultSet& faults) {
   return !faults.has(Fault::expert_dedup_on_dense_tp);
 }
 
-std::string_view rule_text(Rule rule) {
-  switch (rule) {
-    case Rule::kept_tensor_parallel: return "kept: tensor_model_parallel (a distinct shard)";
-    case Rule::kept_first_of_tp: return "kept: replicated, rank 0 of its dense TP group";
-    case Rule::kept_first_of_etp: return "kept: replicated within ETP, rank 0 of its expert TP group";
-    case Rule::kept_without_filter: return "kept: no duplicate filter";
-    case Rule::dropped_shared: return "dropped: a shared duplicate copy";
-    case Rule::dropped_not_first_of_tp: return "dropped: replicated, not rank 0 of its dense TP group";
-    case Rule::dropped_not_first_of_etp:
-      return "dropped: replicated within ETP, not rank 0 of its expert TP group";
-  }
-  return "?";
-}
-
 Rule filter_rule(const MainParam& param, const topologies::RankLayout& layout, int rank,
                  const FaultSet& faults) {
   const topologies::LocalParam& a = param.attrs;

@@ -50,7 +50,6 @@ enum class Rule : std::uint8_t {
   dropped_not_first_of_tp,   // replicated, not rank 0 of its dense TP group
   dropped_not_first_of_etp,  // replicated within ETP, not rank 0 of its expert TP group
 };
-std::string_view rule_text(Rule rule);
 inline bool rule_keeps(Rule rule) { return rule <= Rule::kept_without_filter; }
 
 // Megatron-LM's keep test for the main copy on `rank`: not shared, and tensor_model_parallel or

@@ -44,6 +44,34 @@ std::vector<Unit> reduction_units(const OptimizerPlan& plan) {
   return units;
 }
 
+// The shard of a main copy's box a piece reads: `range` of the box (the whole box needs no
+// range).
+kernels::ShardDesc shard_desc(const topologies::LogicalParam& logical,
+                              const topologies::LocalParam& local, kernels::ElementRange range) {
+  kernels::ShardDesc shard;
+  shard.param_id = static_cast<std::uint64_t>(logical.id);
+  shard.ndim = logical.shape.rank;
+  for (int d = 0; d < logical.shape.rank; ++d) {
+    shard.shape[d] = logical.shape.dims[d];
+    shard.offset[d] = local.slice.offset[d];
+    shard.extent[d] = local.slice.extent[d];
+  }
+  if (range.begin != 0 || range.end != local.slice.numel()) shard.range = range;
+  return shard;
+}
+
+// Where the statistics of an owned piece that the duplicate filter kept go: the main norm, the
+// MTP norm (its own grad_norm_group), or only the zero count (its child's norm is discarded:
+// expert-norm-dropped). Every kept piece is in the zero count; a dropped piece is nowhere.
+enum class NormShare : std::uint8_t { main, mtp, zeros_only };
+NormShare norm_share(const OptimizerPlan& plan, const MainParam& param,
+                     const topologies::LogicalParam& logical, const FaultSet& faults) {
+  // DeepSpeed #8613: the expert child's norm is computed, then discarded.
+  if (faults.has(Fault::expert_norm_dropped) && plan.children[param.child].expert)
+    return NormShare::zeros_only;
+  return logical.grad_norm_group == GradNormGroup::mtp ? NormShare::mtp : NormShare::main;
+}
+
 struct UnitState {
   comm::Group group;
   std::vector<double> sums;
@@ -372,9 +400,8 @@ class ClipMemo {
 };
 
 record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& units,
-                           const PathOptions& options, const topologies::LogicalModel& model,
-                           const RankState& state,
-                           GroupRefs& groups, ClipMemo& clip_memo) {
+                           const PathOptions& options, const RankState& state, GroupRefs& groups,
+                           ClipMemo& clip_memo) {
   const FaultSet& faults = options.faults;
   record::RankRecord result;
   result.rank = state.rank;
@@ -464,28 +491,6 @@ void describe_run(const topologies::LogicalModel& model, const PathOptions& opti
 
 }  // namespace
 
-kernels::ShardDesc shard_desc(const topologies::LogicalParam& logical,
-                              const topologies::LocalParam& local, kernels::ElementRange range) {
-  kernels::ShardDesc shard;
-  shard.param_id = static_cast<std::uint64_t>(logical.id);
-  shard.ndim = logical.shape.rank;
-  for (int d = 0; d < logical.shape.rank; ++d) {
-    shard.shape[d] = logical.shape.dims[d];
-    shard.offset[d] = local.slice.offset[d];
-    shard.extent[d] = local.slice.extent[d];
-  }
-  if (range.begin != 0 || range.end != local.slice.numel()) shard.range = range;
-  return shard;
-}
-
-NormShare norm_share(const OptimizerPlan& plan, const MainParam& param,
-                     const topologies::LogicalParam& logical, const FaultSet& faults) {
-  // DeepSpeed #8613: the expert child's norm is computed, then discarded.
-  if (faults.has(Fault::expert_norm_dropped) && plan.children[param.child].expert)
-    return NormShare::zeros_only;
-  return logical.grad_norm_group == GradNormGroup::mtp ? NormShare::mtp : NormShare::main;
-}
-
 std::vector<int> all_ranks(const topologies::RankLayout& layout) {
   std::vector<int> ranks(layout.world());
   std::iota(ranks.begin(), ranks.end(), 0);
@@ -523,7 +528,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   run.ranks.reserve(ranks.size());
   for (RankState& state : states) {
     run.ranks.push_back(
-        combine(plan, units, options, model, state, groups, clip_memo));
+        combine(plan, units, options, state, groups, clip_memo));
     state = RankState{};  // the reduced buffers are no longer needed
   }
   return result;

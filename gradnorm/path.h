@@ -27,18 +27,6 @@
 
 namespace tally::gradnorm {
 
-// The shard of a main copy's box a piece reads: `range` of the box (the whole box needs no
-// range).
-kernels::ShardDesc shard_desc(const topologies::LogicalParam& logical,
-                              const topologies::LocalParam& local, kernels::ElementRange range);
-
-// Where the statistics of an owned piece that the duplicate filter kept go: the main norm, the
-// MTP norm (its own grad_norm_group), or only the zero count (its child's norm is discarded:
-// expert-norm-dropped). Every kept piece is in the zero count; a dropped piece is nowhere.
-enum class NormShare : std::uint8_t { main, mtp, zeros_only };
-NormShare norm_share(const OptimizerPlan& plan, const MainParam& param,
-                     const topologies::LogicalParam& logical, const FaultSet& faults);
-
 struct PathResult {
   OptimizerPlan plan;
   // What the path did on the ranks it ran (RunRecord::ranks, in the order of the `ranks`

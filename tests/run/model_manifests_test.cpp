@@ -141,7 +141,9 @@ void expect_structure(const Ran& r) {
       EXPECT_TRUE(std::binary_search(o.stats_group.begin(), o.stats_group.end(), rank));
       EXPECT_EQ(o.stats_group, run.groups[outcome.children[c].stats_group]);
       EXPECT_EQ(o.clip.has_value(), r.c.path.max_norm > 0);
-      if (o.clip) EXPECT_EQ(o.clip->coefficient, outcome.children[c].clip->coefficient);
+      if (o.clip) {
+        EXPECT_EQ(o.clip->coefficient, outcome.children[c].clip->coefficient);
+      }
       for (const manifest::MainParam& piece : o.main_params) {
         ASSERT_GE(piece.param, 0);
         ASSERT_LT(piece.param, static_cast<int>(m.params.size()));
@@ -150,7 +152,9 @@ void expect_structure(const Ran& r) {
         EXPECT_LE(piece.begin, piece.end);
         EXPECT_LE(piece.end, volume(p.extents));
         EXPECT_TRUE(piece.kept_zeros || !piece.kept);
-        if (piece.attributes.grad_norm_group) EXPECT_FALSE(piece.kept);
+        if (piece.attributes.grad_norm_group) {
+          EXPECT_FALSE(piece.kept);
+        }
         const topologies::LogicalParam& logical = model.param(id_of[p.logical_name]);
         const kernels::GeneratorSpec gen = gradnorm::generator_for(r.c.path.gradients, logical.param_class);
         const manifest::GradStats want = generated_stats(p, piece.begin, piece.end, gen, logical.id);

@@ -49,7 +49,9 @@ void expect_round_trip(const record::RunRecord& run) {
       EXPECT_EQ(a.coefficient, b.coefficient);
       EXPECT_EQ(a.size, b.size);
       EXPECT_EQ(a.data == nullptr, b.data == nullptr);
-      if (a.data) EXPECT_TRUE(std::equal(a.values().begin(), a.values().end(), b.values().begin()));
+      if (a.data) {
+        EXPECT_TRUE(std::equal(a.values().begin(), a.values().end(), b.values().begin()));
+      }
     }
   }
   // Ranks that held and decided alike share their decoded local record again.
