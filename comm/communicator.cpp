@@ -36,6 +36,21 @@ InfraError mismatched_collective(int rank, const Group& group, ReduceOp op, std:
                         "'");
 }
 
+void pack_for_max(std::span<const double> values, std::span<double> packed) {
+  const std::size_t n = values.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool nan = std::isnan(values[i]);
+    packed[i] = nan ? std::numeric_limits<double>::infinity() : values[i];
+    packed[n + i] = nan ? 1.0 : 0.0;
+  }
+}
+
+void unpack_max(std::span<const double> packed, std::span<double> values) {
+  const std::size_t n = values.size();
+  for (std::size_t i = 0; i < n; ++i)
+    values[i] = packed[n + i] > 0.0 ? std::numeric_limits<double>::quiet_NaN() : packed[i];
+}
+
 std::string_view op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
 
 }  // namespace tally::comm

@@ -10,7 +10,10 @@
 //   a wrong number: backends detect it (sim at the end of the phase, mpi/nccl by a watchdog).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -36,6 +39,24 @@ std::string describe(const Group& group);
 
 enum class ReduceOp : std::uint8_t { sum, max };
 std::string_view op_name(ReduceOp op);
+
+// One element of a reduction, as every communicator reduces it. max propagates NaN: a NaN
+// anywhere gives NaN, so a NaN gradient can never hide behind a larger value.
+template <typename T>
+T reduce_pair(T a, T b, ReduceOp op) {
+  if (op == ReduceOp::sum) return a + b;
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+  }
+  return a > b ? a : b;
+}
+
+// The library max of MPI and NCCL (MPI_MAX, ncclMax) leaves NaN to the implementation. So the
+// mpi and nccl backends reduce a max of doubles as a packed buffer of twice the length, each
+// value with NaN read as +inf, then a 1 where it was NaN, else 0; the library max of packed
+// buffers, unpacked, is reduce_pair's max of the values.
+void pack_for_max(std::span<const double> values, std::span<double> packed);
+void unpack_max(std::span<const double> packed, std::span<double> values);
 
 // An infrastructure failure: a hang caught by a watchdog, a mismatched collective, an MPI, NCCL
 // or CUDA error. `call` names what was waiting or failing. Distinct from any counting verdict.

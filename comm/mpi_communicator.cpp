@@ -176,9 +176,18 @@ void MpiCommunicator::all_reduce(int rank, const Group& group, std::span<double>
   if (rank != impl_->session.rank())
     throw std::logic_error("the mpi backend runs rank " + std::to_string(impl_->session.rank()) +
                            ", not rank " + std::to_string(rank));
-  all_reduce_with_watchdog(impl_->session, impl_->comms[static_cast<int>(group.id.family)],
-                           values.data(), static_cast<int>(values.size()), MPI_DOUBLE, op, group,
-                           label);
+  MPI_Comm comm = impl_->comms[static_cast<int>(group.id.family)];
+  if (op == ReduceOp::sum) {
+    all_reduce_with_watchdog(impl_->session, comm, values.data(), static_cast<int>(values.size()),
+                             MPI_DOUBLE, op, group, label);
+    return;
+  }
+  // MPI_MAX leaves NaN to the implementation: reduce_pair's max through a packed buffer.
+  std::vector<double> packed(2 * values.size());
+  pack_for_max(values, packed);
+  all_reduce_with_watchdog(impl_->session, comm, packed.data(), static_cast<int>(packed.size()),
+                           MPI_DOUBLE, op, group, label);
+  unpack_max(packed, values);
 }
 
 void MpiCommunicator::all_reduce(int rank, const Group& group, std::span<std::int64_t> values,

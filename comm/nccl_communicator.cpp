@@ -60,14 +60,6 @@ std::uint64_t key_of(const topologies::GroupId& id) {
 
 enum class ElementType : std::uint8_t { f64, i64 };
 
-template <typename T>
-T combine(T a, T b, ReduceOp op) {
-  if (op == ReduceOp::sum) return a + b;
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
-  }
-  return a > b ? a : b;
-}
 
 // The local members' contributions reduced in group order, into `out` (8-byte words).
 template <typename T>
@@ -77,7 +69,7 @@ void reduce_local(const std::vector<void*>& buffers, std::size_t length, ReduceO
   std::memcpy(result, buffers[0], length * sizeof(T));
   for (std::size_t m = 1; m < buffers.size(); ++m) {
     const T* values = static_cast<const T*>(buffers[m]);
-    for (std::size_t i = 0; i < length; ++i) result[i] = combine(result[i], values[i], op);
+    for (std::size_t i = 0; i < length; ++i) result[i] = reduce_pair(result[i], values[i], op);
   }
 }
 
@@ -121,10 +113,11 @@ struct NcclCommunicator::Impl {
     std::int64_t sequence;
     ReduceOp op;
     ElementType type;
-    std::size_t length;
-    std::size_t word;  // offset of the partial in `partials`
+    std::size_t length;  // words reduced: twice the values of a packed max (pack_for_max)
+    std::size_t word;    // offset of the partial in `partials`
     std::string label;
     std::vector<void*> buffers;
+    bool packed_max = false;  // a max of doubles, reduced packed: unpack into the buffers
   };
 
   const MpiSession& session;
@@ -370,6 +363,14 @@ void NcclCommunicator::Impl::contribute(int rank, const Group& group, void* data
     for (void* buffer : collective.buffers) std::memcpy(buffer, partials.data() + word, length * 8);
     partials.resize(word);
     ++stats.local_only;
+  } else if (type == ElementType::f64 && op == ReduceOp::max) {
+    // ncclMax leaves NaN to NCCL: reduce_pair's max through a packed buffer.
+    std::vector<double> values(length);
+    std::memcpy(values.data(), partials.data() + word, length * 8);
+    partials.resize(word + 2 * length);
+    pack_for_max(values, {reinterpret_cast<double*>(partials.data() + word), 2 * length});
+    cross.push_back(CrossOp{group.id, sequence, op, type, 2 * length, word, collective.label,
+                            std::move(collective.buffers), true});
   } else {
     cross.push_back(CrossOp{group.id, sequence, op, type, length, word, collective.label,
                             std::move(collective.buffers)});
@@ -480,7 +481,13 @@ void NcclCommunicator::Impl::end_phase() {
   }
   at = 0;
   for (const CrossOp& op : cross) {
-    for (void* buffer : op.buffers) std::memcpy(buffer, staged + at, op.length * 8);
+    for (void* buffer : op.buffers) {
+      if (op.packed_max)
+        unpack_max({reinterpret_cast<const double*>(staged + at), op.length},
+                   {static_cast<double*>(buffer), op.length / 2});
+      else
+        std::memcpy(buffer, staged + at, op.length * 8);
+    }
     at += op.length;
   }
   stats.nccl_all_reduces += static_cast<std::int64_t>(cross.size());

@@ -25,8 +25,8 @@
 // (with 2 GPUs a single a + b, commutative). So: the same bits run to run; bit for bit equal to
 // sim wherever every partial sum is exact (the exact gradient modes, the integer counts and
 // every max); in random modes within the tolerance bound (a sum over n contributions grouped
-// differently has at most n - 1 roundings, as sim's). ncclMax of doubles is NCCL's max: a NaN
-// may not propagate as it does in sim (the gradient modes produce no NaN).
+// differently has at most n - 1 roundings, as sim's). A max of doubles goes through ncclMax as a
+// packed buffer (comm/communicator.h, pack_for_max), so NaN propagates exactly as in sim.
 //
 // Errors: every CUDA and NCCL call is checked (TALLY_CUDA_CHECK / TALLY_NCCL_CHECK in the
 // implementation) and a failure throws InfraError naming the call, file:line, the process's

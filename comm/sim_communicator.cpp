@@ -12,21 +12,13 @@ std::uint64_t key_of(const topologies::GroupId& id) {
   return (static_cast<std::uint64_t>(id.family) << 32) | static_cast<std::uint32_t>(id.index);
 }
 
-template <typename T>
-T combine(T a, T b, ReduceOp op) {
-  if (op == ReduceOp::sum) return a + b;
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
-  }
-  return a > b ? a : b;
-}
 
 template <typename T>
 void reduce_in_group_order(std::vector<void*>& buffers, std::size_t length, ReduceOp op) {
   std::vector<T> result(static_cast<T*>(buffers[0]), static_cast<T*>(buffers[0]) + length);
   for (std::size_t m = 1; m < buffers.size(); ++m) {
     const T* values = static_cast<const T*>(buffers[m]);
-    for (std::size_t i = 0; i < length; ++i) result[i] = combine(result[i], values[i], op);
+    for (std::size_t i = 0; i < length; ++i) result[i] = reduce_pair(result[i], values[i], op);
   }
   for (void* buffer : buffers) std::copy(result.begin(), result.end(), static_cast<T*>(buffer));
 }
