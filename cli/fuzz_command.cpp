@@ -1,20 +1,15 @@
-// tally fuzz (a campaign: generate, run, save and shrink each failure) and tally mutants (the
-// mutation score: one campaign per fault of the catalog).
+// tally fuzz: a campaign (generate, run, save and shrink each failure).
 #include <unistd.h>
 
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <csignal>
-#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 
 #include "cli/backend_flags.h"
+#include "cli/campaign_output.h"
 #include "cli/commands.h"
+#include "cli/fault_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
@@ -24,156 +19,6 @@
 namespace tally::cli {
 
 namespace {
-
-// SIGINT or SIGTERM: the case in progress finishes (a shrink in progress writes what it has),
-// then the summary. A second signal ends the process as usual.
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_interrupt(int signal) {
-  g_interrupted.store(true);
-  std::signal(signal, SIG_DFL);
-}
-
-class InterruptScope {
- public:
-  InterruptScope() {
-    g_interrupted.store(false);
-    previous_int_ = std::signal(SIGINT, on_interrupt);
-    previous_term_ = std::signal(SIGTERM, on_interrupt);
-  }
-  ~InterruptScope() {
-    std::signal(SIGINT, previous_int_);
-    std::signal(SIGTERM, previous_term_);
-  }
-  InterruptScope(const InterruptScope&) = delete;
-  InterruptScope& operator=(const InterruptScope&) = delete;
-
- private:
-  void (*previous_int_)(int) = SIG_DFL;
-  void (*previous_term_)(int) = SIG_DFL;
-};
-
-// "90", "90s", "10m", "1h", "1h30m", "0.5m": seconds.
-double parse_duration(const std::string& text, const std::string& flag) {
-  const std::string message =
-      flag + " '" + text + "' is not a duration (e.g. 90s, 10m, 1h30m; a plain number is seconds)";
-  if (text.empty()) throw UsageError(message);
-  double total = 0.0;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    std::size_t used = 0;
-    double value = 0.0;
-    try {
-      value = std::stod(text.substr(at), &used);
-    } catch (const std::exception&) {
-      throw UsageError(message);
-    }
-    if (used == 0 || !std::isfinite(value) || value < 0 || text[at] == '+' || text[at] == '-')
-      throw UsageError(message);
-    at += used;
-    double unit = 1.0;
-    if (at < text.size()) {
-      const char c = text[at++];
-      if (c == 's') unit = 1.0;
-      else if (c == 'm') unit = 60.0;
-      else if (c == 'h') unit = 3600.0;
-      else throw UsageError(message);
-    } else if (total > 0.0) {
-      throw UsageError(message);  // "1h30": a unit is missing
-    }
-    total += value * unit;
-  }
-  if (!(total > 0.0)) throw UsageError(flag + " must be longer than 0 (got '" + text + "')");
-  return total;
-}
-
-// "none", "all" or a comma-separated list of catalog names.
-std::vector<gradnorm::Fault> parse_fault_list(const std::string& text, const std::string& flag) {
-  std::vector<gradnorm::Fault> faults;
-  if (text == "none") return faults;
-  if (text == "all") {
-    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
-      if (!fuzz::fault_not_applicable(info.fault)) faults.push_back(info.fault);
-    return faults;
-  }
-  std::stringstream items(text);
-  std::string name;
-  while (std::getline(items, name, ',')) {
-    const std::optional<gradnorm::Fault> fault = gradnorm::fault_from_name(name);
-    if (!fault)
-      throw UsageError(flag + " '" + name +
-                       "' is not in the catalog (none, all, or names from tally run --list-faults)");
-    if (std::find(faults.begin(), faults.end(), *fault) == faults.end()) faults.push_back(*fault);
-  }
-  if (faults.empty()) throw UsageError(flag + " is empty (none, all, or names from tally run --list-faults)");
-  return faults;
-}
-
-std::string faults_text(const std::vector<gradnorm::Fault>& faults) {
-  if (faults.empty()) return "none";
-  if (faults == parse_fault_list("all", "--faults"))
-    return "all (" + std::to_string(faults.size()) + ", one per case)";
-  std::string out;
-  for (gradnorm::Fault f : faults) out += (out.empty() ? "" : ",") + std::string(gradnorm::fault_info(f).name);
-  return out;
-}
-
-std::string seconds_text(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1fs", seconds);
-  return text;
-}
-
-std::string rate_text(std::int64_t cases, double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.0f", seconds > 0 ? static_cast<double>(cases) / seconds : 0.0);
-  return text;
-}
-
-// "world 2 (tp 2, ep 2, etp 1)": the axes that are not 1, and the order when not the default.
-std::string world_text(const topologies::ParallelConfig& c) {
-  std::string axes;
-  auto add = [&](const char* name, int value) {
-    if (value != 1) axes += (axes.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(value);
-  };
-  add("tp", c.tp);
-  add("cp", c.cp);
-  add("pp", c.pp);
-  add("dp", topologies::dp(c));
-  add("ep", c.ep);
-  if (c.etp != c.tp) axes += (axes.empty() ? "" : ", ") + std::string("etp ") + std::to_string(c.etp);
-  add("vpp", c.vpp);
-  add("dist-opt instances", c.dist_opt_instances);
-  if (c.order != topologies::kDefaultOrder) axes += (axes.empty() ? "" : ", ") + std::string("order ") + c.order;
-  return "world " + std::to_string(c.world) + (axes.empty() ? "" : " (" + axes + ")");
-}
-
-// "gpt, 1 layer, 2 experts: 31 params, 412 elements" or "custom: 1 param, 3 elements".
-std::string model_text(const casefile::Case& c) {
-  const fuzz::CaseSize size = fuzz::case_size(c);
-  auto plural = [](std::int64_t n, const char* what) {
-    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
-  };
-  std::string out(topologies::model_kind_name(c.model.kind));
-  if (c.model.kind == topologies::ModelKind::gpt) out += ", " + plural(size.layers, "layer");
-  if (size.experts > 0) out += ", " + plural(size.experts, "expert");
-  return out + ": " + plural(size.params, "param") + ", " + plural(size.elements, "element");
-}
-
-std::string indent(const std::string& text, const std::string& prefix) {
-  std::string out = prefix;
-  for (char c : text) {
-    out += c;
-    if (c == '\n') out += prefix;
-  }
-  return out;
-}
-
-// On sim each case has its own world; on mpi and nccl every case has the job's world.
-fuzz::CaseRunner runner_for(CommandContext& context) {
-  run::Backend& backend = context.backend;
-  if (backend.world() == 0) return [](const casefile::Case& c) { return run::run_case(c); };
-  return [&backend](const casefile::Case& c) { return backend.run(c, {}); };
-}
 
 nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
   nlohmann::ordered_json j;
@@ -192,7 +37,14 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
   return j;
 }
 
-// ---- tally fuzz
+// The campaign's faults as its header and summary show them.
+std::string faults_text(const std::vector<gradnorm::Fault>& faults) {
+  if (faults.empty()) return "none";
+  if (faults.size() == gradnorm::fault_catalog().size()) return "all (one per case)";
+  std::string out;
+  for (gradnorm::Fault f : faults) out += (out.empty() ? "" : ",") + std::string(gradnorm::fault_info(f).name);
+  return out;
+}
 
 struct FuzzOptions {
   std::int64_t cases = 0;
@@ -328,7 +180,12 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.max_seconds = o.time.empty() ? (o.cases > 0 ? 0.0 : 60.0) : parse_duration(o.time, "--time");
   campaign.generator.topology.max_world = o.max_world;
   campaign.generator.topology.exact_world = context.backend.world();
-  campaign.generator.faults = parse_fault_list(o.faults, "--faults");
+  // Each case switches on one of the faults, drawn from those some case can trigger.
+  const std::vector<gradnorm::Fault> asked = parse_fault_list({o.faults}, "--faults");
+  for (gradnorm::Fault fault : asked)
+    if (!fuzz::fault_not_applicable(fault)) campaign.generator.faults.push_back(fault);
+  if (!asked.empty() && campaign.generator.faults.empty())
+    throw UsageError("--faults " + o.faults + ": " + *fuzz::fault_not_applicable(asked.front()));
   campaign.corpus_dir = o.corpus;
   campaign.max_failures = o.max_failures;
   campaign.shrink.max_runs = o.shrink_runs;
@@ -348,7 +205,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     out << "tally fuzz: seed " << campaign.seed << ", backend " << context.backend.name()
         << (context.backend.world() > 0 ? " (world " + std::to_string(context.backend.world()) + ")" : std::string())
         << ", faults "
-        << faults_text(campaign.generator.faults) << ", max world " << o.max_world << ", ";
+        << faults_text(asked) << ", max world " << o.max_world << ", ";
     if (o.cases > 0) out << o.cases << " cases";
     if (o.cases > 0 && campaign.max_seconds > 0) out << " or ";
     if (campaign.max_seconds > 0) out << seconds_text(campaign.max_seconds);
@@ -359,7 +216,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   InterruptScope interrupt;
   fuzz::CampaignResult result;
   try {
-    result = fuzz::run_campaign(campaign, run, printer, &g_interrupted);
+    result = fuzz::run_campaign(campaign, run, printer, interrupt.flag());
     printer.write_junit(result.cases, result.seconds);
   } catch (const std::exception& error) {
     printer.end_live_line();
@@ -376,7 +233,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["seconds"] = result.seconds;
     j["cases_per_second"] = result.seconds > 0 ? static_cast<double>(result.cases) / result.seconds : 0.0;
     j["stopped_by"] = std::string(fuzz::stop_name(result.stopped_by));
-    j["faults"] = faults_text(campaign.generator.faults);
+    j["faults"] = faults_text(asked);
     j["failures"] = nlohmann::ordered_json::array();
     for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
     out << j.dump() << '\n';
@@ -400,127 +257,6 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
   }
   context.exit_code = result.failures.empty() ? kExitPass : kExitFail;
-}
-
-// ---- tally mutants
-
-struct MutantsOptions {
-  std::int64_t budget = 1000;
-  std::uint64_t seed = 1;
-  int max_world = 64;
-  std::string faults = "all";
-  std::string corpus;
-  int shrink_runs = 1000;
-  bool json = false;
-};
-
-void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
-  const fuzz::CaseRunner run = runner_for(context);
-  if (o.budget < 1) throw UsageError("--budget must be at least 1 (got " + std::to_string(o.budget) + ")");
-  if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
-    throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
-                     " (got " + std::to_string(o.max_world) + ")");
-  fuzz::MutantOptions m;
-  m.budget = o.budget;
-  m.seed = o.seed;
-  m.max_world = o.max_world;
-  m.exact_world = context.backend.world();
-  m.shrink.max_runs = o.shrink_runs;
-  m.corpus_dir = o.corpus;
-  if (o.faults == "all") {
-    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) m.faults.push_back(info.fault);
-  } else {
-    m.faults = parse_fault_list(o.faults, "--faults");
-    if (m.faults.empty()) throw UsageError("--faults none: tally mutants needs faults (all, or names)");
-  }
-
-  std::ostream& out = context.out;
-  char row[512];
-  const char* format = "%-36s %-6s %6s  %-44s %s\n";
-  if (!o.json) {
-    out << "tally mutants: seed " << o.seed << ", budget " << o.budget
-        << " cases per fault, max world " << o.max_world << ", backend "
-        << context.backend.name() << "\n";
-    std::snprintf(row, sizeof row, format, "fault", "found", "cases", "shrunk world", "shrunk model");
-    out << row << std::flush;
-  }
-  auto on_result = [&](const fuzz::MutantResult& r) {
-    if (o.json) return;
-    const std::string name(gradnorm::fault_info(r.fault).name);
-    if (!r.not_applicable.empty()) {
-      std::snprintf(row, sizeof row, format, name.c_str(), "n/a", "-",
-                    ("not applicable: " + r.not_applicable).c_str(), "");
-    } else if (!r.found) {
-      std::snprintf(row, sizeof row, format, name.c_str(), "NO", std::to_string(r.cases).c_str(),
-                    "-", "-");
-    } else {
-      std::snprintf(row, sizeof row, format, name.c_str(), "yes", std::to_string(r.cases).c_str(),
-                    world_text(r.failure->shrunk.topology).c_str(), model_text(r.failure->shrunk).c_str());
-    }
-    out << row << std::flush;
-  };
-  InterruptScope interrupt;
-  std::vector<fuzz::MutantResult> results;
-  try {
-    results = fuzz::run_mutants(m, run, on_result, &g_interrupted);
-  } catch (const std::exception& error) {
-    context.err << "tally: error: " << error.what() << '\n';
-    context.exit_code = kExitInfra;
-    return;
-  }
-  int applicable = 0, found = 0;
-  std::string missed;
-  for (const fuzz::MutantResult& r : results) {
-    if (!r.not_applicable.empty()) continue;
-    ++applicable;
-    if (r.found) ++found;
-    else missed += (missed.empty() ? "" : ", ") + std::string(gradnorm::fault_info(r.fault).name);
-  }
-  const bool interrupted = g_interrupted.load();
-  if (o.json) {
-    nlohmann::ordered_json j;
-    j["seed"] = o.seed;
-    j["budget"] = o.budget;
-    j["max_world"] = o.max_world;
-    j["faults"] = nlohmann::ordered_json::array();
-    for (const fuzz::MutantResult& r : results) {
-      nlohmann::ordered_json f;
-      f["fault"] = std::string(gradnorm::fault_info(r.fault).name);
-      if (!r.not_applicable.empty()) {
-        f["applicable"] = false;
-        f["reason"] = r.not_applicable;
-      } else {
-        f["applicable"] = true;
-        f["found"] = r.found;
-        f["cases"] = r.cases;
-        f["seconds"] = r.seconds;
-        if (r.failure) {
-          f["failure"] = fuzz::describe(r.failure->signature);
-          f["shrunk_world"] = r.failure->shrunk.topology.world;
-          f["shrunk_config"] = world_text(r.failure->shrunk.topology);
-          const fuzz::CaseSize size = fuzz::case_size(r.failure->shrunk);
-          f["shrunk_model"] = {{"kind", std::string(topologies::model_kind_name(r.failure->shrunk.model.kind))},
-                               {"layers", size.layers},
-                               {"experts", size.experts},
-                               {"params", size.params},
-                               {"elements", size.elements}};
-          if (!r.failure->shrunk_path.empty()) f["shrunk_case"] = r.failure->shrunk_path;
-        }
-      }
-      j["faults"].push_back(f);
-    }
-    j["applicable"] = applicable;
-    j["found"] = found;
-    j["interrupted"] = interrupted;
-    out << j.dump() << '\n';
-  } else {
-    out << found << " of " << applicable << " applicable faults found within " << o.budget
-        << (o.budget == 1 ? " case each" : " cases each");
-    if (!missed.empty()) out << "; not found: " << missed;
-    if (interrupted) out << " (interrupted)";
-    out << '\n';
-  }
-  context.exit_code = found == applicable && !interrupted ? kExitPass : kExitFail;
 }
 
 }  // namespace
@@ -556,27 +292,6 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
   add_backend_flags(*command);
   command->callback([options, &context] { run_fuzz(*options, context); });
-}
-
-void add_mutants_command(CLI::App& app, CommandContext& context) {
-  auto options = std::make_shared<MutantsOptions>();
-  CLI::App* command = app.add_subcommand(
-      "mutants",
-      "The mutation score: for each fault of the catalog, fuzz with only that fault switched on "
-      "until a case fails or the budget is spent; a table of faults found, cases needed and the "
-      "shrunk case. Exit 0 when every applicable fault is found, 1 otherwise.");
-  command->add_option("--budget", options->budget, "Cases per fault")->capture_default_str();
-  command->add_option("--seed", options->seed, "Campaign seed (the same for every fault)")
-      ->capture_default_str();
-  command->add_option("--max-world", options->max_world, "Largest world generated")->capture_default_str();
-  command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
-      ->capture_default_str();
-  command->add_option("--corpus", options->corpus, "Write each finding's case files here");
-  command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")
-      ->capture_default_str();
-  command->add_flag("--json", options->json, "Machine-readable table");
-  add_backend_flags(*command);
-  command->callback([options, &context] { run_mutants_command(*options, context); });
 }
 
 }  // namespace tally::cli

@@ -5,6 +5,7 @@
 
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
+#include "cli/fault_flags.h"
 #include "cli/model_flags.h"
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
@@ -52,21 +53,6 @@ Enum parse_choice(const std::string& flag, const std::string& value,
   return *parsed;
 }
 
-gradnorm::FaultSet parse_faults(const std::vector<std::string>& names) {
-  gradnorm::FaultSet faults;
-  for (const std::string& list : names) {
-    std::stringstream items(list);
-    std::string name;
-    while (std::getline(items, name, ',')) {
-      const std::optional<gradnorm::Fault> fault = gradnorm::fault_from_name(name);
-      if (!fault)
-        throw UsageError("--fault '" + name + "' is not in the catalog (tally run --list-faults)");
-      faults = faults.with(*fault);
-    }
-  }
-  return faults;
-}
-
 std::uint32_t parse_classes(const std::vector<std::string>& names) {
   if (names.empty()) return ~std::uint32_t{0};
   std::uint32_t mask = 0;
@@ -107,7 +93,7 @@ casefile::Case case_from_flags(const RunOptions& o) {
   path.p_values = o.p_norms;
   path.max_norm = o.max_norm;
   path.bucket_elements = o.bucket_elements;
-  path.faults = parse_faults(o.faults);
+  for (gradnorm::Fault fault : parse_fault_list(o.faults, "--fault")) path.faults = path.faults.with(fault);
   return c;
 }
 
@@ -219,7 +205,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                       "Distributed optimizer bucket size in elements (0: one bucket)")
       ->capture_default_str();
   command->add_option("--fault", options->faults,
-                      "Switch on a fault of the catalog (repeat, or comma-separate)");
+                      "Switch on faults of the catalog: names (repeat, or comma-separate), all, or "
+                      "none");
   {
     const std::vector<CLI::Option*> all = command->get_options();
     options->case_flags.assign(all.begin() + static_cast<std::ptrdiff_t>(options_before), all.end());

@@ -26,7 +26,7 @@ std::string shell_command(int argc, const char* const* argv) {
 }
 
 // Registers every command, parses argv and runs the chosen one with `backend`.
-int run_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+int dispatch_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
                 run::Backend& backend) {
   CLI::App app{
       "tally: checks that a distributed gradient norm counts every parameter element exactly "
@@ -88,7 +88,7 @@ int run_under_mpi(int argc, const char* const* argv, std::ostream& out, std::ost
   comm::MpiSession session(nullptr, nullptr, comm::MpiOptions{choice.timeout_seconds});
   if (session.rank() != 0) return run::serve_mpi_cases(session);
   run::MpiBackend backend(session);
-  const int code = run_command(argc, argv, out, err, backend);
+  const int code = dispatch_command(argc, argv, out, err, backend);
   backend.finish(code);
   return code;
 #else
@@ -119,7 +119,7 @@ int run_under_nccl(int argc, const char* const* argv, std::ostream& out, std::os
   }
   if (session.rank() != 0) return run::serve_mpi_cases(session, *engine);
   run::MpiBackend backend(session, std::move(engine));
-  const int code = run_command(argc, argv, out, err, backend);
+  const int code = dispatch_command(argc, argv, out, err, backend);
   backend.finish(code);
   return code;
 #else
@@ -137,7 +137,7 @@ int run_tally(int argc, const char* const* argv, std::ostream& out, std::ostream
   if (choice.name == "mpi") return run_under_mpi(argc, argv, out, err, choice);
   if (choice.name == "nccl") return run_under_nccl(argc, argv, out, err, choice);
   run::SimBackend sim;
-  return run_command(argc, argv, out, err, sim);
+  return dispatch_command(argc, argv, out, err, sim);
 }
 
 }  // namespace tally::cli

@@ -1,0 +1,127 @@
+#include "cli/campaign_output.h"
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+
+#include "cli/usage_error.h"
+#include "fuzz/generators.h"
+#include "run/backend.h"
+#include "run/run_case.h"
+
+namespace tally::cli {
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int signal) {
+  g_interrupted.store(true);
+  std::signal(signal, SIG_DFL);
+}
+
+}  // namespace
+
+InterruptScope::InterruptScope() {
+  g_interrupted.store(false);
+  previous_int_ = std::signal(SIGINT, on_interrupt);
+  previous_term_ = std::signal(SIGTERM, on_interrupt);
+}
+
+InterruptScope::~InterruptScope() {
+  std::signal(SIGINT, previous_int_);
+  std::signal(SIGTERM, previous_term_);
+}
+
+const std::atomic<bool>* InterruptScope::flag() const { return &g_interrupted; }
+bool InterruptScope::interrupted() const { return g_interrupted.load(); }
+
+
+double parse_duration(const std::string& text, const std::string& flag) {
+  const std::string message =
+      flag + " '" + text + "' is not a duration (e.g. 90s, 10m, 1h30m; a plain number is seconds)";
+  if (text.empty()) throw UsageError(message);
+  double total = 0.0;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t used = 0;
+    double value = 0.0;
+    try {
+      value = std::stod(text.substr(at), &used);
+    } catch (const std::exception&) {
+      throw UsageError(message);
+    }
+    if (used == 0 || !std::isfinite(value) || value < 0 || text[at] == '+' || text[at] == '-')
+      throw UsageError(message);
+    at += used;
+    double unit = 1.0;
+    if (at < text.size()) {
+      const char c = text[at++];
+      if (c == 's') unit = 1.0;
+      else if (c == 'm') unit = 60.0;
+      else if (c == 'h') unit = 3600.0;
+      else throw UsageError(message);
+    } else if (total > 0.0) {
+      throw UsageError(message);  // "1h30": a unit is missing
+    }
+    total += value * unit;
+  }
+  if (!(total > 0.0)) throw UsageError(flag + " must be longer than 0 (got '" + text + "')");
+  return total;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1fs", seconds);
+  return text;
+}
+
+std::string rate_text(std::int64_t cases, double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f", seconds > 0 ? static_cast<double>(cases) / seconds : 0.0);
+  return text;
+}
+
+std::string world_text(const topologies::ParallelConfig& c) {
+  std::string axes;
+  auto add = [&](const char* name, int value) {
+    if (value != 1) axes += (axes.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(value);
+  };
+  add("tp", c.tp);
+  add("cp", c.cp);
+  add("pp", c.pp);
+  add("dp", topologies::dp(c));
+  add("ep", c.ep);
+  if (c.etp != c.tp) axes += (axes.empty() ? "" : ", ") + std::string("etp ") + std::to_string(c.etp);
+  add("vpp", c.vpp);
+  add("dist-opt instances", c.dist_opt_instances);
+  if (c.order != topologies::kDefaultOrder) axes += (axes.empty() ? "" : ", ") + std::string("order ") + c.order;
+  return "world " + std::to_string(c.world) + (axes.empty() ? "" : " (" + axes + ")");
+}
+
+std::string model_text(const casefile::Case& c) {
+  const fuzz::CaseSize size = fuzz::case_size(c);
+  auto plural = [](std::int64_t n, const char* what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  };
+  std::string out(topologies::model_kind_name(c.model.kind));
+  if (c.model.kind == topologies::ModelKind::gpt) out += ", " + plural(size.layers, "layer");
+  if (size.experts > 0) out += ", " + plural(size.experts, "expert");
+  return out + ": " + plural(size.params, "param") + ", " + plural(size.elements, "element");
+}
+
+std::string indent(const std::string& text, const std::string& prefix) {
+  std::string out = prefix;
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += prefix;
+  }
+  return out;
+}
+
+fuzz::CaseRunner runner_for(CommandContext& context) {
+  run::Backend& backend = context.backend;
+  if (backend.world() == 0) return [](const casefile::Case& c) { return run::run_case(c); };
+  return [&backend](const casefile::Case& c) { return backend.run(c, {}); };
+}
+
+}  // namespace tally::cli

@@ -1,0 +1,49 @@
+// What `tally fuzz` and `tally mutants` share: stopping on Ctrl-C between cases, how a campaign
+// runs its cases on the chosen backend, durations on the command line, and how cases and rates
+// are written in their reports.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "casefile/case.h"
+#include "cli/commands.h"
+#include "fuzz/shrink.h"
+#include "topologies/parallel_config.h"
+
+namespace tally::cli {
+
+// While in scope, SIGINT and SIGTERM set a flag instead of ending the process: the case in
+// progress finishes (a shrink in progress writes what it has), then the summary. A second signal
+// ends the process as usual.
+class InterruptScope {
+ public:
+  InterruptScope();
+  ~InterruptScope();
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+  const std::atomic<bool>* flag() const;
+  bool interrupted() const;
+
+ private:
+  void (*previous_int_)(int) = nullptr;
+  void (*previous_term_)(int) = nullptr;
+};
+
+// "90", "90s", "10m", "1h", "1h30m", "0.5m": seconds, > 0. Throws UsageError naming `flag`.
+double parse_duration(const std::string& text, const std::string& flag);
+
+// On sim each case has its own world; on mpi and nccl every case has the job's world.
+fuzz::CaseRunner runner_for(CommandContext& context);
+
+std::string seconds_text(double seconds);              // "12.3s"
+std::string rate_text(std::int64_t cases, double seconds);  // cases per second, "4123"
+// "world 2 (tp 2, ep 2, etp 1)": the axes that are not 1, and the order when not the default.
+std::string world_text(const topologies::ParallelConfig& c);
+// "gpt, 1 layer, 2 experts: 31 params, 412 elements" or "custom: 1 param, 3 elements".
+std::string model_text(const casefile::Case& c);
+// `text` with `prefix` before every line.
+std::string indent(const std::string& text, const std::string& prefix);
+
+}  // namespace tally::cli

@@ -1,0 +1,161 @@
+// tally mutants: the mutation score, one campaign per fault of the catalog.
+#include <unistd.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/backend_flags.h"
+#include "cli/campaign_output.h"
+#include "cli/commands.h"
+#include "cli/fault_flags.h"
+#include "cli/usage_error.h"
+#include "cli/verdict_report.h"
+#include "fuzz/campaign.h"
+#include "fuzz/junit.h"
+#include "gradnorm/faults.h"
+
+namespace tally::cli {
+
+namespace {
+
+struct MutantsOptions {
+  std::int64_t budget = 1000;
+  std::uint64_t seed = 1;
+  int max_world = 64;
+  std::string faults = "all";
+  std::string corpus;
+  int shrink_runs = 1000;
+  bool json = false;
+};
+
+void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
+  const fuzz::CaseRunner run = runner_for(context);
+  if (o.budget < 1) throw UsageError("--budget must be at least 1 (got " + std::to_string(o.budget) + ")");
+  if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
+    throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
+                     " (got " + std::to_string(o.max_world) + ")");
+  fuzz::MutantOptions m;
+  m.budget = o.budget;
+  m.seed = o.seed;
+  m.max_world = o.max_world;
+  m.exact_world = context.backend.world();
+  m.shrink.max_runs = o.shrink_runs;
+  m.corpus_dir = o.corpus;
+  m.faults = parse_fault_list({o.faults}, "--faults");
+  if (m.faults.empty()) throw UsageError("--faults none: tally mutants needs faults (all, or names)");
+
+  std::ostream& out = context.out;
+  char row[512];
+  const char* format = "%-36s %-6s %6s  %-44s %s\n";
+  if (!o.json) {
+    out << "tally mutants: seed " << o.seed << ", budget " << o.budget
+        << " cases per fault, max world " << o.max_world << ", backend "
+        << context.backend.name() << "\n";
+    std::snprintf(row, sizeof row, format, "fault", "found", "cases", "shrunk world", "shrunk model");
+    out << row << std::flush;
+  }
+  auto on_result = [&](const fuzz::MutantResult& r) {
+    if (o.json) return;
+    const std::string name(gradnorm::fault_info(r.fault).name);
+    if (!r.not_applicable.empty()) {
+      std::snprintf(row, sizeof row, format, name.c_str(), "n/a", "-",
+                    ("not applicable: " + r.not_applicable).c_str(), "");
+    } else if (!r.found) {
+      std::snprintf(row, sizeof row, format, name.c_str(), "NO", std::to_string(r.cases).c_str(),
+                    "-", "-");
+    } else {
+      std::snprintf(row, sizeof row, format, name.c_str(), "yes", std::to_string(r.cases).c_str(),
+                    world_text(r.failure->shrunk.topology).c_str(), model_text(r.failure->shrunk).c_str());
+    }
+    out << row << std::flush;
+  };
+  InterruptScope interrupt;
+  std::vector<fuzz::MutantResult> results;
+  try {
+    results = fuzz::run_mutants(m, run, on_result, interrupt.flag());
+  } catch (const std::exception& error) {
+    context.err << "tally: error: " << error.what() << '\n';
+    context.exit_code = kExitInfra;
+    return;
+  }
+  int applicable = 0, found = 0;
+  std::string missed;
+  for (const fuzz::MutantResult& r : results) {
+    if (!r.not_applicable.empty()) continue;
+    ++applicable;
+    if (r.found) ++found;
+    else missed += (missed.empty() ? "" : ", ") + std::string(gradnorm::fault_info(r.fault).name);
+  }
+  const bool interrupted = interrupt.interrupted();
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["seed"] = o.seed;
+    j["budget"] = o.budget;
+    j["max_world"] = o.max_world;
+    j["faults"] = nlohmann::ordered_json::array();
+    for (const fuzz::MutantResult& r : results) {
+      nlohmann::ordered_json f;
+      f["fault"] = std::string(gradnorm::fault_info(r.fault).name);
+      if (!r.not_applicable.empty()) {
+        f["applicable"] = false;
+        f["reason"] = r.not_applicable;
+      } else {
+        f["applicable"] = true;
+        f["found"] = r.found;
+        f["cases"] = r.cases;
+        f["seconds"] = r.seconds;
+        if (r.failure) {
+          f["failure"] = fuzz::describe(r.failure->signature);
+          f["shrunk_world"] = r.failure->shrunk.topology.world;
+          f["shrunk_config"] = world_text(r.failure->shrunk.topology);
+          const fuzz::CaseSize size = fuzz::case_size(r.failure->shrunk);
+          f["shrunk_model"] = {{"kind", std::string(topologies::model_kind_name(r.failure->shrunk.model.kind))},
+                               {"layers", size.layers},
+                               {"experts", size.experts},
+                               {"params", size.params},
+                               {"elements", size.elements}};
+          if (!r.failure->shrunk_path.empty()) f["shrunk_case"] = r.failure->shrunk_path;
+        }
+      }
+      j["faults"].push_back(f);
+    }
+    j["applicable"] = applicable;
+    j["found"] = found;
+    j["interrupted"] = interrupted;
+    out << j.dump() << '\n';
+  } else {
+    out << found << " of " << applicable << " applicable faults found within " << o.budget
+        << (o.budget == 1 ? " case each" : " cases each");
+    if (!missed.empty()) out << "; not found: " << missed;
+    if (interrupted) out << " (interrupted)";
+    out << '\n';
+  }
+  context.exit_code = found == applicable && !interrupted ? kExitPass : kExitFail;
+}
+
+}  // namespace
+
+void add_mutants_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<MutantsOptions>();
+  CLI::App* command = app.add_subcommand(
+      "mutants",
+      "The mutation score: for each fault of the catalog, fuzz with only that fault switched on "
+      "until a case fails or the budget is spent; a table of faults found, cases needed and the "
+      "shrunk case. Exit 0 when every applicable fault is found, 1 otherwise.");
+  command->add_option("--budget", options->budget, "Cases per fault")->capture_default_str();
+  command->add_option("--seed", options->seed, "Campaign seed (the same for every fault)")
+      ->capture_default_str();
+  command->add_option("--max-world", options->max_world, "Largest world generated")->capture_default_str();
+  command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
+      ->capture_default_str();
+  command->add_option("--corpus", options->corpus, "Write each finding's case files here");
+  command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")
+      ->capture_default_str();
+  command->add_flag("--json", options->json, "Machine-readable table");
+  add_backend_flags(*command);
+  command->callback([options, &context] { run_mutants_command(*options, context); });
+}
+
+}  // namespace tally::cli
