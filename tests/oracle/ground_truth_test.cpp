@@ -15,6 +15,7 @@
 #include "kernels/clip_scale.h"  // apply_clip: the kernel the oracle's own product must match
 #include "oracle/detail/compensated_sum.h"
 #include "tests/support/model_gen.h"
+#include "tests/support/configs.h"
 
 namespace tally::oracle {
 namespace {
@@ -30,16 +31,6 @@ using topologies::ModelKind;
 using topologies::ModelSpec;
 using topologies::ParallelConfig;
 using topologies::ParamClass;
-
-ParallelConfig make(int world, int tp, int pp, int ep, int etp) {
-  ParallelConfig c;
-  c.world = world;
-  c.tp = tp;
-  c.pp = pp;
-  c.ep = ep;
-  c.etp = etp;
-  return c;
-}
 
 CustomParam param(std::string name, ParamClass c, std::vector<std::int64_t> shape,
                   bool mtp = false, int expert = -1) {
@@ -80,18 +71,18 @@ ModelSpec moe_gpt() {
 std::vector<LogicalModel> models() {
   std::vector<LogicalModel> out;
   out.emplace_back(ModelSpec{});
-  out.emplace_back(ModelSpec{}, make(8, 2, 2, 1, 2));
+  out.emplace_back(ModelSpec{}, testing::config_of(8, 2, 2, 1, 2));
   ModelSpec untied;
   untied.untie_embeddings_and_output_weights = true;
   untied.swiglu = true;
-  out.emplace_back(untied, make(4, 2, 1, 1, 2));
+  out.emplace_back(untied, testing::config_of(4, 2, 1, 1, 2));
   ModelSpec moe = moe_gpt();
   moe.add_bias_linear = false;
-  out.emplace_back(moe, make(8, 2, 1, 2, 1));
-  out.emplace_back(moe, make(8, 2, 1, 4, 2));
-  out.emplace_back(moe_gpt(), make(8, 2, 1, 2, 1));
+  out.emplace_back(moe, testing::config_of(8, 2, 1, 2, 1));
+  out.emplace_back(moe, testing::config_of(8, 2, 1, 4, 2));
+  out.emplace_back(moe_gpt(), testing::config_of(8, 2, 1, 2, 1));
   out.emplace_back(small_custom());
-  out.emplace_back(small_custom(), make(4, 2, 1, 1, 2));
+  out.emplace_back(small_custom(), testing::config_of(4, 2, 1, 1, 2));
   return out;
 }
 
@@ -208,7 +199,7 @@ TEST(GroundTruth, DyadicMatchesHandComputationExactly) {
 }
 
 TEST(GroundTruth, RankEncodedSumsAreExact) {
-  const LogicalModel model(moe_gpt(), make(8, 2, 1, 2, 1));
+  const LogicalModel model(moe_gpt(), testing::config_of(8, 2, 1, 2, 1));
   const GeneratorSpec spec{5, GradientMode::rank_encoded, Dtype::fp16};
   const GroundTruth truth = ground_truth(model, spec, {{}, 0.0, true});
   // Squares are 4^(c-3): count each class, the sum is exact.
@@ -302,7 +293,7 @@ TEST(GroundTruth, ClippedValueStoredBackInBf16) {
 }
 
 TEST(GroundTruth, ParameterNormIsTheSameComputationOnParameterValues) {
-  const LogicalModel model(moe_gpt(), make(8, 2, 1, 2, 1));
+  const LogicalModel model(moe_gpt(), testing::config_of(8, 2, 1, 2, 1));
   const GeneratorSpec params{99, GradientMode::ones, Dtype::fp32};
   const GroundTruth p = parameter_truth(model, params, {});
   EXPECT_EQ(p.main.norm, std::sqrt(static_cast<double>(model.total_elements(GradNormGroup::main))));
@@ -312,7 +303,7 @@ TEST(GroundTruth, ParameterNormIsTheSameComputationOnParameterValues) {
 }
 
 TEST(GroundTruth, PerParamStatisticsAddUpToTheGroups) {
-  const LogicalModel model(moe_gpt(), make(8, 2, 1, 2, 1));
+  const LogicalModel model(moe_gpt(), testing::config_of(8, 2, 1, 2, 1));
   const GroundTruth truth = ground_truth(model, {4, GradientMode::dyadic, Dtype::fp32}, {{}, 0.0, true});
   ASSERT_EQ(truth.per_param.size(), model.params().size());
   double squares[2] = {0, 0}, abs_max[2] = {0, 0};

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gradnorm/path.h"
+#include "tests/support/configs.h"
 #include "topologies/model_spec.h"
 #include "topologies/parallel_config.h"
 
@@ -21,16 +22,6 @@ struct FaultCase {
   topologies::ParamClass miscounted_class;  // the class the diagnosis must name (if counting)
   bool counting = true;  // false: the ledger is right and a value or agreement shows it
 };
-
-inline topologies::ParallelConfig config_of(int world, int tp, int pp, int ep, int etp) {
-  topologies::ParallelConfig c;
-  c.world = world;
-  c.tp = tp;
-  c.pp = pp;
-  c.ep = ep;
-  c.etp = etp;
-  return c;
-}
 
 // The founding case of Megatron-LM #6099: one MoE layer, 2 experts, hidden 8, expert biases.
 inline topologies::ModelSpec founding_model() {

@@ -5,20 +5,10 @@
 
 #include "tests/support/model_gen.h"
 #include "topologies/detail/model_params.h"
+#include "tests/support/configs.h"
 
 namespace tally::topologies {
 namespace {
-
-ParallelConfig make(int world, int tp, int pp, int ep, int etp, int vpp = 1) {
-  ParallelConfig c;
-  c.world = world;
-  c.tp = tp;
-  c.pp = pp;
-  c.ep = ep;
-  c.etp = etp;
-  c.vpp = vpp;
-  return c;
-}
 
 const LogicalParam* find(const LogicalModel& model, std::string_view name) {
   for (const LogicalParam& p : model.params())
@@ -91,7 +81,7 @@ TEST(LogicalModel, NamesUseGlobalLayerAndExpertIds) {
   s.num_layers = 4;
   s.num_experts = 8;
   s.mtp_num_layers = 1;
-  const LogicalModel model(s, make(16, 1, 2, 4, 1));
+  const LogicalModel model(s, testing::config_of(16, 1, 2, 4, 1));
   EXPECT_EQ(model.param(0).name, "embedding.word_embeddings.weight");
   EXPECT_EQ(model.param(0).param_class, ParamClass::vocab);
   EXPECT_TRUE(model.param(0).tied);
@@ -124,7 +114,7 @@ TEST(LogicalModel, NamesUseGlobalLayerAndExpertIds) {
 TEST(LogicalModel, VirtualChunksInterleaveLayers) {
   ModelSpec s;
   s.num_layers = 8;
-  const ParallelConfig config = make(2, 1, 2, 1, 1, 2);
+  const ParallelConfig config = testing::config_of(2, 1, 2, 1, 1, 2);
   const LogicalModel model(s, config);
   const std::array<std::array<int, 2>, 8> home = {{{0, 0}, {0, 0}, {1, 0}, {1, 0},
                                                    {0, 1}, {0, 1}, {1, 1}, {1, 1}}};
@@ -194,7 +184,7 @@ TEST(LogicalModel, CustomLayoutKeepsItsOrderAndPlacement) {
       {"bias", ParamClass::expert_row_bias, {8}, 1, 0, 3, false, false},
       {"norm", ParamClass::replicated, {4}, 1, 0, -1, true, false},
   };
-  const LogicalModel model(s, make(4, 2, 2, 1, 2));
+  const LogicalModel model(s, testing::config_of(4, 2, 2, 1, 2));
   ASSERT_EQ(model.size(), 3);
   EXPECT_EQ(model.param(1).name, "bias");
   EXPECT_EQ(model.param(1).stage, 1);

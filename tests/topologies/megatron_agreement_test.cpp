@@ -19,6 +19,7 @@
 
 #include "topologies/parallel_config.h"
 #include "topologies/rank_layout.h"
+#include "tests/support/configs.h"
 
 namespace tally::topologies {
 namespace {
@@ -90,10 +91,6 @@ std::string canonical(const RankLayout& layout, const std::vector<Family>& famil
     out += ']';
   }
   return out;
-}
-
-ParallelConfig make(int world, int tp, int cp, int pp, int ep, int etp, std::string order) {
-  return ParallelConfig{world, tp, cp, pp, ep, etp, 1, std::move(order), 1};
 }
 
 struct SizeTuple {
@@ -206,7 +203,7 @@ TEST(MegatronAgreement, EveryConfiguration) {
                     << "fixture line for world " << world << " has the wrong number of codes";
               }
               for (std::size_t o = 0; o < orders.size(); ++o) {
-                const ParallelConfig c = make(world, tp, cp, pp, ep, etp, orders[o]);
+                const ParallelConfig c = testing::config(world, tp, cp, pp, ep, etp, 1, orders[o]);
                 const char code = entry ? entry->codes[o] : '.';
                 const bool megatron_accepts = code != '.';
                 const std::optional<std::string> error = check_config(c);
@@ -245,8 +242,9 @@ TEST(MegatronAgreement, ReadableSubset) {
 
   for (const nlohmann::json& entry : data.at("configs")) {
     const auto size = [&](const char* key) { return entry.at(key).get<int>(); };
-    const ParallelConfig c = make(size("world"), size("tp"), size("cp"), size("pp"), size("ep"),
-                                  size("etp"), entry.at("order").get<std::string>());
+    const ParallelConfig c = testing::config(size("world"), size("tp"), size("cp"), size("pp"),
+                                             size("ep"), size("etp"), 1,
+                                             entry.at("order").get<std::string>());
     SCOPED_TRACE(describe(c));
     const bool megatron_accepts = entry.at("accepted");
     const std::optional<std::string> error = check_config(c);

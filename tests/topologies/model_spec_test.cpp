@@ -6,20 +6,10 @@
 #include <functional>
 
 #include "tests/support/model_gen.h"
+#include "tests/support/configs.h"
 
 namespace tally::topologies {
 namespace {
-
-ParallelConfig make(int world, int tp, int pp, int ep, int etp, int vpp = 1) {
-  ParallelConfig c;
-  c.world = world;
-  c.tp = tp;
-  c.pp = pp;
-  c.ep = ep;
-  c.etp = etp;
-  c.vpp = vpp;
-  return c;
-}
 
 TEST(ModelSpec, DefaultIsASmallValidGpt) {
   EXPECT_EQ(check_model(ModelSpec{}), std::nullopt);
@@ -128,17 +118,17 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.untie_embeddings_and_output_weights = true;
        },
        one, "the model has 2199224774656 elements; tally supports at most 1099511627776"},
-      {"vocab by tp", [](ModelSpec& s) { s.vocab_size = 1000; }, make(16, 16, 1, 1, 16),
+      {"vocab by tp", [](ModelSpec& s) { s.vocab_size = 1000; }, testing::config_of(16, 16, 1, 1, 16),
        "vocab_size 1000 is not divisible by tp 16"},
-      {"heads by tp", [](ModelSpec& s) { s.vocab_size = 96; }, make(3, 3, 1, 1, 3),
+      {"heads by tp", [](ModelSpec& s) { s.vocab_size = 96; }, testing::config_of(3, 3, 1, 1, 3),
        "num_attention_heads 4 is not divisible by tp 3"},
       {"groups by tp",
        [](ModelSpec& s) {
          s.num_attention_heads = 8;
          s.num_query_groups = 2;
        },
-       make(4, 4, 1, 1, 4), "num_query_groups 2 is not divisible by tp 4"},
-      {"ffn by tp", [](ModelSpec& s) { s.ffn_hidden_size = 30; }, make(4, 4, 1, 1, 4),
+       testing::config_of(4, 4, 1, 1, 4), "num_query_groups 2 is not divisible by tp 4"},
+      {"ffn by tp", [](ModelSpec& s) { s.ffn_hidden_size = 30; }, testing::config_of(4, 4, 1, 1, 4),
        "ffn_hidden_size 30 is not divisible by tp 4"},
       {"shared expert by tp",
        [](ModelSpec& s) {
@@ -146,7 +136,7 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.add_bias_linear = false;
          s.moe_shared_expert_intermediate_size = 6;
        },
-       make(4, 4, 1, 1, 4), "moe_shared_expert_intermediate_size 6 is not divisible by tp 4"},
+       testing::config_of(4, 4, 1, 1, 4), "moe_shared_expert_intermediate_size 6 is not divisible by tp 4"},
       {"eh_proj by tp",
        [](ModelSpec& s) {
          s.hidden_size = 12;
@@ -154,12 +144,12 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.kv_channels = 4;
          s.mtp_num_layers = 1;
        },
-       make(8, 8, 1, 1, 8),
+       testing::config_of(8, 8, 1, 1, 8),
        "hidden_size 12 is not divisible by tp 8 (the MTP eh_proj is column-parallel with "
        "hidden_size rows)"},
-      {"ep without experts", [](ModelSpec&) {}, make(2, 1, 1, 2, 1),
+      {"ep without experts", [](ModelSpec&) {}, testing::config_of(2, 1, 1, 2, 1),
        "ep 2 needs num_experts > 0 (expert parallelism needs MoE layers)"},
-      {"experts by ep", [](ModelSpec& s) { s.num_experts = 6; }, make(4, 1, 1, 4, 1),
+      {"experts by ep", [](ModelSpec& s) { s.num_experts = 6; }, testing::config_of(4, 1, 1, 4, 1),
        "num_experts 6 is not divisible by ep 4"},
       {"moe ffn by etp",
        [](ModelSpec& s) {
@@ -167,13 +157,13 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.moe_ffn_hidden_size = 24;
          s.add_bias_linear = false;
        },
-       make(16, 1, 1, 1, 16), "moe_ffn_hidden_size 24 is not divisible by etp 16"},
-      {"expert biases need etp 1", [](ModelSpec& s) { s.num_experts = 2; }, make(2, 2, 1, 1, 2),
+       testing::config_of(16, 1, 1, 1, 16), "moe_ffn_hidden_size 24 is not divisible by etp 16"},
+      {"expert biases need etp 1", [](ModelSpec& s) { s.num_experts = 2; }, testing::config_of(2, 2, 1, 1, 2),
        "expert biases (add_bias_linear with num_experts 2) need etp 1, got etp 2 (Megatron-LM: "
        "bias in MoE is only supported when ETP==1)"},
-      {"more stages than layers", [](ModelSpec&) {}, make(4, 1, 4, 1, 1),
+      {"more stages than layers", [](ModelSpec&) {}, testing::config_of(4, 1, 4, 1, 1),
        "pp 4 is larger than num_layers 2: every pipeline stage needs a layer"},
-      {"layers by pp*vpp", [](ModelSpec& s) { s.num_layers = 3; }, make(2, 1, 2, 1, 1, 2),
+      {"layers by pp*vpp", [](ModelSpec& s) { s.num_layers = 3; }, testing::config_of(2, 1, 2, 1, 1, 2),
        "num_layers 3 is not divisible by pp*vpp = 4"},
       {"uneven needs pp", [](ModelSpec& s) { s.first_stage_layers = 1; }, one,
        "decoder_first_pipeline_num_layers needs pp > 1 (uneven stages)"},
@@ -182,7 +172,7 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.first_stage_layers = 2;
          s.last_stage_layers = 2;
        },
-       make(2, 1, 2, 1, 1),
+       testing::config_of(2, 1, 2, 1, 1),
        "num_layers 2 minus the first/last stage layers (2 + 2) is negative"},
       {"uneven no middle",
        [](ModelSpec& s) {
@@ -190,7 +180,7 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.first_stage_layers = 2;
          s.last_stage_layers = 2;
        },
-       make(2, 1, 2, 1, 1),
+       testing::config_of(2, 1, 2, 1, 1),
        "num_layers 5 minus the first/last stage layers (2 + 2) leaves 1 layers for no middle "
        "stage (pp 2)"},
       {"uneven middle divisible",
@@ -198,7 +188,7 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.num_layers = 6;
          s.first_stage_layers = 1;
        },
-       make(3, 1, 3, 1, 1),
+       testing::config_of(3, 1, 3, 1, 1),
        "num_layers 6 minus the first/last stage layers (1 + 0) = 5 is not divisible by the 2 "
        "middle stages"},
       {"uneven empty middle",
@@ -207,7 +197,7 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.first_stage_layers = 1;
          s.last_stage_layers = 1;
        },
-       make(4, 1, 4, 1, 1),
+       testing::config_of(4, 1, 4, 1, 1),
        "num_layers 3 minus the first/last stage layers (1 + 1) = 1 leaves a middle stage without "
        "layers (2 middle stages)"},
       {"uneven first by vpp",
@@ -215,7 +205,7 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.num_layers = 5;
          s.first_stage_layers = 1;
        },
-       make(2, 1, 2, 1, 1, 2), "decoder_first_pipeline_num_layers 1 is not divisible by vpp 2"},
+       testing::config_of(2, 1, 2, 1, 1, 2), "decoder_first_pipeline_num_layers 1 is not divisible by vpp 2"},
   };
   for (const Rule& rule : rules) {
     ModelSpec spec;
@@ -282,19 +272,19 @@ TEST(ModelSpec, EveryCustomRuleHasItsMessage) {
        one, "the model has 1099511627780 elements; tally supports at most 1099511627776"},
       {"one tensor too large", custom_spec({custom("a", ParamClass::replicated, {1 << 30, 1 << 20})}),
        one, "a has more than 1099511627776 elements, more than tally supports in one model"},
-      {"stage out of range", with([](CustomParam& p) { p.stage = 2; }), make(2, 1, 2, 1, 1),
+      {"stage out of range", with([](CustomParam& p) { p.stage = 2; }), testing::config_of(2, 1, 2, 1, 1),
        "params[0] 'w': stage 2 is out of range (pp 2)"},
-      {"chunk out of range", with([](CustomParam& p) { p.chunk = 2; }), make(2, 1, 2, 1, 1, 2),
+      {"chunk out of range", with([](CustomParam& p) { p.chunk = 2; }), testing::config_of(2, 1, 2, 1, 1, 2),
        "params[0] 'w': chunk 2 is out of range (vpp 2)"},
-      {"sharded dim by tp", with([](CustomParam& p) { p.shape = {6, 4}; }), make(4, 4, 1, 1, 4),
+      {"sharded dim by tp", with([](CustomParam& p) { p.shape = {6, 4}; }), testing::config_of(4, 4, 1, 1, 4),
        "params[0] 'w': dim 0 of shape [6, 4] (6) is not divisible by tp 4"},
       {"expert dim by etp",
        with([](CustomParam& p) { p.expert = 0; }, ParamClass::expert_row, {4, 6}),
-       make(4, 1, 1, 1, 4), "params[0] 'w': dim 1 of shape [4, 6] (6) is not divisible by etp 4"},
-      {"experts by ep", with([](CustomParam&) {}), make(8, 1, 1, 8, 1),
+       testing::config_of(4, 1, 1, 1, 4), "params[0] 'w': dim 1 of shape [4, 6] (6) is not divisible by etp 4"},
+      {"experts by ep", with([](CustomParam&) {}), testing::config_of(8, 1, 1, 8, 1),
        "num_experts 4 is not divisible by ep 8"},
       {"ep without experts", custom_spec({custom("w", ParamClass::row, {2, 2})}),
-       make(2, 1, 1, 2, 1), "ep 2 needs num_experts > 0 (expert parallelism needs experts)"},
+       testing::config_of(2, 1, 1, 2, 1), "ep 2 needs num_experts > 0 (expert parallelism needs experts)"},
   };
   for (const auto& [name, spec, config, message] : rules)
     EXPECT_EQ(check_model(spec, config), message) << name;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tests/support/config_gen.h"
+#include "tests/support/configs.h"
 
 namespace tally::topologies {
 namespace {
@@ -23,17 +24,6 @@ Groups groups_of(const RankLayout& layout, Family family) {
   return out;
 }
 
-ParallelConfig make(int world, int tp, int cp, int pp, int ep, int etp) {
-  ParallelConfig c;
-  c.world = world;
-  c.tp = tp;
-  c.cp = cp;
-  c.pp = pp;
-  c.ep = ep;
-  c.etp = etp;
-  return c;
-}
-
 Groups singletons(int world) {
   Groups out;
   for (int r = 0; r < world; ++r) out.push_back({r});
@@ -42,7 +32,7 @@ Groups singletons(int world) {
 
 // Worked example A of reference/megatron-gradnorm.md: world 8, TP 2, EP 4, ETP 1.
 TEST(RankLayout, WorkedExampleA) {
-  const RankLayout layout(make(8, 2, 1, 1, 4, 1));
+  const RankLayout layout(testing::config(8, 2, 1, 1, 4, 1));
   EXPECT_EQ(layout.dp(), 4);
   EXPECT_EQ(layout.edp(), 2);
   EXPECT_EQ(groups_of(layout, Family::tp), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
@@ -68,7 +58,7 @@ TEST(RankLayout, WorkedExampleA) {
 
 // Worked example B (the #6099 regression topology): world 8, TP 2, EP 2, ETP 1.
 TEST(RankLayout, WorkedExampleB) {
-  const RankLayout layout(make(8, 2, 1, 1, 2, 1));
+  const RankLayout layout(testing::config(8, 2, 1, 1, 2, 1));
   EXPECT_EQ(layout.dp(), 4);
   EXPECT_EQ(layout.edp(), 4);
   const Groups pairs = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
@@ -82,7 +72,7 @@ TEST(RankLayout, WorkedExampleB) {
 
 // Worked example C (PP > 1): world 8, TP 2, PP 2, EP 2, ETP 1.
 TEST(RankLayout, WorkedExampleC) {
-  const RankLayout layout(make(8, 2, 1, 2, 2, 1));
+  const RankLayout layout(testing::config(8, 2, 1, 2, 2, 1));
   EXPECT_EQ(layout.dp(), 2);
   EXPECT_EQ(layout.edp(), 2);
   const Groups stages = {{0, 4}, {1, 5}, {2, 6}, {3, 7}};
@@ -96,7 +86,7 @@ TEST(RankLayout, WorkedExampleC) {
 }
 
 TEST(RankLayout, OrderPpBeforeDpMatchesExampleB) {
-  ParallelConfig c = make(8, 2, 1, 1, 2, 1);
+  ParallelConfig c = testing::config(8, 2, 1, 1, 2, 1);
   const RankLayout reference(c);
   c.order = "tp-cp-ep-pp-dp";
   const RankLayout other(c);
@@ -105,7 +95,7 @@ TEST(RankLayout, OrderPpBeforeDpMatchesExampleB) {
 }
 
 TEST(RankLayout, EmbeddingGroupsSkipMiddleStages) {
-  const RankLayout layout(make(4, 1, 1, 4, 1, 1));
+  const RankLayout layout(testing::config(4, 1, 1, 4, 1, 1));
   EXPECT_EQ(groups_of(layout, Family::embedding), (Groups{{0, 3}}));
   EXPECT_EQ(layout.group_of(Family::embedding, 1), std::nullopt);
   EXPECT_EQ(layout.index_in(Family::embedding, 1), -1);
@@ -114,7 +104,7 @@ TEST(RankLayout, EmbeddingGroupsSkipMiddleStages) {
 }
 
 TEST(RankLayout, DistOptInstancesSplitTheWorld) {
-  ParallelConfig c = make(8, 2, 1, 1, 2, 1);
+  ParallelConfig c = testing::config(8, 2, 1, 1, 2, 1);
   c.dist_opt_instances = 2;
   const RankLayout layout(c);
   // Expert tp-ep-pp groups [0,1] [2,3] [4,5] [6,7], edp / k = 2 of them per instance.
@@ -123,7 +113,7 @@ TEST(RankLayout, DistOptInstancesSplitTheWorld) {
 
 TEST(RankLayout, InvalidConfigThrowsWithTheRule) {
   try {
-    RankLayout layout(make(12, 2, 1, 4, 1, 2));
+    RankLayout layout(testing::config(12, 2, 1, 4, 1, 2));
     FAIL() << "expected InvalidConfig";
   } catch (const InvalidConfig& error) {
     EXPECT_STREQ(error.what(), "world 12 is not divisible by tp*cp*pp = 8");

