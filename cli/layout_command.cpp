@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/layout_json.h"
 #include "cli/model_flags.h"
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
@@ -55,22 +56,6 @@ std::string ranks_string(std::span<const int> ranks) {
 
 std::vector<std::int64_t> dims(const topologies::Shape& shape) {
   return {shape.dims.begin(), shape.dims.begin() + shape.rank};
-}
-
-nlohmann::ordered_json config_json(const RankLayout& layout) {
-  const topologies::ParallelConfig& c = layout.config();
-  nlohmann::ordered_json j;
-  j["world"] = c.world;
-  j["tp"] = c.tp;
-  j["cp"] = c.cp;
-  j["pp"] = c.pp;
-  j["dp"] = layout.dp();
-  j["ep"] = c.ep;
-  j["etp"] = c.etp;
-  j["edp"] = layout.edp();
-  j["vpp"] = c.vpp;
-  j["order"] = c.order;
-  return j;
 }
 
 void print_header(std::ostream& out, const LogicalModel& model, const RankLayout& layout) {
@@ -190,8 +175,7 @@ void print_rank(std::ostream& out, const LogicalModel& model, const RankLayout& 
     j["model"] = casefile::model_spec_to_json(model.spec());
     j["config"] = config_json(layout);
     j["rank"] = rank;
-    j["coordinates"] = {{"tp", c.tp},   {"cp", c.cp}, {"dp", c.dp},  {"pp", c.pp},
-                        {"etp", c.etp}, {"ep", c.ep}, {"edp", c.edp}};
+    j["coordinates"] = coordinates_json(layout, rank);
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const LocalParam& p : locals) {
       const LogicalParam& logical = model.param(p.logical_id);

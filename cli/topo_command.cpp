@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "cli/commands.h"
+#include "cli/layout_json.h"
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
 #include "topologies/rank_layout.h"
@@ -32,23 +33,6 @@ struct TopoOptions {
   bool all = false;
 };
 
-nlohmann::ordered_json header_json(const RankLayout& layout) {
-  const topologies::ParallelConfig& c = layout.config();
-  nlohmann::ordered_json j;
-  j["world"] = c.world;
-  j["tp"] = c.tp;
-  j["cp"] = c.cp;
-  j["pp"] = c.pp;
-  j["dp"] = layout.dp();
-  j["ep"] = c.ep;
-  j["etp"] = c.etp;
-  j["edp"] = layout.edp();
-  j["order"] = c.order;
-  if (c.vpp != 1) j["vpp"] = c.vpp;
-  if (c.dist_opt_instances != 1) j["dist_opt_instances"] = c.dist_opt_instances;
-  return j;
-}
-
 void write_ranks(std::ostream& out, std::span<const int> ranks) {
   out << '[';
   for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? "," : "") << ranks[i];
@@ -56,7 +40,7 @@ void write_ranks(std::ostream& out, std::span<const int> ranks) {
 }
 
 void print_layout_json(std::ostream& out, const RankLayout& layout) {
-  nlohmann::ordered_json j = header_json(layout);
+  nlohmann::ordered_json j = config_json(layout);
   nlohmann::ordered_json& groups = j["groups"];
   for (Family family : kPrintedFamilies) {
     nlohmann::json list = nlohmann::json::array();
@@ -111,10 +95,9 @@ void print_layout_table(std::ostream& out, const RankLayout& layout, int max_gro
 void print_rank(std::ostream& out, const RankLayout& layout, int rank, bool json) {
   const topologies::Coordinates c = layout.coordinates(rank);
   if (json) {
-    nlohmann::ordered_json j = header_json(layout);
+    nlohmann::ordered_json j = config_json(layout);
     j["rank"] = rank;
-    j["coordinates"] = {{"tp", c.tp}, {"cp", c.cp},   {"dp", c.dp},  {"pp", c.pp},
-                        {"etp", c.etp}, {"ep", c.ep}, {"edp", c.edp}};
+    j["coordinates"] = coordinates_json(layout, rank);
     nlohmann::ordered_json& groups = j["groups"];
     for (Family family : topologies::kMegatronFamilies) {
       const std::optional<GroupId> group = layout.group_of(family, rank);

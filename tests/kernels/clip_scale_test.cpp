@@ -7,24 +7,12 @@
 #include <optional>
 #include <stdexcept>
 #include <vector>
+#include "tests/support/shards.h"
 
 namespace tally::kernels {
 namespace {
 
-ShardDesc box(std::uint64_t param, std::vector<std::int64_t> shape,
-              std::vector<std::int64_t> offset, std::vector<std::int64_t> extent,
-              std::optional<ElementRange> range = std::nullopt) {
-  ShardDesc shard;
-  shard.param_id = param;
-  shard.ndim = static_cast<int>(shape.size());
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    shard.shape[d] = shape[d];
-    shard.offset[d] = offset[d];
-    shard.extent[d] = extent[d];
-  }
-  shard.range = range;
-  return shard;
-}
+using testing::box;
 
 // Shards in input order, each in row-major box order narrowed to its range; every value is
 // apply_clip of the stored gradient value.

@@ -26,6 +26,7 @@
 #include "kernels/clip_scale.h"
 #include "kernels/local_stats.h"
 #include "kernels/local_stats_cuda.h"
+#include "tests/support/shards.h"
 
 namespace tally::kernels {
 namespace {
@@ -63,20 +64,7 @@ class LocalStatsGpu : public ::testing::Test {
   }
 };
 
-ShardDesc box(std::uint64_t param, std::vector<std::int64_t> shape,
-              std::vector<std::int64_t> offset, std::vector<std::int64_t> extent,
-              std::optional<ElementRange> range = std::nullopt) {
-  ShardDesc shard;
-  shard.param_id = param;
-  shard.ndim = static_cast<int>(shape.size());
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    shard.shape[d] = shape[d];
-    shard.offset[d] = offset[d];
-    shard.extent[d] = extent[d];
-  }
-  shard.range = range;
-  return shard;
-}
+using testing::box;
 
 std::string describe(const ShardDesc& s) {
   std::ostringstream out;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
+#include "tests/support/shards.h"
 
 namespace tally::kernels {
 namespace {
@@ -18,20 +19,7 @@ namespace {
 std::uint64_t bits_of(double value) { return std::bit_cast<std::uint64_t>(value); }
 std::uint32_t bits_of(float value) { return std::bit_cast<std::uint32_t>(value); }
 
-ShardDesc box(std::uint64_t param, std::vector<std::int64_t> shape,
-              std::vector<std::int64_t> offset, std::vector<std::int64_t> extent,
-              std::optional<ElementRange> range = std::nullopt) {
-  ShardDesc shard;
-  shard.param_id = param;
-  shard.ndim = static_cast<int>(shape.size());
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    shard.shape[d] = shape[d];
-    shard.offset[d] = offset[d];
-    shard.extent[d] = extent[d];
-  }
-  shard.range = range;
-  return shard;
-}
+using testing::box;
 
 // ---- The naive reference -----------------------------------------------------------------------
 // It materialises the whole logical tensor, lists the visited logical indices with plain nested
