@@ -1,0 +1,114 @@
+// The optimizer plans: which children a model's params go to, the expert label, each child's
+// stats group family, and when the children reduce together.
+#include "gradnorm/optimizer_model.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/support/fault_cases.h"
+
+namespace tally::gradnorm {
+namespace {
+
+using topologies::Family;
+using topologies::LogicalModel;
+
+OptimizerPlan plan_for(OptimizerModel model, const topologies::ParallelConfig& config,
+                       const topologies::ModelSpec& spec, const FaultSet& faults = {}) {
+  return plan_optimizer(model, LogicalModel(spec, config), faults);
+}
+
+std::vector<ChildRole> roles(const OptimizerPlan& plan) {
+  std::vector<ChildRole> out;
+  for (const Child& c : plan.children) out.push_back(c.role);
+  return out;
+}
+
+TEST(OptimizerModel, NamesRoundTrip) {
+  for (const OptimizerModelInfo& info : optimizer_models()) {
+    EXPECT_EQ(optimizer_model_from_name(info.name), info.model);
+    EXPECT_EQ(optimizer_model_name(info.model), info.name);
+    EXPECT_FALSE(info.description.empty());
+  }
+  EXPECT_EQ(optimizer_model_from_name("adam"), std::nullopt);
+}
+
+TEST(OptimizerModel, PlainChainsADenseAndAnExpertChildOverTheirModelParallelGroups) {
+  const OptimizerPlan plan = plan_for(OptimizerModel::plain, testing::config_of(4, 2, 1, 2, 1), testing::small_moe(2));
+  EXPECT_EQ(roles(plan), (std::vector<ChildRole>{ChildRole::dense, ChildRole::expert}));
+  EXPECT_EQ(plan.children[0].stats_family, Family::tp_pp);
+  EXPECT_EQ(plan.children[1].stats_family, Family::expt_tp_ep_pp);
+  EXPECT_TRUE(plan.children[1].expert);
+  EXPECT_FALSE(plan.shared_stats);  // the plain chain's groups are distinct objects
+  EXPECT_EQ(child_name(plan, 1), "plain.chained_optimizers[1] (expert)");
+}
+
+TEST(OptimizerModel, ExpertsAreLabelledExpertTopologyOnlyWhenEpOrEtpDiffers) {
+  topologies::ModelSpec spec = testing::small_moe(2);
+  spec.add_bias_linear = false;  // expert biases need ETP 1
+  const LogicalModel dense_like(spec, testing::config_of(2, 2, 1, 1, 2));  // EP 1, ETP = TP
+  const OptimizerPlan same = plan_optimizer(OptimizerModel::plain, dense_like, {});
+  for (const topologies::LogicalParam& p : dense_like.params()) EXPECT_FALSE(same.expert_label[p.id]) << p.name;
+  EXPECT_EQ(same.children.size(), 1u);  // experts are dense: one child
+
+  const LogicalModel expert(spec, testing::config_of(2, 2, 1, 2, 1));
+  const OptimizerPlan labelled = plan_optimizer(OptimizerModel::plain, expert, {});
+  for (const topologies::LogicalParam& p : expert.params())
+    EXPECT_EQ(labelled.expert_label[p.id], topologies::is_expert_class(p.param_class)) << p.name;
+  for (const topologies::LogicalParam& p : expert.params())
+    EXPECT_EQ(labelled.child_of_param[p.id], labelled.expert_label[p.id] ? 1 : 0) << p.name;
+
+  // #5916's uncommon case: the label derived from EP alone misses ETP != TP at EP 1.
+  const LogicalModel etp_only(spec, testing::config_of(2, 2, 1, 1, 1));
+  const OptimizerPlan right = plan_optimizer(OptimizerModel::plain, etp_only, {});
+  const OptimizerPlan wrong =
+      plan_optimizer(OptimizerModel::plain, etp_only, FaultSet::of({Fault::expert_label_from_ep_only}));
+  EXPECT_EQ(right.children.size(), 2u);
+  EXPECT_EQ(wrong.children.size(), 1u);
+}
+
+TEST(OptimizerModel, DistributedReducesOverTheInstanceAndLayerWiseOverTheWorld) {
+  const auto config = testing::config_of(4, 2, 1, 2, 1);
+  const OptimizerPlan distributed = plan_for(OptimizerModel::distributed, config, testing::small_moe(2));
+  for (const Child& c : distributed.children) EXPECT_EQ(c.stats_family, Family::dist_opt);
+  EXPECT_TRUE(distributed.shared_stats);
+  const OptimizerPlan layerwise = plan_for(OptimizerModel::layerwise, config, testing::small_moe(2));
+  EXPECT_EQ(roles(layerwise), (std::vector<ChildRole>{ChildRole::layer_wise}));
+  EXPECT_EQ(layerwise.children[0].stats_family, Family::world);
+}
+
+TEST(OptimizerModel, MuonSplitsLinearWeightsFromTheRest) {
+  const OptimizerPlan plan = plan_for(OptimizerModel::muon, testing::config_of(4, 2, 1, 2, 1), testing::small_moe(2));
+  EXPECT_EQ(roles(plan), (std::vector<ChildRole>{ChildRole::dense, ChildRole::dense_muon,
+                                                 ChildRole::expert, ChildRole::expert_muon}));
+  EXPECT_EQ(plan.children[3].stats_family, Family::expt_tp_ep_pp);
+  // #3024: the expert linear weights in the dense Muon child, reduced over its group.
+  const OptimizerPlan wrong = plan_for(OptimizerModel::muon, testing::config_of(4, 2, 1, 2, 1),
+                                       testing::small_moe(2), FaultSet::of({Fault::expert_stats_over_dense_mp}));
+  EXPECT_EQ(roles(wrong), (std::vector<ChildRole>{ChildRole::dense, ChildRole::dense_muon, ChildRole::expert}));
+}
+
+TEST(OptimizerModel, FaultsMoveTheStatsGroups) {
+  const auto config = testing::config_of(8, 2, 2, 2, 1);
+  topologies::ModelSpec spec = testing::small_moe(2);
+  spec.num_layers = 2;
+  EXPECT_EQ(plan_for(OptimizerModel::plain, config, spec, FaultSet::of({Fault::missing_pp_reduction})).children[0].stats_family,
+            Family::tp);
+  EXPECT_EQ(plan_for(OptimizerModel::plain, config, spec, FaultSet::of({Fault::missing_ep_reduction})).children[1].stats_family,
+            Family::expt_tp_pp);
+  EXPECT_EQ(plan_for(OptimizerModel::plain, config, spec, FaultSet::of({Fault::stats_over_replicas})).children[0].stats_family,
+            Family::world);
+  // #785: the expert child over TP x PP, clipping alone.
+  const OptimizerPlan per_child = plan_for(OptimizerModel::distributed, config, spec, FaultSet::of({Fault::clip_per_child_norm}));
+  EXPECT_FALSE(per_child.shared_stats);
+}
+
+TEST(OptimizerModel, AModelWithMtpParamsHasAnMtpNorm) {
+  topologies::ModelSpec spec = testing::dense_model(1);
+  EXPECT_FALSE(plan_for(OptimizerModel::plain, testing::config_of(1, 1, 1, 1, 1), spec).has_mtp);
+  spec.mtp_num_layers = 1;
+  spec.mtp_detach_heads = true;
+  EXPECT_TRUE(plan_for(OptimizerModel::plain, testing::config_of(1, 1, 1, 1, 1), spec).has_mtp);
+}
+
+}  // namespace
+}  // namespace tally::gradnorm

@@ -1,0 +1,130 @@
+// Which elements each rank's optimizer owns: everything (plain, muon), contiguous ranges of the
+// bucketed flat buffer (distributed), whole params dealt over data-parallel ranks (layer-wise).
+// Over each data-parallel group, every element of every main copy is owned exactly once.
+#include "gradnorm/ownership.h"
+
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <map>
+
+#include "tests/support/fault_cases.h"
+#include "tests/support/model_gen.h"
+#include "tests/support/show.h"
+#include "topologies/sharding.h"
+
+namespace tally::gradnorm {
+namespace {
+
+using topologies::Family;
+
+struct Owned {
+  std::vector<MainParam> main;
+  Ownership ownership;
+};
+
+Owned own(OptimizerModel model, const topologies::LogicalModel& logical, const topologies::RankLayout& layout,
+          int rank, std::int64_t bucket_elements = 0, const FaultSet& faults = {}) {
+  Owned o;
+  make_main_params(topologies::local_params(logical, layout, rank),
+                   plan_optimizer(model, logical, faults), faults, o.main);
+  own_elements(model, o.main, layout, rank, {bucket_elements}, faults, o.ownership);
+  return o;
+}
+
+TEST(Ownership, NonDistributedOptimizersOwnEveryParamWhole) {
+  const auto config = testing::config_of(4, 2, 1, 2, 1);
+  const topologies::LogicalModel model(testing::small_moe(2), config);
+  const topologies::RankLayout layout(config);
+  for (OptimizerModel m : {OptimizerModel::plain, OptimizerModel::muon}) {
+    const Owned o = own(m, model, layout, 1);
+    ASSERT_EQ(o.ownership.pieces.size(), o.main.size());
+    for (std::size_t i = 0; i < o.main.size(); ++i) {
+      EXPECT_EQ(o.ownership.pieces[i].local_index, static_cast<int>(i));
+      EXPECT_EQ(o.ownership.pieces[i].range, (kernels::ElementRange{0, o.main[i].attrs.slice.numel()}));
+    }
+    EXPECT_EQ(o.ownership.padding, 0);
+  }
+}
+
+// How often each element of each (logical param, box) is owned by the members of `rank`'s
+// data-parallel group, for one kind of buffer.
+std::map<std::pair<int, std::int64_t>, int> owners_over_dp(OptimizerModel m, const topologies::LogicalModel& model,
+                                                           const topologies::RankLayout& layout, int rank,
+                                                           bool expert, std::int64_t bucket) {
+  std::map<std::pair<int, std::int64_t>, int> times;
+  const Family family = expert ? Family::expt_dp : Family::dp_cp;
+  for (int member : layout.group_ranks(family, rank)) {
+    const Owned o = own(m, model, layout, member, bucket);
+    for (const OwnedPiece& piece : o.ownership.pieces) {
+      const MainParam& p = o.main[static_cast<std::size_t>(piece.local_index)];
+      if (p.expert_label != expert) continue;
+      for (std::int64_t e = piece.range.begin; e < piece.range.end; ++e) ++times[{p.attrs.logical_id, e}];
+    }
+  }
+  return times;
+}
+
+RC_GTEST_PROP(OwnershipProperty, DataParallelRanksOwnEveryElementExactlyOnce, ()) {
+  const auto [config, spec] = *testing::valid_case(3);
+  RC_PRE(config.dist_opt_instances == 1);
+  const topologies::LogicalModel model(spec, config);
+  const topologies::RankLayout layout(config);
+  const OptimizerModel m = *rc::gen::element(OptimizerModel::distributed, OptimizerModel::layerwise);
+  const std::int64_t bucket = *rc::gen::element<std::int64_t>(0, 7, 64);
+  const int rank = *rc::gen::inRange(0, config.world);
+  for (bool expert : {false, true}) {
+    std::int64_t elements = 0;
+    for (const MainParam& p : own(m, model, layout, rank, bucket).main)
+      if (p.expert_label == expert) elements += p.attrs.slice.numel();
+    const auto times = owners_over_dp(m, model, layout, rank, expert, bucket);
+    RC_ASSERT(static_cast<std::int64_t>(times.size()) == elements);
+    for (const auto& [element, count] : times) RC_ASSERT(count == 1);
+  }
+}
+
+TEST(Ownership, DistributedBucketsArePaddedToTheDataParallelSize) {
+  const auto config = testing::config_of(4, 1, 1, 1, 1);  // DP 4
+  const topologies::LogicalModel model(testing::custom_model({testing::custom_param("w", topologies::ParamClass::replicated, {5})}), config);
+  const topologies::RankLayout layout(config);
+  // 5 elements over 4 ranks: ranges of 2, the last rank owns one element and two of padding.
+  std::int64_t padding = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    const Owned o = own(OptimizerModel::distributed, model, layout, rank);
+    padding += o.ownership.padding;
+    const std::int64_t owned = o.ownership.pieces.empty() ? 0 : o.ownership.pieces[0].range.end - o.ownership.pieces[0].range.begin;
+    EXPECT_EQ(owned, rank < 2 ? 2 : (rank == 2 ? 1 : 0)) << "rank " << rank;
+  }
+  EXPECT_EQ(padding, 3);
+  // The overlapping-shards fault: each range also takes the next rank's first element.
+  const Owned overlapping = own(OptimizerModel::distributed, model, layout, 0, 0, FaultSet::of({Fault::distopt_overlapping_shards}));
+  EXPECT_EQ(overlapping.ownership.pieces[0].range, (kernels::ElementRange{0, 3}));
+}
+
+TEST(Ownership, LayerWiseDealsWholeParamsLargestFirstInAZigZag) {
+  const auto config = testing::config_of(2, 1, 1, 1, 1);  // DP 2
+  using topologies::ParamClass;
+  const topologies::LogicalModel model(
+      testing::custom_model({testing::custom_param("a", ParamClass::replicated, {1}),
+                             testing::custom_param("b", ParamClass::replicated, {4}),
+                             testing::custom_param("c", ParamClass::replicated, {3}),
+                             testing::custom_param("d", ParamClass::replicated, {2})}),
+      config);
+  const topologies::RankLayout layout(config);
+  // By size: b (4) -> rank 0, c (3) -> rank 1, d (2) -> rank 1, a (1) -> rank 0.
+  auto owned_names = [&](int rank) {
+    std::vector<std::string> names;
+    const Owned o = own(OptimizerModel::layerwise, model, layout, rank);
+    for (const OwnedPiece& piece : o.ownership.pieces) {
+      const MainParam& p = o.main[static_cast<std::size_t>(piece.local_index)];
+      EXPECT_EQ(piece.range, (kernels::ElementRange{0, p.attrs.slice.numel()}));
+      names.push_back(model.param(p.attrs.logical_id).name);
+    }
+    return names;
+  };
+  EXPECT_EQ(owned_names(0), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(owned_names(1), (std::vector<std::string>{"c", "d"}));
+}
+
+}  // namespace
+}  // namespace tally::gradnorm
