@@ -1,4 +1,4 @@
-// Case files: the durable, human-editable form of a Case (DESIGN.md "Case files"). Versioned
+// Case files: the durable, human-editable form of a Case (docs/case-files.md). Versioned
 // JSON; reading is strict (an unknown key, a wrong type, a number out of range is an error
 // naming the field path and the rule, e.g. `case.topology.tp: expected a positive integer,
 // got 0`); writing gives the canonical form, and reading then writing a canonical file gives

@@ -1,5 +1,5 @@
 // A case as the Megatron-LM command-line arguments that build the same topology, model and
-// optimizer, so a finding can be rerun in the framework itself (DESIGN.md "Case files").
+// optimizer, so a finding can be rerun in the framework itself (docs/case-files.md).
 #pragma once
 
 #include <string>

@@ -1,5 +1,5 @@
 // The fault catalog: each fault replaces one rule of the grad-norm path with the wrong rule a
-// real framework shipped (reference/bug-catalog.md). A fault never changes the oracle.
+// real framework shipped (docs/megatron-reference.md §6). A fault never changes the oracle.
 #pragma once
 
 #include <array>

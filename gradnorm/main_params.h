@@ -1,5 +1,5 @@
 // The optimizer's main copies of a rank's parameters and the duplicate filter that decides
-// which of them enter the norm (reference/megatron-gradnorm.md sections 1.2 and 3.4).
+// which of them enter the norm (docs/megatron-reference.md §1 and §2).
 #pragma once
 
 #include <string_view>

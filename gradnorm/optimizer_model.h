@@ -1,6 +1,6 @@
 // Optimizer models: which child optimizers a model's parameters go to, which data-parallel
 // ranks own which gradient elements, and over which group each child reduces its statistics
-// (reference/megatron-gradnorm.md sections 3.2, 3.5, 3.8-3.10).
+// (docs/megatron-reference.md §5).
 #pragma once
 
 #include <array>

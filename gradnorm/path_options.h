@@ -9,13 +9,13 @@
 #include "gradnorm/faults.h"
 #include "gradnorm/optimizer_model.h"
 #include "kernels/gradient_generator.h"
-#include "kernels/local_stats.h"
+#include "kernels/summation_order.h"
 #include "topologies/model_spec.h"
 
 namespace tally::gradnorm {
 
 // Which params get generated gradients; the others have all-zero gradients (the selective
-// invariant of reference section 5: only one class non-zero isolates that class's rule).
+// invariant of docs/megatron-reference.md §7: only one class non-zero isolates that class's rule).
 struct GradientSpec {
   kernels::GeneratorSpec generator;
   std::uint32_t class_mask = ~std::uint32_t{0};  // bit i: topologies::ParamClass i

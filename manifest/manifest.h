@@ -20,7 +20,7 @@ struct GradStats {
   friend bool operator==(const GradStats&, const GradStats&) = default;
 };
 
-// The counting attributes of reference/megatron-gradnorm.md 1.1.
+// The counting attributes of docs/megatron-reference.md §1.
 struct Attributes {
   bool tensor_model_parallel = false;
   int partition_dim = -1;

@@ -1,6 +1,6 @@
 // The ground truth: every statistic of the grad-norm path, computed on the unsharded model with
-// Eigen in fp64, each logical element read exactly once (reference/megatron-gradnorm.md 3.3,
-// 3.6, 3.7). It shares only the gradient *generator* with the path under test (STYLE.md rule 2):
+// Eigen in fp64, each logical element read exactly once (docs/megatron-reference.md
+// §5). It shares only the gradient *generator* with the path under test (docs/architecture.md, "What must never happen"):
 // the values are kernels::gradient_value, the sums are the oracle's own.
 //
 // How. Each logical tensor is materialised blockwise (kTruthBlock elements at a time) into an

@@ -19,7 +19,7 @@ struct ClassEntry {
   int partition_dim;
 };
 
-// The class table of DESIGN.md, in one place.
+// The class table of docs/megatron-reference.md §3, in one place.
 constexpr std::array<ClassEntry, kParamClassCount> kClassTable = {{
     {ParamClass::column, "column", false, 0},
     {ParamClass::column_bias, "column-bias", false, 0},

@@ -1,5 +1,5 @@
 // ModelSpec: the unsharded model, described and never materialised. Either the GPT/MoE family
-// of Megatron-LM (DESIGN.md "Model layouts") or a `custom` list of parameters given by class,
+// of Megatron-LM (docs/megatron-reference.md §3) or a `custom` list of parameters given by class,
 // so any scenario from a bug report can be written as data.
 #pragma once
 
@@ -14,7 +14,7 @@
 
 namespace tally::topologies {
 
-// The class table of DESIGN.md: how a parameter is sharded and which attributes Megatron-LM
+// The class table of docs/megatron-reference.md §3: how a parameter is sharded and which attributes Megatron-LM
 // gives it.
 enum class ParamClass : std::uint8_t {
   column,              // TP, dim 0 (QKV, FC1, output layer, eh_proj)

@@ -1,5 +1,5 @@
 // ParallelConfig: the sizes of one Megatron-LM parallel configuration, and the rules
-// (reference/megatron-gradnorm.md section 2.1) that decide whether Megatron-LM accepts it.
+// (docs/megatron-reference.md §4) that decide whether Megatron-LM accepts it.
 #pragma once
 
 #include <array>

@@ -1,5 +1,5 @@
 // Sharding: what one rank holds of a LogicalModel, with the attributes Megatron-LM gives its
-// main copies (reference/megatron-gradnorm.md section 1). Dense classes are split by the dense
+// main copies (docs/megatron-reference.md §1 and §3). Dense classes are split by the dense
 // TP coordinate, expert classes by the ETP coordinate on the EP rank that owns the expert; the
 // stage is the pp coordinate; every DP/CP (dense) or EDP (expert) replica holds the same
 // shards. Placement travels with the value: a LocalParam carries every attribute the duplicate

@@ -1,6 +1,6 @@
 // TALLY_CUDA_CHECK(call): a CUDA runtime call that must succeed. On failure it throws
 // kernels::CudaError naming the call, file:line and CUDA's own name and message for the error
-// (STYLE.md rule 6); never compiled out. For CUDA translation units only (it needs cudaError_t).
+//; never compiled out. For CUDA translation units only (it needs cudaError_t).
 #pragma once
 
 #include <cuda_runtime.h>

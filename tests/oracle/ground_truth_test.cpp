@@ -67,7 +67,7 @@ ModelSpec moe_gpt() {
   return s;
 }
 
-// Specs x topologies for the count invariants (reference section 5.1).
+// Specs x topologies for the count invariants (docs/megatron-reference.md §7).
 std::vector<LogicalModel> models() {
   std::vector<LogicalModel> out;
   out.emplace_back(ModelSpec{});

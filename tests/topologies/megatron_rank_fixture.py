@@ -70,7 +70,7 @@ PARTIAL_ORDERS = ["tp-dp-pp", "tp-pp-dp", "tp-dp", "tp-ep-dp-pp", "tp-cp-dp-pp",
 WORLDS = list(range(1, 17)) + [24, 32]
 
 # Readable subset: (world, tp, cp, pp, ep, etp, order). A, B, C are the worked examples of
-# reference/megatron-gradnorm.md section 2; the rest exercise cp, etp != tp and odd orders.
+# docs/megatron-reference.md §4; the rest exercise cp, etp != tp and odd orders.
 READABLE = [
     (8, 2, 1, 1, 4, 1, "tp-cp-ep-dp-pp"),  # A
     (8, 2, 1, 1, 2, 1, "tp-cp-ep-dp-pp"),  # B

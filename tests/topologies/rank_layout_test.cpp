@@ -30,7 +30,7 @@ Groups singletons(int world) {
   return out;
 }
 
-// Worked example A of reference/megatron-gradnorm.md: world 8, TP 2, EP 4, ETP 1.
+// Worked example A of docs/megatron-reference.md §4: world 8, TP 2, EP 4, ETP 1.
 TEST(RankLayout, WorkedExampleA) {
   const RankLayout layout(testing::config(8, 2, 1, 1, 4, 1));
   EXPECT_EQ(layout.dp(), 4);
