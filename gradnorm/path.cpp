@@ -44,19 +44,18 @@ std::vector<Unit> reduction_units(const OptimizerPlan& plan) {
   return units;
 }
 
-// The shard of a main copy's box a piece reads: `range` of the box (the whole box needs no
-// range).
-kernels::ShardDesc shard_desc(const topologies::LogicalParam& logical,
-                              const topologies::LocalParam& local, kernels::ElementRange range) {
+// What the kernels read of `box` of a logical tensor: its `range` (the whole box needs none).
+kernels::ShardDesc shard_desc(const topologies::LogicalParam& logical, const record::Box& box,
+                              kernels::ElementRange range) {
   kernels::ShardDesc shard;
   shard.param_id = static_cast<std::uint64_t>(logical.id);
   shard.ndim = logical.shape.rank;
   for (int d = 0; d < logical.shape.rank; ++d) {
     shard.shape[d] = logical.shape.dims[d];
-    shard.offset[d] = local.slice.offset[d];
-    shard.extent[d] = local.slice.extent[d];
+    shard.offset[d] = box.offset[d];
+    shard.extent[d] = box.extent.size[d];
   }
-  if (range.begin != 0 || range.end != local.slice.numel()) shard.range = range;
+  if (range.begin != 0 || range.end != box.numel()) shard.range = range;
   return shard;
 }
 
@@ -242,7 +241,8 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     if (!kept) continue;
 
     const int u = unit_of_child[param.child];
-    const kernels::ShardDesc shard = shard_desc(logical, param.attrs, piece.range);
+    const kernels::ShardDesc shard =
+        shard_desc(logical, decisions.params[static_cast<std::size_t>(piece.local_index)].box, piece.range);
     const int generated = (options.gradients.class_mask & class_bit(logical.param_class)) ? 0 : 1;
     const Bin bin = share == NormShare::zeros_only ? kUncounted  // still in the zero count
                     : share == NormShare::mtp      ? kMtp
@@ -379,16 +379,7 @@ class ClipMemo {
     return (options_.gradients.class_mask & class_bit(logical.param_class)) ? 0 : 1;
   }
   kernels::ShardDesc shard_of(const record::LocalParam& param) const {
-    const topologies::LogicalParam& logical = model_.param(param.tensor);
-    kernels::ShardDesc shard;
-    shard.param_id = static_cast<std::uint64_t>(logical.id);
-    shard.ndim = logical.shape.rank;
-    for (int d = 0; d < logical.shape.rank; ++d) {
-      shard.shape[d] = logical.shape.dims[d];
-      shard.offset[d] = param.box.offset[d];
-      shard.extent[d] = param.box.extent.size[d];
-    }
-    return shard;
+    return shard_desc(model_.param(param.tensor), param.box, {0, param.box.numel()});
   }
 
   const topologies::LogicalModel& model_;

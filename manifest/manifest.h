@@ -8,17 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "record/run_record.h"
+
 namespace tally::manifest {
 
 inline constexpr int kManifestVersion = 1;
 
-// The statistics of a gradient (or of an owned range of it), in fp64.
-struct GradStats {
-  double sum_squares = 0.0;
-  double abs_max = 0.0;
-  std::int64_t zeros = 0;
-  friend bool operator==(const GradStats&, const GradStats&) = default;
-};
+// The statistics of a gradient (or of an owned range of it), in fp64: the record's.
+using GradStats = record::GradStats;
 
 // The counting attributes of docs/megatron-reference.md §1.
 struct Attributes {

@@ -246,10 +246,6 @@ record::Attributes attributes_of(const Attributes& a) {
   return {a.tensor_model_parallel, a.partition_dim, a.allreduce, a.shared};
 }
 
-std::optional<record::GradStats> stats_of(const GradStats& s) {
-  return record::GradStats{s.sum_squares, s.abs_max, s.zeros};
-}
-
 record::Extents extents_of(const std::vector<std::int64_t>& sizes) {
   record::Extents e;
   e.ndim = static_cast<int>(sizes.size());
@@ -319,7 +315,7 @@ record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
       for (std::size_t d = 0; d < p.offsets.size(); ++d) param.box.offset[d] = p.offsets[d];
       param.box.extent = extents_of(p.extents);
       param.attributes = attributes_of(p.attributes);
-      param.stats = stats_of(p.stats);
+      param.stats = p.stats;
     }
     for (std::size_t c = 0; c < m->optimizers.size(); ++c) {
       const OptimizerRecord& o = m->optimizers[c];
@@ -337,7 +333,7 @@ record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
         piece.counted_in = p.kept ? 0 : -1;
         piece.in_zero_count = p.kept_zeros;
         piece.rule = rule_of(p, o);
-        piece.stats = stats_of(p.stats);
+        piece.stats = p.stats;
       }
     }
     rank.local = locals.intern(std::move(local));

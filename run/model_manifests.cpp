@@ -28,8 +28,6 @@ manifest::Attributes attributes_of(const record::Attributes& a, const record::Ru
   return out;
 }
 
-manifest::GradStats stats_of(const record::GradStats& s) { return {s.sum_squares, s.abs_max, s.zeros}; }
-
 // The gradient statistics of (tensor, box, range), each computed once by the oracle.
 class StatsOfRanges {
  public:
@@ -44,8 +42,8 @@ class StatsOfRanges {
     auto [it, fresh] = memo_.try_emplace(std::move(key));
     if (fresh) {
       const topologies::LogicalParam& logical = model_.param(tensor);
-      it->second = stats_of(oracle::range_truth(
-          logical, box, range, gradnorm::generator_for(gradients_, logical.param_class)));
+      it->second = oracle::range_truth(logical, box, range,
+                                       gradnorm::generator_for(gradients_, logical.param_class));
     }
     return it->second;
   }

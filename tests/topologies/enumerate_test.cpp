@@ -4,6 +4,7 @@
 
 #include <set>
 #include <tuple>
+#include "tests/support/configs.h"
 
 namespace tally::topologies {
 namespace {
@@ -27,14 +28,7 @@ TEST(Enumerate, CountsMatchBruteForceForSmallWorlds) {
           for (int ep = 1; ep <= world; ++ep)
             for (int etp = 1; etp <= world; ++etp)
               for (const AxisOrder& order : orders) {
-                ParallelConfig c;
-                c.world = world;
-                c.tp = tp;
-                c.cp = cp;
-                c.pp = pp;
-                c.ep = ep;
-                c.etp = etp;
-                c.order = order_string(order);
+                const ParallelConfig c = testing::config(world, tp, cp, pp, ep, etp, 1, order_string(order));
                 if (!check_config(c)) brute.emplace(tp, cp, pp, ep, etp, c.order);
               }
     std::set<std::tuple<int, int, int, int, int, std::string>> visited;
