@@ -25,7 +25,7 @@ using casefile::shown;
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-constexpr std::size_t kMaxDims = 8;
+constexpr std::size_t kMaxDims = record::kMaxDims;
 constexpr std::size_t kMaxParams = 1'000'000;
 constexpr std::size_t kMaxOptimizers = 1024;
 constexpr std::size_t kMaxGroups = 256;

@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 
 #include <bit>
+#include <cstring>
 #include <map>
 
 #include "oracle/detail/stored_values.h"
@@ -113,6 +114,7 @@ class ClippedJudge {
       return out;
     }
     if (reduction_.exact_mode) {  // bit for bit
+      if (std::memcmp(got.data(), expected_.data(), got.size() * sizeof(float)) == 0) return out;
       for (Eigen::Index j = 0; j < expected_.size(); ++j)
         if (std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(j)]) != std::bit_cast<std::uint32_t>(expected_[j])) {
           wrong_at(j);

@@ -24,7 +24,7 @@
 
 namespace tally::record {
 
-inline constexpr int kMaxDims = 8;
+inline constexpr int kMaxDims = 4;  // tally's logical tensors have at most 4 dims (topologies/)
 
 // The shape of a logical tensor, or a box of it: ndim sizes (a scalar has ndim 0).
 struct Extents {

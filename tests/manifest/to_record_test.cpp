@@ -423,6 +423,10 @@ TEST(ManifestJson, EachRuleNamesTheFieldAndTheRule) {
   EXPECT_NE(read_error(edited([](auto& j) { j["params"][2]["extents"] = {5, 8}; }))
                 .find("manifest.params[2].extents[0]: the box overflows the logical shape: offset 0 + extent 5 > 4"),
             std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["params"][0]["logical_shape"] = {1, 1, 1, 1, 8}; }))
+                .find("manifest.params[0].logical_shape"),
+            std::string::npos)
+      << read_error(edited([](auto& j) { j["params"][0]["logical_shape"] = {1, 1, 1, 1, 8}; }));
   EXPECT_NE(read_error(edited([](auto& j) { j["params"][0]["offsets"] = {0, 0}; }))
                 .find("offsets and extents need one entry per dim"),
             std::string::npos);
