@@ -90,7 +90,9 @@ class ClippedJudge {
     const record::Extents& shape = run_.tensors[static_cast<std::size_t>(param.tensor)].shape;
     // The stored values of the box, in its row-major order, run by run of the logical tensor:
     // from the truth's own materialization when it kept it, else from the generator.
-    stored_.resize(static_cast<Eigen::Index>(param.box.numel()));
+    const auto n = static_cast<Eigen::Index>(param.box.numel());
+    stored_.resize(static_cast<std::size_t>(n));  // keeps its capacity from box to box
+    expected_.resize(static_cast<std::size_t>(n));
     const std::vector<float>* kept =
         static_cast<std::size_t>(param.tensor) < truth_.stored.size() ? &truth_.stored[static_cast<std::size_t>(param.tensor)] : nullptr;
     Eigen::Index at = 0;
@@ -100,31 +102,33 @@ class ClippedJudge {
       at += hi - lo;
     });
     // One fp32 product per element, with the coefficient as a float: multi_tensor_scale's.
-    if (clip.applies) expected_ = stored_ * clip.scale();
-    else expected_ = stored_;
+    const Eigen::Map<const Eigen::ArrayXf> stored(stored_.data(), n);
+    Eigen::Map<Eigen::ArrayXf> expected(expected_.data(), n);
+    if (clip.applies) expected = stored * clip.scale();
+    else expected = stored;
     // Left as stored: the path's gradient is the stored one.
-    const std::span<const float> got = clipped.data ? clipped.values() : std::span<const float>(stored_.data(), static_cast<std::size_t>(stored_.size()));
+    const std::span<const float> got = clipped.data ? clipped.values() : std::span<const float>(stored_.data(), stored_.size());
     auto wrong_at = [&](Eigen::Index j) {
-      const float want = expected_[j];
+      const float want = expected[j];
       out = {j, logical_index(shape, param.box, j), j < static_cast<Eigen::Index>(got.size()) ? got[static_cast<std::size_t>(j)] : 0.0f,
-             want, stored_[j]};
+             want, stored[j]};
     };
-    if (static_cast<Eigen::Index>(got.size()) != expected_.size()) {
+    if (static_cast<Eigen::Index>(got.size()) != n) {
       wrong_at(0);
       return out;
     }
     if (reduction_.exact_mode) {  // bit for bit
       if (std::memcmp(got.data(), expected_.data(), got.size() * sizeof(float)) == 0) return out;
-      for (Eigen::Index j = 0; j < expected_.size(); ++j)
-        if (std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(j)]) != std::bit_cast<std::uint32_t>(expected_[j])) {
+      for (Eigen::Index j = 0; j < n; ++j)
+        if (std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(j)]) != std::bit_cast<std::uint32_t>(expected[j])) {
           wrong_at(j);
           break;
         }
       return out;
     }
     const Tolerance& t = run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? main_tolerance_ : mtp_tolerance_;
-    for (Eigen::Index j = 0; j < expected_.size(); ++j)
-      if (error_ratio(got[static_cast<std::size_t>(j)], expected_[j], clipped_bound(t, stored_[j])) > 1.0) {
+    for (Eigen::Index j = 0; j < n; ++j)
+      if (error_ratio(got[static_cast<std::size_t>(j)], expected[j], clipped_bound(t, stored[j])) > 1.0) {
         wrong_at(j);
         break;
       }
@@ -146,7 +150,7 @@ class ClippedJudge {
   const Tolerance main_tolerance_, mtp_tolerance_;
   std::map<const record::ClippedValues*, std::optional<ClippedMismatch>> by_rank_;
   std::map<Compared, FirstWrong> compared_;
-  Eigen::ArrayXf stored_, expected_;  // of the box being compared
+  std::vector<float> stored_, expected_;  // of the box being compared
 };
 
 }  // namespace

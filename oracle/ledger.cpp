@@ -69,7 +69,17 @@ std::uint32_t ledger_bits(const record::Piece& piece, const record::RunRecord& r
 Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t max_intervals) {
   const std::size_t tensors = run.tensors.size();
   std::vector<std::vector<std::int64_t>> cuts(tensors);
-  for (std::size_t t = 0; t < tensors; ++t) cuts[t] = {0, run.tensors[t].shape.numel()};
+  {
+    // Room for two cuts per piece and per tensor end: most pieces are one run.
+    std::vector<std::size_t> pieces(tensors, 0);
+    for (const record::LocalRecord* local : locals.distinct)
+      for (const record::Piece& piece : local->pieces)
+        ++pieces[static_cast<std::size_t>(local->params[static_cast<std::size_t>(piece.param)].tensor)];
+    for (std::size_t t = 0; t < tensors; ++t) {
+      cuts[t].reserve(2 + 2 * pieces[t]);
+      cuts[t] = {0, run.tensors[t].shape.numel()};
+    }
+  }
   std::int64_t intervals = 0;
   auto each_interval = [&](std::size_t li, const record::Piece& piece, auto fn) {
     const record::LocalParam& param = locals.distinct[li]->params[static_cast<std::size_t>(piece.param)];
