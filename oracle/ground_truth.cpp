@@ -62,8 +62,10 @@ struct Accumulator {
   }
 };
 
-// Sums an Eigen array in a fresh accumulator (at most kTruthBlock addends).
-CompensatedSum block_sum(const Eigen::ArrayXd& terms) {
+// Sums an Eigen array expression in a fresh accumulator (at most kTruthBlock addends), evaluated
+// term by term: no temporary array.
+template <typename Terms>
+CompensatedSum block_sum(const Eigen::ArrayBase<Terms>& terms) {
   CompensatedSum sum;
   for (Eigen::Index j = 0; j < terms.size(); ++j) sum.add(terms[j]);
   return sum;

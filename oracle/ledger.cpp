@@ -80,23 +80,31 @@ Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t
       cuts[t] = {0, run.tensors[t].shape.numel()};
     }
   }
-  std::int64_t intervals = 0;
-  auto each_interval = [&](std::size_t li, const record::Piece& piece, auto fn) {
-    const record::LocalParam& param = locals.distinct[li]->params[static_cast<std::size_t>(piece.param)];
-    for_each_interval(run.tensors[static_cast<std::size_t>(param.tensor)].shape, param.box,
-                      piece.range.begin, piece.range.end,
-                      [&](std::int64_t lo, std::int64_t hi) { fn(param.tensor, lo, hi); });
+  // Pass 1 cuts the tensors at every run's ends and keeps the runs that enter a ledger.
+  struct Run {
+    std::size_t local;
+    int tensor, child;
+    std::uint32_t ledgers;
+    std::int64_t lo, hi;
   };
+  std::vector<Run> runs;
+  std::int64_t intervals = 0;
   for (std::size_t li = 0; li < locals.distinct.size(); ++li)
-    for (const record::Piece& piece : locals.distinct[li]->pieces)
-      each_interval(li, piece, [&](int tensor, std::int64_t lo, std::int64_t hi) {
+    for (const record::Piece& piece : locals.distinct[li]->pieces) {
+      const record::LocalParam& param = locals.distinct[li]->params[static_cast<std::size_t>(piece.param)];
+      const std::uint32_t bits = ledger_bits(piece, run);
+      std::vector<std::int64_t>& c = cuts[static_cast<std::size_t>(param.tensor)];
+      for_each_interval(run.tensors[static_cast<std::size_t>(param.tensor)].shape, param.box,
+                        piece.range.begin, piece.range.end, [&](std::int64_t lo, std::int64_t hi) {
         if (++intervals > max_intervals)
           throw RecordTooLarge("the pieces of rank " + std::to_string(locals.first_rank[li]) +
                                " and the ranks before it cut the logical tensors into more than " +
                                std::to_string(max_intervals) + " runs of contiguous elements");
-        cuts[static_cast<std::size_t>(tensor)].push_back(lo);
-        cuts[static_cast<std::size_t>(tensor)].push_back(hi);
+        c.push_back(lo);
+        c.push_back(hi);
+        if (bits != 0) runs.push_back({li, param.tensor, piece.child, bits, lo, hi});
       });
+    }
 
   Atoms atoms;
   std::vector<std::int64_t> first_atom(tensors);
@@ -112,18 +120,13 @@ Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t
     atoms.count += static_cast<std::int64_t>(c.size()) - 1;
   }
   atoms.ranges.resize(locals.distinct.size());
-  for (std::size_t li = 0; li < locals.distinct.size(); ++li)
-    for (const record::Piece& piece : locals.distinct[li]->pieces) {
-      const std::uint32_t bits = ledger_bits(piece, run);
-      if (bits == 0) continue;
-      each_interval(li, piece, [&](int tensor, std::int64_t lo, std::int64_t hi) {
-        const std::vector<std::int64_t>& c = cuts[static_cast<std::size_t>(tensor)];
-        const auto at = [&](std::int64_t x) {
-          return first_atom[static_cast<std::size_t>(tensor)] + (std::lower_bound(c.begin(), c.end(), x) - c.begin());
-        };
-        atoms.ranges[li].push_back({at(lo), at(hi), piece.child, bits});
-      });
-    }
+  for (const Run& r : runs) {
+    const std::vector<std::int64_t>& c = cuts[static_cast<std::size_t>(r.tensor)];
+    const auto at = [&](std::int64_t x) {
+      return first_atom[static_cast<std::size_t>(r.tensor)] + (std::lower_bound(c.begin(), c.end(), x) - c.begin());
+    };
+    atoms.ranges[r.local].push_back({at(r.lo), at(r.hi), r.child, r.ledgers});
+  }
   return atoms;
 }
 
