@@ -22,7 +22,6 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-constexpr std::size_t kMaxDescriptionBytes = 4096;
 constexpr std::size_t kMaxOrderLength = 64;
 constexpr std::size_t kMaxPNorms = 8;
 constexpr std::size_t kMaxExpectStatistics = 64;
@@ -292,9 +291,7 @@ Case read_case(const json& value, const std::string& path) {
        {"description",
         [&](const json& v, const std::string& p) {
           c.description = read_string(v, p, kMaxDescriptionBytes);
-          for (char ch : c.description)
-            if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
-              fail(p, "expected one line of text without control characters");
+          if (std::optional<std::string> error = description_error(c.description)) fail(p, *error);
         }},
        {"topology", [&](const json& v, const std::string& p) { c.topology = read_topology(v, p); }},
        {"model",
@@ -415,8 +412,37 @@ Case load_case_file(const std::string& file) {
   return case_from_text(text, file);
 }
 
+std::optional<std::string> description_error(std::string_view description) {
+  if (description.size() > kMaxDescriptionBytes)
+    return "a description is at most " + std::to_string(kMaxDescriptionBytes) + " bytes, got " +
+           std::to_string(description.size());
+  for (char ch : description)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+      return "expected one line of text without control characters";
+  return std::nullopt;
+}
+
+std::string fit_description(std::string_view text) {
+  std::string out;
+  for (char ch : text) out += static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f ? '?' : ch;
+  if (out.size() <= kMaxDescriptionBytes) return out;
+  constexpr std::string_view kCut = "...";
+  std::size_t keep = kMaxDescriptionBytes - kCut.size();
+  // Cut between UTF-8 characters: a continuation byte is 10xxxxxx.
+  while (keep > 0 && (static_cast<unsigned char>(out[keep]) & 0xC0) == 0x80) --keep;
+  return out.substr(0, keep) + std::string(kCut);
+}
+
 void write_case_file(const std::string& file, const Case& c) {
-  write_file_atomically(file, case_to_text(c), "case file");
+  const std::string text = case_to_text(c);
+  // Whatever tally writes it must read back: a case the reader rejects is a lost finding.
+  try {
+    case_from_text(text, file);
+  } catch (const CaseFileError& error) {
+    throw std::invalid_argument("refusing to write a case file the reader would reject: " +
+                                std::string(error.what()));
+  }
+  write_file_atomically(file, text, "case file");
 }
 
 }  // namespace tally::casefile

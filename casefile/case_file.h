@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,14 @@ namespace tally::casefile {
 inline constexpr int kCaseFileVersion = 1;
 // The largest case file load_case_file reads (a custom layout of 10^6 params fits).
 inline constexpr std::size_t kMaxCaseFileBytes = std::size_t{16} << 20;
+inline constexpr std::size_t kMaxDescriptionBytes = 4096;
+
+// Why `description` cannot be a case's description (longer than kMaxDescriptionBytes, or not one
+// line of text), or nullopt. The reader and every writer apply this one rule.
+std::optional<std::string> description_error(std::string_view description);
+// `text` made a valid description: control characters become '?', and a text too long is cut
+// (between UTF-8 characters) and ends in "...". For descriptions tally builds from paths.
+std::string fit_description(std::string_view text);
 
 // One line naming the file (when there is one), the field path and the problem.
 class CaseFileError : public std::invalid_argument {
@@ -43,7 +52,8 @@ Case case_from_text(std::string_view text, std::string_view source);
 // Reads a case file (bounded size). Throws CaseFileError.
 Case load_case_file(const std::string& file);
 // Writes atomically: a temporary file in the same folder, flushed, then renamed over `file`,
-// so a reader (or a crash) never sees a partial case. Throws std::runtime_error on I/O errors.
+// so a reader (or a crash) never sees a partial case. Throws std::runtime_error on I/O errors,
+// std::invalid_argument (writing nothing) when load_case_file would reject what it would write.
 void write_case_file(const std::string& file, const Case& c);
 
 }  // namespace tally::casefile

@@ -242,9 +242,19 @@ json parse_json(std::string_view text, std::string_view source, const ParseLimit
 
 std::string read_bounded_file(const std::string& file, std::size_t max_bytes,
                               std::string_view noun) {
+  // Only a regular file (or a link to one): opening a FIFO or a terminal would block forever.
   std::error_code ec;
-  if (std::filesystem::is_directory(file, ec))
+  const std::filesystem::file_status status = std::filesystem::status(file, ec);
+  if (status.type() == std::filesystem::file_type::directory)
     throw JsonReadError(file + ": is a folder, not a " + std::string(noun));
+  const char* special = status.type() == std::filesystem::file_type::fifo        ? "FIFO"
+                        : status.type() == std::filesystem::file_type::character ? "character device"
+                        : status.type() == std::filesystem::file_type::block     ? "block device"
+                        : status.type() == std::filesystem::file_type::socket    ? "socket"
+                                                                                 : nullptr;
+  if (special)
+    throw JsonReadError(file + ": is a " + special + ", not a " + std::string(noun) +
+                        " (only regular files are read)");
   std::ifstream in(file, std::ios::binary);
   if (!in) throw JsonReadError(file + ": cannot open the " + std::string(noun));
   std::string text;

@@ -1,4 +1,5 @@
 #include "cli/backend_flags.h"
+#include "cli/number_flags.h"
 
 #include <cstdlib>
 #include <string_view>
@@ -17,14 +18,12 @@ BackendChoice backend_choice(int argc, const char* const* argv) {
   for (int i = 1; i < argc; ++i) {
     if (const char* v = value_of(i, "--backend")) choice.name = v;
     if (const char* v = value_of(i, "--timeout")) {
-      char* end = nullptr;
-      const double seconds = std::strtod(v, &end);
-      if (end && *end == '\0' && seconds > 0) choice.timeout_seconds = seconds;
+      // An invalid value keeps the default here; parsing the command rejects it with exit 2.
+      if (!real_number_error(v, kLeastTimeoutSeconds, kMostTimeoutSeconds))
+        choice.timeout_seconds = std::strtod(v, nullptr);
     }
     if (const char* v = value_of(i, "--ranks-per-gpu")) {
-      char* end = nullptr;
-      const long k = std::strtol(v, &end, 10);
-      if (end && *end == '\0' && k > 0 && k <= 1 << 20) choice.ranks_per_gpu = static_cast<int>(k);
+      if (!whole_number_error(v, 1, 1 << 20)) choice.ranks_per_gpu = std::atoi(v);
     }
   }
   return choice;
@@ -41,12 +40,14 @@ void add_backend_flags(CLI::App& command) {
       .add_option("--timeout", "mpi, nccl: seconds a collective may wait before the job ends with "
                                "exit code 3 (a rank that never joined); nccl waits at most half "
                                "of it inside NCCL")
-      ->check(CLI::PositiveNumber)
+      ->type_name("SECONDS")
+      ->check(real_number(kLeastTimeoutSeconds, kMostTimeoutSeconds))
       ->default_str("60");
   command
       .add_option("--ranks-per-gpu", "nccl: virtual ranks per GPU; the case's world must be "
                                      "(mpirun -np) * this")
-      ->check(CLI::Range(1, 1 << 20))
+      ->type_name("INT")
+      ->check(whole_number(1, 1 << 20))
       ->default_str("1");
 }
 

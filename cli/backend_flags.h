@@ -8,6 +8,11 @@
 
 namespace tally::cli {
 
+// A watchdog shorter than a second would fire on the ordinary skew between ranks starting up;
+// one longer than about 11 days is not a watchdog.
+inline constexpr double kLeastTimeoutSeconds = 1.0;
+inline constexpr double kMostTimeoutSeconds = 1e6;
+
 struct BackendChoice {
   std::string name = "sim";     // sim | mpi | nccl
   double timeout_seconds = 60;  // the mpi and nccl backends' watchdog on every collective

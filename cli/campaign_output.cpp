@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 
+#include "cli/number_flags.h"
 #include "cli/usage_error.h"
 #include "fuzz/generators.h"
 #include "run/backend.h"
@@ -37,36 +38,8 @@ bool InterruptScope::interrupted() const { return g_interrupted.load(); }
 
 
 double parse_duration(const std::string& text, const std::string& flag) {
-  const std::string message =
-      flag + " '" + text + "' is not a duration (e.g. 90s, 10m, 1h30m; a plain number is seconds)";
-  if (text.empty()) throw UsageError(message);
-  double total = 0.0;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    std::size_t used = 0;
-    double value = 0.0;
-    try {
-      value = std::stod(text.substr(at), &used);
-    } catch (const std::exception&) {
-      throw UsageError(message);
-    }
-    if (used == 0 || !std::isfinite(value) || value < 0 || text[at] == '+' || text[at] == '-')
-      throw UsageError(message);
-    at += used;
-    double unit = 1.0;
-    if (at < text.size()) {
-      const char c = text[at++];
-      if (c == 's') unit = 1.0;
-      else if (c == 'm') unit = 60.0;
-      else if (c == 'h') unit = 3600.0;
-      else throw UsageError(message);
-    } else if (total > 0.0) {
-      throw UsageError(message);  // "1h30": a unit is missing
-    }
-    total += value * unit;
-  }
-  if (!(total > 0.0)) throw UsageError(flag + " must be longer than 0 (got '" + text + "')");
-  return total;
+  if (std::optional<std::string> error = duration_error(text)) throw UsageError(flag + ": " + *error);
+  return *duration_seconds(text);
 }
 
 std::string seconds_text(double seconds) {

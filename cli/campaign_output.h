@@ -31,7 +31,7 @@ class InterruptScope {
   void (*previous_term_)(int) = nullptr;
 };
 
-// "90", "90s", "10m", "1h", "1h30m", "0.5m": seconds, > 0. Throws UsageError naming `flag`.
+// A duration (cli/number_flags.h) in seconds. Throws UsageError naming `flag`.
 double parse_duration(const std::string& text, const std::string& flag);
 
 // On sim each case has its own world; on mpi and nccl every case has the job's world.

@@ -8,6 +8,8 @@
 #include <tuple>
 
 #include "cli/commands.h"
+#include "cli/number_flags.h"
+#include "cli/path_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/junit.h"
@@ -151,12 +153,13 @@ void add_check_command(CLI::App& app, CommandContext& context) {
       "does. Exit 0 pass, 1 fail, 2 bad or inconsistent manifests.");
   command->add_option("dir", options->dir, "The folder of the run's manifests")->required();
   command->add_flag("--json", options->json, "Machine-readable verdict, truth and per-rank values");
-  command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file");
+  command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file")
+      ->check(output_file());
   command->add_option("--rtol", options->rtol,
                       "Relative tolerance of reported values against the truth and against "
                       "each rank's own ledger (frameworks reduce in fp32; the ledger itself is "
                       "exact)")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(real_number(0.0, 1.0))
       ->capture_default_str();
   command->callback([options, &context] {
     const auto start = std::chrono::steady_clock::now();

@@ -4,6 +4,7 @@
 #include <ostream>
 
 #include "cli/commands.h"
+#include "cli/number_flags.h"
 #include "cli/usage_error.h"
 #include "topologies/enumerate.h"
 
@@ -33,15 +34,17 @@ void add_enumerate_command(CLI::App& app, CommandContext& context) {
       "enumerate",
       "List every valid (tp, cp, pp, ep, etp, order) of a world size. Orders are the 120 that "
       "name all five axes (an order that omits an axis of size 1 equals one of them).");
-  command->add_option("--world", options->world, "Number of ranks")->required();
+  command->add_option("--world", options->world, "Number of ranks")
+      ->required()
+      ->check(whole_number(1, kIntMax));
   command->add_flag("--json", options->json, "Machine-readable output");
   command->add_flag("--count", options->count_only, "Print only the number of configurations");
   command->add_option("--order", options->order, "Only this order (e.g. tp-cp-ep-dp-pp)");
-  command->add_option("--max-tp", options->filter.max_tp, "Largest tp (0: no limit)");
-  command->add_option("--max-cp", options->filter.max_cp, "Largest cp (0: no limit)");
-  command->add_option("--max-pp", options->filter.max_pp, "Largest pp (0: no limit)");
-  command->add_option("--max-ep", options->filter.max_ep, "Largest ep (0: no limit)");
-  command->add_option("--max-etp", options->filter.max_etp, "Largest etp (0: no limit)");
+  command->add_option("--max-tp", options->filter.max_tp, "Largest tp (0: no limit)")->check(whole_number(0, kIntMax));
+  command->add_option("--max-cp", options->filter.max_cp, "Largest cp (0: no limit)")->check(whole_number(0, kIntMax));
+  command->add_option("--max-pp", options->filter.max_pp, "Largest pp (0: no limit)")->check(whole_number(0, kIntMax));
+  command->add_option("--max-ep", options->filter.max_ep, "Largest ep (0: no limit)")->check(whole_number(0, kIntMax));
+  command->add_option("--max-etp", options->filter.max_etp, "Largest etp (0: no limit)")->check(whole_number(0, kIntMax));
   command->callback([options, &context] {
     const int world = options->world;
     if (world < 1)

@@ -10,6 +10,8 @@
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
+#include "cli/number_flags.h"
+#include "cli/path_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
@@ -174,6 +176,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
                      " (got " + std::to_string(o.max_world) + ")");
   if (o.max_failures < 0) throw UsageError("--max-failures must be at least 0 (0: no bound)");
   if (o.shrink_runs < 0) throw UsageError("--shrink-runs must be at least 0");
+  // The default corpus folder is checked too: a campaign must not find out at its first failure.
+  if (std::optional<std::string> error = output_folder_error(o.corpus)) throw UsageError("--corpus: " + *error);
   fuzz::CampaignOptions campaign;
   campaign.seed = o.seed ? *o.seed : std::random_device{}() * 4294967296ull + std::random_device{}();
   campaign.max_cases = o.cases;
@@ -271,23 +275,32 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
       "failure. Ctrl-C finishes the current case and prints the summary.");
   // A flag given twice takes its last value, so scripts' defaults can be overridden.
   command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  command->add_option("--cases", options->cases, "Stop after this many cases");
+  command->add_option("--cases", options->cases, "Stop after this many cases")
+      ->check(whole_number(1, kNoUpperBound));
   command->add_option("--time", options->time,
-                      "Stop after this long (90s, 10m, 1h30m; default 1m when --cases is not given)");
-  command->add_option("--seed", options->seed, "Campaign seed (default: a fresh one, printed)");
-  command->add_option("--max-world", options->max_world, "Largest world generated")->capture_default_str();
+                      "Stop after this long (90s, 10m, 1h30m; default 1m when --cases is not given)")
+      ->check(duration());
+  command->add_option("--seed", options->seed, "Campaign seed (default: a fresh one, printed)")
+      ->check(seed_number());
+  command->add_option("--max-world", options->max_world, "Largest world generated")
+      ->check(whole_number(1, topologies::kMaxWorld))
+      ->capture_default_str();
   command->add_option("--faults", options->faults,
                       "none, all, or fault names (comma-separated): each case switches on one")
       ->capture_default_str();
   command->add_option("--corpus", options->corpus, "Folder for the case files of failures")
+      ->check(output_folder())
       ->capture_default_str();
-  command->add_option("--junit", options->junit, "Write a JUnit XML report here");
+  command->add_option("--junit", options->junit, "Write a JUnit XML report here")->check(output_file());
   command->add_option("--max-failures", options->max_failures,
                       "Stop after this many failures (0: no bound)")
+      ->check(whole_number(0, kIntMax))
       ->capture_default_str();
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one failure")
+      ->check(whole_number(0, kIntMax))
       ->capture_default_str();
   command->add_option("--shrink-time", options->shrink_time, "Time spent shrinking one failure")
+      ->check(duration())
       ->capture_default_str();
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
   add_backend_flags(*command);

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/layout_json.h"
 #include "cli/model_flags.h"
+#include "cli/number_flags.h"
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
 #include "casefile/model_json.h"
@@ -250,7 +251,7 @@ void add_layout_command(CLI::App& app, CommandContext& context) {
       "Without --world, the smallest world the sizes allow");
   add_topology_flags(*command, options->topology, /*world_required=*/false);
   add_model_flags(*command, options->model);
-  command->add_option("--rank", options->rank, "Show what this rank holds");
+  command->add_option("--rank", options->rank, "Show what this rank holds")->check(any_int());
   command->add_flag("--json", options->json, "Machine-readable output");
   command->callback([options, &context] {
     const RankLayout layout(to_config(options->topology));

@@ -1,5 +1,6 @@
 #include "cli/model_flags.h"
 
+#include "cli/number_flags.h"
 #include "cli/usage_error.h"
 #include "casefile/model_json.h"
 
@@ -8,21 +9,23 @@ namespace tally::cli {
 void add_model_flags(CLI::App& command, ModelFlags& f) {
   topologies::ModelSpec& s = f.spec;
   auto add = [&](CLI::Option* option) { f.options.push_back(option); };
+  // Model sizes: any int here; check_model states their bounds.
+  auto size = [&](CLI::Option* option) { f.options.push_back(option->check(any_int())); };
   command.add_option("--model", f.file,
                      "A JSON model spec (kind gpt with these fields in snake_case, or kind "
                      "custom with params by class); excludes the model flags");
-  add(command.add_option("--num-layers", s.num_layers, "Decoder layers")->capture_default_str());
-  add(command.add_option("--hidden-size", s.hidden_size, "Hidden size")->capture_default_str());
-  add(command.add_option("--num-attention-heads", s.num_attention_heads, "Attention heads")
+  size(command.add_option("--num-layers", s.num_layers, "Decoder layers")->capture_default_str());
+  size(command.add_option("--hidden-size", s.hidden_size, "Hidden size")->capture_default_str());
+  size(command.add_option("--num-attention-heads", s.num_attention_heads, "Attention heads")
           ->capture_default_str());
-  add(command.add_option("--num-query-groups", s.num_query_groups,
+  size(command.add_option("--num-query-groups", s.num_query_groups,
                          "Query groups (GQA; default: the number of heads)"));
-  add(command.add_option("--kv-channels", s.kv_channels,
+  size(command.add_option("--kv-channels", s.kv_channels,
                          "Channels per head (default: hidden size / heads)"));
-  add(command.add_option("--ffn-hidden-size", s.ffn_hidden_size,
+  size(command.add_option("--ffn-hidden-size", s.ffn_hidden_size,
                          "Dense MLP hidden size (default: 4 * hidden size)"));
-  add(command.add_option("--vocab-size", s.vocab_size, "Vocabulary size")->capture_default_str());
-  add(command.add_option("--max-position-embeddings", s.max_position_embeddings,
+  size(command.add_option("--vocab-size", s.vocab_size, "Vocabulary size")->capture_default_str());
+  size(command.add_option("--max-position-embeddings", s.max_position_embeddings,
                          "Rows of the learned position embedding")
           ->capture_default_str());
   add(command.add_flag("--disable-bias-linear", f.disable_bias_linear,
@@ -42,23 +45,23 @@ void add_model_flags(CLI::App& command, ModelFlags& f) {
   add(command.add_flag("--untie-embeddings-and-output-weights",
                        s.untie_embeddings_and_output_weights, "Separate output layer"));
   add(command.add_flag("--swiglu", s.swiglu, "Gated FC1 (twice the rows)"));
-  add(command.add_option("--num-experts", s.num_experts, "Routed experts per MoE layer (0: dense)")
+  size(command.add_option("--num-experts", s.num_experts, "Routed experts per MoE layer (0: dense)")
           ->capture_default_str());
-  add(command.add_option("--moe-ffn-hidden-size", s.moe_ffn_hidden_size,
+  size(command.add_option("--moe-ffn-hidden-size", s.moe_ffn_hidden_size,
                          "Expert hidden size (default: ffn hidden size)"));
-  add(command.add_option("--moe-shared-expert-intermediate-size",
+  size(command.add_option("--moe-shared-expert-intermediate-size",
                          s.moe_shared_expert_intermediate_size, "Shared expert size (0: none)"));
   add(command.add_flag("--moe-shared-expert-gate", s.moe_shared_expert_gate,
                        "A gate weight on the shared expert"));
-  add(command.add_option("--moe-layer-freq", s.moe_layer_freq,
+  size(command.add_option("--moe-layer-freq", s.moe_layer_freq,
                          "Every n-th layer is MoE (layers 0, n, 2n, ...)")
           ->capture_default_str());
-  add(command.add_option("--mtp-num-layers", s.mtp_num_layers, "Multi-token prediction layers"));
+  size(command.add_option("--mtp-num-layers", s.mtp_num_layers, "Multi-token prediction layers"));
   add(command.add_flag("--mtp-detach-heads", s.mtp_detach_heads,
                        "MTP params in their own grad-norm group ('mtp')"));
-  add(command.add_option("--decoder-first-pipeline-num-layers", s.first_stage_layers,
+  size(command.add_option("--decoder-first-pipeline-num-layers", s.first_stage_layers,
                          "Layers on the first pipeline stage (uneven stages)"));
-  add(command.add_option("--decoder-last-pipeline-num-layers", s.last_stage_layers,
+  size(command.add_option("--decoder-last-pipeline-num-layers", s.last_stage_layers,
                          "Layers on the last pipeline stage (uneven stages)"));
 }
 

@@ -10,6 +10,8 @@
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
+#include "cli/number_flags.h"
+#include "cli/path_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
@@ -144,14 +146,21 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
       "The mutation score: for each fault of the catalog, fuzz with only that fault switched on "
       "until a case fails or the budget is spent; a table of faults found, cases needed and the "
       "shrunk case. Exit 0 when every applicable fault is found, 1 otherwise.");
-  command->add_option("--budget", options->budget, "Cases per fault")->capture_default_str();
-  command->add_option("--seed", options->seed, "Campaign seed (the same for every fault)")
+  command->add_option("--budget", options->budget, "Cases per fault")
+      ->check(whole_number(1, kNoUpperBound))
       ->capture_default_str();
-  command->add_option("--max-world", options->max_world, "Largest world generated")->capture_default_str();
+  command->add_option("--seed", options->seed, "Campaign seed (the same for every fault)")
+      ->check(seed_number())
+      ->capture_default_str();
+  command->add_option("--max-world", options->max_world, "Largest world generated")
+      ->check(whole_number(1, topologies::kMaxWorld))
+      ->capture_default_str();
   command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
       ->capture_default_str();
-  command->add_option("--corpus", options->corpus, "Write each finding's case files here");
+  command->add_option("--corpus", options->corpus, "Write each finding's case files here")
+      ->check(output_folder());
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")
+      ->check(whole_number(0, kIntMax))
       ->capture_default_str();
   command->add_flag("--json", options->json, "Machine-readable table");
   add_backend_flags(*command);

@@ -9,6 +9,7 @@
 
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
+#include "cli/path_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "casefile/case_file.h"
@@ -152,7 +153,8 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
       "order), and check each one's expectation (a case without one must pass). Exit 0 when "
       "every expectation is met, 1 when one is not, 2 when a path is missing or a file invalid.");
   command->add_option("paths", options->paths, "Case files and folders")->required();
-  command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file");
+  command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file")
+      ->check(output_file());
   command->add_flag("--json", options->json, "Machine-readable results");
   add_backend_flags(*command);
   command->callback([options, &context] {

@@ -7,6 +7,8 @@
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
 #include "cli/model_flags.h"
+#include "cli/number_flags.h"
+#include "cli/path_flags.h"
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
@@ -189,7 +191,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       ->capture_default_str();
   command->add_option("--grad-dtype", options->grad_dtype, "Stored gradient dtype: fp32, bf16, fp16")
       ->capture_default_str();
-  command->add_option("--seed", options->seed, "Gradient seed")->capture_default_str();
+  command->add_option("--seed", options->seed, "Gradient seed")->check(seed_number())->capture_default_str();
   command->add_option("--grad-classes", options->grad_classes,
                       "Only these param classes get gradients, the rest are zero "
                       "(e.g. expert-row-bias)")
@@ -197,12 +199,15 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
   command->add_option("--accumulation", options->accumulation, "Local sums in fp64 or fp32")
       ->capture_default_str();
   command->add_option("--p-norms", options->p_norms, "Extra p-norms to check (e.g. 1,3)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(any_real());
   command->add_option("--max-norm,--clip-grad", options->max_norm,
                       "Clip threshold (Megatron-LM's --clip-grad; 0: no clipping)")
+      ->check(any_real())
       ->capture_default_str();
   command->add_option("--bucket-elements", options->bucket_elements,
                       "Distributed optimizer bucket size in elements (0: one bucket)")
+      ->check(whole_number(0, kNoUpperBound))
       ->capture_default_str();
   command->add_option("--fault", options->faults,
                       "Switch on faults of the catalog: names (repeat, or comma-separate), all, or "
@@ -214,7 +219,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
   command->add_option("case", options->case_file,
                       "A case file (JSON, docs/case-files.md) to run instead of the case flags");
   command->add_option("--save", options->save,
-                      "Write the case to this file (atomically) before running it");
+                      "Write the case to this file (atomically) before running it")
+      ->check(output_file());
   command->add_option("--expect", options->expect,
                       "With --save: the expectation to record: pass, fail, or observed (what "
                       "this run shows: outcome, failed statistics, miscounted params)")
@@ -225,7 +231,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                       "After the run, write the manifests tally's own model of the path would "
                       "write (rank-<R>.json per rank, docs/manifest.md, faults included) to "
                       "this folder, for `tally check DIR`. sim backend only; a run that hangs "
-                      "writes none");
+                      "writes none")
+      ->check(output_folder());
   command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
   command->add_flag("--json", options->json, "Machine-readable verdict");
   add_backend_flags(*command);
@@ -247,9 +254,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                        " backend returns only the verdict, not each rank's decisions)");
     casefile::Case c = input_case(o);
     if (!o.description.empty()) {
-      for (char ch : o.description)
-        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
-          throw UsageError("--description must be one line without control characters");
+      if (std::optional<std::string> error = casefile::description_error(o.description))
+        throw UsageError("--description: " + *error);
       c.description = o.description;
     }
     if (o.expect == "pass") c.expect = casefile::Expectation{};

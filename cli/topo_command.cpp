@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/layout_json.h"
+#include "cli/number_flags.h"
 #include "cli/topology_flags.h"
 #include "cli/usage_error.h"
 #include "topologies/rank_layout.h"
@@ -147,9 +148,11 @@ void add_topo_command(CLI::App& app, CommandContext& context) {
   add_topology_flags(*command, options->topology, /*world_required=*/true);
   command->add_flag("--json", options->json, "Machine-readable output");
   command->add_option("--rank", options->rank,
-                      "Show one rank: its coordinates and its group in every family");
+                      "Show one rank: its coordinates and its group in every family")
+      ->check(any_int());
   command->add_option("--max-groups", options->max_groups,
                       "Groups listed per family in the table (0: all)")
+      ->check(any_int())
       ->capture_default_str();
   command->add_flag("--all", options->all, "List every group in the table");
   command->callback([options, &context] {

@@ -95,11 +95,11 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     failure.index = index;
     failure.signature = failure_signature(verdict);
     failure.original = std::move(c);
-    failure.original.description = "tally fuzz --seed " + std::to_string(options.seed) +
+    failure.original.description = casefile::fit_description("tally fuzz --seed " + std::to_string(options.seed) +
                                    ": case " + std::to_string(index) + " (RapidCheck seed " +
                                    std::to_string(case_seed(options.seed, index)) + ", size " +
                                    std::to_string(case_size_param(index)) + "), faults " +
-                                   fault_names(failure.original);
+                                   fault_names(failure.original));
     failure.original.expect = expectation_of(verdict);
     failure.original_verdict = verdict;
     if (!options.corpus_dir.empty()) {
@@ -117,13 +117,13 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     failure.shrunk_verdict = shrunk.verdict;
     failure.shrink = shrunk.progress;
     failure.shrink_complete = shrunk.complete;
-    failure.shrunk.description =
+    failure.shrunk.description = casefile::fit_description(
         "shrunk from " +
         (failure.original_path.empty() ? "case " + std::to_string(index) : failure.original_path) +
         " (tally fuzz --seed " + std::to_string(options.seed) + ") in " +
         std::to_string(shrunk.progress.steps) + " steps" +
         (shrunk.complete ? "" : ", stopped early") + ": faults " + fault_names(failure.shrunk) +
-        ", " + describe(failure_signature(shrunk.verdict));
+        ", " + describe(failure_signature(shrunk.verdict)));
     failure.shrunk.expect = expectation_of(shrunk.verdict);
     if (!options.corpus_dir.empty()) {
       failure.shrunk_path = corpus_file(options.corpus_dir, options.seed, index, ".shrunk.json");

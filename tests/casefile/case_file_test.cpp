@@ -7,6 +7,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/stat.h>
+
+#include "casefile/model_json.h"
 #include "tests/support/fault_cases.h"
 #include "tests/support/model_gen.h"
 #include "topologies/logical_model.h"
@@ -403,6 +406,63 @@ TEST(CaseFile, LoadErrorsNameTheFile) {
   } catch (const CaseFileError& error) {
     EXPECT_EQ(std::string(error.what()), folder.string() + ": is a folder, not a case file");
   }
+}
+
+// A FIFO, a terminal or a socket as a case file once blocked the reader forever.
+TEST(CaseFile, ReadingAFifoIsRefusedWithoutBlocking) {
+  const fs::path fifo = fs::path(::testing::TempDir()) / "case-fifo.json";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    load_case_file(fifo.string());
+    ADD_FAILURE() << "no error";
+  } catch (const CaseFileError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              fifo.string() + ": is a FIFO, not a case file (only regular files are read)");
+  }
+  try {
+    load_model_spec(fifo.string());
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& error) {
+    EXPECT_NE(std::string(error.what()).find("is a FIFO, not a model file"), std::string::npos) << error.what();
+  }
+  fs::remove(fifo);
+}
+
+TEST(CaseFile, DescriptionRuleIsTheReadersLimit) {
+  EXPECT_FALSE(description_error(std::string(kMaxDescriptionBytes, 'x')));
+  EXPECT_EQ(description_error(std::string(kMaxDescriptionBytes + 1, 'x')),
+            "a description is at most 4096 bytes, got 4097");
+  EXPECT_EQ(description_error("two\nlines"), "expected one line of text without control characters");
+}
+
+// A fuzz campaign with a corpus path of about 4,000 characters once wrote a shrunk case whose
+// description (built from the path) the reader rejected: a finding that could not be replayed.
+TEST(CaseFile, FittedDescriptionsAlwaysReadBack) {
+  const std::string path(5000, 'p');
+  const std::string fitted = fit_description("shrunk from " + path + "\t(tab)");
+  EXPECT_FALSE(description_error(fitted));
+  EXPECT_EQ(fitted.size(), kMaxDescriptionBytes);
+  EXPECT_EQ(fitted.substr(fitted.size() - 3), "...");
+  EXPECT_EQ(fit_description("a\tb"), "a?b");
+  // Cut between UTF-8 characters, never inside one.
+  std::string accents;
+  while (accents.size() < kMaxDescriptionBytes + 10) accents += "\xc3\xa9";
+  const std::string cut = fit_description(accents);
+  EXPECT_FALSE(description_error(cut));
+  EXPECT_EQ((cut.size() - 3) % 2, 0u);
+  Case c = founding_case(2);
+  c.description = cut;
+  EXPECT_EQ(case_from_text(case_to_text(c), "fitted").description, cut);
+}
+
+TEST(CaseFile, WriterRefusesWhatTheReaderWouldReject) {
+  const fs::path file = fs::path(::testing::TempDir()) / "too-long-description.json";
+  fs::remove(file);
+  Case c = founding_case(2);
+  c.description = std::string(kMaxDescriptionBytes + 1, 'x');
+  EXPECT_THROW(write_case_file(file.string(), c), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(file));
 }
 
 TEST(CaseFile, StrayClassMaskBitsAreAProgrammingError) {
