@@ -1,6 +1,7 @@
 #include "oracle/diagnosis.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 namespace tally::oracle {
@@ -58,6 +59,25 @@ std::string replicated_text(const record::RunRecord& run, const record::RankReco
     }
   }
   return "?";
+}
+
+// Whether the rule recorded for a piece keeps it (before any norm is discarded); nullopt where
+// the group it names is missing from the record.
+std::optional<bool> rule_keeps(const record::RunRecord& run, const record::RankRecord& rank,
+                               const record::Piece& piece) {
+  switch (piece.rule.basis) {
+    case record::Basis::shared_copy: return false;
+    case record::Basis::no_filter:
+    case record::Basis::tensor_parallel_shard: return true;
+    case record::Basis::replicated: break;
+  }
+  const record::ChildRecord& child = rank.children[static_cast<std::size_t>(piece.child)];
+  const int group = piece.rule.dedup == record::DedupGroup::global_tp ? rank.tp_group
+                    : piece.rule.dedup == record::DedupGroup::expert_tp ? child.expert_tp_group
+                                                                         : child.tp_group;
+  if (group < 0) return std::nullopt;
+  const std::vector<int>& ranks = run.groups[static_cast<std::size_t>(group)];
+  return !ranks.empty() && ranks.front() == rank.rank;
 }
 
 // What one rank does with one tensor.
@@ -118,7 +138,17 @@ std::string rule_text(const record::RunRecord& run, const record::RankRecord& ra
   if (tensor.norm_group != 0)
     why += ", in grad_norm_group '" + run.norm_groups[static_cast<std::size_t>(tensor.norm_group)].name + "'";
   if (piece.rule.child_norm_discarded) why += "; its optimizer's norm was computed, then discarded";
-  return why + (counts_in(piece, ledger, run) ? ": kept" : ": dropped");
+  const bool counted = counts_in(piece, ledger, run);
+  // A run's own decision can contradict its rule (a manifest's kept and kept_zeros are reported,
+  // not derived): say so rather than let the rule seem to explain it.
+  if (const std::optional<bool> keeps = rule_keeps(run, rank, piece)) {
+    const bool expected = ledger == zero_count_ledger(run)
+                              ? *keeps
+                              : *keeps && !piece.rule.child_norm_discarded && tensor.norm_group == ledger;
+    if (counted != expected)
+      return why + (counted ? ": kept, though that rule drops it" : ": dropped, though that rule keeps it");
+  }
+  return why + (counted ? ": kept" : ": dropped");
 }
 
 Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong) {
