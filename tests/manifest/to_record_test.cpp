@@ -67,6 +67,8 @@ TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
   EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
   EXPECT_EQ(report.verdict.miscounted_total, 0);
   EXPECT_FALSE(stat(report, "l2-ledger")->ok);
+  EXPECT_NE(stat(report, "l2-ledger")->diagnosis.find("its reduction is not the sum of their squares"),
+            std::string::npos);
 }
 
 TEST(ManifestRunJudged, RanksThatReportDifferentNormsDisagree) {
@@ -83,6 +85,45 @@ TEST(ManifestRunJudged, ZeroCountIsExact) {
   run[1].reported.zeros = 1;
   const CheckReport report = check_run(run);
   EXPECT_FALSE(stat(report, "zeros")->ok);
+}
+
+// Issue 18: the zero count each rank's ledger implies was printed, never judged.
+TEST(ManifestRunJudged, ZeroCountIsJudgedAgainstTheRanksOwnLedger) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) {
+    m.params[0].stats = {6.0, 1.0, 2};  // norm.weight: 2 zeros of 8
+    m.optimizers[0].main_params[0].stats = m.params[0].stats;
+    m.reported.norm = std::sqrt(54.0);
+    m.reported.zeros = 2;
+  }
+  const CheckReport right = check_run(run);
+  EXPECT_EQ(right.verdict.kind, oracle::Verdict::Kind::pass);
+  ASSERT_NE(stat(right, "zeros-ledger"), nullptr);
+  EXPECT_TRUE(stat(right, "zeros-ledger")->ok);
+  EXPECT_EQ(stat(right, "zeros-ledger")->diagnosis, "");
+
+  // A count that is not the sum of the kept pieces' zeros: wrong against the truth and the ledger.
+  run[1].reported.zeros = 3;
+  const CheckReport reduced_wrong = check_run(run);
+  const oracle::StatisticCheck* ledger = stat(reduced_wrong, "zeros-ledger");
+  ASSERT_NE(ledger, nullptr);
+  EXPECT_FALSE(ledger->ok);
+  EXPECT_EQ(ledger->rank, 1);
+  EXPECT_EQ(ledger->got, 3.0);
+  EXPECT_EQ(ledger->expected, 2.0);
+  EXPECT_EQ(ledger->diagnosis,
+            "rank 1 reports 3 zeros, but the pieces its stats groups kept for the zero count hold 2: its count "
+            "is not the sum of theirs (counted in float32, or padding counted as zeros)");
+
+  // The TP replica of norm.weight kept for the zero count too: the ledger implies 4, the truth is
+  // 2, and a rank reporting 2 did not count what its manifest says it kept.
+  run[1].reported.zeros = 2;
+  run[1].optimizers[0].main_params[0].kept_zeros = true;
+  const CheckReport kept_twice = check_run(run);
+  EXPECT_TRUE(stat(kept_twice, "zeros")->ok);
+  EXPECT_FALSE(stat(kept_twice, "zeros-ledger")->ok);
+  EXPECT_EQ(stat(kept_twice, "zeros-ledger")->expected, 4.0);
+  EXPECT_EQ(kept_twice.verdict.kind, oracle::Verdict::Kind::fail);
 }
 
 TEST(ManifestRunJudged, ClipCoefficientIsJudgedAgainstTheTruth) {
