@@ -72,7 +72,7 @@ class Expectations {
   // The coefficient a child with `max_norm` must report, and its bound.
   std::pair<double, double> clip(double max_norm) const {
     const ClipTruth clip = clip_truth(max_norm, truth_.main.norm);
-    const double expected = clip.applies ? clip.coefficient : 1.0;
+    const double expected = clip.applied();
     if (!derived()) return {expected, relative(expected)};
     return {expected, clip.applies && main_.clip_decision_certain ? main_.clip_coefficient : 0.0};
   }

@@ -135,6 +135,19 @@ TEST(ManifestRunJudged, ClipCoefficientIsJudgedAgainstTheTruth) {
   EXPECT_FALSE(stat(check_run(run), "clip")->ok);
 }
 
+// Issue 18, item 3: max_norm 0 never clips (gradnorm/path.cpp), so the coefficient is 1.
+TEST(ManifestRunJudged, ClipWithMaxNormZeroExpectsCoefficientOne) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) m.optimizers[0].clip = Clip{0.0, 1.0};
+  const CheckReport report = check_run(run);
+  ASSERT_NE(stat(report, "clip"), nullptr);
+  EXPECT_EQ(stat(report, "clip")->expected, 1.0);
+  EXPECT_TRUE(stat(report, "clip")->ok);
+  EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::pass);
+  for (RankManifest& m : run) m.optimizers[0].clip->coefficient = 0.0;  // the raw quotient 0 / norm
+  EXPECT_FALSE(stat(check_run(run), "clip")->ok);
+}
+
 TEST(ManifestRunJudged, ParamOutsideTheMainNormMustNotBeKept) {
   std::vector<RankManifest> run = founding_run(false);
   for (RankManifest& m : run) {
