@@ -74,7 +74,7 @@ void print_verdict(std::ostream& out, const casefile::Case& c, const oracle::Ver
 }
 
 void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
-  out << std::left << std::setw(11) << "stat" << std::setw(25) << "got" << std::setw(25)
+  out << std::left << std::setw(14) << "stat" << std::setw(25) << "got" << std::setw(25)
       << "expected" << std::setw(11) << "error" << std::setw(11) << "bound"
       << "result\n";
   for (const oracle::StatisticCheck& s : verdict.stats) {
@@ -82,10 +82,12 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
     std::string result = s.ok ? "ok" : "FAIL";
     if (s.bound > 0.0) result += " (error/bound " + short_number(s.error / s.bound) + ")";
     if (!s.ok) result += " on rank " + std::to_string(s.rank);
-    out << std::setw(11) << s.name << std::setw(25) << record::all_digits(s.got) << std::setw(25)
+    out << std::setw(14) << s.name << std::setw(25) << record::all_digits(s.got) << std::setw(25)
         << record::all_digits(s.expected) << std::setw(11) << short_number(s.error) << std::setw(11) << bound
         << result << '\n';
   }
+  for (const oracle::StatisticCheck& s : verdict.stats)
+    if (!s.diagnosis.empty()) out << std::right << "  " << s.name << ": " << s.diagnosis << '\n';
   out << std::right << "\nranks agree: "
       << (verdict.ranks_agree ? "yes" : "NO: " + verdict.disagreement) << '\n';
   if (verdict.miscounted_total == 0) {
@@ -128,9 +130,11 @@ nlohmann::ordered_json verdict_json(const oracle::Verdict& verdict) {
   }
   nlohmann::ordered_json& stats = j["stats"];
   stats = nlohmann::ordered_json::object();
-  for (const oracle::StatisticCheck& s : verdict.stats)
+  for (const oracle::StatisticCheck& s : verdict.stats) {
     stats[s.name] = {{"got", s.got},     {"expected", s.expected}, {"error", s.error},
                      {"bound", s.bound}, {"ok", s.ok},             {"rank", s.rank}};
+    if (!s.diagnosis.empty()) stats[s.name]["diagnosis"] = s.diagnosis;
+  }
   nlohmann::ordered_json miscounted = nlohmann::ordered_json::array();
   for (const oracle::Miscount& m : verdict.miscounted) {
     nlohmann::ordered_json entry = {{"param", m.name},       {"class", m.param_class},

@@ -450,36 +450,44 @@ int rank_of_file_name(const std::string& name) {
 
 }  // namespace
 
+std::vector<RankManifest> read_run(const std::vector<std::string>& paths, const FileBytes& bytes_of,
+                                   const std::string& folder) {
+  std::vector<std::pair<int, std::string>> files;
+  for (const std::string& path : paths) {
+    const int rank = rank_of_file_name(std::filesystem::path(path).filename().string());
+    if (rank >= 0) files.emplace_back(rank, path);
+  }
+  if (files.empty())
+    throw ManifestError(folder + ": no manifest in the folder (expected rank-<R>.json files)");
+  std::sort(files.begin(), files.end());
+  std::vector<RankManifest> run;
+  run.reserve(files.size());
+  for (const auto& [rank, file] : files) {
+    RankManifest m = manifest_from_text(bytes_of(file), file);
+    if (m.rank != rank)
+      throw ManifestError(casefile::escape_controls(file) + ": manifest.rank: the file is named for rank " +
+                          std::to_string(rank) + " but holds rank " + std::to_string(m.rank));
+    run.push_back(std::move(m));
+  }
+  return run;
+}
+
 std::vector<RankManifest> load_run(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_directory(dir, error))
     throw ManifestError(dir + ": not a folder of manifests (expected rank-<R>.json files)");
-  std::vector<std::pair<int, std::string>> files;
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    const int rank = rank_of_file_name(it->path().filename().string());
-    if (rank >= 0) files.emplace_back(rank, it->path().string());
-  }
+  std::vector<std::string> paths;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error))
+    paths.push_back(it->path().string());
   if (error) throw ManifestError(dir + ": cannot list the folder (" + error.message() + ")");
-  if (files.empty())
-    throw ManifestError(dir + ": no manifest in the folder (expected rank-<R>.json files)");
-  std::sort(files.begin(), files.end());
-  std::vector<RankManifest> run;
-  run.reserve(files.size());
-  for (const auto& [rank, file] : files) {
-    std::string text;
+  return read_run(paths, [](const std::string& path) {
     try {
-      text = casefile::read_bounded_file(file, kMaxManifestBytes, "manifest");
+      return casefile::read_bounded_file(path, kMaxManifestBytes, "manifest");
     } catch (const casefile::JsonReadError& e) {
       throw ManifestError(e.what());
     }
-    RankManifest m = manifest_from_text(text, file);
-    if (m.rank != rank)
-      throw ManifestError(file + ": manifest.rank: the file is named for rank " +
-                          std::to_string(rank) + " but holds rank " + std::to_string(m.rank));
-    run.push_back(std::move(m));
-  }
-  return run;
+  }, dir);
 }
 
 void write_run(const std::string& dir, const std::vector<RankManifest>& manifests) {

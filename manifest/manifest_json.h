@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -33,8 +34,16 @@ RankManifest manifest_from_text(std::string_view text, std::string_view source);
 
 // "rank-7.json".
 std::string manifest_file_name(int rank);
-// Every rank-<R>.json of `dir` (other files ignored), in rank order of their file names.
-// Throws ManifestError when the folder cannot be read or holds no manifest.
+
+// The bytes of a file of a run's folder, by its path; throws ManifestError when it cannot.
+using FileBytes = std::function<std::string(const std::string& path)>;
+// The manifests among the files `paths` of `folder` (those named rank-<R>.json, others ignored
+// and never read), in rank order, each read with `bytes_of` one at a time and strictly, holding
+// the rank its name says. Throws ManifestError, naming `folder` when no file is a manifest.
+std::vector<RankManifest> read_run(const std::vector<std::string>& paths, const FileBytes& bytes_of,
+                                   const std::string& folder);
+// Every rank-<R>.json of `dir` (other files ignored), as read_run reads them. Throws
+// ManifestError when the folder cannot be read or holds no manifest.
 std::vector<RankManifest> load_run(const std::string& dir);
 // Writes rank-<R>.json for each manifest, each atomically; creates `dir` when missing.
 void write_run(const std::string& dir, const std::vector<RankManifest>& manifests);

@@ -7,13 +7,13 @@
 #include <utility>
 
 #include "manifest/manifest_json.h"
+#include "manifest/statistics.h"
 #include "record/text.h"
 
 namespace tally::manifest {
 
 namespace {
 
-constexpr double kReplicaRtol = 1e-9;               // replicas hold the same gradient
 constexpr std::size_t kMaxShownRanks = 16;
 
 [[noreturn]] void invalid(int rank, const std::string& why) {
@@ -34,10 +34,6 @@ std::int64_t volume(const std::vector<std::int64_t>& extents) {
   std::int64_t n = 1;
   for (std::int64_t e : extents) n *= e;
   return n;
-}
-
-bool close(double a, double b, double rtol) {
-  return std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b));
 }
 
 // ---- the run as a whole -------------------------------------------------------------------
@@ -138,8 +134,7 @@ struct Holder {
 
 struct DistinctBox {
   std::vector<std::int64_t> offsets, extents;
-  Holder first;  // the holder whose statistics stand for the box
-  GradStats stats;
+  Holder first;  // the first holder
 };
 
 struct LogicalParam {
@@ -192,19 +187,7 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
       const Holder here{m->rank, static_cast<int>(i)};
       bool placed = false;
       for (DistinctBox& box : l.boxes) {
-        if (box.offsets == p.offsets && box.extents == p.extents) {
-          const GradStats& s = box.stats;
-          if (s.zeros != p.stats.zeros || s.abs_max != p.stats.abs_max ||
-              !close(s.sum_squares, p.stats.sum_squares, kReplicaRtol))
-            invalid(m->rank, param_at(*m, static_cast<int>(i)) +
-                                 ": replicas disagree: sum_squares " +
-                                 record::all_digits(p.stats.sum_squares) + ", abs_max " +
-                                 record::all_digits(p.stats.abs_max) + ", zeros " +
-                                 std::to_string(p.stats.zeros) + " here, but " +
-                                 record::all_digits(s.sum_squares) + ", " + record::all_digits(s.abs_max) +
-                                 ", " + std::to_string(s.zeros) + " on rank " +
-                                 std::to_string(box.first.rank) + " for the same box offsets " +
-                                 shape_text(p.offsets) + " extents " + shape_text(p.extents));
+        if (box.offsets == p.offsets && box.extents == p.extents) {  // a replica
           placed = true;
           break;
         }
@@ -215,7 +198,7 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
                                shape_text(box.offsets) + " extents " + shape_text(box.extents) +
                                " partially (boxes of one logical param are identical or disjoint)");
       }
-      if (!placed) l.boxes.push_back({p.offsets, p.extents, here, p.stats});
+      if (!placed) l.boxes.push_back({p.offsets, p.extents, here});
     }
   }
   double total = 0.0;
@@ -276,6 +259,7 @@ record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
   check_groups(ranks);
   std::vector<std::vector<int>> index_of;
   const std::vector<LogicalParam> model = rebuild_logical_model(ranks, index_of);
+  check_statistics(ranks, index_of);
 
   record::RunRecord run;
   const RankManifest& first = *ranks.front();

@@ -3,10 +3,11 @@
 // the same world, parallel sizes and optimizer count everywhere, every group the same rank list
 // on each of its members, one shape and one norm group per logical name, boxes of one logical
 // param identical or disjoint and together covering every element (else the truth is unknown),
-// and replicas (identical boxes) whose statistics agree. Then rebuilds the logical model from the
-// boxes (tensors in order of first appearance) and, per piece, the rule Megatron-LM's filter
-// applies to the main copy's attributes with the groups its optimizer gave it; the keep decisions
-// are the framework's own `kept` and `kept_zeros`.
+// and statistics that are possible and agree wherever pieces hold the same elements
+// (manifest/statistics.h). Then rebuilds the logical model from the boxes (tensors in order of
+// first appearance) and, per piece, the rule Megatron-LM's filter applies to the main copy's
+// attributes with the groups its optimizer gave it; the keep decisions are the framework's own
+// `kept` and `kept_zeros`.
 #pragma once
 
 #include <vector>

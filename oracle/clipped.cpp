@@ -67,7 +67,7 @@ class ClippedJudge {
       m.got = wrong.got;
       m.expected = wrong.expected;
       m.applied_coefficient = clipped[i].coefficient;
-      m.expected_coefficient = clip.applies ? clip.coefficient : 1.0;
+      m.expected_coefficient = clip.applied();
       return m;
     }
     return std::nullopt;

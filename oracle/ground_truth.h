@@ -64,11 +64,15 @@ struct PNormTruth {
 
 // The clip coefficient exactly as Megatron-LM computes it from a float norm: in fp64,
 // max_norm / (norm + 1e-6), applied only when below 1. `coefficient` is the raw value (0 when
-// max_norm is 0, which disables clipping).
+// max_norm is 0, which disables clipping): what a path multiplies by is applied().
 struct ClipTruth {
   double max_norm = 0.0;
   double coefficient = 0.0;
   bool applies = false;  // max_norm > 0 and coefficient < 1
+  // The coefficient a path reports and multiplies its gradients by: 1 where it does not clip
+  // (max_norm <= 0 never clips, as gradnorm/path.cpp's clip_coefficient). The one place the
+  // judge and the clipped check read it from.
+  double applied() const { return applies ? coefficient : 1.0; }
   // The coefficient multi_tensor_scale receives: a Python float entering as a float.
   float scale() const { return static_cast<float>(coefficient); }
   friend bool operator==(const ClipTruth&, const ClipTruth&) = default;

@@ -72,7 +72,7 @@ class Expectations {
   // The coefficient a child with `max_norm` must report, and its bound.
   std::pair<double, double> clip(double max_norm) const {
     const ClipTruth clip = clip_truth(max_norm, truth_.main.norm);
-    const double expected = clip.applies ? clip.coefficient : 1.0;
+    const double expected = clip.applied();
     if (!derived()) return {expected, relative(expected)};
     return {expected, clip.applies && main_.clip_decision_certain ? main_.clip_coefficient : 0.0};
   }
@@ -83,10 +83,25 @@ class Expectations {
   Tolerance main_, mtp_;
 };
 
+// A rank's value against its own ledger: the record's keep decisions and statistics are right
+// by the ledger's reckoning, so the difference is in how the rank combined them.
+std::string ledger_diagnosis(const StatisticCheck& c) {
+  const std::string rank = "rank " + std::to_string(c.rank);
+  if (c.name == "l2-ledger")
+    return rank + " reports norm " + record::all_digits(c.got) + ", but the pieces its stats groups kept " +
+           "for the norm sum to the square of " + record::all_digits(c.expected) +
+           ": its reduction is not the sum of their squares (averaged, or combined otherwise)";
+  if (c.name == "zeros-ledger")
+    return rank + " reports " + record::all_digits(c.got) + " zeros, but the pieces its stats groups kept " +
+           "for the zero count hold " + record::all_digits(c.expected) +
+           ": its count is not the sum of theirs (counted in float32, or padding counted as zeros)";
+  return "";
+}
+
 std::vector<StatisticCheck> check_statistics(const record::RunRecord& run, const GroundTruth& truth,
                                              const Bounds& bounds, const LedgerResult& ledgers) {
   const Expectations e(truth, bounds);
-  std::vector<Sample> l2, l2_ledger, inf, zeros, clip;
+  std::vector<Sample> l2, l2_ledger, inf, zeros, zeros_ledger, clip;
   std::vector<std::vector<Sample>> group_norms(run.norm_groups.size());
   std::vector<std::vector<Sample>> p_norms(run.p_values.size());
   for (const record::RankRecord& rank : run.ranks) {
@@ -100,8 +115,13 @@ std::vector<StatisticCheck> check_statistics(const record::RunRecord& run, const
       }
     }
     if (r.inf_norm) inf.push_back({at, *r.inf_norm, truth.main.abs_max, e.inf_bound(truth.main.abs_max)});
-    if (r.zeros)
+    if (r.zeros) {
       zeros.push_back({at, static_cast<double>(*r.zeros), static_cast<double>(truth.zeros), 0.0});
+      if (ledgers.has_statistics) {
+        const auto implied = static_cast<double>(ledgers.implied_zeros[static_cast<std::size_t>(at)]);
+        zeros_ledger.push_back({at, static_cast<double>(*r.zeros), implied, 0.0});
+      }
+    }
     for (const record::GroupNorm& g : r.group_norms) {
       const double expected = group_truth(truth, g.norm_group).norm;
       group_norms[static_cast<std::size_t>(g.norm_group)].push_back(
@@ -125,6 +145,7 @@ std::vector<StatisticCheck> check_statistics(const record::RunRecord& run, const
   add("l2-ledger", l2_ledger);
   add("inf", inf);
   add("zeros", zeros);
+  add("zeros-ledger", zeros_ledger);
   for (std::size_t g = 1; g < group_norms.size(); ++g) add(run.norm_groups[g].name + "-l2", group_norms[g]);
   for (std::size_t i = 0; i < p_norms.size(); ++i) {
     char name[32];
@@ -132,6 +153,8 @@ std::vector<StatisticCheck> check_statistics(const record::RunRecord& run, const
     add(name, p_norms[i]);
   }
   add("clip", clip);
+  for (StatisticCheck& c : checks)
+    if (!c.ok) c.diagnosis = ledger_diagnosis(c);
   return checks;
 }
 

@@ -3,8 +3,9 @@
 // it a record and a truth, and it returns the verdict and its diagnosis:
 //   - each statistic a rank reported (l2, inf, zeros, each separate norm group, p-norms, each
 //     child's clip coefficient) against the truth, the worst rank shown;
-//   - `l2-ledger`, where the record has statistics: each rank's norm against the one its own
-//     ledger implies, so a wrong reduction shows apart from a wrong filter;
+//   - `l2-ledger` and `zeros-ledger`, where the record has statistics: each rank's norm and zero
+//     count against the ones its own ledger implies, so a wrong reduction shows apart from a
+//     wrong filter (the failing check says so in its diagnosis);
 //   - the agreement of all ranks;
 //   - the exact ledger (oracle/ledger.h) and, for each miscounted tensor, the diagnosis
 //     (oracle/diagnosis.h);

@@ -15,13 +15,15 @@ namespace tally::oracle {
 
 // One statistic: the worst rank's value against the truth. bound 0 means bit for bit.
 struct StatisticCheck {
-  std::string name;  // "l2", "inf", "zeros", "mtp-l2", "p3", "clip"
+  std::string name;  // "l2", "l2-ledger", "inf", "zeros", "zeros-ledger", "mtp-l2", "p3", "clip"
   double got = 0.0;
   double expected = 0.0;
   double error = 0.0;  // |got - expected|
   double bound = 0.0;
   int rank = 0;        // the rank whose value is shown
   bool ok = true;
+  // Why it failed, where the judge can say more than the numbers: "" otherwise.
+  std::string diagnosis;
 };
 
 // One rank's contribution to a miscounted param.

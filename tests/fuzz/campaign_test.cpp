@@ -66,7 +66,7 @@ std::optional<Found> first_failure(Fault fault, int min_world, std::uint64_t see
 TEST(FailureSignature, SameWayNeedsTheSameKindLedgerClassAndStatistic) {
   oracle::Verdict v;
   v.kind = oracle::Verdict::Kind::fail;
-  v.stats = {{"l2", 2, 1, 1, 0, 0, false}, {"zeros", 0, 0, 0, 0, 0, true}};
+  v.stats = {{"l2", 2, 1, 1, 0, 0, false, ""}, {"zeros", 0, 0, 0, 0, 0, true, ""}};
   v.miscounted_total = 1;
   oracle::Miscount m;
   m.param_class = "expert-row-bias";

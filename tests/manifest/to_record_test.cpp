@@ -10,101 +10,12 @@
 #include <string>
 
 #include "manifest/manifest_json.h"
-#include "oracle/ground_truth.h"
-#include "oracle/judge.h"
+#include "tests/manifest/hand_built_runs.h"
 
 namespace tally::manifest {
 namespace {
 
-// What the check of a run found.
-struct CheckReport {
-  std::int64_t logical_params = 0;
-  std::int64_t logical_elements = 0;
-  double truth_norm = 0.0;
-  oracle::Verdict verdict;
-};
-
-// The manifests as a record, judged with tally check's relative tolerance.
-CheckReport check_run(const std::vector<RankManifest>& manifests) {
-  const record::RunRecord run = to_record(manifests);
-  CheckReport report;
-  report.logical_params = static_cast<std::int64_t>(run.tensors.size());
-  for (const record::Tensor& t : run.tensors) report.logical_elements += t.shape.numel();
-  const oracle::GroundTruth truth = oracle::truth_from_box_statistics(run);
-  report.truth_norm = truth.main.norm;
-  report.verdict = oracle::judge(run, truth, oracle::Bounds{});
-  return report;
-}
-
-Attributes replicated() { return {}; }
-Attributes expert_replicated() {
-  Attributes a;
-  a.allreduce = false;
-  return a;
-}
-Attributes tp_shard(int dim) {
-  Attributes a;
-  a.tensor_model_parallel = true;
-  a.partition_dim = dim;
-  return a;
-}
-
-GradStats ones(std::int64_t n) { return {static_cast<double>(n), 1.0, 0}; }
-
-// Every element of a ModelParam's box owned whole and kept as `kept` says.
-MainParam whole(int param, const ModelParam& p, bool kept) {
-  std::int64_t n = 1;
-  for (std::int64_t e : p.extents) n *= e;
-  return {param, 0, n, p.attributes, kept, kept, p.stats};
-}
-
-// World 2, TP 2, EP 2, ETP 1 (DP 1, EDP 1): a norm weight replicated over TP, one expert FC2
-// bias per EP rank, a column-parallel weight. All gradients 1. With `fallback`, the filter has
-// no expert-TP group and de-duplicates the expert bias on the TP group (Megatron-LM #6099).
-std::vector<RankManifest> founding_run(bool fallback) {
-  std::vector<RankManifest> run;
-  for (int r = 0; r < 2; ++r) {
-    RankManifest m;
-    m.producer = "test";
-    m.rank = r;
-    m.world = 2;
-    m.parallel = {.tp = 2, .cp = 1, .pp = 1, .dp = 1, .ep = 2, .etp = 1};
-    m.groups = {{"tp", {0, 1}}, {"expt_tp", {r}}, {"world", {0, 1}}};
-    m.params = {
-        {"norm.weight", "norm.weight", {8}, {0}, {8}, replicated(), ones(8)},
-        {"local_experts.0.fc2.bias", "experts." + std::to_string(r) + ".fc2.bias", {8}, {0}, {8},
-         expert_replicated(), ones(8)},
-        {"fc1.weight", "fc1.weight", {4, 8}, {2 * r, 0}, {2, 8}, tp_shard(0), ones(16)},
-    };
-    OptimizerRecord o;
-    o.name = "chained[0]";
-    o.stats_group = {0, 1};
-    o.tp_group = std::vector<int>{0, 1};
-    if (!fallback) o.expert_tp_group = std::vector<int>{r};
-    o.main_params = {whole(0, m.params[0], r == 0), whole(1, m.params[1], fallback ? r == 0 : true),
-                     whole(2, m.params[2], true)};
-    m.optimizers = {o};
-    const double counted = fallback ? 8 + 8 + 32 : 8 + 16 + 32;
-    m.reported = {std::sqrt(counted), std::nullopt, 0};
-    run.push_back(m);
-  }
-  return run;
-}
-
-std::string check_error(const std::vector<RankManifest>& run) {
-  try {
-    to_record(run);
-  } catch (const ManifestError& error) {
-    return error.what();
-  }
-  return "no error";
-}
-
-const oracle::StatisticCheck* stat(const CheckReport& report, const std::string& name) {
-  for (const oracle::StatisticCheck& s : report.verdict.stats)
-    if (s.name == name) return &s;
-  return nullptr;
-}
+using namespace hand_built;
 
 TEST(ManifestRunJudged, CorrectFilterPassesWithEveryElementOnce) {
   const CheckReport report = check_run(founding_run(false));
@@ -156,6 +67,8 @@ TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
   EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
   EXPECT_EQ(report.verdict.miscounted_total, 0);
   EXPECT_FALSE(stat(report, "l2-ledger")->ok);
+  EXPECT_NE(stat(report, "l2-ledger")->diagnosis.find("its reduction is not the sum of their squares"),
+            std::string::npos);
 }
 
 TEST(ManifestRunJudged, RanksThatReportDifferentNormsDisagree) {
@@ -174,12 +87,64 @@ TEST(ManifestRunJudged, ZeroCountIsExact) {
   EXPECT_FALSE(stat(report, "zeros")->ok);
 }
 
+// Issue 18: the zero count each rank's ledger implies was printed, never judged.
+TEST(ManifestRunJudged, ZeroCountIsJudgedAgainstTheRanksOwnLedger) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) {
+    m.params[0].stats = {6.0, 1.0, 2};  // norm.weight: 2 zeros of 8
+    m.optimizers[0].main_params[0].stats = m.params[0].stats;
+    m.reported.norm = std::sqrt(54.0);
+    m.reported.zeros = 2;
+  }
+  const CheckReport right = check_run(run);
+  EXPECT_EQ(right.verdict.kind, oracle::Verdict::Kind::pass);
+  ASSERT_NE(stat(right, "zeros-ledger"), nullptr);
+  EXPECT_TRUE(stat(right, "zeros-ledger")->ok);
+  EXPECT_EQ(stat(right, "zeros-ledger")->diagnosis, "");
+
+  // A count that is not the sum of the kept pieces' zeros: wrong against the truth and the ledger.
+  run[1].reported.zeros = 3;
+  const CheckReport reduced_wrong = check_run(run);
+  const oracle::StatisticCheck* ledger = stat(reduced_wrong, "zeros-ledger");
+  ASSERT_NE(ledger, nullptr);
+  EXPECT_FALSE(ledger->ok);
+  EXPECT_EQ(ledger->rank, 1);
+  EXPECT_EQ(ledger->got, 3.0);
+  EXPECT_EQ(ledger->expected, 2.0);
+  EXPECT_EQ(ledger->diagnosis,
+            "rank 1 reports 3 zeros, but the pieces its stats groups kept for the zero count hold 2: its count "
+            "is not the sum of theirs (counted in float32, or padding counted as zeros)");
+
+  // The TP replica of norm.weight kept for the zero count too: the ledger implies 4, the truth is
+  // 2, and a rank reporting 2 did not count what its manifest says it kept.
+  run[1].reported.zeros = 2;
+  run[1].optimizers[0].main_params[0].kept_zeros = true;
+  const CheckReport kept_twice = check_run(run);
+  EXPECT_TRUE(stat(kept_twice, "zeros")->ok);
+  EXPECT_FALSE(stat(kept_twice, "zeros-ledger")->ok);
+  EXPECT_EQ(stat(kept_twice, "zeros-ledger")->expected, 4.0);
+  EXPECT_EQ(kept_twice.verdict.kind, oracle::Verdict::Kind::fail);
+}
+
 TEST(ManifestRunJudged, ClipCoefficientIsJudgedAgainstTheTruth) {
   std::vector<RankManifest> run = founding_run(false);
   const double max_norm = 1.0;
   for (RankManifest& m : run) m.optimizers[0].clip = Clip{max_norm, max_norm / (std::sqrt(56.0) + 1e-6)};
   EXPECT_TRUE(stat(check_run(run), "clip")->ok);
   for (RankManifest& m : run) m.optimizers[0].clip->coefficient = max_norm / (std::sqrt(48.0) + 1e-6);
+  EXPECT_FALSE(stat(check_run(run), "clip")->ok);
+}
+
+// Issue 18, item 3: max_norm 0 never clips (gradnorm/path.cpp), so the coefficient is 1.
+TEST(ManifestRunJudged, ClipWithMaxNormZeroExpectsCoefficientOne) {
+  std::vector<RankManifest> run = founding_run(false);
+  for (RankManifest& m : run) m.optimizers[0].clip = Clip{0.0, 1.0};
+  const CheckReport report = check_run(run);
+  ASSERT_NE(stat(report, "clip"), nullptr);
+  EXPECT_EQ(stat(report, "clip")->expected, 1.0);
+  EXPECT_TRUE(stat(report, "clip")->ok);
+  EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::pass);
+  for (RankManifest& m : run) m.optimizers[0].clip->coefficient = 0.0;  // the raw quotient 0 / norm
   EXPECT_FALSE(stat(check_run(run), "clip")->ok);
 }
 
@@ -211,6 +176,7 @@ TEST(ManifestRunJudged, ElementsCountedTwiceAndNeverDoNotCancel) {
   // Rank 0 keeps the first half of norm.weight twice (two pieces), rank 1 keeps nothing.
   MainParam& piece = run[0].optimizers[0].main_params[0];
   piece.end = 4;
+  piece.stats = ones(4);
   MainParam again = piece;
   run[0].optimizers[0].main_params.push_back(again);
   const CheckReport report = check_run(run);
@@ -231,17 +197,10 @@ TEST(ManifestRunJudged, RanksReportingDifferentInfNormsDisagree) {
 TEST(ManifestRunJudged, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
   std::vector<RankManifest> run = founding_run(false);
   for (RankManifest& m : run) {
-    m.params[2].stats.sum_squares = 1e308;
-    m.optimizers[0].main_params[2].stats.sum_squares = 1e308;
+    m.params[2].stats = {1e308, 1e154, 0};  // possible: 1e308 <= 16 (1e154)^2
+    m.optimizers[0].main_params[2].stats = m.params[2].stats;
   }
   EXPECT_TRUE(std::isinf(check_run(run).truth_norm));
-}
-
-TEST(ToRecordValidation, ReplicaMessageShowsEveryDigit) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].params[0].stats.sum_squares = 8.00000001;
-  EXPECT_NE(check_error(run).find("sum_squares 8.0000000100000008, abs_max 1, zeros 0 here, but 8, 1, 0 on rank 0"), std::string::npos)
-      << check_error(run);
 }
 
 TEST(ToRecordValidation, HoldersInDifferentNormGroups) {
@@ -250,35 +209,6 @@ TEST(ToRecordValidation, HoldersInDifferentNormGroups) {
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): grad_norm_group differs"),
             std::string::npos)
       << check_error(run);
-}
-
-// A distributed optimizer over DP 2: each rank owns half of a row-parallel shard's row-major
-// range, so pieces are strided in the logical tensor.
-std::vector<RankManifest> distributed_run(std::int64_t split0, std::int64_t split1) {
-  std::vector<RankManifest> run;
-  for (int r = 0; r < 4; ++r) {  // TP 2 x DP 2, TP fastest
-    const int tp_rank = r % 2;
-    RankManifest m;
-    m.rank = r;
-    m.world = 4;
-    m.parallel = {.tp = 2, .cp = 1, .pp = 1, .dp = 2, .ep = 1, .etp = 2};
-    m.groups = {{"tp", {r - tp_rank, r - tp_rank + 1}}, {"expt_tp", {r - tp_rank, r - tp_rank + 1}}};
-    m.params = {{"proj.weight", "proj.weight", {3, 8}, {0, 4 * tp_rank}, {3, 4}, tp_shard(1), ones(12)}};
-    const bool first_half = r < 2;
-    const std::int64_t split = tp_rank == 0 ? split0 : split1;
-    MainParam piece = whole(0, m.params[0], true);
-    piece.begin = first_half ? 0 : split;
-    piece.end = first_half ? split : 12;
-    piece.stats = ones(piece.end - piece.begin);
-    OptimizerRecord o;
-    o.name = "dist";
-    o.stats_group = {0, 1, 2, 3};
-    o.main_params = {piece};
-    m.optimizers = {o};
-    m.reported = {std::sqrt(24.0), std::nullopt, 0};
-    run.push_back(m);
-  }
-  return run;
 }
 
 TEST(ManifestRunJudged, StridedDistributedPiecesCountEachElementOnce) {
@@ -347,7 +277,9 @@ TEST(ToRecordValidation, DifferentLogicalShapes) {
 TEST(ToRecordValidation, ReplicasWhoseStatisticsDisagree) {
   std::vector<RankManifest> run = founding_run(false);
   run[1].params[0].stats.sum_squares = 7.0;
-  EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): replicas disagree"),
+  EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight, box offsets [0] extents [8]) and "
+                                  "rank-0.json params[0] (norm.weight, box offsets [0] extents [8]) cover the "
+                                  "same elements but disagree"),
             std::string::npos)
       << check_error(run);
 }

@@ -275,12 +275,18 @@ TEST(GroundTruth, NoClippingAtOrAboveTheNorm) {
   const GroundTruth truth = ground_truth(model, spec, {{}, 1e9, false});
   EXPECT_FALSE(truth.main.clip.applies);
   EXPECT_GT(truth.main.clip.coefficient, 1.0);
+  EXPECT_EQ(truth.main.clip.applied(), 1.0);
   for (std::uint64_t e = 0; e < 30; ++e)
     EXPECT_EQ(expected_clipped(truth, model, spec, 0, e), kernels::gradient_value(spec, 0, e));
   // max_norm 0 disables clipping.
   const GroundTruth off = ground_truth(model, spec, {});
   EXPECT_FALSE(off.main.clip.applies);
-  EXPECT_EQ(off.main.clip.coefficient, 0.0);
+  EXPECT_EQ(off.main.clip.coefficient, 0.0);  // the raw quotient: never what a path applies
+  EXPECT_EQ(off.main.clip.applied(), 1.0);
+  EXPECT_EQ(clip_truth(0.0, 0.0).applied(), 1.0);
+  const ClipTruth half = clip_truth(2.0, 4.0 - 1e-6);
+  EXPECT_TRUE(half.applies);
+  EXPECT_EQ(half.applied(), half.coefficient);
 }
 
 TEST(GroundTruth, ClippedValueStoredBackInBf16) {
