@@ -5,6 +5,8 @@
 
 #include <array>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 namespace tally::comm {
@@ -111,9 +113,15 @@ std::vector<std::string> MpiSession::gather(const std::string& bytes, int root,
   return parts;
 }
 
-void MpiSession::abort(int code) const {
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+void MpiSession::end_job(std::string_view what) const {
+  std::string line(what);
+  for (char& ch : line)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  std::fflush(stdout);  // what the command printed so far (std::cout writes through stdout)
+  std::fprintf(stderr, "tally: rank %d: infrastructure failure: %s\n", rank_, line.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, kJobEndedExitCode);
+  std::_Exit(kJobEndedExitCode);  // MPI_Abort does not return
 }
 
 struct MpiCommunicator::Impl {

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -17,6 +18,10 @@ namespace tally::comm {
 
 // Whether this build has the mpi backend.
 bool mpi_available();
+
+// The exit code of every process of a job that end_job ends: the CLI's kExitInfra
+// (cli/usage_error.h), an infrastructure failure.
+inline constexpr int kJobEndedExitCode = 3;
 
 struct MpiOptions {
   double timeout_seconds = 60.0;  // a collective waiting longer is a hang: InfraError
@@ -40,8 +45,10 @@ class MpiSession {
   void broadcast(std::string& bytes, int root, const std::string& what, bool patient = false) const;
   // Every process's `bytes`, in rank order, on `root` (empty elsewhere).
   std::vector<std::string> gather(const std::string& bytes, int root, const std::string& what) const;
-  // Ends every process of the job with `code` (MPI_Abort): the way out of a hang.
-  [[noreturn]] void abort(int code) const;
+  // The one way out of a hang or of any failure that leaves other processes waiting: flushes
+  // stdout, prints "tally: rank <r>: infrastructure failure: <what>" as one line on stderr and
+  // ends every process of the job with kJobEndedExitCode (MPI_Abort). Never returns.
+  [[noreturn]] void end_job(std::string_view what) const;
 
  private:
   MpiOptions options_;
