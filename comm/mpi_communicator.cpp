@@ -33,10 +33,18 @@ std::string mpi_error_text(int code) {
                                   mpi_error_text(tally_mpi_code));                         \
   } while (0)
 
+// Whole seconds, or two significant digits below one second (a timeout of 0.001 s waited "0.0011",
+// not "0").
+std::string seconds_text(double seconds) {
+  if (seconds >= 1.0) return std::to_string(static_cast<long long>(seconds));
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2g", seconds);
+  return text;
+}
+
 // The watchdog's message: what `world_rank` waited for and how long.
 std::string hang_text(int world_rank, double waited, const std::string& call) {
-  return "rank " + std::to_string(world_rank) + " waited " +
-         std::to_string(static_cast<int>(waited)) + " s in " +
+  return "rank " + std::to_string(world_rank) + " waited " + seconds_text(waited) + " s in " +
          call + ": a member never joined (the job would hang)";
 }
 
