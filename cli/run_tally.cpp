@@ -1,4 +1,5 @@
 #include <iostream>
+#include <memory>
 
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
@@ -81,13 +82,31 @@ int dispatch_command(int argc, const char* const* argv, std::ostream& out, std::
   return context.exit_code;
 }
 
+#if TALLY_HAVE_MPI
+static_assert(comm::kJobEndedExitCode == kExitInfra, "a job ended by MpiSession::end_job exits 3");
+
+// MPI_Init, or null after one line on err when it fails (there is no job yet to end).
+std::unique_ptr<comm::MpiSession> start_mpi(std::ostream& err, const BackendChoice& choice) {
+  try {
+    return std::make_unique<comm::MpiSession>(nullptr, nullptr,
+                                              comm::MpiOptions{choice.timeout_seconds});
+  } catch (const comm::InfraError& error) {
+    err << "tally: infrastructure failure: " << error.what() << '\n';
+    return nullptr;
+  }
+}
+#endif
+
 // Rank 0 runs the command; the other ranks serve its cases and exit with its exit code.
 int run_under_mpi(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
                   const BackendChoice& choice) {
 #if TALLY_HAVE_MPI
-  comm::MpiSession session(nullptr, nullptr, comm::MpiOptions{choice.timeout_seconds});
-  if (session.rank() != 0) return run::serve_mpi_cases(session);
-  run::MpiBackend backend(session);
+  const std::unique_ptr<comm::MpiSession> session = start_mpi(err, choice);
+  if (!session) return kExitInfra;
+  if (session->rank() != 0) return run::serve_mpi_cases(*session);
+  // A failure that leaves other processes waiting never returns here (the backend ends the
+  // job), so finish() only runs when every process can still answer it.
+  run::MpiBackend backend(*session);
   const int code = dispatch_command(argc, argv, out, err, backend);
   backend.finish(code);
   return code;
@@ -108,17 +127,11 @@ int run_under_nccl(int argc, const char* const* argv, std::ostream& out, std::os
     err << "tally: error: --backend nccl: " << why << '\n';
     return kExitBadInput;
   }
-  comm::MpiSession session(nullptr, nullptr, comm::MpiOptions{choice.timeout_seconds});
-  std::unique_ptr<run::RankEngine> engine;
-  try {
-    engine = run::make_nccl_engine(session, choice.ranks_per_gpu);
-  } catch (const comm::InfraError& error) {
-    err << "tally: rank " << session.rank() << ": infrastructure failure: " << error.what() << '\n';
-    err.flush();
-    session.abort(kExitInfra);
-  }
-  if (session.rank() != 0) return run::serve_mpi_cases(session, *engine);
-  run::MpiBackend backend(session, std::move(engine));
+  const std::unique_ptr<comm::MpiSession> session = start_mpi(err, choice);
+  if (!session) return kExitInfra;
+  std::unique_ptr<run::RankEngine> engine = run::make_nccl_engine(*session, choice.ranks_per_gpu);
+  if (session->rank() != 0) return run::serve_mpi_cases(*session, *engine);
+  run::MpiBackend backend(*session, std::move(engine));
   const int code = dispatch_command(argc, argv, out, err, backend);
   backend.finish(code);
   return code;

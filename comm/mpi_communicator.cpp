@@ -3,8 +3,13 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <thread>
 
 namespace tally::comm {
@@ -28,6 +33,21 @@ std::string mpi_error_text(int code) {
                                   mpi_error_text(tally_mpi_code));                         \
   } while (0)
 
+// Whole seconds, or two significant digits below one second (a timeout of 0.001 s waited "0.0011",
+// not "0").
+std::string seconds_text(double seconds) {
+  if (seconds >= 1.0) return std::to_string(static_cast<long long>(seconds));
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2g", seconds);
+  return text;
+}
+
+// The watchdog's message: what `world_rank` waited for and how long.
+std::string hang_text(int world_rank, double waited, const std::string& call) {
+  return "rank " + std::to_string(world_rank) + " waited " + seconds_text(waited) + " s in " +
+         call + ": a member never joined (the job would hang)";
+}
+
 // Waits for a non-blocking collective with a deadline. Polls, yielding the core: under
 // --oversubscribe several ranks share one core.
 void wait_with_watchdog(MPI_Request& request, double timeout_seconds, int world_rank,
@@ -39,10 +59,7 @@ void wait_with_watchdog(MPI_Request& request, double timeout_seconds, int world_
     if (done) return;
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > timeout_seconds)
-      throw InfraError(call, "rank " + std::to_string(world_rank) + " waited " +
-                                 std::to_string(static_cast<int>(waited)) + " s in " + call +
-                                 ": a member never joined (the job would hang)");
+    if (waited > timeout_seconds) throw InfraError(call, hang_text(world_rank, waited, call));
     if (polls < 1000)
       sched_yield();
     else
@@ -54,10 +71,16 @@ void wait_with_watchdog(MPI_Request& request, double timeout_seconds, int world_
 
 bool mpi_available() { return true; }
 
-MpiSession::MpiSession(int* argc, char*** argv, MpiOptions options) : options_(options) {
+MpiSession::MpiSession(int* argc, char*** argv, MpiOptions options)
+    : options_(options), owner_(std::this_thread::get_id()) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) TALLY_MPI_CHECK(MPI_Init(argc, argv));
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized)
+    TALLY_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  else
+    MPI_Query_thread(&provided);
+  thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
   // Errors come back as codes and become InfraError, never an abort inside the library.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -67,7 +90,42 @@ MpiSession::MpiSession(int* argc, char*** argv, MpiOptions options) : options_(o
 MpiSession::~MpiSession() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  // MPI_Finalize waits for every process without a deadline: meet them here first, under the
+  // watchdog. A destructor must not throw, so a missing process ends the job.
+  try {
+    MPI_Request request;
+    TALLY_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &request));
+    wait_with_watchdog(request, options_.timeout_seconds, rank_, "the barrier before MPI_Finalize");
+  } catch (const std::exception& error) {
+    end_job(error.what());
+  }
+  MPI_Finalize();
+}
+
+void MpiSession::blocking_call(const std::string& what, const std::function<int()>& call) const {
+  std::mutex mutex;
+  std::condition_variable returned_signal;
+  bool returned = false;
+  const auto start = std::chrono::steady_clock::now();
+  // wait_for overflows on durations near the largest double; 11 days stands for "no deadline".
+  const std::chrono::duration<double> timeout(std::min(options_.timeout_seconds, 1e6));
+  std::thread guard([&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (returned_signal.wait_for(lock, timeout, [&] { return returned; })) return;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    end_job(hang_text(rank_, waited, what));
+  });
+  const int code = call();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    returned = true;
+  }
+  returned_signal.notify_one();
+  guard.join();
+  if (code != MPI_SUCCESS)
+    throw InfraError(what, what + " failed: " + mpi_error_text(code));
 }
 
 void MpiSession::broadcast(std::string& bytes, int root, const std::string& what,
@@ -111,9 +169,18 @@ std::vector<std::string> MpiSession::gather(const std::string& bytes, int root,
   return parts;
 }
 
-void MpiSession::abort(int code) const {
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+void MpiSession::end_job(std::string_view what) const {
+  std::string line(what);
+  for (char& ch : line)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  std::fflush(stdout);  // what the command printed so far (std::cout writes through stdout)
+  std::fprintf(stderr, "tally: rank %d: infrastructure failure: %s\n", rank_, line.c_str());
+  std::fflush(stderr);
+  // Another thread may call MPI only under MPI_THREAD_MULTIPLE. Without it, exiting is the way
+  // out: mpirun ends the job when a process exits before MPI_Finalize.
+  if (thread_multiple_ || std::this_thread::get_id() == owner_)
+    MPI_Abort(MPI_COMM_WORLD, kJobEndedExitCode);
+  std::_Exit(kJobEndedExitCode);  // MPI_Abort does not return
 }
 
 struct MpiCommunicator::Impl {
@@ -143,7 +210,9 @@ void MpiCommunicator::add_families(std::span<const topologies::Family> families)
     const int color = group ? group->index : MPI_UNDEFINED;
     const int key = group ? layout.index_in(family, rank) : 0;
     MPI_Comm& comm = impl_->comms[static_cast<int>(family)];
-    TALLY_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+    session.blocking_call("MPI_Comm_split of the " +
+                              std::string(topologies::family_name(family)) + " communicators",
+                          [&] { return MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm); });
     if (comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   }
 }

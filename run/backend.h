@@ -77,12 +77,14 @@ std::unique_ptr<RankEngine> make_mpi_engine(const comm::MpiSession& session);
 // Whether this build has the nccl engine; the reason when not.
 bool nccl_engine_available(std::string* why);
 // The nccl engine (TALLY_HAVE_NCCL builds; throws std::runtime_error elsewhere). Collective:
-// creates the world NCCL communicator (comm::InfraError on a CUDA or NCCL failure).
+// creates the world NCCL communicator; a failure there (a watchdog expiry, a CUDA or NCCL
+// error) ends the job (comm::MpiSession::end_job).
 std::unique_ptr<RankEngine> make_nccl_engine(const comm::MpiSession& session, int ranks_per_gpu);
 
 // Runs on rank 0 of an MPI job (TALLY_HAVE_MPI builds only): broadcasts each case to the
-// other processes, runs rank 0's part, gathers every rank's result and judges. A collective
-// that hangs ends the whole job with exit code 3 and one line naming the group and collective.
+// other processes, runs rank 0's part, gathers every rank's result and judges. A failure from
+// the broadcast to the gather (a watchdog expiry, an MPI error) never reaches the command: it
+// ends the whole job (comm::MpiSession::end_job: exit code 3 and one line naming what waited).
 // The engine says how many ranks each process runs and over what (default: mpi).
 class MpiBackend final : public Backend {
  public:
@@ -92,7 +94,7 @@ class MpiBackend final : public Backend {
   std::string_view name() const override;
   int world() const override;
   oracle::Verdict run(const casefile::Case& c, const oracle::JudgeOptions& judge) override;
-  // Tells the other ranks to stop serving and to exit with `exit_code`.
+  // Tells the other ranks to stop serving and to exit with `exit_code` (a failure ends the job).
   void finish(int exit_code);
   RankEngine& engine() { return *engine_; }
 
@@ -103,8 +105,9 @@ class MpiBackend final : public Backend {
 };
 
 // The loop of processes 1..N-1: run the cases rank 0 broadcasts until it finishes; returns the
-// exit code rank 0 finished with, so every process of the job exits alike. `engine` must be
-// the same kind as rank 0's (default: mpi).
+// exit code rank 0 finished with, so every process of the job exits alike; any failure on the
+// way ends the job (comm::MpiSession::end_job). `engine` must be the same kind as rank 0's
+// (default: mpi).
 int serve_mpi_cases(const comm::MpiSession& session);
 int serve_mpi_cases(const comm::MpiSession& session, RankEngine& engine);
 

@@ -2,7 +2,7 @@
 // "run\n<case file text>" or "done\n<exit code>"; every process runs its ranks of the path
 // through its RankEngine; rank 0 gathers the encoded rank records and judges.
 #include <algorithm>
-#include <cstdio>
+#include <exception>
 #include <map>
 
 #include "comm/mpi_communicator.h"
@@ -72,43 +72,38 @@ std::vector<std::string_view> unframe(std::string_view all) {
   return parts;
 }
 
-[[noreturn]] void end_job(const comm::MpiSession& session, const std::string& what) {
-  std::fprintf(stderr, "tally: rank %d: infrastructure failure: %s\n", session.rank(), what.c_str());
-  std::fflush(stderr);
-  session.abort(3);
+// The line of a failure that ends the job: an InfraError names what waited or failed; any
+// other exception in the middle of the case protocol is a bug, named as one.
+std::string failure_text(const std::exception& error) {
+  if (dynamic_cast<const comm::InfraError*>(&error)) return error.what();
+  return std::string("unexpected error while running a case: ") + error.what();
 }
 
-// Runs this process's ranks of `c`. An infrastructure failure ends the whole job: the other
+// Runs this process's ranks of `c`. The caller ends the job on any exception: the other
 // processes may be blocked in collectives that will never complete.
 gradnorm::PathResult run_own_ranks(const comm::MpiSession& session, RankEngine& engine,
                                    const casefile::Case& c, std::unique_ptr<MpiConfigCache>& cached) {
-  try {
-    const topologies::LogicalModel model(c.model, c.topology);
-    // Only the stats groups this case reduces over: every process derives the same list.
-    std::vector<topologies::Family> families;
-    for (const gradnorm::Child& child :
-         gradnorm::plan_optimizer(c.path.optimizer, model, c.path.faults).children)
-      if (std::find(families.begin(), families.end(), child.stats_family) == families.end())
-        families.push_back(child.stats_family);
-    const bool new_layout = !cached || cached->config != c.topology;
-    if (new_layout) {
-      cached.reset();
-      auto fresh = std::make_unique<MpiConfigCache>();
-      fresh->config = c.topology;
-      fresh->layout = std::make_unique<topologies::RankLayout>(c.topology);
-      cached = std::move(fresh);
-    }
-    comm::Communicator& communicator = engine.prepare(*cached->layout, new_layout, families);
-    const int k = engine.ranks_per_process();
-    std::vector<int> ranks(static_cast<std::size_t>(k));
-    for (int i = 0; i < k; ++i) ranks[i] = session.rank() * k + i;
-    return gradnorm::run_path(model, *cached->layout, c.path, communicator, ranks,
-                              engine.local_stats(), engine.clip_scale());
-  } catch (const comm::InfraError& error) {
-    end_job(session, error.what());
-  } catch (const kernels::CudaError& error) {
-    end_job(session, error.what());
+  const topologies::LogicalModel model(c.model, c.topology);
+  // Only the stats groups this case reduces over: every process derives the same list.
+  std::vector<topologies::Family> families;
+  for (const gradnorm::Child& child :
+       gradnorm::plan_optimizer(c.path.optimizer, model, c.path.faults).children)
+    if (std::find(families.begin(), families.end(), child.stats_family) == families.end())
+      families.push_back(child.stats_family);
+  const bool new_layout = !cached || cached->config != c.topology;
+  if (new_layout) {
+    cached.reset();
+    auto fresh = std::make_unique<MpiConfigCache>();
+    fresh->config = c.topology;
+    fresh->layout = std::make_unique<topologies::RankLayout>(c.topology);
+    cached = std::move(fresh);
   }
+  comm::Communicator& communicator = engine.prepare(*cached->layout, new_layout, families);
+  const int k = engine.ranks_per_process();
+  std::vector<int> ranks(static_cast<std::size_t>(k));
+  for (int i = 0; i < k; ++i) ranks[i] = session.rank() * k + i;
+  return gradnorm::run_path(model, *cached->layout, c.path, communicator, ranks,
+                            engine.local_stats(), engine.clip_scale());
 }
 
 }  // namespace
@@ -142,9 +137,18 @@ oracle::Verdict MpiBackend::run(const casefile::Case& c, const oracle::JudgeOpti
                           " ranks (mpirun -np G with --ranks-per-gpu k must give G * k = world)");
   }
   std::string message = "run\n" + casefile::case_to_text(c);
-  session_.broadcast(message, 0, "a case");
-  gradnorm::PathResult result = run_own_ranks(session_, *engine_, c, cached_);
-  const std::vector<std::string> parts = session_.gather(frame(result.record), 0, "rank records");
+  gradnorm::PathResult result;
+  std::vector<std::string> parts;
+  // From the broadcast to the gather the other processes follow this case: a failure here,
+  // thrown on to the command, would leave them blocked and the command would go on to the
+  // next case or to finish(). So it ends the job.
+  try {
+    session_.broadcast(message, 0, "a case");
+    result = run_own_ranks(session_, *engine_, c, cached_);
+    parts = session_.gather(frame(result.record), 0, "rank records");
+  } catch (const std::exception& error) {
+    session_.end_job(failure_text(error));
+  }
   // The whole run's record: this process's run-wide part, every process's ranks.
   record::RunRecord& run = result.record;
   run.ranks.clear();
@@ -161,7 +165,11 @@ oracle::Verdict MpiBackend::run(const casefile::Case& c, const oracle::JudgeOpti
 
 void MpiBackend::finish(int exit_code) {
   std::string message = "done\n" + std::to_string(exit_code);
-  session_.broadcast(message, 0, "the end of the command");
+  try {
+    session_.broadcast(message, 0, "the end of the command");
+  } catch (const std::exception& error) {
+    session_.end_job(failure_text(error));
+  }
 }
 
 int serve_mpi_cases(const comm::MpiSession& session) {
@@ -171,20 +179,21 @@ int serve_mpi_cases(const comm::MpiSession& session) {
 
 int serve_mpi_cases(const comm::MpiSession& session, RankEngine& engine) {
   std::unique_ptr<MpiConfigCache> cached;
-  while (true) {
-    std::string message;
-    try {
+  // Every failure ends the job: rank 0 and the other processes wait for this one's part.
+  try {
+    while (true) {
+      std::string message;
       session.broadcast(message, 0, "the next case from rank 0", /*patient=*/true);
-    } catch (const comm::InfraError& error) {
-      end_job(session, error.what());
+      const std::size_t newline = message.find('\n');
+      const std::string verb = message.substr(0, newline);
+      const std::string body = newline == std::string::npos ? "" : message.substr(newline + 1);
+      if (verb == "done") return std::stoi(body);
+      const casefile::Case c = casefile::case_from_text(body, "the case from rank 0");
+      const gradnorm::PathResult result = run_own_ranks(session, engine, c, cached);
+      session.gather(frame(result.record), 0, "rank records");
     }
-    const std::size_t newline = message.find('\n');
-    const std::string verb = message.substr(0, newline);
-    const std::string body = newline == std::string::npos ? "" : message.substr(newline + 1);
-    if (verb == "done") return std::stoi(body);
-    const casefile::Case c = casefile::case_from_text(body, "the case from rank 0");
-    const gradnorm::PathResult result = run_own_ranks(session, engine, c, cached);
-    session.gather(frame(result.record), 0, "rank records");
+  } catch (const std::exception& error) {
+    session.end_job(failure_text(error));
   }
 }
 

@@ -54,7 +54,12 @@ bool nccl_engine_available(std::string* why) {
 
 std::unique_ptr<RankEngine> make_nccl_engine(const comm::MpiSession& session, int ranks_per_gpu) {
 #if TALLY_HAVE_NCCL
-  return std::make_unique<NcclEngine>(session, ranks_per_gpu);
+  // Every process creates it together: one that fails leaves the others waiting.
+  try {
+    return std::make_unique<NcclEngine>(session, ranks_per_gpu);
+  } catch (const std::exception& error) {
+    session.end_job(error.what());
+  }
 #else
   (void)session, (void)ranks_per_gpu;
   std::string why;
