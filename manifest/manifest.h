@@ -1,5 +1,6 @@
 // A manifest: what one rank of a framework run counted in its gradient norm (docs/manifest.md).
-// Plain data, read from and written to JSON by manifest_json.h, judged by check.h.
+// Plain data, read from and written to JSON by manifest_json.h, made a run record by to_record.h
+// and judged by oracle/judge.h.
 #pragma once
 
 #include <cstdint>
@@ -90,5 +91,18 @@ struct RankManifest {
   Reported reported;
   friend bool operator==(const RankManifest&, const RankManifest&) = default;
 };
+
+// A manifest's sizes as its messages show them ("[4,8]"), and the elements of a box's extents.
+inline std::string sizes_text(const std::vector<std::int64_t>& sizes) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? "," : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+inline std::int64_t volume(const std::vector<std::int64_t>& extents) {
+  std::int64_t n = 1;
+  for (std::int64_t e : extents) n *= e;
+  return n;
+}
 
 }  // namespace tally::manifest

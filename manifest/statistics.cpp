@@ -19,18 +19,6 @@ namespace {
 
 std::string digits(double x) { return record::all_digits(x); }
 
-std::string sizes_text(const std::vector<std::int64_t>& sizes) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? "," : "") + std::to_string(sizes[i]);
-  return out + "]";
-}
-
-std::int64_t volume(const std::vector<std::int64_t>& extents) {
-  std::int64_t n = 1;
-  for (std::int64_t e : extents) n *= e;
-  return n;
-}
-
 // Rounding of sums of `elements` squares near the bottom of the range, where relative bounds end.
 double underflow_slack(std::int64_t elements) {
   return static_cast<double>(elements + 1) * std::numeric_limits<double>::denorm_min();
@@ -182,6 +170,14 @@ class StatisticsCheck {
 
   [[noreturn]] void reject(const std::string& message) const { throw ManifestError(message); }
 
+  // The box params[index] of `rank` holds, named by its logical param and offsets.
+  BoxKey box_key(int rank, int index) const {
+    const ModelParam& param = ranks_[static_cast<std::size_t>(rank)]->params[static_cast<std::size_t>(index)];
+    BoxKey key{logical_of_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)], {}};
+    std::copy(param.offsets.begin(), param.offsets.end(), key.offsets.begin());
+    return key;
+  }
+
   void check_possible(const PieceRef& p, std::int64_t elements) const {
     const std::string rule = impossible_statistics(stats_of(p), elements);
     if (!rule.empty()) reject(first(p) + ": impossible statistics: " + rule);
@@ -208,9 +204,7 @@ class StatisticsCheck {
     const ModelParam& param = m.params[static_cast<std::size_t>(index)];
     const std::int64_t elements = volume(param.extents);
     check_possible(p, elements);
-    BoxKey key{logical_of_[static_cast<std::size_t>(m.rank)][static_cast<std::size_t>(index)], {}};
-    std::copy(param.offsets.begin(), param.offsets.end(), key.offsets.begin());
-    auto [it, fresh] = boxes_.try_emplace(key);
+    auto [it, fresh] = boxes_.try_emplace(box_key(m.rank, index));
     BoxPieces& box = it->second;
     if (!fresh) return check_same(p, box.whole, elements);
     box.elements = elements;
@@ -226,9 +220,7 @@ class StatisticsCheck {
     const std::int64_t elements = piece.end - piece.begin;
     check_possible(p, elements);
     if (elements == volume(param.extents)) return check_same(p, own, elements);
-    BoxKey key{logical_of_[static_cast<std::size_t>(m.rank)][static_cast<std::size_t>(piece.param)], {}};
-    std::copy(param.offsets.begin(), param.offsets.end(), key.offsets.begin());
-    BoxPieces& box = boxes_.at(key);
+    BoxPieces& box = boxes_.at(box_key(m.rank, piece.param));
     auto [seen, fresh] = box.first_of_range.try_emplace({piece.begin, piece.end}, p);
     if (!fresh) return check_same(p, seen->second, elements);
     check_within_box(p, own, box);

@@ -24,18 +24,6 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return record::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size()), kMaxShownRanks);
 }
 
-std::string shape_text(const std::vector<std::int64_t>& sizes) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? "," : "") + std::to_string(sizes[i]);
-  return out + "]";
-}
-
-std::int64_t volume(const std::vector<std::int64_t>& extents) {
-  std::int64_t n = 1;
-  for (std::int64_t e : extents) n *= e;
-  return n;
-}
-
 // ---- the run as a whole -------------------------------------------------------------------
 
 // Every rank once, in rank order; the same world, sizes and optimizer count everywhere.
@@ -178,7 +166,7 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
       index_of[static_cast<std::size_t>(m->rank)].push_back(it->second);
       if (p.logical_shape != l.shape)
         invalid(m->rank, param_at(*m, static_cast<int>(i)) + ": logical_shape " +
-                             shape_text(p.logical_shape) + " differs from " + shape_text(l.shape) +
+                             sizes_text(p.logical_shape) + " differs from " + sizes_text(l.shape) +
                              " of rank " + std::to_string(l.boxes.front().first.rank));
       if (l.attributes.shared && !p.attributes.shared) l.attributes = p.attributes;
       else if (!p.attributes.shared && p.attributes.grad_norm_group != l.attributes.grad_norm_group)
@@ -193,9 +181,9 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
         }
         if (boxes_intersect(box, p))
           invalid(m->rank, param_at(*m, static_cast<int>(i)) + ": the box offsets " +
-                               shape_text(p.offsets) + " extents " + shape_text(p.extents) +
+                               sizes_text(p.offsets) + " extents " + sizes_text(p.extents) +
                                " overlaps rank " + std::to_string(box.first.rank) + "'s box offsets " +
-                               shape_text(box.offsets) + " extents " + shape_text(box.extents) +
+                               sizes_text(box.offsets) + " extents " + sizes_text(box.extents) +
                                " partially (boxes of one logical param are identical or disjoint)");
       }
       if (!placed) l.boxes.push_back({p.offsets, p.extents, here});
@@ -209,7 +197,7 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
     std::int64_t held = 0;
     for (const DistinctBox& b : l.boxes) held += volume(b.extents);
     if (held != l.numel)
-      throw ManifestError("logical param " + l.name + " " + shape_text(l.shape) + ": the ranks hold " +
+      throw ManifestError("logical param " + l.name + " " + sizes_text(l.shape) + ": the ranks hold " +
                           std::to_string(held) + " of its " + std::to_string(l.numel) +
                           " elements; the truth needs every element held somewhere");
   }
