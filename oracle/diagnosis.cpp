@@ -20,6 +20,18 @@ std::string group_role(const std::vector<int>& group, int rank) {
   return ranks_text(group) + " (" + position + ")";
 }
 
+// The group a replicated piece's filter de-duplicated on (an index into RunRecord::groups; -1:
+// its optimizer gave none).
+int dedup_group(const record::RankRecord& rank, const record::Piece& piece) {
+  const record::ChildRecord& child = rank.children[static_cast<std::size_t>(piece.child)];
+  switch (piece.rule.dedup) {
+    case record::DedupGroup::global_tp: return rank.tp_group;
+    case record::DedupGroup::expert_tp: return child.expert_tp_group;
+    case record::DedupGroup::tp: return child.tp_group;
+  }
+  return -1;
+}
+
 // The replicated piece's group: which one the filter de-duplicated on, and how it got it.
 std::string replicated_text(const record::RunRecord& run, const record::RankRecord& rank,
                             const record::Piece& piece) {
@@ -32,13 +44,13 @@ std::string replicated_text(const record::RunRecord& run, const record::RankReco
   const std::vector<int>& expert_tp = group(rank.expert_tp_group);
   const bool expert = !piece.main_attributes.allreduce;
   const std::string not_expert_tp = ", not its expert-TP group " + ranks_text(expert_tp);
+  const std::vector<int>& used = group(dedup_group(rank, piece));
   switch (piece.rule.dedup) {
     case record::DedupGroup::global_tp:
       return std::string(expert ? "" : "replicated; ") +
              "no TP group given: fell back to the global TP rank, TP group " +
              group_role(tp, rank.rank) + (expert && tp != expert_tp ? not_expert_tp : "");
     case record::DedupGroup::expert_tp: {
-      const std::vector<int>& used = group(child.expert_tp_group);
       if (!expert)
         return "replicated, de-duplicated on the expert-TP group " + group_role(used, rank.rank) +
                (used != tp ? ", not its TP group " + ranks_text(tp) : "");
@@ -47,7 +59,6 @@ std::string replicated_text(const record::RunRecord& run, const record::RankReco
              group_role(used, rank.rank) + not_expert_tp;
     }
     case record::DedupGroup::tp: {
-      const std::vector<int>& used = group(child.tp_group);
       if (!expert) {
         if (used == tp) return "replicated, TP group " + group_role(used, rank.rank);
         return "replicated, de-duplicated on " + group_role(used, rank.rank) + ", not its TP group " +
@@ -71,10 +82,7 @@ std::optional<bool> rule_keeps(const record::RunRecord& run, const record::RankR
     case record::Basis::tensor_parallel_shard: return true;
     case record::Basis::replicated: break;
   }
-  const record::ChildRecord& child = rank.children[static_cast<std::size_t>(piece.child)];
-  const int group = piece.rule.dedup == record::DedupGroup::global_tp ? rank.tp_group
-                    : piece.rule.dedup == record::DedupGroup::expert_tp ? child.expert_tp_group
-                                                                         : child.tp_group;
+  const int group = dedup_group(rank, piece);
   if (group < 0) return std::nullopt;
   const std::vector<int>& ranks = run.groups[static_cast<std::size_t>(group)];
   return !ranks.empty() && ranks.front() == rank.rank;
