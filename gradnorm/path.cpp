@@ -194,16 +194,17 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
   own_elements(options.optimizer, main, layout, rank, {options.bucket_elements}, faults,
                ownership);
 
-  decisions.params.clear();
-  decisions.pieces.clear();
+  std::vector<record::LocalParam> params;
+  params.reserve(local.size());
   for (const topologies::LocalParam& param : local) {
     // The model param carries the model's expert label (main copies may lose it).
     topologies::LocalParam labelled = param;
     labelled.allreduce = !plan.expert_label[param.logical_id];
-    decisions.params.push_back({param.logical_id,
-                                box_of(param.slice, model.param(param.logical_id).shape.rank),
-                                attributes_of(labelled), std::nullopt});
+    params.push_back({param.logical_id, box_of(param.slice, model.param(param.logical_id).shape.rank),
+                      attributes_of(labelled), std::nullopt});
   }
+  decisions.params = std::move(params);
+  decisions.pieces.clear();
 
   std::vector<int> unit_of_child(plan.children.size());
   for (int u = 0; u < static_cast<int>(units.size()); ++u)
@@ -315,7 +316,7 @@ class ClipMemo {
   std::shared_ptr<const record::ClippedValues> clip(const std::shared_ptr<const record::LocalRecord>& local,
                                                     const std::vector<double>& child_clip,
                                                     double mtp_clip) {
-    auto& entry = by_rank_[RankKey{local.get(), child_clip, mtp_clip}];
+    auto& entry = by_rank_[RankKey{local->params.identity(), child_clip, mtp_clip}];
     if (entry) return entry;
     auto out = std::make_shared<record::ClippedValues>(local->params.size());
     // One kernel call per (generator, coefficient) for the boxes not clipped yet.
@@ -368,8 +369,9 @@ class ClipMemo {
     double coefficient;
     friend auto operator<=>(const BoxKey&, const BoxKey&) = default;
   };
+  // Clipped values belong to a rank's params, not its pieces: ranks of equal params share them.
   struct RankKey {
-    const record::LocalRecord* local;
+    const void* params;
     std::vector<double> child_clip;
     double mtp_clip;
     friend auto operator<=>(const RankKey&, const RankKey&) = default;

@@ -280,15 +280,17 @@ record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
     rank.expert_tp_group = groups.intern(m->groups.at("expt_tp"));
     record::LocalRecord local;
     const std::vector<int>& logical_of = index_of[static_cast<std::size_t>(m->rank)];
+    std::vector<record::LocalParam> params;
     for (std::size_t i = 0; i < m->params.size(); ++i) {
       const ModelParam& p = m->params[i];
-      record::LocalParam& param = local.params.emplace_back();
+      record::LocalParam& param = params.emplace_back();
       param.tensor = logical_of[i];
       for (std::size_t d = 0; d < p.offsets.size(); ++d) param.box.offset[d] = p.offsets[d];
       param.box.extent = extents_of(p.extents);
       param.attributes = attributes_of(p.attributes);
       param.stats = p.stats;
     }
+    local.params = std::move(params);
     for (std::size_t c = 0; c < m->optimizers.size(); ++c) {
       const OptimizerRecord& o = m->optimizers[c];
       record::ChildRecord& child = rank.children.emplace_back();

@@ -1,5 +1,6 @@
 #include "record/run_record.h"
 
+#include <cstdint>
 
 namespace tally::record {
 
@@ -29,14 +30,21 @@ class Hasher {
   std::uint64_t hash_ = 0xcbf29ce484222325ull;
 };
 
-std::uint64_t hash_of(const LocalRecord& record) {
+std::uint64_t hash_of(const LocalParams& params) {
   Hasher h;
-  h.add(static_cast<std::int64_t>(record.params.size()));
-  for (const LocalParam& p : record.params) {
+  h.add(static_cast<std::int64_t>(params.size()));
+  for (const LocalParam& p : params) {
     h.add(p.tensor);
     for (int d = 0; d < p.box.extent.ndim; ++d) h.add(p.box.offset[d]);
   }
-  for (const Piece& p : record.pieces)
+  return h.value();
+}
+
+// `params` is pooled: its identity stands for its content.
+std::uint64_t hash_of(const LocalParams& pooled, const std::vector<Piece>& pieces) {
+  Hasher h;
+  h.add(static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(pooled.identity())));
+  for (const Piece& p : pieces)
     h.add((p.range.begin << 20) ^ (p.range.end << 2) ^ (p.counted_in + 1) ^ (p.in_zero_count ? 1 << 10 : 0) ^
           (static_cast<std::int64_t>(p.rule.basis) << 12) ^ (static_cast<std::int64_t>(p.rule.dedup) << 15));
   return h.value();
@@ -44,11 +52,22 @@ std::uint64_t hash_of(const LocalRecord& record) {
 
 }  // namespace
 
+LocalParams LocalRecordPool::intern_params(const LocalParams& params) {
+  std::vector<LocalParams>& same_hash = params_by_hash_[hash_of(params)];
+  for (const LocalParams& known : same_hash)
+    if (known == params) return known;
+  same_hash.push_back(params);
+  ++param_lists_;
+  return params;
+}
+
 std::shared_ptr<const LocalRecord> LocalRecordPool::intern(const LocalRecord& record) {
-  std::vector<std::shared_ptr<const LocalRecord>>& same_hash = by_hash_[hash_of(record)];
+  LocalRecord pooled{intern_params(record.params), {}};
+  std::vector<std::shared_ptr<const LocalRecord>>& same_hash = by_hash_[hash_of(pooled.params, record.pieces)];
   for (const std::shared_ptr<const LocalRecord>& known : same_hash)
-    if (*known == record) return known;
-  same_hash.push_back(std::make_shared<const LocalRecord>(record));
+    if (known->params.identity() == pooled.params.identity() && known->pieces == record.pieces) return known;
+  pooled.pieces = record.pieces;
+  same_hash.push_back(std::make_shared<const LocalRecord>(std::move(pooled)));
   ++count_;
   return same_hash.back();
 }

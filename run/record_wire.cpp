@@ -150,13 +150,14 @@ record::RankRecord decode_rank_record(std::string_view bytes, record::GroupTable
   rank.tp_group = get_group(in, groups);
   rank.expert_tp_group = get_group(in, groups);
   record::LocalRecord local;
-  local.params.resize(in.count(sizeof(record::LocalParam::tensor)));
-  for (record::LocalParam& p : local.params) {
+  std::vector<record::LocalParam> params(in.count(sizeof(record::LocalParam::tensor)));
+  for (record::LocalParam& p : params) {
     p.tensor = in.get<int>();
     p.box = in.get<record::Box>();
     p.attributes = in.get<record::Attributes>();
     p.stats = in.get_optional<record::GradStats>();
   }
+  local.params = std::move(params);
   local.pieces.resize(in.count(sizeof(record::Piece::param)));
   for (record::Piece& p : local.pieces) {
     p.param = in.get<int>();

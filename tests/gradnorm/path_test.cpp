@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "comm/sim_communicator.h"
 #include "kernels/clip_scale.h"
@@ -171,6 +172,29 @@ TEST(Path, DataParallelReplicasShareOneLocalRecord) {
     EXPECT_EQ(it->second, rank.local.get()) << "rank " << rank.rank;
   }
   EXPECT_EQ(by_position.size(), 2u);  // here the EP coordinate is the TP index: 8 ranks, 2 records
+}
+
+// A distributed optimizer gives each data-parallel replica its own pieces of the same params:
+// records differ, but the params list and the clipped gradients are held once (a world of 10^6
+// ranks would otherwise hold 10^6 copies of them).
+TEST(Path, DistributedOptimizerReplicasShareParamsAndClippedValues) {
+  const ParallelConfig config = config_of(8, 2, 1, 1, 1);  // TP 2, DP 4
+  PathOptions options = testing::ones(OptimizerModel::distributed);
+  options.max_norm = 1e-3;  // clips, so clipped values are recorded
+  const PathResult result = run(config, testing::founding_model(), options);
+  const RankLayout layout(config);
+  std::map<int, const record::RankRecord*> first_of_tp_index;
+  std::set<const record::LocalRecord*> records;
+  for (const record::RankRecord& rank : result.record.ranks) {
+    records.insert(rank.local.get());
+    auto [it, fresh] = first_of_tp_index.try_emplace(layout.index_in(topologies::Family::tp, rank.rank), &rank);
+    if (fresh) continue;
+    EXPECT_EQ(it->second->local->params.identity(), rank.local->params.identity()) << "rank " << rank.rank;
+    ASSERT_NE(rank.clipped, nullptr);
+    EXPECT_EQ(it->second->clipped.get(), rank.clipped.get()) << "rank " << rank.rank;
+  }
+  EXPECT_EQ(first_of_tp_index.size(), 2u);
+  EXPECT_EQ(records.size(), 8u);  // every replica owns different pieces
 }
 
 // Whether two runs reported and decided the same.
