@@ -28,6 +28,7 @@ struct CheckCommandOptions {
   bool json = false;
   std::string junit;
   double rtol = 1e-5;
+  unsigned jobs = 0;  // 0: one per core
 };
 
 std::string optional_number(const std::optional<double>& value) {
@@ -38,6 +39,7 @@ std::string optional_number(const std::optional<double>& value) {
 struct CheckReport {
   std::string producer;
   int world = 0;
+  int version = manifest::kManifestVersion;  // of the files read
   manifest::ParallelSizes parallel;
   std::int64_t logical_params = 0;
   std::int64_t logical_elements = 0;
@@ -47,12 +49,15 @@ struct CheckReport {
   oracle::Verdict verdict;
 };
 
-CheckReport check_run(const std::vector<manifest::RankManifest>& manifests, double rtol) {
+// Takes the manifests: they are freed once the record holds what the judge needs.
+CheckReport check_run(manifest::RunManifests manifests, double rtol) {
   const record::RunRecord run = manifest::to_record(manifests);
   CheckReport r;
   r.producer = run.producer;
   r.world = run.world;
-  r.parallel = manifests.front().parallel;
+  r.version = manifests.version;
+  r.parallel = manifests.ranks.front().parallel;
+  manifests = {};
   r.logical_params = static_cast<std::int64_t>(run.tensors.size());
   for (const record::Tensor& t : run.tensors) r.logical_elements += t.shape.numel();
   const record::RankRecord& first = run.ranks.front();
@@ -70,7 +75,8 @@ CheckReport check_run(const std::vector<manifest::RankManifest>& manifests, doub
 
 void print_report(std::ostream& out, const std::string& dir, const CheckReport& r) {
   const manifest::ParallelSizes& p = r.parallel;
-  out << "manifests: " << r.world << " rank" << (r.world == 1 ? "" : "s") << " in " << dir;
+  out << "manifests: " << r.world << " rank" << (r.world == 1 ? "" : "s") << " in " << dir << " (version "
+      << r.version << ")";
   if (!r.producer.empty()) out << ", written by " << r.producer;
   out << "\nworld " << r.world << " (dense tp " << p.tp << ", cp " << p.cp << ", pp " << p.pp
       << ", dp " << p.dp << "; expert etp " << p.etp << ", ep " << p.ep << ", edp "
@@ -108,6 +114,7 @@ nlohmann::ordered_json report_json(const std::string& dir, const CheckReport& r)
   j["dir"] = dir;
   j["producer"] = r.producer;
   j["world"] = r.world;
+  j["manifest_version"] = r.version;
   j["parallel"] = {{"tp", r.parallel.tp}, {"cp", r.parallel.cp}, {"pp", r.parallel.pp},
                    {"dp", r.parallel.dp}, {"ep", r.parallel.ep}, {"etp", r.parallel.etp}};
   j["logical_params"] = r.logical_params;
@@ -161,18 +168,22 @@ void add_check_command(CLI::App& app, CommandContext& context) {
                       "exact)")
       ->check(real_number(0.0, 1.0))
       ->capture_default_str();
+  command->add_option("--jobs", options->jobs,
+                      "Threads that read and parse the rank files (0: one per core)")
+      ->check(whole_number(0, 1024))
+      ->capture_default_str();
   command->callback([options, &context] {
     const auto start = std::chrono::steady_clock::now();
     CheckReport report;
-    std::vector<manifest::RankManifest> run;
+    manifest::RunManifests run;
     try {
-      run = manifest::load_run(options->dir);  // its messages name each file with its folder
+      run = manifest::load_run(options->dir, options->jobs);  // its messages name each file with its folder
     } catch (const manifest::ManifestError& error) {
       throw UsageError(error.what());
     }
     const std::string folder = std::filesystem::path(options->dir).string();
     try {
-      report = check_run(run, options->rtol);
+      report = check_run(std::move(run), options->rtol);
     } catch (const manifest::ManifestError& error) {
       // to_record names a rank's file ("rank-3.json: ...") or the run as a whole.
       const std::string what = error.what();

@@ -29,6 +29,7 @@ struct RunOptions {
   std::string expect;             // --expect with --save: pass, fail or observed
   std::string description;        // --description with --save
   std::string manifests;          // --manifests: write the run's manifests to this folder
+  int manifest_version = manifest::kManifestVersion;
   std::vector<CLI::Option*> case_flags;  // the flags that describe a case
   TopologyFlags topology;
   ModelFlags model;
@@ -159,9 +160,10 @@ std::string expectation_text(const casefile::Expectation& e) {
 
 // Writes the manifests of the model target's `record` of case `c` (docs/manifest.md). Throws
 // UsageError when the folder cannot be written.
-void write_manifests(const std::string& dir, const casefile::Case& c, const record::RunRecord& record) {
+void write_manifests(const std::string& dir, int version, const casefile::Case& c,
+                     const record::RunRecord& record) {
   try {
-    manifest::write_run(dir, run::model_manifests(c, record));
+    manifest::write_run(dir, run::model_manifests(c, record), version);
   } catch (const std::exception& error) {
     throw UsageError(std::string("--manifests: ") + error.what());
   }
@@ -227,12 +229,19 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       ->check(CLI::IsMember({"pass", "fail", "observed"}));
   command->add_option("--description", options->description,
                       "With --save: the case's description (one line)");
-  command->add_option("--manifests", options->manifests,
+  CLI::Option* manifests_flag = command->add_option("--manifests", options->manifests,
                       "After the run, write the manifests tally's own model of the path would "
                       "write (rank-<R>.json per rank, docs/manifest.md, faults included) to "
                       "this folder, for `tally check DIR`. sim backend only; a run that hangs "
                       "writes none")
       ->check(output_folder());
+  command->add_option("--manifest-version", options->manifest_version,
+                      "With --manifests: the format to write, 2 (rank files refer to groups.json, "
+                      "which holds each group once) or 1 (every rank file lists its groups' ranks; "
+                      "grows with the world squared)")
+      ->check(CLI::IsMember({1, 2}))
+      ->needs(manifests_flag)
+      ->capture_default_str();
   command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
   command->add_flag("--json", options->json, "Machine-readable verdict");
   add_backend_flags(*command);
@@ -274,7 +283,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
         // The sim backend's run, keeping the record for the manifests.
         run::CaseRun run = run::run_case_with_record(c);
         verdict = std::move(run.verdict);
-        if (run.record) write_manifests(o.manifests, c, *run.record);
+        if (run.record) write_manifests(o.manifests, o.manifest_version, c, *run.record);
         manifests_written = run.record.has_value();
       }
     } catch (const casefile::InvalidCase& error) {

@@ -54,7 +54,7 @@ struct Judged {
 };
 
 // As cli/check_command.cpp's check_run: the record, its truth, the judge with the default --rtol.
-Judged judge_as_check_does(const std::vector<manifest::RankManifest>& manifests) {
+Judged judge_as_check_does(const manifest::RunManifests& manifests) {
   Judged j;
   j.run = manifest::to_record(manifests);
   j.truth = oracle::truth_from_box_statistics(j.run);
@@ -191,7 +191,7 @@ std::string broken_property(std::string_view input) {
     paths.push_back("input/" + f.name);
     bytes.emplace(paths.back(), &f.text);  // a repeated name: its first file
   }
-  std::vector<manifest::RankManifest> manifests;
+  manifest::RunManifests manifests;
   Judged first;
   try {
     manifests = manifest::read_run(paths, [&](const std::string& path) { return *bytes.at(path); }, "input");

@@ -13,7 +13,12 @@
 
 namespace tally::manifest {
 
-inline constexpr int kManifestVersion = 1;
+// The format written. Version 1 (every rank file lists its groups' ranks) still reads.
+inline constexpr int kManifestVersion = 2;
+
+// A group of ranks, as a manifest refers to it: an index into the run's group table
+// (RunManifests::groups), whichever version the files were.
+using GroupId = int;
 
 // The statistics of a gradient (or of an owned range of it), in fp64: the record's.
 using GradStats = record::GradStats;
@@ -60,9 +65,9 @@ struct Clip {
 
 struct OptimizerRecord {
   std::string name;
-  std::vector<int> stats_group;
-  std::optional<std::vector<int>> tp_group;         // null: none given (fallback)
-  std::optional<std::vector<int>> expert_tp_group;  // null: none given (fallback)
+  GroupId stats_group = 0;
+  std::optional<GroupId> tp_group;         // null: none given (fallback)
+  std::optional<GroupId> expert_tp_group;  // null: none given (fallback)
   std::optional<Clip> clip;
   std::vector<MainParam> main_params;
   friend bool operator==(const OptimizerRecord&, const OptimizerRecord&) = default;
@@ -85,11 +90,20 @@ struct RankManifest {
   int rank = 0;
   int world = 1;
   ParallelSizes parallel;
-  std::map<std::string, std::vector<int>> groups;  // must hold "tp" and "expt_tp"
+  std::map<std::string, GroupId> groups;  // must hold "tp" and "expt_tp"
   std::vector<ModelParam> params;
   std::vector<OptimizerRecord> optimizers;
   Reported reported;
   friend bool operator==(const RankManifest&, const RankManifest&) = default;
+};
+
+// The manifests of one run: every group any rank refers to, once, and the ranks' files.
+struct RunManifests {
+  int version = kManifestVersion;        // the format they were read from
+  std::vector<std::vector<int>> groups;  // sorted rank lists, each once
+  std::vector<RankManifest> ranks;       // in rank order once validated
+  const std::vector<int>& group(GroupId id) const { return groups[static_cast<std::size_t>(id)]; }
+  friend bool operator==(const RunManifests&, const RunManifests&) = default;
 };
 
 // A manifest's sizes as its messages show them ("[4,8]"), and the elements of a box's extents.

@@ -1,7 +1,11 @@
 #include "manifest/manifest_json.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <filesystem>
+#include <memory>
+#include <thread>
 #include <limits>
 #include <system_error>
 
@@ -59,9 +63,10 @@ double read_magnitude(const json& value, const std::string& path) {
   return x;
 }
 
-// A rank list: sorted, no repeats, every rank in [0, world), holding `rank`.
-std::vector<int> read_rank_list(const json& value, const std::string& path, int world, int rank) {
+// A rank list: sorted, no repeats, every rank in [0, world), not empty.
+std::vector<int> read_rank_list(const json& value, const std::string& path, int world) {
   read_array(value, path, static_cast<std::size_t>(world));
+  if (value.empty()) fail(path, "expected at least one rank");
   std::vector<int> ranks;
   ranks.reserve(value.size());
   for (std::size_t i = 0; i < value.size(); ++i) {
@@ -71,15 +76,33 @@ std::vector<int> read_rank_list(const json& value, const std::string& path, int 
                                     std::to_string(r) + " after " + std::to_string(ranks.back()));
     ranks.push_back(r);
   }
-  if (!std::binary_search(ranks.begin(), ranks.end(), rank))
-    fail(path, "the group does not hold this manifest's own rank " + std::to_string(rank));
   return ranks;
 }
 
-std::optional<std::vector<int>> read_optional_rank_list(const json& value, const std::string& path,
-                                                        int world, int rank) {
+// A group a rank file names: its rank list (version 1) or an index into groups.json (version
+// 2). Either way the group holds the file's own rank.
+GroupId read_group(const json& value, const std::string& path, int world, int rank, RunGroups& groups) {
+  if (groups.version() == 1) {
+    const std::vector<int> ranks = read_rank_list(value, path, world);
+    if (!std::binary_search(ranks.begin(), ranks.end(), rank))
+      fail(path, "the group does not hold this manifest's own rank " + std::to_string(rank));
+    return groups.intern(ranks);
+  }
+  const std::vector<std::vector<int>>& table = groups.table();
+  if (!value.is_number_integer())
+    fail(path, std::string("expected the index of a group in groups.json (version 2), got ") + shown(value));
+  const auto id = static_cast<GroupId>(read_integer(value, path, 0, static_cast<std::int64_t>(table.size()) - 1));
+  const std::vector<int>& ranks = table[static_cast<std::size_t>(id)];
+  if (!std::binary_search(ranks.begin(), ranks.end(), rank))
+    fail(path, "groups.json's groups[" + std::to_string(id) + "] does not hold this manifest's own rank " +
+                   std::to_string(rank));
+  return id;
+}
+
+std::optional<GroupId> read_optional_group(const json& value, const std::string& path, int world, int rank,
+                                           RunGroups& groups) {
   if (value.is_null()) return std::nullopt;
-  return read_rank_list(value, path, world, rank);
+  return read_group(value, path, world, rank, groups);
 }
 
 std::vector<std::int64_t> read_sizes(const json& value, const std::string& path,
@@ -196,18 +219,18 @@ MainParam read_main_param(const json& value, const std::string& path,
 }
 
 OptimizerRecord read_optimizer(const json& value, const std::string& path, int world, int rank,
-                               const std::vector<ModelParam>& params) {
+                               const std::vector<ModelParam>& params, RunGroups& groups) {
   OptimizerRecord o;
   read_object(
       value, path,
       {{"name", [&](const json& v, const std::string& p) { o.name = read_name(v, p); }},
        {"stats_group",
-        [&](const json& v, const std::string& p) { o.stats_group = read_rank_list(v, p, world, rank); }},
+        [&](const json& v, const std::string& p) { o.stats_group = read_group(v, p, world, rank, groups); }},
        {"tp_group",
-        [&](const json& v, const std::string& p) { o.tp_group = read_optional_rank_list(v, p, world, rank); }},
+        [&](const json& v, const std::string& p) { o.tp_group = read_optional_group(v, p, world, rank, groups); }},
        {"expert_tp_group",
         [&](const json& v, const std::string& p) {
-          o.expert_tp_group = read_optional_rank_list(v, p, world, rank);
+          o.expert_tp_group = read_optional_group(v, p, world, rank, groups);
         }},
        {"clip",
         [&](const json& v, const std::string& p) {
@@ -256,16 +279,19 @@ bool is_group_name(const std::string& name) {
          });
 }
 
-RankManifest read_manifest(const json& value, const std::string& path) {
+RankManifest read_manifest(const json& value, const std::string& path, RunGroups& groups) {
   if (!value.is_object()) fail(path, std::string("expected a manifest object, got ") + casefile::type_word(value));
   // The version first: a newer file should say so rather than fail on a field it added.
   if (!value.contains("tally_manifest"))
     fail(path, "not a tally manifest: the key \"tally_manifest\" (the format version) is missing");
   const std::int64_t version = read_integer(value["tally_manifest"], path + ".tally_manifest", 0, kMaxInt);
-  if (version != kManifestVersion)
-    fail(path + ".tally_manifest", "this tally reads manifest version " +
-                                       std::to_string(kManifestVersion) + ", got " +
-                                       std::to_string(version));
+  if (version != 1 && version != 2)
+    fail(path + ".tally_manifest", "this tally reads manifest versions 1 and 2, got " + std::to_string(version));
+  if (version != groups.version())
+    fail(path + ".tally_manifest",
+         groups.version() == 2
+             ? "version " + std::to_string(version) + " in a version 2 run (the folder has groups.json; every file of a run has one version)"
+             : "version 2 refers to the run's groups in groups.json, which the folder lacks (rank 0 writes it)");
   // rank and world before the fields whose checks need them.
   for (const char* key : {"rank", "world"})
     if (!value.contains(key)) fail(path, std::string("missing the key \"") + key + "\"");
@@ -309,7 +335,7 @@ RankManifest read_manifest(const json& value, const std::string& path) {
             const std::string at = casefile::key_path(p, name);
             if (!is_group_name(name))
               fail(at, "a group name is lowercase letters, digits and _ (at most 64)");
-            m.groups[name] = read_rank_list(ranks, at, m.world, m.rank);
+            m.groups[name] = read_group(ranks, at, m.world, m.rank, groups);
           }
           for (const char* required : {"tp", "expt_tp"})
             if (!m.groups.count(required))
@@ -331,7 +357,7 @@ RankManifest read_manifest(const json& value, const std::string& path) {
   const std::string at = path + ".optimizers";
   read_array(optimizers, at, kMaxOptimizers);
   for (std::size_t i = 0; i < optimizers.size(); ++i)
-    m.optimizers.push_back(read_optimizer(optimizers[i], index_path(at, i), m.world, m.rank, m.params));
+    m.optimizers.push_back(read_optimizer(optimizers[i], index_path(at, i), m.world, m.rank, m.params, groups));
   return m;
 }
 
@@ -349,9 +375,17 @@ ordered_json stats_json(const GradStats& s) {
   return {{"sum_squares", s.sum_squares}, {"abs_max", s.abs_max}, {"zeros", s.zeros}};
 }
 
-ordered_json optional_ranks(const std::optional<std::vector<int>>& ranks) {
-  return ranks ? ordered_json(*ranks) : ordered_json(nullptr);
-}
+// A group as a version-`version` file names it: its rank list (1) or its id (2).
+struct GroupWriter {
+  const std::vector<std::vector<int>>& table;
+  int version;
+  ordered_json operator()(GroupId id) const {
+    return version == 1 ? ordered_json(table[static_cast<std::size_t>(id)]) : ordered_json(id);
+  }
+  ordered_json operator()(const std::optional<GroupId>& id) const {
+    return id ? (*this)(*id) : ordered_json(nullptr);
+  }
+};
 
 template <class T>
 ordered_json optional_value(const std::optional<T>& value) {
@@ -360,16 +394,18 @@ ordered_json optional_value(const std::optional<T>& value) {
 
 }  // namespace
 
-ordered_json manifest_to_json(const RankManifest& m) {
+ordered_json manifest_to_json(const RankManifest& m, const std::vector<std::vector<int>>& table, int version) {
+  if (version != 1 && version != 2) throw std::invalid_argument("manifest version " + std::to_string(version));
+  const GroupWriter group{table, version};
   ordered_json j;
-  j["tally_manifest"] = kManifestVersion;
+  j["tally_manifest"] = version;
   j["producer"] = m.producer;
   j["rank"] = m.rank;
   j["world"] = m.world;
   j["parallel"] = {{"tp", m.parallel.tp}, {"cp", m.parallel.cp}, {"pp", m.parallel.pp},
                    {"dp", m.parallel.dp}, {"ep", m.parallel.ep}, {"etp", m.parallel.etp}};
   ordered_json groups = ordered_json::object();
-  for (const auto& [name, ranks] : m.groups) groups[name] = ranks;
+  for (const auto& [name, id] : m.groups) groups[name] = group(id);
   j["groups"] = std::move(groups);
   ordered_json params = ordered_json::array();
   for (const ModelParam& p : m.params)
@@ -394,9 +430,9 @@ ordered_json manifest_to_json(const RankManifest& m) {
                              {"stats", stats_json(p.stats)}});
     optimizers.push_back(
         {{"name", o.name},
-         {"stats_group", o.stats_group},
-         {"tp_group", optional_ranks(o.tp_group)},
-         {"expert_tp_group", optional_ranks(o.expert_tp_group)},
+         {"stats_group", group(o.stats_group)},
+         {"tp_group", group(o.tp_group)},
+         {"expert_tp_group", group(o.expert_tp_group)},
          {"clip", o.clip ? ordered_json{{"max_norm", o.clip->max_norm},
                                         {"coefficient", o.clip->coefficient}}
                          : ordered_json(nullptr)},
@@ -409,26 +445,87 @@ ordered_json manifest_to_json(const RankManifest& m) {
   return j;
 }
 
-std::string manifest_to_text(const RankManifest& m) {
-  return manifest_to_json(m).dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+std::string manifest_to_text(const RankManifest& m, const std::vector<std::vector<int>>& groups, int version) {
+  return manifest_to_json(m, groups, version).dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
 }
 
-RankManifest manifest_from_json(const json& value, std::string_view source) {
+RankManifest manifest_from_json(const json& value, std::string_view source, RunGroups& groups) {
   try {
-    return read_manifest(value, "manifest");
+    return read_manifest(value, "manifest", groups);
   } catch (const casefile::JsonReadError& error) {
     throw ManifestError(casefile::escape_controls(std::string(source) + ": " + error.what()));
   }
 }
 
-RankManifest manifest_from_text(std::string_view text, std::string_view source) {
+RankManifest manifest_from_text(std::string_view text, std::string_view source, RunGroups& groups) {
   json parsed;
   try {
     parsed = casefile::parse_json(text, source);
   } catch (const casefile::JsonReadError& error) {
     throw ManifestError(casefile::escape_controls(error.what()));
   }
-  return manifest_from_json(parsed, source);
+  return manifest_from_json(parsed, source, groups);
+}
+
+RunGroups::RunGroups(std::vector<std::vector<int>> table) : fixed_(true), table_(std::move(table)) {}
+
+GroupId RunGroups::intern(const std::vector<int>& ranks) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  auto [it, fresh] = index_.try_emplace(ranks, static_cast<GroupId>(table_.size()));
+  if (fresh) table_.push_back(ranks);
+  return it->second;
+}
+
+std::string groups_to_text(int world, const std::vector<std::vector<int>>& groups) {
+  // One group per line: the file stays readable and diffable at a million ranks.
+  std::string out = "{\n  \"tally_groups\": 2,\n  \"world\": " + std::to_string(world) + ",\n  \"groups\": [";
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    out += g ? ",\n    [" : "\n    [";
+    for (std::size_t i = 0; i < groups[g].size(); ++i) out += (i ? ", " : "") + std::to_string(groups[g][i]);
+    out += "]";
+  }
+  return out + (groups.empty() ? "]\n}\n" : "\n  ]\n}\n");
+}
+
+int groups_from_text(std::string_view text, std::string_view source, std::vector<std::vector<int>>& groups) {
+  json value;
+  try {
+    value = casefile::parse_json(text, source);
+  } catch (const casefile::JsonReadError& error) {
+    throw ManifestError(casefile::escape_controls(error.what()));
+  }
+  try {
+    const std::string path = "groups";
+    if (!value.is_object()) fail(path, std::string("expected the groups object, got ") + casefile::type_word(value));
+    if (!value.contains("tally_groups"))
+      fail(path, "not a tally groups file: the key \"tally_groups\" (the format version) is missing");
+    const std::int64_t version = read_integer(value["tally_groups"], path + ".tally_groups", 0, kMaxInt);
+    if (version != 2) fail(path + ".tally_groups", "this tally reads groups version 2, got " + std::to_string(version));
+    if (!value.contains("world")) fail(path, "missing the key \"world\"");
+    const int world = static_cast<int>(read_integer(value["world"], path + ".world", 1, topologies::kMaxWorld));
+    std::map<std::vector<int>, std::size_t> seen;
+    read_object(value, path,
+                {{"tally_groups", [](const json&, const std::string&) {}},
+                 {"world", [](const json&, const std::string&) {}},
+                 {"groups",
+                  [&](const json& v, const std::string& p) {
+                    read_array(v, p, std::numeric_limits<std::size_t>::max());
+                    groups.clear();
+                    groups.reserve(v.size());
+                    for (std::size_t g = 0; g < v.size(); ++g) {
+                      std::vector<int> ranks = read_rank_list(v[g], index_path(p, g), world);
+                      auto [it, fresh] = seen.try_emplace(ranks, g);
+                      if (!fresh)
+                        fail(index_path(p, g), "repeats groups[" + std::to_string(it->second) +
+                                                   "] (each group is listed once; ranks refer to it by index)");
+                      groups.push_back(std::move(ranks));
+                    }
+                  }}},
+                "the groups file", {"tally_groups", "world", "groups"});
+    return world;
+  } catch (const casefile::JsonReadError& error) {
+    throw ManifestError(casefile::escape_controls(std::string(source) + ": " + error.what()));
+  }
 }
 
 std::string manifest_file_name(int rank) { return "rank-" + std::to_string(rank) + ".json"; }
@@ -450,29 +547,65 @@ int rank_of_file_name(const std::string& name) {
 
 }  // namespace
 
-std::vector<RankManifest> read_run(const std::vector<std::string>& paths, const FileBytes& bytes_of,
-                                   const std::string& folder) {
+RunManifests read_run(const std::vector<std::string>& paths, const FileBytes& bytes_of,
+                      const std::string& folder, unsigned threads) {
   std::vector<std::pair<int, std::string>> files;
+  std::optional<std::string> groups_file;
   for (const std::string& path : paths) {
-    const int rank = rank_of_file_name(std::filesystem::path(path).filename().string());
+    const std::string name = std::filesystem::path(path).filename().string();
+    if (name == kGroupsFileName) groups_file = path;
+    const int rank = rank_of_file_name(name);
     if (rank >= 0) files.emplace_back(rank, path);
   }
   if (files.empty())
     throw ManifestError(folder + ": no manifest in the folder (expected rank-<R>.json files)");
   std::sort(files.begin(), files.end());
-  std::vector<RankManifest> run;
-  run.reserve(files.size());
-  for (const auto& [rank, file] : files) {
-    RankManifest m = manifest_from_text(bytes_of(file), file);
-    if (m.rank != rank)
-      throw ManifestError(casefile::escape_controls(file) + ": manifest.rank: the file is named for rank " +
-                          std::to_string(rank) + " but holds rank " + std::to_string(m.rank));
-    run.push_back(std::move(m));
+
+  RunManifests run;
+  std::unique_ptr<RunGroups> groups = std::make_unique<RunGroups>();
+  int groups_world = 0;
+  if (groups_file) {
+    std::vector<std::vector<int>> table;
+    groups_world = groups_from_text(bytes_of(*groups_file), *groups_file, table);
+    groups = std::make_unique<RunGroups>(std::move(table));
   }
+  run.version = groups->version();
+
+  // Each file parsed on its own thread, one at a time per thread: peak memory is the records
+  // kept plus one file's text and JSON tree per thread. The first bad file in rank order wins.
+  run.ranks.resize(files.size());
+  std::vector<std::exception_ptr> errors(files.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
+      const auto& [rank, file] = files[i];
+      try {
+        RankManifest m = manifest_from_text(bytes_of(file), file, *groups);
+        if (m.rank != rank)
+          throw ManifestError(casefile::escape_controls(file) + ": manifest.rank: the file is named for rank " +
+                              std::to_string(rank) + " but holds rank " + std::to_string(m.rank));
+        if (groups_file && m.world != groups_world)
+          throw ManifestError(casefile::escape_controls(file) + ": manifest.world: " + std::to_string(m.world) +
+                              ", but groups.json says " + std::to_string(groups_world));
+        run.ranks[i] = std::move(m);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<std::size_t>(threads, files.size()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& error : errors)
+    if (error) std::rethrow_exception(error);
+  run.groups = groups->take();
   return run;
 }
 
-std::vector<RankManifest> load_run(const std::string& dir) {
+RunManifests load_run(const std::string& dir, unsigned threads) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_directory(dir, error))
@@ -482,21 +615,28 @@ std::vector<RankManifest> load_run(const std::string& dir) {
     paths.push_back(it->path().string());
   if (error) throw ManifestError(dir + ": cannot list the folder (" + error.message() + ")");
   return read_run(paths, [](const std::string& path) {
+    const bool groups = fs::path(path).filename() == kGroupsFileName;
     try {
-      return casefile::read_bounded_file(path, kMaxManifestBytes, "manifest");
+      return casefile::read_bounded_file(path, groups ? kMaxGroupsBytes : kMaxManifestBytes,
+                                         groups ? "groups file" : "manifest");
     } catch (const casefile::JsonReadError& e) {
       throw ManifestError(e.what());
     }
-  }, dir);
+  }, dir, threads);
 }
 
-void write_run(const std::string& dir, const std::vector<RankManifest>& manifests) {
+void write_run(const std::string& dir, const RunManifests& run, int version) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) throw std::runtime_error(dir + ": cannot create the folder (" + error.message() + ")");
-  for (const RankManifest& m : manifests)
-    casefile::write_file_atomically((std::filesystem::path(dir) / manifest_file_name(m.rank)).string(),
-                                        manifest_to_text(m), "manifest");
+  const std::filesystem::path folder(dir);
+  if (version == 1) std::filesystem::remove(folder / kGroupsFileName, error);  // else read as version 2
+  if (version == 2 && !run.ranks.empty())
+    casefile::write_file_atomically((folder / kGroupsFileName).string(),
+                                    groups_to_text(run.ranks.front().world, run.groups), "groups file");
+  for (const RankManifest& m : run.ranks)
+    casefile::write_file_atomically((folder / manifest_file_name(m.rank)).string(),
+                                    manifest_to_text(m, run.groups, version), "manifest");
 }
 
 }  // namespace tally::manifest

@@ -58,59 +58,66 @@ std::vector<const RankManifest*> ranks_in_order(const std::vector<RankManifest>&
   return by_rank;
 }
 
-// A collective group must be the same rank list on each of its members. `list_of(rank)` is
-// that rank's list (null: the rank has none by that name). Lists are interned so a world-sized
-// group costs one id comparison per member, not one list comparison.
-template <class ListOf>
-void check_group_consistent(const std::vector<const RankManifest*>& ranks, const std::string& what,
-                            ListOf list_of) {
-  std::map<std::vector<int>, int> ids;
-  std::vector<int> id_of(ranks.size(), -1);
+// A collective group must be the same rank list on each of its members. `id_of(rank)` is the
+// group that rank names (-1: it has none by that name); every rank is in the group it names
+// (the reader checked), so a group is consistent exactly when as many ranks name it as it holds:
+// O(world) per name, however large the groups.
+template <class IdOf>
+void check_group_consistent(const std::vector<const RankManifest*>& ranks, const RunManifests& run,
+                            const std::string& what, IdOf id_of) {
+  std::vector<std::size_t> naming(run.groups.size(), 0);
   for (const RankManifest* m : ranks)
-    if (const std::vector<int>* mine = list_of(*m))
-      id_of[static_cast<std::size_t>(m->rank)] = ids.emplace(*mine, static_cast<int>(ids.size())).first->second;
+    if (const GroupId id = id_of(*m); id >= 0) ++naming[static_cast<std::size_t>(id)];
   for (const RankManifest* m : ranks) {
-    const std::vector<int>* mine = list_of(*m);
-    if (!mine) continue;
-    for (int member : *mine) {
-      if (id_of[static_cast<std::size_t>(member)] == id_of[static_cast<std::size_t>(m->rank)]) continue;
-      const std::vector<int>* theirs = list_of(*ranks[static_cast<std::size_t>(member)]);
-      if (!theirs)
-        invalid(m->rank, what + " " + ranks_text(*mine) + " holds rank " + std::to_string(member) +
+    const GroupId id = id_of(*m);
+    if (id < 0) continue;
+    const std::vector<int>& mine = run.group(id);
+    if (naming[static_cast<std::size_t>(id)] == mine.size()) continue;
+    for (int member : mine) {
+      const GroupId theirs = id_of(*ranks[static_cast<std::size_t>(member)]);
+      if (theirs == id) continue;
+      if (theirs < 0)
+        invalid(m->rank, what + " " + ranks_text(mine) + " holds rank " + std::to_string(member) +
                              ", which has no " + what);
-      invalid(m->rank, "inconsistent " + what + ": " + ranks_text(*mine) + " here, but rank " +
-                           std::to_string(member) + " lists " + ranks_text(*theirs));
+      invalid(m->rank, "inconsistent " + what + ": " + ranks_text(mine) + " here, but rank " +
+                           std::to_string(member) + " lists " + ranks_text(run.group(theirs)));
     }
   }
 }
 
-void check_groups(const std::vector<const RankManifest*>& ranks) {
+void check_groups(const std::vector<const RankManifest*>& ranks, const RunManifests& run) {
   std::set<std::string> names;
   for (const RankManifest* m : ranks)
-    for (const auto& [name, list] : m->groups) names.insert(name);
+    for (const auto& [name, id] : m->groups) names.insert(name);
   for (const std::string& name : names)
-    check_group_consistent(ranks, "group \"" + name + "\"",
-                           [&name](const RankManifest& m) -> const std::vector<int>* {
-                             auto it = m.groups.find(name);
-                             return it == m.groups.end() ? nullptr : &it->second;
-                           });
+    check_group_consistent(ranks, run, "group \"" + name + "\"", [&name](const RankManifest& m) {
+      auto it = m.groups.find(name);
+      return it == m.groups.end() ? GroupId{-1} : it->second;
+    });
   const std::size_t children = ranks.front()->optimizers.size();
   for (std::size_t c = 0; c < children; ++c) {
     const std::string at = "optimizers[" + std::to_string(c) + "].";
-    check_group_consistent(ranks, at + "stats_group", [c](const RankManifest& m) {
-      return &m.optimizers[c].stats_group;
+    check_group_consistent(ranks, run, at + "stats_group",
+                           [c](const RankManifest& m) { return m.optimizers[c].stats_group; });
+    check_group_consistent(ranks, run, at + "tp_group", [c](const RankManifest& m) {
+      return m.optimizers[c].tp_group.value_or(GroupId{-1});
     });
-    check_group_consistent(ranks, at + "tp_group",
-                           [c](const RankManifest& m) -> const std::vector<int>* {
-                             const auto& g = m.optimizers[c].tp_group;
-                             return g ? &*g : nullptr;
-                           });
-    check_group_consistent(ranks, at + "expert_tp_group",
-                           [c](const RankManifest& m) -> const std::vector<int>* {
-                             const auto& g = m.optimizers[c].expert_tp_group;
-                             return g ? &*g : nullptr;
-                           });
+    check_group_consistent(ranks, run, at + "expert_tp_group", [c](const RankManifest& m) {
+      return m.optimizers[c].expert_tp_group.value_or(GroupId{-1});
+    });
   }
+}
+
+// Every group id a rank's manifest names.
+std::vector<GroupId> group_ids(const RankManifest& m) {
+  std::vector<GroupId> ids;
+  for (const auto& [name, id] : m.groups) ids.push_back(id);
+  for (const OptimizerRecord& o : m.optimizers) {
+    ids.push_back(o.stats_group);
+    if (o.tp_group) ids.push_back(*o.tp_group);
+    if (o.expert_tp_group) ids.push_back(*o.expert_tp_group);
+  }
+  return ids;
 }
 
 // ---- the logical model --------------------------------------------------------------------
@@ -242,9 +249,19 @@ record::Rule rule_of(const MainParam& piece, const OptimizerRecord& optimizer) {
 
 }  // namespace
 
-record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
-  const std::vector<const RankManifest*> ranks = ranks_in_order(manifests);
-  check_groups(ranks);
+record::RunRecord to_record(const RunManifests& manifests) {
+  const std::vector<const RankManifest*> ranks = ranks_in_order(manifests.ranks);
+  // The readers check these per file; a run built in memory is held to them too.
+  for (const RankManifest* m : ranks)
+    for (const GroupId id : group_ids(*m)) {
+      if (id < 0 || static_cast<std::size_t>(id) >= manifests.groups.size())
+        invalid(m->rank, "group id " + std::to_string(id) + " outside the run's " +
+                             std::to_string(manifests.groups.size()) + " groups");
+      const std::vector<int>& group = manifests.group(id);
+      if (!std::binary_search(group.begin(), group.end(), m->rank))
+        invalid(m->rank, "group " + ranks_text(group) + " does not hold this manifest's own rank");
+    }
+  check_groups(ranks, manifests);
   std::vector<std::vector<int>> index_of;
   const std::vector<LogicalParam> model = rebuild_logical_model(ranks, index_of);
   check_statistics(ranks, index_of);
@@ -268,16 +285,14 @@ record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
     }
   }
 
-  record::GroupTable groups(run.groups);
+  run.groups = manifests.groups;  // group ids are the record's
   record::LocalRecordPool locals;
-  auto group = [&](const std::optional<std::vector<int>>& ranks_of) {
-    return ranks_of ? groups.intern(*ranks_of) : -1;
-  };
+  auto group = [](const std::optional<GroupId>& id) { return id.value_or(-1); };
   for (const RankManifest* m : ranks) {
     record::RankRecord& rank = run.ranks.emplace_back();
     rank.rank = m->rank;
-    rank.tp_group = groups.intern(m->groups.at("tp"));
-    rank.expert_tp_group = groups.intern(m->groups.at("expt_tp"));
+    rank.tp_group = m->groups.at("tp");
+    rank.expert_tp_group = m->groups.at("expt_tp");
     record::LocalRecord local;
     const std::vector<int>& logical_of = index_of[static_cast<std::size_t>(m->rank)];
     std::vector<record::LocalParam> params;
@@ -294,7 +309,7 @@ record::RunRecord to_record(const std::vector<RankManifest>& manifests) {
     for (std::size_t c = 0; c < m->optimizers.size(); ++c) {
       const OptimizerRecord& o = m->optimizers[c];
       record::ChildRecord& child = rank.children.emplace_back();
-      child.stats_group = groups.intern(o.stats_group);
+      child.stats_group = o.stats_group;
       child.tp_group = group(o.tp_group);
       child.expert_tp_group = group(o.expert_tp_group);
       if (o.clip) child.clip = record::Clip{o.clip->max_norm, o.clip->coefficient};

@@ -19,6 +19,6 @@ namespace tally::manifest {
 
 // Throws ManifestError (manifest/manifest_json.h): one line naming the rank's file ("rank-3.json:
 // ...") or the run as a whole, the field and the rule.
-record::RunRecord to_record(const std::vector<RankManifest>& manifests);
+record::RunRecord to_record(const RunManifests& manifests);
 
 }  // namespace tally::manifest

@@ -82,7 +82,47 @@ std::string name_of_group(const topologies::RankLayout& layout, int rank, const 
   return "stats_group";
 }
 
-std::vector<int> ranks_of(std::span<const int> ranks) { return {ranks.begin(), ranks.end()}; }
+// The run's group table (each rank list once, sorted) and the ids of the layout's and the
+// record's groups in it. Each group is looked up by its family and index, or its record index,
+// so a world-sized group costs its size once, not once per member.
+class GroupIds {
+ public:
+  GroupIds(const topologies::RankLayout& layout, const record::RunRecord& run,
+           std::vector<std::vector<int>>& table)
+      : layout_(layout), run_(run), table_(table) {}
+
+  manifest::GroupId of_family(Family family, int rank) {
+    const auto key = std::make_pair(static_cast<int>(family), layout_.group_of(family, rank)->index);
+    auto [it, fresh] = by_family_.try_emplace(key, -1);
+    if (fresh) it->second = intern(layout_.group_ranks(family, rank));
+    return it->second;
+  }
+  // A group of the record, by its index in RunRecord::groups, and the name the manifest gives it.
+  std::pair<manifest::GroupId, const std::string&> of_record(int index, int rank) {
+    auto [it, fresh] = by_record_.try_emplace(index);
+    if (fresh) {
+      const std::vector<int>& ranks = run_.groups[static_cast<std::size_t>(index)];
+      it->second = {intern(ranks), name_of_group(layout_, rank, ranks)};
+    }
+    return {it->second.first, it->second.second};
+  }
+
+ private:
+  manifest::GroupId intern(std::span<const int> ranks) {
+    std::vector<int> sorted(ranks.begin(), ranks.end());
+    std::sort(sorted.begin(), sorted.end());
+    auto [it, fresh] = index_.try_emplace(sorted, static_cast<manifest::GroupId>(table_.size()));
+    if (fresh) table_.push_back(std::move(sorted));
+    return it->second;
+  }
+
+  const topologies::RankLayout& layout_;
+  const record::RunRecord& run_;
+  std::vector<std::vector<int>>& table_;
+  std::map<std::vector<int>, manifest::GroupId> index_;
+  std::map<std::pair<int, int>, manifest::GroupId> by_family_;
+  std::map<int, std::pair<manifest::GroupId, std::string>> by_record_;
+};
 
 }  // namespace
 
@@ -111,8 +151,7 @@ std::string_view group_name(Family family) {
   return "unknown";
 }
 
-std::vector<manifest::RankManifest> model_manifests(const casefile::Case& c,
-                                                    const record::RunRecord& run) {
+manifest::RunManifests model_manifests(const casefile::Case& c, const record::RunRecord& run) {
   if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
   const topologies::RankLayout layout(c.topology);
   const topologies::LogicalModel model(c.model, c.topology);
@@ -129,7 +168,10 @@ std::vector<manifest::RankManifest> model_manifests(const casefile::Case& c,
   const std::vector<bool> has_expert_tp_group = children_with_expert_tp_group(run);
   StatsOfRanges stats(model, c.path.gradients);
 
-  std::vector<manifest::RankManifest> manifests(static_cast<std::size_t>(world));
+  manifest::RunManifests out;
+  std::vector<manifest::RankManifest>& manifests = out.ranks;
+  manifests.resize(static_cast<std::size_t>(world));
+  GroupIds groups(layout, run, out.groups);
   std::vector<topologies::LocalParam> sharded;
   for (const record::RankRecord& rank : run.ranks) {
     if (rank.rank < 0 || rank.rank >= world)
@@ -142,11 +184,11 @@ std::vector<manifest::RankManifest> model_manifests(const casefile::Case& c,
     m.parallel = parallel;
     for (Family family : topologies::kMegatronFamilies)
       if (layout.group_of(family, rank.rank))
-        m.groups[std::string(group_name(family))] = ranks_of(layout.group_ranks(family, rank.rank));
+        m.groups[std::string(group_name(family))] = groups.of_family(family, rank.rank);
     // A faulty path may reduce over a group Megatron-LM never creates: it used it all the same.
     for (const record::ChildRecord& child : rank.children) {
-      const std::vector<int>& ranks = run.groups[static_cast<std::size_t>(child.stats_group)];
-      m.groups.emplace(name_of_group(layout, rank.rank, ranks), ranks);
+      const auto [id, name] = groups.of_record(child.stats_group, rank.rank);
+      m.groups.emplace(name, id);
     }
 
     const record::LocalRecord& local = *rank.local;
@@ -175,10 +217,10 @@ std::vector<manifest::RankManifest> model_manifests(const casefile::Case& c,
       const record::ChildRecord& child = rank.children[ci];
       manifest::OptimizerRecord& o = m.optimizers[ci];
       o.name = run.children[ci];
-      o.stats_group = run.groups[static_cast<std::size_t>(child.stats_group)];
-      if (child.tp_group >= 0) o.tp_group = run.groups[static_cast<std::size_t>(child.tp_group)];
+      o.stats_group = groups.of_record(child.stats_group, rank.rank).first;
+      if (child.tp_group >= 0) o.tp_group = groups.of_record(child.tp_group, rank.rank).first;
       if (child.expert_tp_group >= 0 && has_expert_tp_group[ci])
-        o.expert_tp_group = run.groups[static_cast<std::size_t>(child.expert_tp_group)];
+        o.expert_tp_group = groups.of_record(child.expert_tp_group, rank.rank).first;
       if (child.clip) o.clip = manifest::Clip{child.clip->max_norm, child.clip->coefficient};
     }
     for (const record::Piece& piece : local.pieces) {
@@ -196,7 +238,7 @@ std::vector<manifest::RankManifest> model_manifests(const casefile::Case& c,
     m.reported.inf_norm = rank.reported.inf_norm;
     m.reported.zeros = rank.reported.zeros;
   }
-  return manifests;
+  return out;
 }
 
 }  // namespace tally::run

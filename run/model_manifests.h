@@ -25,10 +25,9 @@ namespace tally::run {
 // groups only a faulty path reduces over ("expt_tp_pp", "expt_tp_dp_pp").
 std::string_view group_name(topologies::Family family);
 
-// One manifest per rank, in rank order, from the model target's record of `c` (every rank of
+// One manifest per rank, in rank order, and the run's group table, from the model target's record of `c` (every rank of
 // its world, as run_case_with_record returns it). Throws casefile::InvalidCase for an invalid
 // case and std::invalid_argument when `run` is not a record of it.
-std::vector<manifest::RankManifest> model_manifests(const casefile::Case& c,
-                                                    const record::RunRecord& run);
+manifest::RunManifests model_manifests(const casefile::Case& c, const record::RunRecord& run);
 
 }  // namespace tally::run

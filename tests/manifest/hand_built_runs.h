@@ -25,7 +25,7 @@ struct CheckReport {
 };
 
 // The manifests as a record, judged with tally check's relative tolerance.
-inline CheckReport check_run(const std::vector<RankManifest>& manifests) {
+inline CheckReport check_run(const RunManifests& manifests) {
   const record::RunRecord run = to_record(manifests);
   CheckReport report;
   report.logical_params = static_cast<std::int64_t>(run.tensors.size());
@@ -34,6 +34,14 @@ inline CheckReport check_run(const std::vector<RankManifest>& manifests) {
   report.truth_norm = truth.main.norm;
   report.verdict = oracle::judge(run, truth, oracle::Bounds{});
   return report;
+}
+
+// The id of `ranks` in a hand-built run's group table, added when new.
+inline GroupId group(RunManifests& run, const std::vector<int>& ranks) {
+  for (std::size_t g = 0; g < run.groups.size(); ++g)
+    if (run.groups[g] == ranks) return static_cast<GroupId>(g);
+  run.groups.push_back(ranks);
+  return static_cast<GroupId>(run.groups.size() - 1);
 }
 
 inline Attributes replicated() { return {}; }
@@ -61,15 +69,15 @@ inline MainParam whole(int param, const ModelParam& p, bool kept) {
 // World 2, TP 2, EP 2, ETP 1 (DP 1, EDP 1): a norm weight replicated over TP, one expert FC2
 // bias per EP rank, a column-parallel weight. All gradients 1. With `fallback`, the filter has
 // no expert-TP group and de-duplicates the expert bias on the TP group (Megatron-LM #6099).
-inline std::vector<RankManifest> founding_run(bool fallback) {
-  std::vector<RankManifest> run;
+inline RunManifests founding_run(bool fallback) {
+  RunManifests run;
   for (int r = 0; r < 2; ++r) {
     RankManifest m;
     m.producer = "test";
     m.rank = r;
     m.world = 2;
     m.parallel = {.tp = 2, .cp = 1, .pp = 1, .dp = 1, .ep = 2, .etp = 1};
-    m.groups = {{"tp", {0, 1}}, {"expt_tp", {r}}, {"world", {0, 1}}};
+    m.groups = {{"tp", group(run, {0, 1})}, {"expt_tp", group(run, {r})}, {"world", group(run, {0, 1})}};
     m.params = {
         {"norm.weight", "norm.weight", {8}, {0}, {8}, replicated(), ones(8)},
         {"local_experts.0.fc2.bias", "experts." + std::to_string(r) + ".fc2.bias", {8}, {0}, {8},
@@ -78,21 +86,21 @@ inline std::vector<RankManifest> founding_run(bool fallback) {
     };
     OptimizerRecord o;
     o.name = "chained[0]";
-    o.stats_group = {0, 1};
-    o.tp_group = std::vector<int>{0, 1};
-    if (!fallback) o.expert_tp_group = std::vector<int>{r};
+    o.stats_group = group(run, {0, 1});
+    o.tp_group = group(run, {0, 1});
+    if (!fallback) o.expert_tp_group = group(run, {r});
     o.main_params = {whole(0, m.params[0], r == 0), whole(1, m.params[1], fallback ? r == 0 : true),
                      whole(2, m.params[2], true)};
     m.optimizers = {o};
     const double counted = fallback ? 8 + 8 + 32 : 8 + 16 + 32;
     m.reported = {std::sqrt(counted), std::nullopt, 0};
-    run.push_back(m);
+    run.ranks.push_back(m);
   }
   return run;
 }
 
 // The ManifestError to_record throws, or "no error".
-inline std::string check_error(const std::vector<RankManifest>& run) {
+inline std::string check_error(const RunManifests& run) {
   try {
     to_record(run);
   } catch (const ManifestError& error) {
@@ -110,15 +118,16 @@ inline const oracle::StatisticCheck* stat(const CheckReport& report, const std::
 
 // A distributed optimizer over DP 2: each rank owns half of a row-parallel shard's row-major
 // range, so pieces are strided in the logical tensor.
-inline std::vector<RankManifest> distributed_run(std::int64_t split0, std::int64_t split1) {
-  std::vector<RankManifest> run;
+inline RunManifests distributed_run(std::int64_t split0, std::int64_t split1) {
+  RunManifests run;
   for (int r = 0; r < 4; ++r) {  // TP 2 x DP 2, TP fastest
     const int tp_rank = r % 2;
     RankManifest m;
     m.rank = r;
     m.world = 4;
     m.parallel = {.tp = 2, .cp = 1, .pp = 1, .dp = 2, .ep = 1, .etp = 2};
-    m.groups = {{"tp", {r - tp_rank, r - tp_rank + 1}}, {"expt_tp", {r - tp_rank, r - tp_rank + 1}}};
+    const GroupId tp = group(run, {r - tp_rank, r - tp_rank + 1});
+    m.groups = {{"tp", tp}, {"expt_tp", tp}};
     m.params = {{"proj.weight", "proj.weight", {3, 8}, {0, 4 * tp_rank}, {3, 4}, tp_shard(1), ones(12)}};
     const bool first_half = r < 2;
     const std::int64_t split = tp_rank == 0 ? split0 : split1;
@@ -128,11 +137,11 @@ inline std::vector<RankManifest> distributed_run(std::int64_t split0, std::int64
     piece.stats = ones(piece.end - piece.begin);
     OptimizerRecord o;
     o.name = "dist";
-    o.stats_group = {0, 1, 2, 3};
+    o.stats_group = group(run, {0, 1, 2, 3});
     o.main_params = {piece};
     m.optimizers = {o};
     m.reported = {std::sqrt(24.0), std::nullopt, 0};
-    run.push_back(m);
+    run.ranks.push_back(m);
   }
   return run;
 }

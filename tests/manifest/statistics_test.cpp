@@ -24,17 +24,17 @@ const std::string kFixtures =
 
 // The PP 2 run: rank 0 is the first stage. Its params[1], the position embedding (64 elements,
 // 3 of them zero), is held by no other rank and owned whole by optimizers[0].main_params[1].
-std::vector<RankManifest> pp2_run() { return load_run(kFixtures + "/chained-adam-tp1-pp2-hashed"); }
+RunManifests pp2_run() { return load_run(kFixtures + "/chained-adam-tp1-pp2-hashed"); }
 constexpr int kPositionEmbedding = 1;
 
-MainParam& position_embedding_piece(std::vector<RankManifest>& run) {
-  for (MainParam& p : run[0].optimizers[0].main_params)
+MainParam& position_embedding_piece(RunManifests& run) {
+  for (MainParam& p : run.ranks[0].optimizers[0].main_params)
     if (p.param == kPositionEmbedding) return p;
   throw std::logic_error("the fixture changed: no piece of params[1] on rank 0");
 }
 
 // Passes when `run` is rejected with one line holding every fragment.
-void expect_rejected(const std::vector<RankManifest>& run, const std::vector<std::string>& fragments) {
+void expect_rejected(const RunManifests& run, const std::vector<std::string>& fragments) {
   const std::string message = check_error(run);
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   for (const std::string& fragment : fragments)
@@ -52,8 +52,8 @@ TEST(ManifestStatistics, EveryFixtureRunIsConsistent) {
 }
 
 TEST(ManifestStatistics, PieceFixtureAsAssumed) {
-  std::vector<RankManifest> run = pp2_run();
-  const ModelParam& p = run[0].params[kPositionEmbedding];
+  RunManifests run = pp2_run();
+  const ModelParam& p = run.ranks[0].params[kPositionEmbedding];
   EXPECT_EQ(p.logical_name, "embedding.position_embeddings.weight");
   EXPECT_EQ(p.stats, (GradStats{22.828125, 1.0, 3}));
   EXPECT_EQ(position_embedding_piece(run).stats, p.stats);
@@ -62,8 +62,8 @@ TEST(ManifestStatistics, PieceFixtureAsAssumed) {
 
 // Issue 18: doubled in the param (the truth) but not in the piece (the ledger) was an l2 FAIL.
 TEST(ManifestStatistics, ParamDisagreeingWithThePieceOfItsWholeBoxIsRejected) {
-  std::vector<RankManifest> run = pp2_run();
-  run[0].params[kPositionEmbedding].stats.sum_squares *= 2;
+  RunManifests run = pp2_run();
+  run.ranks[0].params[kPositionEmbedding].stats.sum_squares *= 2;
   expect_rejected(run, {"rank-0.json: optimizers[0].main_params[1] (embedding.position_embeddings.weight, "
                         "elements [0,64) of box offsets [0,0] extents [8,8]) and rank-0.json params[1] "
                         "(embedding.position_embeddings.weight, box offsets [0,0] extents [8,8]) cover "
@@ -73,7 +73,7 @@ TEST(ManifestStatistics, ParamDisagreeingWithThePieceOfItsWholeBoxIsRejected) {
 
 // Issue 18: the reverse edit was an l2-ledger FAIL.
 TEST(ManifestStatistics, PieceDisagreeingWithItsParamIsRejected) {
-  std::vector<RankManifest> run = pp2_run();
+  RunManifests run = pp2_run();
   position_embedding_piece(run).stats.sum_squares *= 2;
   expect_rejected(run, {"rank-0.json: optimizers[0].main_params[1] (embedding.position_embeddings.weight",
                         "sum_squares 45.65625 here, 22.828125 there"});
@@ -81,8 +81,8 @@ TEST(ManifestStatistics, PieceDisagreeingWithItsParamIsRejected) {
 
 // Issue 18: judged as a zeros FAIL.
 TEST(ManifestStatistics, AllZeroWithSquaresIsImpossible) {
-  std::vector<RankManifest> run = pp2_run();
-  run[0].params[kPositionEmbedding].stats.zeros = 64;
+  RunManifests run = pp2_run();
+  run.ranks[0].params[kPositionEmbedding].stats.zeros = 64;
   position_embedding_piece(run).stats.zeros = 64;
   expect_rejected(run, {"rank-0.json: params[1] (embedding.position_embeddings.weight, box offsets [0,0] "
                         "extents [8,8]): impossible statistics: all 64 elements zero, but sum_squares "
@@ -91,23 +91,23 @@ TEST(ManifestStatistics, AllZeroWithSquaresIsImpossible) {
 
 // Issue 18: a PASS that printed "zeros 187 (ledger implies 190)".
 TEST(ManifestStatistics, PieceWithAnotherZeroCountThanItsParamIsRejected) {
-  std::vector<RankManifest> run = pp2_run();
+  RunManifests run = pp2_run();
   position_embedding_piece(run).stats.zeros += 3;
   expect_rejected(run, {"disagree: zeros 6 here, 3 there"});
 }
 
 // Issue 18: accepted.
 TEST(ManifestStatistics, AbsMaxSquaredAboveTheSumOfSquaresIsImpossible) {
-  std::vector<RankManifest> run = pp2_run();
-  for (GradStats* s : {&run[0].params[kPositionEmbedding].stats, &position_embedding_piece(run).stats})
+  RunManifests run = pp2_run();
+  for (GradStats* s : {&run.ranks[0].params[kPositionEmbedding].stats, &position_embedding_piece(run).stats})
     s->abs_max = 5.0;
   expect_rejected(run, {"rank-0.json: params[1] (embedding.position_embeddings.weight",
                         "abs_max 5 squared is 25, more than sum_squares 22.828125"});
 }
 
 TEST(ManifestStatistics, RoundingOfTheLargestSquareIsAllowed) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) {
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) {
     m.params[0].stats = {1.0, 1.0 + 1e-12, 7};  // one element of 8 nonzero
     m.optimizers[0].main_params[0].stats = m.params[0].stats;
   }
@@ -138,18 +138,18 @@ TEST(ImpossibleStatistics, EachRuleNamesItsValues) {
 // Data-parallel replicas hold the same box and, without a distributed optimizer, own the same
 // piece: their statistics must be equal.
 TEST(ManifestStatistics, ReplicasOfOnePieceMustAgree) {
-  std::vector<RankManifest> run = distributed_run(6, 6);
-  for (RankManifest& m : run) m.optimizers[0].main_params[0] = whole(0, m.params[0], m.rank < 2);
+  RunManifests run = distributed_run(6, 6);
+  for (RankManifest& m : run.ranks) m.optimizers[0].main_params[0] = whole(0, m.params[0], m.rank < 2);
   ASSERT_EQ(check_error(run), "no error");
-  run[2].optimizers[0].main_params[0].stats.abs_max = 2.0;
+  run.ranks[2].optimizers[0].main_params[0].stats.abs_max = 2.0;
   expect_rejected(run, {"rank-2.json: optimizers[0].main_params[0] (proj.weight, elements [0,12) of box "
                         "offsets [0,0] extents [3,4]) and rank-2.json params[0]"});
   run = distributed_run(6, 6);
-  for (RankManifest& m : run) m.optimizers[0].main_params[0].begin = 0;  // every rank owns [0, 6)
-  for (RankManifest& m : run) m.optimizers[0].main_params[0].end = 6;
-  for (RankManifest& m : run) m.optimizers[0].main_params[0].stats = ones(6);
-  run[2].optimizers[0].main_params[0].stats.zeros = 1;
-  run[2].optimizers[0].main_params[0].stats.sum_squares = 5;
+  for (RankManifest& m : run.ranks) m.optimizers[0].main_params[0].begin = 0;  // every rank owns [0, 6)
+  for (RankManifest& m : run.ranks) m.optimizers[0].main_params[0].end = 6;
+  for (RankManifest& m : run.ranks) m.optimizers[0].main_params[0].stats = ones(6);
+  run.ranks[2].optimizers[0].main_params[0].stats.zeros = 1;
+  run.ranks[2].optimizers[0].main_params[0].stats.sum_squares = 5;
   expect_rejected(run, {"rank-2.json: optimizers[0].main_params[0] (proj.weight, elements [0,6) of box "
                         "offsets [0,0] extents [3,4]) and rank-0.json optimizers[0].main_params[0] "
                         "(proj.weight, elements [0,6) of box offsets [0,0] extents [3,4]) cover the same "
@@ -157,26 +157,26 @@ TEST(ManifestStatistics, ReplicasOfOnePieceMustAgree) {
 }
 
 TEST(ManifestStatistics, ReplicatedParamsMustAgree) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].params[0].stats.sum_squares = 7.99999999;  // beyond the rounding of two sums
+  RunManifests run = founding_run(false);
+  run.ranks[1].params[0].stats.sum_squares = 7.99999999;  // beyond the rounding of two sums
   expect_rejected(run, {"rank-1.json: params[0] (norm.weight, box offsets [0] extents [8]) and rank-0.json "
                         "params[0] (norm.weight, box offsets [0] extents [8]) cover the same elements but "
                         "disagree: sum_squares 7.9999999900000001 here, 8 there"});
-  run[1].params[0].stats.sum_squares = 7.999999999999;  // within it
+  run.ranks[1].params[0].stats.sum_squares = 7.999999999999;  // within it
   EXPECT_EQ(check_error(run), "no error");
 }
 
 // A distributed optimizer splits a box into disjoint ranges: their zero counts add up to the
 // box's, their sums of squares too (within rounding).
 TEST(ManifestStatistics, DisjointRangesOfOneBoxAddUp) {
-  std::vector<RankManifest> run = distributed_run(5, 7);
+  RunManifests run = distributed_run(5, 7);
   ASSERT_EQ(check_error(run), "no error");
-  run[2].optimizers[0].main_params[0].stats = {6.0, 1.0, 1};  // [5,12): 1 zero of 7; the box says 0
+  run.ranks[2].optimizers[0].main_params[0].stats = {6.0, 1.0, 1};  // [5,12): 1 zero of 7; the box says 0
   expect_rejected(run, {"rank-2.json: optimizers[0].main_params[0] (proj.weight, elements [5,12) of box "
                         "offsets [0,0] extents [3,4])",
                         "zeros 1, more than the whole box's 0"});
   run = distributed_run(5, 7);
-  for (RankManifest& m : run)
+  for (RankManifest& m : run.ranks)
     if (m.rank % 2 == 0) m.params[0].stats = {11.0, 1.0, 1};  // the box holds 1 zero: [0,5) or [5,12)
   expect_rejected(run, {"rank-2.json: optimizers[0].main_params[0] (proj.weight, elements [5,12) of box "
                         "offsets [0,0] extents [3,4]): zeros 0 and sum_squares 7, but rank-0.json params[0] "
@@ -188,12 +188,12 @@ TEST(ManifestStatistics, DisjointRangesOfOneBoxAddUp) {
 
 // Ranges that overlap across ranks are consistent when every part they imply is possible.
 TEST(ManifestStatistics, OverlappingRangesImplyPossibleParts) {
-  std::vector<RankManifest> run = distributed_run(5, 5);
-  run[0].optimizers[0].main_params[0].end = 7;  // rank 0 owns [0,7), rank 2 owns [5,12)
-  run[0].optimizers[0].main_params[0].stats = ones(7);
+  RunManifests run = distributed_run(5, 5);
+  run.ranks[0].optimizers[0].main_params[0].end = 7;  // rank 0 owns [0,7), rank 2 owns [5,12)
+  run.ranks[0].optimizers[0].main_params[0].stats = ones(7);
   ASSERT_EQ(check_error(run), "no error");
   // The box holds 1 zero, but neither [0,7) nor [5,12) does: [5,7) would hold -1.
-  for (RankManifest& m : run)
+  for (RankManifest& m : run.ranks)
     if (m.rank % 2 == 0) m.params[0].stats = {11.0, 1.0, 1};
   expect_rejected(run, {"rank-0.json: params[0] (proj.weight, box offsets [0,0] extents [3,4]), rank-0.json "
                         "optimizers[0].main_params[0] (proj.weight, elements [0,7) of box offsets [0,0] "
@@ -204,14 +204,14 @@ TEST(ManifestStatistics, OverlappingRangesImplyPossibleParts) {
 }
 
 TEST(ManifestStatistics, RangeHoldingMoreThanItsBoxIsImpossible) {
-  std::vector<RankManifest> run = distributed_run(5, 7);
-  run[0].optimizers[0].main_params[0].stats = {5.0, 2.0, 0};
+  RunManifests run = distributed_run(5, 7);
+  run.ranks[0].optimizers[0].main_params[0].stats = {5.0, 2.0, 0};
   expect_rejected(run, {"rank-0.json: optimizers[0].main_params[0] (proj.weight, elements [0,5)",
                         "abs_max 2, more than the whole box's 1"});
   run = distributed_run(5, 7);
-  for (RankManifest& m : run)
+  for (RankManifest& m : run.ranks)
     if (m.rank % 2 == 0) m.params[0].stats = {4.0, 1.0, 8};  // 8 zeros of 12
-  run[0].optimizers[0].main_params[0].stats = {4.0, 1.0, 0};  // none in [0,5): 8 left for 7
+  run.ranks[0].optimizers[0].main_params[0].stats = {4.0, 1.0, 0};  // none in [0,5): 8 left for 7
   expect_rejected(run, {"rank-0.json: optimizers[0].main_params[0]",
                         "zeros 0, but the box's 8 zeros leave at least 1 in these 5 elements"});
 }

@@ -48,9 +48,9 @@ TEST(ManifestRunJudged, ExpertBiasDedupOnTpGroupIsDiagnosedOnTheRankThatDropsIt)
 }
 
 TEST(ManifestRunJudged, ExpertGroupEqualToTpGroupIsNamedAsSuch) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) {
-    m.optimizers[0].expert_tp_group = std::vector<int>{0, 1};
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) {
+    m.optimizers[0].expert_tp_group = group(run, {0, 1});
     m.optimizers[0].main_params[1].kept = m.rank == 0;
   }
   const CheckReport report = check_run(run);
@@ -61,8 +61,8 @@ TEST(ManifestRunJudged, ExpertGroupEqualToTpGroupIsNamedAsSuch) {
 }
 
 TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) m.reported.norm = *m.reported.norm / std::sqrt(2.0);
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) m.reported.norm = *m.reported.norm / std::sqrt(2.0);
   const CheckReport report = check_run(run);
   EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
   EXPECT_EQ(report.verdict.miscounted_total, 0);
@@ -72,25 +72,25 @@ TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
 }
 
 TEST(ManifestRunJudged, RanksThatReportDifferentNormsDisagree) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].reported.norm = *run[1].reported.norm + 1.0;
+  RunManifests run = founding_run(false);
+  run.ranks[1].reported.norm = *run.ranks[1].reported.norm + 1.0;
   const CheckReport report = check_run(run);
   EXPECT_FALSE(report.verdict.ranks_agree);
   EXPECT_NE(report.verdict.disagreement.find("rank 1"), std::string::npos);
 }
 
 TEST(ManifestRunJudged, ZeroCountIsExact) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[0].reported.zeros = 1;
-  run[1].reported.zeros = 1;
+  RunManifests run = founding_run(false);
+  run.ranks[0].reported.zeros = 1;
+  run.ranks[1].reported.zeros = 1;
   const CheckReport report = check_run(run);
   EXPECT_FALSE(stat(report, "zeros")->ok);
 }
 
 // Issue 18: the zero count each rank's ledger implies was printed, never judged.
 TEST(ManifestRunJudged, ZeroCountIsJudgedAgainstTheRanksOwnLedger) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) {
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) {
     m.params[0].stats = {6.0, 1.0, 2};  // norm.weight: 2 zeros of 8
     m.optimizers[0].main_params[0].stats = m.params[0].stats;
     m.reported.norm = std::sqrt(54.0);
@@ -103,7 +103,7 @@ TEST(ManifestRunJudged, ZeroCountIsJudgedAgainstTheRanksOwnLedger) {
   EXPECT_EQ(stat(right, "zeros-ledger")->diagnosis, "");
 
   // A count that is not the sum of the kept pieces' zeros: wrong against the truth and the ledger.
-  run[1].reported.zeros = 3;
+  run.ranks[1].reported.zeros = 3;
   const CheckReport reduced_wrong = check_run(run);
   const oracle::StatisticCheck* ledger = stat(reduced_wrong, "zeros-ledger");
   ASSERT_NE(ledger, nullptr);
@@ -117,8 +117,8 @@ TEST(ManifestRunJudged, ZeroCountIsJudgedAgainstTheRanksOwnLedger) {
 
   // The TP replica of norm.weight kept for the zero count too: the ledger implies 4, the truth is
   // 2, and a rank reporting 2 did not count what its manifest says it kept.
-  run[1].reported.zeros = 2;
-  run[1].optimizers[0].main_params[0].kept_zeros = true;
+  run.ranks[1].reported.zeros = 2;
+  run.ranks[1].optimizers[0].main_params[0].kept_zeros = true;
   const CheckReport kept_twice = check_run(run);
   EXPECT_TRUE(stat(kept_twice, "zeros")->ok);
   EXPECT_FALSE(stat(kept_twice, "zeros-ledger")->ok);
@@ -127,30 +127,30 @@ TEST(ManifestRunJudged, ZeroCountIsJudgedAgainstTheRanksOwnLedger) {
 }
 
 TEST(ManifestRunJudged, ClipCoefficientIsJudgedAgainstTheTruth) {
-  std::vector<RankManifest> run = founding_run(false);
+  RunManifests run = founding_run(false);
   const double max_norm = 1.0;
-  for (RankManifest& m : run) m.optimizers[0].clip = Clip{max_norm, max_norm / (std::sqrt(56.0) + 1e-6)};
+  for (RankManifest& m : run.ranks) m.optimizers[0].clip = Clip{max_norm, max_norm / (std::sqrt(56.0) + 1e-6)};
   EXPECT_TRUE(stat(check_run(run), "clip")->ok);
-  for (RankManifest& m : run) m.optimizers[0].clip->coefficient = max_norm / (std::sqrt(48.0) + 1e-6);
+  for (RankManifest& m : run.ranks) m.optimizers[0].clip->coefficient = max_norm / (std::sqrt(48.0) + 1e-6);
   EXPECT_FALSE(stat(check_run(run), "clip")->ok);
 }
 
 // Issue 18, item 3: max_norm 0 never clips (gradnorm/path.cpp), so the coefficient is 1.
 TEST(ManifestRunJudged, ClipWithMaxNormZeroExpectsCoefficientOne) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) m.optimizers[0].clip = Clip{0.0, 1.0};
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) m.optimizers[0].clip = Clip{0.0, 1.0};
   const CheckReport report = check_run(run);
   ASSERT_NE(stat(report, "clip"), nullptr);
   EXPECT_EQ(stat(report, "clip")->expected, 1.0);
   EXPECT_TRUE(stat(report, "clip")->ok);
   EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::pass);
-  for (RankManifest& m : run) m.optimizers[0].clip->coefficient = 0.0;  // the raw quotient 0 / norm
+  for (RankManifest& m : run.ranks) m.optimizers[0].clip->coefficient = 0.0;  // the raw quotient 0 / norm
   EXPECT_FALSE(stat(check_run(run), "clip")->ok);
 }
 
 TEST(ManifestRunJudged, ParamOutsideTheMainNormMustNotBeKept) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) {
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) {
     m.params[0].attributes.grad_norm_group = "mtp";
     m.optimizers[0].main_params[0].attributes.grad_norm_group = "mtp";
   }
@@ -162,8 +162,8 @@ TEST(ManifestRunJudged, ParamOutsideTheMainNormMustNotBeKept) {
 }
 
 TEST(ManifestRunJudged, ZeroCountLedgerIsJudgedToo) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].optimizers[0].main_params[0].kept_zeros = true;  // norm.weight's TP replica
+  RunManifests run = founding_run(false);
+  run.ranks[1].optimizers[0].main_params[0].kept_zeros = true;  // norm.weight's TP replica
   const CheckReport report = check_run(run);
   ASSERT_EQ(report.verdict.miscounted.size(), 1u);
   EXPECT_EQ(report.verdict.miscounted[0].name, "norm.weight");
@@ -172,13 +172,13 @@ TEST(ManifestRunJudged, ZeroCountLedgerIsJudgedToo) {
 }
 
 TEST(ManifestRunJudged, ElementsCountedTwiceAndNeverDoNotCancel) {
-  std::vector<RankManifest> run = founding_run(false);
+  RunManifests run = founding_run(false);
   // Rank 0 keeps the first half of norm.weight twice (two pieces), rank 1 keeps nothing.
-  MainParam& piece = run[0].optimizers[0].main_params[0];
+  MainParam& piece = run.ranks[0].optimizers[0].main_params[0];
   piece.end = 4;
   piece.stats = ones(4);
   MainParam again = piece;
-  run[0].optimizers[0].main_params.push_back(again);
+  run.ranks[0].optimizers[0].main_params.push_back(again);
   const CheckReport report = check_run(run);
   ASSERT_EQ(report.verdict.miscounted.size(), 1u);
   EXPECT_EQ(report.verdict.miscounted[0].counted, 8);  // the total alone looks right
@@ -188,15 +188,15 @@ TEST(ManifestRunJudged, ElementsCountedTwiceAndNeverDoNotCancel) {
 }
 
 TEST(ManifestRunJudged, RanksReportingDifferentInfNormsDisagree) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[0].reported.inf_norm = 1.0;
-  run[1].reported.inf_norm = 5.0;
+  RunManifests run = founding_run(false);
+  run.ranks[0].reported.inf_norm = 1.0;
+  run.ranks[1].reported.inf_norm = 5.0;
   EXPECT_FALSE(check_run(run).verdict.ranks_agree);
 }
 
 TEST(ManifestRunJudged, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) {
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) {
     m.params[2].stats = {1e308, 1e154, 0};  // possible: 1e308 <= 16 (1e154)^2
     m.optimizers[0].main_params[2].stats = m.params[2].stats;
   }
@@ -204,8 +204,8 @@ TEST(ManifestRunJudged, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
 }
 
 TEST(ToRecordValidation, HoldersInDifferentNormGroups) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].params[0].attributes.grad_norm_group = "mtp";
+  RunManifests run = founding_run(false);
+  run.ranks[1].params[0].attributes.grad_norm_group = "mtp";
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): grad_norm_group differs"),
             std::string::npos)
       << check_error(run);
@@ -216,9 +216,9 @@ TEST(ManifestRunJudged, StridedDistributedPiecesCountEachElementOnce) {
 }
 
 TEST(ManifestRunJudged, OverlappingDistributedPiecesAreCountedTwice) {
-  std::vector<RankManifest> run = distributed_run(5, 5);
-  run[0].optimizers[0].main_params[0].end = 7;  // rank 0 owns [0,7), rank 2 owns [5,12)
-  run[0].optimizers[0].main_params[0].stats = ones(7);
+  RunManifests run = distributed_run(5, 5);
+  run.ranks[0].optimizers[0].main_params[0].end = 7;  // rank 0 owns [0,7), rank 2 owns [5,12)
+  run.ranks[0].optimizers[0].main_params[0].stats = ones(7);
   const CheckReport report = check_run(run);
   ASSERT_EQ(report.verdict.miscounted.size(), 1u);
   EXPECT_EQ(report.verdict.miscounted[0].name, "proj.weight");
@@ -226,10 +226,10 @@ TEST(ManifestRunJudged, OverlappingDistributedPiecesAreCountedTwice) {
 }
 
 TEST(ManifestRunJudged, StatsGroupThatMissesTheHoldersCountsZeroTimes) {
-  std::vector<RankManifest> run = founding_run(false);
-  for (RankManifest& m : run) {
-    m.optimizers[0].stats_group = {m.rank};
-    m.groups["mp"] = {m.rank};
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) {
+    m.optimizers[0].stats_group = group(run, {m.rank});
+    m.groups["mp"] = group(run, {m.rank});
   }
   const CheckReport report = check_run(run);
   EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::fail);
@@ -239,44 +239,44 @@ TEST(ManifestRunJudged, StatsGroupThatMissesTheHoldersCountsZeroTimes) {
 // ---- validation: each rule and its message ----
 
 TEST(ToRecordValidation, MissingRanksAreListed) {
-  std::vector<RankManifest> run = founding_run(false);
-  run.pop_back();
+  RunManifests run = founding_run(false);
+  run.ranks.pop_back();
   EXPECT_NE(check_error(run).find("missing the manifests of 1 of 2 ranks: [1]"), std::string::npos)
       << check_error(run);
 }
 
 TEST(ToRecordValidation, RepeatedRank) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1] = run[0];
+  RunManifests run = founding_run(false);
+  run.ranks[1] = run.ranks[0];
   EXPECT_NE(check_error(run).find("rank-0.json: manifest.rank: two manifests for rank 0"),
             std::string::npos);
 }
 
 TEST(ToRecordValidation, InconsistentGroupNamesBothRanks) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].groups["tp"] = {1};
+  RunManifests run = founding_run(false);
+  run.ranks[1].groups["tp"] = group(run, {1});
   EXPECT_NE(check_error(run).find("rank-0.json: inconsistent group \"tp\": [0,1] here, but rank 1 lists [1]"),
             std::string::npos)
       << check_error(run);
 }
 
 TEST(ToRecordValidation, InconsistentStatsGroup) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].optimizers[0].stats_group = {1};
+  RunManifests run = founding_run(false);
+  run.ranks[1].optimizers[0].stats_group = group(run, {1});
   EXPECT_NE(check_error(run).find("inconsistent optimizers[0].stats_group"), std::string::npos);
 }
 
 TEST(ToRecordValidation, DifferentLogicalShapes) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].params[0].logical_shape = {9};
+  RunManifests run = founding_run(false);
+  run.ranks[1].params[0].logical_shape = {9};
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): logical_shape [9] differs from [8]"),
             std::string::npos)
       << check_error(run);
 }
 
 TEST(ToRecordValidation, ReplicasWhoseStatisticsDisagree) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].params[0].stats.sum_squares = 7.0;
+  RunManifests run = founding_run(false);
+  run.ranks[1].params[0].stats.sum_squares = 7.0;
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight, box offsets [0] extents [8]) and "
                                   "rank-0.json params[0] (norm.weight, box offsets [0] extents [8]) cover the "
                                   "same elements but disagree"),
@@ -285,39 +285,51 @@ TEST(ToRecordValidation, ReplicasWhoseStatisticsDisagree) {
 }
 
 TEST(ToRecordValidation, BoxesOverlappingPartially) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].params[2].offsets = {1, 0};
+  RunManifests run = founding_run(false);
+  run.ranks[1].params[2].offsets = {1, 0};
   EXPECT_NE(check_error(run).find("overlaps rank 0's box"), std::string::npos) << check_error(run);
 }
 
 TEST(ToRecordValidation, ElementsHeldByNoRank) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].params[2].logical_shape = {6, 8};
-  run[0].params[2].logical_shape = {6, 8};
+  RunManifests run = founding_run(false);
+  run.ranks[1].params[2].logical_shape = {6, 8};
+  run.ranks[0].params[2].logical_shape = {6, 8};
   EXPECT_NE(check_error(run).find("logical param fc1.weight [6,8]: the ranks hold 32 of its 48 elements"),
             std::string::npos)
       << check_error(run);
 }
 
 TEST(ToRecordValidation, DifferentOptimizerCounts) {
-  std::vector<RankManifest> run = founding_run(false);
-  run[1].optimizers.push_back(run[1].optimizers[0]);
+  RunManifests run = founding_run(false);
+  run.ranks[1].optimizers.push_back(run.ranks[1].optimizers[0]);
   EXPECT_NE(check_error(run).find("rank-1.json: manifest.optimizers: 2 optimizers, but rank 0 has 1"),
             std::string::npos);
 }
 
 // ---- JSON ----
 
-TEST(ManifestJson, WritingThenReadingGivesTheSameManifest) {
-  for (const RankManifest& m : founding_run(true)) {
-    EXPECT_EQ(manifest_from_text(manifest_to_text(m), "x"), m);
-    EXPECT_EQ(manifest_to_text(manifest_from_text(manifest_to_text(m), "x")), manifest_to_text(m));
+TEST(ManifestJson, WritingThenReadingGivesTheSameManifestInBothVersions) {
+  const RunManifests run = founding_run(true);
+  for (const RankManifest& m : run.ranks) {
+    RunGroups fixed(run.groups);
+    EXPECT_EQ(manifest_from_text(manifest_to_text(m, run.groups), "x", fixed), m);
+    EXPECT_EQ(manifest_to_text(manifest_from_text(manifest_to_text(m, run.groups), "x", fixed), run.groups),
+              manifest_to_text(m, run.groups));
+    // Version 1 spells each group out; read back, the same lists (interned afresh).
+    RunGroups grown;
+    const RankManifest back = manifest_from_text(manifest_to_text(m, run.groups, 1), "x", grown);
+    const std::vector<std::vector<int>> table = grown.take();
+    for (const auto& [name, id] : m.groups)
+      EXPECT_EQ(table[static_cast<std::size_t>(back.groups.at(name))], run.group(id)) << name;
+    EXPECT_EQ(table[static_cast<std::size_t>(back.optimizers[0].stats_group)], run.group(m.optimizers[0].stats_group));
   }
 }
 
+// A version 1 file read on its own.
 std::string read_error(const std::string& text) {
   try {
-    manifest_from_text(text, "rank-0.json");
+    RunGroups grown;
+    manifest_from_text(text, "rank-0.json", grown);
   } catch (const ManifestError& error) {
     return error.what();
   }
@@ -327,16 +339,20 @@ std::string read_error(const std::string& text) {
 // The founding rank-0 manifest with `edit` applied to its JSON.
 template <class Edit>
 std::string edited(Edit edit) {
-  nlohmann::json j = manifest_to_json(founding_run(false)[0]);
+  const RunManifests run = founding_run(false);
+  nlohmann::json j = manifest_to_json(run.ranks[0], run.groups, 1);
   edit(j);
   return j.dump();
 }
 
-TEST(ManifestJson, EachRuleNamesTheFieldAndTheRule) {
+TEST(ManifestJson, EachRuleOfVersionOneNamesTheFieldAndTheRule) {
   EXPECT_EQ(read_error("{"), read_error("{"));  // one line, below
   EXPECT_NE(read_error("{}").find("not a tally manifest"), std::string::npos);
+  EXPECT_NE(read_error(edited([](auto& j) { j["tally_manifest"] = 3; }))
+                .find("manifest.tally_manifest: this tally reads manifest versions 1 and 2, got 3"),
+            std::string::npos);
   EXPECT_NE(read_error(edited([](auto& j) { j["tally_manifest"] = 2; }))
-                .find("manifest.tally_manifest: this tally reads manifest version 1, got 2"),
+                .find("version 2 refers to the run's groups in groups.json, which the folder lacks"),
             std::string::npos);
   EXPECT_NE(read_error(edited([](auto& j) { j["colour"] = 1; })).find("colour"), std::string::npos);
   EXPECT_NE(read_error(edited([](auto& j) { j["rank"] = 2; })).find("manifest.rank"), std::string::npos);

@@ -84,7 +84,7 @@ bool only_mtp_norm_differs(const casefile::Case& c, const std::set<std::string>&
 
 // tally check's judgement of manifests: the record they describe, its truth from their
 // statistics, the relative tolerance.
-oracle::Verdict check(const std::vector<manifest::RankManifest>& manifests) {
+oracle::Verdict check(const manifest::RunManifests& manifests) {
   const record::RunRecord run = manifest::to_record(manifests);
   oracle::JudgeOptions options;
   options.max_diagnosed_params = 1 << 30;  // every miscount named, as run names them

@@ -32,7 +32,7 @@ casefile::Case case_of(const testing::FaultCase& f, bool with_fault) {
 struct Ran {
   casefile::Case c;
   CaseRun run;
-  std::vector<manifest::RankManifest> manifests;
+  manifest::RunManifests manifests;
 };
 
 Ran run(const casefile::Case& c) {
@@ -93,7 +93,7 @@ void expect_structure(const Ran& r) {
   const topologies::LogicalModel model(r.c.model, r.c.topology);
   const topologies::RankLayout layout(r.c.topology);
   const record::RunRecord& run = *r.run.record;
-  ASSERT_EQ(static_cast<int>(r.manifests.size()), layout.world());
+  ASSERT_EQ(static_cast<int>(r.manifests.ranks.size()), layout.world());
   std::map<std::string, int> id_of;
   for (const topologies::LogicalParam& p : model.params()) id_of[p.name] = p.id;
 
@@ -101,7 +101,7 @@ void expect_structure(const Ran& r) {
   std::map<std::string, std::set<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>>>
       boxes;
   for (int rank = 0; rank < layout.world(); ++rank) {
-    const manifest::RankManifest& m = r.manifests[rank];
+    const manifest::RankManifest& m = r.manifests.ranks[rank];
     SCOPED_TRACE("rank " + std::to_string(rank));
     EXPECT_EQ(m.rank, rank);
     EXPECT_EQ(m.world, layout.world());
@@ -111,11 +111,12 @@ void expect_structure(const Ran& r) {
     EXPECT_EQ(m.parallel.tp * m.parallel.cp * m.parallel.pp * m.parallel.dp, layout.world());
     ASSERT_TRUE(m.groups.count("tp"));
     ASSERT_TRUE(m.groups.count("expt_tp"));
-    for (const auto& [name, ranks] : m.groups) {
+    for (const auto& [name, id] : m.groups) {
+      const std::vector<int>& ranks = r.manifests.group(id);
       EXPECT_TRUE(std::is_sorted(ranks.begin(), ranks.end())) << name;
       EXPECT_TRUE(std::binary_search(ranks.begin(), ranks.end(), rank)) << name;
     }
-    EXPECT_EQ(m.groups.at("tp"), std::vector<int>(layout.group_ranks(topologies::Family::tp, rank).begin(),
+    EXPECT_EQ(r.manifests.group(m.groups.at("tp")), std::vector<int>(layout.group_ranks(topologies::Family::tp, rank).begin(),
                                                   layout.group_ranks(topologies::Family::tp, rank).end()));
 
     const std::vector<topologies::LocalParam> local = topologies::local_params(model, layout, rank);
@@ -138,8 +139,9 @@ void expect_structure(const Ran& r) {
     ASSERT_EQ(m.optimizers.size(), run.children.size());
     for (std::size_t c = 0; c < m.optimizers.size(); ++c) {
       const manifest::OptimizerRecord& o = m.optimizers[c];
-      EXPECT_TRUE(std::binary_search(o.stats_group.begin(), o.stats_group.end(), rank));
-      EXPECT_EQ(o.stats_group, run.groups[outcome.children[c].stats_group]);
+      const std::vector<int>& stats_group = r.manifests.group(o.stats_group);
+      EXPECT_TRUE(std::binary_search(stats_group.begin(), stats_group.end(), rank));
+      EXPECT_EQ(stats_group, run.groups[outcome.children[c].stats_group]);
       EXPECT_EQ(o.clip.has_value(), r.c.path.max_norm > 0);
       if (o.clip) {
         EXPECT_EQ(o.clip->coefficient, outcome.children[c].clip->coefficient);
@@ -189,14 +191,14 @@ void expect_structure(const Ran& r) {
 
 // How many times each logical param's elements are counted on `rank`, from the kept pieces of
 // the members of each optimizer's stats group (the manifest's ledger).
-std::map<std::string, std::int64_t> ledger(const std::vector<manifest::RankManifest>& manifests, int rank) {
+std::map<std::string, std::int64_t> ledger(const manifest::RunManifests& manifests, int rank) {
   std::map<std::string, std::int64_t> counted;
-  const manifest::RankManifest& m = manifests[rank];
+  const manifest::RankManifest& m = manifests.ranks[rank];
   for (std::size_t c = 0; c < m.optimizers.size(); ++c)
-    for (int member : m.optimizers[c].stats_group)
-      for (const manifest::MainParam& piece : manifests[member].optimizers[c].main_params)
+    for (int member : manifests.group(m.optimizers[c].stats_group))
+      for (const manifest::MainParam& piece : manifests.ranks[member].optimizers[c].main_params)
         if (piece.kept)
-          counted[manifests[member].params[piece.param].logical_name] += piece.end - piece.begin;
+          counted[manifests.ranks[member].params[piece.param].logical_name] += piece.end - piece.begin;
   return counted;
 }
 
@@ -216,12 +218,12 @@ TEST(ModelManifests, FoundingCaseKeepsEachElementOnceWithoutTheFault) {
     for (const topologies::LogicalParam& p : model.params())
       EXPECT_EQ(counted.count(p.name) ? counted.at(p.name) : 0, p.numel) << p.name << " rank " << rank;
     // Layer-wise: one child over the world, with both TP groups.
-    ASSERT_EQ(r.manifests[rank].optimizers.size(), 1u);
-    const manifest::OptimizerRecord& o = r.manifests[rank].optimizers[0];
-    EXPECT_EQ(o.stats_group, (std::vector<int>{0, 1, 2, 3}));
-    EXPECT_EQ(o.tp_group, r.manifests[rank].groups.at("tp"));
-    EXPECT_EQ(o.expert_tp_group, r.manifests[rank].groups.at("expt_tp"));
-    EXPECT_EQ(*r.manifests[rank].reported.norm, 4.0);
+    ASSERT_EQ(r.manifests.ranks[rank].optimizers.size(), 1u);
+    const manifest::OptimizerRecord& o = r.manifests.ranks[rank].optimizers[0];
+    EXPECT_EQ(r.manifests.group(o.stats_group), (std::vector<int>{0, 1, 2, 3}));
+    EXPECT_EQ(o.tp_group, r.manifests.ranks[rank].groups.at("tp"));
+    EXPECT_EQ(o.expert_tp_group, r.manifests.ranks[rank].groups.at("expt_tp"));
+    EXPECT_EQ(*r.manifests.ranks[rank].reported.norm, 4.0);
   }
 }
 
@@ -229,16 +231,17 @@ TEST(ModelManifests, FoundingFaultFallsBackToTheDenseTpGroupAndDropsEpRankOnesBi
   const Ran r = run(founding_case(2, true));
   const std::string bias = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.bias";
   for (int rank = 0; rank < 2; ++rank) {
-    const manifest::OptimizerRecord& o = r.manifests[rank].optimizers[0];
+    const manifest::OptimizerRecord& o = r.manifests.ranks[rank].optimizers[0];
     EXPECT_FALSE(o.expert_tp_group.has_value());
-    EXPECT_EQ(o.tp_group, (std::vector<int>{0, 1}));
+    ASSERT_TRUE(o.tp_group.has_value());
+    EXPECT_EQ(r.manifests.group(*o.tp_group), (std::vector<int>{0, 1}));
     EXPECT_EQ(ledger(r.manifests, rank)[bias], 0);
-    EXPECT_EQ(*r.manifests[rank].reported.norm, std::sqrt(8.0));
+    EXPECT_EQ(*r.manifests.ranks[rank].reported.norm, std::sqrt(8.0));
     ASSERT_TRUE(o.clip.has_value());
     EXPECT_EQ(o.clip->max_norm, 1.0);
   }
   // Rank 1 (EP rank 1, dense TP rank 1) holds the bias and its filter dropped it.
-  const manifest::RankManifest& m = r.manifests[1];
+  const manifest::RankManifest& m = r.manifests.ranks[1];
   bool seen = false;
   for (const manifest::MainParam& piece : m.optimizers[0].main_params) {
     if (m.params[piece.param].logical_name != bias) continue;
@@ -253,7 +256,7 @@ TEST(ModelManifests, FoundingFaultFallsBackToTheDenseTpGroupAndDropsEpRankOnesBi
 
 TEST(ModelManifests, ClassesOutsideTheMaskHaveZeroGradients) {
   const Ran r = run(founding_case(2, false));
-  for (const manifest::RankManifest& m : r.manifests)
+  for (const manifest::RankManifest& m : r.manifests.ranks)
     for (const manifest::ModelParam& p : m.params) {
       const bool bias = p.logical_name.find("experts") != std::string::npos &&
                         p.logical_name.find("linear_fc2.bias") != std::string::npos;
@@ -285,7 +288,7 @@ TEST(ModelManifests, ExpertNormDroppedKeepsTheExpertPiecesOnlyInTheZeroCount) {
     const topologies::LogicalModel model(r.c.model, r.c.topology);
     const gradnorm::OptimizerPlan plan = gradnorm::plan_optimizer(r.c.path.optimizer, model, r.c.path.faults);
     int expert_pieces = 0;
-    for (const manifest::RankManifest& m : r.manifests)
+    for (const manifest::RankManifest& m : r.manifests.ranks)
       for (std::size_t c = 0; c < m.optimizers.size(); ++c)
         for (const manifest::MainParam& piece : m.optimizers[c].main_params) {
           EXPECT_TRUE(piece.kept_zeros);
@@ -312,7 +315,7 @@ TEST(ModelManifests, DistributedOptimizerPiecesPartitionEachBoxOverDataParallelR
   }
   // Some param is split between ranks (a range smaller than its box).
   bool split = false;
-  for (const manifest::RankManifest& m : r.manifests)
+  for (const manifest::RankManifest& m : r.manifests.ranks)
     for (const manifest::MainParam& piece : m.optimizers[0].main_params)
       split = split || piece.end - piece.begin < volume(m.params[piece.param].extents);
   EXPECT_TRUE(split);
@@ -326,7 +329,7 @@ TEST(ModelManifests, TiedCopyNamesTheEmbeddingAndIsSharedOnTheModel) {
     c.path = testing::ones(gradnorm::OptimizerModel::plain);
     if (with_fault) c.path.faults = gradnorm::FaultSet::of({Fault::tied_copy_not_shared});
     const Ran r = run(c);
-    const manifest::RankManifest& last = r.manifests[1];
+    const manifest::RankManifest& last = r.manifests.ranks[1];
     const manifest::ModelParam& copy = last.params.back();
     EXPECT_EQ(copy.name, "output_layer.weight");
     EXPECT_EQ(copy.logical_name, "embedding.word_embeddings.weight");
