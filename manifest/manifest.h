@@ -91,7 +91,8 @@ struct RankManifest {
   int world = 1;
   ParallelSizes parallel;
   std::map<std::string, GroupId> groups;  // must hold "tp" and "expt_tp"
-  std::vector<ModelParam> params;
+  // Shared by ranks that hold equal params (read_run pools them: data-parallel replicas).
+  record::SharedList<ModelParam> params;
   std::vector<OptimizerRecord> optimizers;
   Reported reported;
   friend bool operator==(const RankManifest&, const RankManifest&) = default;

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <exception>
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <unordered_map>
 #include <limits>
 #include <system_error>
 
@@ -91,7 +93,11 @@ GroupId read_group(const json& value, const std::string& path, int world, int ra
   const std::vector<std::vector<int>>& table = groups.table();
   if (!value.is_number_integer())
     fail(path, std::string("expected the index of a group in groups.json (version 2), got ") + shown(value));
-  const auto id = static_cast<GroupId>(read_integer(value, path, 0, static_cast<std::int64_t>(table.size()) - 1));
+  const std::int64_t index = read_integer(value, path, 0, kMaxInt);
+  if (index >= static_cast<std::int64_t>(table.size()))
+    fail(path, "groups.json holds " + std::to_string(table.size()) + " groups (indices 0 to " +
+                   std::to_string(static_cast<std::int64_t>(table.size()) - 1) + "), got " + std::to_string(index));
+  const auto id = static_cast<GroupId>(index);
   const std::vector<int>& ranks = table[static_cast<std::size_t>(id)];
   if (!std::binary_search(ranks.begin(), ranks.end(), rank))
     fail(path, "groups.json's groups[" + std::to_string(id) + "] does not hold this manifest's own rank " +
@@ -191,7 +197,7 @@ ModelParam read_param(const json& value, const std::string& path) {
 }
 
 MainParam read_main_param(const json& value, const std::string& path,
-                          const std::vector<ModelParam>& params) {
+                          const record::SharedList<ModelParam>& params) {
   MainParam m;
   json stats;
   read_object(
@@ -219,7 +225,7 @@ MainParam read_main_param(const json& value, const std::string& path,
 }
 
 OptimizerRecord read_optimizer(const json& value, const std::string& path, int world, int rank,
-                               const std::vector<ModelParam>& params, RunGroups& groups) {
+                               const record::SharedList<ModelParam>& params, RunGroups& groups) {
   OptimizerRecord o;
   read_object(
       value, path,
@@ -344,8 +350,10 @@ RankManifest read_manifest(const json& value, const std::string& path, RunGroups
        {"params",
         [&](const json& v, const std::string& p) {
           read_array(v, p, kMaxParams);
-          m.params.reserve(v.size());
-          for (std::size_t i = 0; i < v.size(); ++i) m.params.push_back(read_param(v[i], index_path(p, i)));
+          std::vector<ModelParam> params;
+          params.reserve(v.size());
+          for (std::size_t i = 0; i < v.size(); ++i) params.push_back(read_param(v[i], index_path(p, i)));
+          m.params = std::move(params);
         }},
        // After params: main params refer to them.
        {"optimizers", [&](const json& v, const std::string&) { optimizers = v; }},
@@ -545,6 +553,58 @@ int rank_of_file_name(const std::string& name) {
   return std::stoi(digits);
 }
 
+// Calls work(0 .. count-1) on up to `threads` threads (0: one per core). Rethrows the exception
+// of the lowest index that threw, so the message names the first bad file in rank order.
+template <class Work>
+void for_each_in_parallel(std::size_t count, unsigned threads, Work work) {
+  std::vector<std::exception_ptr> errors(count);
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < count;) {
+      try {
+        work(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<std::size_t>(threads, count));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& error : errors)
+    if (error) std::rethrow_exception(error);
+}
+
+// Params lists by content, shared between reading threads: data-parallel replicas hold equal
+// lists, so a run's manifests keep one per distinct list, not one per rank.
+class ParamsPool {
+ public:
+  void intern(record::SharedList<ModelParam>& params) {
+    std::uint64_t hash = 0xcbf29ce484222325ull;
+    auto mix = [&hash](std::uint64_t v) { hash = (hash ^ v) * 0x100000001b3ull; };
+    for (const ModelParam& p : params) {
+      mix(std::hash<std::string>{}(p.logical_name));
+      for (std::int64_t o : p.offsets) mix(static_cast<std::uint64_t>(o));
+      mix(std::bit_cast<std::uint64_t>(p.stats.sum_squares));
+    }
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<record::SharedList<ModelParam>>& same = by_hash_[hash];
+    for (const record::SharedList<ModelParam>& known : same)
+      if (known == params) {
+        params = known;
+        return;
+      }
+    same.push_back(params);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::uint64_t, std::vector<record::SharedList<ModelParam>>> by_hash_;
+};
+
 }  // namespace
 
 RunManifests read_run(const std::vector<std::string>& paths, const FileBytes& bytes_of,
@@ -572,35 +632,21 @@ RunManifests read_run(const std::vector<std::string>& paths, const FileBytes& by
   run.version = groups->version();
 
   // Each file parsed on its own thread, one at a time per thread: peak memory is the records
-  // kept plus one file's text and JSON tree per thread. The first bad file in rank order wins.
+  // kept (their params pooled) plus one file's text and JSON tree per thread.
   run.ranks.resize(files.size());
-  std::vector<std::exception_ptr> errors(files.size());
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
-      const auto& [rank, file] = files[i];
-      try {
-        RankManifest m = manifest_from_text(bytes_of(file), file, *groups);
-        if (m.rank != rank)
-          throw ManifestError(casefile::escape_controls(file) + ": manifest.rank: the file is named for rank " +
-                              std::to_string(rank) + " but holds rank " + std::to_string(m.rank));
-        if (groups_file && m.world != groups_world)
-          throw ManifestError(casefile::escape_controls(file) + ": manifest.world: " + std::to_string(m.world) +
-                              ", but groups.json says " + std::to_string(groups_world));
-        run.ranks[i] = std::move(m);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    }
-  };
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<std::size_t>(threads, files.size()));
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  for (const std::exception_ptr& error : errors)
-    if (error) std::rethrow_exception(error);
+  ParamsPool params;
+  for_each_in_parallel(files.size(), threads, [&](std::size_t i) {
+    const auto& [rank, file] = files[i];
+    RankManifest m = manifest_from_text(bytes_of(file), file, *groups);
+    if (m.rank != rank)
+      throw ManifestError(casefile::escape_controls(file) + ": manifest.rank: the file is named for rank " +
+                          std::to_string(rank) + " but holds rank " + std::to_string(m.rank));
+    if (groups_file && m.world != groups_world)
+      throw ManifestError(casefile::escape_controls(file) + ": manifest.world: " + std::to_string(m.world) +
+                          ", but groups.json says " + std::to_string(groups_world));
+    params.intern(m.params);
+    run.ranks[i] = std::move(m);
+  });
   run.groups = groups->take();
   return run;
 }
@@ -634,9 +680,12 @@ void write_run(const std::string& dir, const RunManifests& run, int version) {
   if (version == 2 && !run.ranks.empty())
     casefile::write_file_atomically((folder / kGroupsFileName).string(),
                                     groups_to_text(run.ranks.front().world, run.groups), "groups file");
-  for (const RankManifest& m : run.ranks)
+  // Bound by fsync more than by the CPU: more threads than cores.
+  for_each_in_parallel(run.ranks.size(), 4 * std::max(1u, std::thread::hardware_concurrency()), [&](std::size_t i) {
+    const RankManifest& m = run.ranks[i];
     casefile::write_file_atomically((folder / manifest_file_name(m.rank)).string(),
                                     manifest_to_text(m, run.groups, version), "manifest");
+  });
 }
 
 }  // namespace tally::manifest

@@ -14,7 +14,6 @@
 
 #include <array>
 #include <cstdint>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +21,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "record/shared_list.h"
 
 namespace tally::record {
 
@@ -139,33 +140,9 @@ struct Piece {
 
 // A rank's local params, shared by the records of every rank that holds the same boxes: under a
 // distributed optimizer the data-parallel replicas own different pieces of the same params, so
-// a run of 10^6 ranks keeps one list per distinct set of boxes, not one per rank. Read like a
-// const vector; built as a vector and handed over whole (LocalRecordPool shares equal lists).
-class LocalParams {
- public:
-  LocalParams() : list_(std::make_shared<const std::vector<LocalParam>>()) {}
-  LocalParams(std::vector<LocalParam> params)  // NOLINT: a list of params is a LocalParams
-      : list_(std::make_shared<const std::vector<LocalParam>>(std::move(params))) {}
-  LocalParams(std::initializer_list<LocalParam> params) : LocalParams(std::vector<LocalParam>(params)) {}
-  explicit LocalParams(std::shared_ptr<const std::vector<LocalParam>> shared) : list_(std::move(shared)) {}
-
-  std::size_t size() const { return list_->size(); }
-  bool empty() const { return list_->empty(); }
-  const LocalParam& operator[](std::size_t i) const { return (*list_)[i]; }
-  std::vector<LocalParam>::const_iterator begin() const { return list_->begin(); }
-  std::vector<LocalParam>::const_iterator end() const { return list_->end(); }
-  const std::vector<LocalParam>& list() const { return *list_; }
-  // Records whose lists share this identity hold equal params (memos key on it).
-  const void* identity() const { return list_.get(); }
-  const std::shared_ptr<const std::vector<LocalParam>>& shared() const { return list_; }
-
-  friend bool operator==(const LocalParams& a, const LocalParams& b) {
-    return a.list_ == b.list_ || *a.list_ == *b.list_;
-  }
-
- private:
-  std::shared_ptr<const std::vector<LocalParam>> list_;
-};
+// a run of 10^6 ranks keeps one list per distinct set of boxes, not one per rank
+// (LocalRecordPool shares equal lists).
+using LocalParams = SharedList<LocalParam>;
 
 // What a rank holds and owns. Plain data without the rank's number, so the ranks of a run that
 // hold and decide alike (data-parallel replicas) share one.

@@ -173,6 +173,7 @@ manifest::RunManifests model_manifests(const casefile::Case& c, const record::Ru
   manifests.resize(static_cast<std::size_t>(world));
   GroupIds groups(layout, run, out.groups);
   std::vector<topologies::LocalParam> sharded;
+  std::map<const void*, record::SharedList<manifest::ModelParam>> params_of;
   for (const record::RankRecord& rank : run.ranks) {
     if (rank.rank < 0 || rank.rank >= world)
       throw std::invalid_argument("manifests: the record's rank " + std::to_string(rank.rank) +
@@ -192,25 +193,33 @@ manifest::RunManifests model_manifests(const casefile::Case& c, const record::Ru
     }
 
     const record::LocalRecord& local = *rank.local;
-    topologies::local_params(model, layout, rank.rank, sharded);  // for the local names only
-    if (sharded.size() != local.params.size())
-      throw std::invalid_argument("manifests: the record's rank " + std::to_string(rank.rank) +
-                                  " holds " + std::to_string(local.params.size()) +
-                                  " params, its sharding " + std::to_string(sharded.size()));
-    for (std::size_t k = 0; k < local.params.size(); ++k) {
-      const record::LocalParam& param = local.params[k];
-      const record::Tensor& tensor = run.tensors[static_cast<std::size_t>(param.tensor)];
-      manifest::ModelParam& p = m.params.emplace_back();
-      p.name = topologies::local_name(model, sharded[k]);
-      p.logical_name = tensor.name;
-      for (int d = 0; d < tensor.shape.ndim; ++d) {
-        p.logical_shape.push_back(tensor.shape.size[d]);
-        p.offsets.push_back(param.box.offset[d]);
-        p.extents.push_back(param.box.extent.size[d]);
+    // Ranks of one params list (data-parallel replicas) hold the same boxes by the same local
+    // names: their manifests share one list.
+    auto [shared, fresh] = params_of.try_emplace(local.params.identity());
+    if (fresh) {
+      topologies::local_params(model, layout, rank.rank, sharded);  // for the local names only
+      if (sharded.size() != local.params.size())
+        throw std::invalid_argument("manifests: the record's rank " + std::to_string(rank.rank) +
+                                    " holds " + std::to_string(local.params.size()) +
+                                    " params, its sharding " + std::to_string(sharded.size()));
+      std::vector<manifest::ModelParam> params;
+      for (std::size_t k = 0; k < local.params.size(); ++k) {
+        const record::LocalParam& param = local.params[k];
+        const record::Tensor& tensor = run.tensors[static_cast<std::size_t>(param.tensor)];
+        manifest::ModelParam& p = params.emplace_back();
+        p.name = topologies::local_name(model, sharded[k]);
+        p.logical_name = tensor.name;
+        for (int d = 0; d < tensor.shape.ndim; ++d) {
+          p.logical_shape.push_back(tensor.shape.size[d]);
+          p.offsets.push_back(param.box.offset[d]);
+          p.extents.push_back(param.box.extent.size[d]);
+        }
+        p.attributes = attributes_of(param.attributes, run, tensor);
+        p.stats = stats.of(param.tensor, param.box, {0, param.box.numel()});
       }
-      p.attributes = attributes_of(param.attributes, run, tensor);
-      p.stats = stats.of(param.tensor, param.box, {0, param.box.numel()});
+      shared->second = std::move(params);
     }
+    m.params = shared->second;
 
     m.optimizers.resize(rank.children.size());
     for (std::size_t ci = 0; ci < rank.children.size(); ++ci) {

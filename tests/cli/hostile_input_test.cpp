@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -35,7 +36,8 @@ Outcome run(std::vector<std::string> args) {
 class NotARegularFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    folder_ = fs::path(::testing::TempDir()) / "tally-not-regular";
+    // One folder per test process: ctest runs these tests in parallel processes.
+    folder_ = fs::path(::testing::TempDir()) / ("tally-not-regular-" + std::to_string(::getpid()));
     fs::remove_all(folder_);
     fs::create_directories(folder_);
     fifo_ = (folder_ / "input.json").string();

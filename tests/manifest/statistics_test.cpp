@@ -63,7 +63,7 @@ TEST(ManifestStatistics, PieceFixtureAsAssumed) {
 // Issue 18: doubled in the param (the truth) but not in the piece (the ledger) was an l2 FAIL.
 TEST(ManifestStatistics, ParamDisagreeingWithThePieceOfItsWholeBoxIsRejected) {
   RunManifests run = pp2_run();
-  run.ranks[0].params[kPositionEmbedding].stats.sum_squares *= 2;
+  run.ranks[0].params.edit()[kPositionEmbedding].stats.sum_squares *= 2;
   expect_rejected(run, {"rank-0.json: optimizers[0].main_params[1] (embedding.position_embeddings.weight, "
                         "elements [0,64) of box offsets [0,0] extents [8,8]) and rank-0.json params[1] "
                         "(embedding.position_embeddings.weight, box offsets [0,0] extents [8,8]) cover "
@@ -82,7 +82,7 @@ TEST(ManifestStatistics, PieceDisagreeingWithItsParamIsRejected) {
 // Issue 18: judged as a zeros FAIL.
 TEST(ManifestStatistics, AllZeroWithSquaresIsImpossible) {
   RunManifests run = pp2_run();
-  run.ranks[0].params[kPositionEmbedding].stats.zeros = 64;
+  run.ranks[0].params.edit()[kPositionEmbedding].stats.zeros = 64;
   position_embedding_piece(run).stats.zeros = 64;
   expect_rejected(run, {"rank-0.json: params[1] (embedding.position_embeddings.weight, box offsets [0,0] "
                         "extents [8,8]): impossible statistics: all 64 elements zero, but sum_squares "
@@ -99,7 +99,7 @@ TEST(ManifestStatistics, PieceWithAnotherZeroCountThanItsParamIsRejected) {
 // Issue 18: accepted.
 TEST(ManifestStatistics, AbsMaxSquaredAboveTheSumOfSquaresIsImpossible) {
   RunManifests run = pp2_run();
-  for (GradStats* s : {&run.ranks[0].params[kPositionEmbedding].stats, &position_embedding_piece(run).stats})
+  for (GradStats* s : {&run.ranks[0].params.edit()[kPositionEmbedding].stats, &position_embedding_piece(run).stats})
     s->abs_max = 5.0;
   expect_rejected(run, {"rank-0.json: params[1] (embedding.position_embeddings.weight",
                         "abs_max 5 squared is 25, more than sum_squares 22.828125"});
@@ -108,7 +108,7 @@ TEST(ManifestStatistics, AbsMaxSquaredAboveTheSumOfSquaresIsImpossible) {
 TEST(ManifestStatistics, RoundingOfTheLargestSquareIsAllowed) {
   RunManifests run = founding_run(false);
   for (RankManifest& m : run.ranks) {
-    m.params[0].stats = {1.0, 1.0 + 1e-12, 7};  // one element of 8 nonzero
+    m.params.edit()[0].stats = {1.0, 1.0 + 1e-12, 7};  // one element of 8 nonzero
     m.optimizers[0].main_params[0].stats = m.params[0].stats;
   }
   EXPECT_EQ(check_error(run), "no error");
@@ -158,11 +158,11 @@ TEST(ManifestStatistics, ReplicasOfOnePieceMustAgree) {
 
 TEST(ManifestStatistics, ReplicatedParamsMustAgree) {
   RunManifests run = founding_run(false);
-  run.ranks[1].params[0].stats.sum_squares = 7.99999999;  // beyond the rounding of two sums
+  run.ranks[1].params.edit()[0].stats.sum_squares = 7.99999999;  // beyond the rounding of two sums
   expect_rejected(run, {"rank-1.json: params[0] (norm.weight, box offsets [0] extents [8]) and rank-0.json "
                         "params[0] (norm.weight, box offsets [0] extents [8]) cover the same elements but "
                         "disagree: sum_squares 7.9999999900000001 here, 8 there"});
-  run.ranks[1].params[0].stats.sum_squares = 7.999999999999;  // within it
+  run.ranks[1].params.edit()[0].stats.sum_squares = 7.999999999999;  // within it
   EXPECT_EQ(check_error(run), "no error");
 }
 
@@ -177,7 +177,7 @@ TEST(ManifestStatistics, DisjointRangesOfOneBoxAddUp) {
                         "zeros 1, more than the whole box's 0"});
   run = distributed_run(5, 7);
   for (RankManifest& m : run.ranks)
-    if (m.rank % 2 == 0) m.params[0].stats = {11.0, 1.0, 1};  // the box holds 1 zero: [0,5) or [5,12)
+    if (m.rank % 2 == 0) m.params.edit()[0].stats = {11.0, 1.0, 1};  // the box holds 1 zero: [0,5) or [5,12)
   expect_rejected(run, {"rank-2.json: optimizers[0].main_params[0] (proj.weight, elements [5,12) of box "
                         "offsets [0,0] extents [3,4]): zeros 0 and sum_squares 7, but rank-0.json params[0] "
                         "(proj.weight, box offsets [0,0] extents [3,4]) and rank-0.json optimizers[0]."
@@ -194,7 +194,7 @@ TEST(ManifestStatistics, OverlappingRangesImplyPossibleParts) {
   ASSERT_EQ(check_error(run), "no error");
   // The box holds 1 zero, but neither [0,7) nor [5,12) does: [5,7) would hold -1.
   for (RankManifest& m : run.ranks)
-    if (m.rank % 2 == 0) m.params[0].stats = {11.0, 1.0, 1};
+    if (m.rank % 2 == 0) m.params.edit()[0].stats = {11.0, 1.0, 1};
   expect_rejected(run, {"rank-0.json: params[0] (proj.weight, box offsets [0,0] extents [3,4]), rank-0.json "
                         "optimizers[0].main_params[0] (proj.weight, elements [0,7) of box offsets [0,0] "
                         "extents [3,4]) and rank-2.json optimizers[0].main_params[0] (proj.weight, elements "
@@ -210,7 +210,7 @@ TEST(ManifestStatistics, RangeHoldingMoreThanItsBoxIsImpossible) {
                         "abs_max 2, more than the whole box's 1"});
   run = distributed_run(5, 7);
   for (RankManifest& m : run.ranks)
-    if (m.rank % 2 == 0) m.params[0].stats = {4.0, 1.0, 8};  // 8 zeros of 12
+    if (m.rank % 2 == 0) m.params.edit()[0].stats = {4.0, 1.0, 8};  // 8 zeros of 12
   run.ranks[0].optimizers[0].main_params[0].stats = {4.0, 1.0, 0};  // none in [0,5): 8 left for 7
   expect_rejected(run, {"rank-0.json: optimizers[0].main_params[0]",
                         "zeros 0, but the box's 8 zeros leave at least 1 in these 5 elements"});

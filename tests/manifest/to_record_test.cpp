@@ -91,7 +91,7 @@ TEST(ManifestRunJudged, ZeroCountIsExact) {
 TEST(ManifestRunJudged, ZeroCountIsJudgedAgainstTheRanksOwnLedger) {
   RunManifests run = founding_run(false);
   for (RankManifest& m : run.ranks) {
-    m.params[0].stats = {6.0, 1.0, 2};  // norm.weight: 2 zeros of 8
+    m.params.edit()[0].stats = {6.0, 1.0, 2};  // norm.weight: 2 zeros of 8
     m.optimizers[0].main_params[0].stats = m.params[0].stats;
     m.reported.norm = std::sqrt(54.0);
     m.reported.zeros = 2;
@@ -151,7 +151,7 @@ TEST(ManifestRunJudged, ClipWithMaxNormZeroExpectsCoefficientOne) {
 TEST(ManifestRunJudged, ParamOutsideTheMainNormMustNotBeKept) {
   RunManifests run = founding_run(false);
   for (RankManifest& m : run.ranks) {
-    m.params[0].attributes.grad_norm_group = "mtp";
+    m.params.edit()[0].attributes.grad_norm_group = "mtp";
     m.optimizers[0].main_params[0].attributes.grad_norm_group = "mtp";
   }
   const CheckReport report = check_run(run);  // rank 0 still keeps norm.weight
@@ -197,7 +197,7 @@ TEST(ManifestRunJudged, RanksReportingDifferentInfNormsDisagree) {
 TEST(ManifestRunJudged, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
   RunManifests run = founding_run(false);
   for (RankManifest& m : run.ranks) {
-    m.params[2].stats = {1e308, 1e154, 0};  // possible: 1e308 <= 16 (1e154)^2
+    m.params.edit()[2].stats = {1e308, 1e154, 0};  // possible: 1e308 <= 16 (1e154)^2
     m.optimizers[0].main_params[2].stats = m.params[2].stats;
   }
   EXPECT_TRUE(std::isinf(check_run(run).truth_norm));
@@ -205,7 +205,7 @@ TEST(ManifestRunJudged, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
 
 TEST(ToRecordValidation, HoldersInDifferentNormGroups) {
   RunManifests run = founding_run(false);
-  run.ranks[1].params[0].attributes.grad_norm_group = "mtp";
+  run.ranks[1].params.edit()[0].attributes.grad_norm_group = "mtp";
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): grad_norm_group differs"),
             std::string::npos)
       << check_error(run);
@@ -268,7 +268,7 @@ TEST(ToRecordValidation, InconsistentStatsGroup) {
 
 TEST(ToRecordValidation, DifferentLogicalShapes) {
   RunManifests run = founding_run(false);
-  run.ranks[1].params[0].logical_shape = {9};
+  run.ranks[1].params.edit()[0].logical_shape = {9};
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight): logical_shape [9] differs from [8]"),
             std::string::npos)
       << check_error(run);
@@ -276,7 +276,7 @@ TEST(ToRecordValidation, DifferentLogicalShapes) {
 
 TEST(ToRecordValidation, ReplicasWhoseStatisticsDisagree) {
   RunManifests run = founding_run(false);
-  run.ranks[1].params[0].stats.sum_squares = 7.0;
+  run.ranks[1].params.edit()[0].stats.sum_squares = 7.0;
   EXPECT_NE(check_error(run).find("rank-1.json: params[0] (norm.weight, box offsets [0] extents [8]) and "
                                   "rank-0.json params[0] (norm.weight, box offsets [0] extents [8]) cover the "
                                   "same elements but disagree"),
@@ -286,14 +286,14 @@ TEST(ToRecordValidation, ReplicasWhoseStatisticsDisagree) {
 
 TEST(ToRecordValidation, BoxesOverlappingPartially) {
   RunManifests run = founding_run(false);
-  run.ranks[1].params[2].offsets = {1, 0};
+  run.ranks[1].params.edit()[2].offsets = {1, 0};
   EXPECT_NE(check_error(run).find("overlaps rank 0's box"), std::string::npos) << check_error(run);
 }
 
 TEST(ToRecordValidation, ElementsHeldByNoRank) {
   RunManifests run = founding_run(false);
-  run.ranks[1].params[2].logical_shape = {6, 8};
-  run.ranks[0].params[2].logical_shape = {6, 8};
+  run.ranks[1].params.edit()[2].logical_shape = {6, 8};
+  run.ranks[0].params.edit()[2].logical_shape = {6, 8};
   EXPECT_NE(check_error(run).find("logical param fc1.weight [6,8]: the ranks hold 32 of its 48 elements"),
             std::string::npos)
       << check_error(run);

@@ -330,7 +330,7 @@ TEST(ModelManifests, TiedCopyNamesTheEmbeddingAndIsSharedOnTheModel) {
     if (with_fault) c.path.faults = gradnorm::FaultSet::of({Fault::tied_copy_not_shared});
     const Ran r = run(c);
     const manifest::RankManifest& last = r.manifests.ranks[1];
-    const manifest::ModelParam& copy = last.params.back();
+    const manifest::ModelParam& copy = last.params.list().back();
     EXPECT_EQ(copy.name, "output_layer.weight");
     EXPECT_EQ(copy.logical_name, "embedding.word_embeddings.weight");
     EXPECT_TRUE(copy.attributes.shared);
