@@ -180,30 +180,63 @@ record::Rule record_rule(Rule rule, bool child_norm_discarded) {
   return out;
 }
 
+// What a rank holds: its local params, their main copies and their record. It depends only on
+// the rank's TP, ETP, EP and PP coordinates (topologies/sharding.cpp), so the data-parallel
+// replicas of one position share it, computed once: a world of 10^6 ranks has a few thousand.
+struct Held {
+  std::vector<topologies::LocalParam> local;
+  std::vector<MainParam> main;
+  record::LocalParams params;
+};
+
+class HeldMemo {
+ public:
+  HeldMemo(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
+           const OptimizerPlan& plan, const FaultSet& faults)
+      : model_(model), layout_(layout), plan_(plan), faults_(faults) {}
+
+  const Held& of(int rank) {
+    const topologies::Coordinates at = layout_.coordinates(rank);
+    auto [it, fresh] = by_position_.try_emplace({at.tp, at.etp, at.ep, at.pp});
+    Held& held = it->second;
+    if (!fresh) return held;
+    topologies::local_params(model_, layout_, rank, held.local);
+    make_main_params(held.local, plan_, faults_, held.main);
+    std::vector<record::LocalParam> params;
+    params.reserve(held.local.size());
+    for (const topologies::LocalParam& param : held.local) {
+      // The model param carries the model's expert label (main copies may lose it).
+      topologies::LocalParam labelled = param;
+      labelled.allreduce = !plan_.expert_label[param.logical_id];
+      params.push_back({param.logical_id, box_of(param.slice, model_.param(param.logical_id).shape.rank),
+                        attributes_of(labelled), std::nullopt});
+    }
+    held.params = std::move(params);
+    return held;
+  }
+
+ private:
+  const topologies::LogicalModel& model_;
+  const topologies::RankLayout& layout_;
+  const OptimizerPlan& plan_;
+  const FaultSet& faults_;
+  std::map<std::array<int, 4>, Held> by_position_;
+};
+
 void run_local_phase(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
                      const PathOptions& options, const OptimizerPlan& plan,
                      const std::vector<Unit>& units, comm::Communicator& communicator,
                      kernels::LocalStatsFn local_stats, StatsMemo& memo,
-                     record::LocalRecordPool& pool, RankState& state,
-                     std::vector<topologies::LocalParam>& local, std::vector<MainParam>& main,
+                     record::LocalRecordPool& pool, RankState& state, HeldMemo& held_memo,
                      Ownership& ownership, record::LocalRecord& decisions) {
   const FaultSet& faults = options.faults;
   const int rank = state.rank;
-  topologies::local_params(model, layout, rank, local);
-  make_main_params(local, plan, faults, main);
+  const Held& held = held_memo.of(rank);
+  const std::vector<MainParam>& main = held.main;
   own_elements(options.optimizer, main, layout, rank, {options.bucket_elements}, faults,
                ownership);
 
-  std::vector<record::LocalParam> params;
-  params.reserve(local.size());
-  for (const topologies::LocalParam& param : local) {
-    // The model param carries the model's expert label (main copies may lose it).
-    topologies::LocalParam labelled = param;
-    labelled.allreduce = !plan.expert_label[param.logical_id];
-    params.push_back({param.logical_id, box_of(param.slice, model.param(param.logical_id).shape.rank),
-                      attributes_of(labelled), std::nullopt});
-  }
-  decisions.params = std::move(params);
+  decisions.params = held.params;
   decisions.pieces.clear();
 
   std::vector<int> unit_of_child(plan.children.size());
@@ -503,8 +536,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   describe_run(model, options, plan, run);
 
   std::vector<RankState> states(ranks.size());
-  std::vector<topologies::LocalParam> local;
-  std::vector<MainParam> main;
+  HeldMemo held(model, layout, plan, options.faults);
   Ownership ownership;
   StatsMemo memo;
   record::LocalRecordPool pool;
@@ -512,7 +544,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     states[i].rank = ranks[i];
     run_local_phase(model, layout, options, plan, units, communicator, local_stats, memo, pool,
-                    states[i], local, main, ownership, decisions);
+                    states[i], held, ownership, decisions);
   }
   communicator.end_phase();
 
