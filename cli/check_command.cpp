@@ -153,7 +153,8 @@ void add_check_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<CheckCommandOptions>();
   CLI::App* command = app.add_subcommand(
       "check",
-      "Check the per-rank manifests a real framework run wrote (rank-<R>.json, docs/manifest.md; "
+      "Check the per-rank manifests a real framework run wrote (rank-<R>.json, and groups.json in "
+      "format version 2; version 1 folders still read; docs/manifest.md; "
       "adapters/megatron writes them for Megatron-core): rebuild the logical model from the "
       "slices, compute the truth (each logical element once), the ledger the framework's own "
       "kept flags and stats groups imply, and print the verdict and diagnosis as `tally run` "

@@ -231,7 +231,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                       "With --save: the case's description (one line)");
   CLI::Option* manifests_flag = command->add_option("--manifests", options->manifests,
                       "After the run, write the manifests tally's own model of the path would "
-                      "write (rank-<R>.json per rank, docs/manifest.md, faults included) to "
+                      "write (rank-<R>.json per rank and groups.json, docs/manifest.md, faults included) to "
                       "this folder, for `tally check DIR`. sim backend only; a run that hangs "
                       "writes none")
       ->check(output_folder());

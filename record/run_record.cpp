@@ -56,11 +56,7 @@ LocalParams LocalRecordPool::intern_params(const LocalParams& params) {
   if (auto known = by_identity_.find(params.identity()); known != by_identity_.end()) return known->second;
   std::vector<LocalParams>& same_hash = params_by_hash_[hash_of(params)];
   for (const LocalParams& known : same_hash)
-    if (known == params) {
-      aliases_.push_back(params);  // kept alive, so its identity is never another list's
-      by_identity_.emplace(params.identity(), known);
-      return known;
-    }
+    if (known == params) return known;  // (its identity is not kept: the list may be freed)
   same_hash.push_back(params);
   by_identity_.emplace(params.identity(), params);
   ++param_lists_;

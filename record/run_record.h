@@ -246,8 +246,7 @@ class LocalRecordPool {
 
   std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<const LocalRecord>>> by_hash_;
   std::unordered_map<std::uint64_t, std::vector<LocalParams>> params_by_hash_;
-  std::unordered_map<const void*, LocalParams> by_identity_;  // lists already seen: their pooled one
-  std::vector<LocalParams> aliases_;  // lists equal to a pooled one, seen under their own identity
+  std::unordered_map<const void*, LocalParams> by_identity_;  // the pooled lists, by identity
   std::size_t count_ = 0;
   std::size_t param_lists_ = 0;
 };
