@@ -194,7 +194,8 @@ std::string broken_property(std::string_view input) {
   manifest::RunManifests manifests;
   Judged first;
   try {
-    manifests = manifest::read_run(paths, [&](const std::string& path) { return *bytes.at(path); }, "input");
+    // One thread: an input is small, and libFuzzer runs inputs back to back.
+    manifests = manifest::read_run(paths, [&](const std::string& path) { return *bytes.at(path); }, "input", 1);
     first = judge_as_check_does(manifests);
   } catch (const manifest::ManifestError& error) {
     return one_line("a ManifestError", error.what());
