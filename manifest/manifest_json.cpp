@@ -479,9 +479,7 @@ RunGroups::RunGroups(std::vector<std::vector<int>> table) : fixed_(true), table_
 
 GroupId RunGroups::intern(const std::vector<int>& ranks) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, fresh] = index_.try_emplace(ranks, static_cast<GroupId>(table_.size()));
-  if (fresh) table_.push_back(ranks);
-  return it->second;
+  return grown_->intern(ranks);
 }
 
 std::string groups_to_text(int world, const std::vector<std::vector<int>>& groups) {

@@ -5,8 +5,8 @@
 
 #include <cstddef>
 #include <functional>
-#include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -31,7 +31,7 @@ class ManifestError : public std::invalid_argument {
 // held once). Safe to share between reading threads.
 class RunGroups {
  public:
-  RunGroups() = default;                                    // version 1
+  RunGroups() : grown_(std::in_place, table_) {}           // version 1
   explicit RunGroups(std::vector<std::vector<int>> table);  // version 2
   int version() const { return fixed_ ? 2 : 1; }
   // Version 1: the id of a sorted rank list, added when new.
@@ -44,7 +44,7 @@ class RunGroups {
   bool fixed_ = false;
   std::mutex mutex_;
   std::vector<std::vector<int>> table_;
-  std::map<std::vector<int>, GroupId> index_;
+  std::optional<record::GroupTable> grown_;  // version 1: interns into table_
 };
 
 // A rank's file in `version` (1: every group written out as its rank list; 2: ids into the

@@ -111,15 +111,12 @@ class GroupIds {
   manifest::GroupId intern(std::span<const int> ranks) {
     std::vector<int> sorted(ranks.begin(), ranks.end());
     std::sort(sorted.begin(), sorted.end());
-    auto [it, fresh] = index_.try_emplace(sorted, static_cast<manifest::GroupId>(table_.size()));
-    if (fresh) table_.push_back(std::move(sorted));
-    return it->second;
+    return table_.intern(sorted);
   }
 
   const topologies::RankLayout& layout_;
   const record::RunRecord& run_;
-  std::vector<std::vector<int>>& table_;
-  std::map<std::vector<int>, manifest::GroupId> index_;
+  record::GroupTable table_;
   std::map<std::pair<int, int>, manifest::GroupId> by_family_;
   std::map<int, std::pair<manifest::GroupId, std::string>> by_record_;
 };

@@ -12,6 +12,8 @@
 #include <set>
 #include <string>
 #include <unistd.h>
+#include <utility>
+#include <vector>
 
 #include "manifest/to_record.h"
 #include "tests/manifest/hand_built_runs.h"
@@ -69,6 +71,18 @@ std::map<std::string, std::vector<int>> lists_of(const RunManifests& run, const 
   return out;
 }
 
+// `one` (version 1) and `two` (version 2) hold the same ranks, groups, params and values.
+void expect_same_run(const RunManifests& one, const RunManifests& two) {
+  EXPECT_EQ(one.version, 1);
+  EXPECT_EQ(two.version, 2);
+  ASSERT_EQ(one.ranks.size(), two.ranks.size());
+  for (std::size_t r = 0; r < one.ranks.size(); ++r) {
+    EXPECT_EQ(lists_of(one, one.ranks[r]), lists_of(two, two.ranks[r]));
+    EXPECT_EQ(one.ranks[r].params, two.ranks[r].params);
+    EXPECT_EQ(one.ranks[r].reported, two.ranks[r].reported);
+  }
+}
+
 TEST_F(RunFiles, VersionTwoWritesEachGroupOnceAndReadsBackTheSameRun) {
   const RunManifests run = distributed_run(5, 7);
   write_run(dir("v2"), run);
@@ -88,14 +102,7 @@ TEST_F(RunFiles, VersionOneAndTwoOfOneRunGiveTheSameManifestsAndVerdict) {
     write_run(dir("v2"), run, 2);
     EXPECT_FALSE(fs::exists(dir("v1") + "/groups.json"));
     const RunManifests one = load_run(dir("v1")), two = load_run(dir("v2"));
-    EXPECT_EQ(one.version, 1);
-    EXPECT_EQ(two.version, 2);
-    ASSERT_EQ(one.ranks.size(), two.ranks.size());
-    for (std::size_t r = 0; r < one.ranks.size(); ++r) {
-      EXPECT_EQ(lists_of(one, one.ranks[r]), lists_of(two, two.ranks[r]));
-      EXPECT_EQ(one.ranks[r].params, two.ranks[r].params);
-      EXPECT_EQ(one.ranks[r].reported, two.ranks[r].reported);
-    }
+    expect_same_run(one, two);
     const CheckReport a = check_run(one), b = check_run(two);
     EXPECT_EQ(a.verdict.kind, b.verdict.kind);
     EXPECT_EQ(a.verdict.kind, fallback ? oracle::Verdict::Kind::fail : oracle::Verdict::Kind::pass);
@@ -119,14 +126,7 @@ TEST(RealRuns, EachVersionTwoFixtureIsItsVersionOneTwin) {
     ++runs;
     const RunManifests two = load_run(entry.path().string());
     const RunManifests one = load_run(kFixtures + "megatron-core-0.16.1/" + entry.path().filename().string());
-    EXPECT_EQ(two.version, 2);
-    EXPECT_EQ(one.version, 1);
-    ASSERT_EQ(one.ranks.size(), two.ranks.size());
-    for (std::size_t r = 0; r < one.ranks.size(); ++r) {
-      EXPECT_EQ(lists_of(one, one.ranks[r]), lists_of(two, two.ranks[r]));
-      EXPECT_EQ(one.ranks[r].params, two.ranks[r].params);
-      EXPECT_EQ(one.ranks[r].reported, two.ranks[r].reported);
-    }
+    expect_same_run(one, two);
     EXPECT_EQ(check_run(one).verdict.kind, check_run(two).verdict.kind);
   }
   EXPECT_EQ(runs, 8);
@@ -136,38 +136,28 @@ TEST_F(RunFiles, GroupsFileRulesNameTheFileTheIndexAndTheRule) {
   const RunManifests run = founding_run(false);  // groups [0,1], [0], [1]
   write_run(dir("run"), run);
   const std::string groups = dir("run") + "/groups.json";
-  auto with_groups = [&](const std::string& text) {
-    write_text(groups, text);
-    return load_error(dir("run"));
+  // groups.json's text, and a fragment of the one-line error it must give.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"tally_groups": 2, "world": 2, "groups": [[0, 1], [0], [1], [0]]})",
+       "groups.json: groups.groups[3]: repeats groups[1]"},
+      {R"({"tally_groups": 2, "world": 2, "groups": [[1, 0], [0], [1]]})",
+       "groups.groups[0][1]: expected ranks in increasing order"},
+      {R"({"tally_groups": 2, "world": 2, "groups": [[0, 2], [0], [1]]})", "groups.groups[0][1]"},
+      {R"({"tally_groups": 2, "world": 2, "groups": [[], [0], [1]]})", "groups.groups[0]: expected at least one rank"},
+      {R"({"tally_groups": 3, "world": 2, "groups": []})", "groups.tally_groups: this tally reads groups version 2, got 3"},
+      {R"({"world": 2, "groups": []})", "not a tally groups file"},
+      // A rank file's index outside the table, or naming a group without its rank.
+      {R"({"tally_groups": 2, "world": 2, "groups": [[0, 1], [0]]})",
+       "rank-1.json: manifest.groups.expt_tp: groups.json holds 2 groups (indices 0 to 1), got 2"},
+      {R"({"tally_groups": 2, "world": 2, "groups": [[0, 1], [1], [0]]})",
+       "rank-0.json: manifest.groups.expt_tp: groups.json's groups[1] does not hold this manifest's own rank 0"},
+      {R"({"tally_groups": 2, "world": 4, "groups": [[0, 1], [0], [1]]})", "manifest.world: 2, but groups.json says 4"},
   };
-  EXPECT_NE(with_groups(R"({"tally_groups": 2, "world": 2, "groups": [[0, 1], [0], [1], [0]]})")
-                .find("groups.json: groups.groups[3]: repeats groups[1]"),
-            std::string::npos);
-  EXPECT_NE(with_groups(R"({"tally_groups": 2, "world": 2, "groups": [[1, 0], [0], [1]]})")
-                .find("groups.groups[0][1]: expected ranks in increasing order"),
-            std::string::npos);
-  EXPECT_NE(with_groups(R"({"tally_groups": 2, "world": 2, "groups": [[0, 2], [0], [1]]})")
-                .find("groups.groups[0][1]"),
-            std::string::npos);
-  EXPECT_NE(with_groups(R"({"tally_groups": 2, "world": 2, "groups": [[], [0], [1]]})")
-                .find("groups.groups[0]: expected at least one rank"),
-            std::string::npos);
-  EXPECT_NE(with_groups(R"({"tally_groups": 3, "world": 2, "groups": []})")
-                .find("groups.tally_groups: this tally reads groups version 2, got 3"),
-            std::string::npos);
-  EXPECT_NE(with_groups(R"({"world": 2, "groups": []})").find("not a tally groups file"), std::string::npos);
-  // A rank file's index outside the table, or naming a group without its rank.
-  EXPECT_NE(with_groups(R"({"tally_groups": 2, "world": 2, "groups": [[0, 1], [0]]})")
-                .find("rank-1.json: manifest.groups.expt_tp: groups.json holds 2 groups (indices 0 to 1), got 2"),
-            std::string::npos)
-      << with_groups(R"({"tally_groups": 2, "world": 2, "groups": [[0, 1], [0]]})");
-  EXPECT_NE(with_groups(R"({"tally_groups": 2, "world": 2, "groups": [[0, 1], [1], [0]]})")
-                .find("rank-0.json: manifest.groups.expt_tp: groups.json's groups[1] does not hold this "
-                      "manifest's own rank 0"),
-            std::string::npos);
-  EXPECT_NE(with_groups(R"({"tally_groups": 2, "world": 4, "groups": [[0, 1], [0], [1]]})")
-                .find("manifest.world: 2, but groups.json says 4"),
-            std::string::npos);
+  for (const auto& [text, fragment] : cases) {
+    write_text(groups, text);
+    const std::string message = load_error(dir("run"));
+    EXPECT_NE(message.find(fragment), std::string::npos) << text << "\n" << message;
+  }
 }
 
 TEST_F(RunFiles, EveryFileOfARunHasOneVersion) {
