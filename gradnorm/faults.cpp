@@ -97,6 +97,22 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "statistics are reduced over the whole world while gradients are replicated over DP: "
      "counted DP x CP times",
      "the plain or muon optimizer model with DP x CP > 1 (or EDP > 1 for experts)"},
+    {Fault::clip_per_stage_norm, "clip-per-stage-norm",
+     "torchtitan #596 / PR #649 review (each model part clipped alone); Modalities #313",
+     "the logged norm is reduced over every stage, but each pipeline stage clips with a norm "
+     "reduced over its own stage only",
+     "PP > 1 with clipping active and gradients on more than one stage"},
+    {Fault::clip_per_ep_group_norm, "clip-per-ep-group-norm",
+     "ColossalAI #2192 (MoE clip norm not reduced over expert parallel)",
+     "the logged norm is right, but the clip norm is reduced over the stats group without its EP "
+     "axis: the ranks of each EP position clip with their own norm",
+     "experts with EP > 1 and clipping active"},
+    {Fault::average_local_norms_over_dp, "average-local-norms-over-dp",
+     "DeepSpeed #8475 / PR #8478 (clip_grad_norm_ averages per-rank norms over data parallel)",
+     "each rank reduces its whole local norm over the dense model-parallel group (TP x PP) only, "
+     "then the norm is the mean of those over the data-parallel group (DP x CP)",
+     "data-parallel ranks whose gradients differ: experts with EP > 1, or the distributed "
+     "optimizer with DP x CP > 1"},
 }};
 
 }  // namespace

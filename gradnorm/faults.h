@@ -33,8 +33,11 @@ enum class Fault : std::uint8_t {
   distopt_padding_counted,
   distopt_overlapping_shards,
   stats_over_replicas,
+  clip_per_stage_norm,
+  clip_per_ep_group_norm,
+  average_local_norms_over_dp,
 };
-inline constexpr int kFaultCount = 21;
+inline constexpr int kFaultCount = 24;
 
 struct FaultInfo {
   Fault fault;

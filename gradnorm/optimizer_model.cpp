@@ -59,6 +59,43 @@ std::string child_name(const OptimizerPlan& plan, int c) {
          std::to_string(c) + "] (" + std::string(child_role_name(plan.children[c].role)) + ")";
 }
 
+namespace {
+
+// The part of `stats` on one pipeline stage. With several distributed-optimizer instances the
+// stage's group spans all of them: no Megatron-LM group is an instance's part of one stage.
+Family within_stage(Family stats) {
+  switch (stats) {
+    case Family::tp_pp: return Family::tp;
+    case Family::expt_tp_ep_pp: return Family::expt_tp_ep;
+    case Family::expt_tp_pp: return Family::expt_tp;
+    case Family::world:
+    case Family::dist_opt: return Family::tp_dp_cp;
+    case Family::expt_tp_dp_pp: return Family::expt_tp_dp;
+    default: return stats;  // already within a stage
+  }
+}
+
+// `stats` without its EP axis (the dense groups have none).
+Family without_ep(Family stats) {
+  switch (stats) {
+    case Family::expt_tp_ep_pp: return Family::expt_tp_pp;
+    case Family::expt_tp_ep: return Family::expt_tp;
+    case Family::world:
+    case Family::dist_opt: return Family::expt_tp_dp_pp;
+    case Family::tp_dp_cp: return Family::expt_tp_dp;
+    default: return stats;
+  }
+}
+
+Family clip_family(Family stats, const FaultSet& faults) {
+  Family family = stats;
+  if (faults.has(Fault::clip_per_stage_norm)) family = within_stage(family);
+  if (faults.has(Fault::clip_per_ep_group_norm)) family = without_ep(family);
+  return family;
+}
+
+}  // namespace
+
 OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalModel& logical,
                              const FaultSet& faults) {
   OptimizerPlan plan;
@@ -136,7 +173,8 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
     if (!used) continue;
     child_index[static_cast<int>(role)] = static_cast<int>(plan.children.size());
     const bool expert = role == ChildRole::expert || role == ChildRole::expert_muon;
-    plan.children.push_back(Child{role, expert, stats_family(role)});
+    const Family stats = stats_family(role);
+    plan.children.push_back(Child{role, expert, stats, clip_family(stats, faults)});
   }
   for (int id = 0; id < count; ++id) plan.child_of_param[id] = child_index[static_cast<int>(role_of[id])];
   plan.shared_stats = !plan.children.empty();

@@ -41,6 +41,9 @@ struct Child {
   ChildRole role = ChildRole::dense;
   bool expert = false;  // holds expert-topology params (dropped by expert-norm-dropped)
   topologies::Family stats_family = topologies::Family::tp_pp;
+  // The group of the norm its gradients are clipped with: the stats group, except under
+  // clip-per-stage-norm (its stage only) and clip-per-ep-group-norm (without the EP axis).
+  topologies::Family clip_family = topologies::Family::tp_pp;
 };
 
 // Everything about a case's optimizer that depends on the model and not on the rank:

@@ -28,6 +28,7 @@ enum MaxSlot : int { kAbsMax = 0, kAbsMaxMtp, kMaxSlots };
 struct Unit {
   std::vector<int> children;  // plan children reduced together
   Family family = Family::world;
+  Family clip_family = Family::world;  // the group of the norm its children clip with
 };
 
 std::vector<Unit> reduction_units(const OptimizerPlan& plan) {
@@ -35,11 +36,12 @@ std::vector<Unit> reduction_units(const OptimizerPlan& plan) {
   if (plan.shared_stats) {
     Unit unit;
     unit.family = plan.children[0].stats_family;
+    unit.clip_family = plan.children[0].clip_family;
     for (int c = 0; c < static_cast<int>(plan.children.size()); ++c) unit.children.push_back(c);
     units.push_back(unit);
   } else {
     for (int c = 0; c < static_cast<int>(plan.children.size()); ++c)
-      units.push_back(Unit{{c}, plan.children[c].stats_family});
+      units.push_back(Unit{{c}, plan.children[c].stats_family, plan.children[c].clip_family});
   }
   return units;
 }
@@ -76,6 +78,8 @@ struct UnitState {
   std::vector<double> sums;
   std::vector<double> maxima;
   std::vector<std::int64_t> zeros{0};
+  // The main sum of squares over the clip group, where a fault makes it differ from `group`.
+  std::vector<double> clip_squares;
 };
 
 // Local statistics are a pure function of (shards, generator, options): the data-parallel
@@ -142,6 +146,11 @@ struct RankState {
   int rank = 0;
   std::shared_ptr<const record::LocalRecord> local;
   std::vector<UnitState> units;
+  // average-local-norms-over-dp: the rank's main squares over the model-parallel group, then
+  // over the data-parallel group the sum of the roots of those and their extremes {max, -min}.
+  std::vector<double> mp_squares;
+  std::vector<double> dp_norm_sum;
+  std::vector<double> dp_norm_extremes;
 };
 
 record::Attributes attributes_of(const topologies::LocalParam& a) {
@@ -304,6 +313,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     }
     return total;
   };
+  if (faults.has(Fault::average_local_norms_over_dp)) state.mp_squares.assign(1, 0.0);
   for (std::size_t u = 0; u < units.size(); ++u) {
     UnitState& unit = state.units[u];
     const kernels::Stats main_stats = stats_of(shards[u][kMain], stats_options);
@@ -319,6 +329,8 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     unit.maxima[kAbsMax] = main_stats.abs_max;
     unit.maxima[kAbsMaxMtp] = mtp_stats.abs_max;
     unit.zeros[0] = zeros;
+    if (units[u].clip_family != units[u].family) unit.clip_squares = {main_stats.sum_squares};
+    if (faults.has(Fault::average_local_norms_over_dp)) state.mp_squares[0] += main_stats.sum_squares;
 
     // #5530: a rank with no gradients returned before the collective.
     bool empty = true;
@@ -327,7 +339,33 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     communicator.all_reduce(rank, unit.group, unit.sums, comm::ReduceOp::sum, "grad-norm sums");
     communicator.all_reduce(rank, unit.group, unit.maxima, comm::ReduceOp::max, "grad-norm max");
     communicator.all_reduce(rank, unit.group, unit.zeros, comm::ReduceOp::sum, "zero count");
+    if (!unit.clip_squares.empty())
+      communicator.all_reduce(rank, comm::group_of(layout, units[u].clip_family, rank),
+                              unit.clip_squares, comm::ReduceOp::sum, "clip-norm squares");
   }
+  // DeepSpeed #8475: each rank's whole norm, over the model-parallel group only.
+  if (faults.has(Fault::average_local_norms_over_dp))
+    communicator.all_reduce(rank, comm::group_of(layout, Family::tp_pp, rank), state.mp_squares,
+                            comm::ReduceOp::sum, "model-parallel squares");
+}
+
+// average-local-norms-over-dp's second round: the data-parallel sum of the model-parallel norms.
+void run_average_phase(const topologies::RankLayout& layout, comm::Communicator& communicator,
+                       RankState& state) {
+  const double norm = std::sqrt(state.mp_squares[0]);
+  const comm::Group dp = comm::group_of(layout, Family::dp_cp, state.rank);
+  state.dp_norm_sum = {norm};
+  state.dp_norm_extremes = {norm, -norm};
+  communicator.all_reduce(state.rank, dp, state.dp_norm_sum, comm::ReduceOp::sum, "data-parallel norm sum");
+  communicator.all_reduce(state.rank, dp, state.dp_norm_extremes, comm::ReduceOp::max,
+                          "data-parallel norm extremes");
+}
+
+// The mean of the data-parallel norms. Where they are all equal it is that value exactly: the
+// fault changes nothing there, and a rounded sum must not make it look as if it did.
+double averaged_norm(const topologies::RankLayout& layout, const RankState& state) {
+  if (state.dp_norm_extremes[0] == -state.dp_norm_extremes[1]) return state.dp_norm_extremes[0];
+  return state.dp_norm_sum[0] / static_cast<double>(layout.group_ranks(Family::dp_cp, state.rank).size());
 }
 
 double clip_coefficient(double max_norm, double norm) {
@@ -425,9 +463,9 @@ class ClipMemo {
   std::map<BoxKey, std::shared_ptr<const float>> values_;
 };
 
-record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& units,
-                           const PathOptions& options, const RankState& state, GroupRefs& groups,
-                           ClipMemo& clip_memo) {
+record::RankRecord combine(const topologies::RankLayout& layout, const OptimizerPlan& plan,
+                           const std::vector<Unit>& units, const PathOptions& options,
+                           const RankState& state, GroupRefs& groups, ClipMemo& clip_memo) {
   const FaultSet& faults = options.faults;
   record::RankRecord result;
   result.rank = state.rank;
@@ -436,7 +474,8 @@ record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& u
   result.expert_tp_group = groups.of(Family::expt_tp, state.rank);
   result.children.resize(plan.children.size());
   record::Reported& reported = result.reported;
-  double squares = 0.0, squares_mtp = 0.0, inf = 0.0, inf_l2 = 0.0;
+  double squares = 0.0, squares_mtp = 0.0, inf = 0.0, inf_l2 = 0.0, clip_squares = 0.0;
+  bool clip_norm_differs = false;
   float zeros_float = 0.0f;
   std::int64_t zeros = 0;
   std::vector<double> p_sums(options.p_values.size(), 0.0);
@@ -450,13 +489,16 @@ record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& u
     unit_norm[u] = own;
     squares += faults.has(Fault::average_rank_norms) ? own * own : unit.sums[kSquares];
     squares_mtp += unit.sums[kSquaresMtp];
+    clip_norm_differs = clip_norm_differs || !unit.clip_squares.empty();
+    clip_squares += unit.clip_squares.empty() ? unit.sums[kSquares] : unit.clip_squares[0];
     inf = std::max(inf, unit.maxima[kAbsMax]);
     inf_l2 += unit.maxima[kAbsMax] * unit.maxima[kAbsMax];
     zeros += unit.zeros[0];
     zeros_float += static_cast<float>(unit.sums[kZerosAsFloat]);
     for (std::size_t i = 0; i < p_sums.size(); ++i) p_sums[i] += unit.sums[kFirstPSum + i];
   }
-  const double norm = std::sqrt(squares);
+  const double norm =
+      faults.has(Fault::average_local_norms_over_dp) ? averaged_norm(layout, state) : std::sqrt(squares);
   reported.norm = norm;
   reported.inf_norm = faults.has(Fault::inf_norm_combined_by_l2) && units.size() > 1
                           ? std::sqrt(inf_l2)
@@ -465,7 +507,8 @@ record::RankRecord combine(const OptimizerPlan& plan, const std::vector<Unit>& u
                                                             : zeros;
   for (std::size_t i = 0; i < p_sums.size(); ++i)
     reported.p_norms.push_back(std::pow(p_sums[i], 1.0 / options.p_values[i]));
-  const double clip = clip_coefficient(options.max_norm, norm);
+  // clip-per-stage-norm, clip-per-ep-group-norm: the logged norm is right, the clip norm is not.
+  const double clip = clip_coefficient(options.max_norm, clip_norm_differs ? std::sqrt(clip_squares) : norm);
   reported.clip_coefficient = clip;
   double mtp_clip = 1.0;
   if (plan.has_mtp) {
@@ -517,6 +560,22 @@ void describe_run(const topologies::LogicalModel& model, const PathOptions& opti
 
 }  // namespace
 
+std::vector<Family> families_reduced_over(const OptimizerPlan& plan, const FaultSet& faults) {
+  std::vector<Family> families;
+  auto add = [&](Family family) {
+    if (std::find(families.begin(), families.end(), family) == families.end()) families.push_back(family);
+  };
+  for (const Child& child : plan.children) {
+    add(child.stats_family);
+    add(child.clip_family);
+  }
+  if (faults.has(Fault::average_local_norms_over_dp)) {
+    add(Family::tp_pp);
+    add(Family::dp_cp);
+  }
+  return families;
+}
+
 std::vector<int> all_ranks(const topologies::RankLayout& layout) {
   std::vector<int> ranks(layout.world());
   std::iota(ranks.begin(), ranks.end(), 0);
@@ -547,13 +606,17 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
                     states[i], held, ownership, decisions);
   }
   communicator.end_phase();
+  if (options.faults.has(Fault::average_local_norms_over_dp)) {
+    for (RankState& state : states) run_average_phase(layout, communicator, state);
+    communicator.end_phase();
+  }
 
   GroupRefs groups(layout, run.groups);
   ClipMemo clip_memo(model, plan, options, clip_scale);
   run.ranks.reserve(ranks.size());
   for (RankState& state : states) {
     run.ranks.push_back(
-        combine(plan, units, options, state, groups, clip_memo));
+        combine(layout, plan, units, options, state, groups, clip_memo));
     state = RankState{};  // the reduced buffers are no longer needed
   }
   return result;

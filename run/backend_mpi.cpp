@@ -85,11 +85,8 @@ gradnorm::PathResult run_own_ranks(const comm::MpiSession& session, RankEngine& 
                                    const casefile::Case& c, std::unique_ptr<MpiConfigCache>& cached) {
   const topologies::LogicalModel model(c.model, c.topology);
   // Only the stats groups this case reduces over: every process derives the same list.
-  std::vector<topologies::Family> families;
-  for (const gradnorm::Child& child :
-       gradnorm::plan_optimizer(c.path.optimizer, model, c.path.faults).children)
-    if (std::find(families.begin(), families.end(), child.stats_family) == families.end())
-      families.push_back(child.stats_family);
+  const std::vector<topologies::Family> families = gradnorm::families_reduced_over(
+      gradnorm::plan_optimizer(c.path.optimizer, model, c.path.faults), c.path.faults);
   const bool new_layout = !cached || cached->config != c.topology;
   if (new_layout) {
     cached.reset();

@@ -144,6 +144,7 @@ std::string_view group_name(Family family) {
     case Family::dist_opt: return "intra_dist_opt";
     case Family::expt_tp_pp: return "expt_tp_pp";
     case Family::expt_tp_dp_pp: return "expt_tp_dp_pp";
+    case Family::expt_tp_dp: return "expt_tp_dp";
   }
   return "unknown";
 }

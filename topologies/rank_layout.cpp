@@ -16,7 +16,7 @@ struct FamilySpec {
 };
 
 // The token sets initialize_model_parallel passes to RankGenerator.get_ranks.
-constexpr std::array<FamilySpec, 16> kGridFamilies = {{
+constexpr std::array<FamilySpec, 17> kGridFamilies = {{
     {Family::tp, "tp", false, {true, false, false, false, false}},
     {Family::cp, "cp", false, {false, true, false, false, false}},
     {Family::dp, "dp", false, {false, false, false, true, false}},
@@ -33,6 +33,7 @@ constexpr std::array<FamilySpec, 16> kGridFamilies = {{
     {Family::expt_tp_ep_pp, "expt-tp-ep-pp", true, {true, false, true, false, true}},
     {Family::expt_tp_pp, "expt-tp-pp", true, {true, false, false, false, true}},
     {Family::expt_tp_dp_pp, "expt-tp-dp-pp", true, {true, false, false, true, true}},
+    {Family::expt_tp_dp, "expt-tp-dp", true, {true, false, false, true, false}},
 }};
 
 }  // namespace

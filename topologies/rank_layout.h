@@ -37,8 +37,9 @@ enum class Family : std::uint8_t {
   // Not Megatron-LM groups: the groups a faulty path reduces over when it misses an axis.
   expt_tp_pp,     // expt-tp-ep-pp without the EP axis
   expt_tp_dp_pp,  // the world without the EP axis
+  expt_tp_dp,     // one pipeline stage without the EP axis
 };
-inline constexpr int kFamilyCount = 19;
+inline constexpr int kFamilyCount = 20;
 // The groups Megatron-LM creates, in the order `tally topo` prints them.
 inline constexpr std::array<Family, 17> kMegatronFamilies = {
     Family::tp,         Family::cp,         Family::dp,      Family::dp_cp,
@@ -51,7 +52,7 @@ inline constexpr std::array<Family, kFamilyCount> kAllFamilies = {
     Family::pp,         Family::tp_pp,      Family::tp_cp,   Family::tp_dp_cp,
     Family::tp_dp,      Family::expt_tp,    Family::expt_ep, Family::expt_dp,
     Family::expt_tp_ep, Family::expt_tp_ep_pp, Family::embedding, Family::world,
-    Family::dist_opt,   Family::expt_tp_pp, Family::expt_tp_dp_pp};
+    Family::dist_opt,   Family::expt_tp_pp, Family::expt_tp_dp_pp, Family::expt_tp_dp};
 
 std::string_view family_name(Family family);  // "tp", "dp-cp", "expt-tp-ep-pp", ...
 std::optional<Family> family_from_name(std::string_view name);

@@ -163,6 +163,18 @@ inline std::vector<FaultCase> fault_cases() {
   add(Fault::distopt_padding_counted, "distributed optimizer, DP 2, three elements",
       config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {3})}),
       ones(OptimizerModel::distributed), ParamClass::replicated, false);
+  {
+    gradnorm::PathOptions clipped = ones(OptimizerModel::plain);
+    clipped.max_norm = 1.0;
+    add(Fault::clip_per_stage_norm, "torchtitan #649 review: PP 2, each stage clipped alone",
+        config_of(2, 1, 2, 1, 1), dense_model(2), clipped, ParamClass::column, false);
+    add(Fault::clip_per_ep_group_norm, "ColossalAI #2192: EP 2, the clip norm not reduced over EP",
+        config_of(2, 1, 1, 2, 1), small_moe(2), clipped, ParamClass::expert_column, false);
+  }
+  add(Fault::average_local_norms_over_dp,
+      "DeepSpeed #8475: EP 2, each rank's norm averaged over data parallel",
+      config_of(2, 1, 1, 2, 1), small_moe(2), ones(OptimizerModel::plain), ParamClass::expert_column,
+      false);
   add(Fault::distopt_overlapping_shards, "distributed optimizer, DP 2, four elements",
       config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {4})}),
       ones(OptimizerModel::distributed), ParamClass::replicated);

@@ -147,6 +147,7 @@ int expected_size(const ParallelConfig& c, Family family) {
     case Family::dist_opt: return c.world / c.dist_opt_instances;
     case Family::expt_tp_pp: return c.etp * c.pp;
     case Family::expt_tp_dp_pp: return c.etp * edp * c.pp;
+    case Family::expt_tp_dp: return c.etp * edp;
   }
   return -1;
 }
@@ -285,6 +286,8 @@ RC_GTEST_PROP(RankLayoutProperty, CompositeGroupsShareTheComplementCoordinates, 
             members([&](const Coordinates& y) { return y.edp == x.edp && y.ep == x.ep; }));
   RC_ASSERT(ranks_of(Family::expt_tp_dp_pp) ==
             members([&](const Coordinates& y) { return y.ep == x.ep; }));
+  RC_ASSERT(ranks_of(Family::expt_tp_dp) ==
+            members([&](const Coordinates& y) { return y.ep == x.ep && y.pp == x.pp; }));
 }
 
 }  // namespace
