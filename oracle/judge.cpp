@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 
 #include "oracle/clipped.h"
 #include "oracle/diagnosis.h"
@@ -24,17 +25,29 @@ struct Sample {
   double bound = 0.0;
 };
 
+// How far off a sample is relative to its expectation (NaN is the farthest): ranks whose error
+// ratios tie, as every inexact value under an exact bound does, are told apart by it.
+double relative_error(const Sample& s) {
+  if (std::isnan(s.got) || std::isnan(s.expected)) return std::numeric_limits<double>::infinity();
+  const double error = std::abs(s.got - s.expected);
+  return s.expected == 0.0 ? error : error / std::abs(s.expected);
+}
+
 // The worst rank of one statistic: the largest error / bound (an inexact value where the bound
-// is 0 counts as infinitely bad). Ranks that did not report the value are not samples.
+// is 0 counts as infinitely bad), then the largest relative error, then the lowest rank. Ranks
+// that did not report the value are not samples.
 std::optional<StatisticCheck> worst(std::string name, const std::vector<Sample>& samples) {
   if (samples.empty()) return std::nullopt;
   StatisticCheck check;
   check.name = std::move(name);
   double worst_ratio = -1.0;
+  double worst_relative = -1.0;
   for (const Sample& s : samples) {
     const double ratio = error_ratio(s.got, s.expected, s.bound);
-    if (ratio > worst_ratio) {
+    const double relative = relative_error(s);
+    if (ratio > worst_ratio || (ratio == worst_ratio && relative > worst_relative)) {
       worst_ratio = ratio;
+      worst_relative = relative;
       check.got = s.got;
       check.expected = s.expected;
       check.bound = s.bound;

@@ -168,6 +168,34 @@ TEST(Judge, EveryChildsClipCoefficientIsJudged) {
   EXPECT_EQ(clip->rank, 0);
 }
 
+// A run where one rank is a hair off and another ten times off shows the ten times, under the
+// model target's exact bounds (both errors are infinitely many bounds) and under tally check's
+// relative tolerance alike.
+TEST(Judge, TheHeadlineOfAStatisticIsItsWorstRank) {
+  casefile::Case c = clipped_case();
+  c.topology = testing::config_of(8, 2, 1, 2, 1);
+  record::RunRecord run = *run::run_case_with_record(c).record;
+  ASSERT_EQ(run.ranks.size(), 8u);
+  const double norm = *run.ranks[0].reported.norm;
+  run.ranks[1].reported.norm = norm * (1 + 5e-5);
+  run.ranks[2].reported.norm = norm * 10;
+  auto headline = [](const Verdict& verdict) {
+    return *std::find_if(verdict.stats.begin(), verdict.stats.end(),
+                         [](const StatisticCheck& s) { return s.name == "l2"; });
+  };
+  const StatisticCheck exact = headline(rejudge(c, run));
+  EXPECT_FALSE(exact.ok);
+  EXPECT_EQ(exact.rank, 2);
+  EXPECT_EQ(exact.got, norm * 10);
+
+  oracle::Bounds relative;
+  relative.rtol = 1e-6;
+  const topologies::LogicalModel model(c.model, c.topology);
+  const StatisticCheck loose =
+      headline(judge(run, run::truth_of(model, c.path), relative, nullptr, JudgeOptions{}));
+  EXPECT_EQ(loose.rank, 2);
+}
+
 TEST(Judge, RanksThatReportDifferentBitsDisagree) {
   const casefile::Case c = clipped_case();
   record::RunRecord run = *run::run_case_with_record(c).record;
