@@ -117,6 +117,28 @@ void read_optimizer(const json& value, const std::string& path, gradnorm::PathOp
               "the optimizer");
 }
 
+// {"param": NAME, "gradient": G} or {"class": CLASS, "gradient": G} (model_json.h reads G).
+gradnorm::StatedFor read_stated_for(const json& value, const std::string& path) {
+  gradnorm::StatedFor s;
+  read_object(value, path,
+              {{"param",
+                [&](const json& v, const std::string& p) { s.param = read_string(v, p, topologies::kMaxNameLength); }},
+               {"class",
+                [&](const json& v, const std::string& p) {
+                  s.param_class = topologies::kAllParamClasses[static_cast<std::size_t>(read_choice(
+                      v, p, names_of(topologies::kAllParamClasses, topologies::class_name)))];
+                }},
+               {"gradient",
+                [&](const json& v, const std::string& p) {
+                  s.gradient = stated_gradient_from_json(v, p);
+                }}},
+              "a stated gradient", {"gradient"});
+  if (s.param.empty() == !s.param_class.has_value())
+    fail(path, std::string("name either \"param\" (a logical param) or \"class\", not ") +
+                   (s.param.empty() ? "neither" : "both"));
+  return s;
+}
+
 void read_gradients(const json& value, const std::string& path, gradnorm::GradientSpec& g) {
   read_object(
       value, path,
@@ -147,6 +169,11 @@ void read_gradients(const json& value, const std::string& path, gradnorm::Gradie
                              }
                              g.class_mask |= gradnorm::class_bit(*c);
                            });
+        }},
+       {"stated",
+        [&](const json& v, const std::string& p) {
+          const json& list = read_array(v, p, std::size_t{1} << 16);
+          for (std::size_t i = 0; i < list.size(); ++i) g.stated.push_back(read_stated_for(list[i], p + "[" + std::to_string(i) + "]"));
         }}},
       "the gradients");
 }
@@ -346,6 +373,17 @@ ordered_json case_to_json(const Case& c) {
     for (topologies::ParamClass pc : topologies::kAllParamClasses)
       if (o.gradients.class_mask & gradnorm::class_bit(pc)) classes.push_back(topologies::class_name(pc));
     gradients["classes"] = std::move(classes);
+  }
+  if (!o.gradients.stated.empty()) {
+    ordered_json stated = ordered_json::array();
+    for (const gradnorm::StatedFor& s : o.gradients.stated) {
+      ordered_json entry;
+      if (s.param_class) entry["class"] = topologies::class_name(*s.param_class);
+      else entry["param"] = s.param;
+      entry["gradient"] = stated_gradient_to_json(s.gradient);
+      stated.push_back(std::move(entry));
+    }
+    gradients["stated"] = std::move(stated);
   }
   j["gradients"] = std::move(gradients);
   j["statistics"] = {{"accumulation", kernels::accumulation_name(o.accumulation)},

@@ -98,6 +98,8 @@ CustomParam read_custom_param(const json& value, const std::string& path) {
       {"expert", [&p](const json& v, const std::string& at) { p.expert = read_int(v, at, 0); }},
       {"mtp", [&p](const json& v, const std::string& at) { p.mtp = read_bool(v, at); }},
       {"tied", [&p](const json& v, const std::string& at) { p.tied = read_bool(v, at); }},
+      {"gradient",
+       [&p](const json& v, const std::string& at) { p.gradient = stated_gradient_from_json(v, at); }},
   };
   read_object(value, path, fields, "a custom param", {"name", "class", "shape"});
   return p;
@@ -123,6 +125,38 @@ std::vector<Field> custom_fields(ModelSpec& s) {
 
 }  // namespace
 
+topologies::StatedGradient stated_gradient_from_json(const json& value, const std::string& path) {
+  topologies::StatedGradient g;
+  if (value.is_number()) {
+    g.kind = topologies::StatedGradient::Kind::constant;
+    g.number = read_number(value, path);
+  } else if (value.is_object()) {
+    g.kind = topologies::StatedGradient::Kind::scale;
+    read_object(value, path, {{"scale", [&](const json& v, const std::string& at) { g.number = read_number(v, at); }}},
+                "a stated gradient", {"scale"});
+  } else if (value.is_array()) {
+    g.kind = topologies::StatedGradient::Kind::values;
+    const json& list = read_array(value, path, static_cast<std::size_t>(topologies::kMaxStatedValues));
+    if (list.empty()) fail(path, "expected one number per element, got an empty array");
+    g.values.reserve(list.size());
+    for (std::size_t i = 0; i < list.size(); ++i)
+      g.values.push_back(read_number(list[i], path + "[" + std::to_string(i) + "]"));
+  } else {
+    fail(path, "expected a number (every element), {\"scale\": x} or an array of one number per "
+               "element, got " + shown(value));
+  }
+  return g;
+}
+
+nlohmann::ordered_json stated_gradient_to_json(const topologies::StatedGradient& g) {
+  switch (g.kind) {
+    case topologies::StatedGradient::Kind::constant: return g.number;
+    case topologies::StatedGradient::Kind::scale: return {{"scale", g.number}};
+    case topologies::StatedGradient::Kind::values: return g.values;
+  }
+  return nullptr;
+}
+
 nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
   nlohmann::ordered_json j;
   j["kind"] = topologies::model_kind_name(s.kind);
@@ -139,6 +173,7 @@ nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
       if (p.expert >= 0) q["expert"] = p.expert;
       if (p.mtp) q["mtp"] = true;
       if (p.tied) q["tied"] = true;
+      if (p.gradient) q["gradient"] = stated_gradient_to_json(*p.gradient);
       params.push_back(std::move(q));
     }
     j["params"] = std::move(params);

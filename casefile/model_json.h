@@ -23,6 +23,12 @@ class ModelJsonError : public std::invalid_argument {
 // custom layout. model_spec_from_json(model_spec_to_json(s)) == s.
 nlohmann::ordered_json model_spec_to_json(const topologies::ModelSpec& spec);
 
+// A stated gradient (topologies::StatedGradient): a number (a constant for every element),
+// {"scale": x} (the generated values times x), or an array of one number per element. Throws the
+// reader's error naming `path`; the rules that need the model are gradnorm::check_stated's.
+topologies::StatedGradient stated_gradient_from_json(const nlohmann::json& json, const std::string& path);
+nlohmann::ordered_json stated_gradient_to_json(const topologies::StatedGradient& gradient);
+
 // Throws ModelJsonError; `path` prefixes every message ("model", "case.model", ...).
 topologies::ModelSpec model_spec_from_json(const nlohmann::json& json,
                                            std::string_view path = "model");

@@ -1,4 +1,5 @@
 // tally run: one case, from flags or a case file; the verdict and the diagnosis.
+#include <cmath>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -38,6 +39,7 @@ struct RunOptions {
   std::string grad_dtype = "fp32";
   std::uint64_t seed = 1;
   std::vector<std::string> grad_classes;
+  std::vector<std::string> grad_values;
   std::string accumulation = "fp64";
   std::vector<double> p_norms;
   double max_norm = 1.0;
@@ -75,6 +77,48 @@ std::uint32_t parse_classes(const std::vector<std::string>& names) {
   return mask;
 }
 
+// "NAME=0.1", "expert-row-bias=x3", "w=[1,2,3,4]": the gradients a bug report states for a param
+// (by its logical name) or a class.
+gradnorm::StatedFor parse_grad_value(const std::string& text) {
+  const std::string flag = "--grad-value '" + text + "'";
+  const std::size_t eq = text.rfind('=', text.find('['));
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
+    throw UsageError(flag + ": expected PARAM=VALUE or CLASS=VALUE, VALUE a number, xFACTOR or "
+                            "[v1,v2,...] (one per element)");
+  gradnorm::StatedFor s;
+  const std::string selector = text.substr(0, eq);
+  if (const std::optional<topologies::ParamClass> c = topologies::class_from_name(selector)) s.param_class = c;
+  else s.param = selector;
+  const std::string value = text.substr(eq + 1);
+  auto number = [&](const std::string& item) {
+    std::size_t used = 0;
+    double v = 0.0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || !std::isfinite(v))
+      throw UsageError(flag + ": '" + item + "' is not a finite number");
+    return v;
+  };
+  if (value.front() == 'x' || value.front() == '*') {
+    s.gradient.kind = topologies::StatedGradient::Kind::scale;
+    s.gradient.number = number(value.substr(1));
+  } else if (value.front() == '[') {
+    if (value.back() != ']') throw UsageError(flag + ": a list is written [v1,v2,...]");
+    s.gradient.kind = topologies::StatedGradient::Kind::values;
+    std::stringstream items(value.substr(1, value.size() - 2));
+    std::string item;
+    while (std::getline(items, item, ',')) s.gradient.values.push_back(number(item));
+    if (s.gradient.values.empty()) throw UsageError(flag + ": the list is empty");
+  } else {
+    s.gradient.kind = topologies::StatedGradient::Kind::constant;
+    s.gradient.number = number(value);
+  }
+  return s;
+}
+
 casefile::Case case_from_flags(const RunOptions& o) {
   if (o.topology.world == 0) throw UsageError("--world is required (or give a case file)");
   casefile::Case c;
@@ -91,6 +135,7 @@ casefile::Case case_from_flags(const RunOptions& o) {
       "--grad-dtype", o.grad_dtype, kernels::dtype_from_name, "fp32, bf16, fp16");
   path.gradients.generator.seed = o.seed;
   path.gradients.class_mask = parse_classes(o.grad_classes);
+  for (const std::string& text : o.grad_values) path.gradients.stated.push_back(parse_grad_value(text));
   path.accumulation = parse_choice<kernels::Accumulation>(
       "--accumulation", o.accumulation, kernels::accumulation_from_name, "fp32, fp64");
   path.p_values = o.p_norms;
@@ -198,6 +243,11 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                       "Only these param classes get gradients, the rest are zero "
                       "(e.g. expert-row-bias)")
       ->delimiter(',');
+  command->add_option("--grad-value", options->grad_values,
+                      "State a param's gradients as a bug report gives them (repeatable; a later "
+                      "one wins): NAME=0.1 (every element), NAME=x3 (the generated values times "
+                      "3) or NAME=[1,2,3,4] (one per element, row-major); NAME is a logical param "
+                      "(tally layout lists them) or a class (expert-row-bias=0.1)");
   command->add_option("--accumulation", options->accumulation, "Local sums in fp64 or fp32")
       ->capture_default_str();
   command->add_option("--p-norms", options->p_norms, "Extra p-norms to check (e.g. 1,3)")

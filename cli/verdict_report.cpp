@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "gradnorm/faults.h"
+#include "gradnorm/gradients.h"
 #include "kernels/gradient_generator.h"
 
 namespace tally::cli {
@@ -36,6 +37,12 @@ std::string times_text(std::int64_t counted, std::int64_t expected) {
          " elements)";
 }
 
+// " (stated: p0 = 0.1, expert-row-bias x 3)" or "".
+std::string stated_text(const casefile::Case& c) {
+  const std::string stated = gradnorm::describe_stated(c.path.gradients, c.model);
+  return stated.empty() ? "" : " (stated: " + stated + ")";
+}
+
 }  // namespace
 
 std::string case_summary(const casefile::Case& c) {
@@ -51,6 +58,7 @@ std::string case_summary(const casefile::Case& c) {
       << kernels::mode_name(c.path.gradients.generator.mode) << " "
       << kernels::dtype_name(c.path.gradients.generator.dtype) << " seed "
       << c.path.gradients.generator.seed << classes_text(c.path.gradients.class_mask)
+      << stated_text(c)
       << ", accumulation " << kernels::accumulation_name(c.path.accumulation);
   if (c.path.max_norm > 0) out << ", max_norm " << record::all_digits(c.path.max_norm);
   if (c.path.optimizer == gradnorm::OptimizerModel::distributed && c.path.bucket_elements > 0)

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "gradnorm/gradients.h"
 #include "topologies/sharding.h"
 
 namespace tally::gradnorm {
@@ -82,6 +83,31 @@ struct UnitState {
   std::vector<double> clip_squares;
 };
 
+// Each logical param's generator, and which of the run's distinct generators it is: shards of
+// one generator go to the kernels in one call.
+struct ParamGradients {
+  std::vector<kernels::GeneratorSpec> spec;  // by logical param id
+  std::vector<int> kind;                     // by logical param id: index into `distinct`
+  std::vector<kernels::GeneratorSpec> distinct;
+};
+
+ParamGradients param_gradients(const GradientSpec& gradients, const topologies::LogicalModel& model) {
+  ParamGradients out;
+  out.spec = param_generators(gradients, model);
+  out.kind.reserve(out.spec.size());
+  for (const kernels::GeneratorSpec& spec : out.spec) {
+    const auto found = std::find(out.distinct.begin(), out.distinct.end(), spec);
+    out.kind.push_back(static_cast<int>(found - out.distinct.begin()));
+    if (found == out.distinct.end()) out.distinct.push_back(spec);
+  }
+  return out;
+}
+
+// Stated values are hand-written and small: the CPU computes them whatever the backend's kernels.
+kernels::LocalStatsFn stats_fn_for(const kernels::GeneratorSpec& gen, kernels::LocalStatsFn local_stats) {
+  return kernels::states_values(gen) ? kernels::local_stats_cpu : local_stats;
+}
+
 // Local statistics are a pure function of (shards, generator, options): the data-parallel
 // replicas of a rank hold identical shards, so the in-process backend computes them once.
 class StatsMemo {
@@ -91,6 +117,9 @@ class StatsMemo {
                             kernels::LocalStatsFn local_stats) {
     key_.clear();
     key_.push_back(static_cast<std::int64_t>(gen.mode));
+    key_.push_back(static_cast<std::int64_t>(gen.stated.kind));
+    key_.push_back(std::bit_cast<std::int64_t>(gen.stated.number));
+    key_.push_back(static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(gen.stated.list)));
     key_.push_back(static_cast<std::int64_t>(options.p_values.size()));
     for (const kernels::ShardDesc& shard : shards) {
       key_.push_back(static_cast<std::int64_t>(shard.param_id));
@@ -103,7 +132,7 @@ class StatsMemo {
       key_.push_back(shard.range ? shard.range->end : -1);
     }
     auto [entry, fresh] = memo_.try_emplace(key_);
-    if (fresh) entry->second = local_stats(shards, gen, options).total;
+    if (fresh) entry->second = stats_fn_for(gen, local_stats)(shards, gen, options).total;
     return entry->second;
   }
 
@@ -234,8 +263,8 @@ class HeldMemo {
 
 void run_local_phase(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
                      const PathOptions& options, const OptimizerPlan& plan,
-                     const std::vector<Unit>& units, comm::Communicator& communicator,
-                     kernels::LocalStatsFn local_stats, StatsMemo& memo,
+                     const std::vector<Unit>& units, const ParamGradients& gradients,
+                     comm::Communicator& communicator, kernels::LocalStatsFn local_stats, StatsMemo& memo,
                      record::LocalRecordPool& pool, RankState& state, HeldMemo& held_memo,
                      Ownership& ownership, record::LocalRecord& decisions) {
   const FaultSet& faults = options.faults;
@@ -253,10 +282,12 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     for (int c : units[u].children) unit_of_child[c] = u;
 
   const std::size_t p_count = options.p_values.size();
-  // Per unit and per statistic group: shards whose class has generated gradients, and shards
-  // whose gradients are all zero.
+  // Per unit and per statistic group, the shards of each of the run's distinct generators.
   enum Bin : int { kMain = 0, kMtp, kUncounted, kBins };
-  std::vector<std::array<std::array<std::vector<kernels::ShardDesc>, 2>, kBins>> shards(units.size());
+  const std::size_t kinds = gradients.distinct.size();
+  std::vector<std::array<std::vector<std::vector<kernels::ShardDesc>>, kBins>> shards(units.size());
+  for (auto& unit_bins : shards)
+    for (auto& bin : unit_bins) bin.resize(kinds);
   state.units.resize(units.size());
   for (std::size_t u = 0; u < units.size(); ++u) {
     UnitState& unit = state.units[u];
@@ -286,11 +317,11 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     const int u = unit_of_child[param.child];
     const kernels::ShardDesc shard =
         shard_desc(logical, decisions.params[static_cast<std::size_t>(piece.local_index)].box, piece.range);
-    const int generated = (options.gradients.class_mask & class_bit(logical.param_class)) ? 0 : 1;
+    const int kind = gradients.kind[static_cast<std::size_t>(logical.id)];
     const Bin bin = share == NormShare::zeros_only ? kUncounted  // still in the zero count
                     : share == NormShare::mtp      ? kMtp
                                                    : kMain;
-    shards[u][bin][generated].push_back(shard);
+    shards[u][bin][static_cast<std::size_t>(kind)].push_back(shard);
   }
   state.local = pool.intern(decisions);
 
@@ -299,17 +330,26 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
   stats_options.p_values = options.p_values;
   kernels::StatsOptions mtp_options;
   mtp_options.accumulation = options.accumulation;
-  kernels::GeneratorSpec zero = options.gradients.generator;
-  zero.mode = kernels::GradientMode::zeros;
-  const kernels::GeneratorSpec gens[2] = {options.gradients.generator, zero};
-  // Local statistics of one bin: the generated shards, then the all-zero ones.
-  auto stats_of = [&](const std::array<std::vector<kernels::ShardDesc>, 2>& bin,
+  // Local statistics of one bin: one kernel call per generator, in the order of the run's first
+  // use of each (the case's generator first for a model without stated gradients).
+  auto stats_of = [&](const std::vector<std::vector<kernels::ShardDesc>>& bin,
                       const kernels::StatsOptions& bin_options) {
-    kernels::Stats total = memo.get(bin[0], gens[0], bin_options, local_stats);
-    if (!bin[1].empty()) {
-      const kernels::Stats& zeros = memo.get(bin[1], gens[1], bin_options, local_stats);
-      total.zeros += zeros.zeros;
-      total.elements += zeros.elements;
+    kernels::Stats total;
+    total.p_sums.assign(bin_options.p_values.size(), 0.0);
+    bool first = true;
+    for (std::size_t k = 0; k < bin.size(); ++k) {
+      if (bin[k].empty() && !first) continue;
+      const kernels::Stats& part = memo.get(bin[k], gradients.distinct[k], bin_options, local_stats);
+      if (first) {
+        total = part;
+        first = false;
+        continue;
+      }
+      total.sum_squares += part.sum_squares;
+      total.abs_max = std::max(total.abs_max, part.abs_max);
+      total.zeros += part.zeros;
+      total.elements += part.elements;
+      for (std::size_t i = 0; i < total.p_sums.size(); ++i) total.p_sums[i] += part.p_sums[i];
     }
     return total;
   };
@@ -334,7 +374,8 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
 
     // #5530: a rank with no gradients returned before the collective.
     bool empty = true;
-    for (const auto& bin : shards[u]) empty = empty && bin[0].empty() && bin[1].empty();
+    for (const auto& bin : shards[u])
+      for (const auto& kind_shards : bin) empty = empty && kind_shards.empty();
     if (faults.has(Fault::empty_rank_skips_collective) && empty) continue;
     communicator.all_reduce(rank, unit.group, unit.sums, comm::ReduceOp::sum, "grad-norm sums");
     communicator.all_reduce(rank, unit.group, unit.maxima, comm::ReduceOp::max, "grad-norm max");
@@ -380,8 +421,8 @@ double clip_coefficient(double max_norm, double norm) {
 class ClipMemo {
  public:
   ClipMemo(const topologies::LogicalModel& model, const OptimizerPlan& plan,
-           const PathOptions& options, kernels::ClipScaleFn clip_scale)
-      : model_(model), plan_(plan), options_(options), clip_scale_(clip_scale) {}
+           const ParamGradients& gradients, kernels::ClipScaleFn clip_scale)
+      : model_(model), plan_(plan), gradients_(gradients), clip_scale_(clip_scale) {}
 
   // `child_clip`: each child's coefficient; `mtp_clip`: the MTP norm's.
   std::shared_ptr<const record::ClippedValues> clip(const std::shared_ptr<const record::LocalRecord>& local,
@@ -407,17 +448,18 @@ class ClipMemo {
       if (found != values_.end()) {
         (*out)[i].data = found->second;
       } else {
-        missing[{generated(logical), coefficient}].push_back(i);
+        missing[{gradients_.kind[static_cast<std::size_t>(logical.id)], coefficient}].push_back(i);
       }
     }
     for (const auto& [what, indices] : missing) {
       std::vector<kernels::ShardDesc> shards;
       for (std::size_t i : indices) shards.push_back(shard_of(local->params[i]));
-      kernels::GeneratorSpec gen = options_.gradients.generator;
-      if (what.first != 0) gen.mode = kernels::GradientMode::zeros;
-      // One buffer per kernel call; each param's values alias their part of it.
+      const kernels::GeneratorSpec& gen = gradients_.distinct[static_cast<std::size_t>(what.first)];
+      // One buffer per kernel call; each param's values alias their part of it. Stated values
+      // are clipped on the CPU, as their statistics are computed.
+      const kernels::ClipScaleFn clip_scale = kernels::states_values(gen) ? kernels::clip_scale_cpu : clip_scale_;
       const auto all = std::make_shared<const std::vector<float>>(
-          clip_scale_(shards, gen, kernels::ClipSpec{static_cast<float>(what.second), {}}));
+          clip_scale(shards, gen, kernels::ClipSpec{static_cast<float>(what.second), {}}));
       std::size_t at = 0;
       for (std::size_t k = 0; k < indices.size(); ++k) {
         const std::size_t n = static_cast<std::size_t>(kernels::visited_numel(shards[k]));
@@ -447,17 +489,13 @@ class ClipMemo {
     double mtp_clip;
     friend auto operator<=>(const RankKey&, const RankKey&) = default;
   };
-  // 0: the param's class has generated gradients; 1: they are all zero (outside the mask).
-  int generated(const topologies::LogicalParam& logical) const {
-    return (options_.gradients.class_mask & class_bit(logical.param_class)) ? 0 : 1;
-  }
   kernels::ShardDesc shard_of(const record::LocalParam& param) const {
     return shard_desc(model_.param(param.tensor), param.box, {0, param.box.numel()});
   }
 
   const topologies::LogicalModel& model_;
   const OptimizerPlan& plan_;
-  const PathOptions& options_;
+  const ParamGradients& gradients_;
   kernels::ClipScaleFn clip_scale_;
   std::map<RankKey, std::shared_ptr<const record::ClippedValues>> by_rank_;
   std::map<BoxKey, std::shared_ptr<const float>> values_;
@@ -594,6 +632,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   run.world = layout.world();
   describe_run(model, options, plan, run);
 
+  const ParamGradients gradients = param_gradients(options.gradients, model);
   std::vector<RankState> states(ranks.size());
   HeldMemo held(model, layout, plan, options.faults);
   Ownership ownership;
@@ -602,7 +641,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   record::LocalRecord decisions;  // one rank's, before the pool shares it
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     states[i].rank = ranks[i];
-    run_local_phase(model, layout, options, plan, units, communicator, local_stats, memo, pool,
+    run_local_phase(model, layout, options, plan, units, gradients, communicator, local_stats, memo, pool,
                     states[i], held, ownership, decisions);
   }
   communicator.end_phase();
@@ -612,7 +651,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   }
 
   GroupRefs groups(layout, run.groups);
-  ClipMemo clip_memo(model, plan, options, clip_scale);
+  ClipMemo clip_memo(model, plan, gradients, clip_scale);
   run.ranks.reserve(ranks.size());
   for (RankState& state : states) {
     run.ranks.push_back(

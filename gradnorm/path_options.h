@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "gradnorm/faults.h"
@@ -14,21 +16,27 @@
 
 namespace tally::gradnorm {
 
+// Stated gradients for the params one selector names: a logical param by its name, or every
+// param of a class.
+struct StatedFor {
+  std::string param;                               // a logical param's name, or ""
+  std::optional<topologies::ParamClass> param_class;  // when `param` is ""
+  topologies::StatedGradient gradient;
+  friend bool operator==(const StatedFor&, const StatedFor&) = default;
+};
+
 // Which params get generated gradients; the others have all-zero gradients (the selective
 // invariant of docs/megatron-reference.md §7: only one class non-zero isolates that class's rule).
+// A custom layout's own `gradient` for a param overrides both, and `stated` overrides all of them
+// for the params it names, in order (a later entry wins).
 struct GradientSpec {
   kernels::GeneratorSpec generator;
   std::uint32_t class_mask = ~std::uint32_t{0};  // bit i: topologies::ParamClass i
+  std::vector<StatedFor> stated;
   friend bool operator==(const GradientSpec&, const GradientSpec&) = default;
 };
 inline std::uint32_t class_bit(topologies::ParamClass c) {
   return std::uint32_t{1} << static_cast<int>(c);
-}
-// The generator a param of class `c` reads: zeros for a class outside the mask.
-inline kernels::GeneratorSpec generator_for(const GradientSpec& gradients, topologies::ParamClass c) {
-  kernels::GeneratorSpec spec = gradients.generator;
-  if (!(gradients.class_mask & class_bit(c))) spec.mode = kernels::GradientMode::zeros;
-  return spec;
 }
 
 struct PathOptions {

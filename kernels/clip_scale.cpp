@@ -21,6 +21,16 @@ std::vector<float> clip_scale_cpu(std::span<const ShardDesc> shards, const Gener
   float* next = out.data();
   for (const ShardDesc& shard : shards) {
     const std::uint64_t key = stream_key(gen.seed, shard.param_id);
+    if (states_values(gen)) {
+      detail::for_each_run(shard, [&](std::uint64_t first, std::int64_t count) {
+        for (std::int64_t k = 0; k < count; ++k) {
+          const float g = stated_value(gen, key, first + static_cast<std::uint64_t>(k));
+          *next++ = clip.store_as ? apply_clip(g, clip.coefficient, *clip.store_as)
+                                  : apply_clip(g, clip.coefficient);
+        }
+      });
+      continue;
+    }
     detail::with_mode_and_dtype(gen.mode, gen.dtype, [&]<GradientMode M, Dtype D>() {
       detail::for_each_run(shard, [&](std::uint64_t first, std::int64_t count) {
         for (std::int64_t k = 0; k < count; ++k) {

@@ -136,13 +136,30 @@ inline std::optional<Dtype> dtype_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-// The generator settings of one case.
+// Values a case states for one param instead of generating them, as a bug report gives them
+// (gradnorm::param_generators resolves them per param). The stated double is rounded once to the
+// dtype, like a generated one. Host only: the CUDA kernels refuse a spec that states values, and
+// the path computes those params on the CPU.
+struct StatedValues {
+  enum class Kind : std::uint8_t { none, constant, scaled, listed };
+  Kind kind = Kind::none;
+  double number = 0.0;           // constant: the value; scaled: the factor on the generated value
+  const double* list = nullptr;  // listed: one value per element of the logical tensor, row-major;
+  std::int64_t count = 0;        // the list belongs to the case, which outlives every spec
+  friend bool operator==(const StatedValues&, const StatedValues&) = default;
+};
+
+// The generator settings of one case (or, with `stated`, of one param).
 struct GeneratorSpec {
   std::uint64_t seed = 0;
   GradientMode mode = GradientMode::normal;
   Dtype dtype = Dtype::fp32;
+  StatedValues stated;
   friend bool operator==(const GeneratorSpec&, const GeneratorSpec&) = default;
 };
+inline bool states_values(const GeneratorSpec& spec) {
+  return spec.stated.kind != StatedValues::Kind::none;
+}
 
 namespace detail {
 
@@ -463,9 +480,29 @@ TALLY_HOST_DEVICE inline float stored_value(GradientMode mode, Dtype dtype, std:
   return mode_is_exact(mode) ? static_cast<float>(value) : round_to(value, dtype);
 }
 
+#if !defined(__CUDA_ARCH__)
+// The stored value of element `element` of a param whose values the case states (host only).
+inline float stated_value(const GeneratorSpec& spec, std::uint64_t key, std::uint64_t element) {
+  const StatedValues& s = spec.stated;
+  switch (s.kind) {
+    case StatedValues::Kind::constant: return round_to(s.number, spec.dtype);
+    case StatedValues::Kind::scaled:
+      return round_to(generated_value(spec.mode, key, element) * s.number, spec.dtype);
+    case StatedValues::Kind::listed:
+      return element < static_cast<std::uint64_t>(s.count) ? round_to(s.list[element], spec.dtype)
+                                                           : 0.0f;
+    case StatedValues::Kind::none: break;
+  }
+  return stored_value(spec.mode, spec.dtype, key, element);
+}
+#endif
+
 // Element `element` (row-major index in the logical tensor) of logical parameter `param`.
 TALLY_HOST_DEVICE inline float gradient_value(const GeneratorSpec& spec, std::uint64_t param,
                                               std::uint64_t element) {
+#if !defined(__CUDA_ARCH__)
+  if (states_values(spec)) return stated_value(spec, stream_key(spec.seed, param), element);
+#endif
   return stored_value(spec.mode, spec.dtype, stream_key(spec.seed, param), element);
 }
 

@@ -49,12 +49,25 @@ struct PowerTerm {
   }
 };
 
+// Where a pass reads its values: the generator with the mode and dtype fixed at compile time,
+// or the values a case states for the param (one switch per element: they are hand-written).
+template <GradientMode M, Dtype D>
+struct Generated {
+  std::uint64_t key;
+  float operator()(std::uint64_t element) const { return stored_value<M, D>(key, element); }
+};
+struct Stated {
+  const GeneratorSpec* spec;
+  std::uint64_t key;
+  float operator()(std::uint64_t element) const { return stated_value(*spec, key, element); }
+};
+
 // One additive statistic over one shard in the documented order; with kExtras it also keeps the
 // abs-max and the zero count (exact, per lane only so that the loop vectorises).
-template <GradientMode M, Dtype D, class A, class Term, bool kExtras>
+template <class Source, class A, class Term, bool kExtras>
 class ShardPass {
  public:
-  ShardPass(std::uint64_t key, Term term) : key_(key), term_(term) {}
+  ShardPass(Source source, Term term) : source_(source), term_(term) {}
 
   void run(std::uint64_t first, std::int64_t count) {
     while (count > 0) {
@@ -85,7 +98,7 @@ class ShardPass {
 
  private:
   void add(int lane, std::uint64_t element) {
-    const float g = stored_value<M, D>(key_, element);
+    const float g = source_(element);
     lanes_[lane] += term_(static_cast<A>(g));
     if constexpr (kExtras) {
       const float magnitude = std::fabs(g);
@@ -111,7 +124,7 @@ class ShardPass {
     chunk_pos_ = 0;
   }
 
-  std::uint64_t key_;
+  Source source_;
   Term term_;
   A lanes_[kStatsLanes] = {};
   A sum_ = A(0);
@@ -121,10 +134,9 @@ class ShardPass {
 };
 
 // All statistics of one shard; the p-sums are one further pass each.
-template <GradientMode M, Dtype D, class A>
-void shard_stats(const ShardDesc& shard, std::uint64_t key, std::span<const double> p_values,
-                 Stats& out) {
-  ShardPass<M, D, A, SquareTerm<A>, true> main_pass(key, SquareTerm<A>{});
+template <class Source, class A>
+void shard_stats(const ShardDesc& shard, Source source, std::span<const double> p_values, Stats& out) {
+  ShardPass<Source, A, SquareTerm<A>, true> main_pass(source, SquareTerm<A>{});
   for_each_run(shard,
                [&](std::uint64_t first, std::int64_t count) { main_pass.run(first, count); });
   out.sum_squares = static_cast<double>(main_pass.finish());
@@ -137,27 +149,42 @@ void shard_stats(const ShardDesc& shard, std::uint64_t key, std::span<const doub
     PowerTerm<A> term;
     term.p = static_cast<A>(p);
     if (p == std::floor(p) && p >= 1.0 && p <= 8.0) term.integer_p = static_cast<int>(p);
-    ShardPass<M, D, A, PowerTerm<A>, false> pass(key, term);
+    ShardPass<Source, A, PowerTerm<A>, false> pass(source, term);
     for_each_run(shard, [&](std::uint64_t first, std::int64_t count) { pass.run(first, count); });
     out.p_sums[i] = static_cast<double>(pass.finish());
   }
 }
 
-using ShardFn = void (*)(const ShardDesc&, std::uint64_t, std::span<const double>, Stats&);
+using ShardFn = void (*)(const ShardDesc&, const GeneratorSpec&, std::uint64_t,
+                        std::span<const double>, Stats&);
+
+template <GradientMode M, Dtype D, class A>
+void generated_shard_stats(const ShardDesc& shard, const GeneratorSpec&, std::uint64_t key,
+                           std::span<const double> p_values, Stats& out) {
+  shard_stats<Generated<M, D>, A>(shard, Generated<M, D>{key}, p_values, out);
+}
+
+template <class A>
+void stated_shard_stats(const ShardDesc& shard, const GeneratorSpec& gen, std::uint64_t key,
+                        std::span<const double> p_values, Stats& out) {
+  shard_stats<Stated, A>(shard, Stated{&gen, key}, p_values, out);
+}
 
 template <GradientMode M, class A>
 ShardFn pick(Dtype dtype) {
   switch (dtype) {
-    case Dtype::fp32: return &shard_stats<M, Dtype::fp32, A>;
-    case Dtype::bf16: return &shard_stats<M, Dtype::bf16, A>;
-    case Dtype::fp16: return &shard_stats<M, Dtype::fp16, A>;
+    case Dtype::fp32: return &generated_shard_stats<M, Dtype::fp32, A>;
+    case Dtype::bf16: return &generated_shard_stats<M, Dtype::bf16, A>;
+    case Dtype::fp16: return &generated_shard_stats<M, Dtype::fp16, A>;
   }
   throw std::invalid_argument("local_stats_cpu: unknown dtype");
 }
 
 template <class A>
-ShardFn pick(GradientMode mode, Dtype dtype) {
-  switch (mode) {
+ShardFn pick(const GeneratorSpec& gen) {
+  if (states_values(gen)) return &stated_shard_stats<A>;
+  const Dtype dtype = gen.dtype;
+  switch (gen.mode) {
     case GradientMode::ones: return pick<GradientMode::ones, A>(dtype);
     case GradientMode::zeros: return pick<GradientMode::zeros, A>(dtype);
     case GradientMode::dyadic: return pick<GradientMode::dyadic, A>(dtype);
@@ -173,7 +200,7 @@ ShardFn pick(GradientMode mode, Dtype dtype) {
 template <class A>
 LocalStats combine(std::span<const ShardDesc> shards, const GeneratorSpec& gen,
                    const StatsOptions& options) {
-  const ShardFn shard_fn = pick<A>(gen.mode, gen.dtype);
+  const ShardFn shard_fn = pick<A>(gen);
   const std::size_t np = options.p_values.size();
   A sum_squares = A(0);
   std::vector<A> p_sums(np, A(0));
@@ -182,7 +209,7 @@ LocalStats combine(std::span<const ShardDesc> shards, const GeneratorSpec& gen,
   if (options.per_tensor) result.per_tensor.reserve(shards.size());
   Stats shard_result;
   for (const ShardDesc& shard : shards) {
-    shard_fn(shard, stream_key(gen.seed, shard.param_id), options.p_values, shard_result);
+    shard_fn(shard, gen, stream_key(gen.seed, shard.param_id), options.p_values, shard_result);
     // The shard sums are values of A widened to double: narrowing them back is exact.
     sum_squares += static_cast<A>(shard_result.sum_squares);
     for (std::size_t i = 0; i < np; ++i) p_sums[i] += static_cast<A>(shard_result.p_sums[i]);

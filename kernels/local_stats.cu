@@ -268,6 +268,10 @@ struct Prepared {
 Prepared prepare(std::span<const ShardDesc> shards, const GeneratorSpec& gen, const char* caller) {
   if (shards.size() > static_cast<std::size_t>(INT32_MAX))
     throw std::invalid_argument(std::string(caller) + ": more than 2^31 - 1 shards");
+  if (states_values(gen))
+    throw std::invalid_argument(std::string(caller) +
+                                ": stated gradient values (a constant, a scale or a list) are "
+                                "computed on the CPU; the path never sends them here");
   Prepared prep;
   prep.shards.reserve(shards.size());
   for (std::size_t i = 0; i < shards.size(); ++i) {

@@ -83,9 +83,7 @@ class ClippedJudge {
     FirstWrong& out = found->second;
 
     const topologies::LogicalParam& logical = gradients_.model->param(param.tensor);
-    kernels::GeneratorSpec gen = gradients_.generator;
-    if (!(gradients_.class_mask & (std::uint32_t{1} << static_cast<int>(logical.param_class))))
-      gen.mode = kernels::GradientMode::zeros;
+    const kernels::GeneratorSpec& gen = gradients_.generators[static_cast<std::size_t>(logical.id)];
     const std::uint64_t key = kernels::stream_key(gen.seed, static_cast<std::uint64_t>(logical.id));
     const record::Extents& shape = run_.tensors[static_cast<std::size_t>(param.tensor)].shape;
     // The stored values of the box, in its row-major order, run by run of the logical tensor:

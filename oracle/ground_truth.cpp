@@ -137,9 +137,8 @@ GroundTruth ground_truth(const topologies::LogicalModel& model,
   GroundTruth truth;
   truth.ledger.reserve(model.params().size());
   for (const LogicalParam& param : model.params()) {
-    kernels::GeneratorSpec spec = gradients;
-    if (!(options.class_mask & (std::uint32_t{1} << static_cast<int>(param.param_class))))
-      spec.mode = kernels::GradientMode::zeros;
+    const kernels::GeneratorSpec& spec =
+        options.generators.empty() ? gradients : options.generators.at(static_cast<std::size_t>(param.id));
     const bool keep = options.keep_stored_up_to > 0 && model.total_elements() <= options.keep_stored_up_to;
     if (keep) truth.stored.emplace_back().reserve(static_cast<std::size_t>(param.numel));
     const Accumulator acc = param_stats(param, spec, powers, keep ? &truth.stored.back() : nullptr);

@@ -13,6 +13,8 @@
 //     element against the truth's coefficient times the stored gradient (oracle/clipped.h).
 #pragma once
 
+#include <span>
+
 #include <cstdint>
 #include <optional>
 
@@ -40,8 +42,9 @@ struct Bounds {
 // gradients it recorded are then judged element by element.
 struct GradientSource {
   const topologies::LogicalModel* model = nullptr;  // the record's tensors, by id
-  kernels::GeneratorSpec generator;
-  std::uint32_t class_mask = ~std::uint32_t{0};  // classes outside it have all-zero gradients
+  // Each tensor's generator, by id (gradnorm::param_generators: zeros outside the selected
+  // classes, the values a case states).
+  std::span<const kernels::GeneratorSpec> generators;
 };
 
 struct JudgeOptions {

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gradnorm/gradients.h"
 #include "gradnorm/path_options.h"
 #include "oracle/ground_truth.h"
 #include "topologies/logical_model.h"
@@ -32,7 +33,7 @@ manifest::Attributes attributes_of(const record::Attributes& a, const record::Ru
 class StatsOfRanges {
  public:
   StatsOfRanges(const topologies::LogicalModel& model, const gradnorm::GradientSpec& gradients)
-      : model_(model), gradients_(gradients) {}
+      : model_(model), generators_(gradnorm::param_generators(gradients, model)) {}
   manifest::GradStats of(int tensor, const record::Box& box, record::ElementRange range) {
     std::vector<std::int64_t> key{tensor, range.begin, range.end};
     for (int d = 0; d < box.extent.ndim; ++d) {
@@ -42,15 +43,14 @@ class StatsOfRanges {
     auto [it, fresh] = memo_.try_emplace(std::move(key));
     if (fresh) {
       const topologies::LogicalParam& logical = model_.param(tensor);
-      it->second = oracle::range_truth(logical, box, range,
-                                       gradnorm::generator_for(gradients_, logical.param_class));
+      it->second = oracle::range_truth(logical, box, range, generators_[static_cast<std::size_t>(tensor)]);
     }
     return it->second;
   }
 
  private:
   const topologies::LogicalModel& model_;
-  const gradnorm::GradientSpec& gradients_;
+  std::vector<kernels::GeneratorSpec> generators_;  // by logical param id
   std::map<std::vector<std::int64_t>, manifest::GradStats> memo_;
 };
 

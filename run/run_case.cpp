@@ -4,6 +4,7 @@
 #include <set>
 
 #include "comm/sim_communicator.h"
+#include "gradnorm/gradients.h"
 
 #ifndef TALLY_VERSION
 #error "run/run_case.cpp needs TALLY_VERSION (set by run/CMakeLists.txt)"
@@ -38,7 +39,12 @@ oracle::ReductionModel reduction_model(const topologies::LogicalModel& model,
   const int units = plan.shared_stats ? 1 : static_cast<int>(plan.children.size());
   if (units > 1) m.reduction_groups.push_back(units);
   m.children = 1;
-  m.exact_mode = kernels::mode_is_exact(options.gradients.generator.mode);
+  // Stated values are any doubles (0.1 squares inexactly), and each stated generator is one more
+  // kernel call whose sum is added on the rank.
+  bool stated = !options.gradients.stated.empty();
+  for (const topologies::CustomParam& p : model.spec().params) stated = stated || p.gradient.has_value();
+  m.exact_mode = kernels::mode_is_exact(options.gradients.generator.mode) && !stated;
+  if (stated) m.shards = 2 * m.shards;
   return m;
 }
 
@@ -50,7 +56,7 @@ oracle::GroundTruth truth_of(const topologies::LogicalModel& model,
   truth_options.p_values = options.p_values;
   truth_options.max_norm = options.max_norm;
   truth_options.per_param = per_param;
-  truth_options.class_mask = options.gradients.class_mask;
+  truth_options.generators = gradnorm::param_generators(options.gradients, model);
   // The clipped check reads the stored gradients again: keep them for models up to 64 MiB.
   if (options.max_norm > 0.0) truth_options.keep_stored_up_to = std::int64_t{1} << 24;
   return oracle::ground_truth(model, options.gradients.generator, truth_options);
@@ -68,8 +74,8 @@ oracle::Verdict judge_model_run(const Case& c, const topologies::LogicalModel& m
                                 const oracle::JudgeOptions& judge) {
   oracle::Bounds bounds;
   bounds.reduction = reduction_model(model, layout, c.path, plan);
-  const oracle::GradientSource gradients{&model, c.path.gradients.generator,
-                                         c.path.gradients.class_mask};
+  const std::vector<kernels::GeneratorSpec> generators = gradnorm::param_generators(c.path.gradients, model);
+  const oracle::GradientSource gradients{&model, generators};
   return oracle::judge(run, truth_of(model, c.path), bounds, &gradients, judge);
 }
 

@@ -66,6 +66,18 @@ struct Shape {
 };
 std::string shape_string(const Shape& shape);  // "[48, 16]"
 
+// Gradient values a case states for a param instead of generating them, written as a bug report
+// gives them: one constant for every element, the generated values times a scale, or every
+// element listed in row-major order. Each stated value is rounded once to the gradient dtype.
+struct StatedGradient {
+  enum class Kind : std::uint8_t { constant, scale, values };
+  Kind kind = Kind::constant;
+  double number = 0.0;         // constant: the value; scale: the factor
+  std::vector<double> values;  // values: one per element of the logical tensor
+  friend bool operator==(const StatedGradient&, const StatedGradient&) = default;
+};
+inline constexpr std::int64_t kMaxStatedValues = std::int64_t{1} << 20;  // per list
+
 // One parameter of a custom layout.
 struct CustomParam {
   std::string name;  // unique; letters, digits and . _ - / : only
@@ -77,6 +89,7 @@ struct CustomParam {
   bool mtp = false;                 // in the separate `mtp` grad-norm group
   bool tied = false;  // vocab on stage 0 shared with the output layer (a `shared` copy on the
                       // last stage when pp > 1)
+  std::optional<StatedGradient> gradient;  // absent: the case's generated gradients
   friend bool operator==(const CustomParam&, const CustomParam&) = default;
 };
 

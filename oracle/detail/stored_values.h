@@ -29,6 +29,11 @@ template <class T>
 void fill_stored(T* out, std::int64_t n, const kernels::GeneratorSpec& spec, std::uint64_t key,
                  std::int64_t first) {
   using kernels::GradientMode;
+  if (kernels::states_values(spec)) {
+    for (std::int64_t j = 0; j < n; ++j)
+      out[j] = static_cast<T>(kernels::stated_value(spec, key, static_cast<std::uint64_t>(first + j)));
+    return;
+  }
   switch (spec.mode) {
     case GradientMode::ones: return fill_stored<GradientMode::ones>(out, n, spec.dtype, key, first);
     case GradientMode::zeros: return fill_stored<GradientMode::zeros>(out, n, spec.dtype, key, first);

@@ -37,6 +37,31 @@ rc::Gen<Case> any_case() {
     o.gradients.generator.seed = *rc::gen::arbitrary<std::uint64_t>();
     if (*rc::gen::arbitrary<bool>())
       o.gradients.class_mask = *rc::gen::inRange<std::uint32_t>(0, 1u << topologies::kParamClassCount);
+    if (*rc::gen::inRange(0, 3) == 0) {
+      // Stated gradients that fit the model: named params and a class it has.
+      const topologies::LogicalModel model(c.model, c.topology);
+      for (const topologies::LogicalParam& p : model.params()) {
+        if (*rc::gen::inRange(0, 6) != 0) continue;
+        gradnorm::StatedFor s;
+        s.param = p.name;
+        s.gradient.kind = *rc::gen::element(topologies::StatedGradient::Kind::constant,
+                                            topologies::StatedGradient::Kind::scale,
+                                            topologies::StatedGradient::Kind::values);
+        if (s.gradient.kind == topologies::StatedGradient::Kind::values && p.numel > 64)
+          s.gradient.kind = topologies::StatedGradient::Kind::constant;
+        if (s.gradient.kind == topologies::StatedGradient::Kind::values)
+          for (std::int64_t i = 0; i < p.numel; ++i) s.gradient.values.push_back(*rc::gen::inRange(-40, 40) * 0.1);
+        else
+          s.gradient.number = *rc::gen::inRange(-1000, 1000) * 0.01;
+        o.gradients.stated.push_back(std::move(s));
+      }
+      if (model.size() > 0 && *rc::gen::arbitrary<bool>()) {
+        gradnorm::StatedFor s;
+        s.param_class = model.param(*rc::gen::inRange(0, model.size())).param_class;
+        s.gradient.number = 3.0;
+        o.gradients.stated.push_back(std::move(s));
+      }
+    }
     o.accumulation = *rc::gen::element(kernels::Accumulation::fp32, kernels::Accumulation::fp64);
     const int p_count = *rc::gen::inRange(0, 4);
     for (int i = 0; i < p_count; ++i)
@@ -246,6 +271,28 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
        "bad.json: case.gradients.classes[1]: \"row\" is listed twice"},
       {with_section(R"("gradients": {"classes": "row"})"),
        "bad.json: case.gradients.classes: expected an array, got a string"},
+      {with_section(R"("gradients": {"stated": [{"gradient": 1}]})"),
+       "bad.json: case.gradients.stated[0]: name either \"param\" (a logical param) or \"class\", not neither"},
+      {with_section(R"("gradients": {"stated": [{"param": "x", "class": "row", "gradient": 1}]})"),
+       "bad.json: case.gradients.stated[0]: name either \"param\" (a logical param) or \"class\", not both"},
+      {with_section(R"("gradients": {"stated": [{"param": "x"}]})"),
+       "bad.json: case.gradients.stated[0]: missing key 'gradient' for a stated gradient"},
+      {with_section(R"("gradients": {"stated": [{"param": "x", "gradient": "0.1"}]})"),
+       "bad.json: case.gradients.stated[0].gradient: expected a number (every element), {\"scale\": x} or an array of one number per element, got \"0.1\""},
+      {with_section(R"("gradients": {"stated": [{"param": "x", "gradient": []}]})"),
+       "bad.json: case.gradients.stated[0].gradient: expected one number per element, got an empty array"},
+      {with_section(R"("gradients": {"stated": [{"param": "x", "gradient": {"factor": 2}}]})"),
+       "bad.json: case.gradients.stated[0].gradient.factor: unknown key for a stated gradient"},
+      {with_section(R"("gradients": {"stated": [{"class": "weight", "gradient": 1}]})"),
+       "bad.json: case.gradients.stated[0].class: expected one of column, column-bias, row, replicated, vocab, head-sharded, expert-column, expert-column-bias, expert-row, expert-row-bias, got \"weight\""},
+      {with_section(R"("gradients": {"stated": [{"param": "nope", "gradient": 1}]})"),
+       "bad.json: stated gradient for param 'nope': the model has no param of that name (`tally layout` lists them)"},
+      {with_section(R"("gradients": {"stated": [{"param": "embedding.word_embeddings.weight", "gradient": [1, 2]}]})"),
+       "bad.json: stated gradient for param 'embedding.word_embeddings.weight': 2 values for embedding.word_embeddings.weight, which has 1024 elements [64, 16] (list one per element, row-major, or state a constant)"},
+      {with_section(R"("gradients": {"dtype": "fp16", "stated": [{"class": "row", "gradient": 70000}]})"),
+       "bad.json: stated gradient for class row: the constant 70000 is larger in magnitude than 65504, the largest tally accepts for fp16 gradients"},
+      {with_section(R"("gradients": {"stated": [{"class": "expert-row", "gradient": 1}]})"),
+       "bad.json: stated gradient for class expert-row: the model has no param of that class"},
       {with_section(R"("statistics": {"p_norms": [2, 0]})"),
        "bad.json: case.statistics.p_norms[1]: expected a number > 0, got 0"},
       {with_section(R"("statistics": {"p_norms": [1,2,3,4,5,6,7,8,9]})"),

@@ -196,6 +196,36 @@ TEST(Judge, TheHeadlineOfAStatisticIsItsWorstRank) {
   EXPECT_EQ(loose.rank, 2);
 }
 
+// DeepSpeed #8613 as its report gives it: four shared gradients of 3.0 and four expert gradients
+// of 4.0 report a norm of 6.0 where 10.0 is correct, once the expert half is dropped. The stated
+// values enter the path, the truth and the clipped check alike.
+TEST(Judge, AReportsOwnNumbersAreJudgedAsReported) {
+  topologies::StatedGradient three{topologies::StatedGradient::Kind::constant, 3.0, {}};
+  topologies::StatedGradient four{topologies::StatedGradient::Kind::constant, 4.0, {}};
+  std::vector<topologies::CustomParam> params = {
+      testing::custom_param("shared", topologies::ParamClass::replicated, {4}),
+      testing::custom_param("expert0.bias", topologies::ParamClass::expert_row_bias, {2}),
+      testing::custom_param("expert1.bias", topologies::ParamClass::expert_row_bias, {2})};
+  params[0].gradient = three;
+  params[1].expert = 0;
+  params[2].expert = 1;
+  casefile::Case c = case_of(testing::config_of(2, 1, 1, 2, 1), testing::custom_model(params, 2),
+                             testing::ones(OptimizerModel::plain));
+  c.path.gradients.stated.push_back({"", topologies::ParamClass::expert_row_bias, four});
+  c.path.max_norm = 5.0;
+  const Verdict right = run::run_case(c);
+  EXPECT_EQ(right.kind, Verdict::Kind::pass);
+  EXPECT_EQ(right.stats[0].name, "l2");
+  EXPECT_EQ(right.stats[0].got, 10.0);
+
+  c.path.faults = FaultSet::of({Fault::expert_norm_dropped});
+  const Verdict wrong = run::run_case(c);
+  EXPECT_EQ(wrong.kind, Verdict::Kind::fail);
+  EXPECT_EQ(wrong.stats[0].got, 6.0);
+  EXPECT_EQ(wrong.stats[0].expected, 10.0);
+  EXPECT_FALSE(wrong.clipped.empty());  // clipped by 5/6 where 5/10 was due
+}
+
 TEST(Judge, RanksThatReportDifferentBitsDisagree) {
   const casefile::Case c = clipped_case();
   record::RunRecord run = *run::run_case_with_record(c).record;

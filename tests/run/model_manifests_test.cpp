@@ -10,6 +10,7 @@
 
 #include "casefile/case.h"
 #include "casefile/case_file.h"
+#include "gradnorm/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "tests/support/fault_cases.h"
 
@@ -91,6 +92,7 @@ manifest::GradStats generated_stats(const manifest::ModelParam& p, std::int64_t 
 // Every structural property a manifest of tally's model must have, on any case.
 void expect_structure(const Ran& r) {
   const topologies::LogicalModel model(r.c.model, r.c.topology);
+  const std::vector<kernels::GeneratorSpec> generators = gradnorm::param_generators(r.c.path.gradients, model);
   const topologies::RankLayout layout(r.c.topology);
   const record::RunRecord& run = *r.run.record;
   ASSERT_EQ(static_cast<int>(r.manifests.ranks.size()), layout.world());
@@ -128,7 +130,7 @@ void expect_structure(const Ran& r) {
       EXPECT_EQ(logical.id, local[k].logical_id);
       EXPECT_EQ(static_cast<int>(p.logical_shape.size()), logical.shape.rank);
       boxes[p.logical_name].insert({p.offsets, p.extents});
-      const kernels::GeneratorSpec gen = gradnorm::generator_for(r.c.path.gradients, logical.param_class);
+      const kernels::GeneratorSpec gen = generators[static_cast<std::size_t>(logical.id)];
       const manifest::GradStats want = generated_stats(p, 0, volume(p.extents), gen, logical.id);
       EXPECT_EQ(p.stats.zeros, want.zeros) << p.name;
       EXPECT_EQ(p.stats.abs_max, want.abs_max) << p.name;
@@ -158,7 +160,7 @@ void expect_structure(const Ran& r) {
           EXPECT_FALSE(piece.kept);
         }
         const topologies::LogicalParam& logical = model.param(id_of[p.logical_name]);
-        const kernels::GeneratorSpec gen = gradnorm::generator_for(r.c.path.gradients, logical.param_class);
+        const kernels::GeneratorSpec gen = generators[static_cast<std::size_t>(logical.id)];
         const manifest::GradStats want = generated_stats(p, piece.begin, piece.end, gen, logical.id);
         EXPECT_EQ(piece.stats.zeros, want.zeros);
         EXPECT_EQ(piece.stats.abs_max, want.abs_max);
