@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <memory>
 #include <ostream>
+#include <sstream>
 #include <tuple>
 
 #include "cli/commands.h"
+#include "cli/html_report.h"
 #include "cli/number_flags.h"
 #include "cli/path_flags.h"
 #include "cli/usage_error.h"
@@ -27,6 +29,7 @@ struct CheckCommandOptions {
   std::string dir;
   bool json = false;
   std::string junit;
+  std::string html;
   double rtol = 1e-5;
   unsigned jobs = 0;  // 0: one per core
 };
@@ -44,6 +47,7 @@ struct CheckReport {
   std::int64_t logical_params = 0;
   std::int64_t logical_elements = 0;
   std::vector<std::string> optimizers;  // "NAME: stats group [..]" of rank 0
+  std::vector<std::string> params, classes;  // the logical params' names and kinds, by id
   oracle::GroundTruth truth;
   std::vector<record::Reported> reported;  // by rank
   oracle::Verdict verdict;
@@ -59,7 +63,11 @@ CheckReport check_run(manifest::RunManifests manifests, double rtol) {
   r.parallel = manifests.ranks.front().parallel;
   manifests = {};
   r.logical_params = static_cast<std::int64_t>(run.tensors.size());
-  for (const record::Tensor& t : run.tensors) r.logical_elements += t.shape.numel();
+  for (const record::Tensor& t : run.tensors) {
+    r.logical_elements += t.shape.numel();
+    r.params.push_back(t.name);
+    r.classes.push_back(t.kind);
+  }
   const record::RankRecord& first = run.ranks.front();
   for (std::size_t c = 0; c < run.children.size(); ++c)
     r.optimizers.push_back(run.children[c] + ": stats group " +
@@ -73,7 +81,9 @@ CheckReport check_run(manifest::RunManifests manifests, double rtol) {
   return r;
 }
 
-void print_report(std::ostream& out, const std::string& dir, const CheckReport& r) {
+// What the run was: its files, producer, sizes, model and optimizers.
+std::string report_header(const std::string& dir, const CheckReport& r) {
+  std::ostringstream out;
   const manifest::ParallelSizes& p = r.parallel;
   out << "manifests: " << r.world << " rank" << (r.world == 1 ? "" : "s") << " in " << dir << " (version "
       << r.version << ")";
@@ -83,7 +93,11 @@ void print_report(std::ostream& out, const std::string& dir, const CheckReport& 
       << r.world / (p.etp * p.ep * p.pp) << ")\nlogical model: " << r.logical_params
       << " params, " << r.logical_elements << " elements\noptimizers:\n";
   for (const std::string& o : r.optimizers) out << "  " << o << '\n';
-  out << '\n';
+  return out.str();
+}
+
+void print_report(std::ostream& out, const std::string& dir, const CheckReport& r) {
+  out << report_header(dir, r) << '\n';
   print_verdict_body(out, r.verdict);
   out << "\nreported by rank (truth: norm " << record::all_digits(r.truth.main.norm) << ", zeros "
       << r.truth.zeros << "):\n";
@@ -161,6 +175,10 @@ void add_check_command(CLI::App& app, CommandContext& context) {
       "does. Exit 0 pass, 1 fail, 2 bad or inconsistent manifests.");
   command->add_option("dir", options->dir, "The folder of the run's manifests")->required();
   command->add_flag("--json", options->json, "Machine-readable verdict, truth and per-rank values");
+  command->add_option("--html", options->html,
+                      "Also write the verdict as a self-contained HTML page to this file: the "
+                      "ledger as a matrix of params against ranks, the ranks that dropped or "
+                      "double-counted");
   command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file")
       ->check(output_file());
   command->add_option("--rtol", options->rtol,
@@ -197,6 +215,21 @@ void add_check_command(CLI::App& app, CommandContext& context) {
       context.out << report_json(options->dir, report).dump(2) << '\n';
     else
       print_report(context.out, options->dir, report);
+    if (!options->html.empty()) {
+      HtmlReport page;
+      page.title = "tally check " + options->dir;
+      page.summary = report_header(options->dir, report);
+      page.verdict = &report.verdict;
+      page.params = report.params;
+      page.classes = report.classes;
+      page.world = report.world;
+      page.commands = {"tally check " + shell_quote(options->dir)};
+      try {
+        write_html_report(options->html, page);
+      } catch (const std::runtime_error& error) {
+        throw UsageError(error.what());
+      }
+    }
     const bool passed = report.verdict.kind == oracle::Verdict::Kind::pass;
     if (!options->junit.empty()) {
       fuzz::JunitCase c;

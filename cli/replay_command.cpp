@@ -9,6 +9,7 @@
 
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
+#include "cli/html_report.h"
 #include "cli/path_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
@@ -26,6 +27,7 @@ struct ReplayOptions {
   std::vector<std::string> paths;
   std::string junit;
   bool json = false;
+  std::string html;  // a folder for one HTML page per case that did not pass
 };
 
 // One input: a case file to run, or a path that could not be expanded.
@@ -78,9 +80,20 @@ struct Outcome {
   std::string expected;  // the expected outcome
   std::string message;   // mismatch: why; error: the one-line error
   double seconds = 0.0;
+  std::string html;  // the page written for it, if any
 };
 
-Outcome replay_one(const Input& input, run::Backend& backend) {
+// The page of `file` in `folder`: its path with separators as '_', so two folders' a.json differ.
+std::string page_of(const std::string& folder, const std::string& file) {
+  std::string name = fs::path(file).lexically_normal().generic_string();
+  for (char& ch : name)
+    if (ch == '/' || ch == '\\' || ch == ':') ch = '_';
+  while (!name.empty() && name.front() == '.') name.erase(name.begin());
+  if (name.size() > 5 && name.ends_with(".json")) name.resize(name.size() - 5);
+  return (fs::path(folder) / (name + ".html")).string();
+}
+
+Outcome replay_one(const Input& input, run::Backend& backend, const std::string& html_folder) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -103,6 +116,11 @@ Outcome replay_one(const Input& input, run::Backend& backend) {
     }
     const oracle::Verdict verdict = backend.run(c, {});
     o.verdict = oracle::kind_name(verdict.kind);
+    if (!html_folder.empty() && verdict.kind != oracle::Verdict::Kind::pass) {
+      o.html = page_of(html_folder, input.file);
+      write_case_html(o.html, "tally replay " + input.file, c, verdict,
+                      {"tally run " + shell_quote(input.file), "tally replay " + shell_quote(input.file)});
+    }
     if (std::optional<std::string> unmet = run::unmet_expectation(expect, verdict)) {
       o.result = Result::mismatch;
       o.message = *unmet;
@@ -156,14 +174,25 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
   command->add_option("--junit", options->junit, "Also write a JUnit XML report to this file")
       ->check(output_file());
   command->add_flag("--json", options->json, "Machine-readable results");
+  command->add_option("--html", options->html,
+                      "Write one self-contained HTML page per case that does not pass (its "
+                      "verdict, ledger matrix and rank grid) into this folder, named after the "
+                      "case file");
   add_backend_flags(*command);
   command->callback([options, &context] {
+    if (!options->html.empty()) {
+      std::error_code ec;
+      fs::create_directories(options->html, ec);
+      if (ec || !fs::is_directory(options->html))
+        throw UsageError("--html " + options->html + ": cannot create the folder (" +
+                         (ec ? ec.message() : "a file is in the way") + ")");
+    }
     const std::vector<Input> inputs = expand(options->paths);
     std::vector<Outcome> outcomes;
     std::size_t passed = 0, errors = 0, skipped = 0;
     const Outcome* first_error = nullptr;
     for (const Input& input : inputs) {
-      outcomes.push_back(replay_one(input, context.backend));
+      outcomes.push_back(replay_one(input, context.backend, options->html));
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;
@@ -188,6 +217,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         if (!o.verdict.empty()) j["verdict"] = o.verdict;
         if (!o.expected.empty()) j["expected"] = o.expected;
         if (!o.message.empty()) j["message"] = o.message;
+        if (!o.html.empty()) j["html"] = o.html;
         j["seconds"] = o.seconds;
         cases.push_back(std::move(j));
       }

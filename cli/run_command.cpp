@@ -7,6 +7,7 @@
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
+#include "cli/html_report.h"
 #include "cli/model_flags.h"
 #include "cli/number_flags.h"
 #include "cli/path_flags.h"
@@ -47,6 +48,7 @@ struct RunOptions {
   std::vector<std::string> faults;
   bool list_faults = false;
   bool json = false;
+  std::string html;  // --html: write the verdict as an HTML page
   std::string command_line;  // for the replay line
 };
 
@@ -294,6 +296,10 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       ->capture_default_str();
   command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
   command->add_flag("--json", options->json, "Machine-readable verdict");
+  command->add_option("--html", options->html,
+                      "Also write the verdict as a self-contained HTML page to this file: the "
+                      "ledger as a matrix of params against ranks, the rank grid with the ranks "
+                      "that dropped or double-counted, the replay command");
   add_backend_flags(*command);
   command->callback([options, &context] {
     if (options->list_faults) {
@@ -348,6 +354,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
         case_source.empty() ? o.command_line : "tally run " + shell_quote(case_source);
     std::optional<std::string> unmet;
     if (c.expect) unmet = run::unmet_expectation(*c.expect, verdict);
+    if (!o.html.empty()) write_case_html(o.html, "tally run", c, verdict, {replay});
     if (o.json) {
       nlohmann::ordered_json j = verdict_json(verdict);
       if (c.expect)

@@ -173,8 +173,9 @@ Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong) {
   m.counted = wrong.counted;
   m.observed_on = wrong.ranks.front();
   m.wrong_rank_count = static_cast<std::int64_t>(wrong.ranks.size());
-  m.wrong_ranks.assign(wrong.ranks.begin(),
-                       wrong.ranks.begin() + static_cast<std::ptrdiff_t>(std::min(wrong.ranks.size(), kMaxListedRanks)));
+  const auto listed = static_cast<std::ptrdiff_t>(std::min(wrong.ranks.size(), kMaxListedRanks));
+  m.wrong_ranks.assign(wrong.ranks.begin(), wrong.ranks.begin() + listed);
+  m.wrong_counted.assign(wrong.counted_by_rank.begin(), wrong.counted_by_rank.begin() + listed);
   return m;
 }
 

@@ -178,21 +178,26 @@ class LedgerCounter {
       classes[sums].push_back(rank.rank);
     }
 
-    // tensor -> ledger -> (ranks, the count of the class holding the first of them)
-    std::map<int, std::map<int, std::pair<std::vector<int>, ClassMiscount>>> wrong;
+    // tensor -> ledger -> ((rank, its count) of every wrong rank, the count of the class holding
+    // the first of them)
+    using RankCounts = std::vector<std::pair<int, std::int64_t>>;
+    std::map<int, std::map<int, std::pair<RankCounts, ClassMiscount>>> wrong;
     for (const auto& [sums, ranks] : classes)
       for (const auto& [key, miscount] : judge_class(sums)) {
         auto& [wrong_ranks, shown] = wrong[key.first][key.second];
-        if (wrong_ranks.empty() || ranks.front() < wrong_ranks.front()) shown = miscount;
-        wrong_ranks.insert(wrong_ranks.end(), ranks.begin(), ranks.end());
+        if (wrong_ranks.empty() || ranks.front() < wrong_ranks.front().first) shown = miscount;
+        for (int rank : ranks) wrong_ranks.emplace_back(rank, miscount.counted);
       }
     for (auto& [tensor, by_ledger] : wrong) {
       auto& [ledger, entry] = *by_ledger.begin();  // the first ledger that counts it wrongly
       WrongCount w;
       w.tensor = tensor;
       w.ledger = ledger;
-      w.ranks = std::move(entry.first);
-      std::sort(w.ranks.begin(), w.ranks.end());
+      std::sort(entry.first.begin(), entry.first.end());
+      for (const auto& [rank, counted] : entry.first) {
+        w.ranks.push_back(rank);
+        w.counted_by_rank.push_back(counted);
+      }
       w.counted = entry.second.counted;
       w.least = entry.second.least;
       w.most = entry.second.most;

@@ -39,6 +39,7 @@ struct WrongCount {
   int tensor = 0;
   int ledger = 0;                 // the first ledger that counts it wrongly
   std::vector<int> ranks;         // every rank whose ledger is wrong, ascending
+  std::vector<std::int64_t> counted_by_rank;  // elements each of them counts, parallel to ranks
   std::int64_t counted = 0;       // elements counted by the first of them
   int least = 0, most = 0;        // the fewest and most times that rank counts one element
 };

@@ -45,6 +45,7 @@ struct Miscount {
   std::int64_t counted = 0;   // elements counted, as the observing rank's ledger says
   int observed_on = 0;        // the first rank whose ledger is wrong for this param
   std::vector<int> wrong_ranks;  // every rank whose ledger is wrong (capped)
+  std::vector<std::int64_t> wrong_counted;  // elements each of them counts, parallel to wrong_ranks
   std::int64_t wrong_rank_count = 0;
   std::string stats_group;    // the groups the observing rank reduced this param over
   std::vector<Contribution> contributions;  // members of those groups holding the param
