@@ -77,6 +77,9 @@ struct Reported {
   std::optional<double> norm;
   std::optional<double> inf_norm;
   std::optional<std::int64_t> zeros;
+  // The norm of each separate grad-norm group the rank computed (Megatron-LM 0.19's
+  // grad_norms_by_group: "mtp"); empty when it reported none.
+  std::map<std::string, double> group_norms;
   friend bool operator==(const Reported&, const Reported&) = default;
 };
 

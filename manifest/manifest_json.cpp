@@ -26,8 +26,10 @@ using casefile::read_bool;
 using casefile::read_integer;
 using casefile::read_number;
 using casefile::read_object;
+using casefile::key_path;
 using casefile::read_string;
 using casefile::shown;
+using casefile::type_word;
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
@@ -273,6 +275,16 @@ Reported read_reported(const json& value, const std::string& path) {
                {"zeros",
                 [&](const json& v, const std::string& p) {
                   if (!v.is_null()) r.zeros = read_integer(v, p, 0, kMaxInt);
+                }},
+               {"group_norms",
+                [&](const json& v, const std::string& p) {
+                  if (!v.is_object()) fail(p, std::string("expected an object of grad-norm group names and norms, got ") + type_word(v));
+                  if (v.size() > 16) fail(p, "has " + std::to_string(v.size()) + " groups; at most 16");
+                  for (const auto& [name, norm] : v.items()) {
+                    const std::string at = key_path(p, name);
+                    if (name.empty() || name.size() > kMaxNameLength) fail(at, "a group name is 1 to " + std::to_string(kMaxNameLength) + " bytes");
+                    r.group_norms[name] = read_magnitude(norm, at);
+                  }
                 }}},
               "the reported values", {"norm", "inf_norm", "zeros"});
   return r;
@@ -450,6 +462,11 @@ ordered_json manifest_to_json(const RankManifest& m, const std::vector<std::vect
   j["reported"] = {{"norm", optional_value(m.reported.norm)},
                    {"inf_norm", optional_value(m.reported.inf_norm)},
                    {"zeros", optional_value(m.reported.zeros)}};
+  if (!m.reported.group_norms.empty()) {
+    ordered_json groups = ordered_json::object();
+    for (const auto& [name, norm] : m.reported.group_norms) groups[name] = norm;
+    j["reported"]["group_norms"] = std::move(groups);
+  }
   return j;
 }
 

@@ -277,13 +277,26 @@ record::RunRecord to_record(const RunManifests& manifests) {
     t.shape = extents_of(l.shape);
     t.kind = kind_of(l.attributes);
     if (const std::optional<std::string>& group = l.attributes.grad_norm_group) {
-      // A separate grad-norm group: version 1 manifests report only the main norm.
+      // A separate grad-norm group: judged (counted) once a rank reports its norm, below.
       auto known = std::find_if(run.norm_groups.begin(), run.norm_groups.end(),
                                 [&](const record::NormGroup& g) { return g.name == *group; });
       t.norm_group = static_cast<int>(known - run.norm_groups.begin());
       if (known == run.norm_groups.end()) run.norm_groups.push_back({*group, false});
     }
   }
+  // Megatron-LM has one separate group ("mtp"), and the truth keeps one besides the main norm.
+  if (run.norm_groups.size() > 2)
+    throw ManifestError("the params carry grad_norm_group '" + run.norm_groups[1].name + "' and '" +
+                        run.norm_groups[2].name +
+                        "': tally judges one separate grad-norm group besides the main norm");
+  for (const RankManifest* m : ranks)
+    for (const auto& [name, norm] : m->reported.group_norms) {
+      auto known = std::find_if(run.norm_groups.begin() + 1, run.norm_groups.end(),
+                                [&](const record::NormGroup& g) { return g.name == name; });
+      if (known == run.norm_groups.end())
+        invalid(m->rank, "reported.group_norms names '" + name + "', a grad_norm_group no param of the run carries");
+      known->counted = true;
+    }
 
   run.groups = manifests.groups;  // group ids are the record's
   record::LocalRecordPool locals;
@@ -319,7 +332,9 @@ record::RunRecord to_record(const RunManifests& manifests) {
         piece.child = static_cast<int>(c);
         piece.range = {p.begin, p.end};
         piece.main_attributes = attributes_of(p.attributes);
-        piece.counted_in = p.kept ? 0 : -1;
+        // `kept`: kept for the norm of the param's own grad-norm group.
+        piece.counted_in =
+            p.kept ? run.tensors[static_cast<std::size_t>(logical_of[static_cast<std::size_t>(p.param)])].norm_group : -1;
         piece.in_zero_count = p.kept_zeros;
         piece.rule = rule_of(p, o);
         piece.stats = p.stats;
@@ -329,6 +344,11 @@ record::RunRecord to_record(const RunManifests& manifests) {
     rank.reported.norm = m->reported.norm;
     rank.reported.inf_norm = m->reported.inf_norm;
     rank.reported.zeros = m->reported.zeros;
+    for (const auto& [name, norm] : m->reported.group_norms) {
+      const auto known = std::find_if(run.norm_groups.begin(), run.norm_groups.end(),
+                                      [&](const record::NormGroup& g) { return g.name == name; });
+      rank.reported.group_norms.push_back({static_cast<int>(known - run.norm_groups.begin()), norm, 1.0});
+    }
   }
   return run;
 }

@@ -158,7 +158,7 @@ GroundTruth truth_from_box_statistics(const record::RunRecord& run) {
   // Each distinct (tensor, box) once; blocks of at most kMaxAddends boxes per accumulator.
   std::set<std::pair<int, std::vector<std::int64_t>>> seen;
   std::set<const record::LocalRecord*> seen_locals;
-  Accumulator main(0), block(0);
+  Accumulator main(0), block(0), separate(0);
   std::int64_t in_block = 0, zeros = 0;
   for (const record::RankRecord& rank : run.ranks) {
     if (!seen_locals.insert(rank.local.get()).second) continue;
@@ -170,7 +170,16 @@ GroundTruth truth_from_box_statistics(const record::RunRecord& run) {
       }
       if (!param.stats || !seen.emplace(param.tensor, std::move(box)).second) continue;
       zeros += param.stats->zeros;
-      if (run.tensors[static_cast<std::size_t>(param.tensor)].norm_group != 0) continue;
+      if (run.tensors[static_cast<std::size_t>(param.tensor)].norm_group != 0) {
+        // The one separate grad-norm group (manifest::to_record allows no second).
+        Accumulator one(0);
+        one.elements = param.box.numel();
+        one.squares.add(param.stats->sum_squares);
+        one.abs_max = param.stats->abs_max;
+        one.zeros = param.stats->zeros;
+        separate.merge(one);
+        continue;
+      }
       block.elements += param.box.numel();
       block.squares.add(param.stats->sum_squares);
       block.abs_max = std::max(block.abs_max, param.stats->abs_max);
@@ -185,7 +194,7 @@ GroundTruth truth_from_box_statistics(const record::RunRecord& run) {
   main.merge(block);
   GroundTruth truth;
   truth.main = finish(main, TruthOptions{});
-  truth.mtp = finish(Accumulator(0), TruthOptions{});
+  truth.mtp = finish(separate, TruthOptions{});
   truth.zeros = zeros;
   return truth;
 }

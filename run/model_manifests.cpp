@@ -237,13 +237,15 @@ manifest::RunManifests model_manifests(const casefile::Case& c, const record::Ru
       p.begin = piece.range.begin;
       p.end = piece.range.end;
       p.attributes = attributes_of(piece.main_attributes, run, run.tensors[static_cast<std::size_t>(param.tensor)]);
-      p.kept = piece.counted_in == 0;
+      p.kept = piece.counted_in >= 0;  // kept for the norm of its own grad-norm group
       p.kept_zeros = piece.in_zero_count;
       p.stats = stats.of(param.tensor, param.box, piece.range);
     }
     m.reported.norm = rank.reported.norm;
     m.reported.inf_norm = rank.reported.inf_norm;
     m.reported.zeros = rank.reported.zeros;
+    for (const record::GroupNorm& g : rank.reported.group_norms)
+      m.reported.group_norms[run.norm_groups[static_cast<std::size_t>(g.norm_group)].name] = g.norm;
   }
   return out;
 }

@@ -95,6 +95,25 @@ TEST_F(RunFiles, VersionTwoWritesEachGroupOnceAndReadsBackTheSameRun) {
   EXPECT_EQ(read_text(dir("v2") + "/rank-3.json").find("\"stats_group\": ["), std::string::npos);
 }
 
+// A rank's separate grad-norm group norms (reported.group_norms) are written and read back, and
+// a bad one is an error naming the file and the group.
+TEST_F(RunFiles, GroupNormsReadBackAndABadOneIsNamed) {
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) {
+    m.params.edit()[0].attributes.grad_norm_group = "mtp";
+    m.reported.group_norms["mtp"] = std::sqrt(8.0);
+  }
+  write_run(dir("run"), run);
+  EXPECT_EQ(load_run(dir("run")).ranks, run.ranks);
+  std::string text = read_text(dir("run") + "/rank-1.json");
+  const std::size_t at = text.find("\"group_norms\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(text.find("\"mtp\"", at), 5, "\"mtp\": -1, \"x\"");
+  write_text(dir("run") + "/rank-1.json", text);
+  const std::string message = load_error(dir("run"));
+  EXPECT_NE(message.find("rank-1.json: manifest.reported.group_norms.mtp"), std::string::npos) << message;
+}
+
 TEST_F(RunFiles, VersionOneAndTwoOfOneRunGiveTheSameManifestsAndVerdict) {
   for (bool fallback : {false, true}) {
     const RunManifests run = founding_run(fallback);

@@ -148,17 +148,48 @@ TEST(ManifestRunJudged, ClipWithMaxNormZeroExpectsCoefficientOne) {
   EXPECT_FALSE(stat(check_run(run), "clip")->ok);
 }
 
-TEST(ManifestRunJudged, ParamOutsideTheMainNormMustNotBeKept) {
+// norm.weight in the separate grad-norm group "mtp": out of the main norm (sqrt(48)), in a norm of
+// its own (sqrt(8)). `kept` means kept for the norm of the param's own group.
+RunManifests with_mtp_norm_weight(bool report_group_norm) {
   RunManifests run = founding_run(false);
   for (RankManifest& m : run.ranks) {
     m.params.edit()[0].attributes.grad_norm_group = "mtp";
     m.optimizers[0].main_params[0].attributes.grad_norm_group = "mtp";
+    m.reported.norm = std::sqrt(48.0);
+    if (report_group_norm) m.reported.group_norms["mtp"] = std::sqrt(8.0);
   }
-  const CheckReport report = check_run(run);  // rank 0 still keeps norm.weight
-  ASSERT_EQ(report.verdict.miscounted.size(), 1u);
-  EXPECT_EQ(report.verdict.miscounted[0].name, "norm.weight");
-  EXPECT_EQ(report.verdict.miscounted[0].expected, 0);
-  EXPECT_EQ(report.verdict.miscounted[0].counted, 8);
+  return run;
+}
+
+TEST(ManifestRunJudged, ASeparateGroupsNormIsJudgedOnceReported) {
+  const CheckReport right = check_run(with_mtp_norm_weight(true));
+  EXPECT_EQ(right.verdict.kind, oracle::Verdict::Kind::pass);
+  ASSERT_NE(stat(right, "mtp-l2"), nullptr);
+  EXPECT_EQ(stat(right, "mtp-l2")->expected, std::sqrt(8.0));
+
+  RunManifests twice = with_mtp_norm_weight(true);
+  twice.ranks[1].optimizers[0].main_params[0].kept = true;  // the TP replica kept too
+  for (RankManifest& m : twice.ranks) m.reported.group_norms["mtp"] = 4.0;
+  const CheckReport wrong = check_run(twice);
+  ASSERT_EQ(wrong.verdict.miscounted.size(), 1u);
+  EXPECT_EQ(wrong.verdict.miscounted[0].name, "norm.weight");
+  EXPECT_EQ(wrong.verdict.miscounted[0].counted, 16);
+  EXPECT_FALSE(stat(wrong, "mtp-l2")->ok);
+}
+
+TEST(ManifestRunJudged, ASeparateGroupNobodyReportsIsNotJudged) {
+  RunManifests run = with_mtp_norm_weight(false);
+  run.ranks[1].optimizers[0].main_params[0].kept = true;
+  const CheckReport report = check_run(run);
+  EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::pass);
+  EXPECT_EQ(stat(report, "mtp-l2"), nullptr);
+}
+
+TEST(ManifestRunJudged, AGroupNormNoParamCarriesIsAnError) {
+  RunManifests run = founding_run(false);
+  run.ranks[1].reported.group_norms["mtp"] = 1.0;
+  EXPECT_EQ(check_error(run),
+            "rank-1.json: reported.group_norms names 'mtp', a grad_norm_group no param of the run carries");
 }
 
 TEST(ManifestRunJudged, ZeroCountLedgerIsJudgedToo) {

@@ -156,9 +156,6 @@ void expect_structure(const Ran& r) {
         EXPECT_LE(piece.begin, piece.end);
         EXPECT_LE(piece.end, volume(p.extents));
         EXPECT_TRUE(piece.kept_zeros || !piece.kept);
-        if (piece.attributes.grad_norm_group) {
-          EXPECT_FALSE(piece.kept);
-        }
         const topologies::LogicalParam& logical = model.param(id_of[p.logical_name]);
         const kernels::GeneratorSpec gen = generators[static_cast<std::size_t>(logical.id)];
         const manifest::GradStats want = generated_stats(p, piece.begin, piece.end, gen, logical.id);
