@@ -437,6 +437,22 @@ rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
       if (big_zeros) c.path.gradients.generator.mode = kernels::GradientMode::zeros;
       if (!options.faults.empty())
         c.path.faults = gradnorm::FaultSet::of({options.faults[static_cast<std::size_t>(fault_index)]});
+      // Now and then a report's own numbers for one class the model has, so the stated values'
+      // CPU route through the path, the truth and the clip are fuzzed too (picked last: the
+      // picks above keep their streams; none is the shrink target).
+      if (!big_zeros && *weighted_index({90, 10}) == 1) {
+        const topologies::LogicalModel model(c.model, c.topology);
+        gradnorm::StatedFor s;
+        s.param_class = model.param(*uniform_index(std::max(1, model.size()))).param_class;
+        constexpr double kConstants[] = {3.0, 0.1, -0.5, 4.0, 1e-3};
+        constexpr double kScales[] = {2.0, -0.25, 1e3};
+        if (*weighted_index({60, 40}) == 0) {
+          s.gradient = {topologies::StatedGradient::Kind::constant, kConstants[*uniform_index(5)], {}};
+        } else {
+          s.gradient = {topologies::StatedGradient::Kind::scale, kScales[*uniform_index(3)], {}};
+        }
+        c.path.gradients.stated.push_back(std::move(s));
+      }
       return c;
     })(random, size);
   });
