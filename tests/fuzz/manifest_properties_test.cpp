@@ -51,7 +51,7 @@ TEST(ManifestProperties, EveryRealAndHandWrittenRunKeepsThem) {
       ++folders;
       EXPECT_EQ(broken_property(framed_folder(entry.path())), "") << entry.path();
     }
-  EXPECT_GE(folders, 24);
+  EXPECT_GE(folders, 27);
 }
 
 TEST(ManifestProperties, EveryKeptFindingKeepsThem) {

@@ -242,6 +242,15 @@ def build_optimizer(args, model):
         return get_megatron_optimizer(config, [model])
     if args.dist_opt:
         raise SystemExit("--dist-opt: megatron-core's Muon does not support the dist optimizer")
+    import dataclasses
+
+    if "use_layer_wise_distributed_optimizer" in {f.name for f in dataclasses.fields(OptimizerConfig)}:
+        # 0.19 and later: Muon is an optimizer name of get_megatron_optimizer, layer-wise a config
+        # flag (its get_megatron_muon_optimizer is a shim that builds whatever `optimizer` names:
+        # with "adam" it silently builds AdamW children).
+        config.optimizer = "muon"
+        config.use_layer_wise_distributed_optimizer = args.layer_wise
+        return get_megatron_optimizer(config, [model])
     from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 
     shim = emerging_optimizers_compat()
