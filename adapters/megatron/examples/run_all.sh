@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs tiny_moe_gpt.py in every configuration kept as a fixture under
-# tests/fixtures/manifests/megatron-core-0.16.1/, on 2 GPUs, one torchrun per run:
+# tests/fixtures/manifests/megatron-core-<version>/ (0.16.1, 0.19.2: whichever is installed), on
+# 2 GPUs, one torchrun per run:
 #   run_all.sh OUTDIR [TALLY]
 # OUTDIR/<run>/rank-<R>.json and OUTDIR/<run>.log; the last lines are a table of the norm and
 # zero count each run printed. TALLY: a tally binary, for `tally check` after each run.
@@ -26,8 +27,8 @@ for g in ones expert-fc2-bias hashed; do
   run "layerwise-muon-tp2-ep2-etp1-$g" --tp 2 --ep 2 --etp 1 --optimizer muon --layer-wise --gradients "$g"
   run "chained-adam-tp2-ep2-etp1-$g" --tp 2 --ep 2 --etp 1 --optimizer adam --gradients "$g"
 done
-# Expected to fail on 0.16.1 (kept to show it): get_megatron_muon_optimizer without LayerWise and
-# with expert params does `linear_param_groups.remove(group)`, and list.remove compares the
+# Expected to fail on 0.16.1 (kept to show it; 0.19.2 builds it): get_megatron_muon_optimizer
+# without LayerWise and with expert params does `linear_param_groups.remove(group)`, and list.remove compares the
 # param-group dicts, whose 'params' lists hold tensors: "The size of tensor a (8) must match the
 # size of tensor b (16)". No manifest is written.
 run chained-muon-tp2-ep2-etp1-hashed --tp 2 --ep 2 --etp 1 --optimizer muon --gradients hashed
