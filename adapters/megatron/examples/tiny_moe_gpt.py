@@ -240,17 +240,18 @@ def build_optimizer(args, model):
     )
     if args.optimizer == "adam":
         return get_megatron_optimizer(config, [model])
-    if args.dist_opt:
-        raise SystemExit("--dist-opt: megatron-core's Muon does not support the dist optimizer")
     import dataclasses
 
     if "use_layer_wise_distributed_optimizer" in {f.name for f in dataclasses.fields(OptimizerConfig)}:
         # 0.19 and later: Muon is an optimizer name of get_megatron_optimizer, layer-wise a config
         # flag (its get_megatron_muon_optimizer is a shim that builds whatever `optimizer` names:
-        # with "adam" it silently builds AdamW children).
+        # with "adam" it silently builds AdamW children). With --dist-opt the layer-wise Muon is
+        # chained with a DistributedOptimizer for the params Muon does not take.
         config.optimizer = "muon"
         config.use_layer_wise_distributed_optimizer = args.layer_wise
         return get_megatron_optimizer(config, [model])
+    if args.dist_opt:
+        raise SystemExit("--dist-opt: megatron-core 0.16.1's Muon does not support the dist optimizer")
     from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 
     shim = emerging_optimizers_compat()
@@ -279,6 +280,8 @@ def main():
     zeros = optimizer.count_zeros()
     norm_f = float(norm.item() if hasattr(norm, "item") else norm)
     zeros_f = float(zeros.item() if hasattr(zeros, "item") else zeros)
+    # Before the manifest: a configuration the adapter cannot describe still shows its values.
+    print(f"rank {rank}: reported norm {norm_f!r} zeros {zeros_f!r}", flush=True)
     path = tally_megatron.dump_manifest(
         optimizer, model, args.out, grad_norm=norm, num_zeros=zeros
     )
