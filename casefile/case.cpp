@@ -27,9 +27,7 @@ std::optional<std::string> check_case(const Case& c) {
   if (!std::isfinite(o.max_norm) || o.max_norm < 0.0)
     return "max_norm must be finite and >= 0 (0: no clipping)";
   if (o.bucket_elements < 0) return "bucket_elements must be >= 0 (0: one bucket per buffer)";
-  bool stated = !o.gradients.stated.empty();
-  for (const topologies::CustomParam& p : c.model.params) stated = stated || p.gradient.has_value();
-  if (stated) return gradnorm::check_stated(o.gradients, topologies::LogicalModel(c.model, c.topology));
+  if (gradnorm::states_gradients(o.gradients, c.model)) return gradnorm::check_stated(o.gradients, topologies::LogicalModel(c.model, c.topology));
   return std::nullopt;
 }
 

@@ -1,5 +1,6 @@
 #include "gradnorm/gradients.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -43,6 +44,12 @@ std::string gradient_text(const StatedGradient& g) {
 }
 
 }  // namespace
+
+bool states_gradients(const GradientSpec& gradients, const topologies::ModelSpec& model) {
+  return !gradients.stated.empty() ||
+         std::any_of(model.params.begin(), model.params.end(),
+                     [](const topologies::CustomParam& p) { return p.gradient.has_value(); });
+}
 
 std::vector<kernels::GeneratorSpec> param_generators(const GradientSpec& gradients,
                                                      const topologies::LogicalModel& model) {

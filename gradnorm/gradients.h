@@ -13,6 +13,9 @@
 
 namespace tally::gradnorm {
 
+// Whether the case states any gradient values: in `gradients.stated` or a custom layout's own.
+bool states_gradients(const GradientSpec& gradients, const topologies::ModelSpec& model);
+
 // One spec per logical param, by id. A listed spec points at its values in `gradients` or in
 // `model`'s spec, which must outlive the table.
 std::vector<kernels::GeneratorSpec> param_generators(const GradientSpec& gradients,

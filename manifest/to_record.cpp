@@ -20,6 +20,13 @@ constexpr std::size_t kMaxShownRanks = 16;
   throw ManifestError(manifest_file_name(rank) + ": " + why);
 }
 
+// The index of the separate grad-norm group `name` in the record, or -1 (0 is the main norm).
+int norm_group_of(const record::RunRecord& run, const std::string& name) {
+  for (std::size_t g = 1; g < run.norm_groups.size(); ++g)
+    if (run.norm_groups[g].name == name) return static_cast<int>(g);
+  return -1;
+}
+
 std::string ranks_text(const std::vector<int>& ranks) {
   return record::rank_list_text(ranks, static_cast<std::int64_t>(ranks.size()), kMaxShownRanks);
 }
@@ -291,11 +298,10 @@ record::RunRecord to_record(const RunManifests& manifests) {
                         "': tally judges one separate grad-norm group besides the main norm");
   for (const RankManifest* m : ranks)
     for (const auto& [name, norm] : m->reported.group_norms) {
-      auto known = std::find_if(run.norm_groups.begin() + 1, run.norm_groups.end(),
-                                [&](const record::NormGroup& g) { return g.name == name; });
-      if (known == run.norm_groups.end())
+      const int group = norm_group_of(run, name);
+      if (group <= 0)
         invalid(m->rank, "reported.group_norms names '" + name + "', a grad_norm_group no param of the run carries");
-      known->counted = true;
+      run.norm_groups[static_cast<std::size_t>(group)].counted = true;
     }
 
   run.groups = manifests.groups;  // group ids are the record's
@@ -344,11 +350,8 @@ record::RunRecord to_record(const RunManifests& manifests) {
     rank.reported.norm = m->reported.norm;
     rank.reported.inf_norm = m->reported.inf_norm;
     rank.reported.zeros = m->reported.zeros;
-    for (const auto& [name, norm] : m->reported.group_norms) {
-      const auto known = std::find_if(run.norm_groups.begin(), run.norm_groups.end(),
-                                      [&](const record::NormGroup& g) { return g.name == name; });
-      rank.reported.group_norms.push_back({static_cast<int>(known - run.norm_groups.begin()), norm, 1.0});
-    }
+    for (const auto& [name, norm] : m->reported.group_norms)
+      rank.reported.group_norms.push_back({norm_group_of(run, name), norm, 1.0});
   }
   return run;
 }

@@ -41,8 +41,7 @@ oracle::ReductionModel reduction_model(const topologies::LogicalModel& model,
   m.children = 1;
   // Stated values are any doubles (0.1 squares inexactly), and each stated generator is one more
   // kernel call whose sum is added on the rank.
-  bool stated = !options.gradients.stated.empty();
-  for (const topologies::CustomParam& p : model.spec().params) stated = stated || p.gradient.has_value();
+  const bool stated = gradnorm::states_gradients(options.gradients, model.spec());
   m.exact_mode = kernels::mode_is_exact(options.gradients.generator.mode) && !stated;
   if (stated) m.shards = 2 * m.shards;
   return m;
