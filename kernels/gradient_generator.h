@@ -495,15 +495,22 @@ inline float stated_value(const GeneratorSpec& spec, std::uint64_t key, std::uin
   }
   return stored_value(spec.mode, spec.dtype, key, element);
 }
+
+// What every host reader of one param's values calls: stated or generated, with the key hoisted.
+inline float stored_value(const GeneratorSpec& spec, std::uint64_t key, std::uint64_t element) {
+  return states_values(spec) ? stated_value(spec, key, element)
+                             : stored_value(spec.mode, spec.dtype, key, element);
+}
 #endif
 
 // Element `element` (row-major index in the logical tensor) of logical parameter `param`.
 TALLY_HOST_DEVICE inline float gradient_value(const GeneratorSpec& spec, std::uint64_t param,
                                               std::uint64_t element) {
 #if !defined(__CUDA_ARCH__)
-  if (states_values(spec)) return stated_value(spec, stream_key(spec.seed, param), element);
-#endif
+  return stored_value(spec, stream_key(spec.seed, param), element);
+#else
   return stored_value(spec.mode, spec.dtype, stream_key(spec.seed, param), element);
+#endif
 }
 
 }  // namespace tally::kernels

@@ -213,10 +213,7 @@ record::GradStats range_truth(const topologies::LogicalParam& param, const recor
       rest /= box.extent.size[d];
       stride *= param.shape.dims[d];
     }
-    const double g = kernels::states_values(gradients)
-                         ? kernels::stated_value(gradients, key, static_cast<std::uint64_t>(logical))
-                         : kernels::stored_value(gradients.mode, gradients.dtype, key,
-                                                 static_cast<std::uint64_t>(logical));
+    const double g = kernels::stored_value(gradients, key, static_cast<std::uint64_t>(logical));
     block.squares.add(g * g);  // exact: a square of a <= 24-bit significand
     block.abs_max = std::max(block.abs_max, std::abs(g));
     block.zeros += g == 0.0;
