@@ -86,6 +86,8 @@ topologies::ParallelConfig read_topology(const json& value, const std::string& p
                 [&etp](const json& v, const std::string& p) {
                   etp = static_cast<int>(read_integer(v, p, 1, topologies::kMaxWorld));
                 }},
+               {"gtp", size(t.gtp, world_max)},
+               {"egtp", size(t.egtp, world_max)},
                {"vpp", size(t.vpp, topologies::kMaxSize)},
                {"order",
                 [&t](const json& v, const std::string& p) {
@@ -358,6 +360,10 @@ ordered_json case_to_json(const Case& c) {
   j["topology"] = {{"world", t.world}, {"tp", t.tp},   {"cp", t.cp},
                    {"pp", t.pp},       {"ep", t.ep},   {"etp", t.etp},
                    {"vpp", t.vpp},     {"order", t.order}, {"dist_opt_instances", t.dist_opt_instances}};
+  if (topologies::uses_gtp(t)) {  // megatron-core 0.19's axes: written only where they are used
+    j["topology"]["gtp"] = t.gtp;
+    j["topology"]["egtp"] = t.egtp;
+  }
   j["model"] = model_spec_to_json(c.model);
   j["optimizer"] = {{"model", gradnorm::optimizer_model_name(o.optimizer)},
                     {"bucket_elements", o.bucket_elements}};

@@ -65,6 +65,8 @@ std::string world_text(const topologies::ParallelConfig& c) {
   add("dp", topologies::dp(c));
   add("ep", c.ep);
   if (c.etp != c.tp) axes += (axes.empty() ? "" : ", ") + std::string("etp ") + std::to_string(c.etp);
+  add("gtp", c.gtp);
+  add("egtp", c.egtp);
   add("vpp", c.vpp);
   add("dist-opt instances", c.dist_opt_instances);
   if (c.order != topologies::kDefaultOrder) axes += (axes.empty() ? "" : ", ") + std::string("order ") + c.order;

@@ -32,6 +32,12 @@ MegatronArgs megatron_args(const casefile::Case& c) {
   integer("--pipeline-model-parallel-size", t.pp);
   integer("--expert-model-parallel-size", t.ep);
   integer("--expert-tensor-parallel-size", t.etp);
+  // megatron-core 0.19 spells generalized TP as the total shard count per weight.
+  if (t.gtp > 1) integer("--tensor-parallel-num-weight-shards", std::int64_t{t.tp} * t.gtp);
+  if (t.egtp > 1)
+    integer("--expert-tensor-parallel-num-weight-shards", std::int64_t{t.etp} * t.egtp);
+  if (topologies::uses_gtp(t))
+    m.notes.push_back("generalized TP needs megatron-core 0.19 or later with Transformer Engine 2.19 or later");
   if (t.vpp > 1) integer("--num-virtual-stages-per-pipeline-rank", t.vpp);
   if (t.dist_opt_instances > 1) integer("--num-distributed-optimizer-instances", t.dist_opt_instances);
   std::string order_error;

@@ -43,7 +43,11 @@ void write_ranks(std::ostream& out, std::span<const int> ranks) {
 void print_layout_json(std::ostream& out, const RankLayout& layout) {
   nlohmann::ordered_json j = config_json(layout);
   nlohmann::ordered_json& groups = j["groups"];
-  for (Family family : kPrintedFamilies) {
+  std::vector<Family> printed(kPrintedFamilies.begin(), kPrintedFamilies.end());
+  if (topologies::uses_gtp(layout.config()))
+    for (Family family : topologies::megatron_families(layout.config()).subspan(17))
+      printed.push_back(family);
+  for (Family family : printed) {
     nlohmann::json list = nlohmann::json::array();
     for (int g = 0; g < layout.group_count(family); ++g) {
       std::span<const int> ranks = layout.ranks({family, g});
@@ -57,8 +61,11 @@ void print_layout_json(std::ostream& out, const RankLayout& layout) {
 void print_header(std::ostream& out, const RankLayout& layout) {
   const topologies::ParallelConfig& c = layout.config();
   out << "world " << c.world << "  dense: tp " << c.tp << ", cp " << c.cp << ", pp " << c.pp
-      << ", dp " << layout.dp() << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp "
-      << layout.edp() << "  order " << c.order;
+      << ", dp " << layout.dp();
+  if (topologies::uses_gtp(c)) out << ", gtp " << c.gtp;
+  out << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp " << layout.edp();
+  if (topologies::uses_gtp(c)) out << ", egtp " << c.egtp;
+  out << "  order " << c.order;
   if (c.vpp != 1) out << "  vpp " << c.vpp;
   if (c.dist_opt_instances != 1) out << "  dist-opt instances " << c.dist_opt_instances;
   out << '\n';
@@ -66,12 +73,12 @@ void print_header(std::ostream& out, const RankLayout& layout) {
 
 void print_layout_table(std::ostream& out, const RankLayout& layout, int max_groups) {
   print_header(out, layout);
-  out << '\n' << std::left << std::setw(15) << "family" << std::right << std::setw(7) << "groups"
+  out << '\n' << std::left << std::setw(18) << "family" << std::right << std::setw(7) << "groups"
       << std::setw(6) << "size" << "  ranks\n";
   bool truncated = false;
-  for (Family family : topologies::kMegatronFamilies) {
+  for (Family family : topologies::megatron_families(layout.config())) {
     const int count = layout.group_count(family);
-    out << std::left << std::setw(15) << topologies::family_name(family) << std::right
+    out << std::left << std::setw(18) << topologies::family_name(family) << std::right
         << std::setw(7) << count << std::setw(6) << layout.ranks({family, 0}).size() << " ";
     const int shown = max_groups > 0 ? std::min(count, max_groups) : count;
     for (int g = 0; g < shown; ++g) {
@@ -100,7 +107,7 @@ void print_rank(std::ostream& out, const RankLayout& layout, int rank, bool json
     j["rank"] = rank;
     j["coordinates"] = coordinates_json(layout, rank);
     nlohmann::ordered_json& groups = j["groups"];
-    for (Family family : topologies::kMegatronFamilies) {
+    for (Family family : topologies::megatron_families(layout.config())) {
       const std::optional<GroupId> group = layout.group_of(family, rank);
       if (!group) {
         groups[std::string(topologies::family_name(family))] = nullptr;
@@ -116,13 +123,17 @@ void print_rank(std::ostream& out, const RankLayout& layout, int rank, bool json
     return;
   }
   print_header(out, layout);
+  const bool gtp = topologies::uses_gtp(layout.config());
   out << "\nrank " << rank << "  dense: tp " << c.tp << ", cp " << c.cp << ", dp " << c.dp
-      << ", pp " << c.pp << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp " << c.edp
-      << "\n\n"
-      << std::left << std::setw(15) << "family" << std::right << std::setw(7) << "group"
+      << ", pp " << c.pp;
+  if (gtp) out << ", gtp " << c.gtp;
+  out << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp " << c.edp;
+  if (gtp) out << ", egtp " << c.egtp;
+  out << "\n\n"
+      << std::left << std::setw(18) << "family" << std::right << std::setw(7) << "group"
       << std::setw(7) << "index" << "  ranks\n";
-  for (Family family : topologies::kMegatronFamilies) {
-    out << std::left << std::setw(15) << topologies::family_name(family) << std::right;
+  for (Family family : topologies::megatron_families(layout.config())) {
+    out << std::left << std::setw(18) << topologies::family_name(family) << std::right;
     const std::optional<GroupId> group = layout.group_of(family, rank);
     if (!group) {
       out << std::setw(7) << "-" << std::setw(7) << "-" << "  (none: a middle pipeline stage)\n";

@@ -23,6 +23,20 @@ void add_topology_flags(CLI::App& command, TopologyFlags& flags, bool world_requ
   command.add_option("--etp,--expert-tensor-parallel-size", flags.etp,
                      "Expert tensor-parallel size (default: tp)")
       ->check(any_int());
+  command.add_option("--gtp,--gtp-weight-remat-size", flags.gtp,
+                     "Generalized-TP (megatron-core 0.19) weight shards per TP shard; 1: plain TP")
+      ->check(any_int())
+      ->capture_default_str();
+  command.add_option("--egtp,--expert-gtp-weight-remat-size", flags.egtp,
+                     "Expert generalized-TP weight shards per ETP shard (independent of --gtp)")
+      ->check(any_int())
+      ->capture_default_str();
+  command.add_option("--tensor-parallel-num-weight-shards", flags.weight_shards,
+                     "Megatron-LM's spelling of GTP: tp * gtp shards per weight (sets --gtp)")
+      ->check(any_int());
+  command.add_option("--expert-tensor-parallel-num-weight-shards", flags.expert_weight_shards,
+                     "Megatron-LM's spelling of expert GTP: etp * egtp shards (sets --egtp)")
+      ->check(any_int());
   command.add_option("--vpp,--num-virtual-stages-per-pipeline-rank", flags.vpp,
                      "Virtual pipeline chunks per stage")
       ->check(any_int())
@@ -36,6 +50,24 @@ void add_topology_flags(CLI::App& command, TopologyFlags& flags, bool world_requ
       ->capture_default_str();
 }
 
+namespace {
+
+// Megatron-LM's resolve_tensor_parallel_weight_shards: the shard count is the source of truth.
+int resolve_gtp(const std::optional<int>& shards, int gtp, int tp, const char* shards_flag,
+                const char* gtp_flag, const char* tp_flag) {
+  if (!shards) return gtp;
+  const std::string given = std::string(shards_flag) + " " + std::to_string(*shards);
+  if (*shards < tp || *shards % tp != 0)
+    throw UsageError(given + " must be a multiple of " + tp_flag + " " + std::to_string(tp) +
+                     " (it counts tp x gtp shards per weight)");
+  if (gtp != 1 && gtp != *shards / tp)
+    throw UsageError(given + " means " + gtp_flag + " " + std::to_string(*shards / tp) +
+                     ", but " + gtp_flag + " " + std::to_string(gtp) + " was given too");
+  return *shards / tp;
+}
+
+}  // namespace
+
 topologies::ParallelConfig to_valid_config(const TopologyFlags& flags) {
   topologies::ParallelConfig config;
   config.world = flags.world;
@@ -44,6 +76,10 @@ topologies::ParallelConfig to_valid_config(const TopologyFlags& flags) {
   config.pp = flags.pp;
   config.ep = flags.ep;
   config.etp = flags.etp.value_or(flags.tp);
+  config.gtp = resolve_gtp(flags.weight_shards, flags.gtp, config.tp,
+                           "--tensor-parallel-num-weight-shards", "--gtp", "--tp");
+  config.egtp = resolve_gtp(flags.expert_weight_shards, flags.egtp, config.etp,
+                            "--expert-tensor-parallel-num-weight-shards", "--egtp", "--etp");
   config.vpp = flags.vpp;
   config.order = flags.order;
   config.dist_opt_instances = flags.dist_opt_instances;

@@ -48,9 +48,13 @@ std::string stated_text(const casefile::Case& c) {
 std::string case_summary(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
   std::ostringstream out;
+  const bool gtp = topologies::uses_gtp(t);
   out << "world " << t.world << " (dense tp " << t.tp << ", cp " << t.cp << ", pp " << t.pp
-      << ", dp " << topologies::dp(t) << "; expert etp " << t.etp << ", ep " << t.ep << ", edp "
-      << topologies::edp(t) << "; order " << t.order;
+      << ", dp " << topologies::dp(t);
+  if (gtp) out << ", gtp " << t.gtp;
+  out << "; expert etp " << t.etp << ", ep " << t.ep << ", edp " << topologies::edp(t);
+  if (gtp) out << ", egtp " << t.egtp;
+  out << "; order " << t.order;
   if (t.vpp != 1) out << ", vpp " << t.vpp;
   if (t.dist_opt_instances != 1) out << ", " << t.dist_opt_instances << " dist-opt instances";
   out << ")\nmodel: " << topologies::describe(c.model) << "\noptimizer "

@@ -137,12 +137,6 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
   return result;
 }
 
-std::optional<std::string> fault_not_applicable(gradnorm::Fault fault) {
-  if (fault == gradnorm::Fault::expert_label_ignores_gtp)
-    return "needs expert GTP != dense GTP; tally has no GTP axis yet, so no case can trigger it";
-  return std::nullopt;
-}
-
 std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRunner& run,
                                       const std::function<void(const MutantResult&)>& on_result,
                                       const std::atomic<bool>* stop) {
@@ -154,9 +148,7 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
     if (stop && stop->load()) break;
     MutantResult r;
     r.fault = fault;
-    if (std::optional<std::string> why = fault_not_applicable(fault)) {
-      r.not_applicable = *why;
-    } else if (fault == gradnorm::Fault::empty_rank_skips_collective && options.exact_world > 0) {
+    if (fault == gradnorm::Fault::empty_rank_skips_collective && options.exact_world > 0) {
       // On sim a hang is a verdict; on mpi and nccl the watchdog ends the whole job (exit 3).
       r.not_applicable = "on a process-per-rank backend the hang it causes ends the job (exit 3): "
                          "run it on sim, or see the hang tests";

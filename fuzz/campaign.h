@@ -82,9 +82,6 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
 
 // ---- The mutation score.
 
-// Why no case can trigger `fault` (nullopt: some case can).
-std::optional<std::string> fault_not_applicable(gradnorm::Fault fault);
-
 struct MutantOptions {
   std::int64_t budget = 1000;  // cases per fault
   std::uint64_t seed = 1;
@@ -97,7 +94,7 @@ struct MutantOptions {
 
 struct MutantResult {
   gradnorm::Fault fault{};
-  std::string not_applicable;  // non-empty: the reason, and nothing was run
+  std::string not_applicable;  // non-empty: why this backend cannot run it, and nothing was run
   bool found = false;
   std::int64_t cases = 0;  // cases run (the finding one included)
   double seconds = 0.0;

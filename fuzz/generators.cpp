@@ -90,17 +90,18 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
-// The stride of the tp axis in one grid (the product of the sizes before it in the order).
-std::int64_t tp_stride(const ParallelConfig& c, const topologies::AxisOrder& order, bool expert) {
+// The stride of `axis` in one grid (the product of the sizes before it in the grid's order).
+std::int64_t axis_stride(const ParallelConfig& c, topologies::Axis axis, bool expert) {
   std::int64_t stride = 1;
-  for (topologies::Axis axis : order) {
-    if (axis == topologies::Axis::tp) return stride;
-    switch (axis) {
+  for (topologies::Axis at : topologies::grid_order(c, expert)) {
+    if (at == axis) return stride;
+    switch (at) {
       case topologies::Axis::cp: stride *= expert ? 1 : c.cp; break;
       case topologies::Axis::ep: stride *= expert ? c.ep : 1; break;
       case topologies::Axis::dp: stride *= expert ? topologies::edp(c) : topologies::dp(c); break;
       case topologies::Axis::pp: stride *= c.pp; break;
-      case topologies::Axis::tp: break;
+      case topologies::Axis::tp: stride *= expert ? c.etp : c.tp; break;
+      case topologies::Axis::gtp: stride *= expert ? c.egtp : c.gtp; break;
     }
   }
   return stride;
@@ -173,6 +174,23 @@ ParallelConfig pick_config(const TopologyGenOptions& o, int size) {
   instance_weights[0] = 70;
   const int instance_index = *weighted_index(instance_weights);
   if (order_index == 0) c.dist_opt_instances = instance_choices[static_cast<std::size_t>(instance_index)];
+
+  // Generalized TP (megatron-core 0.19), picked last so the picks above keep their meaning: GTP
+  // takes a divisor of the dense DP degree and EGTP one of the expert DP degree, so the world
+  // stays. A choice Megatron-LM rejects (several instances, pp groups that differ) or a corner
+  // gives way to no GTP, which is valid wherever the rest is.
+  const int gtp_pick = *weighted_index({60, 28, 4, 8});
+  const int egtp_pick = *weighted_index({50, 30, 5, 15});
+  const int gtp_kind = *weighted_index({35, 65});  // egtp: gtp's pick, or its own
+  const ParallelConfig without_gtp = c;
+  c.gtp = largest_divisor_at_most(topologies::dp(c), kSizes[static_cast<std::size_t>(gtp_pick)]);
+  c.egtp = largest_divisor_at_most(topologies::edp(c),
+                                   kSizes[static_cast<std::size_t>(gtp_kind == 0 ? gtp_pick : egtp_pick)]);
+  if (topologies::uses_gtp(c)) {
+    c.dist_opt_instances = 1;
+    if (topologies::check_config(c) || (o.avoid_megatron_corners && !megatron_layout_assumptions_hold(c)))
+      c = without_gtp;
+  }
   return c;
 }
 
@@ -374,10 +392,13 @@ gradnorm::PathOptions pick_path_options() {
 
 bool megatron_layout_assumptions_hold(const ParallelConfig& c) {
   if (c.dist_opt_instances > 1 && c.order != topologies::kDefaultOrder) return false;
-  if (c.ep > 1 || c.etp != c.tp || c.tp == 1) return true;
-  // Both families split ranks into runs of tp ranks {base + i * stride}: equal iff the strides are.
-  const topologies::AxisOrder order = topologies::resolved_order(c);
-  return tp_stride(c, order, false) == tp_stride(c, order, true);
+  if (c.ep > 1 || c.etp != c.tp || c.egtp != c.gtp) return true;
+  // Experts treated as dense: their ETP (EGTP) groups must be the TP (GTP) groups. Both families
+  // split ranks into runs {base + i * stride} of one size: equal iff the strides are.
+  using topologies::Axis;
+  if (c.tp > 1 && axis_stride(c, Axis::tp, false) != axis_stride(c, Axis::tp, true)) return false;
+  if (c.gtp > 1 && axis_stride(c, Axis::gtp, false) != axis_stride(c, Axis::gtp, true)) return false;
+  return true;
 }
 
 rc::Gen<ParallelConfig> gen_config(const TopologyGenOptions& options) {

@@ -28,11 +28,11 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "group, dense data-parallel sharding",
      "experts with EP = 1 and ETP != TP"},
     {Fault::expert_label_ignores_gtp, "expert-label-ignores-gtp",
-     "Megatron-LM #6080 (use_expert_pgs ignored expert GTP != dense GTP)",
+     "Megatron-LM #6080 (use_expert_pgs ignored expert GTP != dense GTP; still so in released "
+     "megatron-core 0.19.2)",
      "experts are labelled dense when EP = 1 and ETP = TP even if the expert GTP size differs "
      "from the dense one",
-     "experts with EP = 1, ETP = TP and EGTP != GTP (tally has no GTP axis yet, so no case can "
-     "trigger it)"},
+     "experts with EP = 1, ETP = TP and EGTP != GTP (megatron-core 0.19.2's own rule)"},
     {Fault::expert_stats_over_dense_mp, "expert-stats-over-dense-mp",
      "Megatron-LM #3024 (non-LayerWise Muon put expert weights in the dense optimizer)",
      "expert linear weights join the dense Muon child, whose stats group is TP x PP: the other "
@@ -113,6 +113,12 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "then the norm is the mean of those over the data-parallel group (DP x CP)",
      "data-parallel ranks whose gradients differ: experts with EP > 1, or the distributed "
      "optimizer with DP x CP > 1"},
+    {Fault::muon_expert_stats_without_egtp, "muon-expert-stats-without-egtp",
+     "megatron-core 0.19.2 _get_megatron_emerging_optimizer (expert children get tp_ep_pp, not "
+     "the EGTP-merged group; read from source, docs/megatron-reference.md section 9)",
+     "the non-layer-wise Muon chain reduces its expert children's statistics over tp-ep-pp, which "
+     "does not span expert GTP: each EGTP rank's norm misses the other EGTP shards",
+     "the muon optimizer model with experts in the expert topology and EGTP > 1"},
 }};
 
 }  // namespace

@@ -36,8 +36,9 @@ enum class Fault : std::uint8_t {
   clip_per_stage_norm,
   clip_per_ep_group_norm,
   average_local_norms_over_dp,
+  muon_expert_stats_without_egtp,
 };
-inline constexpr int kFaultCount = 24;
+inline constexpr int kFaultCount = 25;
 
 struct FaultInfo {
   Fault fault;

@@ -12,10 +12,12 @@ using topologies::ParamClass;
 constexpr std::array<OptimizerModelInfo, kOptimizerModelCount> kModels = {{
     {OptimizerModel::plain, "plain",
      "non-distributed chained optimizer: dense child over tp-pp, expert child over "
-     "expt-tp-ep-pp; one reduction when they share a group, else sqrt of summed squares"},
+     "expt-tp-ep-pp (tp-ep-gtp-pp with expert GTP); one reduction when they share a group, else "
+     "sqrt of summed squares"},
     {OptimizerModel::distributed, "distributed",
      "distributed optimizer (ZeRO-1): bucketed flat buffers split in equal contiguous ranges over "
-     "dp-cp (dense) and expt-dp (expert), with padding; stats over the instance"},
+     "dp-cp (dense) and expt-dp (expert), with padding; stats over the instance (the world with "
+     "GTP)"},
     {OptimizerModel::layerwise, "layerwise",
      "layer-wise distributed optimizer (Muon): whole params owned by one DP (EDP) rank; stats "
      "over the world; children receive both TP groups"},
@@ -63,11 +65,12 @@ namespace {
 
 // The part of `stats` on one pipeline stage. With several distributed-optimizer instances the
 // stage's group spans all of them: no Megatron-LM group is an instance's part of one stage.
-Family within_stage(Family stats) {
+Family within_stage(Family stats, bool gtp, bool egtp) {
   switch (stats) {
-    case Family::tp_pp: return Family::tp;
+    case Family::tp_pp: return gtp ? Family::tp_gtp : Family::tp;
     case Family::expt_tp_ep_pp: return Family::expt_tp_ep;
-    case Family::expt_tp_pp: return Family::expt_tp;
+    case Family::expt_tp_ep_gtp_pp: return Family::expt_tp_ep_gtp;
+    case Family::expt_tp_pp: return egtp ? Family::expt_tp_gtp : Family::expt_tp;
     case Family::world:
     case Family::dist_opt: return Family::tp_dp_cp;
     case Family::expt_tp_dp_pp: return Family::expt_tp_dp;
@@ -78,8 +81,10 @@ Family within_stage(Family stats) {
 // `stats` without its EP axis (the dense groups have none).
 Family without_ep(Family stats) {
   switch (stats) {
-    case Family::expt_tp_ep_pp: return Family::expt_tp_pp;
+    case Family::expt_tp_ep_pp:
+    case Family::expt_tp_ep_gtp_pp: return Family::expt_tp_pp;
     case Family::expt_tp_ep: return Family::expt_tp;
+    case Family::expt_tp_ep_gtp: return Family::expt_tp_gtp;
     case Family::world:
     case Family::dist_opt: return Family::expt_tp_dp_pp;
     case Family::tp_dp_cp: return Family::expt_tp_dp;
@@ -87,9 +92,9 @@ Family without_ep(Family stats) {
   }
 }
 
-Family clip_family(Family stats, const FaultSet& faults) {
+Family clip_family(Family stats, const topologies::ModelPlacement& m, const FaultSet& faults) {
   Family family = stats;
-  if (faults.has(Fault::clip_per_stage_norm)) family = within_stage(family);
+  if (faults.has(Fault::clip_per_stage_norm)) family = within_stage(family, m.gtp > 1, m.egtp > 1);
   if (faults.has(Fault::clip_per_ep_group_norm)) family = without_ep(family);
   return family;
 }
@@ -101,9 +106,11 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
   OptimizerPlan plan;
   plan.model = model;
   const topologies::ModelPlacement& m = logical.placement();
-  // Megatron-LM's use_expert_pgs; #5916's uncommon case derived it from EP alone.
-  const bool expert_pgs = faults.has(Fault::expert_label_from_ep_only)
-                              ? m.ep > 1
+  // Megatron-LM's use_expert_pgs; #5916's uncommon case derived it from EP alone, and
+  // megatron-core 0.19.2 has no GTP term (#6080).
+  const bool expert_pgs = faults.has(Fault::expert_label_from_ep_only) ? m.ep > 1
+                          : faults.has(Fault::expert_label_ignores_gtp)
+                              ? m.ep > 1 || m.etp != m.tp
                               : topologies::expert_topology(m);
 
   const int count = logical.size();
@@ -142,16 +149,24 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
   const bool replicas = faults.has(Fault::stats_over_replicas);
   const bool no_pp = faults.has(Fault::missing_pp_reduction);
   const bool no_ep = faults.has(Fault::missing_ep_reduction);
+  // With GTP the model-parallel groups span it: tp-gtp_remat-pp (MP, the tp_pp family) and
+  // the expert tp-ep-gtp_remat-pp; without it these are 0.16.1's tp-pp and tp-ep-pp.
+  const Family dense_stage = m.gtp > 1 ? Family::tp_gtp : Family::tp;
+  const bool egtp = m.egtp > 1;
   auto stats_family = [&](ChildRole role) -> Family {
     const bool expert = role == ChildRole::expert || role == ChildRole::expert_muon;
     switch (model) {
       case OptimizerModel::plain:
       case OptimizerModel::muon:
         if (replicas) return no_pp ? Family::tp_dp_cp : Family::world;
-        if (!expert) return no_pp ? Family::tp : Family::tp_pp;
+        if (!expert) return no_pp ? dense_stage : Family::tp_pp;
         // #785: the expert child's model-parallel group was TP x PP.
-        if (faults.has(Fault::clip_per_child_norm)) return no_pp ? Family::tp : Family::tp_pp;
-        if (no_ep) return no_pp ? Family::expt_tp : Family::expt_tp_pp;
+        if (faults.has(Fault::clip_per_child_norm)) return no_pp ? dense_stage : Family::tp_pp;
+        if (no_ep) return no_pp ? (egtp ? Family::expt_tp_gtp : Family::expt_tp) : Family::expt_tp_pp;
+        // 0.19.2's emerging-optimizer path gives expert children tp_ep_pp, which misses EGTP.
+        if (egtp && !(model == OptimizerModel::muon &&
+                      faults.has(Fault::muon_expert_stats_without_egtp)))
+          return no_pp ? Family::expt_tp_ep_gtp : Family::expt_tp_ep_gtp_pp;
         return no_pp ? Family::expt_tp_ep : Family::expt_tp_ep_pp;
       case OptimizerModel::distributed:
         if (expert && no_ep) return Family::expt_tp_dp_pp;
@@ -174,7 +189,7 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
     child_index[static_cast<int>(role)] = static_cast<int>(plan.children.size());
     const bool expert = role == ChildRole::expert || role == ChildRole::expert_muon;
     const Family stats = stats_family(role);
-    plan.children.push_back(Child{role, expert, stats, clip_family(stats, faults)});
+    plan.children.push_back(Child{role, expert, stats, clip_family(stats, m, faults)});
   }
   for (int id = 0; id < count; ++id) plan.child_of_param[id] = child_index[static_cast<int>(role_of[id])];
   plan.shared_stats = !plan.children.empty();

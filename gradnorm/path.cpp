@@ -183,7 +183,7 @@ struct RankState {
 };
 
 record::Attributes attributes_of(const topologies::LocalParam& a) {
-  return {a.tensor_model_parallel, a.partition_dim, a.allreduce, a.shared};
+  return {a.tensor_model_parallel, a.partition_dim, a.allreduce, a.shared, a.gtp_weight_remat};
 }
 
 record::Box box_of(const topologies::Slice& slice, int ndim) {
@@ -197,9 +197,11 @@ record::Box box_of(const topologies::Slice& slice, int ndim) {
 }
 
 // The rule behind the filter's decision, as the record states it.
-record::Rule record_rule(Rule rule, bool child_norm_discarded) {
+record::Rule record_rule(Rule rule, const GtpCheck& gtp, bool child_norm_discarded) {
   record::Rule out;
   out.child_norm_discarded = child_norm_discarded;
+  if (gtp.applies && rule != Rule::dropped_shared && rule != Rule::kept_without_filter)
+    out.gtp_dedup = gtp.family == Family::gtp ? record::GtpDedup::gtp : record::GtpDedup::expert_gtp;
   switch (rule) {
     case Rule::kept_tensor_parallel: out.basis = record::Basis::tensor_parallel_shard; break;
     case Rule::kept_without_filter: out.basis = record::Basis::no_filter; break;
@@ -235,7 +237,7 @@ class HeldMemo {
 
   const Held& of(int rank) {
     const topologies::Coordinates at = layout_.coordinates(rank);
-    auto [it, fresh] = by_position_.try_emplace({at.tp, at.etp, at.ep, at.pp});
+    auto [it, fresh] = by_position_.try_emplace({at.tp, at.etp, at.ep, at.pp, at.gtp, at.egtp});
     Held& held = it->second;
     if (!fresh) return held;
     topologies::local_params(model_, layout_, rank, held.local);
@@ -258,7 +260,7 @@ class HeldMemo {
   const topologies::RankLayout& layout_;
   const OptimizerPlan& plan_;
   const FaultSet& faults_;
-  std::map<std::array<int, 4>, Held> by_position_;
+  std::map<std::array<int, 6>, Held> by_position_;
 };
 
 void run_local_phase(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
@@ -300,7 +302,8 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     const MainParam& param = main[piece.local_index];
     const topologies::LogicalParam& logical = model.param(param.attrs.logical_id);
     const Rule rule = filter_rule(param, layout, rank, faults);
-    const bool kept = rule_keeps(rule);
+    const GtpCheck gtp = gtp_check(param, layout, rank);
+    const bool kept = rule_keeps(rule) && (rule == Rule::kept_without_filter || gtp.keeps);
     const NormShare share = kept ? norm_share(plan, param, logical, faults) : NormShare::zeros_only;
     record::Piece& decided = decisions.pieces.emplace_back();
     decided.param = piece.local_index;
@@ -311,7 +314,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     decided.counted_in = !kept || share == NormShare::zeros_only ? -1
                          : share == NormShare::mtp               ? kMtpNorm
                                                                  : kMainNorm;
-    decided.rule = record_rule(rule, kept && share == NormShare::zeros_only);
+    decided.rule = record_rule(rule, gtp, kept && share == NormShare::zeros_only);
     if (!kept) continue;
 
     const int u = unit_of_child[param.child];
@@ -510,6 +513,10 @@ record::RankRecord combine(const topologies::RankLayout& layout, const Optimizer
   result.local = state.local;
   result.tp_group = groups.of(Family::tp, state.rank);
   result.expert_tp_group = groups.of(Family::expt_tp, state.rank);
+  if (topologies::uses_gtp(layout.config())) {
+    result.gtp_group = groups.of(Family::gtp, state.rank);
+    result.expert_gtp_group = groups.of(Family::expt_gtp, state.rank);
+  }
   result.children.resize(plan.children.size());
   record::Reported& reported = result.reported;
   double squares = 0.0, squares_mtp = 0.0, inf = 0.0, inf_l2 = 0.0, clip_squares = 0.0;

@@ -30,6 +30,7 @@ struct Attributes {
   bool allreduce = true;
   bool shared = false;
   std::optional<std::string> grad_norm_group;
+  bool is_gtp_weight_remat = false;  // megatron-core 0.19; optional in the file, default false
   friend bool operator==(const Attributes&, const Attributes&) = default;
 };
 

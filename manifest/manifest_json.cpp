@@ -136,7 +136,9 @@ Attributes read_attributes(const json& value, const std::string& path) {
                {"grad_norm_group",
                 [&](const json& v, const std::string& p) {
                   if (!v.is_null()) a.grad_norm_group = read_string(v, p, kMaxNameLength);
-                }}},
+                }},
+               {"is_gtp_weight_remat",
+                [&](const json& v, const std::string& p) { a.is_gtp_weight_remat = read_bool(v, p); }}},
               "the attributes",
               {"tensor_model_parallel", "partition_dim", "allreduce", "shared", "grad_norm_group"});
   return a;
@@ -388,6 +390,7 @@ ordered_json attributes_json(const Attributes& a) {
   j["allreduce"] = a.allreduce;
   j["shared"] = a.shared;
   j["grad_norm_group"] = a.grad_norm_group ? ordered_json(*a.grad_norm_group) : ordered_json(nullptr);
+  if (a.is_gtp_weight_remat) j["is_gtp_weight_remat"] = true;
   return j;
 }
 

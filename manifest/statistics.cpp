@@ -113,9 +113,12 @@ struct BoxPieces {
   }
 };
 
+// Boxes of one tensor at the same offsets with other extents (a generalized-TP shard that holds
+// only padding has extent 0) are different boxes.
 struct BoxKey {
   int tensor = 0;
   std::array<std::int64_t, record::kMaxDims> offsets{};
+  std::array<std::int64_t, record::kMaxDims> extents{};
   friend auto operator<=>(const BoxKey&, const BoxKey&) = default;
 };
 
@@ -173,8 +176,9 @@ class StatisticsCheck {
   // The box params[index] of `rank` holds, named by its logical param and offsets.
   BoxKey box_key(int rank, int index) const {
     const ModelParam& param = ranks_[static_cast<std::size_t>(rank)]->params[static_cast<std::size_t>(index)];
-    BoxKey key{logical_of_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)], {}};
+    BoxKey key{logical_of_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)], {}, {}};
     std::copy(param.offsets.begin(), param.offsets.end(), key.offsets.begin());
+    std::copy(param.extents.begin(), param.extents.end(), key.extents.begin());
     return key;
   }
 

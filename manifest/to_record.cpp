@@ -228,7 +228,7 @@ std::string kind_of(const Attributes& a) {
 }
 
 record::Attributes attributes_of(const Attributes& a) {
-  return {a.tensor_model_parallel, a.partition_dim, a.allreduce, a.shared};
+  return {a.tensor_model_parallel, a.partition_dim, a.allreduce, a.shared, a.is_gtp_weight_remat};
 }
 
 record::Extents extents_of(const std::vector<std::int64_t>& sizes) {
@@ -240,9 +240,12 @@ record::Extents extents_of(const std::vector<std::int64_t>& sizes) {
 
 // The rule a manifest implies for a piece: Megatron-LM's filter reading the main copy's
 // attributes with the groups its optimizer gave it (docs/megatron-reference.md).
-record::Rule rule_of(const MainParam& piece, const OptimizerRecord& optimizer) {
+// `gtp`: the run names GTP groups (megatron-core 0.19), so param_is_not_gtp_duplicate applies.
+record::Rule rule_of(const MainParam& piece, const OptimizerRecord& optimizer, bool gtp) {
   const Attributes& a = piece.attributes;
   record::Rule rule;
+  if (gtp && !a.shared && !a.is_gtp_weight_remat)
+    rule.gtp_dedup = a.allreduce ? record::GtpDedup::gtp : record::GtpDedup::expert_gtp;
   if (a.shared) rule.basis = record::Basis::shared_copy;
   else if (a.tensor_model_parallel) rule.basis = record::Basis::tensor_parallel_shard;
   else {
@@ -312,6 +315,13 @@ record::RunRecord to_record(const RunManifests& manifests) {
     rank.rank = m->rank;
     rank.tp_group = m->groups.at("tp");
     rank.expert_tp_group = m->groups.at("expt_tp");
+    const auto gtp_group = m->groups.find("gtp_remat");
+    const auto expert_gtp_group = m->groups.find("expt_gtp_remat");
+    const bool gtp = gtp_group != m->groups.end() && expert_gtp_group != m->groups.end();
+    if (gtp) {
+      rank.gtp_group = gtp_group->second;
+      rank.expert_gtp_group = expert_gtp_group->second;
+    }
     record::LocalRecord local;
     const std::vector<int>& logical_of = index_of[static_cast<std::size_t>(m->rank)];
     std::vector<record::LocalParam> params;
@@ -342,7 +352,7 @@ record::RunRecord to_record(const RunManifests& manifests) {
         piece.counted_in =
             p.kept ? run.tensors[static_cast<std::size_t>(logical_of[static_cast<std::size_t>(p.param)])].norm_group : -1;
         piece.in_zero_count = p.kept_zeros;
-        piece.rule = rule_of(p, o);
+        piece.rule = rule_of(p, o, gtp);
         piece.stats = p.stats;
       }
     }

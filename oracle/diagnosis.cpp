@@ -72,20 +72,37 @@ std::string replicated_text(const record::RunRecord& run, const record::RankReco
   return "?";
 }
 
+// The group of megatron-core 0.19's GTP duplicate test for a piece; -1 where none applies or
+// the record lacks it.
+int gtp_dedup_group(const record::RankRecord& rank, const record::Piece& piece) {
+  switch (piece.rule.gtp_dedup) {
+    case record::GtpDedup::none: return -1;
+    case record::GtpDedup::gtp: return rank.gtp_group;
+    case record::GtpDedup::expert_gtp: return rank.expert_gtp_group;
+  }
+  return -1;
+}
+
+bool first_of(const record::RunRecord& run, int group, int rank) {
+  const std::vector<int>& ranks = run.groups[static_cast<std::size_t>(group)];
+  return !ranks.empty() && ranks.front() == rank;
+}
+
 // Whether the rule recorded for a piece keeps it (before any norm is discarded); nullopt where
-// the group it names is missing from the record.
+// a group it names is missing from the record.
 std::optional<bool> rule_keeps(const record::RunRecord& run, const record::RankRecord& rank,
                                const record::Piece& piece) {
-  switch (piece.rule.basis) {
-    case record::Basis::shared_copy: return false;
-    case record::Basis::no_filter:
-    case record::Basis::tensor_parallel_shard: return true;
-    case record::Basis::replicated: break;
+  if (piece.rule.basis == record::Basis::shared_copy) return false;
+  if (piece.rule.basis == record::Basis::no_filter) return true;
+  if (piece.rule.gtp_dedup != record::GtpDedup::none) {
+    const int gtp = gtp_dedup_group(rank, piece);
+    if (gtp < 0) return std::nullopt;
+    if (!first_of(run, gtp, rank.rank)) return false;
   }
+  if (piece.rule.basis == record::Basis::tensor_parallel_shard) return true;
   const int group = dedup_group(rank, piece);
   if (group < 0) return std::nullopt;
-  const std::vector<int>& ranks = run.groups[static_cast<std::size_t>(group)];
-  return !ranks.empty() && ranks.front() == rank.rank;
+  return first_of(run, group, rank.rank);
 }
 
 // What one rank does with one tensor.
@@ -142,6 +159,11 @@ std::string rule_text(const record::RunRecord& run, const record::RankRecord& ra
     case record::Basis::tensor_parallel_shard: why += "a tensor_model_parallel shard"; break;
     case record::Basis::replicated: why += replicated_text(run, rank, piece); break;
   }
+  if (param.attributes.gtp_weight_remat) why += ", a GTP shard (is_gtp_weight_remat)";
+  if (const int gtp = gtp_dedup_group(rank, piece); gtp >= 0)
+    why += std::string(", not a GTP shard: ") +
+           (piece.rule.gtp_dedup == record::GtpDedup::expert_gtp ? "expert " : "") + "GTP group " +
+           group_role(run.groups[static_cast<std::size_t>(gtp)], rank.rank);
   const record::Tensor& tensor = run.tensors[static_cast<std::size_t>(param.tensor)];
   if (tensor.norm_group != 0)
     why += ", in grad_norm_group '" + run.norm_groups[static_cast<std::size_t>(tensor.norm_group)].name + "'";

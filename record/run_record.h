@@ -70,6 +70,9 @@ struct Attributes {
   int partition_dim = -1;  // -1: absent
   bool allreduce = true;   // false: expert topology
   bool shared = false;     // a duplicate copy (a tied output layer on the last stage)
+  // is_gtp_weight_remat (megatron-core 0.19): a distinct generalized-TP shard, kept on every
+  // GTP rank; other params count only on rank 0 of their (expert) GTP group.
+  bool gtp_weight_remat = false;
   friend bool operator==(const Attributes&, const Attributes&) = default;
 };
 
@@ -106,10 +109,15 @@ enum class Basis : std::uint8_t {
 // its optimizer gave the filter (ChildRecord); global_tp: it gave none, and the filter fell back
 // to the rank's own dense TP group (RankRecord::tp_group).
 enum class DedupGroup : std::uint8_t { expert_tp, tp, global_tp };
+// megatron-core 0.19's second filter, param_is_not_gtp_duplicate: a piece that is not a GTP shard
+// also needs rank 0 of the rank's global GTP group (RankRecord::gtp_group), or of its expert GTP
+// group for allreduce=False. none: a GTP shard, or a run without generalized TP.
+enum class GtpDedup : std::uint8_t { none, gtp, expert_gtp };
 
 struct Rule {
   Basis basis = Basis::tensor_parallel_shard;
   DedupGroup dedup = DedupGroup::tp;  // replicated only
+  GtpDedup gtp_dedup = GtpDedup::none;
   // The filter kept the piece, but its optimizer's norm was computed and then discarded: it is
   // counted in the zero count only.
   bool child_norm_discarded = false;
@@ -204,6 +212,8 @@ struct RankRecord {
   int rank = 0;
   int tp_group = -1;         // its dense TP group (the global one Megatron-LM falls back to)
   int expert_tp_group = -1;  // its expert TP group
+  int gtp_group = -1;         // its GTP and expert GTP groups; -1: the run has no GTP
+  int expert_gtp_group = -1;
   std::shared_ptr<const LocalRecord> local;
   std::vector<ChildRecord> children;  // one per RunRecord::children
   Reported reported;

@@ -24,6 +24,7 @@ manifest::Attributes attributes_of(const record::Attributes& a, const record::Ru
   out.partition_dim = a.partition_dim;
   out.allreduce = a.allreduce;
   out.shared = a.shared;
+  out.is_gtp_weight_remat = a.gtp_weight_remat;
   if (tensor.norm_group != 0)
     out.grad_norm_group = run.norm_groups[static_cast<std::size_t>(tensor.norm_group)].name;
   return out;
@@ -142,6 +143,15 @@ std::string_view group_name(Family family) {
     case Family::embedding: return "embd";
     case Family::world: return "world";
     case Family::dist_opt: return "intra_dist_opt";
+    case Family::gtp: return "gtp_remat";
+    case Family::gtp_dp: return "dp_gtp_remat";
+    case Family::gtp_dp_cp: return "dp_cp_gtp_remat";
+    case Family::expt_gtp: return "expt_gtp_remat";
+    case Family::expt_gtp_dp: return "expt_dp_gtp_remat";
+    case Family::expt_tp_ep_gtp_pp: return "tp_ep_pp_with_egtp_remat";
+    case Family::tp_gtp: return "tp_gtp";
+    case Family::expt_tp_ep_gtp: return "expt_tp_ep_gtp";
+    case Family::expt_tp_gtp: return "expt_tp_gtp";
     case Family::expt_tp_pp: return "expt_tp_pp";
     case Family::expt_tp_dp_pp: return "expt_tp_dp_pp";
     case Family::expt_tp_dp: return "expt_tp_dp";
@@ -181,7 +191,7 @@ manifest::RunManifests model_manifests(const casefile::Case& c, const record::Ru
     m.rank = rank.rank;
     m.world = world;
     m.parallel = parallel;
-    for (Family family : topologies::kMegatronFamilies)
+    for (Family family : topologies::megatron_families(layout.config()))
       if (layout.group_of(family, rank.rank))
         m.groups[std::string(group_name(family))] = groups.of_family(family, rank.rank);
     // A faulty path may reduce over a group Megatron-LM never creates: it used it all the same.

@@ -233,7 +233,7 @@ std::string_view grad_norm_group_name(GradNormGroup group) {
 
 LogicalModel::LogicalModel(ModelSpec spec, const ParallelConfig& config) : spec_(std::move(spec)) {
   if (std::optional<std::string> error = check_model(spec_, config)) throw InvalidModel(*error);
-  placement_ = {config.tp, config.etp, config.ep, config.pp, config.vpp};
+  placement_ = {config.tp, config.etp, config.ep, config.pp, config.vpp, config.gtp, config.egtp};
   const int pp = config.pp, vpp = config.vpp;
 
   // The (stage, chunk) of every decoder layer, from Megatron-LM's layer offsets: chunk rounds

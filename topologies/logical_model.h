@@ -39,6 +39,7 @@ struct LogicalParam {
 // The sizes a LogicalModel was validated for; the sharding checks a RankLayout against them.
 struct ModelPlacement {
   int tp = 1, etp = 1, ep = 1, pp = 1, vpp = 1;
+  int gtp = 1, egtp = 1;
   friend bool operator==(const ModelPlacement&, const ModelPlacement&) = default;
 };
 

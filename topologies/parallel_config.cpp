@@ -14,12 +14,14 @@ std::string_view axis_token(Axis axis) {
     case Axis::ep: return "ep";
     case Axis::dp: return "dp";
     case Axis::pp: return "pp";
+    case Axis::gtp: return "gtp_remat";
   }
   return "?";
 }
 
-int dp(const ParallelConfig& c) { return c.world / (c.tp * c.cp * c.pp); }
-int edp(const ParallelConfig& c) { return c.world / (c.etp * c.ep * c.pp); }
+int dp(const ParallelConfig& c) { return c.world / (c.tp * c.gtp * c.cp * c.pp); }
+int edp(const ParallelConfig& c) { return c.world / (c.etp * c.ep * c.egtp * c.pp); }
+bool uses_gtp(const ParallelConfig& c) { return c.gtp > 1 || c.egtp > 1; }
 
 namespace {
 
@@ -33,14 +35,57 @@ std::optional<Axis> axis_from_token(std::string_view token) {
 constexpr std::array<Axis, kAxisCount> kAppendOrder = {Axis::tp, Axis::pp, Axis::dp, Axis::ep,
                                                        Axis::cp};
 
+// The tokens the order string names, in its order; the count is returned (0 on error).
+int given_tokens(std::string_view order, AxisOrder& tokens, std::string* error);
+
 }  // namespace
 
 std::optional<AxisOrder> parse_order(std::string_view order, std::string* error) {
-  auto fail = [&](const std::string& why) -> std::optional<AxisOrder> {
-    if (error) *error = "order '" + std::string(order) + "' " + why;
-    return std::nullopt;
-  };
   AxisOrder result{};
+  const int count = given_tokens(order, result, error);
+  if (count == 0) return std::nullopt;
+  std::array<bool, kAxisCount> seen{};
+  for (int i = 0; i < count; ++i) seen[static_cast<int>(result[i])] = true;
+  int at = count;
+  for (Axis axis : kAppendOrder)
+    if (!seen[static_cast<int>(axis)]) result[at++] = axis;
+  return result;
+}
+
+GridOrder grid_order(const ParallelConfig& c, bool expert) {
+  AxisOrder tokens{};
+  const int count = given_tokens(c.order, tokens, nullptr);
+  // _inject_gtp_remat_axis: after the anchor (ep for the expert grid, tp for the dense one),
+  // after tp when the anchor is missing, first when tp is missing too.
+  auto index_of = [&](Axis axis) {
+    for (int i = 0; i < count; ++i)
+      if (tokens[i] == axis) return i;
+    return -1;
+  };
+  int anchor = index_of(expert ? Axis::ep : Axis::tp);
+  if (anchor < 0) anchor = index_of(Axis::tp);
+  const int insert_at = anchor + 1;  // 0 when neither is named
+  GridOrder grid{};
+  int at = 0;
+  std::array<bool, kAxisCount> seen{};
+  for (int i = 0; i < count; ++i) {
+    if (i == insert_at) grid[at++] = Axis::gtp;
+    grid[at++] = tokens[i];
+    seen[static_cast<int>(tokens[i])] = true;
+  }
+  if (insert_at == count) grid[at++] = Axis::gtp;
+  for (Axis axis : kAppendOrder)
+    if (!seen[static_cast<int>(axis)]) grid[at++] = axis;
+  return grid;
+}
+
+namespace {
+
+int given_tokens(std::string_view order, AxisOrder& result, std::string* error) {
+  auto fail = [&](const std::string& why) {
+    if (error) *error = "order '" + std::string(order) + "' " + why;
+    return 0;
+  };
   std::array<bool, kAxisCount> seen{};
   int count = 0;
   std::size_t start = 0;
@@ -50,17 +95,20 @@ std::optional<AxisOrder> parse_order(std::string_view order, std::string* error)
         order.substr(start, dash == std::string_view::npos ? std::string_view::npos : dash - start);
     if (token.empty()) return fail("has an empty token (write tokens joined by '-', e.g. tp-cp-ep-dp-pp)");
     const std::optional<Axis> axis = axis_from_token(token);
-    if (!axis) return fail("has unknown token '" + std::string(token) + "' (tokens: tp, cp, ep, dp, pp)");
+    if (!axis)
+      return fail("has unknown token '" + std::string(token) +
+                  "' (tokens: tp, cp, ep, dp, pp; the gtp_remat axis is placed by Megatron-LM, "
+                  "after tp in the dense grid and after ep in the expert grid)");
     if (seen[static_cast<int>(*axis)]) return fail("repeats token '" + std::string(token) + "'");
     seen[static_cast<int>(*axis)] = true;
     result[count++] = *axis;
     if (dash == std::string_view::npos) break;
     start = dash + 1;
   }
-  for (Axis axis : kAppendOrder)
-    if (!seen[static_cast<int>(axis)]) result[count++] = axis;
-  return result;
+  return count;
 }
+
+}  // namespace
 
 std::string order_string(const AxisOrder& order) {
   std::string out;
@@ -74,7 +122,9 @@ std::string order_string(const AxisOrder& order) {
 std::string describe(const ParallelConfig& c) {
   std::ostringstream out;
   out << "world " << c.world << ", tp " << c.tp << ", cp " << c.cp << ", pp " << c.pp << ", ep "
-      << c.ep << ", etp " << c.etp << ", order " << c.order;
+      << c.ep << ", etp " << c.etp;
+  if (uses_gtp(c)) out << ", gtp " << c.gtp << ", egtp " << c.egtp;
+  out << ", order " << c.order;
   return out.str();
 }
 
@@ -85,14 +135,16 @@ AxisOrder resolved_order(const ParallelConfig& c) {
 
 std::optional<std::string> check_config(const ParallelConfig& c) {
   using std::to_string;
-  const std::array<std::pair<const char*, int>, 8> sizes = {{{"world", c.world},
-                                                             {"tp", c.tp},
-                                                             {"cp", c.cp},
-                                                             {"pp", c.pp},
-                                                             {"ep", c.ep},
-                                                             {"etp", c.etp},
-                                                             {"vpp", c.vpp},
-                                                             {"dist_opt_instances", c.dist_opt_instances}}};
+  const std::array<std::pair<const char*, int>, 10> sizes = {{{"world", c.world},
+                                                              {"tp", c.tp},
+                                                              {"cp", c.cp},
+                                                              {"pp", c.pp},
+                                                              {"ep", c.ep},
+                                                              {"etp", c.etp},
+                                                              {"gtp", c.gtp},
+                                                              {"egtp", c.egtp},
+                                                              {"vpp", c.vpp},
+                                                              {"dist_opt_instances", c.dist_opt_instances}}};
   for (const auto& [name, value] : sizes)
     if (value < 1) return std::string(name) + " must be at least 1 (got " + to_string(value) + ")";
 
@@ -105,13 +157,15 @@ std::optional<std::string> check_config(const ParallelConfig& c) {
   if (!order) return order_error;
 
   // Products are formed in 64 bits: sizes are validated one by one, not their product.
-  const std::int64_t model = std::int64_t{c.tp} * c.cp * c.pp;
+  const bool gtp = uses_gtp(c);
+  const std::int64_t model = std::int64_t{c.tp} * c.cp * c.pp * c.gtp;
   if (model > c.world || c.world % model != 0)
-    return "world " + to_string(c.world) + " is not divisible by tp*cp*pp = " + to_string(model);
-  const std::int64_t expert_model = std::int64_t{c.etp} * c.ep * c.pp;
+    return "world " + to_string(c.world) + " is not divisible by " +
+           (gtp ? "tp*gtp*cp*pp = " : "tp*cp*pp = ") + to_string(model);
+  const std::int64_t expert_model = std::int64_t{c.etp} * c.ep * c.pp * c.egtp;
   if (expert_model > c.world || c.world % expert_model != 0)
-    return "world " + to_string(c.world) + " is not divisible by etp*ep*pp = " +
-           to_string(expert_model);
+    return "world " + to_string(c.world) + " is not divisible by " +
+           (gtp ? "etp*ep*egtp*pp = " : "etp*ep*pp = ") + to_string(expert_model);
 
   // An axis left out of the order string must have size 1 in both grids (RankGenerator).
   const int given = static_cast<int>(std::count(c.order.begin(), c.order.end(), '-')) + 1;
@@ -138,13 +192,15 @@ std::optional<std::string> check_config(const ParallelConfig& c) {
 
   // The pp groups of both grids are {base + i * stride}: they coincide iff the strides do.
   if (c.pp > 1) {
-    const detail::Grid dense = detail::make_grid(c, *order, false);
-    const detail::Grid expert = detail::make_grid(c, *order, true);
-    const int at = detail::position_of(dense, Axis::pp);
-    if (dense.stride[at] != expert.stride[at])
+    const detail::Grid dense = detail::make_grid(c, false);
+    const detail::Grid expert = detail::make_grid(c, true);
+    // gtp_remat sits at a different place in each grid, so pp may too.
+    const int dense_stride = dense.stride[detail::position_of(dense, Axis::pp)];
+    const int expert_stride = expert.stride[detail::position_of(expert, Axis::pp)];
+    if (dense_stride != expert_stride)
       return "pipeline groups differ between the dense grid (pp stride " +
-             to_string(dense.stride[at]) + ") and the expert grid (pp stride " +
-             to_string(expert.stride[at]) + ") under order '" + c.order +
+             to_string(dense_stride) + ") and the expert grid (pp stride " +
+             to_string(expert_stride) + ") under order '" + c.order +
              "': Megatron-LM requires identical pp groups (tp " + to_string(c.tp) + ", etp " +
              to_string(c.etp) + ", ep " + to_string(c.ep) + ", cp " + to_string(c.cp) + ")";
   }
@@ -154,6 +210,11 @@ std::optional<std::string> check_config(const ParallelConfig& c) {
            " needs pp > 1 (the interleaved schedule splits each pipeline stage)";
 
   const int k = c.dist_opt_instances;
+  // megatron-core 0.19 asserts this before building any group.
+  if (gtp && k > 1)
+    return "dist_opt_instances " + to_string(k) + " with gtp " + to_string(c.gtp) + ", egtp " +
+           to_string(c.egtp) +
+           ": Megatron-LM supports generalized TP with one distributed-optimizer instance only";
   if ((std::int64_t{dense_dp} * c.cp) % k != 0)
     return "dist_opt_instances " + to_string(k) + " does not divide dp*cp = " +
            to_string(std::int64_t{dense_dp} * c.cp);

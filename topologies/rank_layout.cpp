@@ -11,29 +11,40 @@ namespace {
 struct FamilySpec {
   Family family;
   std::string_view name;
-  bool expert;                 // built on the expert grid
-  std::array<bool, kAxisCount> axes;  // indexed by Axis: tp cp ep dp pp
+  bool expert;                            // built on the expert grid
+  std::array<bool, kGridAxisCount> axes;  // indexed by Axis: tp cp ep dp pp gtp
 };
 
-// The token sets initialize_model_parallel passes to RankGenerator.get_ranks.
-constexpr std::array<FamilySpec, 17> kGridFamilies = {{
-    {Family::tp, "tp", false, {true, false, false, false, false}},
-    {Family::cp, "cp", false, {false, true, false, false, false}},
-    {Family::dp, "dp", false, {false, false, false, true, false}},
-    {Family::dp_cp, "dp-cp", false, {false, true, false, true, false}},
-    {Family::pp, "pp", false, {false, false, false, false, true}},
-    {Family::tp_pp, "tp-pp", false, {true, false, false, false, true}},
-    {Family::tp_cp, "tp-cp", false, {true, true, false, false, false}},
-    {Family::tp_dp_cp, "tp-dp-cp", false, {true, true, false, true, false}},
-    {Family::tp_dp, "tp-dp", false, {true, false, false, true, false}},
-    {Family::expt_tp, "expt-tp", true, {true, false, false, false, false}},
-    {Family::expt_ep, "expt-ep", true, {false, false, true, false, false}},
-    {Family::expt_dp, "expt-dp", true, {false, false, false, true, false}},
-    {Family::expt_tp_ep, "expt-tp-ep", true, {true, false, true, false, false}},
-    {Family::expt_tp_ep_pp, "expt-tp-ep-pp", true, {true, false, true, false, true}},
-    {Family::expt_tp_pp, "expt-tp-pp", true, {true, false, false, false, true}},
-    {Family::expt_tp_dp_pp, "expt-tp-dp-pp", true, {true, false, false, true, true}},
-    {Family::expt_tp_dp, "expt-tp-dp", true, {true, false, false, true, false}},
+// The token sets initialize_model_parallel passes to RankGenerator.get_ranks (megatron-core
+// 0.19: gtp_remat in the model-parallel, tp-dp-cp and tp-dp tokens; an axis of size 1 changes
+// no group, so 0.16.1's groups are these with gtp = egtp = 1).
+constexpr std::array<FamilySpec, 26> kGridFamilies = {{
+    {Family::tp, "tp", false, {true, false, false, false, false, false}},
+    {Family::cp, "cp", false, {false, true, false, false, false, false}},
+    {Family::dp, "dp", false, {false, false, false, true, false, false}},
+    {Family::dp_cp, "dp-cp", false, {false, true, false, true, false, false}},
+    {Family::pp, "pp", false, {false, false, false, false, true, false}},
+    {Family::tp_pp, "tp-pp", false, {true, false, false, false, true, true}},
+    {Family::tp_cp, "tp-cp", false, {true, true, false, false, false, false}},
+    {Family::tp_dp_cp, "tp-dp-cp", false, {true, true, false, true, false, true}},
+    {Family::tp_dp, "tp-dp", false, {true, false, false, true, false, true}},
+    {Family::expt_tp, "expt-tp", true, {true, false, false, false, false, false}},
+    {Family::expt_ep, "expt-ep", true, {false, false, true, false, false, false}},
+    {Family::expt_dp, "expt-dp", true, {false, false, false, true, false, false}},
+    {Family::expt_tp_ep, "expt-tp-ep", true, {true, false, true, false, false, false}},
+    {Family::expt_tp_ep_pp, "expt-tp-ep-pp", true, {true, false, true, false, true, false}},
+    {Family::gtp, "gtp", false, {false, false, false, false, false, true}},
+    {Family::gtp_dp, "gtp-dp", false, {false, false, false, true, false, true}},
+    {Family::gtp_dp_cp, "gtp-dp-cp", false, {false, true, false, true, false, true}},
+    {Family::expt_gtp, "expt-gtp", true, {false, false, false, false, false, true}},
+    {Family::expt_gtp_dp, "expt-gtp-dp", true, {false, false, false, true, false, true}},
+    {Family::expt_tp_ep_gtp_pp, "expt-tp-ep-gtp-pp", true, {true, false, true, false, true, true}},
+    {Family::expt_tp_pp, "expt-tp-pp", true, {true, false, false, false, true, true}},
+    {Family::expt_tp_dp_pp, "expt-tp-dp-pp", true, {true, false, false, true, true, true}},
+    {Family::expt_tp_dp, "expt-tp-dp", true, {true, false, false, true, false, true}},
+    {Family::tp_gtp, "tp-gtp", false, {true, false, false, false, false, true}},
+    {Family::expt_tp_ep_gtp, "expt-tp-ep-gtp", true, {true, false, true, false, false, true}},
+    {Family::expt_tp_gtp, "expt-tp-gtp", true, {true, false, false, false, false, true}},
 }};
 
 }  // namespace
@@ -49,6 +60,10 @@ std::string_view family_name(Family family) {
   }
 }
 
+std::span<const Family> megatron_families(const ParallelConfig& config) {
+  return std::span<const Family>(kMegatronFamilies).first(uses_gtp(config) ? kMegatronFamilies.size() : 17);
+}
+
 std::optional<Family> family_from_name(std::string_view name) {
   for (Family family : kAllFamilies)
     if (family_name(family) == name) return family;
@@ -60,12 +75,12 @@ namespace {
 // Megatron-LM's generate_masked_orthogonal_rank_groups, computed per rank: a rank's group
 // index is the mixed-radix value of its coordinates on the axes outside the mask, its index in
 // the group the value on the axes inside it, both with the first axis of the order fastest.
-void fill_grid_family(const detail::Grid& grid, const std::array<bool, kAxisCount>& in_mask,
+void fill_grid_family(const detail::Grid& grid, const std::array<bool, kGridAxisCount>& in_mask,
                       int world, std::vector<int>& offsets, std::vector<int>& ranks,
                       std::vector<int>& group_of_rank, std::vector<int>& index_of_rank) {
-  std::array<int, kAxisCount> masked_stride{}, unmasked_stride{};
+  std::array<int, kGridAxisCount> masked_stride{}, unmasked_stride{};
   int group_size = 1, group_count = 1;
-  for (int i = 0; i < kAxisCount; ++i) {
+  for (int i = 0; i < kGridAxisCount; ++i) {
     if (in_mask[static_cast<int>(grid.order[i])]) {
       masked_stride[i] = group_size;
       group_size *= grid.size[i];
@@ -81,7 +96,7 @@ void fill_grid_family(const detail::Grid& grid, const std::array<bool, kAxisCoun
   index_of_rank.assign(world, 0);
   for (int rank = 0; rank < world; ++rank) {
     int group = 0, index = 0;
-    for (int i = 0; i < kAxisCount; ++i) {
+    for (int i = 0; i < kGridAxisCount; ++i) {
       const int coord = (rank / grid.stride[i]) % grid.size[i];
       if (in_mask[static_cast<int>(grid.order[i])])
         index += coord * masked_stride[i];
@@ -100,10 +115,9 @@ RankLayout::RankLayout(ParallelConfig config) : config_(std::move(config)) {
   if (std::optional<std::string> error = check_config(config_)) throw InvalidConfig(*error);
   dp_ = topologies::dp(config_);
   edp_ = topologies::edp(config_);
-  order_ = resolved_order(config_);
   const int world = config_.world;
-  const detail::Grid dense = detail::make_grid(config_, order_, false);
-  const detail::Grid expert = detail::make_grid(config_, order_, true);
+  const detail::Grid dense = detail::make_grid(config_, false);
+  const detail::Grid expert = detail::make_grid(config_, true);
 
   for (const FamilySpec& spec : kGridFamilies) {
     FamilyTable& t = tables_[static_cast<int>(spec.family)];
@@ -142,11 +156,13 @@ RankLayout::RankLayout(ParallelConfig config) : config_(std::move(config)) {
 
   // Distributed-optimizer instances: the expert tp-ep-pp groups concatenated edp/k at a time;
   // torch.distributed.new_group sorts the ranks, which fixes the ranks within the instance.
+  // With GTP (k = 1 then) megatron-core 0.19 makes it every rank: the tp-ep-pp groups miss EGTP.
   {
     const FamilyTable& mp = table(Family::expt_tp_ep_pp);
     FamilyTable& t = tables_[static_cast<int>(Family::dist_opt)];
     const int k = config_.dist_opt_instances;
-    const int per_instance = edp_ / k;
+    const int per_instance =
+        uses_gtp(config_) ? static_cast<int>(mp.offsets.size()) - 1 : edp_ / k;
     t.group_of_rank.assign(world, 0);
     t.index_of_rank.assign(world, 0);
     t.ranks.reserve(world);
@@ -198,16 +214,18 @@ Coordinates RankLayout::coordinates(int rank) const {
   if (rank < 0 || rank >= world())
     throw std::out_of_range("rank " + std::to_string(rank) + " is outside world " +
                             std::to_string(world()));
-  const detail::Grid dense = detail::make_grid(config_, order_, false);
-  const detail::Grid expert = detail::make_grid(config_, order_, true);
+  const detail::Grid dense = detail::make_grid(config_, false);
+  const detail::Grid expert = detail::make_grid(config_, true);
   Coordinates c;
   c.tp = detail::coordinate(dense, rank, Axis::tp);
   c.cp = detail::coordinate(dense, rank, Axis::cp);
   c.dp = detail::coordinate(dense, rank, Axis::dp);
   c.pp = detail::coordinate(dense, rank, Axis::pp);
+  c.gtp = detail::coordinate(dense, rank, Axis::gtp);
   c.etp = detail::coordinate(expert, rank, Axis::tp);
   c.ep = detail::coordinate(expert, rank, Axis::ep);
   c.edp = detail::coordinate(expert, rank, Axis::dp);
+  c.egtp = detail::coordinate(expert, rank, Axis::gtp);
   return c;
 }
 

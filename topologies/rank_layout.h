@@ -19,40 +19,59 @@ namespace tally::topologies {
 enum class Family : std::uint8_t {
   tp,
   cp,
-  dp,
+  dp,        // the replicate DP: with GTP, world / (tp * gtp * cp * pp)
   dp_cp,
   pp,
-  tp_pp,     // the model-parallel group (MP)
+  tp_pp,     // the model-parallel group (MP): tp-gtp_remat-pp from megatron-core 0.19
   tp_cp,
-  tp_dp_cp,
-  tp_dp,
+  tp_dp_cp,  // spans gtp_remat from 0.19
+  tp_dp,     // spans gtp_remat from 0.19
   expt_tp,   // ETP
   expt_ep,
-  expt_dp,   // EDP
+  expt_dp,   // EDP (the replicate expert DP)
   expt_tp_ep,
   expt_tp_ep_pp,
   embedding,  // first and last rank of each pp group; middle stages belong to none
   world,
-  dist_opt,   // the ranks of one distributed-optimizer instance (the world when k = 1)
+  dist_opt,   // the ranks of one distributed-optimizer instance (the world when k = 1 or GTP)
+  // megatron-core 0.19's generalized-TP groups (singletons, or equal to the groups above
+  // without gtp_remat, when gtp = egtp = 1).
+  gtp,                // gtp_remat: the ranks holding the GTP shards of one TP shard
+  gtp_dp,             // gtp_remat-dp: the full data-distribution group
+  gtp_dp_cp,          // gtp_remat-dp-cp
+  expt_gtp,           // expert gtp_remat (EGTP)
+  expt_gtp_dp,        // expert gtp_remat-dp
+  expt_tp_ep_gtp_pp,  // tp-ep-gtp_remat-pp: the expert stats group of a non-distributed optimizer
   // Not Megatron-LM groups: the groups a faulty path reduces over when it misses an axis.
-  expt_tp_pp,     // expt-tp-ep-pp without the EP axis
-  expt_tp_dp_pp,  // the world without the EP axis
-  expt_tp_dp,     // one pipeline stage without the EP axis
+  expt_tp_pp,      // expt-tp-ep-gtp-pp without the EP axis
+  expt_tp_dp_pp,   // the world without the EP axis
+  expt_tp_dp,      // one pipeline stage without the EP axis
+  tp_gtp,          // tp-pp without the PP axis
+  expt_tp_ep_gtp,  // expt-tp-ep-gtp-pp without the PP axis
+  expt_tp_gtp,     // expt-tp-ep-gtp-pp without the PP and EP axes
 };
-inline constexpr int kFamilyCount = 20;
-// The groups Megatron-LM creates, in the order `tally topo` prints them.
-inline constexpr std::array<Family, 17> kMegatronFamilies = {
+inline constexpr int kFamilyCount = 29;
+// The groups Megatron-LM creates, in the order `tally topo` prints them (0.16.1's first).
+inline constexpr std::array<Family, 23> kMegatronFamilies = {
     Family::tp,         Family::cp,         Family::dp,      Family::dp_cp,
     Family::pp,         Family::tp_pp,      Family::tp_cp,   Family::tp_dp_cp,
     Family::tp_dp,      Family::expt_tp,    Family::expt_ep, Family::expt_dp,
     Family::expt_tp_ep, Family::expt_tp_ep_pp, Family::embedding, Family::world,
-    Family::dist_opt};
+    Family::dist_opt,   Family::gtp,        Family::gtp_dp,  Family::gtp_dp_cp,
+    Family::expt_gtp,   Family::expt_gtp_dp, Family::expt_tp_ep_gtp_pp};
 inline constexpr std::array<Family, kFamilyCount> kAllFamilies = {
     Family::tp,         Family::cp,         Family::dp,      Family::dp_cp,
     Family::pp,         Family::tp_pp,      Family::tp_cp,   Family::tp_dp_cp,
     Family::tp_dp,      Family::expt_tp,    Family::expt_ep, Family::expt_dp,
     Family::expt_tp_ep, Family::expt_tp_ep_pp, Family::embedding, Family::world,
-    Family::dist_opt,   Family::expt_tp_pp, Family::expt_tp_dp_pp, Family::expt_tp_dp};
+    Family::dist_opt,   Family::gtp,        Family::gtp_dp,  Family::gtp_dp_cp,
+    Family::expt_gtp,   Family::expt_gtp_dp, Family::expt_tp_ep_gtp_pp,
+    Family::expt_tp_pp, Family::expt_tp_dp_pp, Family::expt_tp_dp, Family::tp_gtp,
+    Family::expt_tp_ep_gtp, Family::expt_tp_gtp};
+
+// The Megatron-LM families of a configuration: 0.16.1's seventeen, then megatron-core 0.19's
+// generalized-TP ones when gtp or egtp > 1 (otherwise they repeat groups of the first).
+std::span<const Family> megatron_families(const ParallelConfig& config);
 
 std::string_view family_name(Family family);  // "tp", "dp-cp", "expt-tp-ep-pp", ...
 std::optional<Family> family_from_name(std::string_view name);
@@ -66,8 +85,8 @@ struct GroupId {
 
 // A rank's position on every axis of both grids (pp is shared by both).
 struct Coordinates {
-  int tp = 0, cp = 0, dp = 0, pp = 0;  // dense grid
-  int etp = 0, ep = 0, edp = 0;        // expert grid
+  int tp = 0, cp = 0, dp = 0, pp = 0, gtp = 0;  // dense grid
+  int etp = 0, ep = 0, edp = 0, egtp = 0;       // expert grid
   friend bool operator==(const Coordinates&, const Coordinates&) = default;
 };
 
@@ -113,7 +132,6 @@ class RankLayout {
   ParallelConfig config_;
   int dp_ = 1;
   int edp_ = 1;
-  AxisOrder order_{};
   std::array<FamilyTable, kFamilyCount> tables_;
 };
 

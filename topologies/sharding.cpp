@@ -36,20 +36,47 @@ std::string slice_string(const Slice& slice) {
 }
 
 bool expert_topology(const ModelPlacement& placement) {
-  return placement.ep > 1 || placement.etp != placement.tp;
+  return placement.ep > 1 || placement.etp != placement.tp || placement.egtp != placement.gtp;
 }
+
+bool gtp_sharded(ParamClass c) {
+  return c == ParamClass::column || c == ParamClass::row || c == ParamClass::vocab ||
+         c == ParamClass::expert_column || c == ParamClass::expert_row;
+}
+
+GtpRows gtp_rows(std::int64_t rows, int index, int size) {
+  const std::int64_t alignment = std::int64_t{kGtpPadForAlignment} * size;
+  const std::int64_t padded = (rows + alignment - 1) / alignment * alignment;
+  const std::int64_t per_rank = padded / size;
+  const std::int64_t begin = std::min(rows, per_rank * index);
+  return {begin, std::min(rows, begin + per_rank) - begin};
+}
+
+namespace {
+
+// Megatron's wrap_module_params_gtp / TE's _gtp_pre_init: only where the group has 2+ ranks.
+void apply_gtp(Slice& slice, bool& gtp_weight_remat, ParamClass c, int index, int size) {
+  if (size <= 1 || !gtp_sharded(c) || slice.rank == 0) return;
+  const GtpRows rows = gtp_rows(slice.extent[0], index, size);
+  slice.offset[0] += rows.begin;
+  slice.extent[0] = rows.count;
+  gtp_weight_remat = true;
+}
+
+}  // namespace
 
 void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
                   std::vector<LocalParam>& out) {
   out.clear();
   const ModelPlacement& m = model.placement();
   const ParallelConfig& c = layout.config();
-  const ModelPlacement have{c.tp, c.etp, c.ep, c.pp, c.vpp};
+  const ModelPlacement have{c.tp, c.etp, c.ep, c.pp, c.vpp, c.gtp, c.egtp};
   if (have != m)
     throw std::invalid_argument(
         "the model was validated for tp " + std::to_string(m.tp) + ", etp " +
         std::to_string(m.etp) + ", ep " + std::to_string(m.ep) + ", pp " + std::to_string(m.pp) +
-        ", vpp " + std::to_string(m.vpp) + " but the layout has " + describe(c) + ", vpp " +
+        ", vpp " + std::to_string(m.vpp) + ", gtp " + std::to_string(m.gtp) + ", egtp " +
+        std::to_string(m.egtp) + " but the layout has " + describe(c) + ", vpp " +
         std::to_string(c.vpp));
   const Coordinates at = layout.coordinates(rank);
   const bool expert_pgs = expert_topology(m);
@@ -66,6 +93,8 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     const int dim = partition_dim(p.param_class);
     const bool expert = is_expert_class(p.param_class);
     local.slice = block_of(p.shape, dim, expert ? at.etp : at.tp, expert ? m.etp : m.tp);
+    apply_gtp(local.slice, local.gtp_weight_remat, p.param_class, expert ? at.egtp : at.gtp,
+              expert ? m.egtp : m.gtp);
     local.tensor_model_parallel = dim >= 0;
     local.partition_dim = dim;
     local.allreduce = !(expert && expert_pgs);
@@ -85,6 +114,7 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
         copy.copy == SharedCopy::output_layer ? ParamClass::column : ParamClass::vocab;
     copy.vpp_chunk = m.vpp - 1;
     copy.slice = block_of(embedding.shape, 0, at.tp, m.tp);
+    apply_gtp(copy.slice, copy.gtp_weight_remat, copy.param_class, at.gtp, m.gtp);
     copy.tensor_model_parallel = true;
     copy.partition_dim = 0;
     copy.shared = true;
@@ -120,6 +150,10 @@ std::vector<LocalParam> local_params(const LogicalModel& model, const RankLayout
   std::vector<LocalParam> out;
   local_params(model, layout, rank, out);
   return out;
+}
+
+Family gtp_replication_family(const LocalParam& param) {
+  return param.allreduce ? Family::gtp : Family::expt_gtp;
 }
 
 Family replication_family(const LocalParam& param) {

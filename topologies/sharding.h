@@ -2,7 +2,8 @@
 // main copies (docs/megatron-reference.md §1 and §3). Dense classes are split by the dense
 // TP coordinate, expert classes by the ETP coordinate on the EP rank that owns the expert; the
 // stage is the pp coordinate; every DP/CP (dense) or EDP (expert) replica holds the same
-// shards. Placement travels with the value: a LocalParam carries every attribute the duplicate
+// shards. With generalized TP (megatron-core 0.19) the linear and embedding weights are split
+// again along dim 0 of the TP shard over GTP (expert weights over EGTP). Placement travels with the value: a LocalParam carries every attribute the duplicate
 // filter reads.
 #pragma once
 
@@ -37,14 +38,32 @@ struct LocalParam {
   int partition_dim = -1;  // -1: attribute absent
   bool allreduce = true;   // false: expert topology (EP > 1 or ETP != TP); absent means true
   bool shared = false;     // a duplicate copy, never counted
+  bool gtp_weight_remat = false;  // is_gtp_weight_remat: a distinct GTP shard
   GradNormGroup grad_norm_group = GradNormGroup::main;
   SharedCopy copy = SharedCopy::none;
   friend bool operator==(const LocalParam&, const LocalParam&) = default;
 };
 
-// Megatron-LM's use_expert_pgs without GTP: expert params live in the expert topology exactly
-// when EP > 1 or ETP != TP; otherwise they are treated as dense (which is then correct).
+// Megatron-LM's use_expert_pgs: expert params live in the expert topology exactly when EP > 1,
+// ETP != TP or (with Megatron-LM #6080) EGTP != GTP; otherwise the expert grid is the dense one
+// and treating them as dense is correct. megatron-core 0.19.2 lacks the GTP term
+// (gradnorm's expert-label-ignores-gtp).
 bool expert_topology(const ModelPlacement& placement);
+
+// Whether `param_class` carries is_gtp_weight_remat when its GTP size is above 1: the weights
+// of column-, row- and vocab-parallel layers, expert ones included; never biases, norms or
+// replicated params.
+bool gtp_sharded(ParamClass param_class);
+
+// The rows [begin, begin + count) of a TP shard's `rows` rows that GTP rank `index` of `size`
+// holds: megatron-core 0.19 pads the rows to a multiple of 16 * size (GTP_CONFIG's default
+// pad_for_alignment) and gives each rank an equal block, so the last ranks hold fewer real
+// rows, or none. The padding rows are not gradient elements of the model.
+struct GtpRows {
+  std::int64_t begin = 0, count = 0;
+};
+GtpRows gtp_rows(std::int64_t rows, int index, int size);
+inline constexpr int kGtpPadForAlignment = 16;
 
 // The rank's local main-copy parameters, in the model's order (a shared copy last). O(params
 // of the rank's stage), remote experts skipped by whole blocks. Throws std::invalid_argument
@@ -55,6 +74,10 @@ std::vector<LocalParam> local_params(const LogicalModel& model, const RankLayout
 // The same into `out` (cleared first), so a caller sharding many ranks reuses one buffer.
 void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
                   std::vector<LocalParam>& out);
+
+// The family whose rank 0 keeps a param that is not a GTP shard in megatron-core 0.19's
+// param_is_not_gtp_duplicate: expert GTP for allreduce = false, dense GTP otherwise.
+Family gtp_replication_family(const LocalParam& param);
 
 // The group family whose rank 0 keeps a replicated (not tensor_model_parallel) param in the
 // duplicate filter: ETP (expt_tp) for expert-topology params (allreduce false), dense TP

@@ -395,7 +395,8 @@ TEST(CaseFile, HostileInputsAreErrorsNotCrashes) {
   EXPECT_EQ(error_of(with_section(R"("": 1)")), "bad.json: case[\"\"]: unknown key for a case");
   // Rules of the whole case quote names and orders as they are: control characters escaped.
   EXPECT_EQ(error_of(R"({"tally_case": 1, "topology": {"world": 1, "order": "tp-\nx"}, "model": {}})"),
-            "bad.json: order 'tp-\\nx' has unknown token '\\nx' (tokens: tp, cp, ep, dp, pp)");
+            "bad.json: order 'tp-\\nx' has unknown token '\\nx' (tokens: tp, cp, ep, dp, pp; the gtp_remat "
+            "axis is placed by Megatron-LM, after tp in the dense grid and after ep in the expert grid)");
   EXPECT_EQ(error_of(R"({"tally_case": 1, "topology": {"world": 1}, "model": {"kind": "custom", "params": [
           {"name": "a\u0001b", "class": "replicated", "shape": [1]}]}})"),
             "bad.json: params[0] 'a\\x01b': name may use letters, digits and . _ - / : only");

@@ -37,15 +37,14 @@ CaseGenOptions fault_free(int max_world) {
 
 // Megatron-LM's assumption, checked the slow way: every rank's index in its TP group equals its
 // index in its ETP group, and the groups hold the same ranks.
-bool etp_groups_equal_tp_groups(const ParallelConfig& c) {
+// Whether every rank's group of `dense` is its group of `expert`, at the same index.
+bool same_groups(const ParallelConfig& c, topologies::Family dense, topologies::Family expert) {
   const topologies::RankLayout layout(c);
   for (int rank = 0; rank < c.world; ++rank) {
-    if (layout.index_in(topologies::Family::tp, rank) !=
-        layout.index_in(topologies::Family::expt_tp, rank))
-      return false;
-    const std::span<const int> tp = layout.group_ranks(topologies::Family::tp, rank);
-    const std::span<const int> etp = layout.group_ranks(topologies::Family::expt_tp, rank);
-    if (!std::equal(tp.begin(), tp.end(), etp.begin(), etp.end())) return false;
+    if (layout.index_in(dense, rank) != layout.index_in(expert, rank)) return false;
+    const std::span<const int> a = layout.group_ranks(dense, rank);
+    const std::span<const int> b = layout.group_ranks(expert, rank);
+    if (!std::equal(a.begin(), a.end(), b.begin(), b.end())) return false;
   }
   return true;
 }
@@ -85,9 +84,11 @@ RC_GTEST_PROP(Generators, ConfigsRespectTheirBounds, ()) {
 // The stride test of megatron_layout_assumptions_hold against the rank layout itself.
 RC_GTEST_PROP(Generators, LayoutAssumptionAgreesWithTheRankLayout, ()) {
   const ParallelConfig c = *testing::valid_config(4);
-  const bool dense_experts = c.ep == 1 && c.etp == c.tp;
-  const bool expected = !(c.dist_opt_instances > 1 && c.order != topologies::kDefaultOrder) &&
-                        (!dense_experts || etp_groups_equal_tp_groups(c));
+  const bool dense_experts = c.ep == 1 && c.etp == c.tp && c.egtp == c.gtp;
+  const bool expected =
+      !(c.dist_opt_instances > 1 && c.order != topologies::kDefaultOrder) &&
+      (!dense_experts || (same_groups(c, topologies::Family::tp, topologies::Family::expt_tp) &&
+                          same_groups(c, topologies::Family::gtp, topologies::Family::expt_gtp)));
   RC_ASSERT(megatron_layout_assumptions_hold(c) == expected);
 }
 

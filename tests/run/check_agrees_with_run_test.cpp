@@ -62,7 +62,22 @@ std::string statistics_text(const oracle::Verdict& verdict) {
 // that multiplies nothing, is gone: the one judge checks each child's coefficient for both.)
 struct Allowed {
   int mtp_norm_only = 0;
+  int under_check_tolerance = 0;
 };
+
+// Whether the run failed only by values within tally check's relative tolerance: a fault whose
+// whole effect is that small (average-local-norms-over-dp on a norm of nearly equal parts) is
+// found by the model target's exact bounds and, by design, not by check's, which must allow a
+// real framework's fp32 reduction order.
+bool fails_only_under_check_tolerance(const oracle::Verdict& run) {
+  if (run.kind != oracle::Verdict::Kind::fail || !run.ranks_agree || run.miscounted_total > 0 ||
+      !run.clipped.empty())
+    return false;
+  const double rtol = oracle::Bounds{}.rtol;
+  return std::all_of(run.stats.begin(), run.stats.end(), [&](const oracle::StatisticCheck& s) {
+    return s.ok || s.error <= rtol * std::abs(s.expected);
+  });
+}
 
 bool is_mtp_param(const topologies::LogicalModel& model, const std::string& name) {
   for (const topologies::LogicalParam& p : model.params())
@@ -113,6 +128,10 @@ Compared expect_check_agrees(const casefile::Case& c, const std::string& what, A
   const std::set<std::string> check_names = names_of(report.verdict);
   const bool same_kind = report.verdict.kind == run.verdict.kind;
   if (same_kind && check_names == run_names) return compared;
+  if (report.verdict.kind == oracle::Verdict::Kind::pass && fails_only_under_check_tolerance(run.verdict)) {
+    ++allowed.under_check_tolerance;
+    return compared;
+  }
   if (only_mtp_norm_differs(c, run_names, check_names) &&
       (same_kind || check_names.empty())) {
     ++allowed.mtp_norm_only;
@@ -127,7 +146,8 @@ Compared expect_check_agrees(const casefile::Case& c, const std::string& what, A
 
 void print_allowed(const Allowed& allowed) {
   std::cout << "allowed disagreements: " << allowed.mtp_norm_only
-            << " expert-norm-dropped on MTP params\n";
+            << " expert-norm-dropped on MTP params, " << allowed.under_check_tolerance
+            << " failures within check's relative tolerance\n";
 }
 
 TEST(CheckAgreesWithRun, OnEverySeed) {
@@ -166,17 +186,16 @@ TEST(CheckAgreesWithRun, OnGeneratedCasesWithOneFault) {
   options.faults = every_fault();
   std::map<std::string, int> failed;  // by fault
   Allowed allowed;
-  for (std::int64_t index = 0; index < 4000; ++index) {
+  for (std::int64_t index = 0; index < 6000; ++index) {
     const casefile::Case c = fuzz::generate_case(options, 0x636865636b2d3121ull, index).value();
     if (expect_check_agrees(c, "one-fault case " + std::to_string(index), allowed) == Compared::failed)
       ++failed[gradnorm::fault_list(c.path.faults)];
   }
   // The comparison means something only where the faults show: each one fails somewhere, but
-  // expert-label-ignores-gtp (no case can trigger it), empty-rank-skips-collective (it hangs,
-  // or changes nothing) and zero-count-in-float32 (only the rare big-zeros scenario).
+  // empty-rank-skips-collective (it hangs, or changes nothing) and zero-count-in-float32 (only
+  // the rare big-zeros scenario).
   for (gradnorm::Fault fault : every_fault()) {
-    if (fault == gradnorm::Fault::expert_label_ignores_gtp ||
-        fault == gradnorm::Fault::empty_rank_skips_collective ||
+    if (fault == gradnorm::Fault::empty_rank_skips_collective ||
         fault == gradnorm::Fault::zero_count_in_float32)
       continue;
     const std::string name(gradnorm::fault_info(fault).name);
@@ -184,6 +203,11 @@ TEST(CheckAgreesWithRun, OnGeneratedCasesWithOneFault) {
   }
   for (const auto& [name, count] : failed) std::cout << name << ": " << count << " failed\n";
   print_allowed(allowed);
+}
+
+bool replaces_clip_norm(gradnorm::Fault fault) {
+  return fault == gradnorm::Fault::clip_per_child_norm || fault == gradnorm::Fault::clip_per_stage_norm ||
+         fault == gradnorm::Fault::clip_per_ep_group_norm;
 }
 
 TEST(CheckAgreesWithRun, OnGeneratedCasesWithTwoFaults) {
@@ -194,8 +218,15 @@ TEST(CheckAgreesWithRun, OnGeneratedCasesWithTwoFaults) {
   Allowed allowed;
   for (std::int64_t index = 0; index < 1000; ++index) {
     casefile::Case c = fuzz::generate_case(options, 0x636865636b2d3221ull, index).value();
-    // A second fault from the catalog, picked by the case's own seed.
-    c.path.faults = c.path.faults.with(faults[fuzz::case_seed(17, index) % faults.size()]);
+    // A second fault from the catalog, picked by the case's own seed; not a second replacement
+    // of the clip norm, which would leave the coefficient a rank reports and the one it applies
+    // to each child undefined.
+    const gradnorm::Fault second = faults[fuzz::case_seed(17, index) % faults.size()];
+    if (replaces_clip_norm(second) && std::any_of(faults.begin(), faults.end(), [&](gradnorm::Fault f) {
+          return f != second && replaces_clip_norm(f) && c.path.faults.has(f);
+        }))
+      continue;
+    c.path.faults = c.path.faults.with(second);
     expect_check_agrees(c, "two-fault case " + std::to_string(index), allowed);
   }
   print_allowed(allowed);

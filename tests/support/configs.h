@@ -28,4 +28,11 @@ inline topologies::ParallelConfig config_of(int world, int tp, int pp, int ep, i
   return config(world, tp, 1, pp, ep, etp, vpp);
 }
 
+// `c` with generalized TP (megatron-core 0.19): gtp and egtp weight shards per TP (ETP) shard.
+inline topologies::ParallelConfig with_gtp(topologies::ParallelConfig c, int gtp, int egtp) {
+  c.gtp = gtp;
+  c.egtp = egtp;
+  return c;
+}
+
 }  // namespace tally::testing

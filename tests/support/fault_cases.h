@@ -175,6 +175,14 @@ inline std::vector<FaultCase> fault_cases() {
       "DeepSpeed #8475: EP 2, each rank's norm averaged over data parallel",
       config_of(2, 1, 1, 2, 1), small_moe(2), ones(OptimizerModel::plain), ParamClass::expert_column,
       false);
+  add(Fault::expert_label_ignores_gtp,
+      "#6080 / megatron-core 0.19.2: EP 1, ETP = TP = 1, EGTP 2: experts labelled dense",
+      with_gtp(config_of(2, 1, 1, 1, 1), 1, 2), small_moe(2), ones(OptimizerModel::plain),
+      ParamClass::expert_column);
+  add(Fault::muon_expert_stats_without_egtp,
+      "megatron-core 0.19.2 muon chain: EGTP 2, expert statistics over tp-ep-pp",
+      with_gtp(config_of(2, 1, 1, 1, 1), 1, 2), small_moe(2), ones(OptimizerModel::muon),
+      ParamClass::expert_column);
   add(Fault::distopt_overlapping_shards, "distributed optimizer, DP 2, four elements",
       config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {4})}),
       ones(OptimizerModel::distributed), ParamClass::replicated);

@@ -94,9 +94,16 @@ std::string canonical(const RankLayout& layout, const std::vector<Family>& famil
 }
 
 struct SizeTuple {
-  int world, tp, cp, pp, ep, etp;
+  int world, tp, cp, pp, ep, etp, gtp = 1, egtp = 1;
   auto operator<=>(const SizeTuple&) const = default;
 };
+
+ParallelConfig config_of(const SizeTuple& t, const std::string& order) {
+  ParallelConfig c = testing::config(t.world, t.tp, t.cp, t.pp, t.ep, t.etp, 1, order);
+  c.gtp = t.gtp;
+  c.egtp = t.egtp;
+  return c;
+}
 
 // The orders of one world range, as listed by an `orders LO HI ...` line.
 struct OrderRange {
@@ -105,6 +112,10 @@ struct OrderRange {
 };
 
 struct Fixture {
+  std::string file;
+  // megatron-core 0.19's fixture: lines carry gtp and egtp, drawn from these sizes; it lists
+  // gtp = egtp = 1 only up to world 8 and leaves out tuples no order can accept.
+  std::vector<int> gtp_sizes;
   std::vector<Family> families;
   std::vector<int> worlds;
   std::vector<OrderRange> order_ranges;
@@ -123,10 +134,14 @@ struct Fixture {
   }
 };
 
-Fixture load_fixture() {
-  std::ifstream in(kDataDir + "megatron_rank_groups.txt");
-  if (!in) throw std::runtime_error("cannot open " + kDataDir + "megatron_rank_groups.txt");
+const std::string kFixture0161 = "megatron_rank_groups";
+const std::string kFixture019 = "megatron_0_19_rank_groups";
+
+Fixture load_fixture(const std::string& name) {
+  std::ifstream in(kDataDir + name + ".txt");
+  if (!in) throw std::runtime_error("cannot open " + kDataDir + name + ".txt");
   Fixture f;
+  f.file = name;
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
@@ -146,12 +161,16 @@ Fixture load_fixture() {
       words >> range.lo >> range.hi;
       for (std::string order; words >> order;) range.orders.push_back(order);
       f.order_ranges.push_back(std::move(range));
+    } else if (head == "gtp_sizes") {
+      for (int g; words >> g;) f.gtp_sizes.push_back(g);
     } else if (head == "totals") {
       words >> f.accepted >> f.rejected;
     } else {
       SizeTuple t{std::stoi(head), 0, 0, 0, 0, 0};
       Fixture::Line entry;
-      words >> t.tp >> t.cp >> t.pp >> t.ep >> t.etp >> entry.codes;
+      words >> t.tp >> t.cp >> t.pp >> t.ep >> t.etp;
+      if (!f.gtp_sizes.empty()) words >> t.gtp >> t.egtp;
+      words >> entry.codes;
       for (std::string digest; words >> digest;) entry.digests.push_back(digest);
       if (!words.eof() || entry.codes.empty())
         throw std::runtime_error("malformed fixture line: " + line);
@@ -168,11 +187,37 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
+// The size tuples of a fixture's coverage, in the script's order.
+std::vector<SizeTuple> coverage(const Fixture& f) {
+  std::vector<SizeTuple> out;
+  for (int world : f.worlds) {
+    const std::vector<int> ds = divisors(world);
+    std::vector<int> gs;
+    for (int g : f.gtp_sizes)
+      if (world % g == 0) gs.push_back(g);
+    if (f.gtp_sizes.empty()) gs = {1};
+    for (int tp : ds)
+      for (int cp : ds)
+        for (int pp : ds)
+          for (int ep : ds)
+            for (int etp : ds)
+              for (int gtp : gs)
+                for (int egtp : gs) {
+                  const SizeTuple t{world, tp, cp, pp, ep, etp, gtp, egtp};
+                  if (!f.gtp_sizes.empty()) {
+                    if (gtp == 1 && egtp == 1 && world > 8) continue;
+                    if (world % (tp * cp * pp * gtp) != 0 || world % (etp * ep * pp * egtp) != 0)
+                      continue;
+                  }
+                  out.push_back(t);
+                }
+  }
+  return out;
+}
+
 // Every configuration of the fixture's coverage: acceptance must match check_config, and the
 // groups of accepted ones must hash to Megatron's digest.
-TEST(MegatronAgreement, EveryConfiguration) {
-  const Fixture f = load_fixture();
-  ASSERT_EQ(f.families.size(), 16u);
+void expect_every_configuration_agrees(const Fixture& f) {
   ASSERT_FALSE(f.worlds.empty());
   ASSERT_GE(f.accepted, 0) << "fixture has no totals line";
 
@@ -184,45 +229,41 @@ TEST(MegatronAgreement, EveryConfiguration) {
                     << "\n  Megatron's text: python3 tests/topologies/megatron_rank_fixture.py "
                        "PATH/parallel_state.py --show "
                     << c.world << ' ' << c.tp << ' ' << c.cp << ' ' << c.pp << ' ' << c.ep << ' '
-                    << c.etp << ' ' << c.order;
+                    << c.etp << ' '
+                    << (f.gtp_sizes.empty() ? ""
+                                            : std::to_string(c.gtp) + ' ' + std::to_string(c.egtp) + ' ')
+                    << c.order;
   };
 
-  for (int world : f.worlds) {
-    const std::vector<std::string>& orders = f.orders_for(world);
-    const std::vector<int> ds = divisors(world);
-    for (int tp : ds)
-      for (int cp : ds)
-        for (int pp : ds)
-          for (int ep : ds)
-            for (int etp : ds) {
-              const auto it = f.lines.find({world, tp, cp, pp, ep, etp});
-              const Fixture::Line* entry = it == f.lines.end() ? nullptr : &it->second;
-              if (entry) {
-                ++lines_seen;
-                ASSERT_EQ(entry->codes.size(), orders.size())
-                    << "fixture line for world " << world << " has the wrong number of codes";
-              }
-              for (std::size_t o = 0; o < orders.size(); ++o) {
-                const ParallelConfig c = testing::config(world, tp, cp, pp, ep, etp, 1, orders[o]);
-                const char code = entry ? entry->codes[o] : '.';
-                const bool megatron_accepts = code != '.';
-                const std::optional<std::string> error = check_config(c);
-                (megatron_accepts ? accepted : rejected) += 1;
-                if (megatron_accepts != !error.has_value()) {
-                  report(c, megatron_accepts ? "Megatron accepts, tally rejects: " + *error
-                                             : "Megatron rejects, tally accepts");
-                  continue;
-                }
-                if (!megatron_accepts) continue;
-                const std::size_t index = kDigits.find(code);
-                ASSERT_LT(index, entry->digests.size()) << "bad code in fixture";
-                const std::string text = canonical(RankLayout(c), f.families);
-                const std::string digest = hex16(fnv1a64(text));
-                if (digest != entry->digests[index])
-                  report(c, "groups differ: Megatron digest " + entry->digests[index] +
-                                ", tally digest " + digest + "\n  tally's text:    " + text);
-              }
-            }
+  for (const SizeTuple& t : coverage(f)) {
+    const std::vector<std::string>& orders = f.orders_for(t.world);
+    const auto it = f.lines.find(t);
+    const Fixture::Line* entry = it == f.lines.end() ? nullptr : &it->second;
+    if (entry) {
+      ++lines_seen;
+      ASSERT_EQ(entry->codes.size(), orders.size())
+          << "fixture line for world " << t.world << " has the wrong number of codes";
+    }
+    for (std::size_t o = 0; o < orders.size(); ++o) {
+      const ParallelConfig c = config_of(t, orders[o]);
+      const char code = entry ? entry->codes[o] : '.';
+      const bool megatron_accepts = code != '.';
+      const std::optional<std::string> error = check_config(c);
+      (megatron_accepts ? accepted : rejected) += 1;
+      if (megatron_accepts != !error.has_value()) {
+        report(c, megatron_accepts ? "Megatron accepts, tally rejects: " + *error
+                                   : "Megatron rejects, tally accepts");
+        continue;
+      }
+      if (!megatron_accepts) continue;
+      const std::size_t index = kDigits.find(code);
+      ASSERT_LT(index, entry->digests.size()) << "bad code in fixture";
+      const std::string text = canonical(RankLayout(c), f.families);
+      const std::string digest = hex16(fnv1a64(text));
+      if (digest != entry->digests[index])
+        report(c, "groups differ: Megatron digest " + entry->digests[index] + ", tally digest " +
+                      digest + "\n  tally's text:    " + text);
+    }
   }
   EXPECT_EQ(failures, 0) << failures << " configurations disagree (first " << kMaxReported
                          << " shown)";
@@ -232,19 +273,34 @@ TEST(MegatronAgreement, EveryConfiguration) {
   EXPECT_EQ(rejected, f.rejected);
 }
 
+TEST(MegatronAgreement, EveryConfiguration) {
+  const Fixture f = load_fixture(kFixture0161);
+  ASSERT_EQ(f.families.size(), 16u);
+  expect_every_configuration_agrees(f);
+}
+
+// megatron-core 0.19.2's RankGenerator with generalized TP: the gtp_remat axis, the groups that
+// span it, the GTP groups and the world-sized distributed-optimizer group.
+TEST(MegatronAgreement, EveryConfigurationWithGeneralizedTp) {
+  const Fixture f = load_fixture(kFixture019);
+  ASSERT_EQ(f.families.size(), 22u);
+  ASSERT_FALSE(f.gtp_sizes.empty());
+  expect_every_configuration_agrees(f);
+}
+
 // The readable subset: full group lists, compared family by family.
-TEST(MegatronAgreement, ReadableSubset) {
-  std::ifstream in(kDataDir + "megatron_rank_groups.json");
-  ASSERT_TRUE(in) << "cannot open " << kDataDir << "megatron_rank_groups.json";
+void expect_readable_subset_agrees(const std::string& name) {
+  std::ifstream in(kDataDir + name + ".json");
+  ASSERT_TRUE(in) << "cannot open " << kDataDir << name << ".json";
   const nlohmann::json data = nlohmann::json::parse(in);
-  const Fixture f = load_fixture();
+  const Fixture f = load_fixture(name);
   ASSERT_GE(data.at("configs").size(), 3u);
 
   for (const nlohmann::json& entry : data.at("configs")) {
-    const auto size = [&](const char* key) { return entry.at(key).get<int>(); };
-    const ParallelConfig c = testing::config(size("world"), size("tp"), size("cp"), size("pp"),
-                                             size("ep"), size("etp"), 1,
-                                             entry.at("order").get<std::string>());
+    const auto size = [&](const char* key) { return entry.value(key, 1); };
+    const SizeTuple t{size("world"), size("tp"), size("cp"), size("pp"),
+                      size("ep"),    size("etp"), size("gtp"), size("egtp")};
+    const ParallelConfig c = config_of(t, entry.at("order").get<std::string>());
     SCOPED_TRACE(describe(c));
     const bool megatron_accepts = entry.at("accepted");
     const std::optional<std::string> error = check_config(c);
@@ -254,12 +310,12 @@ TEST(MegatronAgreement, ReadableSubset) {
 
     const RankLayout layout(c);
     std::string megatron_text;
-    for (const std::string& name : data.at("families").get<std::vector<std::string>>()) {
-      const Family family = family_from_name(name).value();
-      const Groups expected = entry.at("groups").at(name).get<Groups>();
-      EXPECT_EQ(groups_of(layout, family), expected) << "family " << name;
+    for (const std::string& family_name : data.at("families").get<std::vector<std::string>>()) {
+      const Family family = family_from_name(family_name).value();
+      const Groups expected = entry.at("groups").at(family_name).get<Groups>();
+      EXPECT_EQ(groups_of(layout, family), expected) << "family " << family_name;
       if (!megatron_text.empty()) megatron_text += ';';
-      append_family(megatron_text, name, expected);
+      append_family(megatron_text, family_name, expected);
     }
     // The C++ canonical text and hash reproduce the script's, so the digests above compare
     // like with like.
@@ -268,7 +324,7 @@ TEST(MegatronAgreement, ReadableSubset) {
     // Both fixture files come from one run: the digest line agrees where the order is covered.
     const std::vector<std::string>& orders = f.orders_for(c.world);
     const auto order = std::find(orders.begin(), orders.end(), c.order);
-    const auto line = f.lines.find({c.world, c.tp, c.cp, c.pp, c.ep, c.etp});
+    const auto line = f.lines.find(t);
     if (order != orders.end() && line != f.lines.end()) {
       const char code = line->second.codes.at(order - orders.begin());
       ASSERT_NE(code, '.');
@@ -276,6 +332,10 @@ TEST(MegatronAgreement, ReadableSubset) {
     }
   }
 }
+
+TEST(MegatronAgreement, ReadableSubset) { expect_readable_subset_agrees(kFixture0161); }
+
+TEST(MegatronAgreement, ReadableSubsetWithGeneralizedTp) { expect_readable_subset_agrees(kFixture019); }
 
 TEST(MegatronAgreement, Fnv1a64MatchesReferenceVectors) {
   EXPECT_EQ(hex16(fnv1a64("")), "cbf29ce484222325");

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generates tests/topologies/data/megatron_rank_groups.{txt,json} from Megatron-LM's own code.
+"""Generates tests/topologies/data/megatron_rank_groups.{txt,json} from Megatron-LM's own code,
+or, from a megatron-core with generalized TP (0.19 and later), megatron_0_19_rank_groups.{txt,json}.
 
 Run (Python 3.8+, no torch needed):
 
@@ -15,8 +16,17 @@ Get parallel_state.py from the megatron-core wheel:
     cd /tmp/mcore && pip download --no-deps megatron-core==0.16.1 -d . \
       && unzip -o megatron_core-*.whl megatron/core/parallel_state.py megatron/core/package_info.py
 
-The committed fixture was produced from megatron-core 0.16.1 (parallel_state.py sha256
-c94fa8ea456eae4f3c7f710b3d3c78b9e8d1ba485ab9d787333428bdbd51d269).
+The committed fixtures were produced from megatron-core 0.16.1 (parallel_state.py sha256
+c94fa8ea456eae4f3c7f710b3d3c78b9e8d1ba485ab9d787333428bdbd51d269) and 0.19.2 (see the header of
+megatron_0_19_rank_groups.txt).
+
+With generalized TP (a RankGenerator that takes gtp_remat) the script mirrors 0.19's
+initialize_model_parallel instead: gtp_remat injected by Megatron's own _inject_gtp_remat_axis
+(after tp in the dense order, after ep in the expert one), the model-parallel, tp-dp-cp and tp-dp
+groups spanning it, the GTP groups, and the distributed-optimizer group the whole world when GTP
+or EGTP > 1. Its lines carry two more sizes, `world tp cp pp ep etp gtp egtp codes digest...`,
+and cover the configurations with GTP or EGTP > 1 (gtp = egtp = 1 is 0.16.1's layout, which the
+first fixture covers; a sample of them is kept to show 0.19 did not change it).
 
 Importing parallel_state needs torch, so this script parses the file with `ast`, execs only
 generate_masked_orthogonal_rank_groups, RankGenerator and default_embedding_ranks (plus the
@@ -57,6 +67,22 @@ EXPERT = [("expt-tp", "tp"), ("expt-ep", "ep"), ("expt-dp", "dp"), ("expt-tp-ep"
           ("expt-tp-ep-pp", "tp-ep-pp")]
 FAMILIES = DENSE + [name for name, _ in EXPERT] + ["embedding", "dist-opt"]
 
+# megatron-core 0.19: the tokens of the families that span gtp_remat, and the new families.
+DENSE_019 = {"tp-pp": "tp-gtp_remat-pp", "tp-dp-cp": "tp-gtp_remat-dp-cp", "tp-dp": "tp-gtp_remat-dp"}
+GTP_DENSE = [("gtp", "gtp_remat"), ("gtp-dp", "gtp_remat-dp"), ("gtp-dp-cp", "gtp_remat-dp-cp")]
+GTP_EXPERT = [("expt-gtp", "gtp_remat"), ("expt-gtp-dp", "gtp_remat-dp"),
+              ("expt-tp-ep-gtp-pp", "tp-ep-gtp_remat-pp")]
+FAMILIES_019 = FAMILIES + [name for name, _ in GTP_DENSE + GTP_EXPERT]
+GTP_SIZES = [1, 2, 3, 4]
+WORLDS_019 = list(range(1, 13)) + [16]
+
+
+def orders_019(world):
+    """orders_for() without the orders that omit tp: 0.19.2's RankGenerator tests `name not in
+    order` on the string, finds "tp" inside "gtp_remat" and never appends tp, so get_ranks raises
+    ValueError for any such order (0.16.1 accepts them with tp = 1; tally follows 0.16.1)."""
+    return [o for o in orders_for(world) if "tp" in o.split("-")]
+
 TOKENS = ["tp", "cp", "ep", "dp", "pp"]
 # Every permutation for small worlds; a fixed sample (plus partial orders, which Megatron accepts
 # when the omitted axes have size 1) for large ones. Partial orders are checked everywhere.
@@ -94,8 +120,12 @@ def load_megatron(path):
     with open(path) as f:
         tree = ast.parse(f.read(), filename=path)
     wanted = {"generate_masked_orthogonal_rank_groups", "RankGenerator", "default_embedding_ranks"}
+    optional = {"_inject_gtp_remat_axis"}  # megatron-core 0.19 and later
     body = []
     for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in optional:
+            body.append(node)
+            continue
         if isinstance(node, ast.ImportFrom) and node.module == "typing":
             body.append(node)  # annotations such as List[int] are evaluated at def time
         elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in wanted:
@@ -115,6 +145,52 @@ def megatron_version(path):
     text = open(info).read()
     parts = [re.search(rf"^{k} = (\S+)", text, re.M) for k in ("MAJOR", "MINOR", "PATCH")]
     return ".".join(p.group(1) for p in parts) if all(parts) else "unknown"
+
+
+def has_gtp(mg):
+    return "_inject_gtp_remat_axis" in mg
+
+
+def layout_019(mg, world, tp, cp, pp, ep, etp, gtp, egtp, order):
+    """layout() for megatron-core 0.19.2's initialize_model_parallel (parallel_state.py lines
+    806-900, the groups at 939-1423 and the dist-opt group at 1544-1573), with
+    num_distributed_optimizer_instances=1 and no virtual pipeline."""
+    RankGenerator = mg["RankGenerator"]
+    inject = mg["_inject_gtp_remat_axis"]
+    model_size = tp * pp * cp * gtp
+    if world % model_size != 0:  # 821: RuntimeError
+        return None, "world not divisible by tp*pp*cp*gtp"
+    dp = world // model_size
+    try:
+        dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=inject(order, after="tp"),
+                              rank_offset=0, gtp_remat=gtp)
+    except RuntimeError as error:
+        return None, f"dense RankGenerator: {error}"
+    expert_model = etp * ep * pp * egtp
+    edp = world // expert_model
+    if world % expert_model != 0:
+        return None, "world not divisible by etp*ep*pp*egtp"
+    try:
+        expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=inject(order, after="ep"),
+                               rank_offset=0, gtp_remat=egtp)
+    except RuntimeError as error:
+        return None, f"expert RankGenerator: {error}"
+    if not (order.endswith("pp") or pp == 1 or edp == dp):
+        return None, "order does not end in pp, pp > 1 and edp != dp"
+    if dense.get_ranks("pp") != expert.get_ranks("pp"):
+        return None, "pp groups differ between the dense and the expert generator"
+
+    groups = {name: dense.get_ranks(DENSE_019.get(name, name)) for name in DENSE}
+    for name, token in EXPERT:
+        groups[name] = expert.get_ranks(token)
+    groups["embedding"] = [mg["default_embedding_ranks"](r) for r in dense.get_ranks("pp")]
+    # 1544 (GTP or EGTP > 1) and 1560 with one instance agree: every tp-ep-pp group, sorted.
+    groups["dist-opt"] = [sorted(r for ranks in expert.get_ranks("tp-ep-pp") for r in ranks)]
+    for name, token in GTP_DENSE:
+        groups[name] = dense.get_ranks(token)
+    for name, token in GTP_EXPERT:
+        groups[name] = expert.get_ranks(token)
+    return groups, None
 
 
 def layout(mg, world, tp, cp, pp, ep, etp, order):
@@ -163,8 +239,8 @@ def layout(mg, world, tp, cp, pp, ep, etp, order):
     return groups, None
 
 
-def canonical(groups):
-    return ";".join(f"{name}:{json.dumps(groups[name], separators=(',', ':'))}" for name in FAMILIES)
+def canonical(groups, families=FAMILIES):
+    return ";".join(f"{name}:{json.dumps(groups[name], separators=(',', ':'))}" for name in families)
 
 
 def fnv1a64(text):
@@ -183,22 +259,108 @@ def orders_for(world):
     return full + PARTIAL_ORDERS
 
 
+def write_019(mg, args, version, sha):
+    """megatron_0_19_rank_groups.{txt,json}: the configurations with GTP or EGTP > 1, and those
+    without for worlds up to 8 (0.16.1's layout, unchanged)."""
+    header = [
+        "# Megatron-LM rank groups with generalized TP, generated by tests/topologies/megatron_rank_fixture.py",
+        f"# from megatron-core {version} parallel_state.py (sha256 {sha}).",
+        "# Format: see the docstring of megatron_rank_fixture.py; lines are world tp cp pp ep etp gtp egtp.",
+        "families " + " ".join(FAMILIES_019),
+        "worlds " + " ".join(map(str, WORLDS_019)),
+        f"orders 1 {SMALL_WORLD_MAX} " + " ".join(orders_019(1)),
+        f"orders {SMALL_WORLD_MAX + 1} {max(WORLDS_019)} " + " ".join(orders_019(max(WORLDS_019))),
+        "gtp_sizes " + " ".join(map(str, GTP_SIZES)),
+    ]
+    digits = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    lines, accepted, rejected = [], 0, 0
+    for world in WORLDS_019:
+        ds = divisors(world)
+        gs = [g for g in GTP_SIZES if world % g == 0]
+        for tp, cp, pp, ep, etp, gtp, egtp in itertools.product(ds, ds, ds, ds, ds, gs, gs):
+            if gtp == 1 and egtp == 1 and world > SMALL_WORLD_MAX:
+                continue
+            if world % (tp * cp * pp * gtp) or world % (etp * ep * pp * egtp):
+                continue  # rejected under every order: not listed, not counted
+            codes, digests = [], []
+            for order in orders_019(world):
+                groups, _ = layout_019(mg, world, tp, cp, pp, ep, etp, gtp, egtp, order)
+                if groups is None:
+                    rejected += 1
+                    codes.append(".")
+                    continue
+                accepted += 1
+                digest = fnv1a64(canonical(groups, FAMILIES_019))
+                if digest not in digests:
+                    assert len(digests) < len(digits), "too many layouts for one size tuple"
+                    digests.append(digest)
+                codes.append(digits[digests.index(digest)])
+            if digests:
+                lines.append(f"{world} {tp} {cp} {pp} {ep} {etp} {gtp} {egtp} {''.join(codes)} {' '.join(digests)}")
+    header.append(f"totals {accepted} {rejected}")
+    readable = []
+    for world, tp, cp, pp, ep, etp, gtp, egtp, order in READABLE_019:
+        groups, reason = layout_019(mg, world, tp, cp, pp, ep, etp, gtp, egtp, order)
+        entry = {"world": world, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "gtp": gtp,
+                 "egtp": egtp, "order": order, "accepted": groups is not None}
+        if reason:
+            entry["rejected_by"] = reason
+        if groups is not None:
+            entry["groups"] = {name: groups[name] for name in FAMILIES_019}
+            entry["digest"] = fnv1a64(canonical(groups, FAMILIES_019))
+        readable.append(entry)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "megatron_0_19_rank_groups.txt"), "w") as f:
+        f.write("\n".join(header + lines) + "\n")
+    with open(os.path.join(args.out_dir, "megatron_0_19_rank_groups.json"), "w") as f:
+        json.dump({"generator": "tests/topologies/megatron_rank_fixture.py",
+                   "megatron_core": version, "parallel_state_sha256": sha,
+                   "families": FAMILIES_019, "configs": readable}, f, indent=1)
+        f.write("\n")
+    print(f"{accepted} accepted, {rejected} rejected", file=sys.stderr)
+
+
+# Readable subset with generalized TP: (world, tp, cp, pp, ep, etp, gtp, egtp, order).
+READABLE_019 = [
+    (4, 1, 1, 1, 1, 1, 2, 2, "tp-cp-ep-dp-pp"),
+    (8, 2, 1, 1, 2, 1, 2, 1, "tp-cp-ep-dp-pp"),
+    (8, 1, 1, 2, 2, 1, 1, 2, "tp-cp-ep-dp-pp"),
+    (8, 2, 2, 1, 1, 2, 2, 2, "tp-dp-ep-cp-pp"),  # EP 1, ETP = TP, EGTP = GTP; the GTP groups differ
+    (8, 1, 1, 1, 1, 1, 1, 2, "tp-cp-ep-dp-pp"),  # EP 1, ETP = TP, EGTP != GTP (#6080)
+    (12, 1, 1, 2, 1, 1, 3, 2, "tp-cp-ep-dp-pp"),
+]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("parallel_state", help="path to megatron/core/parallel_state.py")
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
     parser.add_argument("--version", help="megatron-core version to record (default: package_info.py)")
-    parser.add_argument("--show", nargs=7, metavar=("WORLD", "TP", "CP", "PP", "EP", "ETP", "ORDER"),
-                        help="print one configuration's canonical text and digest, write nothing")
+    parser.add_argument("--show", nargs="+", metavar="SIZE",
+                        help="WORLD TP CP PP EP ETP [GTP EGTP] ORDER: print one configuration's "
+                             "canonical text and digest, write nothing")
     args = parser.parse_args()
 
     mg = load_megatron(args.parallel_state)
     if args.show:
-        groups, reason = layout(mg, *map(int, args.show[:6]), args.show[6])
-        print(f"rejected: {reason}" if groups is None else f"{fnv1a64(canonical(groups))} {canonical(groups)}")
+        sizes, order = list(map(int, args.show[:-1])), args.show[-1]
+        if len(sizes) == 8:
+            if not has_gtp(mg):
+                sys.exit("--show with GTP sizes needs a megatron-core with generalized TP (0.19+)")
+            groups, reason = layout_019(mg, *sizes, order)
+            families = FAMILIES_019
+        elif len(sizes) == 6:
+            groups, reason = layout(mg, *sizes, order)
+            families = FAMILIES
+        else:
+            sys.exit("--show takes WORLD TP CP PP EP ETP [GTP EGTP] ORDER")
+        print(f"rejected: {reason}" if groups is None else f"{fnv1a64(canonical(groups, families))} {canonical(groups, families)}")
         return
     version = args.version or megatron_version(args.parallel_state)
     sha = hashlib.sha256(open(args.parallel_state, "rb").read()).hexdigest()
+    if has_gtp(mg):
+        write_019(mg, args, version, sha)
+        return
     header = [
         "# Megatron-LM rank groups, generated by tests/topologies/megatron_rank_fixture.py",
         f"# from megatron-core {version} parallel_state.py (sha256 {sha}).",

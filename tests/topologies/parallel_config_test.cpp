@@ -37,7 +37,8 @@ TEST(ParallelConfig, WorldHasAnUpperBound) {
 
 TEST(ParallelConfig, OrderTokensMustBeKnownDistinctAndNonEmpty) {
   EXPECT_EQ(error_of(testing::config(8, 1, 1, 1, 1, 1, 1, "tp-xx")),
-            "order 'tp-xx' has unknown token 'xx' (tokens: tp, cp, ep, dp, pp)");
+            "order 'tp-xx' has unknown token 'xx' (tokens: tp, cp, ep, dp, pp; the gtp_remat axis is "
+            "placed by Megatron-LM, after tp in the dense grid and after ep in the expert grid)");
   EXPECT_EQ(error_of(testing::config(8, 1, 1, 1, 1, 1, 1, "tp-dp-tp")), "order 'tp-dp-tp' repeats token 'tp'");
   EXPECT_EQ(error_of(testing::config(8, 1, 1, 1, 1, 1, 1, "tp--dp")),
             "order 'tp--dp' has an empty token (write tokens joined by '-', e.g. tp-cp-ep-dp-pp)");
@@ -109,7 +110,8 @@ TEST(ParseOrder, AppendsMissingAxesAsMegatronDoes) {
 TEST(ParseOrder, TokensAreCaseSensitive) {
   std::string error;
   EXPECT_FALSE(parse_order("TP-DP", &error));
-  EXPECT_EQ(error, "order 'TP-DP' has unknown token 'TP' (tokens: tp, cp, ep, dp, pp)");
+  EXPECT_EQ(error, "order 'TP-DP' has unknown token 'TP' (tokens: tp, cp, ep, dp, pp; the gtp_remat axis is "
+            "placed by Megatron-LM, after tp in the dense grid and after ep in the expert grid)");
 }
 
 }  // namespace

@@ -133,10 +133,10 @@ int expected_size(const ParallelConfig& c, Family family) {
     case Family::dp: return dp;
     case Family::dp_cp: return dp * c.cp;
     case Family::pp: return c.pp;
-    case Family::tp_pp: return c.tp * c.pp;
+    case Family::tp_pp: return c.tp * c.gtp * c.pp;
     case Family::tp_cp: return c.tp * c.cp;
-    case Family::tp_dp_cp: return c.tp * dp * c.cp;
-    case Family::tp_dp: return c.tp * dp;
+    case Family::tp_dp_cp: return c.tp * c.gtp * dp * c.cp;
+    case Family::tp_dp: return c.tp * c.gtp * dp;
     case Family::expt_tp: return c.etp;
     case Family::expt_ep: return c.ep;
     case Family::expt_dp: return edp;
@@ -144,10 +144,19 @@ int expected_size(const ParallelConfig& c, Family family) {
     case Family::expt_tp_ep_pp: return c.etp * c.ep * c.pp;
     case Family::embedding: return std::min(c.pp, 2);
     case Family::world: return c.world;
-    case Family::dist_opt: return c.world / c.dist_opt_instances;
-    case Family::expt_tp_pp: return c.etp * c.pp;
-    case Family::expt_tp_dp_pp: return c.etp * edp * c.pp;
-    case Family::expt_tp_dp: return c.etp * edp;
+    case Family::dist_opt: return uses_gtp(c) ? c.world : c.world / c.dist_opt_instances;
+    case Family::gtp: return c.gtp;
+    case Family::gtp_dp: return c.gtp * dp;
+    case Family::gtp_dp_cp: return c.gtp * dp * c.cp;
+    case Family::expt_gtp: return c.egtp;
+    case Family::expt_gtp_dp: return c.egtp * edp;
+    case Family::expt_tp_ep_gtp_pp: return c.etp * c.ep * c.egtp * c.pp;
+    case Family::expt_tp_pp: return c.etp * c.egtp * c.pp;
+    case Family::expt_tp_dp_pp: return c.etp * c.egtp * edp * c.pp;
+    case Family::expt_tp_dp: return c.etp * c.egtp * edp;
+    case Family::tp_gtp: return c.tp * c.gtp;
+    case Family::expt_tp_ep_gtp: return c.etp * c.ep * c.egtp;
+    case Family::expt_tp_gtp: return c.etp * c.egtp;
   }
   return -1;
 }
@@ -189,23 +198,25 @@ RC_GTEST_PROP(RankLayoutProperty, EmbeddingGroupsAreTheEndsOfEachPipeline, ()) {
 RC_GTEST_PROP(RankLayoutProperty, CoordinatesReconstructTheGlobalRank, ()) {
   const ParallelConfig c = *testing::valid_config();
   const RankLayout layout(c);
-  const AxisOrder order = resolved_order(c);
   for (int rank = 0; rank < c.world; ++rank) {
     const Coordinates x = layout.coordinates(rank);
     const std::map<Axis, std::pair<int, int>> dense = {{Axis::tp, {x.tp, c.tp}},
                                                        {Axis::cp, {x.cp, c.cp}},
                                                        {Axis::ep, {0, 1}},
                                                        {Axis::dp, {x.dp, layout.dp()}},
-                                                       {Axis::pp, {x.pp, c.pp}}};
+                                                       {Axis::pp, {x.pp, c.pp}},
+                                                       {Axis::gtp, {x.gtp, c.gtp}}};
     const std::map<Axis, std::pair<int, int>> expert = {{Axis::tp, {x.etp, c.etp}},
                                                         {Axis::cp, {0, 1}},
                                                         {Axis::ep, {x.ep, c.ep}},
                                                         {Axis::dp, {x.edp, layout.edp()}},
-                                                        {Axis::pp, {x.pp, c.pp}}};
-    for (const auto* grid : {&dense, &expert}) {
+                                                        {Axis::pp, {x.pp, c.pp}},
+                                                        {Axis::gtp, {x.egtp, c.egtp}}};
+    for (const bool is_expert : {false, true}) {
+      const auto& grid = is_expert ? expert : dense;
       int value = 0, stride = 1;
-      for (Axis axis : order) {
-        const auto [coord, size] = grid->at(axis);
+      for (Axis axis : grid_order(c, is_expert)) {
+        const auto [coord, size] = grid.at(axis);
         RC_ASSERT(coord >= 0 && coord < size);
         value += coord * stride;
         stride *= size;
@@ -216,10 +227,46 @@ RC_GTEST_PROP(RankLayoutProperty, CoordinatesReconstructTheGlobalRank, ()) {
     RC_ASSERT(x.cp == layout.index_in(Family::cp, rank));
     RC_ASSERT(x.dp == layout.index_in(Family::dp, rank));
     RC_ASSERT(x.pp == layout.index_in(Family::pp, rank));
+    RC_ASSERT(x.gtp == layout.index_in(Family::gtp, rank));
     RC_ASSERT(x.etp == layout.index_in(Family::expt_tp, rank));
     RC_ASSERT(x.ep == layout.index_in(Family::expt_ep, rank));
     RC_ASSERT(x.edp == layout.index_in(Family::expt_dp, rank));
+    RC_ASSERT(x.egtp == layout.index_in(Family::expt_gtp, rank));
   }
+}
+
+// gtp_remat goes after tp in the dense grid and after ep in the expert grid; where the anchor
+// is missing, after tp, and first where tp is missing too (_inject_gtp_remat_axis).
+TEST(RankLayout, GtpIsInjectedAfterTpInTheDenseGridAndAfterEpInTheExpertGrid) {
+  ParallelConfig c = testing::config(8, 2, 1, 1, 2, 1, 1, "tp-cp-ep-dp-pp");
+  c.gtp = 2;
+  EXPECT_EQ(grid_order(c, false),
+            (GridOrder{Axis::tp, Axis::gtp, Axis::cp, Axis::ep, Axis::dp, Axis::pp}));
+  EXPECT_EQ(grid_order(c, true),
+            (GridOrder{Axis::tp, Axis::cp, Axis::ep, Axis::gtp, Axis::dp, Axis::pp}));
+  c.order = "tp-dp";
+  EXPECT_EQ(grid_order(c, true),
+            (GridOrder{Axis::tp, Axis::gtp, Axis::dp, Axis::pp, Axis::ep, Axis::cp}));
+  c.order = "dp-pp";
+  EXPECT_EQ(grid_order(c, false),
+            (GridOrder{Axis::gtp, Axis::dp, Axis::pp, Axis::tp, Axis::ep, Axis::cp}));
+}
+
+// World 8, tp 2, gtp 2: the GTP groups pair ranks two apart, DP is the replicate degree 2, and
+// the model-parallel group spans GTP; with GTP the distributed-optimizer group is every rank.
+TEST(RankLayout, GtpGroupsOfAWorkedExample) {
+  ParallelConfig c = testing::config(8, 2, 1, 1, 1, 2);
+  c.gtp = 2;
+  const RankLayout layout(c);
+  EXPECT_EQ(layout.dp(), 2);
+  const std::span<const int> gtp = layout.ranks({Family::gtp, 0});
+  EXPECT_EQ(std::vector<int>(gtp.begin(), gtp.end()), (std::vector<int>{0, 2}));
+  const std::span<const int> mp = layout.ranks({Family::tp_pp, 0});
+  EXPECT_EQ(std::vector<int>(mp.begin(), mp.end()), (std::vector<int>{0, 1, 2, 3}));
+  const std::span<const int> dp = layout.ranks({Family::dp, 0});
+  EXPECT_EQ(std::vector<int>(dp.begin(), dp.end()), (std::vector<int>{0, 4}));
+  EXPECT_EQ(layout.group_count(Family::dist_opt), 1);
+  EXPECT_EQ(layout.ranks({Family::dist_opt, 0}).size(), 8u);
 }
 
 std::set<int> intersect(const RankLayout& layout, int rank, std::initializer_list<Family> families) {
@@ -245,10 +292,10 @@ RC_GTEST_PROP(RankLayoutProperty, AxisGroupsIntersectInTheRankAlone, ()) {
   const ParallelConfig c = *testing::valid_config();
   const RankLayout layout(c);
   for (int rank = 0; rank < c.world; ++rank) {
-    RC_ASSERT(intersect(layout, rank, {Family::tp, Family::cp, Family::dp, Family::pp}) ==
-              std::set<int>{rank});
+    RC_ASSERT(intersect(layout, rank, {Family::tp, Family::cp, Family::dp, Family::pp,
+                                       Family::gtp}) == std::set<int>{rank});
     RC_ASSERT(intersect(layout, rank, {Family::expt_tp, Family::expt_ep, Family::expt_dp,
-                                       Family::pp}) == std::set<int>{rank});
+                                       Family::pp, Family::expt_gtp}) == std::set<int>{rank});
   }
 }
 
@@ -269,25 +316,30 @@ RC_GTEST_PROP(RankLayoutProperty, CompositeGroupsShareTheComplementCoordinates, 
     std::span<const int> s = layout.group_ranks(f, rank);
     return std::vector<int>(s.begin(), s.end());
   };
+  using C = const Coordinates&;
   RC_ASSERT(ranks_of(Family::dp_cp) ==
-            members([&](const Coordinates& y) { return y.tp == x.tp && y.pp == x.pp; }));
-  RC_ASSERT(ranks_of(Family::tp_pp) ==
-            members([&](const Coordinates& y) { return y.cp == x.cp && y.dp == x.dp; }));
+            members([&](C y) { return y.tp == x.tp && y.gtp == x.gtp && y.pp == x.pp; }));
+  RC_ASSERT(ranks_of(Family::tp_pp) == members([&](C y) { return y.cp == x.cp && y.dp == x.dp; }));
   RC_ASSERT(ranks_of(Family::tp_cp) ==
-            members([&](const Coordinates& y) { return y.dp == x.dp && y.pp == x.pp; }));
-  RC_ASSERT(ranks_of(Family::tp_dp_cp) == members([&](const Coordinates& y) { return y.pp == x.pp; }));
-  RC_ASSERT(ranks_of(Family::tp_dp) ==
-            members([&](const Coordinates& y) { return y.cp == x.cp && y.pp == x.pp; }));
+            members([&](C y) { return y.dp == x.dp && y.gtp == x.gtp && y.pp == x.pp; }));
+  RC_ASSERT(ranks_of(Family::tp_dp_cp) == members([&](C y) { return y.pp == x.pp; }));
+  RC_ASSERT(ranks_of(Family::tp_dp) == members([&](C y) { return y.cp == x.cp && y.pp == x.pp; }));
+  RC_ASSERT(ranks_of(Family::gtp_dp_cp) ==
+            members([&](C y) { return y.tp == x.tp && y.pp == x.pp; }));
+  RC_ASSERT(ranks_of(Family::tp_gtp) ==
+            members([&](C y) { return y.cp == x.cp && y.dp == x.dp && y.pp == x.pp; }));
   RC_ASSERT(ranks_of(Family::expt_tp_ep) ==
-            members([&](const Coordinates& y) { return y.edp == x.edp && y.pp == x.pp; }));
+            members([&](C y) { return y.edp == x.edp && y.egtp == x.egtp && y.pp == x.pp; }));
   RC_ASSERT(ranks_of(Family::expt_tp_ep_pp) ==
-            members([&](const Coordinates& y) { return y.edp == x.edp; }));
+            members([&](C y) { return y.edp == x.edp && y.egtp == x.egtp; }));
+  RC_ASSERT(ranks_of(Family::expt_tp_ep_gtp_pp) == members([&](C y) { return y.edp == x.edp; }));
   RC_ASSERT(ranks_of(Family::expt_tp_pp) ==
-            members([&](const Coordinates& y) { return y.edp == x.edp && y.ep == x.ep; }));
-  RC_ASSERT(ranks_of(Family::expt_tp_dp_pp) ==
-            members([&](const Coordinates& y) { return y.ep == x.ep; }));
+            members([&](C y) { return y.edp == x.edp && y.ep == x.ep; }));
+  RC_ASSERT(ranks_of(Family::expt_tp_dp_pp) == members([&](C y) { return y.ep == x.ep; }));
   RC_ASSERT(ranks_of(Family::expt_tp_dp) ==
-            members([&](const Coordinates& y) { return y.ep == x.ep && y.pp == x.pp; }));
+            members([&](C y) { return y.ep == x.ep && y.pp == x.pp; }));
+  RC_ASSERT(ranks_of(Family::expt_gtp_dp) ==
+            members([&](C y) { return y.etp == x.etp && y.ep == x.ep && y.pp == x.pp; }));
 }
 
 }  // namespace

@@ -63,8 +63,11 @@ Ledger tally_all_ranks(const LogicalModel& model, const RankLayout& layout) {
         continue;
       }
       const int replica = is_expert_class(p.param_class) ? at.edp : at.cp * layout.dp() + at.dp;
-      const bool counted = local.tensor_model_parallel ||
-                           layout.index_in(replication_family(local), rank) == 0;
+      // Megatron-LM's filter: the TP duplicate test, then (0.19) the GTP duplicate test.
+      const bool counted = (local.tensor_model_parallel ||
+                            layout.index_in(replication_family(local), rank) == 0) &&
+                           (local.gtp_weight_remat ||
+                            layout.index_in(gtp_replication_family(local), rank) == 0);
       for_each_element(p.shape, local.slice, [&](std::int64_t e) {
         ++ledger.held[p.id][replica * p.numel + e];
         if (counted) {
@@ -87,7 +90,9 @@ void check_exact_cover(const ParallelConfig& config, const ModelSpec& spec) {
   const bool expert_pgs = expert_topology(model.placement());
   for (const LogicalParam& p : model.params()) {
     const bool expert = is_expert_class(p.param_class);
-    const int copies = partition_dim(p.param_class) >= 0 ? 1 : expert ? config.etp : config.tp;
+    // Replicated over TP (ETP) unless split over it, and over GTP (EGTP) unless split over it.
+    const int copies = (partition_dim(p.param_class) >= 0 ? 1 : expert ? config.etp : config.tp) *
+                       (gtp_sharded(p.param_class) ? 1 : expert ? config.egtp : config.gtp);
     for (std::size_t i = 0; i < ledger.held[p.id].size(); ++i)
       RC_ASSERT(ledger.held[p.id][i] == copies);
     // With EP 1 and ETP == TP experts are filtered as dense params; the dense TP rank then
@@ -126,14 +131,26 @@ RC_GTEST_PROP(Sharding, ShardsAreContiguousBlocksOfTheRightCoordinate, ()) {
     const int dim = local.partition_dim;
     const int index = expert ? at.etp : at.tp;
     const int parts = expert ? config.etp : config.tp;
+    const int gtp_index = expert ? at.egtp : at.gtp;
+    const int gtp_parts = expert ? config.egtp : config.gtp;
+    RC_ASSERT(local.gtp_weight_remat == (gtp_parts > 1 && gtp_sharded(p.param_class)));
     for (int d = 0; d < p.shape.rank; ++d) {
+      std::int64_t offset = 0, extent = p.shape[d];
       if (d == dim) {
-        RC_ASSERT(local.slice.extent[d] * parts == p.shape[d]);
-        RC_ASSERT(local.slice.offset[d] == index * local.slice.extent[d]);
-      } else {
-        RC_ASSERT(local.slice.offset[d] == 0);
-        RC_ASSERT(local.slice.extent[d] == p.shape[d]);
+        RC_ASSERT(p.shape[d] % parts == 0);
+        extent = p.shape[d] / parts;
+        offset = index * extent;
       }
+      if (d == 0 && local.gtp_weight_remat) {
+        // GTP rank g of G: rows [g * b, (g + 1) * b) of the TP shard's rows padded to a multiple
+        // of 16 * G (b = padded / G), the padding cut off.
+        const std::int64_t block = (extent + 16 * gtp_parts - 1) / (16 * gtp_parts) * 16;
+        const std::int64_t begin = std::min(extent, gtp_index * block);
+        offset += begin;
+        extent = std::min(extent - begin, block);
+      }
+      RC_ASSERT(local.slice.offset[d] == offset);
+      RC_ASSERT(local.slice.extent[d] == extent);
     }
     // Experts live on EP rank expert / (E / ep), numbered from 0 there.
     if (expert) {
@@ -151,7 +168,7 @@ RC_GTEST_PROP(Sharding, AttributesFollowTheClassTable, ()) {
   const auto [config, spec] = *testing::valid_case(3);
   const LogicalModel model(spec, config);
   const RankLayout layout(config);
-  const bool expert_pgs = config.ep > 1 || config.etp != config.tp;
+  const bool expert_pgs = config.ep > 1 || config.etp != config.tp || config.egtp != config.gtp;
   for (const LocalParam& local : local_params(model, layout, *rc::gen::inRange(0, config.world))) {
     if (local.shared) {
       RC_ASSERT(local.tensor_model_parallel);
@@ -167,7 +184,31 @@ RC_GTEST_PROP(Sharding, AttributesFollowTheClassTable, ()) {
               (sharded ? (c == ParamClass::row || c == ParamClass::expert_row ? 1 : 0) : -1));
     RC_ASSERT(local.allreduce == !(is_expert_class(c) && expert_pgs));
     RC_ASSERT(replication_family(local) == (local.allreduce ? Family::tp : Family::expt_tp));
+    RC_ASSERT(gtp_replication_family(local) == (local.allreduce ? Family::gtp : Family::expt_gtp));
   }
+}
+
+// megatron-core 0.19's padding: a TP shard's rows are padded to a multiple of 16 * G and split
+// in equal blocks, so the last GTP ranks hold fewer real rows, or none; the blocks cover every
+// row once.
+TEST(Sharding, GtpRowsPadToSixteenTimesTheGroupAndCoverEveryRowOnce) {
+  EXPECT_EQ(gtp_rows(64, 0, 2).begin, 0);
+  EXPECT_EQ(gtp_rows(64, 1, 2).begin, 32);
+  EXPECT_EQ(gtp_rows(64, 1, 2).count, 32);
+  EXPECT_EQ(gtp_rows(48, 0, 2).count, 32);  // padded to 64: 32 rows each
+  EXPECT_EQ(gtp_rows(48, 1, 2).count, 16);
+  EXPECT_EQ(gtp_rows(8, 0, 2).count, 8);  // padded to 32: rank 1 holds only padding
+  EXPECT_EQ(gtp_rows(8, 1, 2).count, 0);
+  for (std::int64_t rows : {1, 7, 16, 33, 96, 100})
+    for (int size : {1, 2, 3, 4}) {
+      std::int64_t next = 0;
+      for (int g = 0; g < size; ++g) {
+        const GtpRows r = gtp_rows(rows, g, size);
+        EXPECT_EQ(r.begin, next) << rows << " rows, rank " << g << " of " << size;
+        next = r.begin + r.count;
+      }
+      EXPECT_EQ(next, rows);
+    }
 }
 
 TEST(Sharding, SingleRankHoldsEveryTensorWhole) {

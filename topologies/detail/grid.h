@@ -10,9 +10,9 @@
 namespace tally::topologies::detail {
 
 struct Grid {
-  AxisOrder order{};                    // axis at each position, fastest first
-  std::array<int, kAxisCount> size{};   // size at each position
-  std::array<int, kAxisCount> stride{}; // prefix products of size
+  GridOrder order{};                        // axis at each position, fastest first
+  std::array<int, kGridAxisCount> size{};   // size at each position
+  std::array<int, kGridAxisCount> stride{}; // prefix products of size
 };
 
 inline int axis_size(const ParallelConfig& c, Axis axis, bool expert) {
@@ -22,16 +22,17 @@ inline int axis_size(const ParallelConfig& c, Axis axis, bool expert) {
     case Axis::ep: return expert ? c.ep : 1;
     case Axis::dp: return expert ? edp(c) : dp(c);
     case Axis::pp: return c.pp;
+    case Axis::gtp: return expert ? c.egtp : c.gtp;
   }
   return 1;
 }
 
-inline Grid make_grid(const ParallelConfig& c, const AxisOrder& order, bool expert) {
+inline Grid make_grid(const ParallelConfig& c, bool expert) {
   Grid grid;
-  grid.order = order;
+  grid.order = grid_order(c, expert);
   int stride = 1;
-  for (int i = 0; i < kAxisCount; ++i) {
-    grid.size[i] = axis_size(c, order[i], expert);
+  for (int i = 0; i < kGridAxisCount; ++i) {
+    grid.size[i] = axis_size(c, grid.order[i], expert);
     grid.stride[i] = stride;
     stride *= grid.size[i];
   }
@@ -39,7 +40,7 @@ inline Grid make_grid(const ParallelConfig& c, const AxisOrder& order, bool expe
 }
 
 inline int position_of(const Grid& grid, Axis axis) {
-  for (int i = 0; i < kAxisCount; ++i)
+  for (int i = 0; i < kGridAxisCount; ++i)
     if (grid.order[i] == axis) return i;
   return -1;
 }
