@@ -7,6 +7,7 @@
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
+#include "gradnorm/releases.h"
 #include "cli/html_report.h"
 #include "cli/model_flags.h"
 #include "cli/number_flags.h"
@@ -46,6 +47,7 @@ struct RunOptions {
   double max_norm = 1.0;
   std::int64_t bucket_elements = 0;
   std::vector<std::string> faults;
+  std::string megatron_release;  // "": the rules tally checks
   bool list_faults = false;
   bool json = false;
   std::string html;  // --html: write the verdict as an HTML page
@@ -144,6 +146,18 @@ casefile::Case case_from_flags(const RunOptions& o) {
   path.max_norm = o.max_norm;
   path.bucket_elements = o.bucket_elements;
   for (gradnorm::Fault fault : parse_fault_list(o.faults, "--fault")) path.faults = path.faults.with(fault);
+  if (!o.megatron_release.empty()) {
+    std::string names;
+    for (const gradnorm::ReleaseInfo& info : gradnorm::megatron_releases())
+      names += (names.empty() ? "" : ", ") + std::string(info.name);
+    const gradnorm::MegatronRelease release = parse_choice<gradnorm::MegatronRelease>(
+        "--megatron-release", o.megatron_release, gradnorm::release_from_name, names);
+    if (std::optional<std::string> error = gradnorm::check_release_config(release, c.topology))
+      throw UsageError("--megatron-release " + o.megatron_release + ": " + *error);
+    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+      if (gradnorm::release_faults(release, path.optimizer).has(info.fault))
+        path.faults = path.faults.with(info.fault);
+  }
   return c;
 }
 
@@ -266,6 +280,10 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
   command->add_option("--fault", options->faults,
                       "Switch on faults of the catalog: names (repeat, or comma-separate), all, or "
                       "none");
+  command->add_option("--megatron-release", options->megatron_release,
+                      "Run a released megatron-core's rules where they differ from the ones tally "
+                      "checks (0.16.1, 0.19.2): adds those faults for this optimizer, so the "
+                      "verdict says whether that release miscounts the case");
   {
     const std::vector<CLI::Option*> all = command->get_options();
     options->case_flags.assign(all.begin() + static_cast<std::ptrdiff_t>(options_before), all.end());

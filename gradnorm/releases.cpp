@@ -1,0 +1,52 @@
+#include "gradnorm/releases.h"
+
+namespace tally::gradnorm {
+
+namespace {
+
+constexpr std::array<ReleaseInfo, kReleaseCount> kReleases = {{
+    {MegatronRelease::v0_16_1, "0.16.1",
+     "its source (use_expert_pgs, the float32 zero count, copy_optimizer_param_metadata) and its "
+     "runs in tests/fixtures/manifests/megatron-core-0.16.1"},
+    {MegatronRelease::v0_19_2, "0.19.2",
+     "its source (use_expert_pgs, _get_megatron_emerging_optimizer, the layer-wise children's "
+     "groups) and its runs in tests/fixtures/manifests/megatron-core-0.19.2"},
+}};
+
+}  // namespace
+
+const std::array<ReleaseInfo, kReleaseCount>& megatron_releases() { return kReleases; }
+
+std::optional<MegatronRelease> release_from_name(std::string_view name) {
+  for (const ReleaseInfo& info : kReleases)
+    if (info.name == name) return info.release;
+  return std::nullopt;
+}
+
+FaultSet release_faults(MegatronRelease release, OptimizerModel optimizer) {
+  FaultSet faults;
+  switch (release) {
+    case MegatronRelease::v0_16_1:
+      // Experts labelled by EP alone, a float32 zero count, and main copies without allreduce.
+      faults = FaultSet::of({Fault::expert_label_from_ep_only, Fault::zero_count_in_float32,
+                             Fault::allreduce_flag_lost_on_main_params});
+      break;
+    case MegatronRelease::v0_19_2:
+      faults = FaultSet::of({Fault::expert_label_ignores_gtp});
+      if (optimizer == OptimizerModel::muon) faults = faults.with(Fault::muon_expert_stats_without_egtp);
+      break;
+  }
+  // #6099: in both releases the layer-wise optimizer's children receive no TP groups.
+  if (optimizer == OptimizerModel::layerwise) faults = faults.with(Fault::expert_dedup_on_dense_tp);
+  return faults;
+}
+
+std::optional<std::string> check_release_config(MegatronRelease release,
+                                                const topologies::ParallelConfig& config) {
+  if (release == MegatronRelease::v0_16_1 && topologies::uses_gtp(config))
+    return "megatron-core 0.16.1 has no generalized TP (gtp " + std::to_string(config.gtp) +
+           ", egtp " + std::to_string(config.egtp) + "; 0.19 added it)";
+  return std::nullopt;
+}
+
+}  // namespace tally::gradnorm
