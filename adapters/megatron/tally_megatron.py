@@ -628,6 +628,14 @@ def _describe_params(chunks):
         for name, p in chunk.named_parameters():
             if getattr(p, "__fsdp_param__", False):
                 raise NotImplementedError(f"{name}: Megatron-FSDP params are not supported")
+            if getattr(p, "is_gtp_weight_remat", False):
+                # The format carries GTP shards (docs/manifest.md); mapping one to its box needs
+                # its GTP rank and padding, which this adapter does not read yet.
+                raise NotImplementedError(
+                    f"{name}: a generalized-TP shard (is_gtp_weight_remat); the adapter maps "
+                    "TP shards only: run with gtp_weight_remat_size = "
+                    "expert_gtp_weight_remat_size = 1"
+                )
             if not p.requires_grad:
                 # Frozen: no optimizer holds it and no norm counts it, so the truth leaves it out.
                 continue
