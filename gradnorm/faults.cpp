@@ -111,8 +111,9 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "DeepSpeed #8475 / PR #8478 (clip_grad_norm_ averages per-rank norms over data parallel)",
      "each rank reduces its whole local norm over the dense model-parallel group (TP x PP) only, "
      "then the norm is the mean of those over the data-parallel group (DP x CP)",
-     "data-parallel ranks whose gradients differ: experts with EP > 1, or the distributed "
-     "optimizer with DP x CP > 1"},
+     "data-parallel ranks whose local norms differ: experts with EP > 1, or ETP < TP (a dense "
+     "TP group then holds expert shards of several DP positions), or the distributed optimizer "
+     "with DP x CP > 1"},
     {Fault::muon_expert_stats_without_egtp, "muon-expert-stats-without-egtp",
      "megatron-core 0.19.2 _get_megatron_emerging_optimizer (expert children get tp_ep_pp, not "
      "the EGTP-merged group; read from source, docs/megatron-reference.md section 9)",

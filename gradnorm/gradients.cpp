@@ -114,6 +114,30 @@ double max_stated_magnitude(kernels::Dtype dtype) {
   return dtype == kernels::Dtype::fp16 ? 65504.0 : 0x1p50;
 }
 
+namespace {
+
+// The sum of squares of every element at the largest stated magnitude must stay finite in a
+// float32 local sum: N * m^2 <= 2^126, so m <= 2^63 / sqrt(N) (a scale: a ninth of it, a
+// generated value being at most 8.58).
+std::optional<std::string> check_stated_sum(const StatedGradient& g, const std::string& what,
+                                            std::int64_t elements) {
+  const double limit = std::ldexp(1.0, 63) / std::sqrt(static_cast<double>(std::max<std::int64_t>(1, elements)));
+  double largest = 0.0;
+  switch (g.kind) {
+    case StatedGradient::Kind::constant: largest = std::abs(g.number); break;
+    case StatedGradient::Kind::scale: largest = 9.0 * std::abs(g.number); break;
+    case StatedGradient::Kind::values:
+      for (double v : g.values) largest = std::max(largest, std::abs(v));
+      break;
+  }
+  if (largest <= limit) return std::nullopt;
+  return what + ": magnitude " + record::all_digits(largest) + " over the model's " +
+         std::to_string(elements) + " elements could overflow a float32 sum of squares (at most " +
+         record::all_digits(limit) + " for a model of this size)";
+}
+
+}  // namespace
+
 std::optional<std::string> check_stated(const GradientSpec& gradients, const topologies::LogicalModel& model) {
   std::unordered_map<std::string_view, const topologies::LogicalParam*> by_name;
   for (const topologies::LogicalParam& p : model.params()) by_name.emplace(p.name, &p);
@@ -126,11 +150,13 @@ std::optional<std::string> check_stated(const GradientSpec& gradients, const top
     return std::nullopt;
   };
   for (const StatedFor& s : gradients.stated) {
-    const std::string what = "stated gradient for " + selector_text(s);
+    // Before selector_text, which reads the class of a selector without a param name.
     if (s.param.empty() == !s.param_class.has_value())
-      return "stated gradient: name either a param or a class, not " +
-             std::string(s.param.empty() ? "neither" : "both");
+      return "stated gradient: name either a param or a class (it names " +
+             std::string(s.param.empty() ? "neither" : "both") + ")";
+    const std::string what = "stated gradient for " + selector_text(s);
     if (auto error = check_stated_gradient(s.gradient, what, gradients.generator.dtype)) return error;
+    if (auto error = check_stated_sum(s.gradient, what, model.total_elements())) return error;
     if (!s.param.empty()) {
       const auto it = by_name.find(s.param);
       if (it == by_name.end())
@@ -150,6 +176,7 @@ std::optional<std::string> check_stated(const GradientSpec& gradients, const top
     if (!c.gradient) continue;
     const std::string what = "gradient of custom param '" + c.name + "'";
     if (auto error = check_stated_gradient(*c.gradient, what, gradients.generator.dtype)) return error;
+    if (auto error = check_stated_sum(*c.gradient, what, model.total_elements())) return error;
     if (auto it = by_name.find(c.name); it != by_name.end())
       if (auto error = check_length(*c.gradient, *it->second, what)) return error;
   }

@@ -63,16 +63,16 @@ std::string child_name(const OptimizerPlan& plan, int c) {
 
 namespace {
 
-// The part of `stats` on one pipeline stage. With several distributed-optimizer instances the
-// stage's group spans all of them: no Megatron-LM group is an instance's part of one stage.
+// The part of `stats` on one pipeline stage (with several distributed-optimizer instances, the
+// instance's part of it, which no Megatron-LM group is).
 Family within_stage(Family stats, bool gtp, bool egtp) {
   switch (stats) {
     case Family::tp_pp: return gtp ? Family::tp_gtp : Family::tp;
     case Family::expt_tp_ep_pp: return Family::expt_tp_ep;
     case Family::expt_tp_ep_gtp_pp: return Family::expt_tp_ep_gtp;
     case Family::expt_tp_pp: return egtp ? Family::expt_tp_gtp : Family::expt_tp;
-    case Family::world:
-    case Family::dist_opt: return Family::tp_dp_cp;
+    case Family::world: return Family::tp_dp_cp;
+    case Family::dist_opt: return Family::dist_opt_stage;  // tp-dp-cp's ranks when k = 1
     case Family::expt_tp_dp_pp: return Family::expt_tp_dp;
     default: return stats;  // already within a stage
   }
@@ -85,8 +85,8 @@ Family without_ep(Family stats) {
     case Family::expt_tp_ep_gtp_pp: return Family::expt_tp_pp;
     case Family::expt_tp_ep: return Family::expt_tp;
     case Family::expt_tp_ep_gtp: return Family::expt_tp_gtp;
-    case Family::world:
-    case Family::dist_opt: return Family::expt_tp_dp_pp;
+    case Family::world: return Family::expt_tp_dp_pp;
+    case Family::dist_opt: return Family::dist_opt_without_ep;  // expt-tp-dp-pp's when k = 1
     case Family::tp_dp_cp: return Family::expt_tp_dp;
     default: return stats;
   }

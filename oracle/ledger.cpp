@@ -1,5 +1,7 @@
 #include "oracle/ledger.h"
 
+#include <algorithm>
+#include <limits>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -178,29 +180,37 @@ class LedgerCounter {
       classes[sums].push_back(rank.rank);
     }
 
-    // tensor -> ledger -> ((rank, its count) of every wrong rank, the count of the class holding
-    // the first of them)
-    using RankCounts = std::vector<std::pair<int, std::int64_t>>;
-    std::map<int, std::map<int, std::pair<RankCounts, ClassMiscount>>> wrong;
+    // tensor -> ledger -> (rank, its count) of every wrong rank, and the count of the class
+    // holding the lowest of them (classes come in no rank order)
+    struct Wrong {
+      std::vector<std::pair<int, std::int64_t>> ranks;
+      ClassMiscount shown;
+      int shown_rank = std::numeric_limits<int>::max();
+    };
+    std::map<int, std::map<int, Wrong>> wrong;
     for (const auto& [sums, ranks] : classes)
       for (const auto& [key, miscount] : judge_class(sums)) {
-        auto& [wrong_ranks, shown] = wrong[key.first][key.second];
-        if (wrong_ranks.empty() || ranks.front() < wrong_ranks.front().first) shown = miscount;
-        for (int rank : ranks) wrong_ranks.emplace_back(rank, miscount.counted);
+        Wrong& entry = wrong[key.first][key.second];
+        const int lowest = *std::min_element(ranks.begin(), ranks.end());
+        if (lowest < entry.shown_rank) {
+          entry.shown = miscount;
+          entry.shown_rank = lowest;
+        }
+        for (int rank : ranks) entry.ranks.emplace_back(rank, miscount.counted);
       }
     for (auto& [tensor, by_ledger] : wrong) {
       auto& [ledger, entry] = *by_ledger.begin();  // the first ledger that counts it wrongly
       WrongCount w;
       w.tensor = tensor;
       w.ledger = ledger;
-      std::sort(entry.first.begin(), entry.first.end());
-      for (const auto& [rank, counted] : entry.first) {
+      std::sort(entry.ranks.begin(), entry.ranks.end());
+      for (const auto& [rank, counted] : entry.ranks) {
         w.ranks.push_back(rank);
         w.counted_by_rank.push_back(counted);
       }
-      w.counted = entry.second.counted;
-      w.least = entry.second.least;
-      w.most = entry.second.most;
+      w.counted = entry.shown.counted;
+      w.least = entry.shown.least;
+      w.most = entry.shown.most;
       result.wrong.push_back(std::move(w));
     }
     return result;

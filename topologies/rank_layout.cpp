@@ -56,6 +56,8 @@ std::string_view family_name(Family family) {
     case Family::embedding: return "embedding";
     case Family::world: return "world";
     case Family::dist_opt: return "dist-opt";
+    case Family::dist_opt_stage: return "dist-opt-pp-stage";
+    case Family::dist_opt_without_ep: return "dist-opt-ep-rank";
     default: return "?";
   }
 }
@@ -107,6 +109,31 @@ void fill_grid_family(const detail::Grid& grid, const std::array<bool, kGridAxis
     group_of_rank[rank] = group;
     index_of_rank[rank] = index;
   }
+}
+
+// The non-empty intersections of a group of `a` with a group of `b`, ordered by the pair of
+// group indices; ranks ascending.
+void fill_intersection(const std::vector<int>& group_a, const std::vector<int>& group_b, int world,
+                       std::vector<int>& offsets, std::vector<int>& ranks,
+                       std::vector<int>& group_of_rank, std::vector<int>& index_of_rank) {
+  std::vector<int> order(world);
+  for (int r = 0; r < world; ++r) order[r] = r;
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+    return std::pair(group_a[x], group_b[x]) < std::pair(group_a[y], group_b[y]);
+  });
+  offsets.assign(1, 0);
+  ranks.clear();
+  group_of_rank.assign(world, 0);
+  index_of_rank.assign(world, 0);
+  for (int i = 0; i < world; ++i) {
+    const int r = order[i];
+    if (i > 0 && (group_a[r] != group_a[order[i - 1]] || group_b[r] != group_b[order[i - 1]]))
+      offsets.push_back(static_cast<int>(ranks.size()));
+    group_of_rank[r] = static_cast<int>(offsets.size()) - 1;
+    index_of_rank[r] = static_cast<int>(ranks.size()) - offsets.back();
+    ranks.push_back(r);
+  }
+  offsets.push_back(world);
 }
 
 }  // namespace
@@ -179,6 +206,16 @@ RankLayout::RankLayout(ParallelConfig config) : config_(std::move(config)) {
       }
       t.offsets.push_back(static_cast<int>(t.ranks.size()));
     }
+  }
+
+  // What a faulty clip reduces over with several instances: an instance's part of one stage
+  // (clip-per-stage-norm) or of one EP rank (clip-per-ep-group-norm).
+  for (const auto& [family, other] : {std::pair{Family::dist_opt_stage, Family::pp},
+                                      std::pair{Family::dist_opt_without_ep, Family::expt_ep}}) {
+    FamilyTable& t = tables_[static_cast<int>(family)];
+    // pp groups hold one rank of each stage: a rank's stage is its index there; likewise EP.
+    fill_intersection(table(Family::dist_opt).group_of_rank, table(other).index_of_rank, world,
+                      t.offsets, t.ranks, t.group_of_rank, t.index_of_rank);
   }
 }
 

@@ -49,8 +49,10 @@ enum class Family : std::uint8_t {
   tp_gtp,          // tp-pp without the PP axis
   expt_tp_ep_gtp,  // expt-tp-ep-gtp-pp without the PP axis
   expt_tp_gtp,     // expt-tp-ep-gtp-pp without the PP and EP axes
+  dist_opt_stage,  // one distributed-optimizer instance's ranks on one pipeline stage
+  dist_opt_without_ep,  // one instance's ranks of one EP rank
 };
-inline constexpr int kFamilyCount = 29;
+inline constexpr int kFamilyCount = 31;
 // The groups Megatron-LM creates, in the order `tally topo` prints them (0.16.1's first).
 inline constexpr std::array<Family, 23> kMegatronFamilies = {
     Family::tp,         Family::cp,         Family::dp,      Family::dp_cp,
@@ -67,7 +69,8 @@ inline constexpr std::array<Family, kFamilyCount> kAllFamilies = {
     Family::dist_opt,   Family::gtp,        Family::gtp_dp,  Family::gtp_dp_cp,
     Family::expt_gtp,   Family::expt_gtp_dp, Family::expt_tp_ep_gtp_pp,
     Family::expt_tp_pp, Family::expt_tp_dp_pp, Family::expt_tp_dp, Family::tp_gtp,
-    Family::expt_tp_ep_gtp, Family::expt_tp_gtp};
+    Family::expt_tp_ep_gtp, Family::expt_tp_gtp, Family::dist_opt_stage,
+    Family::dist_opt_without_ep};
 
 // The Megatron-LM families of a configuration: 0.16.1's seventeen, then megatron-core 0.19's
 // generalized-TP ones when gtp or egtp > 1 (otherwise they repeat groups of the first).

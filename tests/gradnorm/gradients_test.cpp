@@ -75,8 +75,27 @@ TEST(CheckStated, NamesTheStatedGradientAndTheRule) {
   EXPECT_EQ(error({"a", std::nullopt, constant(std::nan(""))}),
             "stated gradient for param 'a': the constant must be a finite number");
   EXPECT_EQ(error({"a", ParamClass::row, constant(1.0)}),
-            "stated gradient: name either a param or a class, not both");
+            "stated gradient: name either a param or a class (it names both)");
+  EXPECT_EQ(error({"", std::nullopt, constant(1.0)}),
+            "stated gradient: name either a param or a class (it names neither)");
   GradientSpec layout_only;
+  {  // 2^40 elements at 2^50 would overflow a float32 sum of squares: at most 2^63 / 2^20
+    topologies::ModelSpec big;
+    big.kind = topologies::ModelKind::custom;
+    topologies::CustomParam w;
+    w.name = "w";
+    w.param_class = ParamClass::replicated;
+    w.shape = {std::int64_t{1} << 20, std::int64_t{1} << 20};
+    big.params = {w};
+    GradientSpec g;
+    g.stated.push_back({"w", std::nullopt, constant(0x1p44)});
+    EXPECT_EQ(check_stated(g, topologies::LogicalModel(big)).value_or(""),
+              "stated gradient for param 'w': magnitude 17592186044416 over the model's 1099511627776 "
+              "elements could overflow a float32 sum of squares (at most 8796093022208 for a model "
+              "of this size)");
+    g.stated[0].gradient = constant(0x1p43);
+    EXPECT_EQ(check_stated(g, topologies::LogicalModel(big)), std::nullopt);
+  }
   EXPECT_EQ(check_stated(layout_only, three_params(StatedGradient{StatedGradient::Kind::values, 0.0, {1}})).value_or(""),
             "gradient of custom param 'a': 1 values for a, which has 4 elements [4] (list one per "
             "element, row-major, or state a constant)");

@@ -152,6 +152,25 @@ TEST(Path, ClipCoefficientIsMaxOverNormPlusEpsilon) {
   }
 }
 
+// With PP 1 each stage is the whole instance and with EP 1 no EP axis is left out, so the clip
+// faults change nothing, even with two distributed-optimizer instances (whose groups would sum
+// both instances if the stage's group spanned them).
+TEST(Path, ClipFaultsWithoutTheirAxisChangeNothingUnderSeveralInstances) {
+  ParallelConfig config = config_of(4, 1, 1, 1, 1);
+  config.dist_opt_instances = 2;
+  PathOptions options = testing::ones(OptimizerModel::distributed);
+  options.max_norm = 1.0;
+  const PathResult right = run(config, testing::small_moe(2), options);
+  for (Fault fault : {Fault::clip_per_stage_norm, Fault::clip_per_ep_group_norm}) {
+    options.faults = FaultSet::of({fault});
+    const PathResult faulty = run(config, testing::small_moe(2), options);
+    for (std::size_t r = 0; r < faulty.record.ranks.size(); ++r)
+      EXPECT_EQ(faulty.record.ranks[r].reported.clip_coefficient,
+                right.record.ranks[r].reported.clip_coefficient)
+          << fault_info(fault).name << ", rank " << r;
+  }
+}
+
 TEST(Path, WithoutClippingNoClippedGradientsAreRecorded) {
   PathOptions options = testing::ones(OptimizerModel::plain);
   options.max_norm = 0.0;

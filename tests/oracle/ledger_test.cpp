@@ -91,6 +91,29 @@ TEST(Ledger, AStatsGroupOfOneRankSeesOnlyItsOwnPieces) {
   EXPECT_EQ(result.wrong[0].ranks, (std::vector<int>{0, 1}));
 }
 
+// Ranks that count differently form classes judged in no particular order: the headline count
+// is always the lowest wrong rank's.
+TEST(Ledger, TheHeadlineCountIsTheLowestWrongRanks) {
+  record::RunRecord run = replicated_run({{piece(0, 0, 2, 0)}, {piece(0, 0, 8, 0)}});
+  run.world = 4;
+  run.groups = {{0}, {1}, {2}, {3}};
+  run.ranks.push_back(run.ranks[0]);
+  run.ranks.push_back(run.ranks[0]);
+  const std::int64_t kept[] = {6, 8, 4, 2};  // rank r keeps [0, kept[r])
+  for (int r = 0; r < 4; ++r) {
+    auto local = std::make_shared<record::LocalRecord>(*run.ranks[static_cast<std::size_t>(r)].local);
+    local->pieces = {piece(0, 0, kept[r], 0)};
+    run.ranks[static_cast<std::size_t>(r)].rank = r;
+    run.ranks[static_cast<std::size_t>(r)].local = local;
+    run.ranks[static_cast<std::size_t>(r)].children[0].stats_group = r;
+  }
+  const LedgerResult result = count_ledgers(run);
+  ASSERT_EQ(result.wrong.size(), 1u);
+  EXPECT_EQ(result.wrong[0].ranks, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(result.wrong[0].counted_by_rank, (std::vector<std::int64_t>{6, 4, 2}));
+  EXPECT_EQ(result.wrong[0].counted, 6);
+}
+
 TEST(Ledger, ATensorOfAnotherNormGroupMustStayOutOfTheMainNorm) {
   record::RunRecord run = replicated_run({{piece(0, 0, 8, 0)}, {}});
   run.norm_groups.push_back({"mtp", true});

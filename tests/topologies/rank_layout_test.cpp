@@ -157,6 +157,8 @@ int expected_size(const ParallelConfig& c, Family family) {
     case Family::tp_gtp: return c.tp * c.gtp;
     case Family::expt_tp_ep_gtp: return c.etp * c.ep * c.egtp;
     case Family::expt_tp_gtp: return c.etp * c.egtp;
+    case Family::dist_opt_stage: return expected_size(c, Family::dist_opt) / c.pp;
+    case Family::dist_opt_without_ep: return expected_size(c, Family::dist_opt) / c.ep;
   }
   return -1;
 }
@@ -338,6 +340,16 @@ RC_GTEST_PROP(RankLayoutProperty, CompositeGroupsShareTheComplementCoordinates, 
   RC_ASSERT(ranks_of(Family::expt_tp_dp_pp) == members([&](C y) { return y.ep == x.ep; }));
   RC_ASSERT(ranks_of(Family::expt_tp_dp) ==
             members([&](C y) { return y.ep == x.ep && y.pp == x.pp; }));
+  const std::span<const int> instance = layout.group_ranks(Family::dist_opt, rank);
+  auto in_instance = [&](int r) { return std::find(instance.begin(), instance.end(), r) != instance.end(); };
+  std::vector<int> stage, ep_rank;
+  for (int r = 0; r < c.world; ++r) {
+    if (!in_instance(r)) continue;
+    if (layout.coordinates(r).pp == x.pp) stage.push_back(r);
+    if (layout.coordinates(r).ep == x.ep) ep_rank.push_back(r);
+  }
+  RC_ASSERT(ranks_of(Family::dist_opt_stage) == stage);
+  RC_ASSERT(ranks_of(Family::dist_opt_without_ep) == ep_rank);
   RC_ASSERT(ranks_of(Family::expt_gtp_dp) ==
             members([&](C y) { return y.etp == x.etp && y.ep == x.ep && y.pp == x.pp; }));
 }
