@@ -294,11 +294,6 @@ record::RunRecord to_record(const RunManifests& manifests) {
       if (known == run.norm_groups.end()) run.norm_groups.push_back({*group, false});
     }
   }
-  // Megatron-LM has one separate group ("mtp"), and the truth keeps one besides the main norm.
-  if (run.norm_groups.size() > 2)
-    throw ManifestError("the params carry grad_norm_group '" + run.norm_groups[1].name + "' and '" +
-                        run.norm_groups[2].name +
-                        "': tally judges one separate grad-norm group besides the main norm");
   for (const RankManifest* m : ranks)
     for (const auto& [name, norm] : m->reported.group_norms) {
       const int group = norm_group_of(run, name);
@@ -306,6 +301,15 @@ record::RunRecord to_record(const RunManifests& manifests) {
         invalid(m->rank, "reported.group_norms names '" + name + "', a grad_norm_group no param of the run carries");
       run.norm_groups[static_cast<std::size_t>(group)].counted = true;
     }
+  // Megatron-LM has one separate group ("mtp"), and the truth keeps one besides the main norm:
+  // params of other groups only leave the main norm, as long as no rank reports their norms.
+  std::vector<std::string> reported_groups;
+  for (const record::NormGroup& g : run.norm_groups)
+    if (!g.name.empty() && g.counted) reported_groups.push_back(g.name);
+  if (reported_groups.size() > 1)
+    throw ManifestError("reported.group_norms names grad_norm_group '" + reported_groups[0] + "' and '" +
+                        reported_groups[1] +
+                        "': tally judges one separate grad-norm group besides the main norm");
 
   run.groups = manifests.groups;  // group ids are the record's
   record::LocalRecordPool locals;

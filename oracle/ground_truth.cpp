@@ -170,8 +170,10 @@ GroundTruth truth_from_box_statistics(const record::RunRecord& run) {
       }
       if (!param.stats || !seen.emplace(param.tensor, std::move(box)).second) continue;
       zeros += param.stats->zeros;
-      if (run.tensors[static_cast<std::size_t>(param.tensor)].norm_group != 0) {
-        // The one separate grad-norm group (manifest::to_record allows no second).
+      if (const int group = run.tensors[static_cast<std::size_t>(param.tensor)].norm_group; group != 0) {
+        // Out of the main norm; into the truth of the one separate group the run reports
+        // (manifest::to_record allows no second).
+        if (!run.norm_groups[static_cast<std::size_t>(group)].counted) continue;
         Accumulator one(0);
         one.elements = param.box.numel();
         one.squares.add(param.stats->sum_squares);

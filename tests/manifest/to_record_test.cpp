@@ -185,6 +185,23 @@ TEST(ManifestRunJudged, ASeparateGroupNobodyReportsIsNotJudged) {
   EXPECT_EQ(stat(report, "mtp-l2"), nullptr);
 }
 
+// Two separate groups leave the main norm; only reporting both norms is beyond tally's truth.
+TEST(ManifestRunJudged, TwoSeparateGroupsAreAnErrorOnlyWhenBothNormsAreReported) {
+  RunManifests run = with_mtp_norm_weight(true);
+  for (RankManifest& m : run.ranks) {
+    m.params.edit()[2].attributes.grad_norm_group = "other";
+    m.optimizers[0].main_params[2].attributes.grad_norm_group = "other";
+    m.reported.norm = std::sqrt(16.0);  // the expert biases alone
+  }
+  const CheckReport report = check_run(run);
+  EXPECT_EQ(report.verdict.kind, oracle::Verdict::Kind::pass);
+  EXPECT_EQ(stat(report, "mtp-l2")->expected, std::sqrt(8.0));
+  for (RankManifest& m : run.ranks) m.reported.group_norms["other"] = std::sqrt(32.0);
+  EXPECT_EQ(check_error(run),
+            "reported.group_norms names grad_norm_group 'mtp' and 'other': tally judges one separate "
+            "grad-norm group besides the main norm");
+}
+
 TEST(ManifestRunJudged, AGroupNormNoParamCarriesIsAnError) {
   RunManifests run = founding_run(false);
   run.ranks[1].reported.group_norms["mtp"] = 1.0;
