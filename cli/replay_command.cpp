@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <memory>
 #include <ostream>
+#include <set>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
@@ -84,16 +87,26 @@ struct Outcome {
 };
 
 // The page of `file` in `folder`: its path with separators as '_', so two folders' a.json differ.
-std::string page_of(const std::string& folder, const std::string& file) {
-  std::string name = fs::path(file).lexically_normal().generic_string();
-  for (char& ch : name)
-    if (ch == '/' || ch == '\\' || ch == ':') ch = '_';
-  while (!name.empty() && name.front() == '.') name.erase(name.begin());
-  if (name.size() > 5 && name.ends_with(".json")) name.resize(name.size() - 5);
-  return (fs::path(folder) / (name + ".html")).string();
+// The page name of each input: its path flattened, and where two flatten alike ("a/b.json",
+// "a_b.json") a "-2", "-3" suffix on the later ones, so no report overwrites another.
+std::vector<std::string> pages_of(const std::string& folder, const std::vector<Input>& inputs) {
+  std::vector<std::string> pages;
+  std::set<std::string> used;
+  for (const Input& input : inputs) {
+    std::string name = fs::path(input.file).lexically_normal().generic_string();
+    for (char& ch : name)
+      if (ch == '/' || ch == '\\' || ch == ':') ch = '_';
+    while (!name.empty() && name.front() == '.') name.erase(name.begin());
+    if (name.size() > 5 && name.ends_with(".json")) name.resize(name.size() - 5);
+    std::string unique = name;
+    for (int n = 2; !used.insert(unique).second; ++n) unique = name + "-" + std::to_string(n);
+    pages.push_back((fs::path(folder) / (unique + ".html")).string());
+  }
+  return pages;
 }
 
-Outcome replay_one(const Input& input, run::Backend& backend, const std::string& html_folder) {
+// `html_page`: where a failing case's report goes; "" writes none.
+Outcome replay_one(const Input& input, run::Backend& backend, const std::string& html_page) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -116,8 +129,8 @@ Outcome replay_one(const Input& input, run::Backend& backend, const std::string&
     }
     const oracle::Verdict verdict = backend.run(c, {});
     o.verdict = oracle::kind_name(verdict.kind);
-    if (!html_folder.empty() && verdict.kind != oracle::Verdict::Kind::pass) {
-      o.html = page_of(html_folder, input.file);
+    if (!html_page.empty() && verdict.kind != oracle::Verdict::Kind::pass) {
+      o.html = html_page;
       write_case_html(o.html, "tally replay " + input.file, c, verdict,
                       {"tally run " + shell_quote(input.file), "tally replay " + shell_quote(input.file)});
     }
@@ -191,8 +204,11 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
     std::vector<Outcome> outcomes;
     std::size_t passed = 0, errors = 0, skipped = 0;
     const Outcome* first_error = nullptr;
-    for (const Input& input : inputs) {
-      outcomes.push_back(replay_one(input, context.backend, options->html));
+    const std::vector<std::string> pages =
+        options->html.empty() ? std::vector<std::string>(inputs.size()) : pages_of(options->html, inputs);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const Input& input = inputs[i];
+      outcomes.push_back(replay_one(input, context.backend, pages[i]));
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;

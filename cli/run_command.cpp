@@ -1,5 +1,7 @@
 // tally run: one case, from flags or a case file; the verdict and the diagnosis.
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -62,6 +64,10 @@ Enum parse_choice(const std::string& flag, const std::string& value,
   return *parsed;
 }
 
+constexpr const char* kClassNames =
+    "column, column-bias, row, replicated, vocab, head-sharded, expert-column, "
+    "expert-column-bias, expert-row, expert-row-bias";
+
 std::uint32_t parse_classes(const std::vector<std::string>& names) {
   if (names.empty()) return ~std::uint32_t{0};
   std::uint32_t mask = 0;
@@ -71,10 +77,7 @@ std::uint32_t parse_classes(const std::vector<std::string>& names) {
     while (std::getline(items, name, ',')) {
       const std::optional<topologies::ParamClass> c = topologies::class_from_name(name);
       if (!c)
-        throw UsageError("--grad-classes '" + name +
-                         "' is not a param class (column, column-bias, row, replicated, vocab, "
-                         "head-sharded, expert-column, expert-column-bias, expert-row, "
-                         "expert-row-bias)");
+        throw UsageError("--grad-classes '" + name + "' is not a param class (" + kClassNames + ")");
       mask |= gradnorm::class_bit(*c);
     }
   }
@@ -87,35 +90,51 @@ gradnorm::StatedFor parse_grad_value(const std::string& text) {
   const std::string flag = "--grad-value '" + text + "'";
   const std::size_t eq = text.rfind('=', text.find('['));
   if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
-    throw UsageError(flag + ": expected PARAM=VALUE or CLASS=VALUE, VALUE a number, xFACTOR or "
-                            "[v1,v2,...] (one per element)");
+    throw UsageError(flag + ": expected PARAM=VALUE or CLASS=VALUE (param:NAME or class:NAME where "
+                            "a name is both), VALUE a number, xFACTOR or [v1,v2,...] (one per element)");
+  auto trimmed = [](std::string item) {
+    const std::size_t first = item.find_first_not_of(" \t");
+    if (first == std::string::npos) return std::string();
+    return item.substr(first, item.find_last_not_of(" \t") - first + 1);
+  };
   gradnorm::StatedFor s;
-  const std::string selector = text.substr(0, eq);
-  if (const std::optional<topologies::ParamClass> c = topologies::class_from_name(selector)) s.param_class = c;
+  std::string selector = trimmed(text.substr(0, eq));
+  const bool as_param = selector.starts_with("param:"), as_class = selector.starts_with("class:");
+  if (as_param || as_class) selector = trimmed(selector.substr(6));
+  if (selector.empty()) throw UsageError(flag + ": the param or class name is empty");
+  const std::optional<topologies::ParamClass> c = topologies::class_from_name(selector);
+  if (as_class && !c)
+    throw UsageError(flag + ": '" + selector + "' is not a param class (" + kClassNames + ")");
+  if (c && !as_param) s.param_class = c;
   else s.param = selector;
-  const std::string value = text.substr(eq + 1);
-  auto number = [&](const std::string& item) {
-    std::size_t used = 0;
-    double v = 0.0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || !std::isfinite(v))
+  const std::string value = trimmed(text.substr(eq + 1));
+  auto number = [&](const std::string& raw) {
+    const std::string item = trimmed(raw);
+    if (item.empty()) throw UsageError(flag + ": an empty value (a stray comma?)");
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (end != item.c_str() + item.size() || !std::isfinite(v))
       throw UsageError(flag + ": '" + item + "' is not a finite number");
+    if (errno == ERANGE)
+      throw UsageError(flag + ": '" + item + "' is outside the range of a double");
     return v;
   };
+  if (value.empty()) throw UsageError(flag + ": the value is empty");
   if (value.front() == 'x' || value.front() == '*') {
     s.gradient.kind = topologies::StatedGradient::Kind::scale;
     s.gradient.number = number(value.substr(1));
   } else if (value.front() == '[') {
     if (value.back() != ']') throw UsageError(flag + ": a list is written [v1,v2,...]");
     s.gradient.kind = topologies::StatedGradient::Kind::values;
-    std::stringstream items(value.substr(1, value.size() - 2));
-    std::string item;
-    while (std::getline(items, item, ',')) s.gradient.values.push_back(number(item));
-    if (s.gradient.values.empty()) throw UsageError(flag + ": the list is empty");
+    const std::string items = value.substr(1, value.size() - 2);
+    if (trimmed(items).empty()) throw UsageError(flag + ": the list is empty");
+    for (std::size_t at = 0;;) {  // every item, empty ones too, so "[1,2,]" is an error
+      const std::size_t comma = items.find(',', at);
+      s.gradient.values.push_back(number(items.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
   } else {
     s.gradient.kind = topologies::StatedGradient::Kind::constant;
     s.gradient.number = number(value);
@@ -263,7 +282,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                       "State a param's gradients as a bug report gives them (repeatable; a later "
                       "one wins): NAME=0.1 (every element), NAME=x3 (the generated values times "
                       "3) or NAME=[1,2,3,4] (one per element, row-major); NAME is a logical param "
-                      "(tally layout lists them) or a class (expert-row-bias=0.1)");
+                      "(tally layout lists them) or a class (expert-row-bias=0.1); param:NAME or "
+                      "class:NAME where a param is named like a class");
   command->add_option("--accumulation", options->accumulation, "Local sums in fp64 or fp32")
       ->capture_default_str();
   command->add_option("--p-norms", options->p_norms, "Extra p-norms to check (e.g. 1,3)")
@@ -317,7 +337,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
   command->add_option("--html", options->html,
                       "Also write the verdict as a self-contained HTML page to this file: the "
                       "ledger as a matrix of params against ranks, the rank grid with the ranks "
-                      "that dropped or double-counted, the replay command");
+                      "that dropped or double-counted, the replay command")
+      ->check(output_file());
   add_backend_flags(*command);
   command->callback([options, &context] {
     if (options->list_faults) {
@@ -372,7 +393,14 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
         case_source.empty() ? o.command_line : "tally run " + shell_quote(case_source);
     std::optional<std::string> unmet;
     if (c.expect) unmet = run::unmet_expectation(*c.expect, verdict);
-    if (!o.html.empty()) write_case_html(o.html, "tally run", c, verdict, {replay});
+    if (!o.html.empty()) {
+      // Checked writable before the run; should writing still fail, the verdict stands.
+      try {
+        write_case_html(o.html, "tally run", c, verdict, {replay});
+      } catch (const UsageError& error) {
+        context.err << "tally: error: " << error.what() << " (the verdict stands)\n";
+      }
+    }
     if (o.json) {
       nlohmann::ordered_json j = verdict_json(verdict);
       if (c.expect)

@@ -67,15 +67,23 @@ std::vector<kernels::GeneratorSpec> param_generators(const GradientSpec& gradien
     if (c.gradient)
       if (auto it = by_name.find(c.name); it != by_name.end())
         specs[static_cast<std::size_t>(it->second)] = stated_spec(gradients.generator, *c.gradient);
+  // A scale multiplies the generated values, which are zeros where the class mask leaves the
+  // param's class out (docs/case-files.md): it leaves those zeros.
+  auto state = [&](int id, const StatedGradient& g) {
+    const topologies::ParamClass c = model.param(id).param_class;
+    if (g.kind == StatedGradient::Kind::scale && !(gradients.class_mask & class_bit(c))) {
+      specs[static_cast<std::size_t>(id)] = zero;
+      return;
+    }
+    specs[static_cast<std::size_t>(id)] = stated_spec(gradients.generator, g);
+  };
   for (const StatedFor& s : gradients.stated) {
     if (!s.param.empty()) {
-      if (auto it = by_name.find(s.param); it != by_name.end())
-        specs[static_cast<std::size_t>(it->second)] = stated_spec(gradients.generator, s.gradient);
+      if (auto it = by_name.find(s.param); it != by_name.end()) state(it->second, s.gradient);
       continue;
     }
     for (const topologies::LogicalParam& p : model.params())
-      if (s.param_class && p.param_class == *s.param_class)
-        specs[static_cast<std::size_t>(p.id)] = stated_spec(gradients.generator, s.gradient);
+      if (s.param_class && p.param_class == *s.param_class) state(p.id, s.gradient);
   }
   return specs;
 }

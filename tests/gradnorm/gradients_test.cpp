@@ -41,6 +41,19 @@ TEST(ParamGenerators, LayoutGradientsThenStatedInOrderALaterOneWins) {
   EXPECT_EQ(specs[2].mode, kernels::GradientMode::zeros);
 }
 
+// A scale multiplies the generated values: zeros for a class the mask leaves out. A constant
+// states values outright, mask or not.
+TEST(ParamGenerators, AScaleOnAMaskedOutClassLeavesZeros) {
+  const topologies::LogicalModel model = three_params();
+  GradientSpec g;
+  g.class_mask = class_bit(ParamClass::column);  // "a" (replicated) is masked out
+  g.stated.push_back({"a", std::nullopt, {StatedGradient::Kind::scale, 3.0, {}}});
+  EXPECT_EQ(param_generators(g, model)[0].mode, kernels::GradientMode::zeros);
+  EXPECT_EQ(param_generators(g, model)[0].stated.kind, kernels::StatedValues::Kind::none);
+  g.stated[0].gradient = constant(2.0);
+  EXPECT_EQ(param_generators(g, model)[0].stated.kind, kernels::StatedValues::Kind::constant);
+}
+
 TEST(ParamGenerators, StatedValuesAreRoundedOnceToTheDtype) {
   GradientSpec g;
   g.generator.dtype = kernels::Dtype::bf16;
