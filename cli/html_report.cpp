@@ -75,13 +75,15 @@ void verdict_table(std::ostringstream& out, const oracle::Verdict& v) {
         << html_escape(record::all_digits(m.expected_coefficient)) << " expected)</p>\n";
 }
 
-// Per rank, whether it dropped or double-counted any param.
+// Per rank, whether it dropped or double-counted any param. A wrong rank whose total is right
+// counts some elements twice and others never: both.
 std::map<int, unsigned> rank_statuses(const oracle::Verdict& v) {
   std::map<int, unsigned> out;
   for (const oracle::Miscount& m : v.miscounted)
     for (std::size_t i = 0; i < m.wrong_ranks.size(); ++i) {
       const std::int64_t counted = i < m.wrong_counted.size() ? m.wrong_counted[i] : m.counted;
-      out[m.wrong_ranks[i]] |= status_of(counted, m.expected);
+      const unsigned status = status_of(counted, m.expected);
+      out[m.wrong_ranks[i]] |= status == 0 ? kDropped | kDouble : status;
     }
   return out;
 }
@@ -165,9 +167,15 @@ void rank_grid(std::ostringstream& out, const HtmlReport& r) {
     return it == statuses.end() ? 0u : it->second;
   };
   constexpr int kMaxGridRanks = 1024;
-  if (r.world > kMaxGridRanks)
-    out << "<p class=note>Showing the first " << kMaxGridRanks << " of " << r.world << " ranks.</p>\n";
   const int shown = std::min(r.world, kMaxGridRanks);
+  if (r.world > kMaxGridRanks) {
+    // The wrong ranks past the grid still show, each once (the verdict lists a capped number).
+    out << "<p class=note>Showing the first " << kMaxGridRanks << " of " << r.world << " ranks";
+    std::string beyond;
+    for (const auto& [rank, rank_status] : statuses)
+      if (rank >= shown) beyond += rank_box(rank, rank_status, "");
+    out << (beyond.empty() ? ".</p>\n" : "; wrong ranks past them:</p>\n<div class=stage>" + beyond + "</div>\n");
+  }
   if (!r.layout) {
     out << "<div class=stage>";
     for (int rank = 0; rank < shown; ++rank) out << rank_box(rank, status(rank), "");

@@ -141,6 +141,31 @@ TEST(HtmlReport, ABigModelsMatrixIsCappedAndSaysSo) {
   EXPECT_NE(html.find("Showing 300 of 400 params"), std::string::npos);
 }
 
+// A rank whose total is right but counts half a param twice and half never is marked both;
+// wrong ranks past the grid's 1,024 still show.
+TEST(HtmlReport, ARightTotalOfWrongElementsAndRanksPastTheGridAreMarked) {
+  const casefile::Case c = founding_fail(2);
+  oracle::Verdict verdict = run::run_case(c);
+  oracle::Miscount m;
+  m.name = "w";
+  m.expected = 8;
+  m.counted = 8;
+  m.wrong_ranks = {1, 5000};
+  m.wrong_counted = {8, 0};
+  verdict.miscounted = {m};
+  HtmlReport page;
+  page.title = "tally check";
+  page.verdict = &verdict;
+  page.params = {"w"};
+  page.classes = {"replicated"};
+  page.world = 6000;
+  const std::string html = html_report(page);
+  EXPECT_EQ(well_formed(html), "");
+  EXPECT_EQ(count(html, "<span class=\"rank both\""), 1u);  // rank 1
+  EXPECT_NE(html.find("wrong ranks past them"), std::string::npos);
+  EXPECT_EQ(count(html, "<span class=\"rank dropped\""), 1u);  // rank 5000
+}
+
 TEST(HtmlReport, TheCheckerRejectsWhatAPageMustNotHold) {
   EXPECT_NE(well_formed("<html><body><p>x</body></html>"), "");
   EXPECT_NE(well_formed("<html><script>x</script></html>"), "");
