@@ -1,7 +1,7 @@
 // The HTML report: a well-formed, self-contained page (every tag closed, no script, nothing
 // fetched), the ledger matrix marking the ranks that dropped a param, user text escaped, and the
-// caps that keep a large run's page small. Rendering in a browser is not tested here: no headless
-// browser installs from the Debian packages CI uses; the page uses no script and plain CSS.
+// caps that keep a large run's page small. tests/cli/render_html.sh renders one in headless
+// Chromium where it is installed (`apt-get install chromium`; CI's packages leave it out).
 #include "cli/html_report.h"
 
 #include <gtest/gtest.h>
