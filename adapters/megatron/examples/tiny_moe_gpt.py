@@ -68,6 +68,13 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", required=True, help="folder for rank-<R>.json")
     p.add_argument("--tally", default=None, help="path of the tally binary: run `tally check OUT`")
+    p.add_argument(
+        "--backend",
+        choices=["nccl", "gloo"],
+        default="nccl",
+        help="torch.distributed backend; gloo lets several ranks share a GPU (NCCL refuses two "
+        "ranks of one communicator on one GPU), so a world can exceed the GPU count",
+    )
     return p.parse_args()
 
 
@@ -267,8 +274,9 @@ def main():
     args = parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl")
+    # With gloo, ranks beyond the GPU count share GPUs round-robin.
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    dist.init_process_group(args.backend)
     rank = dist.get_rank()
 
     model = build(args)
