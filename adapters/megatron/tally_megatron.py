@@ -81,6 +81,7 @@ import inspect
 import json
 import os
 import re
+import subprocess
 import tempfile
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -997,3 +998,49 @@ def _fill_stats(params, optimizers):
             v = [0.0, 0.0, float(n)]
         ss, am, z = v
         record["stats"] = {"sum_squares": float(ss), "abs_max": float(am), "zeros": int(z)}
+
+
+# ---------------------------------------------------------------------------------------------
+# One call for a framework's own tests.
+# ---------------------------------------------------------------------------------------------
+
+
+class GradNormMiscount(AssertionError):
+    """`tally check` found the run's grad norm or zero count wrong; the message is its report."""
+
+
+def check_grad_norm(
+    optimizer,
+    model,
+    out_dir: str,
+    *,
+    tally: str = "tally",
+    grad_norm: Optional[float] = None,
+    num_zeros: Optional[float] = None,
+    timeout: float = 600.0,
+) -> str:
+    """Writes this rank's manifest (dump_manifest, same call order), then rank 0 judges the run
+    with `TALLY check OUT_DIR` and every rank gets its verdict: returns tally's report when every
+    element was counted exactly once, raises GradNormMiscount with the report (the miscounted
+    params, the ranks, the rule) when not, and RuntimeError when tally could not judge (bad
+    manifests: exit 2; tally missing). Call on every rank."""
+    import torch.distributed as dist
+
+    dump_manifest(optimizer, model, out_dir, grad_norm=grad_norm, num_zeros=num_zeros)
+    dist.barrier()  # every rank's file is written before rank 0 reads them
+    outcome: List[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            r = subprocess.run(
+                [tally, "check", out_dir], capture_output=True, text=True, timeout=timeout
+            )
+            outcome[0] = (r.returncode, r.stdout + r.stderr)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            outcome[0] = (None, f"{tally} check {out_dir}: {error}")
+    dist.broadcast_object_list(outcome, src=0)
+    code, report = outcome[0]
+    if code == 0:
+        return report
+    if code == 1:
+        raise GradNormMiscount(report)
+    raise RuntimeError(f"tally could not judge {out_dir} (exit {code}):\n{report}")

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import tally_megatron  # noqa: E402
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
@@ -75,7 +75,7 @@ def parse_args():
         help="torch.distributed backend; gloo lets several ranks share a GPU (NCCL refuses two "
         "ranks of one communicator on one GPU), so a world can exceed the GPU count",
     )
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 # --- emerging_optimizers compatibility ---------------------------------------------------------
