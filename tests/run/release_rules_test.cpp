@@ -55,10 +55,16 @@ TEST(ReleaseRules, PredictTheVerdictsOfTheRealRuns) {
         EXPECT_NE(m.name.find("linear_fc2.bias"), std::string::npos) << m.name;
     }
   }
-  // distopt-adam-tp1-ep2-etp1 passed on 0.16.1.
+  // distopt-adam-tp1-ep2-etp1 passed on 0.16.1; at TP 2 (world 8, DP 4, gloo) it failed,
+  // and on 0.19.2 passed (tests/fixtures/manifests/megatron-core-0.1{6.1,9.2}-gloo).
   EXPECT_EQ(run_release(MegatronRelease::v0_16_1, OptimizerModel::distributed,
                         testing::config_of(2, 1, 1, 2, 1))
                 .kind,
+            oracle::Verdict::Kind::pass);
+  const topologies::ParallelConfig world8 = testing::config_of(8, 2, 1, 2, 1);
+  EXPECT_EQ(run_release(MegatronRelease::v0_16_1, OptimizerModel::distributed, world8).kind,
+            oracle::Verdict::Kind::fail);
+  EXPECT_EQ(run_release(MegatronRelease::v0_19_2, OptimizerModel::distributed, world8).kind,
             oracle::Verdict::Kind::pass);
 }
 
