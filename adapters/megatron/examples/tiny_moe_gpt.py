@@ -187,16 +187,16 @@ def build(args):
     )
     model_parallel_cuda_manual_seed(args.seed)
     layers = args.layers or args.pp
+    moe = {}  # --experts 0: a dense model
+    if args.experts:
+        moe = dict(num_moe_experts=args.experts, moe_ffn_hidden_size=args.ffn, moe_router_topk=2,
+                   moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False)
     config = TransformerConfig(
         num_layers=layers,
         hidden_size=args.hidden,
         num_attention_heads=2,
         ffn_hidden_size=args.ffn,
-        num_moe_experts=args.experts,
-        moe_ffn_hidden_size=args.ffn,
-        moe_router_topk=2,
-        moe_token_dispatcher_type="alltoall",
-        moe_grouped_gemm=False,
+        **moe,
         add_bias_linear=True,
         bf16=True,
         params_dtype=torch.bfloat16,
@@ -211,7 +211,7 @@ def build(args):
         bias_dropout_fusion=False,
         gradient_accumulation_fusion=False,
     )
-    spec = get_gpt_layer_local_spec(num_experts=args.experts, moe_grouped_gemm=False)
+    spec = get_gpt_layer_local_spec(num_experts=args.experts or None, moe_grouped_gemm=False)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -223,6 +223,15 @@ def build(args):
     )
     model.cuda(torch.cuda.current_device())
     model = Float16Module(config, model)
+    if args.optimizer == "muon" and args.layer_wise and args.dist_opt:
+        # 0.19's layer-wise + DistributedOptimizer chain needs each param tagged for its buffer
+        # before DDP builds them (else the DistributedOptimizer meets Muon's params: KeyError).
+        try:
+            from megatron.core.optimizer.layer_wise_optimizer import tag_params_for_buffer_routing
+        except ImportError:
+            raise SystemExit("--layer-wise --dist-opt: this megatron-core has no layer-wise + "
+                             "DistributedOptimizer chain (0.19 added it)")
+        tag_params_for_buffer_routing([model])
     ddp_config = DistributedDataParallelConfig(
         use_distributed_optimizer=args.dist_opt,
         overlap_grad_reduce=False,
