@@ -63,8 +63,11 @@ void print_header(std::ostream& out, const LogicalModel& model, const RankLayout
   const topologies::ParallelConfig& c = layout.config();
   out << "model  " << topologies::describe(model.spec()) << '\n'
       << "config world " << c.world << "  dense: tp " << c.tp << ", cp " << c.cp << ", pp " << c.pp
-      << ", dp " << layout.dp() << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp "
-      << layout.edp() << "  order " << c.order;
+      << ", dp " << layout.dp();
+  if (topologies::uses_gtp(c)) out << ", gtp " << c.gtp;
+  out << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp " << layout.edp();
+  if (topologies::uses_gtp(c)) out << ", egtp " << c.egtp;
+  out << "  order " << c.order;
   if (c.vpp != 1) out << "  vpp " << c.vpp;
   out << '\n';
 }
@@ -148,18 +151,27 @@ struct Verdict {
 
 Verdict judge(const RankLayout& layout, int rank, const LocalParam& p) {
   if (p.shared) return {false, "never counted (shared copy)"};
+  auto where = [&](topologies::Family family) {
+    return std::string(topologies::family_name(family)) + " index " +
+           std::to_string(layout.index_in(family, rank)) + " of " +
+           ranks_string(layout.group_ranks(family, rank));
+  };
+  // megatron-core 0.19's second test: a param that is not a GTP shard needs GTP index 0 too.
+  if (topologies::uses_gtp(layout.config()) && !p.gtp_weight_remat) {
+    const topologies::Family gtp = topologies::gtp_replication_family(p);
+    if (layout.index_in(gtp, rank) != 0) return {false, "dropped (" + where(gtp) + ")"};
+  }
   if (p.tensor_model_parallel) return {true, "counted (distinct shard)"};
   const topologies::Family family = topologies::replication_family(p);
-  const int index = layout.index_in(family, rank);
-  std::string where = std::string(topologies::family_name(family)) + " index " +
-                      std::to_string(index) + " of " + ranks_string(layout.group_ranks(family, rank));
-  return {index == 0, index == 0 ? "counted (" + where + ")" : "dropped (" + where + ")"};
+  const bool first = layout.index_in(family, rank) == 0;
+  return {first, (first ? "counted (" : "dropped (") + where(family) + ")"};
 }
 
 std::string attributes(const LocalParam& p) {
   std::string out;
   auto add = [&out](const std::string& text) { out += (out.empty() ? "" : " ") + text; };
   if (p.tensor_model_parallel) add("tmp dim " + std::to_string(p.partition_dim));
+  if (p.gtp_weight_remat) add("gtp shard");
   if (!p.allreduce) add("allreduce=false");
   if (p.shared) add("shared");
   if (p.grad_norm_group != topologies::GradNormGroup::main)
@@ -197,6 +209,12 @@ void print_rank(std::ostream& out, const LogicalModel& model, const RankLayout& 
       q["allreduce"] = p.allreduce;
       q["shared"] = p.shared;
       q["grad_norm_group"] = topologies::grad_norm_group_name(p.grad_norm_group);
+      if (topologies::uses_gtp(layout.config())) {
+        const topologies::Family gtp = topologies::gtp_replication_family(p);
+        q["is_gtp_weight_remat"] = p.gtp_weight_remat;
+        q["gtp_family"] = topologies::family_name(gtp);
+        q["gtp_index"] = layout.index_in(gtp, rank);
+      }
       q["replication_family"] = topologies::family_name(family);
       q["replication_index"] = layout.index_in(family, rank);
       q["counted"] = verdict.counted;
@@ -207,9 +225,13 @@ void print_rank(std::ostream& out, const LogicalModel& model, const RankLayout& 
     return;
   }
   print_header(out, model, layout);
+  const bool gtp = topologies::uses_gtp(layout.config());
   out << "rank   " << rank << "  dense: tp " << c.tp << ", cp " << c.cp << ", dp " << c.dp
-      << ", pp " << c.pp << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp " << c.edp
-      << "\n\n";
+      << ", pp " << c.pp;
+  if (gtp) out << ", gtp " << c.gtp;
+  out << "  expert: etp " << c.etp << ", ep " << c.ep << ", edp " << c.edp;
+  if (gtp) out << ", egtp " << c.egtp;
+  out << "\n\n";
   std::size_t local_width = 10, name_width = 12, slice_width = 5;
   std::vector<std::string> local_names, slices;
   for (const LocalParam& p : locals) {
