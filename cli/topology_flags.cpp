@@ -24,13 +24,13 @@ void add_topology_flags(CLI::App& command, TopologyFlags& flags, bool world_requ
                      "Expert tensor-parallel size (default: tp)")
       ->check(any_int());
   command.add_option("--gtp,--gtp-weight-remat-size", flags.gtp,
-                     "Generalized-TP (megatron-core 0.19) weight shards per TP shard; 1: plain TP")
-      ->check(any_int())
-      ->capture_default_str();
+                     "Generalized-TP (megatron-core 0.19) weight shards per TP shard (default 1: "
+                     "plain TP)")
+      ->check(any_int());
   command.add_option("--egtp,--expert-gtp-weight-remat-size", flags.egtp,
-                     "Expert generalized-TP weight shards per ETP shard (independent of --gtp)")
-      ->check(any_int())
-      ->capture_default_str();
+                     "Expert generalized-TP weight shards per ETP shard (default 1; independent "
+                     "of --gtp)")
+      ->check(any_int());
   command.add_option("--tensor-parallel-num-weight-shards", flags.weight_shards,
                      "Megatron-LM's spelling of GTP: tp * gtp shards per weight (sets --gtp)")
       ->check(any_int());
@@ -53,16 +53,17 @@ void add_topology_flags(CLI::App& command, TopologyFlags& flags, bool world_requ
 namespace {
 
 // Megatron-LM's resolve_tensor_parallel_weight_shards: the shard count is the source of truth.
-int resolve_gtp(const std::optional<int>& shards, int gtp, int tp, const char* shards_flag,
-                const char* gtp_flag, const char* tp_flag) {
-  if (!shards) return gtp;
+int resolve_gtp(const std::optional<int>& shards, const std::optional<int>& gtp, int tp,
+                const char* shards_flag, const char* gtp_flag, const char* tp_flag) {
+  // A size below 1 is check_config's to report, by its own name.
+  if (!shards || tp < 1) return gtp.value_or(1);
   const std::string given = std::string(shards_flag) + " " + std::to_string(*shards);
   if (*shards < tp || *shards % tp != 0)
     throw UsageError(given + " must be a multiple of " + tp_flag + " " + std::to_string(tp) +
                      " (it counts tp x gtp shards per weight)");
-  if (gtp != 1 && gtp != *shards / tp)
+  if (gtp && *gtp != *shards / tp)
     throw UsageError(given + " means " + gtp_flag + " " + std::to_string(*shards / tp) +
-                     ", but " + gtp_flag + " " + std::to_string(gtp) + " was given too");
+                     ", but " + gtp_flag + " " + std::to_string(*gtp) + " was given too");
   return *shards / tp;
 }
 
@@ -79,7 +80,8 @@ topologies::ParallelConfig to_valid_config(const TopologyFlags& flags) {
   config.gtp = resolve_gtp(flags.weight_shards, flags.gtp, config.tp,
                            "--tensor-parallel-num-weight-shards", "--gtp", "--tp");
   config.egtp = resolve_gtp(flags.expert_weight_shards, flags.egtp, config.etp,
-                            "--expert-tensor-parallel-num-weight-shards", "--egtp", "--etp");
+                            "--expert-tensor-parallel-num-weight-shards", "--egtp",
+                            flags.etp ? "--etp" : "etp (= --tp, its default)");
   config.vpp = flags.vpp;
   config.order = flags.order;
   config.dist_opt_instances = flags.dist_opt_instances;

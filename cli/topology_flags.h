@@ -17,8 +17,8 @@ struct TopologyFlags {
   int pp = 1;
   int ep = 1;
   std::optional<int> etp;  // Megatron-LM's default: etp = tp
-  int gtp = 1;
-  int egtp = 1;
+  std::optional<int> gtp;   // default 1
+  std::optional<int> egtp;
   std::optional<int> weight_shards;         // Megatron-LM's tp * gtp
   std::optional<int> expert_weight_shards;  // etp * egtp
   int vpp = 1;

@@ -70,7 +70,8 @@ Family within_stage(Family stats, bool gtp, bool egtp) {
     case Family::tp_pp: return gtp ? Family::tp_gtp : Family::tp;
     case Family::expt_tp_ep_pp: return Family::expt_tp_ep;
     case Family::expt_tp_ep_gtp_pp: return Family::expt_tp_ep_gtp;
-    case Family::expt_tp_pp: return egtp ? Family::expt_tp_gtp : Family::expt_tp;
+    case Family::expt_tp_pp: return Family::expt_tp;
+    case Family::expt_tp_gtp_pp: return egtp ? Family::expt_tp_gtp : Family::expt_tp;
     case Family::world: return Family::tp_dp_cp;
     case Family::dist_opt: return Family::dist_opt_stage;  // tp-dp-cp's ranks when k = 1
     case Family::expt_tp_dp_pp: return Family::expt_tp_dp;
@@ -81,12 +82,13 @@ Family within_stage(Family stats, bool gtp, bool egtp) {
 // `stats` without its EP axis (the dense groups have none).
 Family without_ep(Family stats) {
   switch (stats) {
-    case Family::expt_tp_ep_pp:
-    case Family::expt_tp_ep_gtp_pp: return Family::expt_tp_pp;
+    case Family::expt_tp_ep_pp: return Family::expt_tp_pp;
+    case Family::expt_tp_ep_gtp_pp: return Family::expt_tp_gtp_pp;
     case Family::expt_tp_ep: return Family::expt_tp;
     case Family::expt_tp_ep_gtp: return Family::expt_tp_gtp;
     case Family::world: return Family::expt_tp_dp_pp;
     case Family::dist_opt: return Family::dist_opt_without_ep;  // expt-tp-dp-pp's when k = 1
+    case Family::dist_opt_stage: return Family::dist_opt_stage_without_ep;  // expt-tp-dp's when k = 1
     case Family::tp_dp_cp: return Family::expt_tp_dp;
     default: return stats;
   }
@@ -162,7 +164,9 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
         if (!expert) return no_pp ? dense_stage : Family::tp_pp;
         // #785: the expert child's model-parallel group was TP x PP.
         if (faults.has(Fault::clip_per_child_norm)) return no_pp ? dense_stage : Family::tp_pp;
-        if (no_ep) return no_pp ? (egtp ? Family::expt_tp_gtp : Family::expt_tp) : Family::expt_tp_pp;
+        if (no_ep)
+          return no_pp ? (egtp ? Family::expt_tp_gtp : Family::expt_tp)
+                       : (egtp ? Family::expt_tp_gtp_pp : Family::expt_tp_pp);
         // 0.19.2's emerging-optimizer path gives expert children tp_ep_pp, which misses EGTP.
         if (egtp && !(model == OptimizerModel::muon &&
                       faults.has(Fault::muon_expert_stats_without_egtp)))

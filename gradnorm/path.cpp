@@ -221,7 +221,7 @@ record::Rule record_rule(Rule rule, const GtpCheck& gtp, bool child_norm_discard
 }
 
 // What a rank holds: its local params, their main copies and their record. It depends only on
-// the rank's TP, ETP, EP and PP coordinates (topologies/sharding.cpp), so the data-parallel
+// the rank's TP, ETP, EP, PP, GTP and EGTP coordinates (topologies/sharding.cpp), so the data-parallel
 // replicas of one position share it, computed once: a world of 10^6 ranks has a few thousand.
 struct Held {
   std::vector<topologies::LocalParam> local;

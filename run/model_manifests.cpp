@@ -154,6 +154,8 @@ std::string_view group_name(Family family) {
     case Family::expt_tp_gtp: return "expt_tp_gtp";
     case Family::dist_opt_stage: return "intra_dist_opt_pp_stage";
     case Family::dist_opt_without_ep: return "intra_dist_opt_ep_rank";
+    case Family::dist_opt_stage_without_ep: return "intra_dist_opt_pp_stage_ep_rank";
+    case Family::expt_tp_gtp_pp: return "expt_tp_gtp_pp";
     case Family::expt_tp_pp: return "expt_tp_pp";
     case Family::expt_tp_dp_pp: return "expt_tp_dp_pp";
     case Family::expt_tp_dp: return "expt_tp_dp";

@@ -93,6 +93,8 @@ std::string encode_rank_record(const record::RankRecord& rank,
   w.put<std::int32_t>(rank.rank);
   put_group(w, rank.tp_group, groups);
   put_group(w, rank.expert_tp_group, groups);
+  put_group(w, rank.gtp_group, groups);
+  put_group(w, rank.expert_gtp_group, groups);
   const record::LocalRecord& local = *rank.local;
   w.put<std::uint64_t>(local.params.size());
   for (const record::LocalParam& p : local.params) {
@@ -149,6 +151,8 @@ record::RankRecord decode_rank_record(std::string_view bytes, record::GroupTable
   rank.rank = in.get<std::int32_t>();
   rank.tp_group = get_group(in, groups);
   rank.expert_tp_group = get_group(in, groups);
+  rank.gtp_group = get_group(in, groups);
+  rank.expert_gtp_group = get_group(in, groups);
   record::LocalRecord local;
   std::vector<record::LocalParam> params(in.count(sizeof(record::LocalParam::tensor)));
   for (record::LocalParam& p : params) {

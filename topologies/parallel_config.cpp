@@ -1,6 +1,7 @@
 #include "topologies/parallel_config.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <sstream>
 
 #include "topologies/detail/grid.h"
@@ -156,16 +157,27 @@ std::optional<std::string> check_config(const ParallelConfig& c) {
   const std::optional<AxisOrder> order = parse_order(c.order, &order_error);
   if (!order) return order_error;
 
-  // Products are formed in 64 bits: sizes are validated one by one, not their product.
+  // Each size is at most 2^20, so a product of four could pass 2^63: stop past the world.
+  auto product_within_world = [&c](std::initializer_list<int> sizes) {
+    std::int64_t product = 1;
+    for (int size : sizes) product = std::min<std::int64_t>(product * size, std::int64_t{c.world} + 1);
+    return product;
+  };
   const bool gtp = uses_gtp(c);
-  const std::int64_t model = std::int64_t{c.tp} * c.cp * c.pp * c.gtp;
+  const std::int64_t model = product_within_world({c.tp, c.cp, c.pp, c.gtp});
+  // The message shows the whole product, exact in a long double's 64-bit mantissa up to 2^64.
+  auto not_divisible = [&c](const char* what, std::initializer_list<int> sizes) {
+    long double product = 1;
+    for (int size : sizes) product *= size;
+    std::ostringstream text;
+    text << std::fixed << std::setprecision(0) << product;
+    return "world " + to_string(c.world) + " is not divisible by " + what + " = " + text.str();
+  };
   if (model > c.world || c.world % model != 0)
-    return "world " + to_string(c.world) + " is not divisible by " +
-           (gtp ? "tp*gtp*cp*pp = " : "tp*cp*pp = ") + to_string(model);
-  const std::int64_t expert_model = std::int64_t{c.etp} * c.ep * c.pp * c.egtp;
+    return not_divisible(gtp ? "tp*gtp*cp*pp" : "tp*cp*pp", {c.tp, c.cp, c.pp, c.gtp});
+  const std::int64_t expert_model = product_within_world({c.etp, c.ep, c.pp, c.egtp});
   if (expert_model > c.world || c.world % expert_model != 0)
-    return "world " + to_string(c.world) + " is not divisible by " +
-           (gtp ? "etp*ep*egtp*pp = " : "etp*ep*pp = ") + to_string(expert_model);
+    return not_divisible(gtp ? "etp*ep*egtp*pp" : "etp*ep*pp", {c.etp, c.ep, c.pp, c.egtp});
 
   // An axis left out of the order string must have size 1 in both grids (RankGenerator).
   const int given = static_cast<int>(std::count(c.order.begin(), c.order.end(), '-')) + 1;
@@ -202,7 +214,10 @@ std::optional<std::string> check_config(const ParallelConfig& c) {
              to_string(dense_stride) + ") and the expert grid (pp stride " +
              to_string(expert_stride) + ") under order '" + c.order +
              "': Megatron-LM requires identical pp groups (tp " + to_string(c.tp) + ", etp " +
-             to_string(c.etp) + ", ep " + to_string(c.ep) + ", cp " + to_string(c.cp) + ")";
+             to_string(c.etp) + ", ep " + to_string(c.ep) + ", cp " + to_string(c.cp) +
+             (gtp ? ", gtp " + to_string(c.gtp) + " after tp, egtp " + to_string(c.egtp) + " after ep"
+                  : std::string()) +
+             ")";
   }
 
   if (c.vpp > 1 && c.pp == 1)

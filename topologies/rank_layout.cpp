@@ -18,7 +18,7 @@ struct FamilySpec {
 // The token sets initialize_model_parallel passes to RankGenerator.get_ranks (megatron-core
 // 0.19: gtp_remat in the model-parallel, tp-dp-cp and tp-dp tokens; an axis of size 1 changes
 // no group, so 0.16.1's groups are these with gtp = egtp = 1).
-constexpr std::array<FamilySpec, 26> kGridFamilies = {{
+constexpr std::array<FamilySpec, 27> kGridFamilies = {{
     {Family::tp, "tp", false, {true, false, false, false, false, false}},
     {Family::cp, "cp", false, {false, true, false, false, false, false}},
     {Family::dp, "dp", false, {false, false, false, true, false, false}},
@@ -39,7 +39,8 @@ constexpr std::array<FamilySpec, 26> kGridFamilies = {{
     {Family::expt_gtp, "expt-gtp", true, {false, false, false, false, false, true}},
     {Family::expt_gtp_dp, "expt-gtp-dp", true, {false, false, false, true, false, true}},
     {Family::expt_tp_ep_gtp_pp, "expt-tp-ep-gtp-pp", true, {true, false, true, false, true, true}},
-    {Family::expt_tp_pp, "expt-tp-pp", true, {true, false, false, false, true, true}},
+    {Family::expt_tp_pp, "expt-tp-pp", true, {true, false, false, false, true, false}},
+    {Family::expt_tp_gtp_pp, "expt-tp-gtp-pp", true, {true, false, false, false, true, true}},
     {Family::expt_tp_dp_pp, "expt-tp-dp-pp", true, {true, false, false, true, true, true}},
     {Family::expt_tp_dp, "expt-tp-dp", true, {true, false, false, true, false, true}},
     {Family::tp_gtp, "tp-gtp", false, {true, false, false, false, false, true}},
@@ -58,6 +59,7 @@ std::string_view family_name(Family family) {
     case Family::dist_opt: return "dist-opt";
     case Family::dist_opt_stage: return "dist-opt-pp-stage";
     case Family::dist_opt_without_ep: return "dist-opt-ep-rank";
+    case Family::dist_opt_stage_without_ep: return "dist-opt-pp-stage-ep-rank";
     default: return "?";
   }
 }
@@ -216,6 +218,12 @@ RankLayout::RankLayout(ParallelConfig config) : config_(std::move(config)) {
     // pp groups hold one rank of each stage: a rank's stage is its index there; likewise EP.
     fill_intersection(table(Family::dist_opt).group_of_rank, table(other).index_of_rank, world,
                       t.offsets, t.ranks, t.group_of_rank, t.index_of_rank);
+  }
+  {  // both faults at once: the instance's part of one stage and one EP rank
+    FamilyTable& t = tables_[static_cast<int>(Family::dist_opt_stage_without_ep)];
+    fill_intersection(table(Family::dist_opt_stage).group_of_rank,
+                      table(Family::expt_ep).index_of_rank, world, t.offsets, t.ranks,
+                      t.group_of_rank, t.index_of_rank);
   }
 }
 

@@ -43,7 +43,7 @@ enum class Family : std::uint8_t {
   expt_gtp_dp,        // expert gtp_remat-dp
   expt_tp_ep_gtp_pp,  // tp-ep-gtp_remat-pp: the expert stats group of a non-distributed optimizer
   // Not Megatron-LM groups: the groups a faulty path reduces over when it misses an axis.
-  expt_tp_pp,      // expt-tp-ep-gtp-pp without the EP axis
+  expt_tp_pp,      // expt-tp-ep-pp without the EP axis
   expt_tp_dp_pp,   // the world without the EP axis
   expt_tp_dp,      // one pipeline stage without the EP axis
   tp_gtp,          // tp-pp without the PP axis
@@ -51,8 +51,10 @@ enum class Family : std::uint8_t {
   expt_tp_gtp,     // expt-tp-ep-gtp-pp without the PP and EP axes
   dist_opt_stage,  // one distributed-optimizer instance's ranks on one pipeline stage
   dist_opt_without_ep,  // one instance's ranks of one EP rank
+  dist_opt_stage_without_ep,  // one instance's ranks of one stage and one EP rank
+  expt_tp_gtp_pp,  // expt-tp-ep-gtp-pp without the EP axis
 };
-inline constexpr int kFamilyCount = 31;
+inline constexpr int kFamilyCount = 33;
 // The groups Megatron-LM creates, in the order `tally topo` prints them (0.16.1's first).
 inline constexpr std::array<Family, 23> kMegatronFamilies = {
     Family::tp,         Family::cp,         Family::dp,      Family::dp_cp,
@@ -70,7 +72,7 @@ inline constexpr std::array<Family, kFamilyCount> kAllFamilies = {
     Family::expt_gtp,   Family::expt_gtp_dp, Family::expt_tp_ep_gtp_pp,
     Family::expt_tp_pp, Family::expt_tp_dp_pp, Family::expt_tp_dp, Family::tp_gtp,
     Family::expt_tp_ep_gtp, Family::expt_tp_gtp, Family::dist_opt_stage,
-    Family::dist_opt_without_ep};
+    Family::dist_opt_without_ep, Family::dist_opt_stage_without_ep, Family::expt_tp_gtp_pp};
 
 // The Megatron-LM families of a configuration: 0.16.1's seventeen, then megatron-core 0.19's
 // generalized-TP ones when gtp or egtp > 1 (otherwise they repeat groups of the first).

@@ -95,6 +95,8 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     local.slice = block_of(p.shape, dim, expert ? at.etp : at.tp, expert ? m.etp : m.tp);
     apply_gtp(local.slice, local.gtp_weight_remat, p.param_class, expert ? at.egtp : at.gtp,
               expert ? m.egtp : m.gtp);
+    // A GTP shard of padding only holds no element of the model: the rank does not list it.
+    if (local.gtp_weight_remat && local.slice.numel() == 0) return;
     local.tensor_model_parallel = dim >= 0;
     local.partition_dim = dim;
     local.allreduce = !(expert && expert_pgs);
@@ -115,6 +117,7 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     copy.vpp_chunk = m.vpp - 1;
     copy.slice = block_of(embedding.shape, 0, at.tp, m.tp);
     apply_gtp(copy.slice, copy.gtp_weight_remat, copy.param_class, at.gtp, m.gtp);
+    if (copy.gtp_weight_remat && copy.slice.numel() == 0) return;
     copy.tensor_model_parallel = true;
     copy.partition_dim = 0;
     copy.shared = true;

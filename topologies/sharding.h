@@ -58,7 +58,8 @@ bool gtp_sharded(ParamClass param_class);
 // The rows [begin, begin + count) of a TP shard's `rows` rows that GTP rank `index` of `size`
 // holds: megatron-core 0.19 pads the rows to a multiple of 16 * size (GTP_CONFIG's default
 // pad_for_alignment) and gives each rank an equal block, so the last ranks hold fewer real
-// rows, or none. The padding rows are not gradient elements of the model.
+// rows, or none. The padding rows are not gradient elements of the model, and a rank whose
+// shard is padding only does not list the param (local_params).
 struct GtpRows {
   std::int64_t begin = 0, count = 0;
 };

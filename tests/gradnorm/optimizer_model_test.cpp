@@ -102,6 +102,24 @@ TEST(OptimizerModel, FaultsMoveTheStatsGroups) {
   EXPECT_FALSE(per_child.shared_stats);
 }
 
+// The clip faults compose: each stage without its EP axis, within the instance.
+TEST(OptimizerModel, BothClipFaultsClipOverOneStageWithoutEp) {
+  const auto config = testing::config_of(8, 1, 2, 2, 1);
+  topologies::ModelSpec spec = testing::small_moe(2);
+  spec.num_layers = 2;
+  const FaultSet both = FaultSet::of({Fault::clip_per_stage_norm, Fault::clip_per_ep_group_norm});
+  EXPECT_EQ(plan_for(OptimizerModel::distributed, config, spec, both).children[0].clip_family,
+            Family::dist_opt_stage_without_ep);
+  EXPECT_EQ(plan_for(OptimizerModel::plain, config, spec, both).children[1].clip_family, Family::expt_tp);
+  // With EGTP, leaving out EP keeps the EGTP axis the stats group spans.
+  const auto egtp = testing::with_gtp(testing::config_of(8, 1, 1, 2, 1), 1, 2);
+  EXPECT_EQ(plan_for(OptimizerModel::plain, egtp, testing::small_moe(2),
+                     FaultSet::of({Fault::clip_per_ep_group_norm}))
+                .children[1]
+                .clip_family,
+            Family::expt_tp_gtp_pp);
+}
+
 TEST(OptimizerModel, AModelWithMtpParamsHasAnMtpNorm) {
   topologies::ModelSpec spec = testing::dense_model(1);
   EXPECT_FALSE(plan_for(OptimizerModel::plain, testing::config_of(1, 1, 1, 1, 1), spec).has_mtp);

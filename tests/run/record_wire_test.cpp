@@ -41,6 +41,11 @@ void expect_round_trip(const record::RunRecord& run) {
     }
     EXPECT_EQ(groups[back.tp_group], run.groups[rank.tp_group]);
     EXPECT_EQ(groups[back.expert_tp_group], run.groups[rank.expert_tp_group]);
+    ASSERT_EQ(back.gtp_group < 0, rank.gtp_group < 0);
+    if (rank.gtp_group >= 0) {
+      EXPECT_EQ(groups[back.gtp_group], run.groups[rank.gtp_group]);
+      EXPECT_EQ(groups[back.expert_gtp_group], run.groups[rank.expert_gtp_group]);
+    }
     ASSERT_EQ(back.clipped == nullptr, rank.clipped == nullptr);
     if (!rank.clipped) continue;
     ASSERT_EQ(back.clipped->size(), rank.clipped->size());
@@ -63,6 +68,17 @@ TEST(RecordWire, ClippedLeftAsStoredAndUnclippedRecordsRoundTrip) {
   expect_round_trip(clipped_run(1e6, false));    // every gradient left as stored
   expect_round_trip(clipped_run(0.0, false));    // no clipped gradients recorded
   expect_round_trip(clipped_run(3.0, true));     // some clipped, some not
+}
+
+// With generalized TP a rank's GTP groups travel too: the diagnosis reads them.
+TEST(RecordWire, GtpGroupsRoundTrip) {
+  casefile::Case c;
+  c.topology = testing::with_gtp(testing::config_of(4, 2, 1, 1, 1), 2, 1);
+  c.model = testing::founding_model();
+  c.path = testing::ones(gradnorm::OptimizerModel::plain);
+  const record::RunRecord run = *run_case_with_record(c).record;
+  ASSERT_GE(run.ranks[0].gtp_group, 0);
+  expect_round_trip(run);
 }
 
 TEST(RecordWire, TruncatedOrForeignBytesAreRefused) {

@@ -53,6 +53,11 @@ TEST(ParallelConfig, WorldMustDivideByTpCpPp) {
 
 TEST(ParallelConfig, WorldMustDivideByEtpEpPp) {
   EXPECT_EQ(error_of(testing::config(12, 2, 1, 1, 8, 1)), "world 12 is not divisible by etp*ep*pp = 8");
+  // Four sizes of 2^16 multiply to 2^64: no overflow, the whole product named.
+  topologies::ParallelConfig huge = testing::config(1 << 20, 1 << 16, 1 << 16, 1 << 16, 1, 1);
+  huge.gtp = 1 << 16;
+  EXPECT_EQ(error_of(huge),
+            "world 1048576 is not divisible by tp*gtp*cp*pp = 18446744073709551616");
 }
 
 TEST(ParallelConfig, AnAxisLeftOutOfTheOrderMustHaveSizeOne) {

@@ -151,7 +151,8 @@ int expected_size(const ParallelConfig& c, Family family) {
     case Family::expt_gtp: return c.egtp;
     case Family::expt_gtp_dp: return c.egtp * edp;
     case Family::expt_tp_ep_gtp_pp: return c.etp * c.ep * c.egtp * c.pp;
-    case Family::expt_tp_pp: return c.etp * c.egtp * c.pp;
+    case Family::expt_tp_pp: return c.etp * c.pp;
+    case Family::expt_tp_gtp_pp: return c.etp * c.egtp * c.pp;
     case Family::expt_tp_dp_pp: return c.etp * c.egtp * edp * c.pp;
     case Family::expt_tp_dp: return c.etp * c.egtp * edp;
     case Family::tp_gtp: return c.tp * c.gtp;
@@ -159,6 +160,7 @@ int expected_size(const ParallelConfig& c, Family family) {
     case Family::expt_tp_gtp: return c.etp * c.egtp;
     case Family::dist_opt_stage: return expected_size(c, Family::dist_opt) / c.pp;
     case Family::dist_opt_without_ep: return expected_size(c, Family::dist_opt) / c.ep;
+    case Family::dist_opt_stage_without_ep: return expected_size(c, Family::dist_opt) / (c.pp * c.ep);
   }
   return -1;
 }
@@ -336,20 +338,25 @@ RC_GTEST_PROP(RankLayoutProperty, CompositeGroupsShareTheComplementCoordinates, 
             members([&](C y) { return y.edp == x.edp && y.egtp == x.egtp; }));
   RC_ASSERT(ranks_of(Family::expt_tp_ep_gtp_pp) == members([&](C y) { return y.edp == x.edp; }));
   RC_ASSERT(ranks_of(Family::expt_tp_pp) ==
+            members([&](C y) { return y.edp == x.edp && y.ep == x.ep && y.egtp == x.egtp; }));
+  RC_ASSERT(ranks_of(Family::expt_tp_gtp_pp) ==
             members([&](C y) { return y.edp == x.edp && y.ep == x.ep; }));
   RC_ASSERT(ranks_of(Family::expt_tp_dp_pp) == members([&](C y) { return y.ep == x.ep; }));
   RC_ASSERT(ranks_of(Family::expt_tp_dp) ==
             members([&](C y) { return y.ep == x.ep && y.pp == x.pp; }));
   const std::span<const int> instance = layout.group_ranks(Family::dist_opt, rank);
   auto in_instance = [&](int r) { return std::find(instance.begin(), instance.end(), r) != instance.end(); };
-  std::vector<int> stage, ep_rank;
+  std::vector<int> stage, ep_rank, both;
   for (int r = 0; r < c.world; ++r) {
     if (!in_instance(r)) continue;
-    if (layout.coordinates(r).pp == x.pp) stage.push_back(r);
-    if (layout.coordinates(r).ep == x.ep) ep_rank.push_back(r);
+    const Coordinates y = layout.coordinates(r);
+    if (y.pp == x.pp) stage.push_back(r);
+    if (y.ep == x.ep) ep_rank.push_back(r);
+    if (y.pp == x.pp && y.ep == x.ep) both.push_back(r);
   }
   RC_ASSERT(ranks_of(Family::dist_opt_stage) == stage);
   RC_ASSERT(ranks_of(Family::dist_opt_without_ep) == ep_rank);
+  RC_ASSERT(ranks_of(Family::dist_opt_stage_without_ep) == both);
   RC_ASSERT(ranks_of(Family::expt_gtp_dp) ==
             members([&](C y) { return y.etp == x.etp && y.ep == x.ep && y.pp == x.pp; }));
 }

@@ -101,9 +101,17 @@ void check_exact_cover(const ParallelConfig& config, const ModelSpec& spec) {
       for (int c : ledger.counted[p.id]) RC_ASSERT(c == 1);
     const int replicas = expert ? layout.edp() : layout.dp() * config.cp;
     for (int c : ledger.counted_total[p.id]) RC_ASSERT(c == replicas);
-    // Shared copies: one per last-stage rank, of the word embedding only, when pp > 1.
+    // Shared copies: one per last-stage rank, of the word embedding only, when pp > 1 (none on
+    // a rank whose GTP shard of it is padding only).
     const bool copied = p.id == model.last_stage_copy_of();
-    RC_ASSERT(ledger.shared_copies[p.id] == (copied ? config.world / config.pp : 0));
+    int holders = 0;
+    for (int rank = 0; copied && rank < config.world; ++rank) {
+      const Coordinates at = layout.coordinates(rank);
+      const bool padding_only =
+          config.gtp > 1 && gtp_rows(p.shape[0] / config.tp, at.gtp, config.gtp).count == 0;
+      holders += at.pp == config.pp - 1 && !padding_only;
+    }
+    RC_ASSERT(ledger.shared_copies[p.id] == holders);
   }
   RC_ASSERT((model.last_stage_copy() != SharedCopy::none) ==
             (config.pp > 1 && (model.tied_embedding() >= 0 ||
