@@ -156,11 +156,8 @@ Verdict judge(const RankLayout& layout, int rank, const LocalParam& p) {
            std::to_string(layout.index_in(family, rank)) + " of " +
            ranks_string(layout.group_ranks(family, rank));
   };
-  // megatron-core 0.19's second test: a param that is not a GTP shard needs GTP index 0 too.
-  if (topologies::uses_gtp(layout.config()) && !p.gtp_weight_remat) {
-    const topologies::Family gtp = topologies::gtp_replication_family(p);
-    if (layout.index_in(gtp, rank) != 0) return {false, "dropped (" + where(gtp) + ")"};
-  }
+  if (const topologies::GtpCheck gtp = topologies::gtp_check(p, layout, rank); !gtp.keeps)
+    return {false, "dropped (" + where(gtp.family) + ")"};
   if (p.tensor_model_parallel) return {true, "counted (distinct shard)"};
   const topologies::Family family = topologies::replication_family(p);
   const bool first = layout.index_in(family, rank) == 0;

@@ -173,9 +173,7 @@ casefile::Case case_from_flags(const RunOptions& o) {
         "--megatron-release", o.megatron_release, gradnorm::release_from_name, names);
     if (std::optional<std::string> error = gradnorm::check_release_config(release, c.topology))
       throw UsageError("--megatron-release " + o.megatron_release + ": " + *error);
-    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
-      if (gradnorm::release_faults(release, path.optimizer).has(info.fault))
-        path.faults = path.faults.with(info.fault);
+    path.faults = path.faults.with(gradnorm::release_faults(release, path.optimizer));
   }
   return c;
 }

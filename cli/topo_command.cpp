@@ -44,9 +44,10 @@ void print_layout_json(std::ostream& out, const RankLayout& layout) {
   nlohmann::ordered_json j = config_json(layout);
   nlohmann::ordered_json& groups = j["groups"];
   std::vector<Family> printed(kPrintedFamilies.begin(), kPrintedFamilies.end());
-  if (topologies::uses_gtp(layout.config()))
-    for (Family family : topologies::megatron_families(layout.config()).subspan(17))
-      printed.push_back(family);
+  // megatron-core 0.19's GTP families, where the configuration has them.
+  for (Family family : topologies::megatron_families(layout.config())
+                           .subspan(topologies::kMegatron0161FamilyCount))
+    printed.push_back(family);
   for (Family family : printed) {
     nlohmann::json list = nlohmann::json::array();
     for (int g = 0; g < layout.group_count(family); ++g) {

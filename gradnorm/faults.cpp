@@ -146,6 +146,12 @@ FaultSet FaultSet::with(Fault fault) const {
   return set;
 }
 
+FaultSet FaultSet::with(const FaultSet& others) const {
+  FaultSet set = *this;
+  set.bits_ |= others.bits_;
+  return set;
+}
+
 std::string fault_list(const FaultSet& faults) {
   std::string out;
   for (const FaultInfo& info : kCatalog)

@@ -59,6 +59,7 @@ class FaultSet {
   static FaultSet of(std::initializer_list<Fault> faults);
   bool has(Fault fault) const { return bits_.test(static_cast<std::size_t>(fault)); }
   FaultSet with(Fault fault) const;
+  FaultSet with(const FaultSet& others) const;  // both sets' faults
   bool empty() const { return bits_.none(); }
   int count() const { return static_cast<int>(bits_.count()); }
   friend bool operator==(const FaultSet&, const FaultSet&) = default;

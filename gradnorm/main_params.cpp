@@ -56,13 +56,4 @@ Rule filter_rule(const MainParam& param, const topologies::RankLayout& layout, i
   return index == 0 ? Rule::kept_first_of_tp : Rule::dropped_not_first_of_tp;
 }
 
-GtpCheck gtp_check(const MainParam& param, const topologies::RankLayout& layout, int rank) {
-  GtpCheck check;
-  if (!topologies::uses_gtp(layout.config()) || param.attrs.gtp_weight_remat) return check;
-  check.applies = true;
-  check.family = topologies::gtp_replication_family(param.attrs);
-  check.keeps = layout.index_in(check.family, rank) == 0;
-  return check;
-}
-
 }  // namespace tally::gradnorm

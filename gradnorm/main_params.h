@@ -58,15 +58,4 @@ inline bool rule_keeps(Rule rule) { return rule <= Rule::kept_without_filter; }
 Rule filter_rule(const MainParam& param, const topologies::RankLayout& layout, int rank,
                  const FaultSet& faults);
 
-// megatron-core 0.19's param_is_not_gtp_duplicate, the second filter: a param that is not a GTP
-// shard (is_gtp_weight_remat) counts only on rank 0 of the rank's global GTP group, or of its
-// expert GTP group when the main copy has allreduce = false. `applies` is false for GTP shards
-// and for configurations without generalized TP (where every rank is rank 0 of a singleton).
-struct GtpCheck {
-  bool applies = false;
-  topologies::Family family = topologies::Family::gtp;  // gtp or expt_gtp
-  bool keeps = true;
-};
-GtpCheck gtp_check(const MainParam& param, const topologies::RankLayout& layout, int rank);
-
 }  // namespace tally::gradnorm

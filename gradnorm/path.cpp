@@ -197,7 +197,7 @@ record::Box box_of(const topologies::Slice& slice, int ndim) {
 }
 
 // The rule behind the filter's decision, as the record states it.
-record::Rule record_rule(Rule rule, const GtpCheck& gtp, bool child_norm_discarded) {
+record::Rule record_rule(Rule rule, const topologies::GtpCheck& gtp, bool child_norm_discarded) {
   record::Rule out;
   out.child_norm_discarded = child_norm_discarded;
   if (gtp.applies && rule != Rule::dropped_shared && rule != Rule::kept_without_filter)
@@ -302,7 +302,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     const MainParam& param = main[piece.local_index];
     const topologies::LogicalParam& logical = model.param(param.attrs.logical_id);
     const Rule rule = filter_rule(param, layout, rank, faults);
-    const GtpCheck gtp = gtp_check(param, layout, rank);
+    const topologies::GtpCheck gtp = topologies::gtp_check(param.attrs, layout, rank);
     const bool kept = rule_keeps(rule) && (rule == Rule::kept_without_filter || gtp.keeps);
     const NormShare share = kept ? norm_share(plan, param, logical, faults) : NormShare::zeros_only;
     record::Piece& decided = decisions.pieces.emplace_back();

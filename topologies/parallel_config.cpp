@@ -129,11 +129,6 @@ std::string describe(const ParallelConfig& c) {
   return out.str();
 }
 
-AxisOrder resolved_order(const ParallelConfig& c) {
-  std::optional<AxisOrder> order = parse_order(c.order, nullptr);
-  return order ? *order : AxisOrder{};
-}
-
 std::optional<std::string> check_config(const ParallelConfig& c) {
   using std::to_string;
   const std::array<std::pair<const char*, int>, 10> sizes = {{{"world", c.world},

@@ -67,9 +67,6 @@ std::string order_string(const AxisOrder& order);
 // that `config` breaks, as one line naming the sizes and the rule; nullopt when it is valid.
 std::optional<std::string> check_config(const ParallelConfig& config);
 
-// The resolved order of a configuration that passes check_config.
-AxisOrder resolved_order(const ParallelConfig& config);
-
 // The axes of the dense (expert = false) or expert grid of a configuration that passes
 // check_config, as megatron-core 0.19's _inject_gtp_remat_axis and RankGenerator order them.
 // With gtp = egtp = 1 the injected axis has size 1 and the grid is 0.16.1's.

@@ -65,7 +65,8 @@ std::string_view family_name(Family family) {
 }
 
 std::span<const Family> megatron_families(const ParallelConfig& config) {
-  return std::span<const Family>(kMegatronFamilies).first(uses_gtp(config) ? kMegatronFamilies.size() : 17);
+  return std::span<const Family>(kMegatronFamilies)
+      .first(uses_gtp(config) ? kMegatronFamilies.size() : kMegatron0161FamilyCount);
 }
 
 std::optional<Family> family_from_name(std::string_view name) {
@@ -145,8 +146,10 @@ RankLayout::RankLayout(ParallelConfig config) : config_(std::move(config)) {
   dp_ = topologies::dp(config_);
   edp_ = topologies::edp(config_);
   const int world = config_.world;
-  const detail::Grid dense = detail::make_grid(config_, false);
-  const detail::Grid expert = detail::make_grid(config_, true);
+  dense_grid_ = detail::make_grid(config_, false);
+  expert_grid_ = detail::make_grid(config_, true);
+  const detail::Grid& dense = dense_grid_;
+  const detail::Grid& expert = expert_grid_;
 
   for (const FamilySpec& spec : kGridFamilies) {
     FamilyTable& t = tables_[static_cast<int>(spec.family)];
@@ -259,8 +262,8 @@ Coordinates RankLayout::coordinates(int rank) const {
   if (rank < 0 || rank >= world())
     throw std::out_of_range("rank " + std::to_string(rank) + " is outside world " +
                             std::to_string(world()));
-  const detail::Grid dense = detail::make_grid(config_, false);
-  const detail::Grid expert = detail::make_grid(config_, true);
+  const detail::Grid& dense = dense_grid_;
+  const detail::Grid& expert = expert_grid_;
   Coordinates c;
   c.tp = detail::coordinate(dense, rank, Axis::tp);
   c.cp = detail::coordinate(dense, rank, Axis::cp);

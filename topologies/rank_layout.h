@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "topologies/detail/grid.h"
 #include "topologies/parallel_config.h"
 
 namespace tally::topologies {
@@ -55,7 +56,9 @@ enum class Family : std::uint8_t {
   expt_tp_gtp_pp,  // expt-tp-ep-gtp-pp without the EP axis
 };
 inline constexpr int kFamilyCount = 33;
-// The groups Megatron-LM creates, in the order `tally topo` prints them (0.16.1's first).
+// The groups Megatron-LM creates, in the order `tally topo` prints them: 0.16.1's, then the
+// generalized-TP ones of megatron-core 0.19.
+inline constexpr std::size_t kMegatron0161FamilyCount = 17;
 inline constexpr std::array<Family, 23> kMegatronFamilies = {
     Family::tp,         Family::cp,         Family::dp,      Family::dp_cp,
     Family::pp,         Family::tp_pp,      Family::tp_cp,   Family::tp_dp_cp,
@@ -137,6 +140,7 @@ class RankLayout {
   ParallelConfig config_;
   int dp_ = 1;
   int edp_ = 1;
+  detail::Grid dense_grid_, expert_grid_;  // built once: coordinates() reads them per rank
   std::array<FamilyTable, kFamilyCount> tables_;
 };
 

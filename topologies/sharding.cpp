@@ -159,6 +159,15 @@ Family gtp_replication_family(const LocalParam& param) {
   return param.allreduce ? Family::gtp : Family::expt_gtp;
 }
 
+GtpCheck gtp_check(const LocalParam& param, const RankLayout& layout, int rank) {
+  GtpCheck check;
+  if (!uses_gtp(layout.config()) || param.gtp_weight_remat) return check;
+  check.applies = true;
+  check.family = gtp_replication_family(param);
+  check.keeps = layout.index_in(check.family, rank) == 0;
+  return check;
+}
+
 Family replication_family(const LocalParam& param) {
   return param.allreduce ? Family::tp : Family::expt_tp;
 }

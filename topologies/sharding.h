@@ -80,6 +80,18 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
 // param_is_not_gtp_duplicate: expert GTP for allreduce = false, dense GTP otherwise.
 Family gtp_replication_family(const LocalParam& param);
 
+// megatron-core 0.19's param_is_not_gtp_duplicate, the filter's second test on `rank`: a param
+// that is not a GTP shard counts only on rank 0 of the rank's global GTP group, or of its expert
+// GTP group when allreduce = false (read from `param`: a main copy's attributes, where they
+// differ). `applies` is false for GTP shards and for configurations without generalized TP
+// (where every rank is rank 0 of a singleton).
+struct GtpCheck {
+  bool applies = false;
+  Family family = Family::gtp;  // gtp or expt_gtp
+  bool keeps = true;
+};
+GtpCheck gtp_check(const LocalParam& param, const RankLayout& layout, int rank);
+
 // The group family whose rank 0 keeps a replicated (not tensor_model_parallel) param in the
 // duplicate filter: ETP (expt_tp) for expert-topology params (allreduce false), dense TP
 // otherwise. For tensor_model_parallel params it names the family the shards are split over.
