@@ -26,11 +26,23 @@ struct Expectation {
 };
 std::string_view outcome_name(Expectation::Outcome outcome);  // "pass", "fail", "infra-error"
 
+// The real framework a case runs on instead of tally's model of the path (tally fuzz --target):
+// its name and the version its worker reported, and the manifests the run that found the case
+// wrote, saved next to the case file, so replay can judge them where the framework is absent.
+struct RealTarget {
+  std::string framework;  // "megatron-core"
+  std::string version;    // "0.19.2"
+  std::string manifests;  // folder, relative to the case file's folder; "" when none was saved
+  friend bool operator==(const RealTarget&, const RealTarget&) = default;
+};
+inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core"};
+
 struct Case {
   std::string description;
   topologies::ParallelConfig topology;
   topologies::ModelSpec model;
   gradnorm::PathOptions path;
+  std::optional<RealTarget> target;  // absent: tally's model of the path (the model target)
   std::optional<Expectation> expect;
   friend bool operator==(const Case&, const Case&) = default;
 };

@@ -222,7 +222,10 @@ gradnorm::FaultSet read_faults(const json& value, const std::string& path) {
 
 // The statistic names a verdict can fail on (run::failed_statistics), besides "p<value>".
 bool known_statistic(std::string_view name) {
-  for (std::string_view known : {"l2", "inf", "zeros", "mtp-l2", "clip", "ledger", "agreement", "clipped"})
+  // l2-ledger and zeros-ledger: a rank's value against its own ledger, which a run with
+  // statistics of every piece has (a real target's manifests).
+  for (std::string_view known : {"l2", "l2-ledger", "inf", "zeros", "zeros-ledger", "mtp-l2", "clip", "ledger",
+                                 "agreement", "clipped"})
     if (name == known) return true;
   return name.size() > 1 && name[0] == 'p';  // checked against the case's p-norms later
 }
@@ -240,8 +243,8 @@ Expectation read_expect(const json& value, const std::string& path) {
           e.statistics = read_string_list(
               v, p, kMaxExpectStatistics, 32, [](const std::string& name, const std::string& at) {
                 if (!known_statistic(name))
-                  fail(at, "expected a statistic (l2, inf, zeros, mtp-l2, p<p>, clip, ledger, "
-                           "agreement, clipped), got " + message_quote(name));
+                  fail(at, "expected a statistic (l2, l2-ledger, inf, zeros, zeros-ledger, mtp-l2, p<p>, "
+                           "clip, ledger, agreement, clipped), got " + message_quote(name));
               });
         }},
        {"miscounted",
@@ -254,6 +257,28 @@ Expectation read_expect(const json& value, const std::string& path) {
   if (e.outcome != Expectation::Outcome::fail && (!e.statistics.empty() || !e.miscounted.empty()))
     fail(path, "statistics and miscounted are only for \"outcome\": \"fail\"");
   return e;
+}
+
+RealTarget read_target(const json& value, const std::string& path) {
+  RealTarget t;
+  read_object(
+      value, path,
+      {{"framework",
+        [&](const json& v, const std::string& p) {
+          t.framework = read_string(v, p, 64);
+          if (std::find(std::begin(kKnownFrameworks), std::end(kKnownFrameworks), t.framework) ==
+              std::end(kKnownFrameworks))
+            fail(p, "expected a framework tally has a worker for (megatron-core), got " +
+                        message_quote(t.framework));
+        }},
+       {"version",
+        [&](const json& v, const std::string& p) {
+          t.version = read_string(v, p, 64);
+          if (t.version.empty()) fail(p, "expected the framework's version, got an empty string");
+        }},
+       {"manifests", [&](const json& v, const std::string& p) { t.manifests = read_string(v, p, 4096); }}},
+      "the target", {"framework", "version"});
+  return t;
 }
 
 void read_tool(const json& value, const std::string& path) {
@@ -335,6 +360,7 @@ Case read_case(const json& value, const std::string& path) {
        {"gradients", [&](const json& v, const std::string& p) { read_gradients(v, p, o.gradients); }},
        {"statistics", [&](const json& v, const std::string& p) { read_statistics(v, p, o); }},
        {"faults", [&](const json& v, const std::string& p) { o.faults = read_faults(v, p); }},
+       {"target", [&](const json& v, const std::string& p) { c.target = read_target(v, p); }},
        {"expect", [&](const json& v, const std::string& p) { c.expect = read_expect(v, p); }},
        {"tool", [&](const json& v, const std::string& p) { read_tool(v, p); }}},
       "a case", {"tally_case", "topology", "model"});
@@ -399,6 +425,10 @@ ordered_json case_to_json(const Case& c) {
   for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
     if (o.faults.has(info.fault)) faults.push_back(info.name);
   j["faults"] = std::move(faults);
+  if (c.target) {
+    j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};
+    if (!c.target->manifests.empty()) j["target"]["manifests"] = c.target->manifests;
+  }
   if (c.expect) {
     ordered_json expect = {{"outcome", outcome_name(c.expect->outcome)}};
     if (c.expect->outcome == Expectation::Outcome::fail) {

@@ -12,11 +12,13 @@
 #include "cli/fault_flags.h"
 #include "cli/number_flags.h"
 #include "cli/path_flags.h"
+#include "cli/target_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
 #include "gradnorm/faults.h"
+#include "run/megatron_core_target.h"
 
 namespace tally::cli {
 
@@ -60,6 +62,8 @@ struct FuzzOptions {
   int shrink_runs = 1000;
   std::string shrink_time = "60s";
   bool json = false;
+  TargetOptions target;
+  int world = 2;  // --target: every case's world
 };
 
 // One testcase per failure (its shrunk case once shrunk), or one passing testcase for a
@@ -169,7 +173,7 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
 };
 
 void run_fuzz(const FuzzOptions& o, CommandContext& context) {
-  const fuzz::CaseRunner run = runner_for(context);
+  fuzz::CaseRunner run = runner_for(context);
   if (o.cases < 0) throw UsageError("--cases must be at least 1 (got " + std::to_string(o.cases) + ")");
   if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
     throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
@@ -192,6 +196,45 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.shrink.max_runs = o.shrink_runs;
   campaign.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
 
+  // A real target: its worker for --world starts first (its version decides what it can build).
+  std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
+  std::string target_text = "backend " + std::string(context.backend.name());
+  if (pool) {
+    if (!asked.empty())
+      throw UsageError("--faults " + o.faults + ": faults switch rules of tally's model; --target " +
+                       o.target.target + " runs the framework's own code (leave --faults out)");
+    std::string version;
+    try {
+      version = pool->hello(o.world).version;
+    } catch (const std::exception& error) {
+      context.err << "tally: error: " << error.what() << '\n';
+      context.exit_code = kExitInfra;
+      return;
+    }
+    target_text = "target " + o.target.target + " " + version + " (world " + std::to_string(o.world) + ")";
+    campaign.generator.topology.exact_world = o.world;
+    campaign.generator.topology.max_world = o.world;
+    // The corners where Megatron's own layout may miscount are what a real campaign is for.
+    campaign.generator.topology.avoid_megatron_corners = false;
+    campaign.generator.gpt_only = true;
+    campaign.generator.restrict_to = [version](casefile::Case c) {
+      return run::within_megatron_core(std::move(c), version);
+    };
+    run::WorkerPool& workers = *pool;
+    run = [&workers](const casefile::Case& c) {
+      TargetRun r = run_on_target(workers, c);
+      if (!r.unsupported) return r.run.verdict;
+      oracle::Verdict refused;  // generated cases are within the target's limits; a bug of tally
+      refused.kind = oracle::Verdict::Kind::infra_error;
+      refused.infra_call = "megatron-core target";
+      refused.infra_message = *r.unsupported;
+      return refused;
+    };
+    campaign.target_of = [&workers](const casefile::Case& c, const std::string& path) {
+      return target_of(workers, c, path);
+    };
+  }
+
   std::ostream& out = context.out;
   const bool terminal = &out == &std::cout && ::isatty(STDOUT_FILENO) == 1;
   std::string repeat = "tally fuzz --seed " + std::to_string(campaign.seed);
@@ -202,10 +245,14 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (o.max_failures != 20) repeat += " --max-failures " + std::to_string(o.max_failures);
   if (context.backend.world() > 0)  // the same job size, the same cases
     repeat = "mpirun -np <the same> " + repeat + " --backend " + std::string(context.backend.name());
+  if (pool) {
+    repeat += " --target " + o.target.target + " --world " + std::to_string(o.world);
+    if (o.target.worker != kDefaultMegatronWorker) repeat += " --worker " + shell_quote(o.target.worker);
+  }
+  if (context.backend.world() > 0)
+    target_text += " (world " + std::to_string(context.backend.world()) + ")";
   if (!o.json) {
-    out << "tally fuzz: seed " << campaign.seed << ", backend " << context.backend.name()
-        << (context.backend.world() > 0 ? " (world " + std::to_string(context.backend.world()) + ")" : std::string())
-        << ", faults "
+    out << "tally fuzz: seed " << campaign.seed << ", " << target_text << ", faults "
         << faults_text(asked) << ", max world " << o.max_world << ", ";
     if (o.cases > 0) out << o.cases << " cases";
     if (o.cases > 0 && campaign.max_seconds > 0) out << " or ";
@@ -234,6 +281,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["seconds"] = result.seconds;
     j["cases_per_second"] = result.seconds > 0 ? static_cast<double>(result.cases) / result.seconds : 0.0;
     j["stopped_by"] = std::string(fuzz::stop_name(result.stopped_by));
+    j["target"] = o.target.target;
     j["faults"] = faults_text(asked);
     j["failures"] = nlohmann::ordered_json::array();
     for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
@@ -301,6 +349,12 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
   add_backend_flags(*command);
+  add_target_flags(*command, options->target);
+  command->add_option("--world", options->world,
+                      "--target: the world of every case (the worker's ranks); --max-world is "
+                      "for the model target")
+      ->check(whole_number(1, 1 << 16))
+      ->capture_default_str();
   command->callback([options, &context] { run_fuzz(*options, context); });
 }
 

@@ -14,9 +14,11 @@
 #include "cli/commands.h"
 #include "cli/html_report.h"
 #include "cli/path_flags.h"
+#include "cli/target_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "casefile/case_file.h"
+#include "run/framework_worker.h"
 #include "run/run_case.h"
 #include "fuzz/junit.h"
 
@@ -31,6 +33,7 @@ struct ReplayOptions {
   std::string junit;
   bool json = false;
   std::string html;  // a folder for one HTML page per case that did not pass
+  TargetOptions target;
 };
 
 // One input: a case file to run, or a path that could not be expanded.
@@ -46,6 +49,11 @@ std::vector<Input> expand_folder(const std::string& folder) {
   fs::recursive_directory_iterator it(folder, fs::directory_options::none, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     std::error_code type_error;
+    // A real target's case file keeps its run's manifests in NAME.manifests/: not case files.
+    if (it->is_directory(type_error) && it->path().extension() == ".manifests") {
+      it.disable_recursion_pending();
+      continue;
+    }
     if (it->is_regular_file(type_error) && it->path().extension() == ".json")
       files.push_back(it->path().generic_string());
   }
@@ -82,6 +90,8 @@ struct Outcome {
   std::string verdict;   // pass, fail, infra-error; empty when the case did not run
   std::string expected;  // the expected outcome
   std::string message;   // mismatch: why; error: the one-line error
+  std::string how;       // how the verdict came about, when not by running tally's model
+  std::string rerun_flags;  // what `tally run FILE` needs to re-execute it: " --target ..."
   double seconds = 0.0;
   std::string html;  // the page written for it, if any
 };
@@ -106,7 +116,26 @@ std::vector<std::string> pages_of(const std::string& folder, const std::vector<I
 }
 
 // `html_page`: where a failing case's report goes; "" writes none.
-Outcome replay_one(const Input& input, run::Backend& backend, const std::string& html_page) {
+// A case on a real target: re-executed by `pool`'s worker when there is one, else judged from the
+// manifests its case file saved. Throws run::NotRunnableHere when it can be neither.
+oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& c, run::WorkerPool* pool,
+                                 std::string& how) {
+  if (pool) {
+    TargetRun r = run_on_target(*pool, c);
+    if (r.unsupported) throw run::NotRunnableHere("the worker cannot build it: " + *r.unsupported);
+    how = "re-executed by " + pool->hello(c.topology.world).framework + " " + pool->hello(c.topology.world).version;
+    return r.run.verdict;
+  }
+  if (c.target->manifests.empty())
+    throw run::NotRunnableHere("a " + c.target->framework + " " + c.target->version +
+                               " case without saved manifests: replay it with --target " +
+                               c.target->framework + " where the framework is installed");
+  const std::string dir = (fs::path(file).parent_path() / c.target->manifests).string();
+  how = "judged from its saved manifests, " + c.target->framework + " " + c.target->version;
+  return run::judge_manifests(dir, 1e-5);
+}
+
+Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* pool, const std::string& html_page) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -127,7 +156,9 @@ Outcome replay_one(const Input& input, run::Backend& backend, const std::string&
                   " job instead of giving a verdict";
       return o;
     }
-    const oracle::Verdict verdict = backend.run(c, {});
+    const oracle::Verdict verdict =
+        pool || c.target ? replay_on_target(input.file, c, pool, o.how) : backend.run(c, {});
+    if (c.target) o.rerun_flags = " --target " + c.target->framework;
     o.verdict = oracle::kind_name(verdict.kind);
     if (!html_page.empty() && verdict.kind != oracle::Verdict::Kind::pass) {
       o.html = html_page;
@@ -160,11 +191,11 @@ void print_line(std::ostream& out, const Outcome& o) {
   switch (o.result) {
     case Result::ok:
       out << "ok        " << o.file << "  (" << o.verdict << " as expected, "
-          << seconds_text(o.seconds) << ")\n";
+          << (o.how.empty() ? "" : o.how + ", ") << seconds_text(o.seconds) << ")\n";
       break;
     case Result::mismatch:
       out << "MISMATCH  " << o.file << "  " << o.message << "; replay: tally run "
-          << shell_quote(o.file) << '\n';
+          << shell_quote(o.file) << o.rerun_flags << '\n';
       break;
     case Result::error: out << "ERROR     " << o.message << '\n'; break;
     case Result::not_runnable:
@@ -192,7 +223,11 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
                       "verdict, ledger matrix and rank grid) into this folder, named after the "
                       "case file");
   add_backend_flags(*command);
+  add_target_flags(*command, options->target);
   command->callback([options, &context] {
+    // --target: every case re-executed by the framework; without it a real target's case is
+    // judged from the manifests its file saved.
+    std::unique_ptr<run::WorkerPool> pool = worker_pool(options->target, std::string(context.backend.name()), context.err);
     if (!options->html.empty()) {
       std::error_code ec;
       fs::create_directories(options->html, ec);
@@ -208,7 +243,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         options->html.empty() ? std::vector<std::string>(inputs.size()) : pages_of(options->html, inputs);
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Input& input = inputs[i];
-      outcomes.push_back(replay_one(input, context.backend, pages[i]));
+      outcomes.push_back(replay_one(input, context.backend, pool.get(), pages[i]));
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;
@@ -234,6 +269,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         if (!o.expected.empty()) j["expected"] = o.expected;
         if (!o.message.empty()) j["message"] = o.message;
         if (!o.html.empty()) j["html"] = o.html;
+        if (!o.how.empty()) j["how"] = o.how;
         j["seconds"] = o.seconds;
         cases.push_back(std::move(j));
       }

@@ -2,6 +2,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -23,6 +24,8 @@
 #include "gradnorm/faults.h"
 #include "run/model_manifests.h"
 #include "manifest/manifest_json.h"
+#include "cli/target_flags.h"
+#include "run/megatron_core_target.h"
 
 namespace tally::cli {
 
@@ -54,6 +57,7 @@ struct RunOptions {
   bool json = false;
   std::string html;  // --html: write the verdict as an HTML page
   std::string command_line;  // for the replay line
+  TargetOptions target;
 };
 
 template <typename Enum>
@@ -338,6 +342,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                       "that dropped or double-counted, the replay command")
       ->check(output_file());
   add_backend_flags(*command);
+  add_target_flags(*command, options->target);
   command->callback([options, &context] {
     if (options->list_faults) {
       print_fault_catalog(context.out);
@@ -348,9 +353,14 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     if (o.save.empty() && !o.expect.empty()) throw UsageError("--expect needs --save FILE");
     if (o.save.empty() && !o.description.empty())
       throw UsageError("--description needs --save FILE");
+    std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err,
+                                                        /*keep_manifests=*/true);
+    if (pool && !o.megatron_release.empty())
+      throw UsageError("--megatron-release runs tally's model of a release's rules; with --target " +
+                       o.target.target + " the installed release itself runs (leave one out)");
     // The mpi and nccl backends bring back only the verdict to this process, not the path's
     // result on every rank that the manifests are made from.
-    if (!o.manifests.empty() && context.backend.name() != "sim")
+    if (!pool && !o.manifests.empty() && context.backend.name() != "sim")
       throw UsageError("--manifests needs --backend sim (the " +
                        std::string(context.backend.name()) +
                        " backend returns only the verdict, not each rank's decisions)");
@@ -362,6 +372,26 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     }
     if (o.expect == "pass") c.expect = casefile::Expectation{};
     if (o.expect == "fail") c.expect = casefile::Expectation{casefile::Expectation::Outcome::fail, {}, {}};
+    if (!pool && c.target)
+      throw UsageError(o.case_file + " is a " + c.target->framework + " " + c.target->version +
+                       " case: run it with --target " + c.target->framework +
+                       " where the framework is installed, or judge its saved manifests with "
+                       "`tally replay " + o.case_file + "`");
+    if (pool) {
+      // The worker's release decides what it builds: a case outside it is refused before it runs.
+      std::string version;
+      try {
+        version = pool->hello(c.topology.world).version;
+      } catch (const std::exception& error) {
+        context.err << "tally: error: " << error.what() << '\n';
+        context.exit_code = kExitInfra;
+        return;
+      }
+      if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
+      if (std::optional<std::string> why = run::megatron_core_unsupported(c, version))
+        throw UsageError("--target " + o.target.target + " " + version + " cannot run this case: " + *why);
+      c.target = target_of(*pool, c, "");
+    }
     if (!o.save.empty()) {
       // Checked first, so an invalid case never reaches the disk.
       if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
@@ -370,7 +400,23 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     oracle::Verdict verdict;
     bool manifests_written = false;
     try {
-      if (o.manifests.empty()) {
+      if (pool) {
+        const run::WorkerRun r = pool->execute(c);
+        verdict = r.verdict;
+        if (!o.manifests.empty() && !r.manifests.empty()) {
+          std::error_code error;
+          std::filesystem::create_directories(o.manifests, error);
+          if (!error)
+            std::filesystem::copy(r.manifests, o.manifests,
+                                  std::filesystem::copy_options::recursive |
+                                      std::filesystem::copy_options::overwrite_existing,
+                                  error);
+          if (error) throw UsageError("--manifests " + o.manifests + ": " + error.message());
+          manifests_written = true;
+        }
+        // A failure keeps its evidence: the manifests saved next to the case file.
+        if (!o.save.empty() && verdict.kind != oracle::Verdict::Kind::pass) c.target = target_of(*pool, c, o.save);
+      } else if (o.manifests.empty()) {
         verdict = context.backend.run(c, {});
       } else {
         // The sim backend's run, keeping the record for the manifests.
@@ -385,6 +431,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     if (o.expect == "observed") {
       c.expect = observed_expectation(verdict);
       save_case(o.save, c);
+    } else if (pool && !o.save.empty() && c.target && !c.target->manifests.empty()) {
+      save_case(o.save, c);  // now naming the saved manifests
     }
     const std::string case_source = !o.case_file.empty() ? o.case_file : o.save;
     const std::string replay =

@@ -105,8 +105,9 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     if (!options.corpus_dir.empty()) {
       ensure_dir(options.corpus_dir);
       failure.original_path = corpus_file(options.corpus_dir, options.seed, index, ".json");
-      casefile::write_case_file(failure.original_path, failure.original);
     }
+    if (options.target_of) failure.original.target = options.target_of(failure.original, failure.original_path);
+    if (!failure.original_path.empty()) casefile::write_case_file(failure.original_path, failure.original);
     observer.failure_found(failure);
 
     const ShrinkOutcome shrunk = shrink_failure(
@@ -125,10 +126,10 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
         (shrunk.complete ? "" : ", stopped early") + ": faults " + fault_names(failure.shrunk) +
         ", " + describe(failure_signature(shrunk.verdict)));
     failure.shrunk.expect = expectation_of(shrunk.verdict);
-    if (!options.corpus_dir.empty()) {
+    if (!options.corpus_dir.empty())
       failure.shrunk_path = corpus_file(options.corpus_dir, options.seed, index, ".shrunk.json");
-      casefile::write_case_file(failure.shrunk_path, failure.shrunk);
-    }
+    if (options.target_of) failure.shrunk.target = options.target_of(failure.shrunk, failure.shrunk_path);
+    if (!failure.shrunk_path.empty()) casefile::write_case_file(failure.shrunk_path, failure.shrunk);
     result.failures.push_back(failure);
     observer.failure_shrunk(result.failures.back());
     observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ struct CampaignOptions {
   std::string corpus_dir;  // failures are written here (created when needed); empty: nowhere
   ShrinkLimits shrink;
   int max_failures = 0;  // stop after this many failures; 0: no bound
+  // A real target: the `target` of each case file about to be written to `path` ("" without a
+  // corpus), having saved the run's manifests next to it. Empty: the model target.
+  std::function<casefile::RealTarget(const casefile::Case& c, const std::string& path)> target_of;
 };
 
 struct Failure {

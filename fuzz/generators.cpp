@@ -440,7 +440,7 @@ rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
           options.faults[static_cast<std::size_t>(fault_index)] == gradnorm::Fault::zero_count_in_float32;
       const int one_in = std::max(0, zero_count_fault ? options.big_zeros_one_in_for_its_fault
                                                       : options.big_zeros_one_in);
-      const bool big_zeros = one_in > 0 && *weighted_index({one_in - 1, 1}) == 1;
+      const bool big_zeros = one_in > 0 && *weighted_index({one_in - 1, 1}) == 1 && !options.gpt_only;
       TopologyGenOptions topology = options.topology;
       if (big_zeros && topology.exact_world == 0) topology.max_world = std::min(topology.max_world, 4);
       c.topology = *gen_config(topology);
@@ -453,6 +453,7 @@ rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
         c.model.params.insert(c.model.params.begin(), std::move(big));
       } else {
         c.model = *gen_model(c.topology);
+        if (options.gpt_only && c.model.kind != topologies::ModelKind::gpt) c.model = *gen_gpt_model(c.topology);
       }
       c.path = *gen_path_options();
       if (big_zeros) c.path.gradients.generator.mode = kernels::GradientMode::zeros;
@@ -474,7 +475,7 @@ rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
         }
         c.path.gradients.stated.push_back(std::move(s));
       }
-      return c;
+      return options.restrict_to ? options.restrict_to(std::move(c)) : c;
     })(random, size);
   });
 }

@@ -21,6 +21,7 @@
 #include <rapidcheck.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "casefile/case.h"
@@ -78,6 +79,12 @@ struct CaseGenOptions {
   // fault is zero-count-in-float32 (one in `big_zeros_one_in_for_its_fault`). 0: never.
   int big_zeros_one_in = 20000;
   int big_zeros_one_in_for_its_fault = 20;
+  // GPT models only and never the big-zeros scenario: a real framework builds no custom layout.
+  // The picks are made all the same, so a campaign's other choices do not move.
+  bool gpt_only = false;
+  // Applied to every generated case and to every shrink of it: a real target's limits
+  // (run/megatron_core_target.h). Empty: none.
+  std::function<casefile::Case(casefile::Case)> restrict_to;
 };
 
 // A whole case (topology, model, path options with its fault); passes casefile::check_case. Its

@@ -308,7 +308,7 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
       {with_section(R"("expect": {"outcome": "pass", "statistics": ["l2"]})"),
        "bad.json: case.expect: statistics and miscounted are only for \"outcome\": \"fail\""},
       {with_section(R"("expect": {"outcome": "fail", "statistics": ["norm"]})"),
-       "bad.json: case.expect.statistics[0]: expected a statistic (l2, inf, zeros, mtp-l2, p<p>, clip, ledger, agreement, clipped), got \"norm\""},
+       "bad.json: case.expect.statistics[0]: expected a statistic (l2, l2-ledger, inf, zeros, zeros-ledger, mtp-l2, p<p>, clip, ledger, agreement, clipped), got \"norm\""},
       {with_section(R"("expect": {"outcome": "fail", "statistics": ["p3"]})"),
        "bad.json: case.expect.statistics[0]: \"p3\" is not a p-norm of this case (statistics.p_norms)"},
       {with_section(R"("expect": {"outcome": "fail", "miscounted": ["decoder.layers.9.bias"]})"),

@@ -1,0 +1,93 @@
+#include "cli/target_flags.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "cli/campaign_output.h"
+#include "cli/commands.h"
+#include "cli/usage_error.h"
+#include "run/megatron_core_target.h"
+
+namespace tally::cli {
+
+namespace fs = std::filesystem;
+
+void add_target_flags(CLI::App& command, TargetOptions& options) {
+  command
+      .add_option("--target", options.target,
+                  "What executes the cases: model (tally's own model of the grad-norm path) or "
+                  "megatron-core (the real framework, unmodified, through its worker: "
+                  "adapters/megatron; docs/real-targets.md)")
+      ->check(CLI::IsMember({"model", "megatron-core"}))
+      ->default_str("model");
+  command
+      .add_option("--worker", options.worker,
+                  "--target: the command that starts a worker of {world} ranks; tally appends "
+                  "--queue DIR --parent-pid PID")
+      ->type_name("COMMAND")
+      ->default_str(kDefaultMegatronWorker);
+  command
+      .add_option("--case-timeout", options.case_timeout,
+                  "--target: how long one case may take before its worker is stopped (an "
+                  "infra-error); s, m, h suffixes")
+      ->type_name("DURATION")
+      ->default_str("5m");
+  command
+      .add_option("--start-timeout", options.start_timeout,
+                  "--target: how long a worker may take to start (imports, process groups)")
+      ->type_name("DURATION")
+      ->default_str("15m");
+  command.add_option("--worker-dir", options.work_dir,
+                     "--target: the folder for the workers' queues and logs (default: a temporary "
+                     "folder, removed at the end)");
+}
+
+std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const std::string& backend,
+                                             std::ostream& progress, bool keep_manifests) {
+  if (!options.real()) return nullptr;
+  if (backend != "sim")
+    throw UsageError("--target " + options.target + " runs the framework's own ranks; --backend " + backend +
+                     " is for tally's model (leave it out)");
+  if (options.worker.find("{world}") == std::string::npos)
+    throw UsageError("--worker must start {world} ranks (got " + shell_quote(options.worker) +
+                     ", which has no {world})");
+  run::WorkerOptions w;
+  w.command = options.worker;
+  w.work_dir = options.work_dir;
+  w.case_seconds = parse_duration(options.case_timeout, "--case-timeout");
+  w.start_seconds = parse_duration(options.start_timeout, "--start-timeout");
+  w.keep_passing = keep_manifests;
+  w.progress = &progress;
+  try {
+    return std::make_unique<run::WorkerPool>(std::move(w));
+  } catch (const std::exception& error) {
+    throw UsageError(std::string("--worker-dir: ") + error.what());
+  }
+}
+
+TargetRun run_on_target(run::WorkerPool& pool, const casefile::Case& c) {
+  TargetRun out;
+  const run::WorkerHello& hello = pool.hello(c.topology.world);
+  out.unsupported = run::megatron_core_unsupported(c, hello.version);
+  if (!out.unsupported) out.run = pool.execute(c);
+  return out;
+}
+
+casefile::RealTarget target_of(run::WorkerPool& pool, const casefile::Case& c, const std::string& case_path) {
+  const run::WorkerHello& hello = pool.hello(c.topology.world);
+  casefile::RealTarget target{hello.framework, hello.version, ""};
+  const std::optional<std::string> manifests = pool.manifests_of(c);
+  if (case_path.empty() || !manifests) return target;
+  fs::path file(case_path);
+  fs::path saved = file;
+  saved.replace_extension(".manifests");
+  std::error_code error;
+  fs::remove_all(saved, error);
+  fs::create_directories(saved, error);
+  if (!error) fs::copy(*manifests, saved, fs::copy_options::recursive | fs::copy_options::overwrite_existing, error);
+  if (error) throw std::runtime_error("cannot save the manifests of " + case_path + " in " + saved.string() + ": " + error.message());
+  target.manifests = saved.filename().string();
+  return target;
+}
+
+}  // namespace tally::cli

@@ -1,0 +1,51 @@
+// --target, --worker, --case-timeout, --start-timeout and --worker-dir: cases executed by a real framework (its worker,
+// run/framework_worker.h) instead of tally's model of the path. Shared by run, replay, fuzz.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "casefile/case.h"
+#include "fuzz/shrink.h"
+#include "run/framework_worker.h"
+
+namespace tally::cli {
+
+// torchrun starts one rank per process, gloo or NCCL chosen by the worker for the world
+// (adapters/megatron/README.md); `pip install adapters/megatron` installs the module.
+inline constexpr const char* kDefaultMegatronWorker =
+    "torchrun --standalone --nproc-per-node {world} -m tally_megatron_worker";
+
+struct TargetOptions {
+  std::string target = "model";  // model | megatron-core
+  std::string worker = kDefaultMegatronWorker;
+  std::string case_timeout = "5m";
+  std::string start_timeout = "15m";
+  std::string work_dir;  // --worker-dir; empty: a temporary folder
+  bool real() const { return target != "model"; }
+};
+
+void add_target_flags(CLI::App& command, TargetOptions& options);
+
+// The pool of --target's workers, or nullptr for the model target. Throws UsageError when the
+// target flags contradict the others (`backend` other than sim, faults asked).
+std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const std::string& backend,
+                                             std::ostream& progress, bool keep_manifests = false);
+
+// Executes `c` on the pool's worker of its world, or refuses it (returns the reason) when the
+// framework at the worker's version cannot build it.
+struct TargetRun {
+  std::optional<std::string> unsupported;
+  run::WorkerRun run;
+};
+TargetRun run_on_target(run::WorkerPool& pool, const casefile::Case& c);
+
+// The case as a real target's case file holds it: the framework and version of `pool`'s worker for
+// the case's world, and the run's manifests copied to `<case file without .json>.manifests/`
+// when `case_path` is not empty and the pool kept them.
+casefile::RealTarget target_of(run::WorkerPool& pool, const casefile::Case& c, const std::string& case_path);
+
+}  // namespace tally::cli

@@ -1,0 +1,113 @@
+// A real target: a real framework's worker executes tally's cases with the framework's own code
+// and writes per-rank manifests, which the one judge reads (oracle/judge.h), as `tally check`
+// does. The worker is a process group that stays up across cases (torchrun and its ranks, started
+// from a command line), one per world size, and speaks files in a queue folder
+// (docs/real-targets.md):
+//
+//   tally  -> worker  case-<K>.json            the case (casefile/case_file.h), K = 1, 2, ...
+//                     case-<K>.gradients.json  every logical param: name, shape, offset into
+//                     case-<K>.gradients.f32   the values tally's generator gives it (float32,
+//                                              little-endian, row-major), so the framework holds
+//                                              exactly the gradients the truth is made of
+//                     stop                     the worker exits
+//   worker -> tally   hello.json               framework, version, world, once it is up
+//                     case-<K>/                the manifests of case K (docs/manifest.md)
+//                     case-<K>.result.json     {"status": "ok" | "error", "message": ...}, last
+//
+// Every file is written to a temporary name and renamed, so neither side reads a partial one.
+// The worker is told tally's process id and exits when tally is gone.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "casefile/case.h"
+#include "oracle/verdict.h"
+
+namespace tally::run {
+
+struct WorkerOptions {
+  // The command that starts a worker; "{world}" is replaced by the case's world, and tally
+  // appends `--queue DIR --parent-pid PID`. Run by /bin/sh.
+  std::string command;
+  // Where the queue folders go; empty: a fresh folder under the system's temporary folder,
+  // removed when the pool is destroyed.
+  std::string work_dir;
+  double start_seconds = 900;  // until hello.json (imports, process groups)
+  double case_seconds = 300;   // until a case's result
+  double rtol = 1e-5;          // the judge's relative tolerance, as `tally check`
+  bool keep_passing = false;   // keep the manifests of passing runs too (else only failing ones)
+  std::ostream* progress = nullptr;  // one line per worker started or lost
+};
+
+// What a worker says once it is up.
+struct WorkerHello {
+  std::string framework;  // "megatron-core"
+  std::string version;    // "0.19.2"
+  std::string producer;   // the manifests' producer line
+  int world = 0;
+};
+
+// One case executed by a worker and judged.
+struct WorkerRun {
+  oracle::Verdict verdict;
+  std::string manifests;  // the folder of the run's manifests; empty when it wrote none
+  double seconds = 0.0;   // from the request to the result, judging excluded
+};
+
+// The logical gradients of a case, as the request files hold them.
+struct LogicalGradients {
+  std::string index_json;     // case-<K>.gradients.json
+  std::vector<float> values;  // case-<K>.gradients.f32, in the index's order
+};
+LogicalGradients logical_gradients(const casefile::Case& c);
+
+// Replaces every "{world}" in `command`.
+std::string worker_command_for(const std::string& command, int world);
+
+// Workers by world, started on first use and stopped (asked, then killed) on destruction. Not
+// thread-safe: one case at a time.
+class WorkerPool {
+ public:
+  explicit WorkerPool(WorkerOptions options);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // The worker of `world`, started if needed. Throws std::runtime_error when it cannot start:
+  // the message holds the end of its log.
+  const WorkerHello& hello(int world);
+
+  // Executes `c` on the worker of its world. A worker that reports an error, dies or exceeds
+  // case_seconds gives an infra-error verdict naming it (a dead or late worker is restarted for
+  // the next case). The manifests of a run that did not pass stay until the pool is destroyed.
+  WorkerRun execute(const casefile::Case& c);
+
+  // The folder of the most recent failing run of `c` (its manifests), if any.
+  std::optional<std::string> manifests_of(const casefile::Case& c) const;
+
+ private:
+  struct Worker;
+  Worker& worker(int world);
+  // Asks the worker to exit (a stop file) and waits for it, unless `ask` is false; then kills
+  // whatever is left of its process group.
+  void stop(Worker& w, bool ask = true);
+
+  WorkerOptions options_;
+  std::string root_;
+  bool own_root_ = false;
+  std::map<int, std::unique_ptr<Worker>> workers_;
+  std::map<std::string, std::string> failing_runs_;  // canonical case text -> manifests folder
+};
+
+// Judges the manifests in `dir` with the judge `tally check` uses (truth from the manifests'
+// statistics). Throws manifest::ManifestError (or std::runtime_error) when they cannot be read.
+oracle::Verdict judge_manifests(const std::string& dir, double rtol);
+
+}  // namespace tally::run

@@ -1,0 +1,84 @@
+#include "run/megatron_core_target.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "topologies/logical_model.h"
+#include "topologies/parallel_config.h"
+
+namespace tally::run {
+
+bool megatron_core_older_than(std::string_view version, int major, int minor) {
+  int got_major = 0, got_minor = 0;
+  const char* end = version.data() + version.size();
+  auto [after_major, e1] = std::from_chars(version.data(), end, got_major);
+  if (e1 != std::errc{} || after_major == end || *after_major != '.') return false;
+  auto [after_minor, e2] = std::from_chars(after_major + 1, end, got_minor);
+  if (e2 != std::errc{}) return false;
+  return got_major < major || (got_major == major && got_minor < minor);
+}
+
+namespace {
+
+// megatron-core before 0.19: get_megatron_muon_optimizer without LayerWise removes the expert
+// param groups with list.remove, which compares the groups' tensors and raises.
+bool muon_refuses_experts(std::string_view version) { return megatron_core_older_than(version, 0, 19); }
+
+}  // namespace
+
+std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version) {
+  const topologies::ModelSpec& m = c.model;
+  const gradnorm::PathOptions& o = c.path;
+  const std::string release = "megatron-core " + std::string(version);
+  if (m.kind != topologies::ModelKind::gpt)
+    return "model.kind custom: the megatron-core worker builds Megatron's GPTModel; a custom layout has "
+           "no Megatron module";
+  if (m.mtp_num_layers > 0)
+    return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
+           ": the worker's local layer spec builds no multi-token-prediction block";
+  if (m.softmax_type != topologies::SoftmaxType::vanilla)
+    return "model.softmax_type learnable: attention sinks need Transformer Engine's attention, which "
+           "the worker does not use";
+  if (topologies::uses_gtp(c.topology))
+    return "topology.gtp/egtp: generalized TP needs Transformer Engine >= 2.19, which the worker does not use";
+  if (!o.p_values.empty())
+    return "statistics.p_norms: Megatron reports the L2 norm and the zero count only";
+  if (!o.faults.empty())
+    return "faults " + gradnorm::fault_list(o.faults) +
+           ": faults switch rules of tally's model; the real target runs Megatron's own code";
+  if (c.topology.dist_opt_instances > 1 && o.optimizer != gradnorm::OptimizerModel::distributed)
+    return "topology.dist_opt_instances " + std::to_string(c.topology.dist_opt_instances) +
+           ": several instances belong to the distributed optimizer (optimizer.model distributed)";
+  if (o.optimizer == gradnorm::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
+    return "optimizer.model muon with experts: " + release +
+           "'s Muon without LayerWise fails on expert params (get_megatron_muon_optimizer's "
+           "list.remove compares param groups that hold tensors); 0.19 builds it";
+  return std::nullopt;
+}
+
+casefile::Case within_megatron_core(casefile::Case c, std::string_view version) {
+  topologies::ModelSpec& m = c.model;
+  gradnorm::PathOptions& o = c.path;
+  if (m.kind != topologies::ModelKind::gpt) return c;
+  m.mtp_num_layers = 0;
+  m.mtp_detach_heads = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+  c.topology.gtp = 1;
+  c.topology.egtp = 1;
+  o.p_values.clear();
+  o.faults = {};
+  if (o.optimizer != gradnorm::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
+  if (o.optimizer == gradnorm::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
+    o.optimizer = gradnorm::OptimizerModel::layerwise;
+  // A stated gradient for a param or class only the removed features had (an MTP layer's, an
+  // attention sink's) has nothing left to state.
+  const topologies::LogicalModel model(m, c.topology);
+  std::erase_if(o.gradients.stated, [&](const gradnorm::StatedFor& s) {
+    return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
+      return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
+    });
+  });
+  return c;
+}
+
+}  // namespace tally::run

@@ -1,0 +1,28 @@
+// The part of tally's case space the megatron-core worker executes
+// (adapters/megatron/tally_megatron_worker.py): Megatron's own GPTModel from its local layer
+// spec (no Transformer Engine, no Apex), its DistributedDataParallel and its optimizers, on every
+// parallel configuration Megatron accepts. What lies outside is named, with the reason, so `tally
+// run --target megatron-core` refuses such a case in one line and the fuzzer never generates it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "casefile/case.h"
+
+namespace tally::run {
+
+// Why the megatron-core worker at `version` ("0.16.1", "0.19.2", ...) cannot execute `c`, as
+// one line naming the field and the rule; nullopt when it can.
+std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version);
+
+// `c` with every unsupported choice switched to its simplest supported one (no MTP, no attention
+// sinks, no GTP, no p-norms or faults, ...), for generated cases. A GPT model stays a GPT model
+// of the same shape; a custom layout has no Megatron counterpart and is returned as it is.
+casefile::Case within_megatron_core(casefile::Case c, std::string_view version);
+
+// Whether `version` is older than major.minor (an unparsable version counts as the newest).
+bool megatron_core_older_than(std::string_view version, int major, int minor);
+
+}  // namespace tally::run

@@ -1,0 +1,217 @@
+// The real target's worker protocol (run/framework_worker.h), driven against a stand-in worker
+// (tests/run/model_worker.sh) whose "framework" is tally's own model of the path, so the protocol,
+// the judging of the worker's manifests and every way a worker can fail are tested where no real
+// framework is installed. The real megatron-core worker runs on the GPU machine
+// (adapters/megatron/README.md).
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "casefile/case_file.h"
+#include "fuzz/generators.h"
+#include "gradnorm/gradients.h"
+#include "kernels/gradient_generator.h"
+#include "run/framework_worker.h"
+#include "run/megatron_core_target.h"
+#include "topologies/logical_model.h"
+
+namespace tally::run {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string stand_in_command() {
+  return "'" TALLY_SOURCE_DIR "/tests/run/model_worker.sh' '" TALLY_BINARY_DIR "/cli/tally' {world}";
+}
+
+// The founding case of Megatron-LM #6099 without its fault: LayerWise, TP 2, EP 2, ETP 1.
+casefile::Case founding_case() {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  c.expect.reset();
+  return c;
+}
+
+// Sets an environment variable for the workers this test starts, and clears it afterwards.
+class WorkerEnvironment {
+ public:
+  WorkerEnvironment(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~WorkerEnvironment() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+WorkerOptions stand_in_options() {
+  WorkerOptions o;
+  o.command = stand_in_command();
+  o.start_seconds = 30;
+  o.case_seconds = 30;
+  return o;
+}
+
+TEST(WorkerPool, ExecutesACaseAndJudgesTheWorkersManifests) {
+  WorkerPool pool(stand_in_options());
+  EXPECT_EQ(pool.hello(2).framework, "megatron-core");
+  EXPECT_EQ(pool.hello(2).version, "0.19.2");
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::pass) << run.verdict.infra_message;
+  EXPECT_TRUE(run.manifests.empty()) << "a passing run's manifests are not kept";
+  EXPECT_FALSE(pool.manifests_of(founding_case()));
+}
+
+TEST(WorkerPool, AMiscountingFrameworkFailsWithTheMiscountedParamsAndKeepsItsManifests) {
+  const WorkerEnvironment fault("TALLY_TEST_WORKER_FAULT", "expert-dedup-on-dense-tp");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::fail) << run.verdict.infra_message;
+  ASSERT_FALSE(run.verdict.miscounted.empty());
+  EXPECT_EQ(run.verdict.miscounted.front().name, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.bias");
+  ASSERT_TRUE(pool.manifests_of(founding_case()));
+  EXPECT_EQ(*pool.manifests_of(founding_case()), run.manifests);
+  EXPECT_TRUE(fs::exists(fs::path(run.manifests) / "rank-1.json"));
+  // The same verdict from the kept manifests alone, as replay judges them.
+  EXPECT_EQ(judge_manifests(run.manifests, 1e-5).miscounted.front().name, run.verdict.miscounted.front().name);
+}
+
+TEST(WorkerPool, OneWorkerPerWorldEachStartedOnce) {
+  WorkerPool pool(stand_in_options());
+  casefile::Case world4 = founding_case();
+  world4.topology.world = 4;
+  EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+  EXPECT_EQ(pool.execute(world4).verdict.kind, oracle::Verdict::Kind::pass);
+  EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+  EXPECT_EQ(pool.hello(4).world, 4);
+}
+
+TEST(WorkerPool, AnErrorTheWorkerReportsIsAnInfraErrorWithItsMessage) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "error");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_EQ(run.verdict.infra_message, "the framework refused the case (as asked)");
+}
+
+TEST(WorkerPool, AWorkerThatDiesIsAnInfraErrorAndIsRestartedForTheNextCase) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "die");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun first = pool.execute(founding_case());
+  EXPECT_EQ(first.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_NE(first.verdict.infra_message.find("the worker exited during case-1"), std::string::npos)
+      << first.verdict.infra_message;
+  EXPECT_NE(first.verdict.infra_message.find("model_worker.sh: case 1"), std::string::npos)
+      << "the message shows the end of the worker's log: " << first.verdict.infra_message;
+  // Restarted: a fresh queue, whose first case is case-1 again.
+  const WorkerRun second = pool.execute(founding_case());
+  EXPECT_NE(second.verdict.infra_message.find("during case-1"), std::string::npos) << second.verdict.infra_message;
+}
+
+TEST(WorkerPool, ACaseThatTakesTooLongIsAnInfraErrorNamingTheTimeout) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "hang");
+  WorkerOptions o = stand_in_options();
+  o.case_seconds = 1;
+  WorkerPool pool(o);
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_NE(run.verdict.infra_message.find("case-1 gave no result within 1 s (the worker was stopped)"),
+            std::string::npos)
+      << run.verdict.infra_message;
+}
+
+TEST(WorkerPool, AWorkerThatNeverSaysHelloIsAnErrorWithTheEndOfItsLog) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "no-hello");
+  WorkerPool pool(stand_in_options());
+  try {
+    pool.hello(2);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("the world-2 worker exited before it was up (exit code 4)"), std::string::npos) << message;
+    EXPECT_NE(message.find("leaving before hello, as asked"), std::string::npos) << message;
+  }
+}
+
+TEST(WorkerPool, TheWorkDirHoldsOneQueuePerWorld) {
+  const fs::path dir = fs::temp_directory_path() / ("tally-worker-test-" + std::to_string(::getpid()));
+  WorkerOptions o = stand_in_options();
+  o.work_dir = dir.string();
+  {
+    WorkerPool pool(o);
+    pool.hello(2);
+    EXPECT_TRUE(fs::exists(dir / "world-2" / "hello.json"));
+    EXPECT_TRUE(fs::exists(dir / "world-2" / "worker.log"));
+  }
+  EXPECT_TRUE(fs::exists(dir)) << "a folder the user named is left for them";
+  fs::remove_all(dir);
+}
+
+TEST(LogicalGradients, HoldEveryLogicalParamsStoredValuesInModelOrder) {
+  const casefile::Case c = founding_case();
+  const LogicalGradients g = logical_gradients(c);
+  const topologies::LogicalModel model(c.model, c.topology);
+  ASSERT_EQ(static_cast<std::int64_t>(g.values.size()), model.total_elements());
+  const nlohmann::json index = nlohmann::json::parse(g.index_json);
+  ASSERT_EQ(index.at("params").size(), static_cast<std::size_t>(model.size()));
+  // The case's class mask too: only the expert FC2 biases have gradients.
+  const std::vector<kernels::GeneratorSpec> specs = gradnorm::param_generators(c.path.gradients, model);
+  double sum_squares = 0.0;
+  for (const topologies::LogicalParam& p : model.params()) {
+    const nlohmann::json& entry = index.at("params").at(static_cast<std::size_t>(p.id));
+    EXPECT_EQ(entry.at("name"), p.name);
+    const std::size_t offset = entry.at("offset").get<std::size_t>();
+    const kernels::GeneratorSpec& spec = specs[static_cast<std::size_t>(p.id)];
+    const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(p.id));
+    for (std::int64_t e = 0; e < p.numel; ++e) {
+      const float value = g.values[offset + static_cast<std::size_t>(e)];
+      EXPECT_EQ(value, kernels::stored_value(spec, key, static_cast<std::uint64_t>(e))) << p.name << " element " << e;
+      sum_squares += static_cast<double>(value) * value;
+    }
+  }
+  EXPECT_EQ(sum_squares, 2.0 * 8.0) << "ones on the 2 experts' FC2 biases of hidden 8";
+}
+
+TEST(WorkerCommand, EveryWorldTokenIsReplaced) {
+  EXPECT_EQ(worker_command_for("torchrun --nproc-per-node {world} w.py --world {world}", 8),
+            "torchrun --nproc-per-node 8 w.py --world 8");
+}
+
+RC_GTEST_PROP(MegatronCoreTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
+  const std::string version = *rc::gen::element<std::string>("0.16.1", "0.19.2");
+  fuzz::CaseGenOptions options;
+  options.topology.max_world = 16;
+  options.topology.avoid_megatron_corners = false;
+  options.gpt_only = true;
+  options.restrict_to = [version](casefile::Case c) { return within_megatron_core(std::move(c), version); };
+  const casefile::Case c = *fuzz::gen_case(options);
+  RC_ASSERT(!casefile::check_case(c));
+  const std::optional<std::string> unsupported = megatron_core_unsupported(c, version);
+  RC_ASSERT(!unsupported);
+}
+
+TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
+  casefile::Case c = founding_case();
+  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  c.model.mtp_num_layers = 1;
+  EXPECT_EQ(megatron_core_unsupported(c, "0.19.2").value_or("").rfind("model.mtp_num_layers 1:", 0), 0u);
+  c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::muon;
+  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  EXPECT_NE(megatron_core_unsupported(c, "0.16.1").value_or("").find("list.remove"), std::string::npos);
+  EXPECT_EQ(within_megatron_core(c, "0.16.1").path.optimizer, gradnorm::OptimizerModel::layerwise);
+  c = founding_case();
+  c.path.p_values = {3.0};
+  EXPECT_NE(megatron_core_unsupported(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
+}
+
+TEST(MegatronCoreTarget, ReleasesCompareByMajorAndMinor) {
+  EXPECT_TRUE(megatron_core_older_than("0.16.1", 0, 19));
+  EXPECT_FALSE(megatron_core_older_than("0.19.2", 0, 19));
+  EXPECT_FALSE(megatron_core_older_than("0.20.0rc1", 0, 19));
+  EXPECT_FALSE(megatron_core_older_than("unknown", 0, 19)) << "an unknown version counts as the newest";
+}
+
+}  // namespace
+}  // namespace tally::run

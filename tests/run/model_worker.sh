@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# A stand-in for a real framework's worker (run/framework_worker.h, docs/real-targets.md), for
+# tests of the worker protocol where no framework is installed: each case is executed by tally's
+# own model of the path (`tally run CASE --manifests DIR`), which writes the manifests a real
+# worker would. It says it is megatron-core (TALLY_TEST_WORKER_VERSION, default 0.19.2) so the
+# real target's rules apply.
+#
+#   model_worker.sh TALLY WORLD --queue DIR --parent-pid PID
+#
+# TALLY_TEST_WORKER_FAULT=NAME plants that catalog fault in every case (the "framework"
+# miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =error reports an error for
+# every case, =hang never answers, =no-hello exits before saying hello.
+set -u
+tally=$1
+world=$2
+shift 2
+queue= parent=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --queue) queue=$2; shift 2 ;;
+    --parent-pid) parent=$2; shift 2 ;;
+    *) echo "model_worker.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+mode=${TALLY_TEST_WORKER_MODE:-}
+fault=${TALLY_TEST_WORKER_FAULT:-}
+if [ "$mode" = no-hello ]; then
+  echo "model_worker.sh: leaving before hello, as asked"
+  exit 4
+fi
+
+atomically() {  # atomically FILE TEXT
+  printf '%s\n' "$2" >"$1.tmp" && mv "$1.tmp" "$1"
+}
+atomically "$queue/hello.json" \
+  "{\"framework\": \"megatron-core\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-0.19.2}\", \"world\": $world, \"producer\": \"tally model_worker.sh\"}"
+echo "model_worker.sh: world $world up"
+
+k=1
+while :; do
+  [ -e "$queue/stop" ] && exit 0
+  kill -0 "$parent" 2>/dev/null || exit 0
+  request=$queue/case-$k.json
+  if [ ! -e "$request" ]; then
+    sleep 0.01
+    continue
+  fi
+  echo "model_worker.sh: case $k"
+  for f in gradients.json gradients.f32; do
+    if [ ! -e "$queue/case-$k.$f" ]; then
+      atomically "$queue/case-$k.result.json" "{\"status\": \"error\", \"message\": \"case-$k.$f is missing\"}"
+      k=$((k + 1))
+      continue 2
+    fi
+  done
+  case $mode in
+    die) exit 5 ;;
+    hang) sleep 3600 ;;
+    error)
+      atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework refused the case (as asked)"}'
+      k=$((k + 1))
+      continue ;;
+  esac
+  planted=$queue/case-$k.planted.json
+  if [ -n "$fault" ]; then
+    sed "s/\"faults\": \[\]/\"faults\": [\"$fault\"]/" "$request" >"$planted"
+  else
+    cp "$request" "$planted"
+  fi
+  "$tally" run "$planted" --manifests "$queue/case-$k" >"$queue/case-$k.log" 2>&1
+  rc=$?
+  if [ $rc -le 1 ]; then
+    atomically "$queue/case-$k.result.json" '{"status": "ok"}'
+  else
+    atomically "$queue/case-$k.result.json" "{\"status\": \"error\", \"message\": \"tally run exited $rc\"}"
+  fi
+  rm -f "$planted" "$queue/case-$k.log"
+  k=$((k + 1))
+done
