@@ -83,7 +83,7 @@ import os
 import re
 import subprocess
 import tempfile
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 MANIFEST_VERSION = 2  # the format dump_manifest writes (rank files and groups.json)
 ADAPTER_VERSION = 1
@@ -390,15 +390,20 @@ def dump_manifest(
     producer: Optional[str] = None,
     grad_norm: Optional[float] = None,
     num_zeros: Optional[float] = None,
+    logical_names: Optional[Callable[[str], str]] = None,
 ) -> str:
     """Writes out_dir/rank-<R>.json for this rank (format version 2), and on rank 0 also
     out_dir/groups.json; returns the rank file's path. See the module docstring for the call
-    order. `model`: one module or the list of model chunks, wrapped or not."""
+    order. `model`: one module or the list of model chunks, wrapped or not. `logical_names`, when
+    given, renames every logical name (tally's worker writes tally's names of the params)."""
     import torch.distributed as dist
 
     manifest = build_manifest(
         optimizer, model, producer=producer, grad_norm=grad_norm, num_zeros=num_zeros
     )
+    if logical_names is not None:
+        for record in manifest["params"]:
+            record["logical_name"] = logical_names(record["logical_name"])
     rank, world = manifest["rank"], manifest["world"]
     led = led_groups(rank, manifest_rank_lists(manifest))
     gathered: List[Any] = [None] * world

@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""tally's worker for megatron-core: executes tally's cases with Megatron's own, unmodified code
+and writes the manifests `tally` judges (`tally fuzz|run|replay --target megatron-core`).
+
+Started by tally, once per world size, under torchrun (one process per rank):
+
+    torchrun --standalone --nproc-per-node WORLD -m tally_megatron_worker \\
+        --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
+
+The ranks stay up across cases. Per case (the files of the queue folder are described in
+docs/real-targets.md): rank 0 reads `case-<K>.json` (a tally case) and shares it; every rank
+rebuilds Megatron's parallel state for the case's topology (`initialize_model_parallel` with its
+TP, PP, VPP, CP, EP, ETP, rank order and distributed-optimizer instances), builds the case's GPT
+model from Megatron's local layer spec (`get_gpt_decoder_block_spec(use_transformer_engine=
+False)`: no Transformer Engine, no Apex), wraps each model chunk in Megatron's
+DistributedDataParallel, builds the case's optimizer with `get_megatron_optimizer` (plain:
+chained Adam; distributed: the DistributedOptimizer; layerwise: Muon with the layer-wise
+distributed optimizer; muon: Muon without it), sets every param's gradient buffer (`main_grad`)
+to the values tally's generator gives the logical element it holds (`case-<K>.gradients.*`),
+runs `prepare_grads`, `get_grad_norm` and `count_zeros`, and writes the manifests with
+`tally_megatron.dump_manifest` into `case-<K>/`. Rank 0 then writes `case-<K>.result.json`.
+
+What the worker changes around Megatron, and why (never a Megatron file):
+- No forward or backward pass runs: the gradients are set, as after Megatron's own gradient
+  reductions (every replica of an element holds the same value), so the norm step sees exactly
+  the gradients tally's truth is made of.
+- Sequence parallelism is off and the model's TransformerConfig says CP 1 while the parallel
+  state has the case's CP: the local spec's torch norms refuse sequence parallelism and its
+  attention refuses CP, and neither changes a parameter. DDP and the optimizers read the real CP
+  groups from the parallel state.
+- With more ranks than GPUs the default process group is gloo (NCCL refuses two ranks of one
+  communicator on one GPU); Megatron's groups then use gloo too. No collective of a training step
+  is run, so none of gloo's gaps (coalesced all-reduce on CUDA tensors) is reached.
+- Between cases the worker destroys Megatron's process groups, so hundreds of cases do not
+  exhaust sockets or file descriptors.
+- megatron-core 0.16.1's Muon calls emerging_optimizers with a keyword 0.3.0 renamed
+  (`use_nesterov`): translated at construction (tiny_moe_gpt.py's shim).
+"""
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import re
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import tally_megatron  # noqa: E402
+
+WORKER_VERSION = 1
+IDLE_SECONDS = 5.0  # rank 0 tells the others it is still waiting: no collective waits longer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--queue", required=True, help="the queue folder tally writes cases into")
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "nccl", "gloo"],
+        default="auto",
+        help="torch.distributed backend; auto: nccl when every rank has its own GPU, else gloo",
+    )
+    return p.parse_args(argv)
+
+
+# --- the queue ------------------------------------------------------------------------------------
+
+
+def write_atomically(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def parent_alive(pid):
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def next_command(queue, k, parent_pid):
+    """Rank 0: ("case", K) when case-K.json is there, ("stop",) when tally asks or is gone,
+    ("idle",) after IDLE_SECONDS of waiting."""
+    start = time.monotonic()
+    path = os.path.join(queue, f"case-{k}.json")
+    while time.monotonic() - start < IDLE_SECONDS:
+        if os.path.exists(os.path.join(queue, "stop")) or not parent_alive(parent_pid):
+            return ("stop",)
+        if os.path.exists(path):
+            return ("case", k)
+        time.sleep(0.002)
+    return ("idle",)
+
+
+# --- names ----------------------------------------------------------------------------------------
+
+_ADAPTER_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def tally_name(adapter_logical_name):
+    """tally's logical name of a param (topologies/logical_model.h): the adapter writes a routed
+    expert as `experts.<global id>.`, tally as `experts.local_experts.<global id>.`."""
+    return _ADAPTER_EXPERT.sub(r".experts.local_experts.\1.", adapter_logical_name)
+
+
+# --- building the case ----------------------------------------------------------------------------
+
+
+def emerging_optimizers_compat():
+    sys.path.insert(0, os.path.join(HERE, "examples"))
+    try:
+        from tiny_moe_gpt import emerging_optimizers_compat as shim
+    finally:
+        sys.path.pop(0)
+    return shim()
+
+
+def destroy_parallel_state():
+    """Megatron's destroy_model_parallel forgets its groups; this also destroys them."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    groups = []
+    for value in vars(ps).values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for g in items:
+            if isinstance(g, dist.ProcessGroup) and all(g is not h for h in groups):
+                groups.append(g)
+    ps.destroy_model_parallel()
+    world = dist.group.WORLD
+    for g in groups:
+        if g is world:
+            continue
+        try:
+            dist.destroy_process_group(g)
+        except Exception:  # a group torch already released
+            pass
+
+
+def initialize_parallel_state(topology):
+    from megatron.core import parallel_state as ps
+
+    vpp = topology.get("vpp", 1)
+    kwargs = dict(
+        tensor_model_parallel_size=topology.get("tp", 1),
+        pipeline_model_parallel_size=topology.get("pp", 1),
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        context_parallel_size=topology.get("cp", 1),
+        expert_model_parallel_size=topology.get("ep", 1),
+        expert_tensor_parallel_size=topology.get("etp", topology.get("tp", 1)),
+        order=topology.get("order", "tp-cp-ep-dp-pp"),
+        num_distributed_optimizer_instances=topology.get("dist_opt_instances", 1),
+    )
+    ps.initialize_model_parallel(**kwargs)
+
+
+def transformer_config(case):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    t, m = case["topology"], case["model"]
+    experts = m.get("num_experts", 0)
+    kw = dict(
+        num_layers=m.get("num_layers", 2),
+        hidden_size=m.get("hidden_size", 16),
+        num_attention_heads=m.get("num_attention_heads", 4),
+        add_bias_linear=m.get("add_bias_linear", True),
+        normalization=m.get("normalization", "LayerNorm"),
+        qk_layernorm=m.get("qk_layernorm", False),
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        tensor_model_parallel_size=t.get("tp", 1),
+        pipeline_model_parallel_size=t.get("pp", 1),
+        expert_model_parallel_size=t.get("ep", 1),
+        expert_tensor_parallel_size=t.get("etp", t.get("tp", 1)),
+        sequence_parallel=False,
+        context_parallel_size=1,
+        bias_dropout_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+    if t.get("vpp", 1) > 1:
+        kw["virtual_pipeline_model_parallel_size"] = t["vpp"]
+    for key in ("num_query_groups", "kv_channels", "ffn_hidden_size"):
+        if m.get(key) is not None:
+            kw[key] = m[key]
+    if m.get("swiglu", False):
+        kw["gated_linear_unit"] = True
+        kw["activation_func"] = F.silu
+    if m.get("decoder_first_pipeline_num_layers") is not None:
+        kw["num_layers_in_first_pipeline_stage"] = m["decoder_first_pipeline_num_layers"]
+    if m.get("decoder_last_pipeline_num_layers") is not None:
+        kw["num_layers_in_last_pipeline_stage"] = m["decoder_last_pipeline_num_layers"]
+    if experts:
+        kw.update(
+            num_moe_experts=experts,
+            moe_ffn_hidden_size=m.get("moe_ffn_hidden_size") or m.get("ffn_hidden_size") or 4 * kw["hidden_size"],
+            moe_router_topk=min(2, experts),
+            # Megatron refuses top-1 routing with the softmax after the top-k
+            moe_router_pre_softmax=experts == 1,
+            moe_token_dispatcher_type="alltoall",
+            moe_grouped_gemm=False,
+            moe_layer_freq=m.get("moe_layer_freq", 1),
+        )
+        if m.get("moe_shared_expert_intermediate_size", 0):
+            kw["moe_shared_expert_intermediate_size"] = m["moe_shared_expert_intermediate_size"]
+            kw["moe_shared_expert_gate"] = m.get("moe_shared_expert_gate", False)
+    return TransformerConfig(**kw)
+
+
+def build_model(case, config):
+    """The model chunks (one per virtual pipeline stage), each in Float16Module and DDP."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.module import Float16Module
+
+    t, m, o = case["topology"], case["model"], case["optimizer"]
+    vpp = t.get("vpp", 1)
+    distributed = o.get("model", "plain") == "distributed"
+    bucket = o.get("bucket_elements", 0)
+    ddp_config = DistributedDataParallelConfig(
+        use_distributed_optimizer=distributed,
+        overlap_grad_reduce=False,
+        grad_reduce_in_fp32=True,
+        bucket_size=bucket if bucket > 0 else None,
+        num_distributed_optimizer_instances=t.get("dist_opt_instances", 1),
+    )
+    chunks = []
+    for i in range(vpp):
+        vp_stage = i if vpp > 1 else None
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=m.get("vocab_size", 64),
+            max_sequence_length=m.get("max_position_embeddings", 32),
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            share_embeddings_and_output_weights=not m.get("untie_embeddings_and_output_weights", False),
+            position_embedding_type=m.get("position_embedding_type", "learned_absolute"),
+            vp_stage=vp_stage,
+        )
+        model.cuda(torch.cuda.current_device())
+        model = Float16Module(config, model)
+        # As Megatron's training loop wraps chunks: only the first chunk's buffers are bucketed.
+        chunks.append(
+            DistributedDataParallel(
+                config=config, ddp_config=ddp_config, module=model, disable_bucketing=(i > 0)
+            )
+        )
+    return chunks
+
+
+def build_optimizer(case, chunks):
+    import dataclasses
+
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    kind = case["optimizer"].get("model", "plain")
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=0.0,
+        weight_decay=0.0,
+        bf16=True,
+        use_distributed_optimizer=(kind == "distributed"),
+        log_num_zeros_in_grad=True,
+        clip_grad=0.0,
+        muon_tp_mode="duplicated",
+    )
+    if kind in ("plain", "distributed"):
+        return get_megatron_optimizer(config, chunks)
+    layer_wise = kind == "layerwise"
+    if "use_layer_wise_distributed_optimizer" in {f.name for f in dataclasses.fields(OptimizerConfig)}:
+        config.optimizer = "muon"
+        config.use_layer_wise_distributed_optimizer = layer_wise
+        return get_megatron_optimizer(config, chunks)
+    from megatron.core.optimizer.muon import get_megatron_muon_optimizer
+
+    emerging_optimizers_compat()
+    return get_megatron_muon_optimizer(config, chunks, layer_wise_distributed_optimizer=layer_wise)
+
+
+def load_gradients(queue, k):
+    import numpy as np
+
+    with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
+        index = json.load(f)
+    values = np.fromfile(os.path.join(queue, f"case-{k}.gradients.f32"), dtype="<f4")
+    if values.size != index["elements"]:
+        raise ValueError(f"case-{k}.gradients.f32 holds {values.size} values, its index says {index['elements']}")
+    tensors = {}
+    for p in index["params"]:
+        n = 1
+        for d in p["shape"]:
+            n *= d
+        tensors[p["name"]] = values[p["offset"] : p["offset"] + n].reshape(p["shape"])
+    return tensors
+
+
+def set_gradients(chunks, tensors):
+    """Every param's main_grad from the logical tensor's box it holds. Returns the tally names of
+    the params this rank holds; raises where the framework's model is not tally's."""
+    import torch
+
+    params, _, objs = tally_megatron._describe_params(tally_megatron._model_chunks(chunks))
+    held = set()
+    for entry, p in zip(params, objs):
+        r = entry["record"]
+        name = tally_name(r["logical_name"])
+        if name not in tensors:
+            raise LookupError(
+                f"model mismatch: megatron-core built {r['name']} (logical {name}, shape "
+                f"{r['logical_shape']}), which tally's model of the case does not have"
+            )
+        logical = tensors[name]
+        if list(logical.shape) != list(r["logical_shape"]):
+            raise LookupError(
+                f"model mismatch: {name} is {r['logical_shape']} in megatron-core, "
+                f"{list(logical.shape)} in tally's model"
+            )
+        box = tuple(slice(o, o + e) for o, e in zip(r["offsets"], r["extents"]))
+        values = torch.from_numpy(logical[box].copy()).reshape(p.shape)
+        if getattr(p, "main_grad", None) is None:
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        with torch.no_grad():
+            p.main_grad.copy_(values.to(p.main_grad.device))
+        held.add(name)
+    return held
+
+
+def execute(queue, k, case):
+    """Runs case K on this rank; returns (status, message)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    if case.get("faults"):
+        return "error", f"faults {case['faults']}: the megatron-core worker plants none"
+    chunks = optimizer = None
+    try:
+        initialize_parallel_state(case["topology"])
+        model_parallel_cuda_manual_seed(1234)
+        config = transformer_config(case)
+        chunks = build_model(case, config)
+        optimizer = build_optimizer(case, chunks)
+        tensors = load_gradients(queue, k)
+        held = set_gradients(chunks, tensors)
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, sorted(held))
+        missing = set(tensors) - set().union(*map(set, everyone))
+        if missing:
+            raise LookupError(
+                f"model mismatch: no rank of megatron-core's model holds {sorted(missing)[:5]} "
+                f"({len(missing)} of tally's params)"
+            )
+        optimizer.prepare_grads()
+        norm = optimizer.get_grad_norm()
+        zeros = optimizer.count_zeros()
+        tally_megatron.dump_manifest(
+            optimizer,
+            chunks,
+            os.path.join(queue, f"case-{k}"),
+            grad_norm=norm,
+            num_zeros=zeros,
+            logical_names=tally_name,
+        )
+        return "ok", ""
+    finally:
+        del optimizer, chunks
+        gc.collect()
+        torch.cuda.empty_cache()
+        destroy_parallel_state()
+
+
+def framework_version():
+    try:
+        from megatron.core import package_info
+
+        return package_info.__version__
+    except Exception:
+        return "unknown"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    devices = torch.cuda.device_count()
+    if devices == 0:
+        print("tally_megatron_worker: no CUDA device (megatron-core's models are built on one)", file=sys.stderr)
+        return 2
+    torch.cuda.set_device(local_rank % devices)
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if world <= devices else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    rank = dist.get_rank()
+    version = framework_version()
+    if rank == 0:
+        write_atomically(
+            os.path.join(args.queue, "hello.json"),
+            json.dumps(
+                {
+                    "framework": "megatron-core",
+                    "version": version,
+                    "world": world,
+                    "producer": f"tally_megatron_worker {WORKER_VERSION} / megatron-core {version}",
+                    "backend": backend,
+                    "devices": devices,
+                }
+            )
+            + "\n",
+        )
+        print(f"tally_megatron_worker: world {world} on {devices} GPU(s), {backend}, megatron-core {version}", flush=True)
+    k = 1
+    while True:
+        command = [next_command(args.queue, k, args.parent_pid) if rank == 0 else None]
+        dist.broadcast_object_list(command, src=0)
+        command = command[0]
+        if command[0] == "stop":
+            break
+        if command[0] == "idle":
+            continue
+        start = time.monotonic()
+        status, message = "ok", ""
+        try:
+            with open(os.path.join(args.queue, f"case-{k}.json")) as f:
+                case = json.load(f)
+            status, message = execute(args.queue, k, case)
+        except Exception as e:  # the framework refused the case, or the worker failed on it
+            status = "error"
+            message = f"rank {rank}: {type(e).__name__}: {e}"
+            traceback.print_exc()
+        results = [None] * world
+        dist.all_gather_object(results, (status, message))
+        if rank == 0:
+            failed = [m for s, m in results if s != "ok"]
+            result = {"status": "error" if failed else "ok", "message": failed[0] if failed else "",
+                      "seconds": time.monotonic() - start}
+            write_atomically(os.path.join(args.queue, f"case-{k}.result.json"), json.dumps(result) + "\n")
+            print(f"case {k}: {result['status']} in {result['seconds']:.2f} s {result['message']}", flush=True)
+        k += 1
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
