@@ -24,6 +24,12 @@ namespace {
 // param groups with list.remove, which compares the groups' tensors and raises.
 bool muon_refuses_experts(std::string_view version) { return megatron_core_older_than(version, 0, 19); }
 
+// Both uneven stages set, no middle stage, several chunks per stage: Megatron computes the
+// layers of a middle-stage chunk as 0 and divides by them.
+bool uneven_without_middle_chunks(const casefile::Case& c) {
+  return c.model.first_stage_layers && c.model.last_stage_layers && c.topology.pp == 2 && c.topology.vpp > 1;
+}
+
 }  // namespace
 
 std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version) {
@@ -49,6 +55,11 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   if (c.topology.dist_opt_instances > 1 && o.optimizer != gradnorm::OptimizerModel::distributed)
     return "topology.dist_opt_instances " + std::to_string(c.topology.dist_opt_instances) +
            ": several instances belong to the distributed optimizer (optimizer.model distributed)";
+  if (uneven_without_middle_chunks(c))
+    return "model.decoder_first_pipeline_num_layers and decoder_last_pipeline_num_layers with pp 2 and vpp " +
+           std::to_string(c.topology.vpp) +
+           ": megatron-core's get_transformer_layer_offset divides by the layers of the middle stages' "
+           "chunks, which are none (ZeroDivisionError)";
   if (o.optimizer == gradnorm::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     return "optimizer.model muon with experts: " + release +
            "'s Muon without LayerWise fails on expert params (get_megatron_muon_optimizer's "
@@ -68,6 +79,10 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version) 
   o.p_values.clear();
   o.faults = {};
   if (o.optimizer != gradnorm::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
+  if (uneven_without_middle_chunks(c)) {
+    // The last stage keeps its layers, now as "the rest" (a multiple of vpp, as it was).
+    m.last_stage_layers.reset();
+  }
   if (o.optimizer == gradnorm::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     o.optimizer = gradnorm::OptimizerModel::layerwise;
   // A stated gradient for a param or class only the removed features had (an MTP layer's, an

@@ -202,6 +202,18 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   EXPECT_NE(megatron_core_unsupported(c, "0.16.1").value_or("").find("list.remove"), std::string::npos);
   EXPECT_EQ(within_megatron_core(c, "0.16.1").path.optimizer, gradnorm::OptimizerModel::layerwise);
   c = founding_case();
+  c.topology = {.world = 2, .pp = 2, .vpp = 2};
+  c.model = {};
+  c.model.num_layers = 4;
+  c.model.first_stage_layers = 2;
+  c.model.last_stage_layers = 2;
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_NE(megatron_core_unsupported(c, "0.19.2").value_or("").find("ZeroDivisionError"), std::string::npos);
+  const casefile::Case within = within_megatron_core(c, "0.19.2");
+  EXPECT_FALSE(casefile::check_case(within));
+  EXPECT_FALSE(megatron_core_unsupported(within, "0.19.2"));
+  EXPECT_EQ(topologies::layers_of(within.model, 2, 2, 1, 1).count, 1) << "the last stage keeps its layers";
+  c = founding_case();
   c.path.p_values = {3.0};
   EXPECT_NE(megatron_core_unsupported(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
 }
