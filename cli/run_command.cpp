@@ -378,7 +378,11 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                        " where the framework is installed, or judge its saved manifests with "
                        "`tally replay " + o.case_file + "`");
     if (pool) {
-      // The worker's release decides what it builds: a case outside it is refused before it runs.
+      // What no release builds is refused before a worker starts; the worker's release then
+      // decides the rest.
+      if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
+      if (std::optional<std::string> why = run::megatron_core_unsupported(c, ""))
+        throw UsageError("--target " + o.target.target + " cannot run this case: " + *why);
       std::string version;
       try {
         version = pool->hello(c.topology.world).version;

@@ -313,6 +313,14 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
        "bad.json: case.expect.statistics[0]: \"p3\" is not a p-norm of this case (statistics.p_norms)"},
       {with_section(R"("expect": {"outcome": "fail", "miscounted": ["decoder.layers.9.bias"]})"),
        "bad.json: case.expect.miscounted[0]: \"decoder.layers.9.bias\" is not a param of the model (tally layout lists them)"},
+      {with_section(R"("target": {"framework": "deepspeed", "version": "0.19.8"})"),
+       "bad.json: case.target.framework: expected a framework tally has a worker for (megatron-core), got \"deepspeed\""},
+      {with_section(R"("target": {"framework": "megatron-core"})"),
+       "bad.json: case.target: missing key 'version' for the target"},
+      {with_section(R"("target": {"framework": "megatron-core", "version": ""})"),
+       "bad.json: case.target.version: expected the framework's version, got an empty string"},
+      {R"({"tally_case": 1, "topology": {"world": 1}, "model": {}, "faults": ["average-rank-norms"], "target": {"framework": "megatron-core", "version": "0.19.2"}})",
+       "bad.json: a case on a real target (megatron-core) runs the framework's own code: faults switch rules of tally's model only (got average-rank-norms)"},
       {with_section(R"("tool": {"version": 1})"), "bad.json: case.tool.version: expected a string, got 1"},
       {with_section(R"("description": "two\nlines")"),
        "bad.json: case.description: expected one line of text without control characters"},
@@ -323,6 +331,22 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
        "bad.json: key 'topology' appears twice in one object"},
   };
   for (const Example& e : examples) EXPECT_EQ(error_of(e.text), e.message) << e.text;
+}
+
+TEST(CaseFile, ARealTargetsCaseRoundTripsWithItsSavedManifests) {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  c.target = casefile::RealTarget{"megatron-core", "0.19.2", "found.manifests"};
+  const std::string text = casefile::case_to_json(c).dump(2);
+  EXPECT_NE(text.find(R"("target": {
+    "framework": "megatron-core",
+    "version": "0.19.2",
+    "manifests": "found.manifests"
+  },
+  "expect")"), std::string::npos) << "after the faults, before the expectation: " << text;
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+  c.target->manifests.clear();
+  EXPECT_EQ(casefile::case_to_json(c)["target"].size(), 2u) << "no saved manifests: no key";
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
 }
 
 TEST(CaseFile, InvalidJsonIsOneLine) {
