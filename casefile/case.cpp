@@ -27,10 +27,6 @@ std::optional<std::string> check_case(const Case& c) {
   if (!std::isfinite(o.max_norm) || o.max_norm < 0.0)
     return "max_norm must be finite and >= 0 (0: no clipping)";
   if (o.bucket_elements < 0) return "bucket_elements must be >= 0 (0: one bucket per buffer)";
-  if (c.target && !o.faults.empty())
-    return "a case on a real target (" + c.target->framework +
-           ") runs the framework's own code: faults switch rules of tally's model only (got " +
-           gradnorm::fault_list(o.faults) + ")";
   if (gradnorm::states_gradients(o.gradients, c.model)) return gradnorm::check_stated(o.gradients, topologies::LogicalModel(c.model, c.topology));
   return std::nullopt;
 }

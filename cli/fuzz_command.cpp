@@ -200,25 +200,27 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
   std::string target_text = "backend " + std::string(context.backend.name());
   if (pool) {
-    if (!asked.empty())
-      throw UsageError("--faults " + o.faults + ": faults switch rules of tally's model; --target " +
-                       o.target.target + " runs the framework's own code (leave --faults out)");
-    std::string version;
+    run::WorkerHello hello;
     try {
-      version = pool->hello(o.world).version;
+      hello = pool->hello(o.world);
     } catch (const std::exception& error) {
       context.err << "tally: error: " << error.what() << '\n';
       context.exit_code = kExitInfra;
       return;
     }
+    const std::string version = hello.version;
+    gradnorm::FaultSet asked_set;
+    for (gradnorm::Fault f : asked) asked_set = asked_set.with(f);
+    if (std::string why = run::unplantable(asked_set, hello.plants); !why.empty())
+      throw UsageError("--faults: the " + o.target.target + " " + version + " worker plants no counterpart of " + why);
     target_text = "target " + o.target.target + " " + version + " (world " + std::to_string(o.world) + ")";
     campaign.generator.topology.exact_world = o.world;
     campaign.generator.topology.max_world = o.world;
     // The corners where Megatron's own layout may miscount are what a real campaign is for.
     campaign.generator.topology.avoid_megatron_corners = false;
     campaign.generator.gpt_only = true;
-    campaign.generator.restrict_to = [version](casefile::Case c) {
-      return run::within_megatron_core(std::move(c), version);
+    campaign.generator.restrict_to = [version, plants = hello.plants](casefile::Case c) {
+      return run::within_megatron_core(std::move(c), version, plants);
     };
     run::WorkerPool& workers = *pool;
     run = [&workers](const casefile::Case& c) {

@@ -12,11 +12,13 @@
 #include "cli/fault_flags.h"
 #include "cli/number_flags.h"
 #include "cli/path_flags.h"
+#include "cli/target_flags.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
 #include "gradnorm/faults.h"
+#include "run/megatron_core_target.h"
 
 namespace tally::cli {
 
@@ -29,11 +31,14 @@ struct MutantsOptions {
   std::string faults = "all";
   std::string corpus;
   int shrink_runs = 1000;
+  std::string shrink_time = "60s";
   bool json = false;
+  TargetOptions target;
+  int world = 2;  // --target: every case's world
 };
 
 void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
-  const fuzz::CaseRunner run = runner_for(context);
+  fuzz::CaseRunner run = runner_for(context);
   if (o.budget < 1) throw UsageError("--budget must be at least 1 (got " + std::to_string(o.budget) + ")");
   if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
     throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
@@ -45,16 +50,56 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   m.exact_world = context.backend.world();
   m.shrink.max_runs = o.shrink_runs;
   m.corpus_dir = o.corpus;
+  m.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
   m.faults = parse_fault_list({o.faults}, "--faults");
   if (m.faults.empty()) throw UsageError("--faults none: tally mutants needs faults (all, or names)");
+
+  // A real target: the faults are planted in the framework by its worker, where it can.
+  std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
+  std::string target_text = "backend " + std::string(context.backend.name());
+  if (pool) {
+    run::WorkerHello hello;
+    try {
+      hello = pool->hello(o.world);
+    } catch (const std::exception& error) {
+      context.err << "tally: error: " << error.what() << '\n';
+      context.exit_code = kExitInfra;
+      return;
+    }
+    target_text = "target " + o.target.target + " " + hello.version + " (world " + std::to_string(o.world) + ")";
+    m.exact_world = o.world;
+    m.max_world = o.world;
+    m.gpt_only = true;
+    m.avoid_megatron_corners = false;
+    m.attribute_to_fault = true;
+    m.restrict_to = [version = hello.version, plants = hello.plants](casefile::Case c) {
+      return run::within_megatron_core(std::move(c), version, plants);
+    };
+    m.not_plantable = [plants = hello.plants](gradnorm::Fault f) {
+      const std::string name(gradnorm::fault_info(f).name);
+      if (plants.planted.contains(name)) return std::string();
+      auto why = plants.not_planted.find(name);
+      return why != plants.not_planted.end() ? why->second : std::string("the worker names none");
+    };
+    run::WorkerPool& workers = *pool;
+    run = [&workers](const casefile::Case& c) {
+      TargetRun r = run_on_target(workers, c);
+      if (!r.unsupported) return r.run.verdict;
+      oracle::Verdict refused;
+      refused.kind = oracle::Verdict::Kind::infra_error;
+      refused.infra_call = "megatron-core target";
+      refused.infra_message = *r.unsupported;
+      return refused;
+    };
+    m.target_of = [&workers](const casefile::Case& c, const std::string& path) { return target_of(workers, c, path); };
+  }
 
   std::ostream& out = context.out;
   char row[512];
   const char* format = "%-36s %-6s %6s  %-44s %s\n";
   if (!o.json) {
-    out << "tally mutants: seed " << o.seed << ", budget " << o.budget
-        << " cases per fault, max world " << o.max_world << ", backend "
-        << context.backend.name() << "\n";
+    out << "tally mutants: seed " << o.seed << ", budget " << o.budget << " cases per fault, "
+        << (pool ? target_text : "max world " + std::to_string(o.max_world) + ", " + target_text) << "\n";
     std::snprintf(row, sizeof row, format, "fault", "found", "cases", "shrunk world", "shrunk model");
     out << row << std::flush;
   }
@@ -96,6 +141,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
     j["seed"] = o.seed;
     j["budget"] = o.budget;
     j["max_world"] = o.max_world;
+    j["target"] = o.target.target;
     j["faults"] = nlohmann::ordered_json::array();
     for (const fuzz::MutantResult& r : results) {
       nlohmann::ordered_json f;
@@ -162,8 +208,17 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")
       ->check(whole_number(0, kIntMax))
       ->capture_default_str();
+  command->add_option("--shrink-time", options->shrink_time, "Time spent shrinking one finding")
+      ->check(duration())
+      ->capture_default_str();
   command->add_flag("--json", options->json, "Machine-readable table");
   add_backend_flags(*command);
+  add_target_flags(*command, options->target);
+  command->add_option("--world", options->world,
+                      "--target: the world of every case (the worker's ranks); --max-world is for "
+                      "the model target")
+      ->check(whole_number(1, 1 << 16))
+      ->capture_default_str();
   command->callback([options, &context] { run_mutants_command(*options, context); });
 }
 

@@ -381,7 +381,9 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       // What no release builds is refused before a worker starts; the worker's release then
       // decides the rest.
       if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
-      if (std::optional<std::string> why = run::megatron_core_unsupported(c, ""))
+      casefile::Case without_faults = c;  // which faults the worker plants, it says once it is up
+      without_faults.path.faults = {};
+      if (std::optional<std::string> why = run::megatron_core_unsupported(without_faults, ""))
         throw UsageError("--target " + o.target.target + " cannot run this case: " + *why);
       std::string version;
       try {
@@ -392,7 +394,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
         return;
       }
       if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
-      if (std::optional<std::string> why = run::megatron_core_unsupported(c, version))
+      if (std::optional<std::string> why =
+              run::megatron_core_unsupported(c, version, pool->hello(c.topology.world).plants))
         throw UsageError("--target " + o.target.target + " " + version + " cannot run this case: " + *why);
       c.target = target_of(*pool, c, "");
     }

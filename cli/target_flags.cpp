@@ -68,7 +68,7 @@ std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const
 TargetRun run_on_target(run::WorkerPool& pool, const casefile::Case& c) {
   TargetRun out;
   const run::WorkerHello& hello = pool.hello(c.topology.world);
-  out.unsupported = run::megatron_core_unsupported(c, hello.version);
+  out.unsupported = run::megatron_core_unsupported(c, hello.version, hello.plants);
   if (!out.unsupported) out.run = pool.execute(c);
   return out;
 }

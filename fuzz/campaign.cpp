@@ -144,12 +144,23 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
   std::vector<gradnorm::Fault> faults = options.faults;
   if (faults.empty())
     for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) faults.push_back(info.fault);
+  const CaseRunner attributed = [&run](const casefile::Case& c) {
+    const oracle::Verdict verdict = run(c);
+    if (verdict.kind == oracle::Verdict::Kind::pass || c.path.faults.empty()) return verdict;
+    casefile::Case without = c;
+    without.path.faults = {};
+    return run(without).kind == oracle::Verdict::Kind::pass ? verdict : oracle::Verdict{};
+  };
+  const CaseRunner& runner = options.attribute_to_fault ? attributed : run;
   std::vector<MutantResult> results;
   for (gradnorm::Fault fault : faults) {
     if (stop && stop->load()) break;
     MutantResult r;
     r.fault = fault;
-    if (fault == gradnorm::Fault::empty_rank_skips_collective && options.exact_world > 0) {
+    const std::string not_plantable = options.not_plantable ? options.not_plantable(fault) : std::string();
+    if (!not_plantable.empty()) {
+      r.not_applicable = "the target plants no counterpart: " + not_plantable;
+    } else if (fault == gradnorm::Fault::empty_rank_skips_collective && options.exact_world > 0) {
       // On sim a hang is a verdict; on mpi and nccl the watchdog ends the whole job (exit 3).
       r.not_applicable = "on a process-per-rank backend the hang it causes ends the job (exit 3): "
                          "run it on sim, or see the hang tests";
@@ -160,11 +171,15 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
       campaign.generator.topology.max_world = options.max_world;
       campaign.generator.topology.exact_world = options.exact_world;
       campaign.generator.faults = {fault};
+      campaign.generator.gpt_only = options.gpt_only;
+      campaign.generator.topology.avoid_megatron_corners = options.avoid_megatron_corners;
+      campaign.generator.restrict_to = options.restrict_to;
+      campaign.target_of = options.target_of;
       campaign.corpus_dir = options.corpus_dir;
       campaign.shrink = options.shrink;
       campaign.max_failures = 1;
       CampaignObserver quiet;
-      const CampaignResult found = run_campaign(campaign, run, quiet, stop);
+      const CampaignResult found = run_campaign(campaign, runner, quiet, stop);
       r.cases = found.cases;
       r.seconds = found.seconds;
       if (!found.failures.empty()) {

@@ -94,6 +94,17 @@ struct MutantOptions {
   ShrinkLimits shrink;
   std::vector<gradnorm::Fault> faults;  // empty: the whole catalog
   std::string corpus_dir;               // empty: failures are not written
+  // A real target (run/framework_worker.h): its limits on generated cases, why it cannot plant a
+  // fault ("" when it can), and the `target` of each case file written. Empty: the model target.
+  bool gpt_only = false;
+  bool avoid_megatron_corners = true;
+  std::function<casefile::Case(casefile::Case)> restrict_to;
+  std::function<std::string(gradnorm::Fault)> not_plantable;
+  // A failure counts for the fault only if the case passes without it: a real framework may
+  // miscount on its own (a finding of `tally fuzz`, not of the planted fault). Each failing case,
+  // and each failing shrink, is then run once more with no fault.
+  bool attribute_to_fault = false;
+  std::function<casefile::RealTarget(const casefile::Case& c, const std::string& path)> target_of;
 };
 
 struct MutantResult {

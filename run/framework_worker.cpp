@@ -253,6 +253,10 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
     w.hello.version = j.at("version").get<std::string>();
     w.hello.producer = j.value("producer", std::string());
     w.hello.world = j.at("world").get<int>();
+    w.hello.plants = {};
+    if (j.contains("plants")) w.hello.plants.planted = j.at("plants").get<std::map<std::string, std::string>>();
+    if (j.contains("cannot_plant"))
+      w.hello.plants.not_planted = j.at("cannot_plant").get<std::map<std::string, std::string>>();
   } catch (const std::exception& e) {
     stop(w);
     throw std::runtime_error("the world-" + std::to_string(world) + " worker's " + hello.string() +

@@ -13,6 +13,8 @@
 //   worker -> tally   hello.json               framework, version, world, once it is up
 //                     case-<K>/                the manifests of case K (docs/manifest.md)
 //                     case-<K>.result.json     {"status": "ok" | "error", "message": ...}, last
+// A case's faults are planted in the framework at run time by the worker, for that case only
+// (hello.json lists those it can plant).
 //
 // Every file is written to a temporary name and renamed, so neither side reads a partial one.
 // The worker is told tally's process id and exits when tally is gone.
@@ -46,12 +48,20 @@ struct WorkerOptions {
   std::ostream* progress = nullptr;  // one line per worker started or lost
 };
 
+// The catalog faults a worker can plant in its framework at run time (the real mutation score),
+// each with how; and the others with why not.
+struct FaultPlants {
+  std::map<std::string, std::string> planted;      // fault name -> what the worker replaces
+  std::map<std::string, std::string> not_planted;  // fault name -> why it has no counterpart
+};
+
 // What a worker says once it is up.
 struct WorkerHello {
   std::string framework;  // "megatron-core"
   std::string version;    // "0.19.2"
   std::string producer;   // the manifests' producer line
   int world = 0;
+  FaultPlants plants;
 };
 
 // One case executed by a worker and judged.

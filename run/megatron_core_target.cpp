@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "gradnorm/faults.h"
 #include "topologies/logical_model.h"
 #include "topologies/parallel_config.h"
 
@@ -32,7 +33,21 @@ bool uneven_without_middle_chunks(const casefile::Case& c) {
 
 }  // namespace
 
-std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version) {
+std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants) {
+  std::string out;
+  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
+    if (!faults.has(info.fault)) continue;
+    const std::string name(info.name);
+    if (plants.planted.contains(name)) continue;
+    auto why = plants.not_planted.find(name);
+    out += (out.empty() ? "" : "; ") + name + " (" +
+           (why != plants.not_planted.end() ? why->second : std::string("the worker names no counterpart")) + ")";
+  }
+  return out;
+}
+
+std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
+                                                     const FaultPlants& plants) {
   const topologies::ModelSpec& m = c.model;
   const gradnorm::PathOptions& o = c.path;
   const std::string release = "megatron-core " + std::string(version);
@@ -49,9 +64,8 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
     return "topology.gtp/egtp: generalized TP needs Transformer Engine >= 2.19, which the worker does not use";
   if (!o.p_values.empty())
     return "statistics.p_norms: Megatron reports the L2 norm and the zero count only";
-  if (!o.faults.empty())
-    return "faults " + gradnorm::fault_list(o.faults) +
-           ": faults switch rules of tally's model; the real target runs Megatron's own code";
+  if (std::string why = unplantable(o.faults, plants); !why.empty())
+    return "faults: the worker plants no counterpart of " + why;
   if (c.topology.dist_opt_instances > 1 && o.optimizer != gradnorm::OptimizerModel::distributed)
     return "topology.dist_opt_instances " + std::to_string(c.topology.dist_opt_instances) +
            ": several instances belong to the distributed optimizer (optimizer.model distributed)";
@@ -67,7 +81,7 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   return std::nullopt;
 }
 
-casefile::Case within_megatron_core(casefile::Case c, std::string_view version) {
+casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants) {
   topologies::ModelSpec& m = c.model;
   gradnorm::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
@@ -77,7 +91,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version) 
   c.topology.gtp = 1;
   c.topology.egtp = 1;
   o.p_values.clear();
-  o.faults = {};
+  if (!unplantable(o.faults, plants).empty()) o.faults = {};
   if (o.optimizer != gradnorm::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
   if (uneven_without_middle_chunks(c)) {
     // The last stage keeps its layers, now as "the rest" (a multiple of vpp, as it was).

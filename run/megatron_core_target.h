@@ -10,17 +10,23 @@
 #include <string_view>
 
 #include "casefile/case.h"
+#include "run/framework_worker.h"
 
 namespace tally::run {
 
-// Why the megatron-core worker at `version` ("0.16.1", "0.19.2", ...) cannot execute `c`, as
-// one line naming the field and the rule; nullopt when it can.
-std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version);
+// Why the megatron-core worker at `version` ("0.16.1", "0.19.2", ...; "" for the rules of every
+// release) cannot execute `c`, as one line naming the field and the rule; nullopt when it can.
+// Faults must be among those the worker plants (`plants`, from its hello).
+std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
+                                                     const FaultPlants& plants = {});
 
 // `c` with every unsupported choice switched to its simplest supported one (no MTP, no attention
-// sinks, no GTP, no p-norms or faults, ...), for generated cases. A GPT model stays a GPT model
-// of the same shape; a custom layout has no Megatron counterpart and is returned as it is.
-casefile::Case within_megatron_core(casefile::Case c, std::string_view version);
+// sinks, no GTP, no p-norms, only plantable faults, ...), for generated cases. A GPT model stays a
+// GPT model of the same shape; a custom layout has no Megatron counterpart and is returned as it is.
+casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants = {});
+
+// "name: why" for each of `faults` the worker cannot plant, joined by "; " ("" when it plants all).
+std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants);
 
 // Whether `version` is older than major.minor (an unparsable version counts as the newest).
 bool megatron_core_older_than(std::string_view version, int major, int minor);

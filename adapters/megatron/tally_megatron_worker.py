@@ -117,6 +117,149 @@ def tally_name(adapter_logical_name):
     return _ADAPTER_EXPERT.sub(r".experts.local_experts.\1.", adapter_logical_name)
 
 
+# --- planted faults (the real mutation score) ---------------------------------------------------------
+#
+# A catalog fault (`tally run --list-faults`) with a counterpart in Megatron is planted for one case
+# by replacing, in every loaded megatron module that imported it, the function that decides the
+# rule; the original is put back after the case. Megatron's files are never touched. The adapter
+# reads the same functions when it records what was kept, so the manifests show the planted rule.
+
+
+def _original(module_name, attr):
+    import importlib
+
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _plant_no_dedup_filter(orig):
+    return lambda param, *args, **kwargs: True
+
+
+def _plant_expert_dedup_on_dense_tp(orig):
+    # Megatron-LM #6099: no TP groups reach the filter, which falls back to the dense TP rank.
+    return lambda param, *args, **kwargs: orig(param)
+
+
+def _plant_tied_copy_not_shared(orig):
+    return lambda param: True
+
+
+def _reducing_all_reduce(orig, how):
+    import torch.distributed as dist
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if how == "world":
+            group = None
+        work = orig(tensor, op=op, group=group, async_op=async_op)
+        if how == "average" and op == dist.ReduceOp.SUM:
+            tensor.div_(dist.get_world_size(group))
+        return work
+
+    return all_reduce
+
+
+def _plant_reduction(orig, how):
+    """get_grad_norm_fp32 whose all-reduces average the group's sums (`average`) or run over the
+    whole world instead of the stats group (`world`)."""
+    import torch.distributed as dist
+
+    def get_grad_norm_fp32(*args, **kwargs):
+        saved = dist.all_reduce
+        dist.all_reduce = _reducing_all_reduce(saved, how)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            dist.all_reduce = saved
+
+    return get_grad_norm_fp32
+
+
+# fault -> (the function it replaces, in megatron.core.tensor_parallel / optimizer modules; how)
+PLANTS = {
+    "no-dedup-filter": (
+        ("megatron.core.tensor_parallel.layers", "param_is_not_tensor_parallel_duplicate"),
+        _plant_no_dedup_filter,
+        "param_is_not_tensor_parallel_duplicate keeps every param",
+    ),
+    "expert-dedup-on-dense-tp": (
+        ("megatron.core.tensor_parallel.layers", "param_is_not_tensor_parallel_duplicate"),
+        _plant_expert_dedup_on_dense_tp,
+        "param_is_not_tensor_parallel_duplicate called without its TP groups (Megatron-LM #6099)",
+    ),
+    "tied-copy-not-shared": (
+        ("megatron.core.transformer.module", "param_is_not_shared"),
+        _plant_tied_copy_not_shared,
+        "param_is_not_shared keeps the last stage's tied copy",
+    ),
+    "average-rank-norms": (
+        ("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32"),
+        lambda orig: _plant_reduction(orig, "average"),
+        "get_grad_norm_fp32 averages the stats group's sums of squares instead of adding them",
+    ),
+    "stats-over-replicas": (
+        ("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32"),
+        lambda orig: _plant_reduction(orig, "world"),
+        "get_grad_norm_fp32 reduces over the whole world instead of the child's stats group",
+    ),
+}
+
+# Catalog faults without a counterpart planted here, and why.
+NOT_PLANTED = {
+    "allreduce-flag-lost-on-main-params": "megatron-core 0.16 and later copy allreduce to main params "
+    "in several places (no one function to replace)",
+    "expert-weights-not-tp-marked": "an attribute of the params: the adapter derives each param's box from "
+    "the same attributes, so the manifests would describe another model",
+    "expert-label-from-ep-only": "decided while the layers are built (the allreduce attribute): as "
+    "expert-weights-not-tp-marked",
+    "expert-label-ignores-gtp": "needs generalized TP, which needs Transformer Engine",
+    "muon-expert-stats-without-egtp": "needs generalized TP, which needs Transformer Engine",
+    "expert-stats-over-dense-mp": "the param grouping of get_megatron_muon_optimizer, not one function",
+    "clip-per-child-norm": "clipping: the manifests record no clip coefficient yet",
+    "clip-per-stage-norm": "clipping: the manifests record no clip coefficient yet",
+    "clip-per-ep-group-norm": "clipping: the manifests record no clip coefficient yet",
+    "tp-sharded-param-unmarked": "attention sinks need Transformer Engine",
+    "replicated-marked-tp": "an attribute of the params: the adapter derives each param's box from it",
+    "expert-norm-dropped": "the chained optimizer's combination of children, not one function",
+    "missing-ep-reduction": "the stats group is the child's (one ProcessGroup): no EP part to drop alone",
+    "missing-pp-reduction": "the stats group is the child's (one ProcessGroup): no PP part to drop alone",
+    "zero-count-in-float32": "needs a tensor of 2^24 elements, beyond the worker's small models",
+    "empty-rank-skips-collective": "a hang: the worker would be stopped, not judged",
+    "inf-norm-combined-by-l2": "the worker reports the L2 norm only",
+    "distopt-padding-counted": "the DistributedOptimizer's buffer layout, not one function",
+    "distopt-overlapping-shards": "the DistributedOptimizer's buffer layout, not one function",
+    "average-local-norms-over-dp": "two reductions of one rank's norm: not one function",
+}
+
+
+class Planted:
+    """Plants `faults` in every loaded megatron module for the duration of a `with` block."""
+
+    def __init__(self, faults):
+        unknown = [f for f in faults if f not in PLANTS]
+        if unknown:
+            reasons = "; ".join(f"{f}: {NOT_PLANTED.get(f, 'not a fault this worker knows')}" for f in unknown)
+            raise ValueError(f"cannot plant {reasons}")
+        self.faults = list(faults)
+        self.undo = []
+
+    def __enter__(self):
+        for fault in self.faults:
+            (module_name, attr), make, _ = PLANTS[fault]
+            orig = _original(module_name, attr)
+            replacement = make(orig)
+            for name, module in list(sys.modules.items()):
+                if module is not None and name.startswith("megatron.") and getattr(module, attr, None) is orig:
+                    setattr(module, attr, replacement)
+                    self.undo.append((module, attr, orig))
+        return self
+
+    def __exit__(self, *exc):
+        for module, attr, orig in reversed(self.undo):
+            setattr(module, attr, orig)
+        self.undo.clear()
+        return False
+
+
 # --- building the case ----------------------------------------------------------------------------
 
 
@@ -352,10 +495,10 @@ def execute(queue, k, case):
     import torch.distributed as dist
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    if case.get("faults"):
-        return "error", f"faults {case['faults']}: the megatron-core worker plants none"
     chunks = optimizer = None
+    planted = Planted(case.get("faults", []))
     try:
+        planted.__enter__()
         initialize_parallel_state(case["topology"])
         model_parallel_cuda_manual_seed(1234)
         config = transformer_config(case)
@@ -384,6 +527,7 @@ def execute(queue, k, case):
         )
         return "ok", ""
     finally:
+        planted.__exit__(None, None, None)
         del optimizer, chunks
         gc.collect()
         torch.cuda.empty_cache()
@@ -429,6 +573,8 @@ def main(argv=None):
                     "producer": f"tally_megatron_worker {WORKER_VERSION} / megatron-core {version}",
                     "backend": backend,
                     "devices": devices,
+                    "plants": {fault: why for fault, (_, _, why) in PLANTS.items()},
+                    "cannot_plant": NOT_PLANTED,
                 }
             )
             + "\n",

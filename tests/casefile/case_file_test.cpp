@@ -319,8 +319,6 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
        "bad.json: case.target: missing key 'version' for the target"},
       {with_section(R"("target": {"framework": "megatron-core", "version": ""})"),
        "bad.json: case.target.version: expected the framework's version, got an empty string"},
-      {R"({"tally_case": 1, "topology": {"world": 1}, "model": {}, "faults": ["average-rank-norms"], "target": {"framework": "megatron-core", "version": "0.19.2"}})",
-       "bad.json: a case on a real target (megatron-core) runs the framework's own code: faults switch rules of tally's model only (got average-rank-norms)"},
       {with_section(R"("tool": {"version": 1})"), "bad.json: case.tool.version: expected a string, got 1"},
       {with_section(R"("description": "two\nlines")"),
        "bad.json: case.description: expected one line of text without control characters"},

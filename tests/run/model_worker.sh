@@ -32,8 +32,12 @@ fi
 atomically() {  # atomically FILE TEXT
   printf '%s\n' "$2" >"$1.tmp" && mv "$1.tmp" "$1"
 }
+# It "plants" a case's faults by running tally's model with them; two it declines, as a real
+# worker declines faults without a counterpart.
 atomically "$queue/hello.json" \
-  "{\"framework\": \"megatron-core\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-0.19.2}\", \"world\": $world, \"producer\": \"tally model_worker.sh\"}"
+  "{\"framework\": \"megatron-core\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-0.19.2}\", \"world\": $world, \"producer\": \"tally model_worker.sh\",
+    \"plants\": {\"average-rank-norms\": \"tally's model\", \"missing-pp-reduction\": \"tally's model\", \"no-dedup-filter\": \"tally's model\"},
+    \"cannot_plant\": {\"zero-count-in-float32\": \"too big for the stand-in\"}}"
 echo "model_worker.sh: world $world up"
 
 k=1
