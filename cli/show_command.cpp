@@ -50,6 +50,8 @@ void add_show_command(CLI::App& app, CommandContext& context) {
       throw UsageError(error.what());
     }
     const MegatronArgs megatron = megatron_args(c);
+    // A real target's case re-executes on its framework.
+    const std::string rerun_flags = c.target ? " --target " + c.target->framework : std::string();
     if (options->json) {
       nlohmann::ordered_json j;
       j["file"] = options->case_file;
@@ -57,18 +59,22 @@ void add_show_command(CLI::App& app, CommandContext& context) {
       j["summary"] = case_summary(c);
       j["megatron_args"] = megatron.args;
       j["megatron_notes"] = megatron.notes;
-      j["replay"] = "tally run " + shell_quote(options->case_file);
+      j["replay"] = "tally run " + shell_quote(options->case_file) + rerun_flags;
       context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
                   << '\n';
     } else {
       std::ostream& out = context.out;
       out << "case file " << options->case_file << '\n';
       if (!c.description.empty()) out << c.description << '\n';
-      out << case_summary(c) << '\n' << expectation_line(c.expect) << "\n\n";
+      out << case_summary(c) << '\n' << expectation_line(c.expect) << '\n';
+      if (c.target)
+        out << "target: " << c.target->framework << " " << c.target->version
+            << (c.target->manifests.empty() ? std::string() : ", the run's manifests in " + c.target->manifests) << '\n';
+      out << '\n';
       out << "Megatron-LM flags:\n" << megatron_command_text(megatron);
       out << "\nnotes:\n";
       for (const std::string& note : megatron.notes) out << "  " << note << '\n';
-      out << "\nreplay: tally run " << shell_quote(options->case_file) << '\n';
+      out << "\nreplay: tally run " << shell_quote(options->case_file) << rerun_flags << '\n';
     }
     context.exit_code = kExitPass;
   });
