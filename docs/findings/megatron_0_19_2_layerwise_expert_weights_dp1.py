@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Standalone reproducer: megatron-core 0.19.2's layer-wise Muon optimizer counts expert weights
+once per dense tensor-parallel rank when data parallelism is 1 and ETP < TP
+(docs/findings/megatron-core-0.19.2-layerwise-expert-weights-dp1.md).
+
+Needs only torch and megatron-core (plus emerging_optimizers for Muon). World 2, either on 2 GPUs
+or on one GPU with --backend gloo:
+
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        megatron_0_19_2_layerwise_expert_weights_dp1.py [--optimizer muon-layerwise|muon|adam] [--backend gloo]
+
+TP 2, EP 1, ETP 1 (so DP 1 and expert DP 2): each TP rank holds both experts whole. One MoE layer
+of 2 experts, no linear biases, hidden 8, expert FFN 16. Every gradient is 0 except the expert
+weights, which are 1: 2 experts x (16x8 + 8x16) elements, so the norm must be sqrt(512). Prints
+the norm the optimizer reports and exits 1 when it is not that (within 1e-5 relative).
+"""
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+EXPERTS, HIDDEN, FFN = 2, 8, 16
+
+
+def build_model():
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.module import Float16Module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=2, expert_model_parallel_size=1, expert_tensor_parallel_size=1
+    )
+    model_parallel_cuda_manual_seed(1234)
+    config = TransformerConfig(
+        num_layers=1, hidden_size=HIDDEN, num_attention_heads=2, ffn_hidden_size=FFN,
+        num_moe_experts=EXPERTS, moe_ffn_hidden_size=FFN, moe_router_topk=2,
+        moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, add_bias_linear=False,
+        bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+        tensor_model_parallel_size=2, expert_model_parallel_size=1, expert_tensor_parallel_size=1,
+        sequence_parallel=False, bias_dropout_fusion=False, gradient_accumulation_fusion=False,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False),
+        vocab_size=32, max_sequence_length=8,
+    )
+    model.cuda(torch.cuda.current_device())
+    model = Float16Module(config, model)
+    ddp = DistributedDataParallelConfig(use_distributed_optimizer=False, overlap_grad_reduce=False)
+    return DistributedDataParallel(config=config, ddp_config=ddp, module=model)
+
+
+def build_optimizer(kind, model):
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = OptimizerConfig(optimizer="adam", lr=0.0, weight_decay=0.0, bf16=True,
+                             log_num_zeros_in_grad=True, clip_grad=0.0, muon_tp_mode="duplicated")
+    if kind != "adam":
+        config.optimizer = "muon"
+        config.use_layer_wise_distributed_optimizer = kind == "muon-layerwise"
+    return get_megatron_optimizer(config, [model])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--optimizer", choices=["muon-layerwise", "muon", "adam"], default="muon-layerwise")
+    parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                        help="gloo lets both ranks share one GPU")
+    args = parser.parse_args()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    dist.init_process_group(args.backend)
+    model = build_model()
+    optimizer = build_optimizer(args.optimizer, model)
+    # Gradients: 1 on the routed experts' weights, 0 everywhere else.
+    for name, param in model.named_parameters():
+        value = 1.0 if (".experts." in name and name.endswith(".weight")) else 0.0
+        if getattr(param, "main_grad", None) is None:
+            param.main_grad = torch.zeros(param.shape, dtype=torch.float32, device=param.device)
+        with torch.no_grad():
+            param.main_grad.fill_(value)
+    optimizer.prepare_grads()
+    norm = float(optimizer.get_grad_norm())
+    expected = math.sqrt(EXPERTS * 2 * HIDDEN * FFN)
+    ok = abs(norm - expected) <= 1e-5 * expected
+    print(f"rank {dist.get_rank()}: {type(optimizer).__name__} ({args.optimizer}) reports grad norm "
+          f"{norm!r}; every expert weight counted once gives {expected!r}: "
+          f"{'ok' if ok else 'MISCOUNTED'}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
