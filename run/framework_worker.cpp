@@ -140,6 +140,7 @@ struct WorkerPool::Worker {
   pid_t pid = -1;  // the process group's leader (also its id); -1: not running
   WorkerHello hello;
   std::int64_t next_case = 1;
+  int starts = 0;  // each start has its own queue folder
 };
 
 WorkerPool::WorkerPool(WorkerOptions options) : options_(std::move(options)) {
@@ -170,10 +171,17 @@ WorkerPool::~WorkerPool() {
 void WorkerPool::stop(Worker& w, bool ask) {
   if (w.pid <= 0) return;
   if (ask) std::ofstream(w.queue / "stop") << "stop\n";
-  const Clock::time_point asked = Clock::now();
+  Clock::time_point asked = Clock::now();
   int status = 0;
+  bool terminated = false;
   while (::waitpid(w.pid, &status, WNOHANG) == 0) {
-    if (!ask || seconds_since(asked) > 20) {
+    if (!terminated && (!ask || seconds_since(asked) > 20)) {
+      // torchrun starts each rank in its own session: only the launcher, told to terminate,
+      // reaches them (it forwards the signal), so it gets a chance before the group is killed.
+      ::kill(w.pid, SIGTERM);
+      terminated = true;
+      asked = Clock::now();
+    } else if (terminated && seconds_since(asked) > 10) {
       ::kill(-w.pid, SIGKILL);
       ::waitpid(w.pid, &status, 0);
       break;
@@ -190,7 +198,6 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
   if (!slot) {
     slot = std::make_unique<Worker>();
     slot->world = world;
-    slot->queue = fs::path(root_) / ("world-" + std::to_string(world));
   }
   Worker& w = *slot;
   if (w.pid > 0) {
@@ -199,7 +206,10 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
     ::kill(-w.pid, SIGKILL);  // the leader is gone; its ranks must not linger
     w.pid = -1;
   }
-  // A fresh queue: nothing of a previous worker is read as this one's.
+  // A fresh queue per start: nothing of a previous worker (or a rank it left behind) is read as
+  // this one's, and the kept manifests of earlier failing runs stay where they are.
+  ++w.starts;
+  w.queue = fs::path(root_) / ("world-" + std::to_string(world) + (w.starts > 1 ? "-" + std::to_string(w.starts) : ""));
   std::error_code error;
   fs::remove_all(w.queue, error);
   fs::create_directories(w.queue, error);
@@ -274,7 +284,13 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
   return w;
 }
 
-const WorkerHello& WorkerPool::hello(int world) { return worker(world).hello; }
+const WorkerHello& WorkerPool::hello(int world) {
+  // Once a worker of this world has said hello, its framework and version are known: a worker
+  // that died since is restarted by the next case, not to be asked again.
+  auto it = workers_.find(world);
+  if (it != workers_.end() && it->second->hello.world == world) return it->second->hello;
+  return worker(world).hello;
+}
 
 WorkerRun WorkerPool::execute(const casefile::Case& c) {
   Worker& w = worker(c.topology.world);

@@ -8,7 +8,8 @@ Started by tally, once per world size, under torchrun (one process per rank):
         --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
 
 The ranks stay up across cases. Per case (the files of the queue folder are described in
-docs/real-targets.md): rank 0 reads `case-<K>.json` (a tally case) and shares it; every rank
+docs/real-targets.md): rank 0 waits for `case-<K>.json` (a tally case) and tells the others,
+which read it too; every rank
 rebuilds Megatron's parallel state for the case's topology (`initialize_model_parallel` with its
 TP, PP, VPP, CP, EP, ETP, rank order and distributed-optimizer instances), builds the case's GPT
 model from Megatron's local layer spec (`get_gpt_decoder_block_spec(use_transformer_engine=
@@ -241,12 +242,16 @@ class Planted:
             raise ValueError(f"cannot plant {reasons}")
         self.faults = list(faults)
         self.undo = []
+        self.originals = {}
 
     def __enter__(self):
+        self.originals = {}
         for fault in self.faults:
             (module_name, attr), make, _ = PLANTS[fault]
             orig = _original(module_name, attr)
+            self.originals[(module_name, attr)] = orig
             replacement = make(orig)
+            replacement._tally_planted = True
             for name, module in list(sys.modules.items()):
                 if module is not None and name.startswith("megatron.") and getattr(module, attr, None) is orig:
                     setattr(module, attr, replacement)
@@ -256,6 +261,16 @@ class Planted:
     def __exit__(self, *exc):
         for module, attr, orig in reversed(self.undo):
             setattr(module, attr, orig)
+        # A module imported while the fault was planted took the replacement: restore it too.
+        for fault in self.faults:
+            (module_name, attr), _, _ = PLANTS[fault]
+            orig = self.originals.get((module_name, attr))
+            for name, module in list(sys.modules.items()):
+                if module is None or not name.startswith("megatron."):
+                    continue
+                value = getattr(module, attr, None)
+                if value is not None and value is not orig and getattr(value, "_tally_planted", False):
+                    setattr(module, attr, orig)
         self.undo.clear()
         return False
 
@@ -560,6 +575,12 @@ def main(argv=None):
     if backend == "auto":
         backend = "nccl" if world <= devices else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    # Every module that imports a function a fault replaces is loaded before any fault is planted,
+    # so none keeps a replacement past its case.
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.optimizer.clip_grads  # noqa: F401
     rank = dist.get_rank()
     version = framework_version()
     if rank == 0:
