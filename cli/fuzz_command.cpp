@@ -200,39 +200,19 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
   std::string target_text = "backend " + std::string(context.backend.name());
   if (pool) {
-    run::WorkerHello hello;
-    try {
-      hello = pool->hello(o.world);
-    } catch (const std::exception& error) {
-      context.err << "tally: error: " << error.what() << '\n';
+    const std::optional<run::WorkerHello> hello = first_hello(*pool, o.world, context.err);
+    if (!hello) {
       context.exit_code = kExitInfra;
       return;
     }
-    const std::string version = hello.version;
     gradnorm::FaultSet asked_set;
     for (gradnorm::Fault f : asked) asked_set = asked_set.with(f);
-    if (std::string why = run::unplantable(asked_set, hello.plants); !why.empty())
-      throw UsageError("--faults: the " + o.target.target + " " + version + " worker plants no counterpart of " + why);
-    target_text = "target " + o.target.target + " " + version + " (world " + std::to_string(o.world) + ")";
-    campaign.generator.topology.exact_world = o.world;
-    campaign.generator.topology.max_world = o.world;
-    // The corners where Megatron's own layout may miscount are what a real campaign is for.
-    campaign.generator.topology.avoid_megatron_corners = false;
-    campaign.generator.gpt_only = true;
-    campaign.generator.restrict_to = [version, plants = hello.plants](casefile::Case c) {
-      return run::within_megatron_core(std::move(c), version, plants);
-    };
-    run::WorkerPool& workers = *pool;
-    run = [&workers](const casefile::Case& c) {
-      TargetRun r = run_on_target(workers, c);
-      if (!r.unsupported) return r.run.verdict;
-      oracle::Verdict refused;  // generated cases are within the target's limits; a bug of tally
-      refused.kind = oracle::Verdict::Kind::infra_error;
-      refused.infra_call = "megatron-core target";
-      refused.infra_message = *r.unsupported;
-      return refused;
-    };
-    campaign.target_of = [&workers](const casefile::Case& c, const std::string& path) {
+    if (std::string why = run::unplantable(asked_set, hello->plants); !why.empty())
+      throw UsageError("--faults: the " + o.target.target + " " + hello->version + " worker plants no counterpart of " + why);
+    target_text = "target " + o.target.target + " " + hello->version + " (world " + std::to_string(o.world) + ")";
+    aim_at_target(campaign.generator, *hello);
+    run = target_runner(*pool);
+    campaign.target_of = [&workers = *pool](const casefile::Case& c, const std::string& path) {
       return target_of(workers, c, path);
     };
   }

@@ -46,8 +46,8 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   fuzz::MutantOptions m;
   m.budget = o.budget;
   m.seed = o.seed;
-  m.max_world = o.max_world;
-  m.exact_world = context.backend.world();
+  m.generator.topology.max_world = o.max_world;
+  m.generator.topology.exact_world = context.backend.world();
   m.shrink.max_runs = o.shrink_runs;
   m.corpus_dir = o.corpus;
   m.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
@@ -58,40 +58,19 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
   std::string target_text = "backend " + std::string(context.backend.name());
   if (pool) {
-    run::WorkerHello hello;
-    try {
-      hello = pool->hello(o.world);
-    } catch (const std::exception& error) {
-      context.err << "tally: error: " << error.what() << '\n';
+    const std::optional<run::WorkerHello> hello = first_hello(*pool, o.world, context.err);
+    if (!hello) {
       context.exit_code = kExitInfra;
       return;
     }
-    target_text = "target " + o.target.target + " " + hello.version + " (world " + std::to_string(o.world) + ")";
-    m.exact_world = o.world;
-    m.max_world = o.world;
-    m.gpt_only = true;
-    m.avoid_megatron_corners = false;
+    target_text = "target " + o.target.target + " " + hello->version + " (world " + std::to_string(o.world) + ")";
+    aim_at_target(m.generator, *hello);
     m.attribute_to_fault = true;
-    m.restrict_to = [version = hello.version, plants = hello.plants](casefile::Case c) {
-      return run::within_megatron_core(std::move(c), version, plants);
+    m.not_plantable = [plants = hello->plants](gradnorm::Fault f) {
+      return run::why_not_planted(std::string(gradnorm::fault_info(f).name), plants).value_or("");
     };
-    m.not_plantable = [plants = hello.plants](gradnorm::Fault f) {
-      const std::string name(gradnorm::fault_info(f).name);
-      if (plants.planted.contains(name)) return std::string();
-      auto why = plants.not_planted.find(name);
-      return why != plants.not_planted.end() ? why->second : std::string("the worker names none");
-    };
-    run::WorkerPool& workers = *pool;
-    run = [&workers](const casefile::Case& c) {
-      TargetRun r = run_on_target(workers, c);
-      if (!r.unsupported) return r.run.verdict;
-      oracle::Verdict refused;
-      refused.kind = oracle::Verdict::Kind::infra_error;
-      refused.infra_call = "megatron-core target";
-      refused.infra_message = *r.unsupported;
-      return refused;
-    };
-    m.target_of = [&workers](const casefile::Case& c, const std::string& path) { return target_of(workers, c, path); };
+    run = target_runner(*pool);
+    m.target_of = [&workers = *pool](const casefile::Case& c, const std::string& path) { return target_of(workers, c, path); };
   }
 
   std::ostream& out = context.out;

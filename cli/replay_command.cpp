@@ -123,7 +123,8 @@ oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& 
   if (pool) {
     TargetRun r = run_on_target(*pool, c);
     if (r.unsupported) throw run::NotRunnableHere("the worker cannot build it: " + *r.unsupported);
-    how = "re-executed by " + pool->hello(c.topology.world).framework + " " + pool->hello(c.topology.world).version;
+    const run::WorkerHello& hello = pool->hello(c.topology.world);
+    how = "re-executed by " + hello.framework + " " + hello.version;
     return r.run.verdict;
   }
   if (c.target->manifests.empty())

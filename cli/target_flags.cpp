@@ -73,6 +73,37 @@ TargetRun run_on_target(run::WorkerPool& pool, const casefile::Case& c) {
   return out;
 }
 
+std::optional<run::WorkerHello> first_hello(run::WorkerPool& pool, int world, std::ostream& err) {
+  try {
+    return pool.hello(world);
+  } catch (const std::exception& error) {
+    err << "tally: error: " << error.what() << '\n';
+    return std::nullopt;
+  }
+}
+
+void aim_at_target(fuzz::CaseGenOptions& generator, const run::WorkerHello& hello) {
+  generator.topology.exact_world = hello.world;
+  generator.topology.max_world = hello.world;
+  generator.topology.avoid_megatron_corners = false;
+  generator.gpt_only = true;
+  generator.restrict_to = [version = hello.version, plants = hello.plants](casefile::Case c) {
+    return run::within_megatron_core(std::move(c), version, plants);
+  };
+}
+
+fuzz::CaseRunner target_runner(run::WorkerPool& pool) {
+  return [&pool](const casefile::Case& c) {
+    TargetRun r = run_on_target(pool, c);
+    if (!r.unsupported) return r.run.verdict;
+    oracle::Verdict refused;
+    refused.kind = oracle::Verdict::Kind::infra_error;
+    refused.infra_call = "megatron-core target";
+    refused.infra_message = *r.unsupported;
+    return refused;
+  };
+}
+
 casefile::RealTarget target_of(run::WorkerPool& pool, const casefile::Case& c, const std::string& case_path) {
   const run::WorkerHello& hello = pool.hello(c.topology.world);
   casefile::RealTarget target{hello.framework, hello.version, ""};

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "casefile/case.h"
+#include "fuzz/generators.h"
 #include "fuzz/shrink.h"
 #include "run/framework_worker.h"
 
@@ -42,6 +43,19 @@ struct TargetRun {
   run::WorkerRun run;
 };
 TargetRun run_on_target(run::WorkerPool& pool, const casefile::Case& c);
+
+// The hello of `pool`'s worker for `world`, starting it; nullopt after writing why it could not
+// start to `err` (the command then exits 3).
+std::optional<run::WorkerHello> first_hello(run::WorkerPool& pool, int world, std::ostream& err);
+
+// Points a campaign's generator at the worker that said `hello`: every case of its world, within
+// what its release builds and the faults it plants, Megatron's layout corners included (finding
+// miscounts there is what a real campaign is for).
+void aim_at_target(fuzz::CaseGenOptions& generator, const run::WorkerHello& hello);
+
+// Runs generated cases on `pool`. A case outside the worker's limits is an infra-error: the
+// generator's restriction (aim_at_target) should have kept it out, so it is a bug of tally.
+fuzz::CaseRunner target_runner(run::WorkerPool& pool);
 
 // The case as a real target's case file holds it: the framework and version of `pool`'s worker for
 // the case's world, and the run's manifests copied to `<case file without .json>.manifests/`

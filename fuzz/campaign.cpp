@@ -160,7 +160,7 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
     const std::string not_plantable = options.not_plantable ? options.not_plantable(fault) : std::string();
     if (!not_plantable.empty()) {
       r.not_applicable = "the target plants no counterpart: " + not_plantable;
-    } else if (fault == gradnorm::Fault::empty_rank_skips_collective && options.exact_world > 0) {
+    } else if (fault == gradnorm::Fault::empty_rank_skips_collective && options.generator.topology.exact_world > 0) {
       // On sim a hang is a verdict; on mpi and nccl the watchdog ends the whole job (exit 3).
       r.not_applicable = "on a process-per-rank backend the hang it causes ends the job (exit 3): "
                          "run it on sim, or see the hang tests";
@@ -168,12 +168,8 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
       CampaignOptions campaign;
       campaign.seed = options.seed;
       campaign.max_cases = options.budget;
-      campaign.generator.topology.max_world = options.max_world;
-      campaign.generator.topology.exact_world = options.exact_world;
+      campaign.generator = options.generator;
       campaign.generator.faults = {fault};
-      campaign.generator.gpt_only = options.gpt_only;
-      campaign.generator.topology.avoid_megatron_corners = options.avoid_megatron_corners;
-      campaign.generator.restrict_to = options.restrict_to;
       campaign.target_of = options.target_of;
       campaign.corpus_dir = options.corpus_dir;
       campaign.shrink = options.shrink;

@@ -89,16 +89,14 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
 struct MutantOptions {
   std::int64_t budget = 1000;  // cases per fault
   std::uint64_t seed = 1;
-  int max_world = 64;
-  int exact_world = 0;  // every case of this world (an mpi or nccl job); 0: any
+  // The cases each fault's campaign generates (its `faults` are set per fault). An mpi or nccl
+  // job sets topology.exact_world; a real target also its limits.
+  CaseGenOptions generator;
   ShrinkLimits shrink;
   std::vector<gradnorm::Fault> faults;  // empty: the whole catalog
   std::string corpus_dir;               // empty: failures are not written
-  // A real target (run/framework_worker.h): its limits on generated cases, why it cannot plant a
-  // fault ("" when it can), and the `target` of each case file written. Empty: the model target.
-  bool gpt_only = false;
-  bool avoid_megatron_corners = true;
-  std::function<casefile::Case(casefile::Case)> restrict_to;
+  // A real target (run/framework_worker.h): why it cannot plant a fault ("" when it can), and the
+  // `target` of each case file written. Empty: the model target.
   std::function<std::string(gradnorm::Fault)> not_plantable;
   // A failure counts for the fault only if the case passes without it: a real framework may
   // miscount on its own (a finding of `tally fuzz`, not of the planted fault). Each failing case,

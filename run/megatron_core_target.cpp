@@ -33,15 +33,19 @@ bool uneven_without_middle_chunks(const casefile::Case& c) {
 
 }  // namespace
 
+std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants) {
+  if (plants.planted.contains(name)) return std::nullopt;
+  auto why = plants.not_planted.find(name);
+  return why != plants.not_planted.end() ? why->second : std::string("the worker names no counterpart");
+}
+
 std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants) {
   std::string out;
   for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
     if (!faults.has(info.fault)) continue;
     const std::string name(info.name);
-    if (plants.planted.contains(name)) continue;
-    auto why = plants.not_planted.find(name);
-    out += (out.empty() ? "" : "; ") + name + " (" +
-           (why != plants.not_planted.end() ? why->second : std::string("the worker names no counterpart")) + ")";
+    if (std::optional<std::string> why = why_not_planted(name, plants))
+      out += (out.empty() ? "" : "; ") + name + " (" + *why + ")";
   }
   return out;
 }

@@ -25,6 +25,9 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
 // GPT model of the same shape; a custom layout has no Megatron counterpart and is returned as it is.
 casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants = {});
 
+// Why the worker cannot plant fault `name` (its own reason, where it gives one); nullopt when it can.
+std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants);
+
 // "name: why" for each of `faults` the worker cannot plant, joined by "; " ("" when it plants all).
 std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants);
 
