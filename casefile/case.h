@@ -30,18 +30,30 @@ std::string_view outcome_name(Expectation::Outcome outcome);  // "pass", "fail",
 // its name and the version its worker reported, and the manifests the run that found the case
 // wrote, saved next to the case file, so replay can judge them where the framework is absent.
 struct RealTarget {
-  std::string framework;  // "megatron-core"
+  std::string framework;  // "megatron-core", "deepspeed"
   std::string version;    // "0.19.2"
   std::string manifests;  // folder, relative to the case file's folder; "" when none was saved
   friend bool operator==(const RealTarget&, const RealTarget&) = default;
 };
-inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core"};
+inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepspeed"};
+
+// DeepSpeed's engine configuration, read only by the deepspeed target (adapters/deepspeed). With
+// the gradient dtype (the engine's precision) it picks the code that computes DeepSpeed's norm:
+// ZeRO 0 fp32 clip_grad_norm_, ZeRO 0 bf16/fp16 FP16_UnfusedOptimizer, ZeRO 1 bf16 with fp32
+// accumulation BF16_Optimizer, ZeRO 1/2 DeepSpeedZeroOptimizer (docs/real-targets.md).
+struct DeepSpeedConfig {
+  int zero_stage = 0;            // 0..3
+  bool grad_accum_fp32 = false;  // "data_types": {"grad_accum_dtype": "fp32"}
+  int loss_scale = 128;          // fp16's static loss scale: a power of two, 1..2^16
+  friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
+};
 
 struct Case {
   std::string description;
   topologies::ParallelConfig topology;
   topologies::ModelSpec model;
   gradnorm::PathOptions path;
+  std::optional<DeepSpeedConfig> deepspeed;  // only for the deepspeed target
   std::optional<RealTarget> target;  // absent: tally's model of the path (the model target)
   std::optional<Expectation> expect;
   friend bool operator==(const Case&, const Case&) = default;

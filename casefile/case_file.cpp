@@ -268,7 +268,7 @@ RealTarget read_target(const json& value, const std::string& path) {
           t.framework = read_string(v, p, 64);
           if (std::find(std::begin(kKnownFrameworks), std::end(kKnownFrameworks), t.framework) ==
               std::end(kKnownFrameworks))
-            fail(p, "expected a framework tally has a worker for (megatron-core), got " +
+            fail(p, "expected a framework tally has a worker for (megatron-core, deepspeed), got " +
                         message_quote(t.framework));
         }},
        {"version",
@@ -279,6 +279,23 @@ RealTarget read_target(const json& value, const std::string& path) {
        {"manifests", [&](const json& v, const std::string& p) { t.manifests = read_string(v, p, 4096); }}},
       "the target", {"framework", "version"});
   return t;
+}
+
+DeepSpeedConfig read_deepspeed(const json& value, const std::string& path) {
+  DeepSpeedConfig d;
+  read_object(
+      value, path,
+      {{"zero_stage", [&](const json& v, const std::string& p) { d.zero_stage = static_cast<int>(read_integer(v, p, 0, 3)); }},
+       {"grad_accum_fp32", [&](const json& v, const std::string& p) { d.grad_accum_fp32 = read_bool(v, p); }},
+       {"loss_scale",
+        [&](const json& v, const std::string& p) {
+          d.loss_scale = static_cast<int>(read_integer(v, p, 1, 1 << 16));
+          if (d.loss_scale & (d.loss_scale - 1))
+            fail(p, "expected a power of two (a loss scale that keeps every gradient exact), got " +
+                        std::to_string(d.loss_scale));
+        }}},
+      "the DeepSpeed configuration");
+  return d;
 }
 
 void read_tool(const json& value, const std::string& path) {
@@ -360,6 +377,7 @@ Case read_case(const json& value, const std::string& path) {
        {"gradients", [&](const json& v, const std::string& p) { read_gradients(v, p, o.gradients); }},
        {"statistics", [&](const json& v, const std::string& p) { read_statistics(v, p, o); }},
        {"faults", [&](const json& v, const std::string& p) { o.faults = read_faults(v, p); }},
+       {"deepspeed", [&](const json& v, const std::string& p) { c.deepspeed = read_deepspeed(v, p); }},
        {"target", [&](const json& v, const std::string& p) { c.target = read_target(v, p); }},
        {"expect", [&](const json& v, const std::string& p) { c.expect = read_expect(v, p); }},
        {"tool", [&](const json& v, const std::string& p) { read_tool(v, p); }}},
@@ -425,6 +443,11 @@ ordered_json case_to_json(const Case& c) {
   for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
     if (o.faults.has(info.fault)) faults.push_back(info.name);
   j["faults"] = std::move(faults);
+  if (c.deepspeed) {
+    j["deepspeed"] = {{"zero_stage", c.deepspeed->zero_stage},
+                      {"grad_accum_fp32", c.deepspeed->grad_accum_fp32},
+                      {"loss_scale", c.deepspeed->loss_scale}};
+  }
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};
     if (!c.target->manifests.empty()) j["target"]["manifests"] = c.target->manifests;

@@ -229,7 +229,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     repeat = "mpirun -np <the same> " + repeat + " --backend " + std::string(context.backend.name());
   if (pool) {
     repeat += " --target " + o.target.target + " --world " + std::to_string(o.world);
-    if (o.target.worker != kDefaultMegatronWorker) repeat += " --worker " + shell_quote(o.target.worker);
+    if (!o.target.worker.empty()) repeat += " --worker " + shell_quote(o.target.worker);
   }
   if (context.backend.world() > 0)
     target_text += " (world " + std::to_string(context.backend.world()) + ")";

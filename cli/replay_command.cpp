@@ -121,12 +121,19 @@ std::vector<std::string> pages_of(const std::string& folder, const std::vector<I
 oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& c, run::WorkerPool* pool,
                                  std::string& how) {
   if (pool) {
+    const std::string& framework = pool->hello(c.topology.world).framework;
+    if (c.target && c.target->framework != framework)
+      throw run::NotRunnableHere("a " + c.target->framework + " case: replay it with --target " +
+                                 c.target->framework);
     TargetRun r = run_on_target(*pool, c);
     if (r.unsupported) throw run::NotRunnableHere("the worker cannot build it: " + *r.unsupported);
     const run::WorkerHello& hello = pool->hello(c.topology.world);
     how = "re-executed by " + hello.framework + " " + hello.version;
     return r.run.verdict;
   }
+  if (!c.target)
+    throw run::NotRunnableHere("its deepspeed section is read only by --target deepspeed: replay it with "
+                               "--target deepspeed where DeepSpeed is installed");
   if (c.target->manifests.empty())
     throw run::NotRunnableHere("a " + c.target->framework + " " + c.target->version +
                                " case without saved manifests: replay it with --target " +
@@ -158,7 +165,7 @@ Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* p
       return o;
     }
     const oracle::Verdict verdict =
-        pool || c.target ? replay_on_target(input.file, c, pool, o.how) : backend.run(c, {});
+        pool || c.target || c.deepspeed ? replay_on_target(input.file, c, pool, o.how) : backend.run(c, {});
     if (c.target) o.rerun_flags = " --target " + c.target->framework;
     o.verdict = oracle::kind_name(verdict.kind);
     if (!html_page.empty() && verdict.kind != oracle::Verdict::Kind::pass) {

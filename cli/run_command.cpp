@@ -377,13 +377,19 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                        " case: run it with --target " + c.target->framework +
                        " where the framework is installed, or judge its saved manifests with "
                        "`tally replay " + o.case_file + "`");
+    if (!pool && c.deepspeed)
+      throw UsageError(o.case_file + " has a deepspeed section, which only --target deepspeed reads: run it "
+                       "with --target deepspeed, or remove the section to run tally's model of Megatron's path");
+    if (pool && c.target && c.target->framework != o.target.target)
+      throw UsageError(o.case_file + " is a " + c.target->framework + " case; --target " + o.target.target +
+                       " cannot re-execute it (use --target " + c.target->framework + ")");
     if (pool) {
       // What no release builds is refused before a worker starts; the worker's release then
       // decides the rest.
       if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
       casefile::Case without_faults = c;  // which faults the worker plants, it says once it is up
       without_faults.path.faults = {};
-      if (std::optional<std::string> why = run::megatron_core_unsupported(without_faults, ""))
+      if (std::optional<std::string> why = unsupported_on(o.target.target, without_faults, ""))
         throw UsageError("--target " + o.target.target + " cannot run this case: " + *why);
       std::string version;
       try {
@@ -395,7 +401,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       }
       if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
       if (std::optional<std::string> why =
-              run::megatron_core_unsupported(c, version, pool->hello(c.topology.world).plants))
+              unsupported_on(o.target.target, c, version, pool->hello(c.topology.world).plants))
         throw UsageError("--target " + o.target.target + " " + version + " cannot run this case: " + *why);
       c.target = target_of(*pool, c, "");
     }

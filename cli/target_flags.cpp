@@ -6,6 +6,7 @@
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/usage_error.h"
+#include "run/deepspeed_target.h"
 #include "run/megatron_core_target.h"
 
 namespace tally::cli {
@@ -15,17 +16,17 @@ namespace fs = std::filesystem;
 void add_target_flags(CLI::App& command, TargetOptions& options) {
   command
       .add_option("--target", options.target,
-                  "What executes the cases: model (tally's own model of the grad-norm path) or "
-                  "megatron-core (the real framework, unmodified, through its worker: "
-                  "adapters/megatron; docs/real-targets.md)")
-      ->check(CLI::IsMember({"model", "megatron-core"}))
+                  "What executes the cases: model (tally's own model of the grad-norm path), "
+                  "megatron-core or deepspeed (the real framework, unmodified, through its worker: "
+                  "adapters/megatron, adapters/deepspeed; docs/real-targets.md)")
+      ->check(CLI::IsMember({"model", "megatron-core", "deepspeed"}))
       ->default_str("model");
   command
       .add_option("--worker", options.worker,
                   "--target: the command that starts a worker of {world} ranks; tally appends "
-                  "--queue DIR --parent-pid PID")
-      ->type_name("COMMAND")
-      ->default_str(kDefaultMegatronWorker);
+                  "--queue DIR --parent-pid PID. Default: " + std::string(kDefaultMegatronWorker) +
+                  " (megatron-core), " + kDefaultDeepSpeedWorker + " (deepspeed)")
+      ->type_name("COMMAND");
   command
       .add_option("--case-timeout", options.case_timeout,
                   "--target: how long one case may take before its worker is stopped (an "
@@ -42,17 +43,28 @@ void add_target_flags(CLI::App& command, TargetOptions& options) {
                      "folder, removed at the end)");
 }
 
+std::string default_worker(const std::string& target) {
+  return target == "deepspeed" ? kDefaultDeepSpeedWorker : kDefaultMegatronWorker;
+}
+
+std::optional<std::string> unsupported_on(const std::string& framework, const casefile::Case& c,
+                                          std::string_view version, const run::FaultPlants& plants) {
+  if (framework == "deepspeed") return run::deepspeed_unsupported(c, version, plants);
+  return run::megatron_core_unsupported(c, version, plants);
+}
+
 std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const std::string& backend,
                                              std::ostream& progress, bool keep_manifests) {
   if (!options.real()) return nullptr;
   if (backend != "sim")
     throw UsageError("--target " + options.target + " runs the framework's own ranks; --backend " + backend +
                      " is for tally's model (leave it out)");
-  if (options.worker.find("{world}") == std::string::npos)
-    throw UsageError("--worker must start {world} ranks (got " + shell_quote(options.worker) +
+  const std::string command = options.worker.empty() ? default_worker(options.target) : options.worker;
+  if (command.find("{world}") == std::string::npos)
+    throw UsageError("--worker must start {world} ranks (got " + shell_quote(command) +
                      ", which has no {world})");
   run::WorkerOptions w;
-  w.command = options.worker;
+  w.command = command;
   w.work_dir = options.work_dir;
   w.case_seconds = parse_duration(options.case_timeout, "--case-timeout");
   w.start_seconds = parse_duration(options.start_timeout, "--start-timeout");
@@ -68,7 +80,7 @@ std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const
 TargetRun run_on_target(run::WorkerPool& pool, const casefile::Case& c) {
   TargetRun out;
   const run::WorkerHello& hello = pool.hello(c.topology.world);
-  out.unsupported = run::megatron_core_unsupported(c, hello.version, hello.plants);
+  out.unsupported = unsupported_on(hello.framework, c, hello.version, hello.plants);
   if (!out.unsupported) out.run = pool.execute(c);
   return out;
 }
@@ -87,6 +99,15 @@ void aim_at_target(fuzz::CaseGenOptions& generator, const run::WorkerHello& hell
   generator.topology.max_world = hello.world;
   generator.topology.avoid_megatron_corners = false;
   generator.gpt_only = true;
+  if (hello.framework == "deepspeed") {
+    // The DeepSpeed configuration is drawn from the case's own gradient seed, so the generator's
+    // stream of cases, and a shrink's, stay reproducible from the campaign seed.
+    generator.restrict_to = [version = hello.version, plants = hello.plants](casefile::Case c) {
+      const std::uint64_t draw = c.path.gradients.generator.seed;
+      return run::within_deepspeed(std::move(c), version, plants, draw);
+    };
+    return;
+  }
   generator.restrict_to = [version = hello.version, plants = hello.plants](casefile::Case c) {
     return run::within_megatron_core(std::move(c), version, plants);
   };
@@ -98,7 +119,7 @@ fuzz::CaseRunner target_runner(run::WorkerPool& pool) {
     if (!r.unsupported) return r.run.verdict;
     oracle::Verdict refused;
     refused.kind = oracle::Verdict::Kind::infra_error;
-    refused.infra_call = "megatron-core target";
+    refused.infra_call = pool.hello(c.topology.world).framework + " target";
     refused.infra_message = *r.unsupported;
     return refused;
   };

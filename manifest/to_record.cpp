@@ -294,6 +294,8 @@ record::RunRecord to_record(const RunManifests& manifests) {
       if (known == run.norm_groups.end()) run.norm_groups.push_back({*group, false});
     }
   }
+  run.zero_count_reported = std::any_of(ranks.begin(), ranks.end(),
+                                       [](const RankManifest* m) { return m->reported.zeros.has_value(); });
   for (const RankManifest* m : ranks)
     for (const auto& [name, norm] : m->reported.group_norms) {
       const int group = norm_group_of(run, name);

@@ -152,7 +152,7 @@ class LedgerCounter {
       : run_(run), locals_(distinct_locals(run)), atoms_(cut_atoms(run, locals_, max_intervals)) {
     for (int g = 0; g < static_cast<int>(run.norm_groups.size()); ++g)
       if (run.norm_groups[static_cast<std::size_t>(g)].counted) checked_.push_back(g);
-    checked_.push_back(zero_count_ledger(run));
+    if (run.zero_count_reported) checked_.push_back(zero_count_ledger(run));
     has_statistics_ = true;
     for (const record::LocalRecord* local : locals_.distinct)
       for (const record::Piece& piece : local->pieces) has_statistics_ = has_statistics_ && piece.stats;

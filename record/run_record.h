@@ -225,6 +225,9 @@ struct RunRecord {
   int world = 0;
   std::vector<Tensor> tensors;
   std::vector<NormGroup> norm_groups{NormGroup{}};
+  // Whether the run computed a zero count: a framework that reports none (DeepSpeed) has no
+  // zero-count ledger to judge.
+  bool zero_count_reported = true;
   std::vector<double> p_values;       // the p of each Reported::p_norms entry
   std::vector<std::string> children;  // the child optimizers' names, the same on every rank
   std::vector<std::vector<int>> groups;  // rank lists, each in its group's rank order

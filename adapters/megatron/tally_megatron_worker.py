@@ -41,21 +41,18 @@ What the worker changes around Megatron, and why (never a Megatron file):
 import argparse
 import datetime
 import gc
-import json
 import os
 import re
 import sys
-import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import tally_megatron  # noqa: E402
+from tally_worker_queue import load_gradients, serve  # noqa: E402
 
 WORKER_VERSION = 1
-IDLE_SECONDS = 5.0  # rank 0 tells the others it is still waiting: no collective waits longer
 
 
 def parse_args(argv=None):
@@ -69,42 +66,6 @@ def parse_args(argv=None):
         help="torch.distributed backend; auto: nccl when every rank has its own GPU, else gloo",
     )
     return p.parse_args(argv)
-
-
-# --- the queue ------------------------------------------------------------------------------------
-
-
-def write_atomically(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def parent_alive(pid):
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def next_command(queue, k, parent_pid):
-    """Rank 0: ("case", K) when case-K.json is there, ("stop",) when tally asks or is gone,
-    ("idle",) after IDLE_SECONDS of waiting."""
-    start = time.monotonic()
-    path = os.path.join(queue, f"case-{k}.json")
-    while time.monotonic() - start < IDLE_SECONDS:
-        if os.path.exists(os.path.join(queue, "stop")) or not parent_alive(parent_pid):
-            return ("stop",)
-        if os.path.exists(path):
-            return ("case", k)
-        time.sleep(0.002)
-    return ("idle",)
 
 
 # --- names ----------------------------------------------------------------------------------------
@@ -456,23 +417,6 @@ def build_optimizer(case, chunks):
     return get_megatron_muon_optimizer(config, chunks, layer_wise_distributed_optimizer=layer_wise)
 
 
-def load_gradients(queue, k):
-    import numpy as np
-
-    with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
-        index = json.load(f)
-    values = np.fromfile(os.path.join(queue, f"case-{k}.gradients.f32"), dtype="<f4")
-    if values.size != index["elements"]:
-        raise ValueError(f"case-{k}.gradients.f32 holds {values.size} values, its index says {index['elements']}")
-    tensors = {}
-    for p in index["params"]:
-        n = 1
-        for d in p["shape"]:
-            n *= d
-        tensors[p["name"]] = values[p["offset"] : p["offset"] + n].reshape(p["shape"])
-    return tensors
-
-
 def set_gradients(chunks, tensors):
     """Every param's main_grad from the logical tensor's box it holds. Returns the tally names of
     the params this rank holds; raises where the framework's model is not tally's."""
@@ -583,52 +527,19 @@ def main(argv=None):
     import megatron.core.optimizer.clip_grads  # noqa: F401
     rank = dist.get_rank()
     version = framework_version()
+    hello = {
+        "framework": "megatron-core",
+        "version": version,
+        "world": world,
+        "producer": f"tally_megatron_worker {WORKER_VERSION} / megatron-core {version}",
+        "backend": backend,
+        "devices": devices,
+        "plants": {fault: why for fault, (_, _, why) in PLANTS.items()},
+        "cannot_plant": NOT_PLANTED,
+    }
     if rank == 0:
-        write_atomically(
-            os.path.join(args.queue, "hello.json"),
-            json.dumps(
-                {
-                    "framework": "megatron-core",
-                    "version": version,
-                    "world": world,
-                    "producer": f"tally_megatron_worker {WORKER_VERSION} / megatron-core {version}",
-                    "backend": backend,
-                    "devices": devices,
-                    "plants": {fault: why for fault, (_, _, why) in PLANTS.items()},
-                    "cannot_plant": NOT_PLANTED,
-                }
-            )
-            + "\n",
-        )
         print(f"tally_megatron_worker: world {world} on {devices} GPU(s), {backend}, megatron-core {version}", flush=True)
-    k = 1
-    while True:
-        command = [next_command(args.queue, k, args.parent_pid) if rank == 0 else None]
-        dist.broadcast_object_list(command, src=0)
-        command = command[0]
-        if command[0] == "stop":
-            break
-        if command[0] == "idle":
-            continue
-        start = time.monotonic()
-        status, message = "ok", ""
-        try:
-            with open(os.path.join(args.queue, f"case-{k}.json")) as f:
-                case = json.load(f)
-            status, message = execute(args.queue, k, case)
-        except Exception as e:  # the framework refused the case, or the worker failed on it
-            status = "error"
-            message = f"rank {rank}: {type(e).__name__}: {e}"
-            traceback.print_exc()
-        results = [None] * world
-        dist.all_gather_object(results, (status, message))
-        if rank == 0:
-            failed = [m for s, m in results if s != "ok"]
-            result = {"status": "error" if failed else "ok", "message": failed[0] if failed else "",
-                      "seconds": time.monotonic() - start}
-            write_atomically(os.path.join(args.queue, f"case-{k}.result.json"), json.dumps(result) + "\n")
-            print(f"case {k}: {result['status']} in {result['seconds']:.2f} s {result['message']}", flush=True)
-        k += 1
+    serve(args.queue, args.parent_pid, hello, execute)
     dist.destroy_process_group()
     return 0
 

@@ -318,8 +318,14 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
        "bad.json: case.expect.statistics[0]: \"p3\" is not a p-norm of this case (statistics.p_norms)"},
       {with_section(R"("expect": {"outcome": "fail", "miscounted": ["decoder.layers.9.bias"]})"),
        "bad.json: case.expect.miscounted[0]: \"decoder.layers.9.bias\" is not a param of the model (tally layout lists them)"},
-      {with_section(R"("target": {"framework": "deepspeed", "version": "0.19.8"})"),
-       "bad.json: case.target.framework: expected a framework tally has a worker for (megatron-core), got \"deepspeed\""},
+      {with_section(R"("target": {"framework": "torchtitan", "version": "0.2.0"})"),
+       "bad.json: case.target.framework: expected a framework tally has a worker for (megatron-core, deepspeed), got \"torchtitan\""},
+      {with_section(R"("deepspeed": {"zero_stage": 4})"),
+       "bad.json: case.deepspeed.zero_stage: expected an integer >= 0 at most 3, got 4"},
+      {with_section(R"("deepspeed": {"loss_scale": 100})"),
+       "bad.json: case.deepspeed.loss_scale: expected a power of two (a loss scale that keeps every gradient exact), got 100"},
+      {with_section(R"("deepspeed": {"offload": true})"),
+       "bad.json: case.deepspeed.offload: unknown key for the DeepSpeed configuration"},
       {with_section(R"("target": {"framework": "megatron-core"})"),
        "bad.json: case.target: missing key 'version' for the target"},
       {with_section(R"("target": {"framework": "megatron-core", "version": ""})"),
@@ -350,6 +356,22 @@ TEST(CaseFile, ARealTargetsCaseRoundTripsWithItsSavedManifests) {
   c.target->manifests.clear();
   EXPECT_EQ(casefile::case_to_json(c)["target"].size(), 2u) << "no saved manifests: no key";
   EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+}
+
+TEST(CaseFile, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  c.deepspeed = casefile::DeepSpeedConfig{2, true, 1024};
+  c.target = casefile::RealTarget{"deepspeed", "0.19.8", ""};
+  const std::string text = casefile::case_to_json(c).dump(2);
+  EXPECT_NE(text.find(R"("deepspeed": {
+    "zero_stage": 2,
+    "grad_accum_fp32": true,
+    "loss_scale": 1024
+  },
+  "target")"), std::string::npos) << "after the faults, before the target: " << text;
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+  c.deepspeed.reset();
+  EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";
 }
 
 TEST(CaseFile, InvalidJsonIsOneLine) {

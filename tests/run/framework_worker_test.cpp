@@ -15,6 +15,7 @@
 #include "fuzz/generators.h"
 #include "gradnorm/gradients.h"
 #include "kernels/gradient_generator.h"
+#include "run/deepspeed_target.h"
 #include "run/framework_worker.h"
 #include "run/megatron_core_target.h"
 #include "topologies/logical_model.h"
@@ -216,6 +217,59 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   c = founding_case();
   c.path.p_values = {3.0};
   EXPECT_NE(megatron_core_unsupported(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
+}
+
+RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
+  const int world = *rc::gen::element(2, 4, 8);
+  fuzz::CaseGenOptions options;
+  options.topology.exact_world = world;
+  options.topology.max_world = world;
+  options.topology.avoid_megatron_corners = false;
+  options.gpt_only = true;
+  options.restrict_to = [](casefile::Case c) {
+    const std::uint64_t draw = c.path.gradients.generator.seed;
+    return within_deepspeed(std::move(c), "0.19.8", {}, draw);
+  };
+  const casefile::Case c = *fuzz::gen_case(options);
+  RC_ASSERT(!casefile::check_case(c));
+  RC_ASSERT(c.topology.world == world);
+  const std::optional<std::string> unsupported = deepspeed_unsupported(c, "0.19.8");
+  RC_ASSERT(!unsupported);
+}
+
+TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
+  casefile::Case c = founding_case();  // TP 2, EP 2, world 2: EP does not divide DP 1
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("topology.ep 2"), std::string::npos);
+  c.topology.tp = 1;
+  c.topology.etp = 1;
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.deepspeed->zero_stage = 3;
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.zero_stage 3:", 0), 0u);
+  c.deepspeed->zero_stage = 0;
+  c.deepspeed->grad_accum_fp32 = true;
+  c.path.gradients.generator.dtype = kernels::Dtype::bf16;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos);
+  c.deepspeed.reset();
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed:", 0), 0u);
+  c = founding_case();
+  c.topology.tp = c.topology.etp = 1;
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
+}
+
+TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
+  casefile::Case c = founding_case();
+  c.topology = {.world = 8, .tp = 2, .cp = 2, .ep = 2, .etp = 1};
+  c.deepspeed = casefile::DeepSpeedConfig{2, false, 256};
+  ASSERT_FALSE(casefile::check_case(c));
+  const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_FALSE(casefile::check_case(within));
+  EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+  EXPECT_EQ(within.topology.world, 8);
+  EXPECT_EQ(within.topology.cp * within.topology.pp, 1);
+  EXPECT_EQ(within.deepspeed, c.deepspeed) << "a case's own configuration is kept";
 }
 
 TEST(MegatronCoreTarget, ReleasesCompareByMajorAndMinor) {

@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""tally's worker for DeepSpeed: executes tally's cases with DeepSpeed's own, unmodified engine
+and optimizers and writes the manifests `tally` judges (`tally fuzz|run|replay --target deepspeed`).
+
+Started by tally, once per world size, under torchrun (one process per rank):
+
+    torchrun --standalone --nproc-per-node WORLD -m tally_deepspeed_worker \\
+        --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
+
+It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per case, on every rank:
+
+1. Process groups for the case's topology, as a Megatron-style `mpu` DeepSpeed is given: TP
+   groups of consecutive ranks, DP groups strided by TP (tally's order tp-cp-ep-dp-pp with CP
+   and PP 1). DeepSpeed makes its own expert groups from them (`ep_size_<EP>`: EP groups are
+   consecutive ranks of a DP group).
+2. The case's model, as a Megatron-DeepSpeed model presents it to DeepSpeed: every param of
+   tally's logical model, sharded by its class over TP (dim 0 for column/vocab, dim 1 for row;
+   marked `tensor_model_parallel` with its `partition_dim`) or whole; each MoE layer a real
+   `deepspeed.moe.layer.MoE` whose gate weight is the router and whose experts are the routed
+   experts (DeepSpeed marks them `allreduce=False`). `etp == tp > 1` turns on DeepSpeed's expert
+   tensor parallelism (the experts' FC1/FC2 sharded over TP like the dense MLP); `etp == 1`
+   leaves every expert whole on each TP rank, DeepSpeed's default.
+3. `deepspeed.initialize` with a torch AdamW at lr 0 and the case's DeepSpeed configuration
+   (`deepspeed` section of the case: ZeRO stage, fp32 gradient accumulation, loss scale; the
+   precision is the case's gradient dtype), then one backward of sum(param * gradient) through
+   `engine.backward`: every rank holds tally's values of its pieces, so after DeepSpeed's own
+   data-parallel reductions (and ZeRO's partitioning) each gradient is tally's value, exactly
+   (the values are representable in the dtype; DP sizes are powers of two).
+4. `engine.step()` inside `tally_deepspeed.Recording`, which records what DeepSpeed's norm code
+   kept, and the manifests of `engine.get_global_grad_norm()` into `case-<K>/`.
+"""
+
+import argparse
+import datetime
+import gc
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for path in (HERE, os.path.join(HERE, "..", "megatron")):
+    if os.path.isdir(path) and path not in sys.path:
+        sys.path.insert(0, path)
+
+import tally_deepspeed  # noqa: E402
+from tally_worker_queue import load_gradients, serve  # noqa: E402
+
+WORKER_VERSION = 1
+
+SPLIT_DIM = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1,
+             "expert-column": 0, "expert-column-bias": 0, "expert-row": 1}
+_EXPERT = re.compile(r"^(.*\.mlp\.)experts\.local_experts\.(\d+)\.(.+)$")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--queue", required=True, help="the queue folder tally writes cases into")
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="torch.distributed backend; auto: nccl when every rank has its own GPU, else gloo")
+    return p.parse_args(argv)
+
+
+# --- the case's process groups ---------------------------------------------------------------
+
+
+class Mpu:
+    """The Megatron-style model-parallel unit DeepSpeed reads (TP only: PP and CP are 1)."""
+
+    def __init__(self, tp):
+        import torch.distributed as dist
+
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.tp = tp
+        self.tp_ranks = self.dp_ranks = None
+        self.groups = []
+        for first in range(0, world, tp):
+            ranks = list(range(first, first + tp))
+            g = dist.new_group(ranks)
+            self.groups.append(g)
+            if rank in ranks:
+                self.tp_group, self.tp_ranks = g, ranks
+        for i in range(tp):
+            ranks = list(range(i, world, tp))
+            g = dist.new_group(ranks)
+            self.groups.append(g)
+            if rank in ranks:
+                self.dp_group, self.dp_ranks = g, ranks
+
+    def get_model_parallel_rank(self):
+        return self.tp_ranks.index(__import__("torch.distributed").distributed.get_rank())
+
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+
+    def get_model_parallel_world_size(self):
+        return self.tp
+
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+
+    def get_model_parallel_group(self):
+        return self.tp_group
+
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+    def get_data_parallel_rank(self):
+        return self.dp_ranks.index(__import__("torch.distributed").distributed.get_rank())
+
+    def get_data_parallel_world_size(self):
+        return len(self.dp_ranks)
+
+    def get_data_parallel_group(self):
+        return self.dp_group
+
+    def get_pipeline_model_parallel_world_size(self):
+        return 1
+
+    def get_pipeline_model_parallel_rank(self):
+        return 0
+
+
+def reset_deepspeed_groups(mpu):
+    """DeepSpeed keeps its expert groups and mpu in module globals: forget them between cases
+    (each case builds its own), and destroy the case's groups."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    made = list(groups._EXPERT_PARALLEL_GROUP.values()) + list(groups._EXPERT_DATA_PARALLEL_GROUP.values())
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS"):
+        getattr(groups, name).clear()
+    groups.mpu = None
+    groups.expert_tensor_parallel_world_size = 1
+    for g in made + (mpu.groups if mpu is not None else []):
+        try:
+            dist.destroy_process_group(g)
+        except Exception:  # a group torch already released
+            pass
+
+
+# --- the case's model -----------------------------------------------------------------------
+
+
+def local_box(shape, cls, tp_rank, tp):
+    """(offsets, extents, split) of the piece a TP rank holds of a logical param of class `cls`."""
+    dim = SPLIT_DIM.get(cls)
+    offsets, extents = [0] * len(shape), list(shape)
+    if dim is None or tp == 1:
+        return offsets, extents, None
+    if shape[dim] % tp:
+        raise ValueError(f"class {cls}: dim {dim} of {list(shape)} is not divisible by TP {tp}")
+    extents[dim] = shape[dim] // tp
+    offsets[dim] = tp_rank * extents[dim]
+    return offsets, extents, dim
+
+
+def build_model(case, index, mpu, dtype):
+    """The module DeepSpeed wraps, and param -> (logical name, shape, offsets, extents)."""
+    import torch
+    import torch.nn as nn
+    from deepspeed.moe.layer import MoE
+
+    t, m = case["topology"], case["model"]
+    tp, ep = t.get("tp", 1), t.get("ep", 1)
+    expert_tp = tp > 1 and t.get("etp", tp) == tp
+    tp_rank = mpu.get_model_parallel_rank()
+    experts = int(m.get("num_experts", 0) or 0)
+    classes = {p["name"]: p["class"] for p in index}
+    shapes = {p["name"]: list(p["shape"]) for p in index}
+
+    dense, moe_layers = {}, {}
+    for name in classes:
+        hit = _EXPERT.match(name)
+        if hit:
+            layer = moe_layers.setdefault(hit.group(1), {})
+            layer.setdefault(hit.group(3), []).append(int(hit.group(2)))
+        else:
+            dense[name] = None
+    for prefix in moe_layers:
+        if f"{prefix}router.weight" not in dense:
+            raise LookupError(f"model mismatch: {prefix}experts has no {prefix}router.weight")
+
+    module = nn.Module()
+    module.dense = nn.ParameterDict()
+    module.moe = nn.ModuleDict()
+    described = {}
+    for name in dense:
+        if any(name == f"{prefix}router.weight" for prefix in moe_layers):
+            continue
+        offsets, extents, dim = local_box(shapes[name], classes[name], tp_rank, tp)
+        p = nn.Parameter(torch.zeros(extents, dtype=dtype))
+        if dim is not None:
+            p.tensor_model_parallel, p.partition_dim = True, dim
+        module.dense[name.replace(".", "__")] = p
+        described[id(p)] = (name, shapes[name], offsets, extents)
+    hidden = int(m.get("hidden_size", 16))
+    for prefix, suffixes in moe_layers.items():
+        template = nn.Module()
+        template.params = nn.ParameterDict()
+        for suffix in suffixes:
+            shape = shapes[f"{prefix}experts.local_experts.0.{suffix}"]
+            _, extents, _ = local_box(shape, classes[f"{prefix}experts.local_experts.0.{suffix}"], tp_rank,
+                                      tp if expert_tp else 1)
+            template.params[suffix.replace(".", "__")] = nn.Parameter(torch.zeros(extents, dtype=dtype))
+        layer = MoE(hidden, template, num_experts=experts, ep_size=ep, k=1,
+                    enable_expert_tensor_parallelism=expert_tp)
+        layer.to(dtype)
+        module.moe[prefix.replace(".", "__")] = layer
+        router = f"{prefix}router.weight"
+        wg = layer.deepspeed_moe.gate.wg.weight
+        if list(wg.shape) != shapes[router]:
+            raise LookupError(f"model mismatch: DeepSpeed's gate is {list(wg.shape)}, {router} {shapes[router]}")
+        described[id(wg)] = (router, shapes[router], [0, 0], shapes[router])
+    return module, described, moe_layers, expert_tp, shapes, classes
+
+
+def describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes):
+    """Once deepspeed.initialize has made the expert groups: each local expert's logical name
+    (global expert = EP rank x local experts + local index) and box."""
+    from deepspeed.utils import groups
+
+    tp_rank, tp = mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size()
+    for prefix in moe_layers:
+        layer = module.moe[prefix.replace(".", "__")]
+        ep_rank = groups._get_expert_parallel_rank(layer.expert_group_name)
+        for i, expert in enumerate(layer.deepspeed_moe.experts.deepspeed_experts):
+            e = ep_rank * layer.num_local_experts + i
+            for key, p in expert.params.items():
+                logical = f"{prefix}experts.local_experts.{e}.{key.replace('__', '.')}"
+                if logical not in shapes:
+                    raise LookupError(f"model mismatch: DeepSpeed holds expert {e} ({logical}), which tally's "
+                                      "model of the case does not have")
+                offsets, extents, dim = local_box(shapes[logical], classes[logical], tp_rank, tp if expert_tp else 1)
+                if list(p.shape) != extents:
+                    raise LookupError(f"model mismatch: {logical} is {list(p.shape)} on this rank, {extents} expected")
+                if dim is not None:
+                    p.tensor_model_parallel, p.partition_dim = True, dim
+                described[id(p)] = (logical, shapes[logical], offsets, extents)
+
+
+def engine_config(case, world, tp):
+    ds = case.get("deepspeed", {})
+    dtype = case.get("gradients", {}).get("dtype", "fp32")
+    clip = case.get("statistics", {}).get("max_norm", 1.0) or 1.0
+    dp = world // tp
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": dp,
+        "gradient_clipping": clip,
+        "zero_optimization": {"stage": ds.get("zero_stage", 0)},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+    }
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": ds.get("loss_scale", 128), "initial_scale_power": 7}
+    if ds.get("grad_accum_fp32", False):
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+def groups_of_rank(module, moe_layers, mpu, expert_tp):
+    """This rank's groups by name, as tally_deepspeed.build_manifest reads them."""
+    from deepspeed.utils import groups
+
+    mine = {"tp": list(mpu.tp_ranks), "mp": list(mpu.tp_ranks), "dp": list(mpu.dp_ranks), "expert_tp": expert_tp}
+    for prefix in moe_layers:
+        name = module.moe[prefix.replace(".", "__")].expert_group_name
+        mine[f"ep:{name}"] = sorted(groups._get_expert_parallel_group_ranks(name))
+        mine[f"edp:{name}"] = sorted(groups._get_expert_data_parallel_group_ranks(name))
+    return mine
+
+
+def execute(queue, k, case):
+    """Runs case K on this rank; returns (status, message)."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    t = case["topology"]
+    world = dist.get_world_size()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+        case.get("gradients", {}).get("dtype", "fp32")]
+    mpu = engine = None
+    try:
+        mpu = Mpu(t.get("tp", 1))
+        tensors = load_gradients(queue, k)
+        with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
+            index = __import__("json").load(f)["params"]
+        module, described, moe_layers, expert_tp, shapes, classes = build_model(case, index, mpu, dtype)
+        params = [p for p in module.parameters()]
+        if moe_layers:
+            from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+            param_groups = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "all"})
+        else:
+            param_groups = [{"params": params}]
+        optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
+        engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=mpu,
+                                               config=engine_config(case, world, mpu.tp))
+        describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes)
+
+        def box_of(p):
+            name, _, offsets, extents = described[id(p)]
+            return tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
+
+        held = sorted({described[id(p)][0] for p in params})
+        everyone = [None] * world
+        dist.all_gather_object(everyone, held)
+        missing = set(tensors) - set().union(*map(set, everyone))
+        if missing:
+            raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
+                              f"({len(missing)} of tally's params)")
+        device = next(engine.module.parameters()).device
+        loss = sum((p * torch.from_numpy(box_of(p).copy()).to(device=device, dtype=p.dtype)).sum()
+                   for p in engine.module.parameters())
+        engine.backward(loss)
+        with tally_deepspeed.Recording(engine) as recording:
+            engine.step()
+        norm = engine.get_global_grad_norm()
+        if norm is None:
+            norm = recording.clip_norm
+        norm = float(norm) if norm is not None else None
+        mine = groups_of_rank(module, moe_layers, mpu, expert_tp)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+        manifest = tally_deepspeed.build_manifest(
+            engine, recording,
+            describe=lambda p: dict(zip(("logical_name", "logical_shape", "offsets", "extents"), described[id(p)])),
+            gradient_of=box_of,
+            groups_by_rank=dict(enumerate(gathered)),
+            parallel={"tp": mpu.tp, "cp": 1, "pp": 1, "dp": world // mpu.tp, "ep": t.get("ep", 1),
+                      "etp": t.get("etp", mpu.tp)},
+            producer=f"tally_deepspeed_worker {WORKER_VERSION} / deepspeed {deepspeed.__version__}",
+            reported_norm=norm,
+        )
+        tally_deepspeed.dump_manifest(manifest, os.path.join(queue, f"case-{k}"))
+        return "ok", ""
+    finally:
+        if engine is not None:
+            engine.destroy() if hasattr(engine, "destroy") else None
+        del engine
+        gc.collect()
+        reset_deepspeed_groups(mpu)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices == 0:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if 0 < devices and world <= devices else "gloo"
+    if devices:
+        torch.cuda.set_device(local_rank % devices)
+    import deepspeed
+    import torch.distributed as dist
+
+    deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=10))
+    rank = dist.get_rank()
+    version = deepspeed.__version__
+    hello = {
+        "framework": "deepspeed",
+        "version": version,
+        "world": world,
+        "producer": f"tally_deepspeed_worker {WORKER_VERSION} / deepspeed {version}",
+        "backend": backend,
+        "devices": devices,
+        "plants": {},
+        "cannot_plant": {},
+    }
+    if rank == 0:
+        where = f"{devices} GPU(s)" if devices else "CPU"
+        print(f"tally_deepspeed_worker: world {world} on {where}, {backend}, deepspeed {version}", flush=True)
+    serve(args.queue, args.parent_pid, hello, execute)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

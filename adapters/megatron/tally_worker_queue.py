@@ -1,0 +1,106 @@
+"""The worker side of tally's queue protocol (docs/real-targets.md), shared by every framework's
+worker (tally_megatron_worker, tally_deepspeed_worker). Needs torch.distributed, nothing else.
+
+A worker is WORLD ranks that stay up across cases. Rank 0 watches the queue folder for
+`case-<K>.json` and tells the others (a broadcast at least every IDLE_SECONDS, so no collective
+waits longer); every rank runs the case with the framework's `execute(queue, k, case)`; rank 0
+gathers each rank's outcome and writes `case-<K>.result.json`. The worker exits when tally writes
+`stop` or tally's process is gone.
+"""
+
+import json
+import os
+import time
+import traceback
+
+IDLE_SECONDS = 5.0
+
+
+def write_atomically(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def parent_alive(pid):
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def next_command(queue, k, parent_pid):
+    """Rank 0: ("case", K) when case-K.json is there, ("stop",) when tally asks or is gone,
+    ("idle",) after IDLE_SECONDS of waiting."""
+    start = time.monotonic()
+    path = os.path.join(queue, f"case-{k}.json")
+    while time.monotonic() - start < IDLE_SECONDS:
+        if os.path.exists(os.path.join(queue, "stop")) or not parent_alive(parent_pid):
+            return ("stop",)
+        if os.path.exists(path):
+            return ("case", k)
+        time.sleep(0.002)
+    return ("idle",)
+
+
+def load_gradients(queue, k):
+    """tally's values of every logical param for case K: name -> numpy array of its shape."""
+    import numpy as np
+
+    with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
+        index = json.load(f)
+    values = np.fromfile(os.path.join(queue, f"case-{k}.gradients.f32"), dtype="<f4")
+    if values.size != index["elements"]:
+        raise ValueError(f"case-{k}.gradients.f32 holds {values.size} values, its index says {index['elements']}")
+    tensors = {}
+    for p in index["params"]:
+        n = 1
+        for d in p["shape"]:
+            n *= d
+        tensors[p["name"]] = values[p["offset"] : p["offset"] + n].reshape(p["shape"])
+    return tensors
+
+
+def serve(queue, parent_pid, hello, execute):
+    """Writes hello.json (rank 0), then runs cases until told to stop. `execute(queue, k, case)`
+    runs case K on this rank and returns ("ok", "") or raises; an exception on any rank makes the
+    case's result an error carrying the first failing rank's message."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        write_atomically(os.path.join(queue, "hello.json"), json.dumps(hello) + "\n")
+    k = 1
+    while True:
+        command = [next_command(queue, k, parent_pid) if rank == 0 else None]
+        dist.broadcast_object_list(command, src=0)
+        command = command[0]
+        if command[0] == "stop":
+            break
+        if command[0] == "idle":
+            continue
+        start = time.monotonic()
+        status, message = "ok", ""
+        try:
+            with open(os.path.join(queue, f"case-{k}.json")) as f:
+                case = json.load(f)
+            status, message = execute(queue, k, case)
+        except Exception as e:  # the framework refused the case, or the worker failed on it
+            status = "error"
+            message = f"rank {rank}: {type(e).__name__}: {e}"
+            traceback.print_exc()
+        results = [None] * world
+        dist.all_gather_object(results, (status, message))
+        if rank == 0:
+            failed = [m for s, m in results if s != "ok"]
+            result = {"status": "error" if failed else "ok", "message": failed[0] if failed else "",
+                      "seconds": time.monotonic() - start}
+            write_atomically(os.path.join(queue, f"case-{k}.result.json"), json.dumps(result) + "\n")
+            print(f"case {k}: {result['status']} in {result['seconds']:.2f} s {result['message']}", flush=True)
+        k += 1

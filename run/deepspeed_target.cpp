@@ -1,0 +1,132 @@
+#include "run/deepspeed_target.h"
+
+#include <algorithm>
+#include <array>
+
+#include "gradnorm/faults.h"
+#include "run/megatron_core_target.h"
+#include "topologies/logical_model.h"
+
+namespace tally::run {
+
+namespace {
+
+using kernels::Dtype;
+
+// The DeepSpeed worker's rank grid: TP fastest, then DP, DeepSpeed's expert groups consecutive
+// ranks of a DP group. tally's default order with CP and PP 1 is that grid.
+bool default_grid(const topologies::ParallelConfig& t) {
+  std::string error;
+  const std::optional<topologies::AxisOrder> order = topologies::parse_order(t.order, &error);
+  return order && topologies::order_string(*order) == topologies::order_string(*topologies::parse_order(
+                                                         topologies::kDefaultOrder, &error));
+}
+
+int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp); }
+
+// What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype.
+std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype) {
+  if (d.zero_stage == 3)
+    return "deepspeed.zero_stage 3: the worker does not record ZeRO-3's norm yet (its hook, "
+           "DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct, is not wrapped)";
+  if (d.grad_accum_fp32 && dtype == Dtype::fp32)
+    return "deepspeed.grad_accum_fp32 with gradients.dtype fp32: the gradients are fp32 already";
+  if (d.grad_accum_fp32 && d.zero_stage == 0)
+    return "deepspeed.grad_accum_fp32 with zero_stage 0: DeepSpeed raises NotImplementedError for a "
+           "16-bit model with fp32 gradient accumulation without ZeRO or pipeline parallelism";
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view,
+                                                 const FaultPlants& plants) {
+  const topologies::ModelSpec& m = c.model;
+  const topologies::ParallelConfig& t = c.topology;
+  const gradnorm::PathOptions& o = c.path;
+  if (m.kind != topologies::ModelKind::gpt)
+    return "model.kind custom: the DeepSpeed worker builds tally's GPT/MoE family; a custom layout has no "
+           "module";
+  if (m.mtp_num_layers > 0) return "model.mtp_num_layers: DeepSpeed has no multi-token-prediction block";
+  if (m.softmax_type != topologies::SoftmaxType::vanilla)
+    return "model.softmax_type learnable: the worker's model has no attention sinks";
+  if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not DeepSpeed's";
+  if (t.cp > 1 || t.pp > 1 || t.vpp > 1)
+    return "topology.cp/pp/vpp: the DeepSpeed worker runs TP x DP x EP (no sequence or pipeline "
+           "parallelism yet)";
+  if (!default_grid(t))
+    return "topology.order " + t.order + ": DeepSpeed's groups are TP fastest, then EP within DP "
+           "(tally's default order)";
+  if (t.dist_opt_instances > 1)
+    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances have no DeepSpeed counterpart";
+  if (t.etp != 1 && t.etp != t.tp)
+    return "topology.etp " + std::to_string(t.etp) + " with tp " + std::to_string(t.tp) +
+           ": DeepSpeed's experts are whole on every TP rank (etp 1) or split over the TP group "
+           "(etp = tp, enable_expert_tensor_parallelism)";
+  if (m.num_experts > 0 && (data_parallel(t) % t.ep != 0 || m.num_experts % t.ep != 0))
+    return "topology.ep " + std::to_string(t.ep) + ": DeepSpeed's MoE needs EP to divide the data-parallel "
+           "size (" + std::to_string(data_parallel(t)) + ") and the experts (" + std::to_string(m.num_experts) + ")";
+  if (o.optimizer != gradnorm::OptimizerModel::plain)
+    return "optimizer.model " + std::string(gradnorm::optimizer_model_name(o.optimizer)) +
+           ": Megatron's optimizers; DeepSpeed's is chosen by the deepspeed section (leave plain)";
+  if (!o.p_values.empty()) return "statistics.p_norms: DeepSpeed reports the L2 norm only";
+  if (std::string why = unplantable(o.faults, plants); !why.empty())
+    return "faults: the worker plants no counterpart of " + why;
+  if (!c.deepspeed) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
+  return engine_refuses(*c.deepspeed, o.gradients.generator.dtype);
+}
+
+casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw) {
+  topologies::ModelSpec& m = c.model;
+  topologies::ParallelConfig& t = c.topology;
+  gradnorm::PathOptions& o = c.path;
+  if (m.kind != topologies::ModelKind::gpt) return c;
+  m.mtp_num_layers = 0;
+  m.mtp_detach_heads = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.first_stage_layers.reset();
+  m.last_stage_layers.reset();
+  t.gtp = t.egtp = 1;
+  t.tp *= t.cp;  // the ranks stay: CP and PP fold into TP and DP
+  t.cp = 1;
+  t.pp = 1;
+  t.vpp = 1;
+  t.order = std::string(topologies::kDefaultOrder);
+  t.dist_opt_instances = 1;
+  // TP must divide the model's split dims as Megatron's would: halve it until the case is valid.
+  while (t.tp > 1 && casefile::check_case(c)) t.tp /= 2;
+  t.etp = t.etp == 1 ? 1 : t.tp;
+  while (m.num_experts > 0 && t.ep > 1 && (data_parallel(t) % t.ep != 0 || m.num_experts % t.ep != 0)) t.ep /= 2;
+  if (m.num_experts == 0) t.ep = 1;
+  o.optimizer = gradnorm::OptimizerModel::plain;
+  o.p_values.clear();
+  if (!unplantable(o.faults, plants).empty()) o.faults = {};
+  if (!c.deepspeed) {
+    // Each path of DeepSpeed's norm code, equally often.
+    static constexpr std::array<std::pair<int, Dtype>, 7> kPaths = {{{0, Dtype::fp32},
+                                                                     {0, Dtype::bf16},
+                                                                     {0, Dtype::fp16},
+                                                                     {1, Dtype::bf16},
+                                                                     {1, Dtype::fp32},
+                                                                     {2, Dtype::bf16},
+                                                                     {2, Dtype::fp16}}};
+    const auto& [stage, dtype] = kPaths[draw % kPaths.size()];
+    c.deepspeed = casefile::DeepSpeedConfig{};
+    c.deepspeed->zero_stage = stage;
+    c.deepspeed->grad_accum_fp32 = stage == 1 && dtype == Dtype::bf16 && (draw / kPaths.size()) % 2 == 0;
+    o.gradients.generator.dtype = dtype;
+  }
+  casefile::DeepSpeedConfig& d = *c.deepspeed;
+  if (d.zero_stage == 3) d.zero_stage = 2;
+  if (engine_refuses(d, o.gradients.generator.dtype)) d.grad_accum_fp32 = false;
+  // A stated gradient for a param only the removed features had has nothing left to state.
+  const topologies::LogicalModel model(m, t);
+  std::erase_if(o.gradients.stated, [&](const gradnorm::StatedFor& s) {
+    return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
+      return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
+    });
+  });
+  return c;
+}
+
+}  // namespace tally::run

@@ -1,0 +1,33 @@
+// The part of tally's case space the DeepSpeed worker executes
+// (adapters/deepspeed/tally_deepspeed_worker.py): tally's GPT/MoE model presented to DeepSpeed's
+// own engine as a Megatron-DeepSpeed model is (TP shards marked tensor_model_parallel, each MoE
+// layer a deepspeed.moe.layer.MoE), with the ZeRO stage and precision of the case's `deepspeed`
+// section. What lies outside is named with the reason, so `tally run --target deepspeed` refuses
+// such a case in one line and the fuzzer never generates one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "casefile/case.h"
+#include "run/framework_worker.h"
+
+namespace tally::run {
+
+// Why the DeepSpeed worker at `version` cannot execute `c`, as one line naming the field and the
+// rule; nullopt when it can. Faults must be among those the worker plants (`plants`, from its
+// hello).
+std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view version,
+                                                 const FaultPlants& plants = {});
+
+// `c` within the worker's space: a GPT model stays the same shape; CP, PP and VPP become 1, the
+// order tally's default, ETP 1 or TP, EP a divisor of the data-parallel size and of the experts,
+// one optimizer instance and the plain optimizer model. A case without a `deepspeed` section gets
+// one drawn from `draw` (a ZeRO stage with a precision it supports); one with a section keeps it,
+// made valid. A custom layout has no DeepSpeed counterpart and is returned as it is.
+casefile::Case within_deepspeed(casefile::Case c, std::string_view version, const FaultPlants& plants,
+                                std::uint64_t draw);
+
+}  // namespace tally::run
