@@ -93,9 +93,14 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   t.vpp = 1;
   t.order = std::string(topologies::kDefaultOrder);
   t.dist_opt_instances = 1;
-  // TP must divide the model's split dims as Megatron's would: halve it until the case is valid.
-  while (t.tp > 1 && casefile::check_case(c)) t.tp /= 2;
-  t.etp = t.etp == 1 ? 1 : t.tp;
+  // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
+  // would: halve it until the case is valid.
+  const bool expert_tp = t.etp != 1;
+  for (;;) {
+    t.etp = expert_tp ? t.tp : 1;
+    if (t.tp == 1 || !casefile::check_case(c)) break;
+    t.tp /= 2;
+  }
   while (m.num_experts > 0 && t.ep > 1 && (data_parallel(t) % t.ep != 0 || m.num_experts % t.ep != 0)) t.ep /= 2;
   if (m.num_experts == 0) t.ep = 1;
   o.optimizer = gradnorm::OptimizerModel::plain;
