@@ -25,7 +25,9 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
    precision is the case's gradient dtype), then one backward of sum(param * gradient) through
    `engine.backward`: every rank holds tally's values of its pieces, so after DeepSpeed's own
    data-parallel reductions (and ZeRO's partitioning) each gradient is tally's value, exactly
-   (the values are representable in the dtype; DP sizes are powers of two).
+   (the values are representable in the dtype; DP sizes are powers of two). DeepSpeed divides an
+   expert's gradient by the whole DP size, since in a real step the all-to-all brings it every DP
+   rank's tokens: an expert's loss term is weighted by DP / EDP, as those tokens would weigh.
 4. `engine.step()` inside `tally_deepspeed.Recording`, which records what DeepSpeed's norm code
    kept, and the manifests of `engine.get_global_grad_norm()` into `case-<K>/`.
 """
@@ -313,8 +315,21 @@ def execute(queue, k, case):
             raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
                               f"({len(missing)} of tally's params)")
         device = next(engine.module.parameters()).device
-        loss = sum((p * torch.from_numpy(box_of(p).copy()).to(device=device, dtype=p.dtype)).sum()
-                   for p in engine.module.parameters())
+        # DeepSpeed averages an expert's gradient over the whole DP group, as a real MoE step needs:
+        # the all-to-all brings every DP rank's tokens to the EP rank that holds the expert. Each
+        # expert-DP replica's loss term therefore carries the DP ranks it stands for (DP / EDP).
+        expert_weight = 1
+        if moe_layers:
+            from deepspeed.utils import groups
+
+            name = module.moe[next(iter(moe_layers)).replace(".", "__")].expert_group_name
+            expert_weight = mpu.get_data_parallel_world_size() // groups._get_expert_data_parallel_world_size(name)
+
+        def term(p):
+            weight = 1 if getattr(p, "allreduce", True) else expert_weight
+            return (p * torch.from_numpy(box_of(p) * weight).to(device=device, dtype=p.dtype)).sum()
+
+        loss = sum(term(p) for p in engine.module.parameters())
         engine.backward(loss)
         with tally_deepspeed.Recording(engine) as recording:
             engine.step()
