@@ -400,8 +400,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
         return;
       }
       if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
-      if (std::optional<std::string> why =
-              unsupported_on(o.target.target, c, version, pool->hello(c.topology.world).plants))
+      if (std::optional<std::string> why = unsupported_on(c, pool->hello(c.topology.world)))
         throw UsageError("--target " + o.target.target + " " + version + " cannot run this case: " + *why);
       c.target = target_of(*pool, c, "");
     }

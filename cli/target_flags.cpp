@@ -48,9 +48,15 @@ std::string default_worker(const std::string& target) {
 }
 
 std::optional<std::string> unsupported_on(const std::string& framework, const casefile::Case& c,
-                                          std::string_view version, const run::FaultPlants& plants) {
-  if (framework == "deepspeed") return run::deepspeed_unsupported(c, version, plants);
-  return run::megatron_core_unsupported(c, version, plants);
+                                          std::string_view version) {
+  if (framework == "deepspeed") return run::deepspeed_unsupported(c, version);
+  return run::megatron_core_unsupported(c, version);
+}
+
+std::optional<std::string> unsupported_on(const casefile::Case& c, const run::WorkerHello& hello) {
+  if (hello.framework == "deepspeed")
+    return run::deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes);
+  return run::megatron_core_unsupported(c, hello.version, hello.plants);
 }
 
 std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const std::string& backend,
@@ -80,7 +86,7 @@ std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const
 TargetRun run_on_target(run::WorkerPool& pool, const casefile::Case& c) {
   TargetRun out;
   const run::WorkerHello& hello = pool.hello(c.topology.world);
-  out.unsupported = unsupported_on(hello.framework, c, hello.version, hello.plants);
+  out.unsupported = unsupported_on(c, hello);
   if (!out.unsupported) out.run = pool.execute(c);
   return out;
 }
@@ -102,9 +108,9 @@ void aim_at_target(fuzz::CaseGenOptions& generator, const run::WorkerHello& hell
   if (hello.framework == "deepspeed") {
     // The DeepSpeed configuration is drawn from the case's own gradient seed, so the generator's
     // stream of cases, and a shrink's, stay reproducible from the campaign seed.
-    generator.restrict_to = [version = hello.version, plants = hello.plants](casefile::Case c) {
+    generator.restrict_to = [version = hello.version, plants = hello.plants, dtypes = hello.dtypes](casefile::Case c) {
       const std::uint64_t draw = c.path.gradients.generator.seed;
-      return run::within_deepspeed(std::move(c), version, plants, draw);
+      return run::within_deepspeed(std::move(c), version, plants, draw, dtypes);
     };
     return;
   }

@@ -40,7 +40,8 @@ std::string default_worker(const std::string& target);
 // Why the worker of `framework` at `version` cannot execute `c` (run/megatron_core_target.h,
 // run/deepspeed_target.h); nullopt when it can.
 std::optional<std::string> unsupported_on(const std::string& framework, const casefile::Case& c,
-                                          std::string_view version, const run::FaultPlants& plants = {});
+                                          std::string_view version);
+std::optional<std::string> unsupported_on(const casefile::Case& c, const run::WorkerHello& hello);
 
 // The pool of --target's workers, or nullptr for the model target. Throws UsageError when the
 // target flags contradict the others (`backend` other than sim, faults asked).

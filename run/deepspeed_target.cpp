@@ -24,6 +24,10 @@ bool default_grid(const topologies::ParallelConfig& t) {
 
 int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp); }
 
+bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
+  return dtypes.empty() || std::find(dtypes.begin(), dtypes.end(), kernels::dtype_name(dtype)) != dtypes.end();
+}
+
 // What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype.
 std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype) {
   if (d.zero_stage == 3)
@@ -40,7 +44,7 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
 }  // namespace
 
 std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view,
-                                                 const FaultPlants& plants) {
+                                                 const FaultPlants& plants, const std::vector<std::string>& dtypes) {
   const topologies::ModelSpec& m = c.model;
   const topologies::ParallelConfig& t = c.topology;
   const gradnorm::PathOptions& o = c.path;
@@ -72,11 +76,15 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (!o.p_values.empty()) return "statistics.p_norms: DeepSpeed reports the L2 norm only";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
     return "faults: the worker plants no counterpart of " + why;
+  if (!computes_in(dtypes, o.gradients.generator.dtype))
+    return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
+           ": the worker's DeepSpeed accelerator does not support it on this machine";
   if (!c.deepspeed) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
   return engine_refuses(*c.deepspeed, o.gradients.generator.dtype);
 }
 
-casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw) {
+casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw,
+                                const std::vector<std::string>& dtypes) {
   topologies::ModelSpec& m = c.model;
   topologies::ParallelConfig& t = c.topology;
   gradnorm::PathOptions& o = c.path;
@@ -115,14 +123,19 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
                                                                      {1, Dtype::fp32},
                                                                      {2, Dtype::bf16},
                                                                      {2, Dtype::fp16}}};
-    const auto& [stage, dtype] = kPaths[draw % kPaths.size()];
+    std::vector<std::pair<int, Dtype>> paths;
+    for (const auto& path : kPaths)
+      if (computes_in(dtypes, path.second)) paths.push_back(path);
+    const auto& [stage, dtype] = paths[draw % paths.size()];
     c.deepspeed = casefile::DeepSpeedConfig{};
     c.deepspeed->zero_stage = stage;
-    c.deepspeed->grad_accum_fp32 = stage == 1 && dtype == Dtype::bf16 && (draw / kPaths.size()) % 2 == 0;
+    c.deepspeed->grad_accum_fp32 = stage == 1 && dtype == Dtype::bf16 && (draw / paths.size()) % 2 == 0;
     o.gradients.generator.dtype = dtype;
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (d.zero_stage == 3) d.zero_stage = 2;
+  if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
+  if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype)) d.grad_accum_fp32 = false;
   // A stated gradient for a param only the removed features had has nothing left to state.
   const topologies::LogicalModel model(m, t);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "casefile/case.h"
 #include "run/framework_worker.h"
@@ -19,8 +20,10 @@ namespace tally::run {
 // Why the DeepSpeed worker at `version` cannot execute `c`, as one line naming the field and the
 // rule; nullopt when it can. Faults must be among those the worker plants (`plants`, from its
 // hello).
+// `dtypes`: the precisions the worker's machine computes in (WorkerHello::dtypes; empty: all).
 std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view version,
-                                                 const FaultPlants& plants = {});
+                                                 const FaultPlants& plants = {},
+                                                 const std::vector<std::string>& dtypes = {});
 
 // `c` within the worker's space: a GPT model stays the same shape; CP, PP and VPP become 1, the
 // order tally's default, ETP 1 or TP, EP a divisor of the data-parallel size and of the experts,
@@ -28,6 +31,6 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
 // one drawn from `draw` (a ZeRO stage with a precision it supports); one with a section keeps it,
 // made valid. A custom layout has no DeepSpeed counterpart and is returned as it is.
 casefile::Case within_deepspeed(casefile::Case c, std::string_view version, const FaultPlants& plants,
-                                std::uint64_t draw);
+                                std::uint64_t draw, const std::vector<std::string>& dtypes = {});
 
 }  // namespace tally::run

@@ -265,6 +265,8 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
     w.hello.world = j.at("world").get<int>();
     w.hello.plants = {};
     if (j.contains("plants")) w.hello.plants.planted = j.at("plants").get<std::map<std::string, std::string>>();
+    w.hello.dtypes.clear();
+    if (j.contains("dtypes")) w.hello.dtypes = j.at("dtypes").get<std::vector<std::string>>();
     if (j.contains("cannot_plant"))
       w.hello.plants.not_planted = j.at("cannot_plant").get<std::map<std::string, std::string>>();
   } catch (const std::exception& e) {

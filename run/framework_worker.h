@@ -62,6 +62,9 @@ struct WorkerHello {
   std::string producer;   // the manifests' producer line
   int world = 0;
   FaultPlants plants;
+  // The gradient dtypes the framework computes in on this machine ("fp32", "bf16", "fp16");
+  // empty: every one (DeepSpeed's CPU accelerator has no fp16 on CPUs without it).
+  std::vector<std::string> dtypes;
 };
 
 // One case executed by a worker and judged.

@@ -323,7 +323,8 @@ def execute(queue, k, case):
             from deepspeed.utils import groups
 
             name = module.moe[next(iter(moe_layers)).replace(".", "__")].expert_group_name
-            expert_weight = mpu.get_data_parallel_world_size() // groups._get_expert_data_parallel_world_size(name)
+            # a power of two either way (DeepSpeed's legacy expert groups span TP): exact
+            expert_weight = mpu.get_data_parallel_world_size() / groups._get_expert_data_parallel_world_size(name)
 
         def term(p):
             weight = 1 if getattr(p, "allreduce", True) else expert_weight
@@ -380,6 +381,11 @@ def main(argv=None):
     deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=10))
     rank = dist.get_rank()
     version = deepspeed.__version__
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    dtypes = ["fp32"] + [name for name, supported in (("bf16", accelerator.is_bf16_supported),
+                                                        ("fp16", accelerator.is_fp16_supported)) if supported()]
     hello = {
         "framework": "deepspeed",
         "version": version,
@@ -387,6 +393,7 @@ def main(argv=None):
         "producer": f"tally_deepspeed_worker {WORKER_VERSION} / deepspeed {version}",
         "backend": backend,
         "devices": devices,
+        "dtypes": dtypes,
         "plants": {},
         "cannot_plant": {},
     }
