@@ -375,10 +375,16 @@ def main(argv=None):
         backend = "nccl" if 0 < devices and world <= devices else "gloo"
     if devices:
         torch.cuda.set_device(local_rank % devices)
+        # DeepSpeed's engine takes its device from LOCAL_RANK: with more ranks than GPUs, each
+        # rank's LOCAL_RANK becomes the GPU it shares.
+        os.environ["LOCAL_RANK"] = str(local_rank % devices)
     import deepspeed
     import torch.distributed as dist
 
-    deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=10))
+    # torch's own init (DeepSpeed's passes device_id=cuda:LOCAL_RANK, which one shared GPU refuses);
+    # deepspeed.init_distributed then adopts the default group.
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    deepspeed.init_distributed(dist_backend=backend)
     rank = dist.get_rank()
     version = deepspeed.__version__
     from deepspeed.accelerator import get_accelerator

@@ -1,0 +1,50 @@
+"""DeepSpeed 0.19.8: with fp16 at ZeRO stage 0, engine.backward never multiplies the loss by the loss
+scale, but the step still divides the gradients by it
+(docs/findings/deepspeed-0.19.8-fp16-zero0-loss-never-scaled.md).
+
+    torchrun --standalone --nproc-per-node 1 deepspeed_0_19_8_fp16_zero0_loss_never_scaled.py [--stage 1]
+
+One fp16 param of 4 elements, loss = its sum (every gradient element 1), a static loss scale of
+128, torch SGD with lr 1 and clipping off: one step should move every element by -1, and
+get_global_grad_norm() should be 2. At ZeRO 0 (FP16_UnfusedOptimizer) the param moves by -1/128;
+ZeRO 1 (--stage 1) is the control. Needs a device with fp16 (a GPU, or a CPU DeepSpeed accepts).
+"""
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import deepspeed  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--stage", type=int, default=0, choices=[0, 1, 2])
+    args = p.parse_args()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    deepspeed.init_distributed(dist_backend=backend)
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(torch.zeros(4))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
+        config={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 1,
+                "gradient_clipping": 0.0, "fp16": {"enabled": True, "loss_scale": 128},
+                "zero_optimization": {"stage": args.stage},
+                "zero_allow_untested_optimizer": True})
+    engine.backward(engine.module.weight.sum())
+    engine.step()
+    moved = engine.module.weight.detach().float().cpu().tolist()
+    norm = engine.get_global_grad_norm()
+    print(f"ZeRO {args.stage}, {type(engine.optimizer).__name__}: the step moved the param by {moved} "
+          f"(expected -1 each); get_global_grad_norm() = {float(norm)} (expected 2)")
+    if abs(moved[0] + 1) > 1e-3:
+        print(f"WRONG UPDATE: the gradient reached the optimizer divided by {-1 / moved[0]:g} (the loss scale)")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
