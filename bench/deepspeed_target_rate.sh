@@ -38,14 +38,16 @@ try:
 except Exception:
     print(f"{world:>5}  fuzz gave no summary (exit {fuzz_rc}); see {path[:-5]}.err")
     sys.exit()
-per_min = 60 * j["cases"] / j["seconds"] if j["seconds"] else 0
+# Every case the worker executed: the generated ones and the shrinker's.
+executed = j["cases"] + sum(f["shrink_runs"] for f in j["failures"])
+per_min = 60 * executed / j["seconds"] if j["seconds"] else 0
 base = 60 / float(one_s)
-print(f"{world:>5}  {j['cases']:>6} cases in {j['seconds']:6.1f} s  {per_min:7.1f}/min  "
-      f"one worker per case {one_s:>5} s (rc {one_rc}) {base:5.2f}/min  "
+print(f"{world:>5}  {j['cases']:>4} generated + {executed - j['cases']:>4} shrink runs in {j['seconds']:6.1f} s  "
+      f"{per_min:7.1f}/min  one worker per case {one_s:>5} s (rc {one_rc}) {base:5.2f}/min  "
       f"ratio {per_min / base:6.1f}x  failures {len(j['failures'])}")
 PY
 )")
 done
 echo "deepspeed $version, accelerator ${DS_ACCELERATOR:-auto}, ${seconds} s per campaign (failures shrunk inside it)"
-echo "world  generated cases              rate          one worker per case                    speed-up"
+echo "world  cases executed (generated + shrink runs)     rate     one worker per case                 speed-up"
 printf '%s\n' "${rows[@]}"
