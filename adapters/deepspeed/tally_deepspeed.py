@@ -211,9 +211,8 @@ def _stats(values) -> Dict[str, Any]:
 
 
 def attributes_of(p) -> Dict[str, Any]:
-    from deepspeed.runtime.utils import is_model_parallel_parameter
-
-    tp = bool(is_model_parallel_parameter(p))
+    # The attributes themselves, not DeepSpeed's predicate on them (a planted fault replaces it).
+    tp = bool(getattr(p, "tensor_model_parallel", False) or getattr(p, "model_parallel", False))
     return {
         "tensor_model_parallel": tp,
         "partition_dim": int(getattr(p, "partition_dim", -1)) if tp else -1,

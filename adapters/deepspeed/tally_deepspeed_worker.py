@@ -63,6 +63,132 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+# --- planted faults (the real mutation score) -------------------------------------------------
+#
+# A catalog fault (`tally run --list-faults`) with a counterpart in DeepSpeed is planted for one case
+# by replacing the function that decides its rule, in every loaded deepspeed module that imported it
+# (or on the class that defines it); the originals are put back after the case. DeepSpeed's files
+# are never touched. tally_deepspeed.Recording reads the replaced predicates too, so the manifests
+# show a planted filter; a planted reduction shows in the reported norm.
+
+
+def _keep_every_param(orig):
+    return lambda p: True
+
+
+def _expert_norm_dropped_bf16(orig):
+    def get_norm_with_moe_layers(non_expert_norm, mpu, expert_tensors, norm_type=2):
+        return orig(non_expert_norm, mpu, {}, norm_type)
+
+    return get_norm_with_moe_layers
+
+
+def _expert_norm_dropped_zero(orig):
+    def _average_expert_grad_norms(self, norm_groups):
+        for i in range(len(norm_groups)):
+            if self.is_moe_param_group[i]:
+                norm_groups[i] = norm_groups[i] * 0.0
+
+    return _average_expert_grad_norms
+
+
+def _no_ep_reduction(orig):
+    def get_global_norm_of_tensors(input_tensors, norm_type=2, mpu=None, moe_ep_group=None):
+        return orig(input_tensors, norm_type=norm_type, mpu=mpu, moe_ep_group=None)
+
+    return get_global_norm_of_tensors
+
+
+# fault -> ([(module or class, attribute), ...], make, how it is planted)
+PLANTS = {
+    "no-dedup-filter": (
+        [("deepspeed.runtime.utils", "is_model_parallel_parameter")],
+        _keep_every_param,
+        "is_model_parallel_parameter holds for every param, so no TP replica is dropped",
+    ),
+    "expert-norm-dropped": (
+        [("deepspeed.runtime.utils", "get_norm_with_moe_layers"),
+         ("deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer", "_average_expert_grad_norms")],
+        lambda orig: (_expert_norm_dropped_zero if orig.__name__ == "_average_expert_grad_norms"
+                      else _expert_norm_dropped_bf16)(orig),
+        "get_norm_with_moe_layers ignores the expert groups; ZeRO's expert group norms become 0",
+    ),
+    "missing-ep-reduction": (
+        [("deepspeed.runtime.utils", "get_global_norm_of_tensors")],
+        _no_ep_reduction,
+        "get_global_norm_of_tensors is called without its expert-parallel group",
+    ),
+}
+
+NOT_PLANTED = {
+    "allreduce-flag-lost-on-main-params": "DeepSpeed reads allreduce on the model params themselves",
+    "expert-weights-not-tp-marked": "an attribute of the params: the worker's model sets it",
+    "expert-label-from-ep-only": "an attribute of the params: DeepSpeed's MoE layer sets allreduce=False",
+    "expert-label-ignores-gtp": "generalized TP is megatron-core's",
+    "muon-expert-stats-without-egtp": "generalized TP is megatron-core's",
+    "expert-stats-over-dense-mp": "Megatron's Muon grouping",
+    "expert-dedup-on-dense-tp": "Megatron's duplicate filter with TP groups; DeepSpeed's filter takes none",
+    "tied-copy-not-shared": "the worker runs no pipeline parallelism (ds_pipe_replicated)",
+    "clip-per-child-norm": "clipping: the manifests record no clip coefficient yet",
+    "clip-per-stage-norm": "clipping: the manifests record no clip coefficient yet",
+    "clip-per-ep-group-norm": "clipping: the manifests record no clip coefficient yet",
+    "tp-sharded-param-unmarked": "an attribute of the params: the worker's model sets it",
+    "replicated-marked-tp": "an attribute of the params: the worker's model sets it",
+    "average-rank-norms": "DeepSpeed's clip_grad_norm_ averages already (DeepSpeed #8475)",
+    "stats-over-replicas": "DeepSpeed's groups are the mpu's and its own: no one stats group to widen",
+    "missing-pp-reduction": "the worker runs no pipeline parallelism",
+    "zero-count-in-float32": "DeepSpeed reports no zero count",
+    "empty-rank-skips-collective": "a hang: the worker would be stopped, not judged",
+    "inf-norm-combined-by-l2": "the worker reports the L2 norm only",
+    "distopt-padding-counted": "Megatron's DistributedOptimizer",
+    "distopt-overlapping-shards": "Megatron's DistributedOptimizer",
+    "average-local-norms-over-dp": "DeepSpeed's clip_grad_norm_ does it already (DeepSpeed #8475)",
+}
+
+
+def _owner(where):
+    import importlib
+
+    module_name, _, cls = where.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, cls) if cls else module
+
+
+class Planted:
+    """Plants `faults` in every loaded deepspeed module (or class) for the duration of a case."""
+
+    def __init__(self, faults):
+        unknown = [f for f in faults if f not in PLANTS]
+        if unknown:
+            reasons = "; ".join(f"{f}: {NOT_PLANTED.get(f, 'not a fault this worker knows')}" for f in unknown)
+            raise ValueError(f"cannot plant {reasons}")
+        self.faults = list(faults)
+        self.undo = []
+
+    def __enter__(self):
+        for fault in self.faults:
+            targets, make, _ = PLANTS[fault]
+            for where, attr in targets:
+                owner = _owner(where)
+                orig = getattr(owner, attr)
+                replacement = make(orig)
+                if ":" in where:
+                    setattr(owner, attr, replacement)
+                    self.undo.append((owner, attr, orig))
+                    continue
+                for name, module in list(sys.modules.items()):
+                    if module is not None and name.startswith("deepspeed") and getattr(module, attr, None) is orig:
+                        setattr(module, attr, replacement)
+                        self.undo.append((module, attr, orig))
+        return self
+
+    def __exit__(self, *exc):
+        for owner, attr, orig in reversed(self.undo):
+            setattr(owner, attr, orig)
+        self.undo.clear()
+        return False
+
+
 # --- the case's process groups ---------------------------------------------------------------
 
 
@@ -285,7 +411,9 @@ def execute(queue, k, case):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         case.get("gradients", {}).get("dtype", "fp32")]
     mpu = engine = None
+    planted = Planted(case.get("faults", []))
     try:
+        planted.__enter__()
         mpu = Mpu(t.get("tp", 1))
         tensors = load_gradients(queue, k)
         with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
@@ -354,8 +482,9 @@ def execute(queue, k, case):
         tally_deepspeed.dump_manifest(manifest, os.path.join(queue, f"case-{k}"))
         return "ok", ""
     finally:
-        if engine is not None:
-            engine.destroy() if hasattr(engine, "destroy") else None
+        planted.__exit__(None, None, None)
+        if engine is not None and hasattr(engine, "destroy"):
+            engine.destroy()
         del engine
         gc.collect()
         reset_deepspeed_groups(mpu)
@@ -381,6 +510,10 @@ def main(argv=None):
     import deepspeed
     import torch.distributed as dist
 
+    # Every module that imports a replaced function is loaded before any fault is planted.
+    import deepspeed.runtime.bf16_optimizer  # noqa: F401
+    import deepspeed.runtime.fp16.unfused_optimizer  # noqa: F401
+    import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
     # torch's own init (DeepSpeed's passes device_id=cuda:LOCAL_RANK, which one shared GPU refuses);
     # deepspeed.init_distributed then adopts the default group.
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
@@ -400,8 +533,8 @@ def main(argv=None):
         "backend": backend,
         "devices": devices,
         "dtypes": dtypes,
-        "plants": {},
-        "cannot_plant": {},
+        "plants": {fault: why for fault, (_, _, why) in PLANTS.items()},
+        "cannot_plant": NOT_PLANTED,
     }
     if rank == 0:
         where = f"{devices} GPU(s)" if devices else "CPU"
