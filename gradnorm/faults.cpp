@@ -120,6 +120,13 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "the non-layer-wise Muon chain reduces its expert children's statistics over tp-ep-pp, which "
      "does not span expert GTP: each EGTP rank's norm misses the other EGTP shards",
      "the muon optimizer model with experts in the expert topology and EGTP > 1"},
+    {Fault::tp_marking_unseen_by_filter, "tp-marking-unseen-by-filter",
+     "DeepSpeed 0.19.8 FP16_UnfusedOptimizer (get_weight_norm is given the gradients, which carry no "
+     "tensor_model_parallel; docs/findings/deepspeed-0.19.8-unfused-optimizer-drops-tp-shards.md); "
+     "the fused optimizer's form was fixed by DeepSpeed PR #5411",
+     "the duplicate filter does not see the tensor_model_parallel mark: a TP shard is kept only on "
+     "the first rank of its TP (or expert-TP) group, so the other ranks' shards are dropped",
+     "TP (or ETP) > 1 with gradients on tensor-parallel shards"},
 }};
 
 }  // namespace

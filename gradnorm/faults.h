@@ -37,8 +37,9 @@ enum class Fault : std::uint8_t {
   clip_per_ep_group_norm,
   average_local_norms_over_dp,
   muon_expert_stats_without_egtp,
+  tp_marking_unseen_by_filter,
 };
-inline constexpr int kFaultCount = 25;
+inline constexpr int kFaultCount = 26;
 
 struct FaultInfo {
   Fault fault;

@@ -49,7 +49,7 @@ Rule filter_rule(const MainParam& param, const topologies::RankLayout& layout, i
   const topologies::LocalParam& a = param.attrs;
   if (a.shared) return Rule::dropped_shared;
   if (faults.has(Fault::no_dedup_filter)) return Rule::kept_without_filter;
-  if (a.tensor_model_parallel) return Rule::kept_tensor_parallel;
+  if (a.tensor_model_parallel && !faults.has(Fault::tp_marking_unseen_by_filter)) return Rule::kept_tensor_parallel;
   const bool expert_group = !a.allreduce && !param.dedup_on_dense_tp;
   const int index = layout.index_in(expert_group ? Family::expt_tp : Family::tp, rank);
   if (expert_group) return index == 0 ? Rule::kept_first_of_etp : Rule::dropped_not_first_of_etp;

@@ -76,6 +76,10 @@ def _keep_every_param(orig):
     return lambda p: True
 
 
+def _no_param_is_tensor_parallel(orig):
+    return lambda p: False
+
+
 def _expert_norm_dropped_bf16(orig):
     def get_norm_with_moe_layers(non_expert_norm, mpu, expert_tensors, norm_type=2):
         return orig(non_expert_norm, mpu, {}, norm_type)
@@ -105,6 +109,11 @@ PLANTS = {
         [("deepspeed.runtime.utils", "is_model_parallel_parameter")],
         _keep_every_param,
         "is_model_parallel_parameter holds for every param, so no TP replica is dropped",
+    ),
+    "tp-marking-unseen-by-filter": (
+        [("deepspeed.runtime.utils", "is_model_parallel_parameter")],
+        _no_param_is_tensor_parallel,
+        "is_model_parallel_parameter holds for no param, so TP shards count only on TP rank 0",
     ),
     "expert-norm-dropped": (
         [("deepspeed.runtime.utils", "get_norm_with_moe_layers"),

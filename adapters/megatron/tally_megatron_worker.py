@@ -190,6 +190,8 @@ NOT_PLANTED = {
     "distopt-padding-counted": "the DistributedOptimizer's buffer layout, not one function",
     "distopt-overlapping-shards": "the DistributedOptimizer's buffer layout, not one function",
     "average-local-norms-over-dp": "two reductions of one rank's norm: not one function",
+    "tp-marking-unseen-by-filter": "param_is_not_tensor_parallel_duplicate reads the param's own mark, which "
+    "the adapter reads too to describe its box",
 }
 
 

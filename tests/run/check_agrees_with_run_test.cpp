@@ -70,8 +70,13 @@ struct Allowed {
 // found by the model target's exact bounds and, by design, not by check's, which must allow a
 // real framework's fp32 reduction order.
 bool fails_only_under_check_tolerance(const oracle::Verdict& run) {
-  if (run.kind != oracle::Verdict::Kind::fail || !run.ranks_agree || run.miscounted_total > 0 ||
-      !run.clipped.empty())
+  // Ranks whose clip coefficients differ, each within the tolerance of the truth's (a stage's own
+  // clip norm a hair above max_norm), disagree exactly for run and agree within it for check.
+  const bool agree_within_tolerance =
+      run.ranks_agree || run.disagreement.find("clip coefficient") != std::string::npos;
+  // Clipped values are the clip coefficient times the gradients: with the coefficient within the
+  // tolerance (below), so are they, and check records none to compare.
+  if (run.kind != oracle::Verdict::Kind::fail || !agree_within_tolerance || run.miscounted_total > 0)
     return false;
   const double rtol = oracle::Bounds{}.rtol;
   return std::all_of(run.stats.begin(), run.stats.end(), [&](const oracle::StatisticCheck& s) {

@@ -125,6 +125,8 @@ inline std::vector<FaultCase> fault_cases() {
         config_of(2, 2, 1, 1, 2), m, ones(OptimizerModel::plain), ParamClass::replicated);
     add(Fault::no_dedup_filter, "NeMo-RL #3788: TP 2 without a duplicate filter",
         config_of(2, 2, 1, 1, 2), m, ones(OptimizerModel::plain), ParamClass::replicated);
+    add(Fault::tp_marking_unseen_by_filter, "DeepSpeed 0.19.8 unfused optimizer: TP 2, shards dropped on TP rank 1",
+        config_of(2, 2, 1, 1, 2), m, ones(OptimizerModel::plain), ParamClass::column);
     gradnorm::PathOptions normal = ones(OptimizerModel::plain);
     normal.gradients.generator.mode = kernels::GradientMode::normal;
     normal.gradients.generator.seed = 7;
