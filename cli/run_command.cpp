@@ -365,6 +365,9 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                        std::string(context.backend.name()) +
                        " backend returns only the verdict, not each rank's decisions)");
     casefile::Case c = input_case(o);
+    // A case the flags describe has no DeepSpeed section: DeepSpeed's defaults (ZeRO 0, the
+    // precision of --grad-dtype).
+    if (o.target.target == "deepspeed" && o.case_file.empty() && !c.deepspeed) c.deepspeed = casefile::DeepSpeedConfig{};
     if (!o.description.empty()) {
       if (std::optional<std::string> error = casefile::description_error(o.description))
         throw UsageError("--description: " + *error);

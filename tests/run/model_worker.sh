@@ -3,7 +3,8 @@
 # tests of the worker protocol where no framework is installed: each case is executed by tally's
 # own model of the path (`tally run CASE --manifests DIR`), which writes the manifests a real
 # worker would. It says it is megatron-core (TALLY_TEST_WORKER_VERSION, default 0.19.2) so the
-# real target's rules apply.
+# real target's rules apply, or, with TALLY_TEST_WORKER_FRAMEWORK=deepspeed, DeepSpeed 0.19.8 on a
+# machine without fp16 (the case's deepspeed section is then dropped before tally's model runs it).
 #
 #   model_worker.sh TALLY WORLD --queue DIR --parent-pid PID
 #
@@ -23,6 +24,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 mode=${TALLY_TEST_WORKER_MODE:-}
+framework=${TALLY_TEST_WORKER_FRAMEWORK:-megatron-core}
+version=0.19.2 dtypes=
+if [ "$framework" = deepspeed ]; then version=0.19.8 dtypes=', "dtypes": ["fp32", "bf16"]'; fi
 fault=${TALLY_TEST_WORKER_FAULT:-}
 if [ "$mode" = no-hello ]; then
   echo "model_worker.sh: leaving before hello, as asked"
@@ -35,7 +39,7 @@ atomically() {  # atomically FILE TEXT
 # It "plants" a case's faults by running tally's model with them; two it declines, as a real
 # worker declines faults without a counterpart.
 atomically "$queue/hello.json" \
-  "{\"framework\": \"megatron-core\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-0.19.2}\", \"world\": $world, \"producer\": \"tally model_worker.sh\",
+  "{\"framework\": \"$framework\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-$version}\", \"world\": $world, \"producer\": \"tally model_worker.sh\"$dtypes,
     \"plants\": {\"average-rank-norms\": \"tally's model\", \"missing-pp-reduction\": \"tally's model\", \"no-dedup-filter\": \"tally's model\"},
     \"cannot_plant\": {\"zero-count-in-float32\": \"too big for the stand-in\"}}"
 echo "model_worker.sh: world $world up"
@@ -70,6 +74,14 @@ while :; do
     sed "s/\"faults\": \[\]/\"faults\": [\"$fault\"]/" "$request" >"$planted"
   else
     cp "$request" "$planted"
+  fi
+  if [ "$framework" = deepspeed ]; then
+    grep -q '"dtype": "fp16"' "$planted" && {
+      atomically "$queue/case-$k.result.json" '{"status": "error", "message": "fp16 on a machine without it"}'
+      k=$((k + 1))
+      continue
+    }
+    python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.pop("deepspeed", None); json.dump(c, open(sys.argv[1], "w"))' "$planted"
   fi
   "$tally" run "$planted" --manifests "$queue/case-$k" >"$queue/case-$k.log" 2>&1
   rc=$?
