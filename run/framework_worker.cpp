@@ -6,11 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -46,16 +48,30 @@ std::string read_file(const fs::path& path) {
   return text.str();
 }
 
-// The last `lines` lines of a worker's log, indented, for an error message.
+// Whether a log line is a Python exception's last line ("ValueError: ..."), the launcher's own
+// report that a child failed aside.
+bool is_exception_line(const std::string& line) {
+  static const std::regex exception(R"(^[A-Za-z_][A-Za-z0-9_.]*(Error|Exception)(: .*)?$)");
+  return line.find("ChildFailedError") == std::string::npos && std::regex_match(line, exception);
+}
+
+// The last `lines` lines of a worker's log, indented, for an error message; first the log's first
+// exception when the tail lacks it (torchrun's report of a failed rank fills the end of the log
+// and hides the rank's own error).
 std::string log_tail(const fs::path& log, std::size_t lines = 25) {
   std::ifstream in(log);
   std::deque<std::string> tail;
+  std::string first_exception;
   for (std::string line; std::getline(in, line);) {
+    if (first_exception.empty() && is_exception_line(line)) first_exception = line;
     tail.push_back(line);
     if (tail.size() > lines) tail.pop_front();
   }
   if (tail.empty()) return " (its log " + log.string() + " is empty)";
-  std::string text = "; the end of its log " + log.string() + ":";
+  std::string text;
+  if (!first_exception.empty() && std::find(tail.begin(), tail.end(), first_exception) == tail.end())
+    text += "; the first error in its log: " + first_exception;
+  text += "; the end of its log " + log.string() + ":";
   for (const std::string& line : tail) text += "\n    " + line;
   return text;
 }

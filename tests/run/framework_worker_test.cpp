@@ -131,7 +131,10 @@ TEST(WorkerPool, AWorkerThatNeverSaysHelloIsAnErrorWithTheEndOfItsLog) {
   } catch (const std::runtime_error& error) {
     const std::string message = error.what();
     EXPECT_NE(message.find("the world-2 worker exited before it was up (exit code 4)"), std::string::npos) << message;
-    EXPECT_NE(message.find("leaving before hello, as asked"), std::string::npos) << message;
+    EXPECT_NE(message.find("the launcher's report, line 30"), std::string::npos) << message;
+    EXPECT_NE(message.find("the first error in its log: ValueError: device_id cuda:1 is out of range"),
+              std::string::npos)
+        << "a rank's error above the launcher's long report is named: " << message;
   }
 }
 

@@ -30,6 +30,8 @@ if [ "$framework" = deepspeed ]; then version=0.19.8 dtypes=', "dtypes": ["fp32"
 fault=${TALLY_TEST_WORKER_FAULT:-}
 if [ "$mode" = no-hello ]; then
   echo "model_worker.sh: leaving before hello, as asked"
+  echo "ValueError: device_id cuda:1 is out of range (as a rank's own error)"
+  for i in $(seq 30); do echo "    the launcher's report, line $i"; done
   exit 4
 fi
 
