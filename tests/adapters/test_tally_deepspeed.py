@@ -1,0 +1,93 @@
+"""Unit tests of the DeepSpeed adapter's and the worker queue's pure parts: no torch, no DeepSpeed.
+Run: python3 -m unittest discover -s tests/adapters (or pytest)."""
+
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters", "megatron"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters", "deepspeed"))
+
+import tally_deepspeed as td  # noqa: E402
+import tally_deepspeed_worker as worker  # noqa: E402
+import tally_worker_queue as queue  # noqa: E402
+
+
+class LocalBox(unittest.TestCase):
+    def test_a_column_weight_is_split_by_rows_over_tp(self):
+        self.assertEqual(worker.local_box([8, 4], "column", 1, 2), ([4, 0], [4, 4], 0))
+
+    def test_a_row_weight_is_split_by_columns_over_tp(self):
+        self.assertEqual(worker.local_box([4, 8], "row", 3, 4), ([0, 6], [4, 2], 1))
+
+    def test_a_replicated_param_and_an_expert_fc2_bias_are_whole(self):
+        self.assertEqual(worker.local_box([8], "replicated", 1, 2), ([0], [8], None))
+        self.assertEqual(worker.local_box([8], "expert-row-bias", 1, 2), ([0], [8], None))
+
+    def test_tp_1_splits_nothing(self):
+        self.assertEqual(worker.local_box([8, 4], "column", 0, 1), ([0, 0], [8, 4], None))
+
+    def test_a_dim_tp_does_not_divide_names_the_class_and_the_rule(self):
+        with self.assertRaisesRegex(ValueError, "class column: dim 0 of \\[6, 4\\] is not divisible by TP 4"):
+            worker.local_box([6, 4], "column", 0, 4)
+
+
+class Chained(unittest.TestCase):
+    def test_a_sum_over_dp_then_tp_reaches_the_product_group(self):
+        tp_of = {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}
+        self.assertEqual(td.chained([0, 2], tp_of), [0, 1, 2, 3])
+
+    def test_a_sum_over_one_rank_then_its_group_is_the_group(self):
+        self.assertEqual(td.chained([3], {3: [1, 3]}), [1, 3])
+
+
+class Stats(unittest.TestCase):
+    def test_statistics_are_exact_for_a_few_values(self):
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            self.skipTest("numpy is not installed")
+        self.assertEqual(td._stats([3.0, 0.0, -4.0]), {"sum_squares": 25.0, "abs_max": 4.0, "zeros": 1})
+
+
+class Queue(unittest.TestCase):
+    def test_the_next_command_is_the_case_once_its_file_is_there(self):
+        with tempfile.TemporaryDirectory() as q:
+            queue.write_atomically(os.path.join(q, "case-1.json"), "{}")
+            self.assertEqual(queue.next_command(q, 1, 0), ("case", 1))
+
+    def test_stop_wins_over_a_waiting_case(self):
+        with tempfile.TemporaryDirectory() as q:
+            queue.write_atomically(os.path.join(q, "case-1.json"), "{}")
+            queue.write_atomically(os.path.join(q, "stop"), "")
+            self.assertEqual(queue.next_command(q, 1, 0), ("stop",))
+
+    def test_the_gradients_are_read_by_name_and_shape(self):
+        with tempfile.TemporaryDirectory() as q:
+            import struct
+
+            with open(os.path.join(q, "case-1.gradients.f32"), "wb") as f:
+                f.write(struct.pack("<6f", 1, 2, 3, 4, 5, 6))
+            queue.write_atomically(os.path.join(q, "case-1.gradients.json"), json.dumps({
+                "elements": 6, "params": [{"name": "a", "shape": [2, 2], "offset": 0},
+                                          {"name": "b", "shape": [2], "offset": 4}]}))
+            try:
+                tensors = queue.load_gradients(q, 1)
+            except ImportError:
+                self.skipTest("numpy is not installed")
+            self.assertEqual(tensors["a"].tolist(), [[1, 2], [3, 4]])
+            self.assertEqual(tensors["b"].tolist(), [5, 6])
+
+
+class Plants(unittest.TestCase):
+    def test_every_catalog_fault_is_planted_or_has_a_reason(self):
+        faults = set(worker.PLANTS) | set(worker.NOT_PLANTED)
+        self.assertFalse(set(worker.PLANTS) & set(worker.NOT_PLANTED))
+        self.assertEqual(len(faults), 26, "the catalog's 26 faults (tally run --list-faults)")
+
+
+if __name__ == "__main__":
+    unittest.main()
