@@ -118,11 +118,11 @@ std::vector<std::string> pages_of(const std::string& folder, const std::vector<I
 // `html_page`: where a failing case's report goes; "" writes none.
 // A case on a real target: re-executed by `pool`'s worker when there is one, else judged from the
 // manifests its case file saved. Throws run::NotRunnableHere when it can be neither.
+// `target`: --target's framework, known before any worker starts.
 oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& c, run::WorkerPool* pool,
-                                 std::string& how) {
+                                 const std::string& target, std::string& how) {
   if (pool) {
-    const std::string& framework = pool->hello(c.topology.world).framework;
-    if (c.target && c.target->framework != framework)
+    if (c.target && c.target->framework != target)
       throw run::NotRunnableHere("a " + c.target->framework + " case: replay it with --target " +
                                  c.target->framework);
     TargetRun r = run_on_target(*pool, c);
@@ -143,7 +143,8 @@ oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& 
   return run::judge_manifests(dir, 1e-5);
 }
 
-Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* pool, const std::string& html_page) {
+Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* pool, const std::string& target,
+                   const std::string& html_page) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -165,7 +166,7 @@ Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* p
       return o;
     }
     const oracle::Verdict verdict =
-        pool || c.target || c.deepspeed ? replay_on_target(input.file, c, pool, o.how) : backend.run(c, {});
+        pool || c.target || c.deepspeed ? replay_on_target(input.file, c, pool, target, o.how) : backend.run(c, {});
     if (c.target) o.rerun_flags = " --target " + c.target->framework;
     o.verdict = oracle::kind_name(verdict.kind);
     if (!html_page.empty() && verdict.kind != oracle::Verdict::Kind::pass) {
@@ -251,7 +252,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         options->html.empty() ? std::vector<std::string>(inputs.size()) : pages_of(options->html, inputs);
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Input& input = inputs[i];
-      outcomes.push_back(replay_one(input, context.backend, pool.get(), pages[i]));
+      outcomes.push_back(replay_one(input, context.backend, pool.get(), options->target.target, pages[i]));
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;

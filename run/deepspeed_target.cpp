@@ -41,6 +41,44 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
   return std::nullopt;
 }
 
+// The MoE layer's expert groups: without expert TP, DeepSpeed's legacy groups are consecutive
+// ranks of the whole world (they span TP); with it, EP groups lie within a DP group.
+bool ep_fits(const topologies::ParallelConfig& t, const topologies::ModelSpec& m) {
+  if (m.num_experts == 0) return t.ep == 1;
+  const int ranks = t.etp == 1 ? t.world : data_parallel(t);
+  return ranks % t.ep == 0 && m.num_experts % t.ep == 0;
+}
+
+// One of DeepSpeed's norm codes, as a ZeRO stage, a precision and the accumulation dtype choose it.
+struct EnginePath {
+  int zero_stage;
+  Dtype dtype;
+  bool grad_accum_fp32;
+};
+constexpr std::array<EnginePath, 8> kEnginePaths = {{
+    {0, Dtype::fp32, false},  // clip_grad_norm_
+    {0, Dtype::bf16, false},  // FP16_UnfusedOptimizer
+    {0, Dtype::fp16, false},  // FP16_UnfusedOptimizer
+    {1, Dtype::bf16, true},   // BF16_Optimizer
+    {1, Dtype::bf16, false},  // DeepSpeedZeroOptimizer
+    {1, Dtype::fp32, false},
+    {2, Dtype::bf16, false},
+    {2, Dtype::fp16, false},
+}};
+
+// Whether a planted fault can change what `path` computes, where the unplanted path counts right
+// (tally mutants scores a fault only on a case that passes without it).
+bool shows(const gradnorm::FaultSet& faults, const EnginePath& path) {
+  using gradnorm::Fault;
+  const bool bf16_optimizer = path.zero_stage == 1 && path.grad_accum_fp32;
+  const bool zero = path.zero_stage > 0 && !bf16_optimizer;
+  const bool unfused = path.zero_stage == 0 && path.dtype != Dtype::fp32;
+  if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer) return false;
+  if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !zero) return false;
+  if ((faults.has(Fault::no_dedup_filter) || faults.has(Fault::tp_marking_unseen_by_filter)) && unfused) return false;
+  return true;
+}
+
 }  // namespace
 
 std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view,
@@ -59,17 +97,19 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
     return "topology.cp/pp/vpp: the DeepSpeed worker runs TP x DP x EP (no sequence or pipeline "
            "parallelism yet)";
   if (!default_grid(t))
-    return "topology.order " + t.order + ": DeepSpeed's groups are TP fastest, then EP within DP "
-           "(tally's default order)";
+    return "topology.order " + t.order + ": the worker's groups are TP fastest, then DP (tally's "
+           "default order); DeepSpeed makes its expert groups from them";
   if (t.dist_opt_instances > 1)
     return "topology.dist_opt_instances: Megatron's distributed-optimizer instances have no DeepSpeed counterpart";
   if (t.etp != 1 && t.etp != t.tp)
     return "topology.etp " + std::to_string(t.etp) + " with tp " + std::to_string(t.tp) +
            ": DeepSpeed's experts are whole on every TP rank (etp 1) or split over the TP group "
            "(etp = tp, enable_expert_tensor_parallelism)";
-  if (m.num_experts > 0 && (data_parallel(t) % t.ep != 0 || m.num_experts % t.ep != 0))
-    return "topology.ep " + std::to_string(t.ep) + ": DeepSpeed's MoE needs EP to divide the data-parallel "
-           "size (" + std::to_string(data_parallel(t)) + ") and the experts (" + std::to_string(m.num_experts) + ")";
+  if (m.num_experts > 0 && !ep_fits(t, m))
+    return "topology.ep " + std::to_string(t.ep) + ": DeepSpeed's MoE needs EP to divide the experts (" +
+           std::to_string(m.num_experts) + ") and " +
+           (t.etp == 1 ? "the world (" + std::to_string(t.world) + "; without expert TP its groups span TP)"
+                       : "the data-parallel size (" + std::to_string(data_parallel(t)) + ", with expert TP)");
   if (o.optimizer != gradnorm::OptimizerModel::plain)
     return "optimizer.model " + std::string(gradnorm::optimizer_model_name(o.optimizer)) +
            ": Megatron's optimizers; DeepSpeed's is chosen by the deepspeed section (leave plain)";
@@ -101,49 +141,44 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   t.vpp = 1;
   t.order = std::string(topologies::kDefaultOrder);
   t.dist_opt_instances = 1;
-  // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
-  // would: halve it until the case is valid.
-  const bool expert_tp = t.etp != 1;
-  for (;;) {
-    t.etp = expert_tp ? t.tp : 1;
-    if (t.tp == 1 || !casefile::check_case(c)) break;
-    t.tp /= 2;
-  }
-  while (m.num_experts > 0 && t.ep > 1 && (data_parallel(t) % t.ep != 0 || m.num_experts % t.ep != 0)) t.ep /= 2;
-  if (m.num_experts == 0) t.ep = 1;
   o.optimizer = gradnorm::OptimizerModel::plain;
   o.p_values.clear();
   if (!unplantable(o.faults, plants).empty()) o.faults = {};
+  // A stated gradient for a param only the removed features had has nothing left to state (the
+  // params' names do not depend on the sharding: one rank names them all).
+  topologies::ParallelConfig one_rank;
+  const topologies::LogicalModel model(m, one_rank);
+  std::erase_if(o.gradients.stated, [&](const gradnorm::StatedFor& s) {
+    return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
+      return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
+    });
+  });
+  // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
+  // would: with expert TP if the case had it, else without, else halve TP.
+  const auto settle = [&](int etp) {
+    t.etp = etp;
+    if (m.num_experts == 0) t.ep = 1;
+    while (t.ep > 1 && !ep_fits(t, m)) t.ep /= 2;
+    return !casefile::check_case(c);
+  };
+  const bool expert_tp = t.etp != 1;
+  while (!(expert_tp && settle(t.tp)) && !settle(1) && t.tp > 1) t.tp /= 2;
   if (!c.deepspeed) {
-    // Each path of DeepSpeed's norm code, equally often.
-    static constexpr std::array<std::pair<int, Dtype>, 7> kPaths = {{{0, Dtype::fp32},
-                                                                     {0, Dtype::bf16},
-                                                                     {0, Dtype::fp16},
-                                                                     {1, Dtype::bf16},
-                                                                     {1, Dtype::fp32},
-                                                                     {2, Dtype::bf16},
-                                                                     {2, Dtype::fp16}}};
-    std::vector<std::pair<int, Dtype>> paths;
-    for (const auto& path : kPaths)
-      if (computes_in(dtypes, path.second)) paths.push_back(path);
-    const auto& [stage, dtype] = paths[draw % paths.size()];
+    std::vector<EnginePath> paths;
+    for (const EnginePath& path : kEnginePaths)
+      if (computes_in(dtypes, path.dtype) && shows(o.faults, path)) paths.push_back(path);
+    if (paths.empty()) paths.push_back(kEnginePaths[0]);  // fp32 at ZeRO 0 runs everywhere
+    const EnginePath& path = paths[draw % paths.size()];
     c.deepspeed = casefile::DeepSpeedConfig{};
-    c.deepspeed->zero_stage = stage;
-    c.deepspeed->grad_accum_fp32 = stage == 1 && dtype == Dtype::bf16 && (draw / paths.size()) % 2 == 0;
-    o.gradients.generator.dtype = dtype;
+    c.deepspeed->zero_stage = path.zero_stage;
+    c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
+    o.gradients.generator.dtype = path.dtype;
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (d.zero_stage == 3) d.zero_stage = 2;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype)) d.grad_accum_fp32 = false;
-  // A stated gradient for a param only the removed features had has nothing left to state.
-  const topologies::LogicalModel model(m, t);
-  std::erase_if(o.gradients.stated, [&](const gradnorm::StatedFor& s) {
-    return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
-      return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
-    });
-  });
   return c;
 }
 

@@ -58,6 +58,9 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   if (m.kind != topologies::ModelKind::gpt)
     return "model.kind custom: the megatron-core worker builds Megatron's GPTModel; a custom layout has "
            "no Megatron module";
+  if (c.deepspeed)
+    return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); "
+           "run it with --target deepspeed";
   if (m.mtp_num_layers > 0)
     return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
            ": the worker's local layer spec builds no multi-token-prediction block";
@@ -89,6 +92,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   topologies::ModelSpec& m = c.model;
   gradnorm::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
+  c.deepspeed.reset();
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

@@ -10,12 +10,12 @@ summed over. Nothing in DeepSpeed's files changes; the wrappers call the origina
 |---------------------------------------------------------|------------------------------------------|-------------------|
 | fp32, ZeRO 0: `clip_fp32_gradients`                      | `runtime.engine.clip_grad_norm_`         | `mp_rank == 0 or is_model_parallel_parameter(param)`; the MP group, then the mean over DP |
 | bf16/fp16, ZeRO 0, grads in the same dtype: `FP16_UnfusedOptimizer` | `fp16.unfused_optimizer.get_weight_norm` | the predicate of `get_weight_norm`, applied to the tensors it is given (the gradients); the MP group; expert gradients are never passed |
-| bf16 with fp32 gradient accumulation, ZeRO 0/1: `BF16_Optimizer` | `BF16_Optimizer.get_grads_for_norm`   | exactly the returned lists; dense: the MP group; each expert group: MP (when expert TP) then its EP group |
+| bf16 with fp32 gradient accumulation, ZeRO 1: `BF16_Optimizer` | `BF16_Optimizer.get_grads_for_norm`   | exactly the returned lists; dense: the MP group; each expert group: MP (when expert TP) then its EP group |
 | ZeRO 1/2: `DeepSpeedZeroOptimizer`                       | `DeepSpeedZeroOptimizer.get_grad_norm_direct` | its predicate on each (partition piece, param); the DP group then the MP group (expert groups then averaged over their expert-DP group) |
 
 The statistics of every param and piece are of the gradient values the caller states
-(`gradient_of`), which DeepSpeed holds exactly when they are representable in its dtype (tally's
-worker ensures that); the reported norm is DeepSpeed's own. DeepSpeed reports no zero count.
+(`gradient_of`), which DeepSpeed holds exactly when they are representable in its dtype and its
+reductions add them to zeros (tally's worker ensures both); the reported norm is DeepSpeed's own. DeepSpeed reports no zero count.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def ranks_of(group) -> List[int]:
     return sorted(dist.get_process_group_ranks(group))
 
 
-def chained(first: Sequence[int], then_by_rank: Dict[int, Sequence[int]]) -> List[int]:
-    """The ranks a sum reaches when it is all-reduced over `first`, then over each member's group
-    of `then_by_rank` (a rank -> its group)."""
+def chained(first_by_rank: Dict[int, Sequence[int]], then: Sequence[int]) -> List[int]:
+    """The ranks whose values reach a rank's sum when it is all-reduced over each rank's group of
+    `first_by_rank` (a rank -> its group), then over the rank's own group `then`."""
     out = set()
-    for r in first:
-        out.update(then_by_rank[r])
+    for r in then:
+        out.update(first_by_rank[r])
     return sorted(out)
 
 
@@ -255,13 +255,14 @@ def build_manifest(
             return mine["mp"]
         if how == "mp-then-dp-mean":
             return mine["mp"]  # the mean over DP is not a sum: l2-ledger shows it where DP ranks differ
+        dp_of = {r: g["dp"] for r, g in groups_by_rank.items()}
         if how == "dp-then-mp":
-            return chained(mine["dp"], {r: g["mp"] for r, g in groups_by_rank.items()})
+            return chained(dp_of, mine["mp"])
         if how == "mp-then-ep":
-            first = mine["mp"] if groups_by_rank[rank].get("expert_tp", False) else [rank]
-            return chained(first, {r: g[f"ep:{expert_group}"] for r, g in groups_by_rank.items()})
+            mp_of = {r: (g["mp"] if g.get("expert_tp", False) else [r]) for r, g in groups_by_rank.items()}
+            return chained(mp_of, mine[f"ep:{expert_group}"])
         if how == "dp-then-mp-then-edp-mean":
-            return chained(mine["dp"], {r: g["mp"] for r, g in groups_by_rank.items()})
+            return chained(dp_of, mine["mp"])
         raise ValueError(f"unknown reduction {kind!r}")
 
     optimizers = []

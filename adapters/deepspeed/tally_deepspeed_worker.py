@@ -25,9 +25,10 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
    precision is the case's gradient dtype), then one backward of sum(param * gradient) through
    `engine.backward`: every rank holds tally's values of its pieces, so after DeepSpeed's own
    data-parallel reductions (and ZeRO's partitioning) each gradient is tally's value, exactly
-   (the values are representable in the dtype; DP sizes are powers of two). DeepSpeed divides an
-   expert's gradient by the whole DP size, since in a real step the all-to-all brings it every DP
-   rank's tokens: an expert's loss term is weighted by DP / EDP, as those tokens would weigh.
+   (the values are representable in the dtype). DeepSpeed sums a gradient over its reduction
+   group (DP, or expert-DP for experts) and divides by the DP size: only the group's first rank
+   gives the gradient, times the DP size (a power of two), the others 0, so no 16-bit sum rounds.
+   A step DeepSpeed skips (an fp16 overflow) is reported as an error, not judged.
 4. `engine.step()` inside `tally_deepspeed.Recording`, which records what DeepSpeed's norm code
    kept, and the manifests of `engine.get_global_grad_norm()` into `case-<K>/`.
 """
@@ -35,6 +36,7 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
 import argparse
 import datetime
 import gc
+import math
 import os
 import re
 import sys
@@ -452,20 +454,22 @@ def execute(queue, k, case):
             raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
                               f"({len(missing)} of tally's params)")
         device = next(engine.module.parameters()).device
-        # DeepSpeed averages an expert's gradient over the whole DP group, as a real MoE step needs:
-        # the all-to-all brings every DP rank's tokens to the EP rank that holds the expert. Each
-        # expert-DP replica's loss term therefore carries the DP ranks it stands for (DP / EDP).
-        expert_weight = 1
+        # DeepSpeed sums a gradient over its reduction group (DP for dense params, expert-DP for
+        # experts) and divides by the DP size. Only the group's first rank gives the gradient, times
+        # the DP size (a power of two): every other term is 0, so the 16-bit sums are exact, as
+        # sums of equal values (3g) would not be.
+        dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
+        expert_first = dp_first
         if moe_layers:
             from deepspeed.utils import groups
 
             name = module.moe[next(iter(moe_layers)).replace(".", "__")].expert_group_name
-            # a power of two either way (DeepSpeed's legacy expert groups span TP): exact
-            expert_weight = mpu.get_data_parallel_world_size() / groups._get_expert_data_parallel_world_size(name)
+            expert_first = groups._get_expert_data_parallel_rank(name) == 0
 
         def term(p):
-            weight = 1 if getattr(p, "allreduce", True) else expert_weight
-            return (p * torch.from_numpy(box_of(p) * weight).to(device=device, dtype=p.dtype)).sum()
+            first = dp_first if getattr(p, "allreduce", True) else expert_first
+            values = box_of(p) * dp_size if first else box_of(p) * 0
+            return (p * torch.from_numpy(values).to(device=device, dtype=p.dtype)).sum()
 
         loss = sum(term(p) for p in engine.module.parameters())
         engine.backward(loss)
@@ -475,6 +479,13 @@ def execute(queue, k, case):
         if norm is None:
             norm = recording.clip_norm
         norm = float(norm) if norm is not None else None
+        # A skipped step (an fp16 overflow) computed no norm to judge: the same on every rank.
+        if getattr(engine.optimizer, "overflow", False) or norm is None or not math.isfinite(norm) \
+                or not recording.children:
+            raise FloatingPointError(
+                f"DeepSpeed skipped the step (norm {norm}, overflow "
+                f"{getattr(engine.optimizer, 'overflow', None)}): the gradients times the loss scale "
+                "do not fit the precision, so there is no norm to judge")
         mine = groups_of_rank(module, moe_layers, mpu, expert_tp)
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)

@@ -37,11 +37,13 @@ class LocalBox(unittest.TestCase):
 
 class Chained(unittest.TestCase):
     def test_a_sum_over_dp_then_tp_reaches_the_product_group(self):
-        tp_of = {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}
-        self.assertEqual(td.chained([0, 2], tp_of), [0, 1, 2, 3])
+        dp_of = {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+        self.assertEqual(td.chained(dp_of, [0, 1]), [0, 1, 2, 3])
 
-    def test_a_sum_over_one_rank_then_its_group_is_the_group(self):
-        self.assertEqual(td.chained([3], {3: [1, 3]}), [1, 3])
+    def test_the_first_reduction_is_each_member_of_the_second_groups(self):
+        # rank 0 sums over [0, 1] after each of them summed over its own first group
+        first = {0: [0], 1: [1, 2]}
+        self.assertEqual(td.chained(first, [0, 1]), [0, 1, 2])
 
 
 class Stats(unittest.TestCase):

@@ -220,6 +220,9 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   c = founding_case();
   c.path.p_values = {3.0};
   EXPECT_NE(megatron_core_unsupported(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
+  c = founding_case();
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_EQ(megatron_core_unsupported(c, "0.19.2").value_or("").rfind("deepspeed: a DeepSpeed case", 0), 0u);
 }
 
 RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
@@ -244,9 +247,11 @@ RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
 }
 
 TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
-  casefile::Case c = founding_case();  // TP 2, EP 2, world 2: EP does not divide DP 1
+  casefile::Case c = founding_case();  // TP 2, EP 2, ETP 1, world 2: DeepSpeed's legacy expert groups span TP
   c.path.optimizer = gradnorm::OptimizerModel::plain;
   c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.topology.etp = 2;  // with expert TP, EP groups lie within DP 1
   EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("topology.ep 2"), std::string::npos);
   c.topology.tp = 1;
   c.topology.etp = 1;
