@@ -29,10 +29,12 @@ bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
 }
 
 // What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype.
-std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype) {
-  if (d.zero_stage == 3)
-    return "deepspeed.zero_stage 3: the worker does not record ZeRO-3's norm yet (its hook, "
-           "DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct, is not wrapped)";
+std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype, int experts) {
+  if (d.zero_stage == 3 && experts > 0)
+    return "deepspeed.zero_stage 3 with experts: ZeRO 3 gathers a module's params only for its own "
+           "forward, and the worker does not run DeepSpeed's MoE layer's forward";
+  if (d.zero_stage == 3 && d.grad_accum_fp32)
+    return "deepspeed.grad_accum_fp32 with zero_stage 3: not run by the worker";
   if (d.grad_accum_fp32 && dtype == Dtype::fp32)
     return "deepspeed.grad_accum_fp32 with gradients.dtype fp32: the gradients are fp32 already";
   if (d.grad_accum_fp32 && d.zero_stage == 0)
@@ -55,7 +57,7 @@ struct EnginePath {
   Dtype dtype;
   bool grad_accum_fp32;
 };
-constexpr std::array<EnginePath, 8> kEnginePaths = {{
+constexpr std::array<EnginePath, 10> kEnginePaths = {{
     {0, Dtype::fp32, false},  // clip_grad_norm_
     {0, Dtype::bf16, false},  // FP16_UnfusedOptimizer
     {0, Dtype::fp16, false},  // FP16_UnfusedOptimizer
@@ -64,6 +66,8 @@ constexpr std::array<EnginePath, 8> kEnginePaths = {{
     {1, Dtype::fp32, false},
     {2, Dtype::bf16, false},
     {2, Dtype::fp16, false},
+    {3, Dtype::bf16, false},  // DeepSpeedZeroOptimizer_Stage3 (dense models; with experts: ZeRO 2)
+    {3, Dtype::fp32, false},
 }};
 
 // Whether a planted fault can change what `path` computes, where the unplanted path counts right
@@ -71,7 +75,7 @@ constexpr std::array<EnginePath, 8> kEnginePaths = {{
 bool shows(const gradnorm::FaultSet& faults, const EnginePath& path) {
   using gradnorm::Fault;
   const bool bf16_optimizer = path.zero_stage == 1 && path.grad_accum_fp32;
-  const bool zero = path.zero_stage > 0 && !bf16_optimizer;
+  const bool zero = path.zero_stage > 0 && path.zero_stage < 3 && !bf16_optimizer;
   const bool unfused = path.zero_stage == 0 && path.dtype != Dtype::fp32;
   if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer) return false;
   if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !zero) return false;
@@ -120,7 +124,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
            ": the worker's DeepSpeed accelerator does not support it on this machine";
   if (!c.deepspeed) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
-  return engine_refuses(*c.deepspeed, o.gradients.generator.dtype);
+  return engine_refuses(*c.deepspeed, o.gradients.generator.dtype, m.num_experts);
 }
 
 casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw,
@@ -175,10 +179,10 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     o.gradients.generator.dtype = path.dtype;
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
-  if (d.zero_stage == 3) d.zero_stage = 2;
+  if (d.zero_stage == 3 && m.num_experts > 0) d.zero_stage = 2;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
-  if (engine_refuses(d, o.gradients.generator.dtype)) d.grad_accum_fp32 = false;
+  if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts)) d.grad_accum_fp32 = false;
   return c;
 }
 

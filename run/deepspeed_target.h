@@ -25,7 +25,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
                                                  const FaultPlants& plants = {},
                                                  const std::vector<std::string>& dtypes = {});
 
-// `c` within the worker's space: a GPT model stays the same shape; CP, PP and VPP become 1, the
+// `c` within the worker's space (ZeRO 3 only for dense models): a GPT model stays the same shape; CP, PP and VPP become 1, the
 // order tally's default, ETP 1 or TP, EP a divisor of the data-parallel size and of the experts,
 // one optimizer instance and the plain optimizer model. A case without a `deepspeed` section gets
 // one drawn from `draw` (a ZeRO stage with a precision it supports); one with a section keeps it,

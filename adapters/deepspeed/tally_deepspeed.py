@@ -12,6 +12,7 @@ summed over. Nothing in DeepSpeed's files changes; the wrappers call the origina
 | bf16/fp16, ZeRO 0, grads in the same dtype: `FP16_UnfusedOptimizer` | `fp16.unfused_optimizer.get_weight_norm` | the predicate of `get_weight_norm`, applied to the tensors it is given (the gradients); the MP group; expert gradients are never passed |
 | bf16 with fp32 gradient accumulation, ZeRO 1: `BF16_Optimizer` | `BF16_Optimizer.get_grads_for_norm`   | exactly the returned lists; dense: the MP group; each expert group: MP (when expert TP) then its EP group |
 | ZeRO 1/2: `DeepSpeedZeroOptimizer`                       | `DeepSpeedZeroOptimizer.get_grad_norm_direct` | its predicate on each (partition piece, param); the DP group then the MP group (expert groups then averaged over their expert-DP group) |
+| ZeRO 3: `DeepSpeedZeroOptimizer_Stage3`                  | `DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct` | its predicate (with `_grad_norm_counts_every_rank`) on each param's partition; the partition group, then the MP group unless every rank counts |
 
 The statistics of every param and piece are of the gradient values the caller states
 (`gradient_of`), which DeepSpeed holds exactly when they are representable in its dtype and its
@@ -72,6 +73,7 @@ class Recording:
         from deepspeed.moe.utils import is_moe_param
         from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
         from deepspeed.runtime.utils import is_model_parallel_parameter
+        from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
         from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
         rec = self
@@ -182,7 +184,30 @@ class Recording:
 
             return wrapped
 
+        def get_grad_norm_direct_stage3(orig):
+            def wrapped(optimizer, gradients, params, norm_type=2):
+                import torch.distributed as dist
+
+                group = optimizer._get_param_partition_group(params[0])
+                every_rank = optimizer._grad_norm_counts_every_rank(params, group)
+                index = dist.get_rank(group=group)
+                pieces = []
+                for g, p in zip(gradients, params):
+                    size = p.ds_tensor.ds_numel  # each rank's partition, the last one padded
+                    begin, end = min(index * size, p.ds_numel), min((index + 1) * size, p.ds_numel)
+                    if begin == end:
+                        continue  # this rank holds only padding of it
+                    kept = every_rank or is_model_parallel_parameter(p) or optimizer.model_parallel_rank == 0
+                    pieces.append((p, begin, end, kept))
+                ranks = ",".join(str(r) for r in ranks_of(group))
+                kind = f"partition:{ranks}" if every_rank else f"partition-then-mp:{ranks}"
+                rec.children.append((f"DeepSpeedZeroOptimizer_Stage3 group {len(rec.children)}", kind, pieces))
+                return orig(optimizer, gradients, params, norm_type)
+
+            return wrapped
+
         self._wrap(engine_module, "clip_grad_norm_", clip_grad_norm_)
+        self._wrap(DeepSpeedZeroOptimizer_Stage3, "get_grad_norm_direct", get_grad_norm_direct_stage3)
         self._wrap(unfused, "get_weight_norm", get_weight_norm)
         self._wrap(BF16_Optimizer, "get_grads_for_norm", get_grads_for_norm)
         self._wrap(DeepSpeedZeroOptimizer, "get_grad_norm_direct", get_grad_norm_direct)
@@ -250,7 +275,7 @@ def build_manifest(
         params.append(record)
 
     def stats_group(kind: str) -> List[int]:
-        how, _, expert_group = kind.partition(":")
+        how, _, argument = kind.partition(":")
         if how == "mp":
             return mine["mp"]
         if how == "mp-then-dp-mean":
@@ -260,8 +285,16 @@ def build_manifest(
             return chained(dp_of, mine["mp"])
         if how == "mp-then-ep":
             mp_of = {r: (g["mp"] if g.get("expert_tp", False) else [r]) for r, g in groups_by_rank.items()}
-            return chained(mp_of, mine[f"ep:{expert_group}"])
+            return chained(mp_of, mine[f"ep:{argument}"])
         if how == "dp-then-mp-then-edp-mean":
+            return chained(dp_of, mine["mp"])
+        if how in ("partition", "partition-then-mp"):
+            partition = [int(r) for r in argument.split(",")]
+            if how == "partition":
+                return partition
+            if partition != mine["dp"]:
+                raise ValueError(f"ZeRO 3 partitioned over {partition}, not the DP group {mine['dp']}: "
+                                 "the adapter knows the other ranks' partition groups only for DP")
             return chained(dp_of, mine["mp"])
         raise ValueError(f"unknown reduction {kind!r}")
 

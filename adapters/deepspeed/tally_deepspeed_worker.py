@@ -318,7 +318,13 @@ def build_model(case, index, mpu, dtype):
         if f"{prefix}router.weight" not in dense:
             raise LookupError(f"model mismatch: {prefix}experts has no {prefix}router.weight")
 
-    module = nn.Module()
+    class CaseModel(nn.Module):
+        """forward(weights) is sum(param * weight) over the dense params: ZeRO 3 gathers them for it."""
+
+        def forward(self, weights):
+            return sum((p * weights[key]).sum() for key, p in self.dense.items())
+
+    module = CaseModel()
     module.dense = nn.ParameterDict()
     module.moe = nn.ModuleDict()
     described = {}
@@ -386,7 +392,8 @@ def engine_config(case, world, tp):
         "gradient_accumulation_steps": 1,
         "train_batch_size": dp,
         "gradient_clipping": clip,
-        "zero_optimization": {"stage": ds.get("zero_stage", 0)},
+        # ZeRO 3 partitions every param, however small (its default keeps small ones whole)
+        "zero_optimization": {"stage": ds.get("zero_stage", 0), "stage3_param_persistence_threshold": 0},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
     }
@@ -466,12 +473,20 @@ def execute(queue, k, case):
             name = module.moe[next(iter(moe_layers)).replace(".", "__")].expert_group_name
             expert_first = groups._get_expert_data_parallel_rank(name) == 0
 
-        def term(p):
+        def term_weights(p):
             first = dp_first if getattr(p, "allreduce", True) else expert_first
             values = box_of(p) * dp_size if first else box_of(p) * 0
-            return (p * torch.from_numpy(values).to(device=device, dtype=p.dtype)).sum()
+            return torch.from_numpy(values).to(device=device, dtype=p.dtype)
 
-        loss = sum(term(p) for p in engine.module.parameters())
+        def term(p):
+            return (p * term_weights(p)).sum()
+
+        if engine.zero_optimization_stage() == 3:
+            # The params are partitioned outside the forward: the loss is the module's forward.
+            weights = {key: term_weights(p) for key, p in engine.module.dense.items()}
+            loss = engine(weights)
+        else:
+            loss = sum(term(p) for p in engine.module.parameters())
         engine.backward(loss)
         with tally_deepspeed.Recording(engine) as recording:
             engine.step()

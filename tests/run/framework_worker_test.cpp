@@ -256,8 +256,13 @@ TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   c.topology.tp = 1;
   c.topology.etp = 1;
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
-  c.deepspeed->zero_stage = 3;
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.zero_stage 3:", 0), 0u);
+  c.deepspeed->zero_stage = 3;  // the founding case has experts
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.zero_stage 3 with experts:", 0), 0u);
+  c.model.num_experts = 0;
+  c.topology.ep = 1;
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.model.num_experts = 2;
+  c.topology.ep = 2;
   c.deepspeed->zero_stage = 0;
   c.deepspeed->grad_accum_fp32 = true;
   c.path.gradients.generator.dtype = kernels::Dtype::bf16;
