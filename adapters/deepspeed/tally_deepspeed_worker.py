@@ -447,16 +447,25 @@ def execute(queue, k, case):
         optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
         engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=mpu,
                                                config=engine_config(case, world, mpu.tp))
-        describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes)
+        # A mismatch one rank finds (its experts) is raised on every rank together, after one
+        # collective, so no rank is left waiting in the next.
+        local_error = None
+        try:
+            describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes)
+            held = sorted({described[id(p)][0] for p in params})
+        except LookupError as e:
+            local_error, held = f"rank {dist.get_rank()}: {e}", []
+        everyone = [None] * world
+        dist.all_gather_object(everyone, (local_error, held))
+        errors = [error for error, _ in everyone if error]
+        if errors:
+            raise LookupError(errors[0])
 
         def box_of(p):
             name, _, offsets, extents = described[id(p)]
             return tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
 
-        held = sorted({described[id(p)][0] for p in params})
-        everyone = [None] * world
-        dist.all_gather_object(everyone, held)
-        missing = set(tensors) - set().union(*map(set, everyone))
+        missing = set(tensors) - set().union(*(set(names) for _, names in everyone))
         if missing:
             raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
                               f"({len(missing)} of tally's params)")
