@@ -1,4 +1,6 @@
-// tally show: a case file in readable form, and the equivalent Megatron-LM flags.
+// tally show: a case file in readable form, and the equivalent Megatron-LM flags (or, for a
+// DeepSpeed case, the engine configuration its worker builds).
+#include <algorithm>
 #include <memory>
 #include <ostream>
 
@@ -31,13 +33,43 @@ std::string expectation_line(const std::optional<casefile::Expectation>& expect)
   return line;
 }
 
+// The DeepSpeed config tally's DeepSpeed worker passes to deepspeed.initialize for `c`
+// (adapters/deepspeed/tally_deepspeed_worker.py, engine_config).
+nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
+  const casefile::DeepSpeedConfig& d = *c.deepspeed;
+  const int dp = c.topology.world / std::max(1, c.topology.tp);
+  nlohmann::ordered_json j = {{"train_micro_batch_size_per_gpu", 1},
+                              {"gradient_accumulation_steps", 1},
+                              {"train_batch_size", dp},
+                              {"gradient_clipping", c.path.max_norm > 0 ? c.path.max_norm : 1.0},
+                              {"zero_optimization", {{"stage", d.zero_stage}}}};
+  switch (c.path.gradients.generator.dtype) {
+    case kernels::Dtype::bf16: j["bf16"] = {{"enabled", true}}; break;
+    case kernels::Dtype::fp16: j["fp16"] = {{"enabled", true}, {"loss_scale", d.loss_scale}}; break;
+    case kernels::Dtype::fp32: break;
+  }
+  if (d.grad_accum_fp32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  return j;
+}
+
+std::string deepspeed_model_line(const casefile::Case& c) {
+  std::string line = "model: tally's params with a Megatron-style mpu of TP " + std::to_string(c.topology.tp) +
+                     " (TP shards marked tensor_model_parallel)";
+  if (c.model.num_experts > 0)
+    line += "; each MoE layer deepspeed.moe.layer.MoE(num_experts=" + std::to_string(c.model.num_experts) +
+            ", ep_size=" + std::to_string(c.topology.ep) + ", enable_expert_tensor_parallelism=" +
+            (c.topology.tp > 1 && c.topology.etp == c.topology.tp ? "True" : "False") + ")";
+  return line + "; a torch AdamW at lr 0";
+}
+
 }  // namespace
 
 void add_show_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ShowOptions>();
   CLI::App* command = app.add_subcommand(
       "show", "Print a case file: the case in readable form and the Megatron-LM command-line "
-              "flags that build the same topology, model and optimizer.");
+              "flags that build the same topology, model and optimizer (for a DeepSpeed case, the "
+              "configuration tally's DeepSpeed worker passes to deepspeed.initialize).");
   command->add_option("case", options->case_file, "The case file (JSON, docs/case-files.md)")
       ->required();
   command->add_flag("--json", options->json,
@@ -57,8 +89,13 @@ void add_show_command(CLI::App& app, CommandContext& context) {
       j["file"] = options->case_file;
       j["case"] = casefile::case_to_json(c);
       j["summary"] = case_summary(c);
-      j["megatron_args"] = megatron.args;
-      j["megatron_notes"] = megatron.notes;
+      if (c.deepspeed) {
+        j["deepspeed_config"] = deepspeed_config(c);
+        j["deepspeed_model"] = deepspeed_model_line(c);
+      } else {
+        j["megatron_args"] = megatron.args;
+        j["megatron_notes"] = megatron.notes;
+      }
       j["replay"] = "tally run " + shell_quote(options->case_file) + rerun_flags;
       context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
                   << '\n';
@@ -71,9 +108,14 @@ void add_show_command(CLI::App& app, CommandContext& context) {
         out << "target: " << c.target->framework << " " << c.target->version
             << (c.target->manifests.empty() ? std::string() : ", the run's manifests in " + c.target->manifests) << '\n';
       out << '\n';
-      out << "Megatron-LM flags:\n" << megatron_command_text(megatron);
-      out << "\nnotes:\n";
-      for (const std::string& note : megatron.notes) out << "  " << note << '\n';
+      if (c.deepspeed) {
+        out << "DeepSpeed configuration (deepspeed.initialize):\n" << deepspeed_config(c).dump(2) << '\n'
+            << deepspeed_model_line(c) << '\n';
+      } else {
+        out << "Megatron-LM flags:\n" << megatron_command_text(megatron);
+        out << "\nnotes:\n";
+        for (const std::string& note : megatron.notes) out << "  " << note << '\n';
+      }
       out << "\nreplay: tally run " << shell_quote(options->case_file) << rerun_flags << '\n';
     }
     context.exit_code = kExitPass;
