@@ -1,5 +1,6 @@
 #include "casefile/case.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gradnorm/gradients.h"
@@ -29,6 +30,15 @@ std::optional<std::string> check_case(const Case& c) {
   if (o.bucket_elements < 0) return "bucket_elements must be >= 0 (0: one bucket per buffer)";
   if (gradnorm::states_gradients(o.gradients, c.model)) return gradnorm::check_stated(o.gradients, topologies::LogicalModel(c.model, c.topology));
   return std::nullopt;
+}
+
+void drop_stated_gradients_without_a_param(Case& c, const topologies::ParallelConfig& naming) {
+  const topologies::LogicalModel model(c.model, naming);
+  std::erase_if(c.path.gradients.stated, [&](const gradnorm::StatedFor& s) {
+    return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
+      return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
+    });
+  });
 }
 
 }  // namespace tally::casefile

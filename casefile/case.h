@@ -69,4 +69,9 @@ class InvalidCase : public std::invalid_argument {
 // configuration, and the option rules (finite p > 0, finite max_norm >= 0, ...).
 std::optional<std::string> check_case(const Case& c);
 
+// Drops the stated gradients (gradients.stated) for a param or class the model no longer has, as
+// after a real target removed a feature (an MTP layer, an attention sink, ...). `naming`: the
+// topology the params are named in (a tied copy is a param of its own only with PP > 1).
+void drop_stated_gradients_without_a_param(Case& c, const topologies::ParallelConfig& naming);
+
 }  // namespace tally::casefile

@@ -18,8 +18,7 @@ using kernels::Dtype;
 bool default_grid(const topologies::ParallelConfig& t) {
   std::string error;
   const std::optional<topologies::AxisOrder> order = topologies::parse_order(t.order, &error);
-  return order && topologies::order_string(*order) == topologies::order_string(*topologies::parse_order(
-                                                         topologies::kDefaultOrder, &error));
+  return order && order == topologies::parse_order(topologies::kDefaultOrder, &error);
 }
 
 int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp); }
@@ -148,15 +147,9 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   o.optimizer = gradnorm::OptimizerModel::plain;
   o.p_values.clear();
   if (!unplantable(o.faults, plants).empty()) o.faults = {};
-  // A stated gradient for a param only the removed features had has nothing left to state (the
-  // params' names do not depend on the sharding: one rank names them all).
-  topologies::ParallelConfig one_rank;
-  const topologies::LogicalModel model(m, one_rank);
-  std::erase_if(o.gradients.stated, [&](const gradnorm::StatedFor& s) {
-    return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
-      return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
-    });
-  });
+  // Named on one rank: with PP 1 the names do not depend on the sharding, and the topology is not
+  // settled yet.
+  casefile::drop_stated_gradients_without_a_param(c, topologies::ParallelConfig{});
   // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
   // would: with expert TP if the case had it, else without, else halve TP.
   const auto settle = [&](int etp) {

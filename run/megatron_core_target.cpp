@@ -107,14 +107,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   }
   if (o.optimizer == gradnorm::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     o.optimizer = gradnorm::OptimizerModel::layerwise;
-  // A stated gradient for a param or class only the removed features had (an MTP layer's, an
-  // attention sink's) has nothing left to state.
-  const topologies::LogicalModel model(m, c.topology);
-  std::erase_if(o.gradients.stated, [&](const gradnorm::StatedFor& s) {
-    return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
-      return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
-    });
-  });
+  casefile::drop_stated_gradients_without_a_param(c, c.topology);
   return c;
 }
 

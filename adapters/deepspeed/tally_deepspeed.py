@@ -60,23 +60,22 @@ class Recording:
         self.engine = engine
         self.children: List[Tuple[str, str, List[Tuple[Any, int, int, bool]]]] = []
         self.clip_norm = None
-        self.undo: List[Tuple[Any, str, Any]] = []
+        self.patches = None
 
     def _wrap(self, owner, attr, make):
-        original = getattr(owner, attr)
-        setattr(owner, attr, make(original))
-        self.undo.append((owner, attr, original))
+        self.patches.replace(owner, attr, make(getattr(owner, attr)))
 
     def __enter__(self):
         import deepspeed.runtime.engine as engine_module
+        from tally_plants import Patches
         import deepspeed.runtime.fp16.unfused_optimizer as unfused
-        from deepspeed.moe.utils import is_moe_param
         from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
         from deepspeed.runtime.utils import is_model_parallel_parameter
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
         from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
         rec = self
+        self.patches = Patches()
         mpu = self.engine.mpu
 
         def mp_rank():
@@ -117,12 +116,12 @@ class Recording:
         def get_weight_norm(orig):
             def wrapped(parameters, norm_type=2, mpu=None):
                 tensors = [parameters] if not isinstance(parameters, (list, tuple)) else list(parameters)
-                passed = {id(grad_owner(t)) for t in tensors if grad_owner(t) is not None}
-                pieces = []
+                passed, pieces = set(), []
                 for t in tensors:
                     p = grad_owner(t)
                     if p is None:
                         raise LookupError("get_weight_norm was given a tensor that is no param's gradient")
+                    passed.add(id(p))
                     # get_weight_norm's own test, on the tensor it is given (a gradient)
                     kept = not (tp_rank() > 0 and not is_model_parallel_parameter(t))
                     pieces.append((p, 0, p.numel(), kept))
@@ -211,13 +210,10 @@ class Recording:
         self._wrap(unfused, "get_weight_norm", get_weight_norm)
         self._wrap(BF16_Optimizer, "get_grads_for_norm", get_grads_for_norm)
         self._wrap(DeepSpeedZeroOptimizer, "get_grad_norm_direct", get_grad_norm_direct)
-        del is_moe_param
         return self
 
     def __exit__(self, *exc):
-        for owner, attr, original in reversed(self.undo):
-            setattr(owner, attr, original)
-        self.undo.clear()
+        self.patches.restore()
         return False
 
 

@@ -47,7 +47,8 @@ for path in (HERE, os.path.join(HERE, "..", "megatron")):
         sys.path.insert(0, path)
 
 import tally_deepspeed  # noqa: E402
-from tally_worker_queue import load_gradients, serve  # noqa: E402
+from tally_plants import Planted  # noqa: E402
+from tally_worker_queue import gradient_index, load_gradients, serve  # noqa: E402
 
 WORKER_VERSION = 1
 
@@ -105,28 +106,24 @@ def _no_ep_reduction(orig):
     return get_global_norm_of_tensors
 
 
-# fault -> ([(module or class, attribute), ...], make, how it is planted)
+# fault -> ([(module, or "module:Class", the function, how to make the replacement), ...], how)
 PLANTS = {
     "no-dedup-filter": (
-        [("deepspeed.runtime.utils", "is_model_parallel_parameter")],
-        _keep_every_param,
+        [("deepspeed.runtime.utils", "is_model_parallel_parameter", _keep_every_param)],
         "is_model_parallel_parameter holds for every param, so no TP replica is dropped",
     ),
     "tp-marking-unseen-by-filter": (
-        [("deepspeed.runtime.utils", "is_model_parallel_parameter")],
-        _no_param_is_tensor_parallel,
+        [("deepspeed.runtime.utils", "is_model_parallel_parameter", _no_param_is_tensor_parallel)],
         "is_model_parallel_parameter holds for no param, so TP shards count only on TP rank 0",
     ),
     "expert-norm-dropped": (
-        [("deepspeed.runtime.utils", "get_norm_with_moe_layers"),
-         ("deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer", "_average_expert_grad_norms")],
-        lambda orig: (_expert_norm_dropped_zero if orig.__name__ == "_average_expert_grad_norms"
-                      else _expert_norm_dropped_bf16)(orig),
+        [("deepspeed.runtime.utils", "get_norm_with_moe_layers", _expert_norm_dropped_bf16),
+         ("deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer", "_average_expert_grad_norms",
+          _expert_norm_dropped_zero)],
         "get_norm_with_moe_layers ignores the expert groups; ZeRO's expert group norms become 0",
     ),
     "missing-ep-reduction": (
-        [("deepspeed.runtime.utils", "get_global_norm_of_tensors")],
-        _no_ep_reduction,
+        [("deepspeed.runtime.utils", "get_global_norm_of_tensors", _no_ep_reduction)],
         "get_global_norm_of_tensors is called without its expert-parallel group",
     ),
 }
@@ -157,49 +154,6 @@ NOT_PLANTED = {
 }
 
 
-def _owner(where):
-    import importlib
-
-    module_name, _, cls = where.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, cls) if cls else module
-
-
-class Planted:
-    """Plants `faults` in every loaded deepspeed module (or class) for the duration of a case."""
-
-    def __init__(self, faults):
-        unknown = [f for f in faults if f not in PLANTS]
-        if unknown:
-            reasons = "; ".join(f"{f}: {NOT_PLANTED.get(f, 'not a fault this worker knows')}" for f in unknown)
-            raise ValueError(f"cannot plant {reasons}")
-        self.faults = list(faults)
-        self.undo = []
-
-    def __enter__(self):
-        for fault in self.faults:
-            targets, make, _ = PLANTS[fault]
-            for where, attr in targets:
-                owner = _owner(where)
-                orig = getattr(owner, attr)
-                replacement = make(orig)
-                if ":" in where:
-                    setattr(owner, attr, replacement)
-                    self.undo.append((owner, attr, orig))
-                    continue
-                for name, module in list(sys.modules.items()):
-                    if module is not None and name.startswith("deepspeed") and getattr(module, attr, None) is orig:
-                        setattr(module, attr, replacement)
-                        self.undo.append((module, attr, orig))
-        return self
-
-    def __exit__(self, *exc):
-        for owner, attr, orig in reversed(self.undo):
-            setattr(owner, attr, orig)
-        self.undo.clear()
-        return False
-
-
 # --- the case's process groups ---------------------------------------------------------------
 
 
@@ -210,7 +164,7 @@ class Mpu:
         import torch.distributed as dist
 
         world, rank = dist.get_world_size(), dist.get_rank()
-        self.tp = tp
+        self.tp, self.rank = tp, rank
         self.tp_ranks = self.dp_ranks = None
         self.groups = []
         for first in range(0, world, tp):
@@ -227,7 +181,7 @@ class Mpu:
                 self.dp_group, self.dp_ranks = g, ranks
 
     def get_model_parallel_rank(self):
-        return self.tp_ranks.index(__import__("torch.distributed").distributed.get_rank())
+        return self.tp_ranks.index(self.rank)
 
     get_tensor_model_parallel_rank = get_model_parallel_rank
 
@@ -242,7 +196,7 @@ class Mpu:
     get_tensor_model_parallel_group = get_model_parallel_group
 
     def get_data_parallel_rank(self):
-        return self.dp_ranks.index(__import__("torch.distributed").distributed.get_rank())
+        return self.dp_ranks.index(self.rank)
 
     def get_data_parallel_world_size(self):
         return len(self.dp_ranks)
@@ -429,13 +383,12 @@ def execute(queue, k, case):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         case.get("gradients", {}).get("dtype", "fp32")]
     mpu = engine = None
-    planted = Planted(case.get("faults", []))
+    planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "deepspeed")
     try:
         planted.__enter__()
         mpu = Mpu(t.get("tp", 1))
         tensors = load_gradients(queue, k)
-        with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
-            index = __import__("json").load(f)["params"]
+        index = gradient_index(queue, k)
         module, described, moe_layers, expert_tp, shapes, classes = build_model(case, index, mpu, dtype)
         params = [p for p in module.parameters()]
         if moe_layers:
@@ -577,7 +530,7 @@ def main(argv=None):
         "backend": backend,
         "devices": devices,
         "dtypes": dtypes,
-        "plants": {fault: why for fault, (_, _, why) in PLANTS.items()},
+        "plants": {fault: why for fault, (_, why) in PLANTS.items()},
         "cannot_plant": NOT_PLANTED,
     }
     if rank == 0:

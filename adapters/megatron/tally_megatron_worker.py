@@ -50,6 +50,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import tally_megatron  # noqa: E402
+from tally_plants import Planted  # noqa: E402
 from tally_worker_queue import load_gradients, serve  # noqa: E402
 
 WORKER_VERSION = 1
@@ -85,12 +86,6 @@ def tally_name(adapter_logical_name):
 # by replacing, in every loaded megatron module that imported it, the function that decides the
 # rule; the original is put back after the case. Megatron's files are never touched. The adapter
 # reads the same functions when it records what was kept, so the manifests show the planted rule.
-
-
-def _original(module_name, attr):
-    import importlib
-
-    return getattr(importlib.import_module(module_name), attr)
 
 
 def _plant_no_dedup_filter(orig):
@@ -136,31 +131,26 @@ def _plant_reduction(orig, how):
     return get_grad_norm_fp32
 
 
-# fault -> (the function it replaces, in megatron.core.tensor_parallel / optimizer modules; how)
+# fault -> ([(the module of the function it replaces, the function, how to make the replacement)], how)
 PLANTS = {
     "no-dedup-filter": (
-        ("megatron.core.tensor_parallel.layers", "param_is_not_tensor_parallel_duplicate"),
-        _plant_no_dedup_filter,
+        [("megatron.core.tensor_parallel.layers", "param_is_not_tensor_parallel_duplicate", _plant_no_dedup_filter)],
         "param_is_not_tensor_parallel_duplicate keeps every param",
     ),
     "expert-dedup-on-dense-tp": (
-        ("megatron.core.tensor_parallel.layers", "param_is_not_tensor_parallel_duplicate"),
-        _plant_expert_dedup_on_dense_tp,
+        [("megatron.core.tensor_parallel.layers", "param_is_not_tensor_parallel_duplicate", _plant_expert_dedup_on_dense_tp)],
         "param_is_not_tensor_parallel_duplicate called without its TP groups (Megatron-LM #6099)",
     ),
     "tied-copy-not-shared": (
-        ("megatron.core.transformer.module", "param_is_not_shared"),
-        _plant_tied_copy_not_shared,
+        [("megatron.core.transformer.module", "param_is_not_shared", _plant_tied_copy_not_shared)],
         "param_is_not_shared keeps the last stage's tied copy",
     ),
     "average-rank-norms": (
-        ("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32"),
-        lambda orig: _plant_reduction(orig, "average"),
+        [("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32", lambda orig: _plant_reduction(orig, "average"))],
         "get_grad_norm_fp32 averages the stats group's sums of squares instead of adding them",
     ),
     "stats-over-replicas": (
-        ("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32"),
-        lambda orig: _plant_reduction(orig, "world"),
+        [("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32", lambda orig: _plant_reduction(orig, "world"))],
         "get_grad_norm_fp32 reduces over the whole world instead of the child's stats group",
     ),
 }
@@ -193,49 +183,6 @@ NOT_PLANTED = {
     "tp-marking-unseen-by-filter": "param_is_not_tensor_parallel_duplicate reads the param's own mark, which "
     "the adapter reads too to describe its box",
 }
-
-
-class Planted:
-    """Plants `faults` in every loaded megatron module for the duration of a `with` block."""
-
-    def __init__(self, faults):
-        unknown = [f for f in faults if f not in PLANTS]
-        if unknown:
-            reasons = "; ".join(f"{f}: {NOT_PLANTED.get(f, 'not a fault this worker knows')}" for f in unknown)
-            raise ValueError(f"cannot plant {reasons}")
-        self.faults = list(faults)
-        self.undo = []
-        self.originals = {}
-
-    def __enter__(self):
-        self.originals = {}
-        for fault in self.faults:
-            (module_name, attr), make, _ = PLANTS[fault]
-            orig = _original(module_name, attr)
-            self.originals[(module_name, attr)] = orig
-            replacement = make(orig)
-            replacement._tally_planted = True
-            for name, module in list(sys.modules.items()):
-                if module is not None and name.startswith("megatron.") and getattr(module, attr, None) is orig:
-                    setattr(module, attr, replacement)
-                    self.undo.append((module, attr, orig))
-        return self
-
-    def __exit__(self, *exc):
-        for module, attr, orig in reversed(self.undo):
-            setattr(module, attr, orig)
-        # A module imported while the fault was planted took the replacement: restore it too.
-        for fault in self.faults:
-            (module_name, attr), _, _ = PLANTS[fault]
-            orig = self.originals.get((module_name, attr))
-            for name, module in list(sys.modules.items()):
-                if module is None or not name.startswith("megatron."):
-                    continue
-                value = getattr(module, attr, None)
-                if value is not None and value is not orig and getattr(value, "_tally_planted", False):
-                    setattr(module, attr, orig)
-        self.undo.clear()
-        return False
 
 
 # --- building the case ----------------------------------------------------------------------------
@@ -457,7 +404,7 @@ def execute(queue, k, case):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     chunks = optimizer = None
-    planted = Planted(case.get("faults", []))
+    planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "megatron.")
     try:
         planted.__enter__()
         initialize_parallel_state(case["topology"])
@@ -536,7 +483,7 @@ def main(argv=None):
         "producer": f"tally_megatron_worker {WORKER_VERSION} / megatron-core {version}",
         "backend": backend,
         "devices": devices,
-        "plants": {fault: why for fault, (_, _, why) in PLANTS.items()},
+        "plants": {fault: why for fault, (_, why) in PLANTS.items()},
         "cannot_plant": NOT_PLANTED,
     }
     if rank == 0:

@@ -49,6 +49,12 @@ def next_command(queue, k, parent_pid):
     return ("idle",)
 
 
+def gradient_index(queue, k):
+    """case-K.gradients.json's params: each logical param's name, class, shape and offset."""
+    with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
+        return json.load(f)["params"]
+
+
 def load_gradients(queue, k):
     """tally's values of every logical param for case K: name -> numpy array of its shape."""
     import numpy as np

@@ -1,0 +1,76 @@
+"""Replacing a framework's functions for a while, shared by tally's workers and adapters: `Patches`
+(set attributes, put them back), and `Planted`, which plants catalog faults for one case (the real
+mutation score, docs/real-targets.md). No framework import of its own."""
+
+import importlib
+import sys
+
+
+class Patches:
+    """Attributes replaced for a while; `restore` puts every original back, last replaced first."""
+
+    def __init__(self):
+        self.undo = []
+
+    def replace(self, owner, attr, value):
+        self.undo.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, value)
+
+    def restore(self):
+        for owner, attr, original in reversed(self.undo):
+            setattr(owner, attr, original)
+        self.undo.clear()
+
+
+def owner_of(where):
+    """"package.module" is the module; "package.module:Class" the class defined there."""
+    module_name, _, cls = where.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, cls) if cls else module
+
+
+class Planted:
+    """Plants `faults` for the duration of a `with` block. `plants`: fault -> ([(where, attr, make),
+    ...], how): `make(original)` gives the replacement. A function of a module ("where" names the
+    module) is replaced in every loaded module of `package` that imported it, and restored in those
+    that imported the replacement meanwhile; a method ("where" is "module:Class") on its class.
+    `not_planted`: fault -> why not, for the error naming a fault the worker cannot plant."""
+
+    def __init__(self, faults, plants, not_planted, package):
+        unknown = [f for f in faults if f not in plants]
+        if unknown:
+            reasons = "; ".join(f"{f}: {not_planted.get(f, 'not a fault this worker knows')}" for f in unknown)
+            raise ValueError(f"cannot plant {reasons}")
+        self.targets = [target for f in faults for target in plants[f][0]]
+        self.package = package
+        self.patches = Patches()
+        self.originals = []
+
+    def _modules(self):
+        return [m for name, m in list(sys.modules.items()) if m is not None and name.startswith(self.package)]
+
+    def __enter__(self):
+        self.originals = []
+        for where, attr, make in self.targets:
+            owner = owner_of(where)
+            original = getattr(owner, attr)
+            replacement = make(original)
+            replacement._tally_planted = True
+            if ":" in where:
+                self.patches.replace(owner, attr, replacement)
+                continue
+            self.originals.append((attr, original))
+            for module in self._modules():
+                if getattr(module, attr, None) is original:
+                    self.patches.replace(module, attr, replacement)
+        return self
+
+    def __exit__(self, *exc):
+        self.patches.restore()
+        # A module imported while the fault was planted took the replacement: restore it too.
+        for attr, original in self.originals:
+            for module in self._modules():
+                value = getattr(module, attr, None)
+                if value is not None and value is not original and getattr(value, "_tally_planted", False):
+                    setattr(module, attr, original)
+        return False
