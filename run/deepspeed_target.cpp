@@ -6,6 +6,7 @@
 #include "gradnorm/faults.h"
 #include "run/megatron_core_target.h"
 #include "topologies/logical_model.h"
+#include "topologies/model_spec.h"
 
 namespace tally::run {
 
@@ -13,22 +14,27 @@ namespace {
 
 using kernels::Dtype;
 
-// The DeepSpeed worker's rank grid: TP fastest, then DP, DeepSpeed's expert groups consecutive
-// ranks of a DP group. tally's default order with CP and PP 1 is that grid.
+// The DeepSpeed worker's rank grid: TP fastest, then DP, then PP (DeepSpeed's
+// PipeModelDataParallelTopology), DeepSpeed's expert groups consecutive ranks of a DP group.
+// tally's default order with CP 1 is that grid.
 bool default_grid(const topologies::ParallelConfig& t) {
   std::string error;
   const std::optional<topologies::AxisOrder> order = topologies::parse_order(t.order, &error);
   return order && order == topologies::parse_order(topologies::kDefaultOrder, &error);
 }
 
-int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp); }
+int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp * t.pp); }
 
 bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
   return dtypes.empty() || std::find(dtypes.begin(), dtypes.end(), kernels::dtype_name(dtype)) != dtypes.end();
 }
 
 // What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype.
-std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype, int experts) {
+std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype, int experts, int pp) {
+  if (pp > 1 && d.zero_stage > 1)
+    return "deepspeed.zero_stage " + std::to_string(d.zero_stage) +
+           " with topology.pp > 1: DeepSpeed's PipelineEngine asserts that ZeRO 2 and 3 are incompatible "
+           "with pipeline parallelism";
   if (d.zero_stage == 3 && experts > 0)
     return "deepspeed.zero_stage 3 with experts: ZeRO 3 gathers a module's params only for its own "
            "forward, and the worker does not run DeepSpeed's MoE layer's forward";
@@ -37,8 +43,9 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
   if (d.grad_accum_fp32 && dtype == Dtype::fp32)
     return "deepspeed.grad_accum_fp32 with gradients.dtype fp32: the gradients are fp32 already";
   if (d.grad_accum_fp32 && d.zero_stage == 0)
-    return "deepspeed.grad_accum_fp32 with zero_stage 0: DeepSpeed raises NotImplementedError for a "
-           "16-bit model with fp32 gradient accumulation without ZeRO or pipeline parallelism";
+    return "deepspeed.grad_accum_fp32 with zero_stage 0: DeepSpeed raises NotImplementedError (unsupported "
+           "mix of model_dtype and grad_accum_dtype) for a 16-bit model with fp32 gradient accumulation "
+           "without ZeRO";
   return std::nullopt;
 }
 
@@ -69,13 +76,21 @@ constexpr std::array<EnginePath, 10> kEnginePaths = {{
     {3, Dtype::fp32, false},
 }};
 
+// Whether DeepSpeed takes `path` with pipeline parallelism (its PipelineEngine runs ZeRO 0 and 1).
+bool pipelines(const EnginePath& path) { return path.zero_stage <= 1; }
+
 // Whether a planted fault can change what `path` computes, where the unplanted path counts right
 // (tally mutants scores a fault only on a case that passes without it).
-bool shows(const gradnorm::FaultSet& faults, const EnginePath& path) {
+bool shows(const gradnorm::FaultSet& faults, const EnginePath& path, bool pipelined) {
   using gradnorm::Fault;
-  const bool bf16_optimizer = path.zero_stage == 1 && path.grad_accum_fp32;
+  // With pipeline parallelism, bf16 at ZeRO 0 is BF16_Optimizer too (DeepSpeed's sanity check).
+  const bool bf16_optimizer =
+      (path.zero_stage == 1 && path.grad_accum_fp32) || (pipelined && path.zero_stage == 0 && path.dtype == Dtype::bf16);
   const bool zero = path.zero_stage > 0 && path.zero_stage < 3 && !bf16_optimizer;
-  const bool unfused = path.zero_stage == 0 && path.dtype != Dtype::fp32;
+  const bool unfused = path.zero_stage == 0 && path.dtype != Dtype::fp32 && !bf16_optimizer;
+  // The fp32 clip of a pipeline counts only the first stage (docs/findings): no fault shows there.
+  if (pipelined && path.zero_stage == 0 && path.dtype == Dtype::fp32 && !faults.empty()) return false;
+  if (faults.has(Fault::tied_copy_not_shared) && !(pipelined && (bf16_optimizer || zero))) return false;
   if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer) return false;
   if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !zero) return false;
   if ((faults.has(Fault::no_dedup_filter) || faults.has(Fault::tp_marking_unseen_by_filter)) && unfused) return false;
@@ -96,9 +111,10 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: the worker's model has no attention sinks";
   if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not DeepSpeed's";
-  if (t.cp > 1 || t.pp > 1 || t.vpp > 1)
-    return "topology.cp/pp/vpp: the DeepSpeed worker runs TP x DP x EP (no sequence or pipeline "
-           "parallelism yet)";
+  if (t.cp > 1) return "topology.cp: the DeepSpeed worker runs TP x DP x EP and PP (no sequence parallelism)";
+  if (t.vpp > 1) return "topology.vpp: DeepSpeed's PipelineEngine has one model chunk per stage";
+  if (t.pp > 1 && m.num_experts > 0)
+    return "topology.pp with model.num_experts: the DeepSpeed worker's pipeline holds no MoE layers yet";
   if (!default_grid(t))
     return "topology.order " + t.order + ": the worker's groups are TP fastest, then DP (tally's "
            "default order); DeepSpeed makes its expert groups from them";
@@ -123,7 +139,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
            ": the worker's DeepSpeed accelerator does not support it on this machine";
   if (!c.deepspeed) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
-  return engine_refuses(*c.deepspeed, o.gradients.generator.dtype, m.num_experts);
+  return engine_refuses(*c.deepspeed, o.gradients.generator.dtype, m.num_experts, t.pp);
 }
 
 casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw,
@@ -135,21 +151,29 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
-  m.first_stage_layers.reset();
-  m.last_stage_layers.reset();
   t.gtp = t.egtp = 1;
-  t.tp *= t.cp;  // the ranks stay: CP and PP fold into TP and DP
+  t.tp *= t.cp;  // the ranks stay: CP folds into TP, and PP with experts into DP
   t.cp = 1;
-  t.pp = 1;
+  if (m.num_experts > 0) {
+    t.pp = 1;
+    m.first_stage_layers.reset();
+    m.last_stage_layers.reset();
+  }
   t.vpp = 1;
   t.order = std::string(topologies::kDefaultOrder);
   t.dist_opt_instances = 1;
   o.optimizer = gradnorm::OptimizerModel::plain;
   o.p_values.clear();
   if (!unplantable(o.faults, plants).empty()) o.faults = {};
-  // Named on one rank: with PP 1 the names do not depend on the sharding, and the topology is not
-  // settled yet.
-  casefile::drop_stated_gradients_without_a_param(c, topologies::ParallelConfig{});
+  // First/last stage layers that held with VPP only go. Named on the stages alone: logical names
+  // do not depend on the sharding, and TP is not settled yet.
+  topologies::ParallelConfig stages{.world = t.pp, .pp = t.pp};
+  if (topologies::check_model(m, stages)) {
+    m.first_stage_layers.reset();
+    m.last_stage_layers.reset();
+  }
+  if (topologies::check_model(m, stages)) stages = {};
+  casefile::drop_stated_gradients_without_a_param(c, stages);
   // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
   // would: with expert TP if the case had it, else without, else halve TP.
   const auto settle = [&](int etp) {
@@ -160,10 +184,12 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   };
   const bool expert_tp = t.etp != 1;
   while (!(expert_tp && settle(t.tp)) && !settle(1) && t.tp > 1) t.tp /= 2;
+  const bool pipelined = t.pp > 1;
   if (!c.deepspeed) {
     std::vector<EnginePath> paths;
     for (const EnginePath& path : kEnginePaths)
-      if (computes_in(dtypes, path.dtype) && shows(o.faults, path)) paths.push_back(path);
+      if (computes_in(dtypes, path.dtype) && (!pipelined || pipelines(path)) && shows(o.faults, path, pipelined))
+        paths.push_back(path);
     if (paths.empty()) paths.push_back(kEnginePaths[0]);  // fp32 at ZeRO 0 runs everywhere
     const EnginePath& path = paths[draw % paths.size()];
     c.deepspeed = casefile::DeepSpeedConfig{};
@@ -173,9 +199,10 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (d.zero_stage == 3 && m.num_experts > 0) d.zero_stage = 2;
+  if (pipelined) d.zero_stage = std::min(d.zero_stage, 1);
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
-  if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts)) d.grad_accum_fp32 = false;
+  if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
   return c;
 }
 

@@ -119,10 +119,14 @@ LogicalGradients logical_gradients(const casefile::Case& c) {
   for (const topologies::LogicalParam& p : model.params()) {
     const kernels::GeneratorSpec& spec = specs[static_cast<std::size_t>(p.id)];
     std::vector<std::int64_t> shape(p.shape.dims.begin(), p.shape.dims.begin() + p.shape.rank);
-    params.push_back({{"name", p.name},
-                      {"class", topologies::class_name(p.param_class)},
-                      {"shape", shape},
-                      {"offset", out.values.size()}});
+    nlohmann::ordered_json entry = {{"name", p.name},
+                                    {"class", topologies::class_name(p.param_class)},
+                                    {"shape", shape},
+                                    {"offset", out.values.size()},
+                                    {"stage", p.stage}};
+    // A worker that builds its own pipeline (DeepSpeed's) puts a copy of it on the last stage.
+    if (p.tied && model.last_stage_copy() == topologies::SharedCopy::output_layer) entry["last_stage_copy"] = true;
+    params.push_back(std::move(entry));
     const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(p.id));
     for (std::int64_t e = 0; e < p.numel; ++e)
       out.values.push_back(kernels::stored_value(spec, key, static_cast<std::uint64_t>(e)));

@@ -122,8 +122,9 @@ class Recording:
                     if p is None:
                         raise LookupError("get_weight_norm was given a tensor that is no param's gradient")
                     passed.add(id(p))
-                    # get_weight_norm's own test, on the tensor it is given (a gradient)
-                    kept = not (tp_rank() > 0 and not is_model_parallel_parameter(t))
+                    # get_weight_norm's own tests, on the tensor it is given (a gradient)
+                    kept = not getattr(t, "ds_pipe_replicated", False) and \
+                        not (tp_rank() > 0 and not is_model_parallel_parameter(t))
                     pieces.append((p, 0, p.numel(), kept))
                 # The params of the optimizer's groups whose gradients were not passed (experts).
                 for group in rec.engine.optimizer.fp16_groups:

@@ -166,17 +166,14 @@ class Mpu:
         world, rank = dist.get_world_size(), dist.get_rank()
         self.tp, self.rank = tp, rank
         self.tp_ranks = self.dp_ranks = None
-        self.groups = []
         for first in range(0, world, tp):
             ranks = list(range(first, first + tp))
             g = dist.new_group(ranks)
-            self.groups.append(g)
             if rank in ranks:
                 self.tp_group, self.tp_ranks = g, ranks
         for i in range(tp):
             ranks = list(range(i, world, tp))
             g = dist.new_group(ranks)
-            self.groups.append(g)
             if rank in ranks:
                 self.dp_group, self.dp_ranks = g, ranks
 
@@ -209,25 +206,6 @@ class Mpu:
 
     def get_pipeline_model_parallel_rank(self):
         return 0
-
-
-def reset_deepspeed_groups(mpu):
-    """DeepSpeed keeps its expert groups and mpu in module globals: forget them between cases
-    (each case builds its own), and destroy the case's groups."""
-    import torch.distributed as dist
-    from deepspeed.utils import groups
-
-    made = list(groups._EXPERT_PARALLEL_GROUP.values()) + list(groups._EXPERT_DATA_PARALLEL_GROUP.values())
-    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS",
-                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS"):
-        getattr(groups, name).clear()
-    groups.mpu = None
-    groups.expert_tensor_parallel_world_size = 1
-    for g in made + (mpu.groups if mpu is not None else []):
-        try:
-            dist.destroy_process_group(g)
-        except Exception:  # a group torch already released
-            pass
 
 
 # --- the case's model -----------------------------------------------------------------------
@@ -336,11 +314,108 @@ def describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, clas
                 described[id(p)] = (logical, shapes[logical], offsets, extents)
 
 
-def engine_config(case, world, tp):
+# --- the case's pipeline (PP > 1) ------------------------------------------------------------
+#
+# DeepSpeed's pipeline parallelism is its own engine: a PipelineModule of layer specs, which makes
+# its own grid of process groups (PipeModelDataParallelTopology: TP fastest, then DP, then PP,
+# tally's default order) and hands it to DeepSpeed as the mpu. Each stage is one layer holding the
+# params tally's model places on it; a tied word embedding is a TiedLayerSpec on the first and the
+# last stage, so DeepSpeed itself marks the last stage's copy `ds_pipe_replicated` and sums the
+# copies' gradients. Each layer adds sum(param * weight) to the activation it passes on, and the
+# last stage's loss is that activation (its first entry): the gradient of every param is its weight, reached through
+# DeepSpeed's own schedule (train_batch), p2p sends, tied and data-parallel reductions.
+
+
+def stage_block_class():
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    class StageBlock(nn.Module):
+        """The params tally's model places on one stage (or the tied word embedding), TP-sharded
+        as build_model shards them; `weights[key]` is set to each one's gradient before the step."""
+
+        def __init__(self, entries, tp, dtype):
+            super().__init__()
+            tp_rank = dist.get_rank() % tp  # TP is the fastest axis of DeepSpeed's grid
+            self.params = nn.ParameterDict()
+            self.described, self.weights = {}, {}
+            for name, cls, shape in entries:
+                offsets, extents, dim = local_box(shape, cls, tp_rank, tp)
+                p = nn.Parameter(torch.zeros(extents, dtype=dtype))
+                if dim is not None:
+                    p.tensor_model_parallel, p.partition_dim = True, dim
+                key = name.replace(".", "__")
+                self.params[key] = p
+                self.described[key] = (name, shape, offsets, extents)
+
+        def forward(self, x):
+            for key, p in self.params.items():
+                x = x + (p * self.weights[key]).sum()
+            return x
+
+    return StageBlock
+
+
+def build_pipeline(case, index, dtype, world):
+    """The PipelineModule of the case (each rank builds only its own stage), and
+    param -> (logical name, shape, offsets, extents) of this rank's params."""
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    t = case["topology"]
+    tp, pp = t.get("tp", 1), t.get("pp", 1)
+    if any(_EXPERT.match(p["name"]) for p in index):
+        raise LookupError("model mismatch: the DeepSpeed worker's pipeline holds no MoE layers")
+    StageBlock = stage_block_class()
+    stages = [[] for _ in range(pp)]
+    tied = None
+    for p in index:
+        entry = (p["name"], p["class"], list(p["shape"]))
+        if p.get("last_stage_copy", False):
+            tied = entry
+        else:
+            stages[p.get("stage", 0)].append(entry)
+    # Two layer specs per stage, so DeepSpeed's uniform partition gives each stage its own.
+    layers = []
+    for s, entries in enumerate(stages):
+        specs = [LayerSpec(StageBlock, entries, tp, dtype)]
+        if tied is not None and s == 0:
+            specs.insert(0, TiedLayerSpec("word_embeddings", StageBlock, [tied], tp, dtype,
+                                          tied_weight_attr=[f"params.{tied[0].replace('.', '__')}"]))
+        elif tied is not None and s == pp - 1:
+            specs.append(TiedLayerSpec("word_embeddings", StageBlock, [tied], tp, dtype,
+                                       tied_weight_attr=[f"params.{tied[0].replace('.', '__')}"]))
+        else:
+            specs.append(LayerSpec(StageBlock, [], tp, dtype))
+        layers += specs
+    topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=world // (tp * pp))
+    # The loss is the activation's first entry. The activation has TP entries per TP rank, as
+    # DeepSpeed splits activations over the TP group between stages (pipe_partitioned).
+    module = PipelineModule(layers=layers, topology=topology, loss_fn=lambda out, label: out[0],
+                            partition_method="uniform")
+    described = {}
+    for block in module.modules():
+        if isinstance(block, StageBlock):
+            for key, p in block.params.items():
+                described[id(p)] = block.described[key]
+    return module, described
+
+
+def pipeline_groups(grid):
+    """This rank's groups by name, from DeepSpeed's pipeline grid: `mp` is the grid's model
+    group (every stage and TP rank of one data-parallel index), the group DeepSpeed's norms sum over."""
+    topology = grid.topology()
+    mp = sorted(topology.get_axis_list(axis="data", idx=grid.get_data_parallel_rank()))
+    tp = sorted(getattr(grid, "slice_group", [grid.get_global_rank()]))
+    return {"tp": tp, "mp": mp, "dp": sorted(grid.get_data_parallel_group_ranks()), "expert_tp": False}
+
+
+def engine_config(case, world, tp, pp=1):
     ds = case.get("deepspeed", {})
     dtype = case.get("gradients", {}).get("dtype", "fp32")
     clip = case.get("statistics", {}).get("max_norm", 1.0) or 1.0
-    dp = world // tp
+    dp = world // (tp * pp)
     config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -372,6 +447,67 @@ def groups_of_rank(module, moe_layers, mpu, expert_tp):
     return mine
 
 
+class CaseGroups:
+    """Every process group made while a case is set up (by the worker, DeepSpeed's expert groups,
+    its pipeline grid and tied-layer groups), destroyed when the case ends, so a long campaign
+    holds no more groups than one case needs."""
+
+    def __enter__(self):
+        import torch.distributed as dist
+        from tally_plants import Patches
+
+        self.made, self.patches = [], Patches()
+        original = dist.new_group
+
+        def new_group(*args, **kwargs):
+            group = original(*args, **kwargs)
+            self.made.append(group)
+            return group
+
+        self.patches.replace(dist, "new_group", new_group)
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+
+        self.patches.restore()
+        for g in self.made:
+            if g is None or g == dist.GroupMember.NON_GROUP_MEMBER:
+                continue
+            try:
+                dist.destroy_process_group(g)
+            except Exception:  # a group torch already released
+                pass
+        return False
+
+
+def forget_deepspeed_groups():
+    """DeepSpeed keeps its expert groups and mpu in module globals: each case builds its own."""
+    from deepspeed.utils import groups
+
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS"):
+        getattr(groups, name).clear()
+    groups.mpu = None
+    groups.expert_tensor_parallel_world_size = 1
+
+
+def check_every_param_held(local_error, held, tensors):
+    """Raises a model mismatch on every rank together (after one collective, so no rank is left
+    waiting in the next): one rank's own, or a logical param no rank holds."""
+    import torch.distributed as dist
+
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (local_error, held))
+    errors = [error for error, _ in everyone if error]
+    if errors:
+        raise LookupError(errors[0])
+    missing = set(tensors) - set().union(*(set(names) for _, names in everyone))
+    if missing:
+        raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
+                          f"({len(missing)} of tally's params)")
+
+
 def execute(queue, k, case):
     """Runs case K on this rank; returns (status, message)."""
     import deepspeed
@@ -382,51 +518,52 @@ def execute(queue, k, case):
     world = dist.get_world_size()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         case.get("gradients", {}).get("dtype", "fp32")]
-    mpu = engine = None
+    tp, pp = t.get("tp", 1), t.get("pp", 1)
+    engine = None
     planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "deepspeed")
+    made = CaseGroups()
     try:
         planted.__enter__()
-        mpu = Mpu(t.get("tp", 1))
+        made.__enter__()
         tensors = load_gradients(queue, k)
         index = gradient_index(queue, k)
-        module, described, moe_layers, expert_tp, shapes, classes = build_model(case, index, mpu, dtype)
-        params = [p for p in module.parameters()]
-        if moe_layers:
-            from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-            param_groups = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "all"})
-        else:
-            param_groups = [{"params": params}]
-        optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
-        engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=mpu,
-                                               config=engine_config(case, world, mpu.tp))
-        # A mismatch one rank finds (its experts) is raised on every rank together, after one
-        # collective, so no rank is left waiting in the next.
+        config = engine_config(case, world, tp, pp)
         local_error = None
-        try:
-            describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes)
-            held = sorted({described[id(p)][0] for p in params})
-        except LookupError as e:
-            local_error, held = f"rank {dist.get_rank()}: {e}", []
-        everyone = [None] * world
-        dist.all_gather_object(everyone, (local_error, held))
-        errors = [error for error, _ in everyone if error]
-        if errors:
-            raise LookupError(errors[0])
+        if pp > 1:
+            module, described = build_pipeline(case, index, dtype, world)
+            optimizer = torch.optim.AdamW(module.parameters(), lr=0.0, weight_decay=0.0)
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+            moe_layers = {}
+        else:
+            mpu = Mpu(tp)
+            module, described, moe_layers, expert_tp, shapes, classes = build_model(case, index, mpu, dtype)
+            params = [p for p in module.parameters()]
+            if moe_layers:
+                from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+                param_groups = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "all"})
+            else:
+                param_groups = [{"params": params}]
+            optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=mpu, config=config)
+            try:
+                describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes)
+            except LookupError as e:
+                local_error = f"rank {dist.get_rank()}: {e}"
+        held = [] if local_error else sorted({described[id(p)][0] for p in module.parameters()})
+        check_every_param_held(local_error, held, tensors)
 
         def box_of(p):
             name, _, offsets, extents = described[id(p)]
             return tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
 
-        missing = set(tensors) - set().union(*(set(names) for _, names in everyone))
-        if missing:
-            raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
-                              f"({len(missing)} of tally's params)")
         device = next(engine.module.parameters()).device
+        mpu = engine.mpu
         # DeepSpeed sums a gradient over its reduction group (DP for dense params, expert-DP for
         # experts) and divides by the DP size. Only the group's first rank gives the gradient, times
         # the DP size (a power of two): every other term is 0, so the 16-bit sums are exact, as
-        # sums of equal values (3g) would not be.
+        # sums of equal values (3g) would not be. So does only the first stage's copy of a tied
+        # embedding, which the pipeline sums over its copies.
         dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
         expert_first = dp_first
         if moe_layers:
@@ -435,23 +572,30 @@ def execute(queue, k, case):
             name = module.moe[next(iter(moe_layers)).replace(".", "__")].expert_group_name
             expert_first = groups._get_expert_data_parallel_rank(name) == 0
 
-        def term_weights(p):
-            first = dp_first if getattr(p, "allreduce", True) else expert_first
+        def term_weights(p, first=True):
+            first = first and (dp_first if getattr(p, "allreduce", True) else expert_first)
             values = box_of(p) * dp_size if first else box_of(p) * 0
             return torch.from_numpy(values).to(device=device, dtype=p.dtype)
 
-        def term(p):
-            return (p * term_weights(p)).sum()
-
-        if engine.zero_optimization_stage() == 3:
-            # The params are partitioned outside the forward: the loss is the module's forward.
-            weights = {key: term_weights(p) for key, p in engine.module.dense.items()}
-            loss = engine(weights)
+        if pp > 1:
+            first_stage = mpu.get_pipe_parallel_rank() == 0
+            for block in engine.module.modules():
+                if hasattr(block, "weights") and hasattr(block, "described"):
+                    copy = block in engine.module.tied_modules.values() and not first_stage
+                    for key, p in block.params.items():
+                        block.weights[key] = term_weights(p, first=not copy)
+            start = torch.zeros(tp * tp, dtype=dtype, device=device)
+            with tally_deepspeed.Recording(engine) as recording:
+                engine.train_batch(data_iter=iter([(start, start)]))
         else:
-            loss = sum(term(p) for p in engine.module.parameters())
-        engine.backward(loss)
-        with tally_deepspeed.Recording(engine) as recording:
-            engine.step()
+            if engine.zero_optimization_stage() == 3:
+                # The params are partitioned outside the forward: the loss is the module's forward.
+                loss = engine({key: term_weights(p) for key, p in engine.module.dense.items()})
+            else:
+                loss = sum((p * term_weights(p)).sum() for p in engine.module.parameters())
+            engine.backward(loss)
+            with tally_deepspeed.Recording(engine) as recording:
+                engine.step()
         norm = engine.get_global_grad_norm()
         if norm is None:
             norm = recording.clip_norm
@@ -463,7 +607,7 @@ def execute(queue, k, case):
                 f"DeepSpeed skipped the step (norm {norm}, overflow "
                 f"{getattr(engine.optimizer, 'overflow', None)}): the gradients times the loss scale "
                 "do not fit the precision, so there is no norm to judge")
-        mine = groups_of_rank(module, moe_layers, mpu, expert_tp)
+        mine = pipeline_groups(mpu) if pp > 1 else groups_of_rank(module, moe_layers, mpu, expert_tp)
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         manifest = tally_deepspeed.build_manifest(
@@ -471,8 +615,8 @@ def execute(queue, k, case):
             describe=lambda p: dict(zip(("logical_name", "logical_shape", "offsets", "extents"), described[id(p)])),
             gradient_of=box_of,
             groups_by_rank=dict(enumerate(gathered)),
-            parallel={"tp": mpu.tp, "cp": 1, "pp": 1, "dp": world // mpu.tp, "ep": t.get("ep", 1),
-                      "etp": t.get("etp", mpu.tp)},
+            parallel={"tp": tp, "cp": 1, "pp": pp, "dp": world // (tp * pp), "ep": t.get("ep", 1),
+                      "etp": t.get("etp", tp)},
             producer=f"tally_deepspeed_worker {WORKER_VERSION} / deepspeed {deepspeed.__version__}",
             reported_norm=norm,
         )
@@ -484,7 +628,8 @@ def execute(queue, k, case):
             engine.destroy()
         del engine
         gc.collect()
-        reset_deepspeed_groups(mpu)
+        forget_deepspeed_groups()
+        made.__exit__(None, None, None)
 
 
 def main(argv=None):

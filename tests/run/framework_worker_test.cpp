@@ -177,6 +177,32 @@ TEST(LogicalGradients, HoldEveryLogicalParamsStoredValuesInModelOrder) {
   EXPECT_EQ(sum_squares, 2.0 * 8.0) << "ones on the 2 experts' FC2 biases of hidden 8";
 }
 
+TEST(LogicalGradients, NameEachParamsStageAndTheTiedCopyOfTheLastStage) {
+  casefile::Case c = founding_case();
+  c.topology = {.world = 2, .pp = 2};
+  c.model = {};
+  c.model.num_layers = 2;
+  ASSERT_FALSE(casefile::check_case(c));
+  const topologies::LogicalModel model(c.model, c.topology);
+  const nlohmann::json index = nlohmann::json::parse(logical_gradients(c).index_json);
+  int copies = 0;
+  for (const topologies::LogicalParam& p : model.params()) {
+    const nlohmann::json& entry = index.at("params").at(static_cast<std::size_t>(p.id));
+    EXPECT_EQ(entry.at("stage"), p.stage) << p.name;
+    if (entry.value("last_stage_copy", false)) {
+      ++copies;
+      EXPECT_EQ(p.name, "embedding.word_embeddings.weight");
+      EXPECT_EQ(p.stage, 0) << "the copy's original lives on the first stage";
+    }
+  }
+  EXPECT_EQ(copies, 1) << "the tied output layer: the last stage holds a copy of the word embedding";
+  c.model.untie_embeddings_and_output_weights = true;
+  EXPECT_EQ(logical_gradients(c).index_json.find("last_stage_copy"), std::string::npos);
+  c.model.untie_embeddings_and_output_weights = false;
+  c.topology = {.world = 2, .tp = 2};
+  EXPECT_EQ(logical_gradients(c).index_json.find("last_stage_copy"), std::string::npos) << "PP 1: one param";
+}
+
 TEST(WorkerCommand, EveryWorldTokenIsReplaced) {
   EXPECT_EQ(worker_command_for("torchrun --nproc-per-node {world} w.py --world {world}", 8),
             "torchrun --nproc-per-node 8 w.py --world 8");
@@ -273,6 +299,48 @@ TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   c.topology.tp = c.topology.etp = 1;
   c.deepspeed = casefile::DeepSpeedConfig{};
   EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
+}
+
+TEST(DeepSpeedTarget, RunsPipelinesOfDenseModelsAtZeroZeroAndOne) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = {.world = 8, .tp = 2, .pp = 2};
+  c.model = {};
+  c.model.num_layers = 4;
+  c.deepspeed = casefile::DeepSpeedConfig{1, false, 128};
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.deepspeed->zero_stage = 2;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("ZeRO 2 and 3 are incompatible"), std::string::npos);
+  c.deepspeed->zero_stage = 0;
+  c.deepspeed->grad_accum_fp32 = true;
+  c.path.gradients.generator.dtype = kernels::Dtype::bf16;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos)
+      << "bf16 with fp32 accumulation needs ZeRO in a pipeline too";
+  c.topology.vpp = 2;
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("topology.vpp:", 0), 0u);
+  c = founding_case();
+  c.topology = {.world = 4, .pp = 2, .ep = 2};
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("topology.pp with model.num_experts:", 0), 0u);
+
+  casefile::Case dense = founding_case();
+  dense.topology = {.world = 8, .tp = 2, .pp = 2, .vpp = 2};
+  dense.model = {};
+  dense.model.num_layers = 8;
+  dense.model.first_stage_layers = 1;  // holds with VPP 2 only (chunks of 3 and 3 layers in the rest)
+  dense.model.last_stage_layers = 1;
+  for (std::uint64_t draw = 0; draw < 16; ++draw) {
+    const casefile::Case within = within_deepspeed(dense, "0.19.8", {}, draw);
+    ASSERT_FALSE(casefile::check_case(within)) << *casefile::check_case(within);
+    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+    EXPECT_EQ(within.topology.pp, 2) << "a dense model keeps its pipeline";
+    EXPECT_EQ(within.topology.vpp, 1);
+    EXPECT_LE(within.deepspeed->zero_stage, 1);
+  }
+  const casefile::Case moe = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(moe.topology.pp, 1) << "experts: PP folds into DP";
+  EXPECT_EQ(moe.topology.world, 4);
 }
 
 TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
