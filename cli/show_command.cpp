@@ -9,6 +9,7 @@
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "casefile/case_file.h"
+#include "topologies/logical_model.h"
 
 namespace tally::cli {
 
@@ -37,7 +38,7 @@ std::string expectation_line(const std::optional<casefile::Expectation>& expect)
 // (adapters/deepspeed/tally_deepspeed_worker.py, engine_config).
 nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
   const casefile::DeepSpeedConfig& d = *c.deepspeed;
-  const int dp = c.topology.world / std::max(1, c.topology.tp);
+  const int dp = c.topology.world / std::max(1, c.topology.tp * c.topology.pp);
   nlohmann::ordered_json j = {{"train_micro_batch_size_per_gpu", 1},
                               {"gradient_accumulation_steps", 1},
                               {"train_batch_size", dp},
@@ -53,6 +54,16 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
 }
 
 std::string deepspeed_model_line(const casefile::Case& c) {
+  if (c.topology.pp > 1)
+    return "model: a deepspeed.pipe.PipelineModule of " + std::to_string(c.topology.pp) +
+           " stages (PipeModelDataParallelTopology(num_pp=" + std::to_string(c.topology.pp) +
+           ", num_mp=" + std::to_string(c.topology.tp) + ", num_dp=" +
+           std::to_string(c.topology.world / (c.topology.tp * c.topology.pp)) +
+           ")), each stage one layer of tally's params (TP shards marked tensor_model_parallel)" +
+           (topologies::LogicalModel(c.model, c.topology).last_stage_copy() == topologies::SharedCopy::output_layer
+                ? ", the word embedding a TiedLayerSpec on the first and last stage"
+                : "") +
+           "; a torch AdamW at lr 0; one train_batch";
   std::string line = "model: tally's params with a Megatron-style mpu of TP " + std::to_string(c.topology.tp) +
                      " (TP shards marked tensor_model_parallel)";
   if (c.model.num_experts > 0)

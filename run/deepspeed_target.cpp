@@ -91,6 +91,7 @@ bool shows(const gradnorm::FaultSet& faults, const EnginePath& path, bool pipeli
   // The fp32 clip of a pipeline counts only the first stage (docs/findings): no fault shows there.
   if (pipelined && path.zero_stage == 0 && path.dtype == Dtype::fp32 && !faults.empty()) return false;
   if (faults.has(Fault::tied_copy_not_shared) && !(pipelined && (bf16_optimizer || zero))) return false;
+  if (faults.has(Fault::missing_pp_reduction) && !pipelined) return false;
   if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer) return false;
   if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !zero) return false;
   if ((faults.has(Fault::no_dedup_filter) || faults.has(Fault::tp_marking_unseen_by_filter)) && unfused) return false;

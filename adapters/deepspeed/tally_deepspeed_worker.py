@@ -106,6 +106,24 @@ def _no_ep_reduction(orig):
     return get_global_norm_of_tensors
 
 
+def _tied_copies_counted(orig):
+    def _index_tied_modules(self):
+        comms = orig(self)
+        for key in comms:
+            for p in self.tied_modules[key].parameters():
+                p.ds_pipe_replicated = False
+        return comms
+
+    return _index_tied_modules
+
+
+def _stage_model_group(orig):
+    def get_model_parallel_group(self):
+        return self.slice_proc_group  # the stage's own TP group, not every stage's
+
+    return get_model_parallel_group
+
+
 # fault -> ([(module, or "module:Class", the function, how to make the replacement), ...], how)
 PLANTS = {
     "no-dedup-filter": (
@@ -126,6 +144,14 @@ PLANTS = {
         [("deepspeed.runtime.utils", "get_global_norm_of_tensors", _no_ep_reduction)],
         "get_global_norm_of_tensors is called without its expert-parallel group",
     ),
+    "tied-copy-not-shared": (
+        [("deepspeed.runtime.pipe.module:PipelineModule", "_index_tied_modules", _tied_copies_counted)],
+        "no tied layer's copy is marked ds_pipe_replicated",
+    ),
+    "missing-pp-reduction": (
+        [("deepspeed.runtime.pipe.topology:PipelineParallelGrid", "get_model_parallel_group", _stage_model_group)],
+        "the pipeline grid's model group is the stage's TP group, so norms are not summed over stages",
+    ),
 }
 
 NOT_PLANTED = {
@@ -136,7 +162,6 @@ NOT_PLANTED = {
     "muon-expert-stats-without-egtp": "generalized TP is megatron-core's",
     "expert-stats-over-dense-mp": "Megatron's Muon grouping",
     "expert-dedup-on-dense-tp": "Megatron's duplicate filter with TP groups; DeepSpeed's filter takes none",
-    "tied-copy-not-shared": "the worker runs no pipeline parallelism (ds_pipe_replicated)",
     "clip-per-child-norm": "clipping: the manifests record no clip coefficient yet",
     "clip-per-stage-norm": "clipping: the manifests record no clip coefficient yet",
     "clip-per-ep-group-norm": "clipping: the manifests record no clip coefficient yet",
@@ -144,7 +169,6 @@ NOT_PLANTED = {
     "replicated-marked-tp": "an attribute of the params: the worker's model sets it",
     "average-rank-norms": "DeepSpeed's clip_grad_norm_ averages already (DeepSpeed #8475)",
     "stats-over-replicas": "DeepSpeed's groups are the mpu's and its own: no one stats group to widen",
-    "missing-pp-reduction": "the worker runs no pipeline parallelism",
     "zero-count-in-float32": "DeepSpeed reports no zero count",
     "empty-rank-skips-collective": "a hang: the worker would be stopped, not judged",
     "inf-norm-combined-by-l2": "the worker reports the L2 norm only",
@@ -655,6 +679,8 @@ def main(argv=None):
     # Every module that imports a replaced function is loaded before any fault is planted.
     import deepspeed.runtime.bf16_optimizer  # noqa: F401
     import deepspeed.runtime.fp16.unfused_optimizer  # noqa: F401
+    import deepspeed.runtime.pipe.module  # noqa: F401
+    import deepspeed.runtime.pipe.topology  # noqa: F401
     import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
     # torch's own init (DeepSpeed's passes device_id=cuda:LOCAL_RANK, which one shared GPU refuses);
     # deepspeed.init_distributed then adopts the default group.
