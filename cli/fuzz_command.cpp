@@ -30,8 +30,14 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
   j["failure"] = fuzz::describe(f.signature);
   j["faults"] = gradnorm::fault_list(f.original.path.faults);
   j["original"] = f.original_path;
-  j["shrunk"] = f.shrunk_path;
   j["original_world"] = f.original.topology.world;
+  if (f.same_as) {  // not shrunk (--shrink new): the earlier failure's case number
+    j["same_as"] = *f.same_as;
+    j["shrunk"] = nullptr;
+    j["statistics"] = f.original.expect ? f.original.expect->statistics : std::vector<std::string>{};
+    return j;
+  }
+  j["shrunk"] = f.shrunk_path;
   j["shrunk_world"] = f.shrunk.topology.world;
   j["shrunk_model"] = model_text(f.shrunk);
   j["shrink_steps"] = f.shrink.steps;
@@ -61,6 +67,7 @@ struct FuzzOptions {
   int max_failures = 20;
   int shrink_runs = 1000;
   std::string shrink_time = "60s";
+  std::string shrink;  // "all" or "new"; empty: new on a real target, all on tally's model
   bool json = false;
   TargetOptions target;
   int world = 2;  // --target: every case's world
@@ -132,7 +139,12 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
          << gradnorm::fault_list(f.original.path.faults) << ")\n"
          << indent(case_summary(f.original), "  ") << '\n';
     if (!f.original_path.empty()) out_ << "  saved " << f.original_path << '\n';
-    out_ << "  shrinking..." << std::flush;
+    if (!f.same_as) out_ << "  shrinking..." << std::flush;
+  }
+
+  void failure_not_shrunk(const fuzz::Failure& f) override {
+    if (quiet_) return;
+    out_ << "  not shrunk: fails the same way as case " << *f.same_as << " (--shrink new)\n" << std::flush;
   }
 
   void shrink_step(const fuzz::Failure&, const fuzz::ShrinkOutcome&) override {
@@ -195,6 +207,9 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.max_failures = o.max_failures;
   campaign.shrink.max_runs = o.shrink_runs;
   campaign.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
+  // A real framework's run costs a second or more, and its known miscounts recur in most cases.
+  const std::string shrink = !o.shrink.empty() ? o.shrink : o.target.target == "model" ? "all" : "new";
+  campaign.shrink_repeated_signatures = shrink == "all";
 
   // A real target: its worker for --world starts first (its version decides what it can build).
   std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
@@ -225,6 +240,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (o.max_world != 64) repeat += " --max-world " + std::to_string(o.max_world);
   if (o.faults != "none") repeat += " --faults " + o.faults;
   if (o.max_failures != 20) repeat += " --max-failures " + std::to_string(o.max_failures);
+  if (!o.shrink.empty()) repeat += " --shrink " + o.shrink;
   if (context.backend.world() > 0)  // the same job size, the same cases
     repeat = "mpirun -np <the same> " + repeat + " --backend " + std::string(context.backend.name());
   if (pool) {
@@ -281,10 +297,15 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
       default: break;
     }
     out << '\n';
-    for (const fuzz::Failure& f : result.failures)
-      out << "  case " << f.index << ": " << fuzz::describe(f.signature) << "; shrunk to "
-          << world_text(f.shrunk.topology) << ", " << model_text(f.shrunk)
-          << (f.shrunk_path.empty() ? "" : "; tally replay " + f.shrunk_path) << '\n';
+    for (const fuzz::Failure& f : result.failures) {
+      out << "  case " << f.index << ": " << fuzz::describe(f.signature);
+      if (f.same_as)
+        out << "; as case " << *f.same_as << ", not shrunk"
+            << (f.original_path.empty() ? "" : "; tally replay " + f.original_path) << '\n';
+      else
+        out << "; shrunk to " << world_text(f.shrunk.topology) << ", " << model_text(f.shrunk)
+            << (f.shrunk_path.empty() ? "" : "; tally replay " + f.shrunk_path) << '\n';
+    }
     if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
   }
   context.exit_code = result.failures.empty() ? kExitPass : kExitFail;
@@ -329,6 +350,11 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
   command->add_option("--shrink-time", options->shrink_time, "Time spent shrinking one failure")
       ->check(duration())
       ->capture_default_str();
+  command->add_option("--shrink", options->shrink,
+                      "Which failures to shrink: all, or new (only the first of each failure "
+                      "signature; later ones are saved unshrunk). Default: new with --target "
+                      "megatron-core or deepspeed, all on tally's model")
+      ->check(CLI::IsMember({"all", "new"}));
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
   add_backend_flags(*command);
   add_target_flags(*command, options->target);

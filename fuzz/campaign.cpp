@@ -1,5 +1,6 @@
 #include "fuzz/campaign.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <stdexcept>
@@ -108,7 +109,18 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     }
     if (options.target_of) failure.original.target = options.target_of(failure.original, failure.original_path);
     if (!failure.original_path.empty()) casefile::write_case_file(failure.original_path, failure.original);
+    if (!options.shrink_repeated_signatures) {
+      const auto earlier = std::find_if(result.failures.begin(), result.failures.end(),
+                                        [&](const Failure& f) { return f.signature == failure.signature; });
+      if (earlier != result.failures.end()) failure.same_as = earlier->index;
+    }
     observer.failure_found(failure);
+    if (failure.same_as) {
+      result.failures.push_back(failure);
+      observer.failure_not_shrunk(result.failures.back());
+      observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());
+      continue;
+    }
 
     const ShrinkOutcome shrunk = shrink_failure(
         generated, verdict, run, options.shrink, stopping,

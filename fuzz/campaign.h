@@ -35,6 +35,10 @@ struct CampaignOptions {
   CaseGenOptions generator;
   std::string corpus_dir;  // failures are written here (created when needed); empty: nowhere
   ShrinkLimits shrink;
+  // false: a failure whose signature an earlier failure of the campaign had is written to the
+  // corpus but not shrunk (a framework's known miscount would otherwise spend the campaign on
+  // shrinking it again and again).
+  bool shrink_repeated_signatures = true;
   int max_failures = 0;  // stop after this many failures; 0: no bound
   // A real target: the `target` of each case file about to be written to `path` ("" without a
   // corpus), having saved the run's manifests next to it. Empty: the model target.
@@ -47,6 +51,8 @@ struct Failure {
   oracle::Verdict original_verdict;
   FailureSignature signature;
   std::string original_path;  // empty without a corpus
+  // Not shrunk: the campaign's earlier failure (its case number) with the same signature.
+  std::optional<std::int64_t> same_as;
   bool shrunk_done = false;   // the fields below are set (failure_found comes before)
   casefile::Case shrunk;                // with its expectation
   oracle::Verdict shrunk_verdict;
@@ -75,6 +81,8 @@ class CampaignObserver {
   virtual void shrink_step(const Failure& /*failure*/, const ShrinkOutcome& /*outcome*/) {}
   // The shrunk case is on disk (when there is a corpus).
   virtual void failure_shrunk(const Failure& /*failure*/) {}
+  // A failure not shrunk (Failure::same_as): its original is on disk, and nothing follows.
+  virtual void failure_not_shrunk(const Failure& /*failure*/) {}
 };
 
 // Runs the campaign until a bound is reached or `stop` becomes true (checked between cases

@@ -415,9 +415,14 @@ def build_pipeline(case, index, dtype, world):
         layers += specs
     topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=world // (tp * pp))
     # The loss is the activation's first entry. The activation has TP entries per TP rank, as
-    # DeepSpeed splits activations over the TP group between stages (pipe_partitioned).
-    module = PipelineModule(layers=layers, topology=topology, loss_fn=lambda out, label: out[0],
-                            partition_method="uniform")
+    # DeepSpeed splits activations over the TP group between stages (pipe_partitioned). Built
+    # without autograd: the tied layers' first broadcast writes into a param, which gloo on a
+    # GPU tensor does as an in-place copy autograd would refuse (ranks sharing a GPU use gloo).
+    import torch
+
+    with torch.no_grad():
+        module = PipelineModule(layers=layers, topology=topology, loss_fn=lambda out, label: out[0],
+                                partition_method="uniform")
     described = {}
     for block in module.modules():
         if isinstance(block, StageBlock):

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -153,6 +154,9 @@ class Recorder final : public CampaignObserver {
     events.push_back("shrunk " + std::to_string(f.index));
     EXPECT_TRUE(fs::exists(f.shrunk_path));
   }
+  void failure_not_shrunk(const Failure& f) override {
+    events.push_back("not shrunk " + std::to_string(f.index) + " as " + std::to_string(f.same_as.value_or(-1)));
+  }
 };
 
 TEST(Campaign, WritesEachFailureBeforeShrinkingAndBothReplay) {
@@ -178,6 +182,46 @@ TEST(Campaign, WritesEachFailureBeforeShrinkingAndBothReplay) {
     expect_replays(f.shrunk_path);
     EXPECT_LE(f.shrunk.topology.world, f.original.topology.world);
   }
+}
+
+TEST(Campaign, ShrinksTheFirstFailureOfEachSignatureOnlyWhenAsked) {
+  CampaignOptions o;
+  o.seed = 4;
+  o.max_cases = 300;
+  o.generator.faults = {Fault::missing_pp_reduction};  // fails l2 alone, case after case
+  o.corpus_dir = fresh_dir("shrink-new");
+  o.max_failures = 3;
+  o.shrink_repeated_signatures = false;
+  Recorder recorder;
+  const CampaignResult result = run_campaign(o, sim, recorder);
+  ASSERT_EQ(result.failures.size(), 3u);
+  const Failure& first = result.failures[0];
+  EXPECT_TRUE(first.shrunk_done);
+  EXPECT_FALSE(first.same_as);
+  std::vector<std::string> expected = {"found " + std::to_string(first.index), "shrink " + std::to_string(first.index),
+                                       "shrunk " + std::to_string(first.index)};
+  for (std::size_t i = 1; i < 3; ++i) {
+    const Failure& f = result.failures[i];
+    // Whether a later failure repeats a signature depends on the cases; each names the first
+    // earlier failure that has its signature, and only a new signature is shrunk.
+    const auto earlier = std::find_if(result.failures.begin(), result.failures.begin() + static_cast<long>(i),
+                                      [&](const Failure& e) { return e.signature == f.signature; });
+    const std::string n = std::to_string(f.index);
+    if (earlier == result.failures.begin() + static_cast<long>(i)) {
+      EXPECT_FALSE(f.same_as);
+      expected.insert(expected.end(), {"found " + n, "shrink " + n, "shrunk " + n});
+      continue;
+    }
+    EXPECT_EQ(f.same_as, earlier->index);
+    EXPECT_FALSE(f.shrunk_done);
+    EXPECT_TRUE(f.shrunk_path.empty());
+    EXPECT_FALSE(fs::exists(o.corpus_dir + "/4-" + n + ".shrunk.json"));
+    expect_replays(f.original_path);
+    expected.insert(expected.end(), {"found " + n, "not shrunk " + n + " as " + std::to_string(earlier->index)});
+  }
+  EXPECT_EQ(recorder.events, expected);
+  EXPECT_TRUE(std::any_of(result.failures.begin(), result.failures.end(), [](const Failure& f) { return f.same_as; }))
+      << "one fault's failures share a signature at least once in three";
 }
 
 TEST(Campaign, SameSeedSameFailuresAndFiles) {
