@@ -12,7 +12,8 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
 1. Process groups for the case's topology, as a Megatron-style `mpu` DeepSpeed is given: TP
    groups of consecutive ranks, DP groups strided by TP (tally's order tp-cp-ep-dp-pp with CP
    and PP 1). DeepSpeed makes its own expert groups from them (`ep_size_<EP>`: EP groups are
-   consecutive ranks of a DP group).
+   consecutive ranks of a DP group). With PP > 1 (dense models) the case runs on DeepSpeed's
+   pipeline engine instead (build_pipeline, below), whose grid is the mpu.
 2. The case's model, as a Megatron-DeepSpeed model presents it to DeepSpeed: every param of
    tally's logical model, sharded by its class over TP (dim 0 for column/vocab, dim 1 for row;
    marked `tensor_model_parallel` with its `partition_dim`) or whole; each MoE layer a real
@@ -381,6 +382,25 @@ def stage_block_class():
     return StageBlock
 
 
+def pipeline_plan(index, pp):
+    """([(name, class, shape) of each stage's params], the tied word embedding's or None) from the
+    gradient index: a param on its `stage`, the one with a last-stage copy on neither (it is a
+    tied layer of the first and the last stage)."""
+    if any(_EXPERT.match(p["name"]) for p in index):
+        raise LookupError("model mismatch: the DeepSpeed worker's pipeline holds no MoE layers")
+    stages, tied = [[] for _ in range(pp)], None
+    for p in index:
+        entry = (p["name"], p["class"], list(p["shape"]))
+        stage = p.get("stage", 0)
+        if not 0 <= stage < pp:
+            raise LookupError(f"model mismatch: {p['name']} is on stage {stage} of a pipeline of {pp}")
+        if p.get("last_stage_copy", False):
+            tied = entry
+        else:
+            stages[stage].append(entry)
+    return stages, tied
+
+
 def build_pipeline(case, index, dtype, world):
     """The PipelineModule of the case (each rank builds only its own stage), and
     param -> (logical name, shape, offsets, extents) of this rank's params."""
@@ -389,17 +409,8 @@ def build_pipeline(case, index, dtype, world):
 
     t = case["topology"]
     tp, pp = t.get("tp", 1), t.get("pp", 1)
-    if any(_EXPERT.match(p["name"]) for p in index):
-        raise LookupError("model mismatch: the DeepSpeed worker's pipeline holds no MoE layers")
     StageBlock = stage_block_class()
-    stages = [[] for _ in range(pp)]
-    tied = None
-    for p in index:
-        entry = (p["name"], p["class"], list(p["shape"]))
-        if p.get("last_stage_copy", False):
-            tied = entry
-        else:
-            stages[p.get("stage", 0)].append(entry)
+    stages, tied = pipeline_plan(index, pp)
     # Two layer specs per stage, so DeepSpeed's uniform partition gives each stage its own.
     layers = []
     for s, entries in enumerate(stages):

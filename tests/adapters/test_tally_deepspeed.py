@@ -35,6 +35,113 @@ class LocalBox(unittest.TestCase):
             worker.local_box([6, 4], "column", 0, 4)
 
 
+class FakeTopology:
+    """DeepSpeed's PipeModelDataParallelTopology: rank = (pipe * DP + data) * TP + model."""
+
+    def __init__(self, pp, dp, tp):
+        self.pp, self.dp, self.tp = pp, dp, tp
+
+    def get_axis_list(self, axis, idx):
+        assert axis == "data"
+        return [(s * self.dp + idx) * self.tp + m for s in range(self.pp) for m in range(self.tp)]
+
+
+class FakeGrid:
+    def __init__(self, rank, pp, dp, tp):
+        self.rank, self.topo = rank, FakeTopology(pp, dp, tp)
+        self.data = rank // tp % dp
+        first = rank - rank % tp
+        self.slice_group = list(range(first, first + tp))
+        stage = rank // (tp * dp)
+        self.dp_group = [(stage * dp + d) * tp + rank % tp for d in range(dp)]
+
+    def topology(self):
+        return self.topo
+
+    def get_data_parallel_rank(self):
+        return self.data
+
+    def get_global_rank(self):
+        return self.rank
+
+    def get_data_parallel_group_ranks(self):
+        return self.dp_group
+
+
+class PipelineGroups(unittest.TestCase):
+    def test_the_model_group_is_every_stage_and_tp_rank_of_one_data_index(self):
+        # world 8: PP 2, DP 2, TP 2; rank 5 is stage 1, data 0, TP rank 1
+        groups = worker.pipeline_groups(FakeGrid(5, pp=2, dp=2, tp=2))
+        self.assertEqual(groups, {"tp": [4, 5], "mp": [0, 1, 4, 5], "dp": [5, 7], "expert_tp": False})
+
+    def test_without_tp_each_rank_is_its_own_tp_group(self):
+        groups = worker.pipeline_groups(FakeGrid(3, pp=2, dp=2, tp=1))
+        self.assertEqual(groups["tp"], [3])
+        self.assertEqual(groups["mp"], [1, 3])
+
+
+class PipelinePlan(unittest.TestCase):
+    INDEX = [
+        {"name": "embedding.word_embeddings.weight", "class": "vocab", "shape": [4, 2], "stage": 0,
+         "last_stage_copy": True},
+        {"name": "decoder.layers.0.mlp.linear_fc1.weight", "class": "column", "shape": [4, 2], "stage": 0},
+        {"name": "decoder.layers.1.mlp.linear_fc1.weight", "class": "column", "shape": [4, 2], "stage": 1},
+        {"name": "decoder.final_layernorm.weight", "class": "replicated", "shape": [2], "stage": 1},
+    ]
+
+    def test_each_param_is_on_its_stage_and_the_tied_embedding_on_none(self):
+        stages, tied = worker.pipeline_plan(self.INDEX, 2)
+        self.assertEqual(tied, ("embedding.word_embeddings.weight", "vocab", [4, 2]))
+        self.assertEqual([[name for name, _, _ in s] for s in stages],
+                         [["decoder.layers.0.mlp.linear_fc1.weight"],
+                          ["decoder.layers.1.mlp.linear_fc1.weight", "decoder.final_layernorm.weight"]])
+
+    def test_an_untied_model_has_no_tied_layer(self):
+        index = [dict(p, last_stage_copy=False) for p in self.INDEX]
+        stages, tied = worker.pipeline_plan(index, 2)
+        self.assertIsNone(tied)
+        self.assertEqual(len(stages[0]), 2)
+
+    def test_experts_and_stages_outside_the_pipeline_are_a_model_mismatch(self):
+        expert = {"name": "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+                  "class": "expert-column", "shape": [4, 2], "stage": 0}
+        with self.assertRaisesRegex(LookupError, "holds no MoE layers"):
+            worker.pipeline_plan(self.INDEX + [expert], 2)
+        with self.assertRaisesRegex(LookupError, "is on stage 1 of a pipeline of 1"):
+            worker.pipeline_plan(self.INDEX, 1)
+
+
+class PipelinePlants(unittest.TestCase):
+    def test_tied_copies_are_left_unmarked(self):
+        class Param:
+            ds_pipe_replicated = True
+
+        class Module:
+            def parameters(self):
+                return [self.p]
+
+        module = Module()
+        module.p = Param()
+
+        class Pipeline:
+            tied_modules = {"word_embeddings": module}
+
+        def index_tied_modules(self):
+            return {"word_embeddings": {"ranks": [0, 1]}}
+
+        planted = worker._tied_copies_counted(index_tied_modules)
+        self.assertEqual(planted(Pipeline()), {"word_embeddings": {"ranks": [0, 1]}})
+        self.assertFalse(module.p.ds_pipe_replicated)
+
+    def test_the_model_group_becomes_the_stage_tp_group(self):
+        class Grid:
+            slice_proc_group = "the stage's TP group"
+            ds_model_proc_group = "every stage"
+
+        planted = worker._stage_model_group(lambda self: self.ds_model_proc_group)
+        self.assertEqual(planted(Grid()), "the stage's TP group")
+
+
 class Chained(unittest.TestCase):
     def test_a_sum_over_dp_then_tp_reaches_the_product_group(self):
         dp_of = {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
