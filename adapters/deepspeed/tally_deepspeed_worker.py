@@ -442,6 +442,30 @@ def build_pipeline(case, index, dtype, world):
     return module, described
 
 
+def stage_pipeline_p2p_through_host(p2p):
+    """gloo's send and recv fail on GPU tensors ("Bad address"), and ranks that share a GPU use
+    gloo: DeepSpeed's pipeline sends (deepspeed.runtime.pipe.p2p.send/recv, which its engine calls
+    through the module) are made through host copies for the worker's life. The values are the
+    same; only where the bytes travel from changes."""
+    import torch
+
+    send, recv = p2p.send, p2p.recv
+
+    def host_send(tensor, dest_stage, async_op=False):
+        return send(tensor.detach().cpu() if tensor.is_cuda else tensor, dest_stage, async_op)
+
+    def host_recv(tensor, src_stage, async_op=False):
+        if not tensor.is_cuda:
+            return recv(tensor, src_stage, async_op)
+        staged = torch.empty_like(tensor, device="cpu")
+        done = recv(staged, src_stage, async_op)
+        with torch.no_grad():
+            tensor.copy_(staged)
+        return done
+
+    p2p.send, p2p.recv = host_send, host_recv
+
+
 def pipeline_groups(grid):
     """This rank's groups by name, from DeepSpeed's pipeline grid: `mp` is the grid's model
     group (every stage and TP rank of one data-parallel index), the group DeepSpeed's norms sum over."""
@@ -702,6 +726,10 @@ def main(argv=None):
     # deepspeed.init_distributed then adopts the default group.
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
     deepspeed.init_distributed(dist_backend=backend)
+    if backend == "gloo" and devices:
+        import deepspeed.runtime.pipe.p2p as p2p
+
+        stage_pipeline_p2p_through_host(p2p)
     rank = dist.get_rank()
     version = deepspeed.__version__
     from deepspeed.accelerator import get_accelerator

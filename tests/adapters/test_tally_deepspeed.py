@@ -111,6 +111,55 @@ class PipelinePlan(unittest.TestCase):
             worker.pipeline_plan(self.INDEX, 1)
 
 
+class HostStagedPipelineSends(unittest.TestCase):
+    def test_gpu_tensors_travel_through_host_copies_and_land_in_place(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+
+        class FakeGpuTensor:
+            """A tensor that says it is on a GPU: .cpu() gives the host copy gloo can send."""
+
+            is_cuda = True
+
+            def __init__(self, values):
+                self.values = torch.tensor(values)
+
+            def detach(self):
+                return self
+
+            def cpu(self):
+                return self.values.clone()
+
+            def copy_(self, source):
+                self.values.copy_(source)
+
+        sent, wire = [], torch.tensor([5.0, 6.0])
+
+        class P2p:
+            @staticmethod
+            def send(tensor, dest_stage, async_op=False):
+                sent.append((tensor.is_cuda, tensor.tolist(), dest_stage))
+
+            @staticmethod
+            def recv(tensor, src_stage, async_op=False):
+                tensor.copy_(wire)
+
+        worker.stage_pipeline_p2p_through_host(P2p)
+        P2p.send(FakeGpuTensor([1.0, 2.0]), 1)
+        self.assertEqual(sent, [(False, [1.0, 2.0], 1)])
+        received = FakeGpuTensor([0.0, 0.0])
+        received.values = torch.zeros(2)
+        original_empty_like = torch.empty_like
+        torch.empty_like = lambda t, device: torch.zeros(2)  # the fake has no storage of its own
+        try:
+            P2p.recv(received, 0)
+        finally:
+            torch.empty_like = original_empty_like
+        self.assertEqual(received.values.tolist(), [5.0, 6.0])
+
+
 class PipelinePlants(unittest.TestCase):
     def test_tied_copies_are_left_unmarked(self):
         class Param:
