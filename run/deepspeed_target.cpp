@@ -50,10 +50,11 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
 }
 
 // The MoE layer's expert groups: without expert TP, DeepSpeed's legacy groups are consecutive
-// ranks of the whole world (they span TP); with it, EP groups lie within a DP group.
+// ranks of the whole world (they span TP; they must not span pipeline stages, whose MoE layers
+// differ); with it, EP groups lie within a DP group.
 bool ep_fits(const topologies::ParallelConfig& t, const topologies::ModelSpec& m) {
   if (m.num_experts == 0) return t.ep == 1;
-  const int ranks = t.etp == 1 ? t.world : data_parallel(t);
+  const int ranks = t.etp == 1 ? t.world / std::max(1, t.pp) : data_parallel(t);
   return ranks % t.ep == 0 && m.num_experts % t.ep == 0;
 }
 
@@ -114,8 +115,6 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not DeepSpeed's";
   if (t.cp > 1) return "topology.cp: the DeepSpeed worker runs TP x DP x EP and PP (no sequence parallelism)";
   if (t.vpp > 1) return "topology.vpp: DeepSpeed's PipelineEngine has one model chunk per stage";
-  if (t.pp > 1 && m.num_experts > 0)
-    return "topology.pp with model.num_experts: the DeepSpeed worker's pipeline holds no MoE layers yet";
   if (!default_grid(t))
     return "topology.order " + t.order + ": the worker's groups are TP fastest, then DP (tally's "
            "default order); DeepSpeed makes its expert groups from them";
@@ -128,7 +127,8 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (m.num_experts > 0 && !ep_fits(t, m))
     return "topology.ep " + std::to_string(t.ep) + ": DeepSpeed's MoE needs EP to divide the experts (" +
            std::to_string(m.num_experts) + ") and " +
-           (t.etp == 1 ? "the world (" + std::to_string(t.world) + "; without expert TP its groups span TP)"
+           (t.etp == 1 ? "the ranks of a pipeline stage (" + std::to_string(t.world / std::max(1, t.pp)) +
+                             "; without expert TP its groups span TP)"
                        : "the data-parallel size (" + std::to_string(data_parallel(t)) + ", with expert TP)");
   if (o.optimizer != gradnorm::OptimizerModel::plain)
     return "optimizer.model " + std::string(gradnorm::optimizer_model_name(o.optimizer)) +
@@ -153,13 +153,8 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
   t.gtp = t.egtp = 1;
-  t.tp *= t.cp;  // the ranks stay: CP folds into TP, and PP with experts into DP
+  t.tp *= t.cp;  // the ranks stay: CP folds into TP
   t.cp = 1;
-  if (m.num_experts > 0) {
-    t.pp = 1;
-    m.first_stage_layers.reset();
-    m.last_stage_layers.reset();
-  }
   t.vpp = 1;
   t.order = std::string(topologies::kDefaultOrder);
   t.dist_opt_instances = 1;

@@ -10,7 +10,7 @@ summed over. Nothing in DeepSpeed's files changes; the wrappers call the origina
 |---------------------------------------------------------|------------------------------------------|-------------------|
 | fp32, ZeRO 0: `clip_fp32_gradients`                      | `runtime.engine.clip_grad_norm_`         | `mp_rank == 0 or is_model_parallel_parameter(param)`; the MP group, then the mean over DP |
 | bf16/fp16, ZeRO 0, grads in the same dtype: `FP16_UnfusedOptimizer` | `fp16.unfused_optimizer.get_weight_norm` | the predicate of `get_weight_norm`, applied to the tensors it is given (the gradients); the MP group; expert gradients are never passed |
-| bf16 with fp32 gradient accumulation, ZeRO 1: `BF16_Optimizer` | `BF16_Optimizer.get_grads_for_norm`   | exactly the returned lists; dense: the MP group; each expert group: MP (when expert TP) then its EP group |
+| bf16 with fp32 gradient accumulation, ZeRO 1 (and bf16 at ZeRO 0 in a pipeline): `BF16_Optimizer` | `BF16_Optimizer.get_grads_for_norm`   | exactly the returned lists; dense: the MP group; each expert group: MP (with expert TP) or the pipeline group, then its EP group |
 | ZeRO 1/2: `DeepSpeedZeroOptimizer`                       | `DeepSpeedZeroOptimizer.get_grad_norm_direct` | its predicate on each (partition piece, param); the DP group then the MP group (expert groups then averaged over their expert-DP group) |
 | ZeRO 3: `DeepSpeedZeroOptimizer_Stage3`                  | `DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct` | its predicate (with `_grad_norm_counts_every_rank`) on each param's partition; the partition group, then the MP group unless every rank counts |
 
@@ -258,7 +258,7 @@ def build_manifest(
     """This rank's manifest (rank lists; dump_manifest turns them into group indices).
     `describe(param)`: its `logical_name`, `logical_shape`, `offsets`, `extents`.
     `gradient_of(param)`: the values of its gradient over its box (numpy, the param's shape).
-    `groups_by_rank`: every rank's groups by name (`tp`, `dp`, `mp`, `ep:<name>`, `edp:<name>`)."""
+    `groups_by_rank`: every rank's groups by name (`tp`, `dp`, `mp`, `pp` with PP, `ep:<name>`, `edp:<name>`)."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -281,7 +281,9 @@ def build_manifest(
         if how == "dp-then-mp":
             return chained(dp_of, mine["mp"])
         if how == "mp-then-ep":
-            mp_of = {r: (g["mp"] if g.get("expert_tp", False) else [r]) for r, g in groups_by_rank.items()}
+            # get_global_norm_of_tensors sums expert norms over the MP group with expert TP, else
+            # over the pipeline group (a rank alone without PP), then over the EP group.
+            mp_of = {r: (g["mp"] if g.get("expert_tp", False) else g.get("pp", [r])) for r, g in groups_by_rank.items()}
             return chained(mp_of, mine[f"ep:{argument}"])
         if how == "dp-then-mp-then-edp-mean":
             return chained(dp_of, mine["mp"])

@@ -249,31 +249,78 @@ def local_box(shape, cls, tp_rank, tp):
     return offsets, extents, dim
 
 
-def build_model(case, index, mpu, dtype):
-    """The module DeepSpeed wraps, and param -> (logical name, shape, offsets, extents)."""
-    import torch
-    import torch.nn as nn
-    from deepspeed.moe.layer import MoE
-
-    t, m = case["topology"], case["model"]
-    tp, ep = t.get("tp", 1), t.get("ep", 1)
-    expert_tp = tp > 1 and t.get("etp", tp) == tp
-    tp_rank = mpu.get_model_parallel_rank()
-    experts = int(m.get("num_experts", 0) or 0)
-    classes = {p["name"]: p["class"] for p in index}
-    shapes = {p["name"]: list(p["shape"]) for p in index}
-
-    dense, moe_layers = {}, {}
-    for name in classes:
+def split_experts(names):
+    """(the names of dense params and routers, {MoE layer prefix: {expert param suffix: [experts]}})."""
+    dense, moe_layers = [], {}
+    for name in names:
         hit = _EXPERT.match(name)
         if hit:
             layer = moe_layers.setdefault(hit.group(1), {})
             layer.setdefault(hit.group(3), []).append(int(hit.group(2)))
         else:
-            dense[name] = None
+            dense.append(name)
     for prefix in moe_layers:
         if f"{prefix}router.weight" not in dense:
             raise LookupError(f"model mismatch: {prefix}experts has no {prefix}router.weight")
+    return dense, moe_layers
+
+
+def moe_settings(case):
+    """What every MoE layer of the case is built with."""
+    t, m = case["topology"], case["model"]
+    tp = t.get("tp", 1)
+    return {"experts": int(m.get("num_experts", 0) or 0), "ep": t.get("ep", 1), "hidden": int(m.get("hidden_size", 16)),
+            "expert_tp": tp > 1 and t.get("etp", tp) == tp}
+
+
+def moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype):
+    """A deepspeed.moe.layer.MoE for one of tally's MoE layers, and its gate weight's description
+    (router name, shape, offsets, extents). Its experts are described once DeepSpeed has made the
+    expert groups (describe_experts)."""
+    import torch
+    import torch.nn as nn
+    from deepspeed.moe.layer import MoE
+
+    template = nn.Module()
+    template.params = nn.ParameterDict()
+    for suffix in suffixes:
+        shape = shapes[f"{prefix}experts.local_experts.0.{suffix}"]
+        _, extents, _ = local_box(shape, classes[f"{prefix}experts.local_experts.0.{suffix}"], tp_rank,
+                                  tp if moe["expert_tp"] else 1)
+        template.params[suffix.replace(".", "__")] = nn.Parameter(torch.zeros(extents, dtype=dtype))
+    layer = MoE(moe["hidden"], template, num_experts=moe["experts"], ep_size=moe["ep"], k=1,
+                enable_expert_tensor_parallelism=moe["expert_tp"])
+    layer.to(dtype)
+    router = f"{prefix}router.weight"
+    wg = layer.deepspeed_moe.gate.wg.weight
+    if list(wg.shape) != shapes[router]:
+        raise LookupError(f"model mismatch: DeepSpeed's gate is {list(wg.shape)}, {router} {shapes[router]}")
+    return layer, wg, (router, shapes[router], [0, 0], shapes[router])
+
+
+def dense_param(name, shapes, classes, tp_rank, tp, dtype):
+    """This TP rank's piece of a dense param (marked tensor_model_parallel where it is split), and
+    its description (logical name, shape, offsets, extents)."""
+    import torch
+    import torch.nn as nn
+
+    offsets, extents, dim = local_box(shapes[name], classes[name], tp_rank, tp)
+    p = nn.Parameter(torch.zeros(extents, dtype=dtype))
+    if dim is not None:
+        p.tensor_model_parallel, p.partition_dim = True, dim
+    return p, (name, shapes[name], offsets, extents)
+
+
+def build_model(case, index, mpu, dtype):
+    """The module DeepSpeed wraps, and param -> (logical name, shape, offsets, extents)."""
+    import torch.nn as nn
+
+    tp = case["topology"].get("tp", 1)
+    moe = moe_settings(case)
+    tp_rank = mpu.get_model_parallel_rank()
+    classes = {p["name"]: p["class"] for p in index}
+    shapes = {p["name"]: list(p["shape"]) for p in index}
+    dense, moe_layers = split_experts(classes)
 
     class CaseModel(nn.Module):
         """forward(weights) is sum(param * weight) over the dense params: ZeRO 3 gathers them for it."""
@@ -288,41 +335,22 @@ def build_model(case, index, mpu, dtype):
     for name in dense:
         if any(name == f"{prefix}router.weight" for prefix in moe_layers):
             continue
-        offsets, extents, dim = local_box(shapes[name], classes[name], tp_rank, tp)
-        p = nn.Parameter(torch.zeros(extents, dtype=dtype))
-        if dim is not None:
-            p.tensor_model_parallel, p.partition_dim = True, dim
+        p, described[id(p)] = dense_param(name, shapes, classes, tp_rank, tp, dtype)
         module.dense[name.replace(".", "__")] = p
-        described[id(p)] = (name, shapes[name], offsets, extents)
-    hidden = int(m.get("hidden_size", 16))
+    layers = {}
     for prefix, suffixes in moe_layers.items():
-        template = nn.Module()
-        template.params = nn.ParameterDict()
-        for suffix in suffixes:
-            shape = shapes[f"{prefix}experts.local_experts.0.{suffix}"]
-            _, extents, _ = local_box(shape, classes[f"{prefix}experts.local_experts.0.{suffix}"], tp_rank,
-                                      tp if expert_tp else 1)
-            template.params[suffix.replace(".", "__")] = nn.Parameter(torch.zeros(extents, dtype=dtype))
-        layer = MoE(hidden, template, num_experts=experts, ep_size=ep, k=1,
-                    enable_expert_tensor_parallelism=expert_tp)
-        layer.to(dtype)
-        module.moe[prefix.replace(".", "__")] = layer
-        router = f"{prefix}router.weight"
-        wg = layer.deepspeed_moe.gate.wg.weight
-        if list(wg.shape) != shapes[router]:
-            raise LookupError(f"model mismatch: DeepSpeed's gate is {list(wg.shape)}, {router} {shapes[router]}")
-        described[id(wg)] = (router, shapes[router], [0, 0], shapes[router])
-    return module, described, moe_layers, expert_tp, shapes, classes
+        layer, wg, router = moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype)
+        module.moe[prefix.replace(".", "__")] = layers[prefix] = layer
+        described[id(wg)] = router
+    return module, described, layers, moe["expert_tp"], shapes, classes
 
 
-def describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes):
+def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes):
     """Once deepspeed.initialize has made the expert groups: each local expert's logical name
-    (global expert = EP rank x local experts + local index) and box."""
+    (global expert = EP rank x local experts + local index) and box. `layers`: prefix -> MoE."""
     from deepspeed.utils import groups
 
-    tp_rank, tp = mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size()
-    for prefix in moe_layers:
-        layer = module.moe[prefix.replace(".", "__")]
+    for prefix, layer in layers.items():
         ep_rank = groups._get_expert_parallel_rank(layer.expert_group_name)
         for i, expert in enumerate(layer.deepspeed_moe.experts.deepspeed_experts):
             e = ep_rank * layer.num_local_experts + i
@@ -352,77 +380,79 @@ def describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, clas
 
 
 def stage_block_class():
-    import torch
     import torch.distributed as dist
     import torch.nn as nn
 
     class StageBlock(nn.Module):
         """The params tally's model places on one stage (or the tied word embedding), TP-sharded
-        as build_model shards them; `weights[key]` is set to each one's gradient before the step."""
+        as build_model shards them, each MoE layer a deepspeed.moe.layer.MoE; `weights[id(param)]`
+        is set to each one's gradient before the step."""
 
-        def __init__(self, entries, tp, dtype):
+        def __init__(self, entries, moe, tp, dtype):
             super().__init__()
             tp_rank = dist.get_rank() % tp  # TP is the fastest axis of DeepSpeed's grid
+            classes = {p["name"]: p["class"] for p in entries}
+            shapes = {p["name"]: list(p["shape"]) for p in entries}
+            dense, moe_layers = split_experts(classes)
             self.params = nn.ParameterDict()
-            self.described, self.weights = {}, {}
-            for name, cls, shape in entries:
-                offsets, extents, dim = local_box(shape, cls, tp_rank, tp)
-                p = nn.Parameter(torch.zeros(extents, dtype=dtype))
-                if dim is not None:
-                    p.tensor_model_parallel, p.partition_dim = True, dim
-                key = name.replace(".", "__")
-                self.params[key] = p
-                self.described[key] = (name, shape, offsets, extents)
+            self.moe = nn.ModuleDict()
+            self.described, self.layers, self.weights = {}, {}, {}
+            routers = {f"{prefix}router.weight" for prefix in moe_layers}
+            for name in dense:
+                if name not in routers:
+                    p, self.described[id(p)] = dense_param(name, shapes, classes, tp_rank, tp, dtype)
+                    self.params[name.replace(".", "__")] = p
+            for prefix, suffixes in moe_layers.items():
+                layer, wg, self.described[id(wg)] = moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp,
+                                                              dtype)
+                self.moe[prefix.replace(".", "__")] = self.layers[prefix] = layer
+            self.shapes, self.classes = shapes, classes
 
         def forward(self, x):
-            for key, p in self.params.items():
-                x = x + (p * self.weights[key]).sum()
+            for p in self.parameters():
+                x = x + (p * self.weights[id(p)]).sum()
             return x
 
     return StageBlock
 
 
 def pipeline_plan(index, pp):
-    """([(name, class, shape) of each stage's params], the tied word embedding's or None) from the
-    gradient index: a param on its `stage`, the one with a last-stage copy on neither (it is a
-    tied layer of the first and the last stage)."""
-    if any(_EXPERT.match(p["name"]) for p in index):
-        raise LookupError("model mismatch: the DeepSpeed worker's pipeline holds no MoE layers")
+    """([the gradient index entries of each stage's params], the tied word embedding's or None): a
+    param on its `stage`, the one with a last-stage copy on neither (it is a tied layer of the first
+    and the last stage)."""
     stages, tied = [[] for _ in range(pp)], None
     for p in index:
-        entry = (p["name"], p["class"], list(p["shape"]))
         stage = p.get("stage", 0)
         if not 0 <= stage < pp:
             raise LookupError(f"model mismatch: {p['name']} is on stage {stage} of a pipeline of {pp}")
         if p.get("last_stage_copy", False):
-            tied = entry
+            tied = p
         else:
-            stages[stage].append(entry)
+            stages[stage].append(p)
     return stages, tied
 
 
 def build_pipeline(case, index, dtype, world):
-    """The PipelineModule of the case (each rank builds only its own stage), and
-    param -> (logical name, shape, offsets, extents) of this rank's params."""
+    """The PipelineModule of the case (each rank builds only its own stage), and this rank's
+    StageBlocks."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     t = case["topology"]
     tp, pp = t.get("tp", 1), t.get("pp", 1)
+    moe = moe_settings(case)
     StageBlock = stage_block_class()
     stages, tied = pipeline_plan(index, pp)
     # Two layer specs per stage, so DeepSpeed's uniform partition gives each stage its own.
     layers = []
     for s, entries in enumerate(stages):
-        specs = [LayerSpec(StageBlock, entries, tp, dtype)]
-        if tied is not None and s == 0:
-            specs.insert(0, TiedLayerSpec("word_embeddings", StageBlock, [tied], tp, dtype,
-                                          tied_weight_attr=[f"params.{tied[0].replace('.', '__')}"]))
-        elif tied is not None and s == pp - 1:
-            specs.append(TiedLayerSpec("word_embeddings", StageBlock, [tied], tp, dtype,
-                                       tied_weight_attr=[f"params.{tied[0].replace('.', '__')}"]))
+        specs = [LayerSpec(StageBlock, entries, moe, tp, dtype)]
+        if tied is not None and s in (0, pp - 1):
+            tied_layer = TiedLayerSpec("word_embeddings", StageBlock, [tied], moe, tp, dtype,
+                                       tied_weight_attr=[f"params.{tied['name'].replace('.', '__')}"])
+            specs.insert(0 if s == 0 else 1, tied_layer)
         else:
-            specs.append(LayerSpec(StageBlock, [], tp, dtype))
+            specs.append(LayerSpec(StageBlock, [], moe, tp, dtype))
         layers += specs
     topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=world // (tp * pp))
     # The loss is the activation's first entry. The activation has TP entries per TP rank, as
@@ -434,12 +464,8 @@ def build_pipeline(case, index, dtype, world):
     with torch.no_grad():
         module = PipelineModule(layers=layers, topology=topology, loss_fn=lambda out, label: out[0],
                                 partition_method="uniform")
-    described = {}
-    for block in module.modules():
-        if isinstance(block, StageBlock):
-            for key, p in block.params.items():
-                described[id(p)] = block.described[key]
-    return module, described
+    blocks = [block for block in module.modules() if isinstance(block, StageBlock)]
+    return module, blocks
 
 
 def stage_pipeline_p2p_through_host(p2p):
@@ -466,13 +492,14 @@ def stage_pipeline_p2p_through_host(p2p):
     p2p.send, p2p.recv = host_send, host_recv
 
 
-def pipeline_groups(grid):
+def pipeline_groups(grid, expert_tp=False):
     """This rank's groups by name, from DeepSpeed's pipeline grid: `mp` is the grid's model
     group (every stage and TP rank of one data-parallel index), the group DeepSpeed's norms sum over."""
     topology = grid.topology()
     mp = sorted(topology.get_axis_list(axis="data", idx=grid.get_data_parallel_rank()))
     tp = sorted(getattr(grid, "slice_group", [grid.get_global_rank()]))
-    return {"tp": tp, "mp": mp, "dp": sorted(grid.get_data_parallel_group_ranks()), "expert_tp": False}
+    return {"tp": tp, "mp": mp, "dp": sorted(grid.get_data_parallel_group_ranks()), "pp": sorted(grid.pp_group),
+            "expert_tp": expert_tp}
 
 
 def engine_config(case, world, tp, pp=1):
@@ -499,13 +526,18 @@ def engine_config(case, world, tp, pp=1):
     return config
 
 
-def groups_of_rank(module, moe_layers, mpu, expert_tp):
+def groups_of_rank(layers, mpu, expert_tp):
     """This rank's groups by name, as tally_deepspeed.build_manifest reads them."""
+    mine = {"tp": list(mpu.tp_ranks), "mp": list(mpu.tp_ranks), "dp": list(mpu.dp_ranks), "expert_tp": expert_tp}
+    return expert_groups(mine, layers)
+
+
+def expert_groups(mine, layers):
+    """`mine` with each MoE layer's expert-parallel and expert-data-parallel groups added."""
     from deepspeed.utils import groups
 
-    mine = {"tp": list(mpu.tp_ranks), "mp": list(mpu.tp_ranks), "dp": list(mpu.dp_ranks), "expert_tp": expert_tp}
-    for prefix in moe_layers:
-        name = module.moe[prefix.replace(".", "__")].expert_group_name
+    for layer in layers.values():
+        name = layer.expert_group_name
         mine[f"ep:{name}"] = sorted(groups._get_expert_parallel_group_ranks(name))
         mine[f"edp:{name}"] = sorted(groups._get_expert_data_parallel_group_ranks(name))
     return mine
@@ -593,27 +625,37 @@ def execute(queue, k, case):
         index = gradient_index(queue, k)
         config = engine_config(case, world, tp, pp)
         local_error = None
+        expert_tp = moe_settings(case)["expert_tp"]
         if pp > 1:
-            module, described = build_pipeline(case, index, dtype, world)
-            optimizer = torch.optim.AdamW(module.parameters(), lr=0.0, weight_decay=0.0)
-            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
-            moe_layers = {}
+            module, blocks = build_pipeline(case, index, dtype, world)
+            described, layers = {}, {}
+            for block in blocks:
+                described.update(block.described)
+                layers.update(block.layers)
+            moe_parts = [(block.layers, block.shapes, block.classes) for block in blocks]
         else:
-            mpu = Mpu(tp)
-            module, described, moe_layers, expert_tp, shapes, classes = build_model(case, index, mpu, dtype)
-            params = [p for p in module.parameters()]
-            if moe_layers:
-                from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+            case_mpu = Mpu(tp)
+            module, described, layers, _, shapes, classes = build_model(case, index, case_mpu, dtype)
+            moe_parts = [(layers, shapes, classes)]
+        params = [p for p in module.parameters()]
+        if layers:
+            from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
-                param_groups = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "all"})
-            else:
-                param_groups = [{"params": params}]
-            optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
-            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=mpu, config=config)
-            try:
-                describe_experts(module, described, moe_layers, expert_tp, mpu, shapes, classes)
-            except LookupError as e:
-                local_error = f"rank {dist.get_rank()}: {e}"
+            param_groups = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "all"})
+        else:
+            param_groups = [{"params": params}]
+        optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
+        if pp > 1:  # the pipeline's grid is its mpu
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+        else:
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu, config=config)
+        mpu = engine.mpu
+        try:
+            for part_layers, shapes, classes in moe_parts:
+                describe_experts(part_layers, described, expert_tp, mpu.get_tensor_model_parallel_rank(), tp, shapes,
+                                 classes)
+        except LookupError as e:
+            local_error = f"rank {dist.get_rank()}: {e}"
         held = [] if local_error else sorted({described[id(p)][0] for p in module.parameters()})
         check_every_param_held(local_error, held, tensors)
 
@@ -622,7 +664,6 @@ def execute(queue, k, case):
             return tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
 
         device = next(engine.module.parameters()).device
-        mpu = engine.mpu
         # DeepSpeed sums a gradient over its reduction group (DP for dense params, expert-DP for
         # experts) and divides by the DP size. Only the group's first rank gives the gradient, times
         # the DP size (a power of two): every other term is 0, so the 16-bit sums are exact, as
@@ -630,10 +671,10 @@ def execute(queue, k, case):
         # embedding, which the pipeline sums over its copies.
         dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
         expert_first = dp_first
-        if moe_layers:
+        if layers:
             from deepspeed.utils import groups
 
-            name = module.moe[next(iter(moe_layers)).replace(".", "__")].expert_group_name
+            name = next(iter(layers.values())).expert_group_name
             expert_first = groups._get_expert_data_parallel_rank(name) == 0
 
         def term_weights(p, first=True):
@@ -643,11 +684,10 @@ def execute(queue, k, case):
 
         if pp > 1:
             first_stage = mpu.get_pipe_parallel_rank() == 0
-            for block in engine.module.modules():
-                if hasattr(block, "weights") and hasattr(block, "described"):
-                    copy = block in engine.module.tied_modules.values() and not first_stage
-                    for key, p in block.params.items():
-                        block.weights[key] = term_weights(p, first=not copy)
+            for block in blocks:
+                copy = block in engine.module.tied_modules.values() and not first_stage
+                for p in block.parameters():
+                    block.weights[id(p)] = term_weights(p, first=not copy)
             start = torch.zeros(tp * tp, dtype=dtype, device=device)
             with tally_deepspeed.Recording(engine) as recording:
                 engine.train_batch(data_iter=iter([(start, start)]))
@@ -671,7 +711,10 @@ def execute(queue, k, case):
                 f"DeepSpeed skipped the step (norm {norm}, overflow "
                 f"{getattr(engine.optimizer, 'overflow', None)}): the gradients times the loss scale "
                 "do not fit the precision, so there is no norm to judge")
-        mine = pipeline_groups(mpu) if pp > 1 else groups_of_rank(module, moe_layers, mpu, expert_tp)
+        if pp > 1:
+            mine = expert_groups(pipeline_groups(mpu, expert_tp), layers)
+        else:
+            mine = groups_of_rank(layers, mpu, expert_tp)
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         manifest = tally_deepspeed.build_manifest(

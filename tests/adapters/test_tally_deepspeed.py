@@ -54,6 +54,7 @@ class FakeGrid:
         self.slice_group = list(range(first, first + tp))
         stage = rank // (tp * dp)
         self.dp_group = [(stage * dp + d) * tp + rank % tp for d in range(dp)]
+        self.pp_group = [(s * dp + self.data) * tp + rank % tp for s in range(pp)]
 
     def topology(self):
         return self.topo
@@ -72,7 +73,7 @@ class PipelineGroups(unittest.TestCase):
     def test_the_model_group_is_every_stage_and_tp_rank_of_one_data_index(self):
         # world 8: PP 2, DP 2, TP 2; rank 5 is stage 1, data 0, TP rank 1
         groups = worker.pipeline_groups(FakeGrid(5, pp=2, dp=2, tp=2))
-        self.assertEqual(groups, {"tp": [4, 5], "mp": [0, 1, 4, 5], "dp": [5, 7], "expert_tp": False})
+        self.assertEqual(groups, {"tp": [4, 5], "mp": [0, 1, 4, 5], "dp": [5, 7], "pp": [1, 5], "expert_tp": False})
 
     def test_without_tp_each_rank_is_its_own_tp_group(self):
         groups = worker.pipeline_groups(FakeGrid(3, pp=2, dp=2, tp=1))
@@ -91,8 +92,8 @@ class PipelinePlan(unittest.TestCase):
 
     def test_each_param_is_on_its_stage_and_the_tied_embedding_on_none(self):
         stages, tied = worker.pipeline_plan(self.INDEX, 2)
-        self.assertEqual(tied, ("embedding.word_embeddings.weight", "vocab", [4, 2]))
-        self.assertEqual([[name for name, _, _ in s] for s in stages],
+        self.assertEqual(tied["name"], "embedding.word_embeddings.weight")
+        self.assertEqual([[p["name"] for p in s] for s in stages],
                          [["decoder.layers.0.mlp.linear_fc1.weight"],
                           ["decoder.layers.1.mlp.linear_fc1.weight", "decoder.final_layernorm.weight"]])
 
@@ -102,13 +103,24 @@ class PipelinePlan(unittest.TestCase):
         self.assertIsNone(tied)
         self.assertEqual(len(stages[0]), 2)
 
-    def test_experts_and_stages_outside_the_pipeline_are_a_model_mismatch(self):
-        expert = {"name": "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
-                  "class": "expert-column", "shape": [4, 2], "stage": 0}
-        with self.assertRaisesRegex(LookupError, "holds no MoE layers"):
-            worker.pipeline_plan(self.INDEX + [expert], 2)
+    def test_a_stage_outside_the_pipeline_is_a_model_mismatch(self):
         with self.assertRaisesRegex(LookupError, "is on stage 1 of a pipeline of 1"):
             worker.pipeline_plan(self.INDEX, 1)
+
+
+class SplitExperts(unittest.TestCase):
+    def test_experts_group_by_layer_and_param_and_routers_stay_dense(self):
+        names = ["decoder.layers.0.mlp.router.weight",
+                 "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+                 "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight",
+                 "decoder.final_layernorm.weight"]
+        dense, layers = worker.split_experts(names)
+        self.assertEqual(dense, ["decoder.layers.0.mlp.router.weight", "decoder.final_layernorm.weight"])
+        self.assertEqual(layers, {"decoder.layers.0.mlp.": {"linear_fc1.weight": [0, 1]}})
+
+    def test_experts_without_their_router_are_a_model_mismatch(self):
+        with self.assertRaisesRegex(LookupError, "decoder.layers.0.mlp.experts has no decoder.layers.0.mlp.router.weight"):
+            worker.split_experts(["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"])
 
 
 class HostStagedPipelineSends(unittest.TestCase):

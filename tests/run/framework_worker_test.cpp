@@ -301,7 +301,7 @@ TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
 }
 
-TEST(DeepSpeedTarget, RunsPipelinesOfDenseModelsAtZeroZeroAndOne) {
+TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;
   c.topology = {.world = 8, .tp = 2, .pp = 2};
@@ -320,9 +320,18 @@ TEST(DeepSpeedTarget, RunsPipelinesOfDenseModelsAtZeroZeroAndOne) {
   c.topology.vpp = 2;
   EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("topology.vpp:", 0), 0u);
   c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
   c.topology = {.world = 4, .pp = 2, .ep = 2};
+  c.model.num_layers = 2;
   c.deepspeed = casefile::DeepSpeedConfig{};
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("topology.pp with model.num_experts:", 0), 0u);
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "EP 2 within each stage's two ranks";
+  c.topology = {.world = 4, .pp = 4};
+  c.model.num_layers = 4;
+  c.model.num_experts = 2;
+  c.topology.ep = 1;
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
 
   casefile::Case dense = founding_case();
   dense.topology = {.world = 8, .tp = 2, .pp = 2, .vpp = 2};
@@ -338,9 +347,12 @@ TEST(DeepSpeedTarget, RunsPipelinesOfDenseModelsAtZeroZeroAndOne) {
     EXPECT_EQ(within.topology.vpp, 1);
     EXPECT_LE(within.deepspeed->zero_stage, 1);
   }
+  c.topology = {.world = 8, .pp = 2, .ep = 8};
+  c.model.num_experts = 8;
   const casefile::Case moe = within_deepspeed(c, "0.19.8", {}, 0);
-  EXPECT_EQ(moe.topology.pp, 1) << "experts: PP folds into DP";
-  EXPECT_EQ(moe.topology.world, 4);
+  EXPECT_EQ(moe.topology.pp, 2) << "experts keep the pipeline too";
+  EXPECT_EQ(moe.topology.world, 8);
+  EXPECT_LE(moe.topology.ep, 4) << "EP within a stage's four ranks";
 }
 
 TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
