@@ -468,6 +468,23 @@ def build_pipeline(case, index, dtype, world):
     return module, blocks
 
 
+def make_expert_groups_on_every_stage(module, moe):
+    """DeepSpeed's MoE layer makes its expert groups when the engine is built, on the ranks that hold
+    one: in a pipeline whose stages do not all hold MoE layers, the other ranks never call
+    new_group for them, their count of torch's groups falls behind, and the next group made on
+    every rank (the next case's first) waits forever. Made here, before the engine, on every rank,
+    with the function and arguments the layer would use; the layers then find them made."""
+    from deepspeed.utils import groups
+
+    groups.mpu = module.mpu()  # the pipeline grid, which deepspeed.initialize sets too
+    if f"ep_size_{moe['ep']}" in groups._get_expert_parallel_group_dict():
+        return
+    if moe["expert_tp"]:
+        groups._create_expert_data_and_model_parallel(moe["ep"], mpu=groups.mpu)
+    else:
+        groups._create_expert_and_data_parallel(moe["ep"])
+
+
 def stage_pipeline_p2p_through_host(p2p):
     """gloo's send and recv fail on GPU tensors ("Bad address"), and ranks that share a GPU use
     gloo: DeepSpeed's pipeline sends (deepspeed.runtime.pipe.p2p.send/recv, which its engine calls
@@ -633,6 +650,8 @@ def execute(queue, k, case):
                 described.update(block.described)
                 layers.update(block.layers)
             moe_parts = [(block.layers, block.shapes, block.classes) for block in blocks]
+            if moe_settings(case)["experts"]:
+                make_expert_groups_on_every_stage(module, moe_settings(case))
         else:
             case_mpu = Mpu(tp)
             module, described, layers, _, shapes, classes = build_model(case, index, case_mpu, dtype)
