@@ -58,6 +58,15 @@ bool ep_fits(const topologies::ParallelConfig& t, const topologies::ModelSpec& m
   return ranks % t.ep == 0 && m.num_experts % t.ep == 0;
 }
 
+// Whether every pipeline stage of `stages` holds a MoE layer of `m` (`stages` passes check_model).
+bool every_stage_holds_experts(const topologies::ModelSpec& m, const topologies::ParallelConfig& stages) {
+  const topologies::LogicalModel model(m, stages);
+  std::vector<bool> holds(static_cast<std::size_t>(stages.pp), false);
+  for (const topologies::LogicalParam& p : model.params())
+    if (p.expert >= 0) holds[static_cast<std::size_t>(p.stage)] = true;
+  return std::all_of(holds.begin(), holds.end(), [](bool h) { return h; });
+}
+
 // One of DeepSpeed's norm codes, as a ZeRO stage, a precision and the accumulation dtype choose it.
 struct EnginePath {
   int zero_stage;
@@ -169,6 +178,15 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     m.last_stage_layers.reset();
   }
   if (topologies::check_model(m, stages)) stages = {};
+  // A pipeline stage without MoE layers deadlocks DeepSpeed's norm at ZeRO 1 and in BF16_Optimizer
+  // (docs/findings/deepspeed-0.19.8-pipeline-stage-without-moe-deadlocks-norm.md): each such case
+  // would cost a campaign its case timeout, so PP folds into DP for such a model.
+  if (t.pp > 1 && m.num_experts > 0 && !every_stage_holds_experts(m, stages)) {
+    t.pp = 1;
+    m.first_stage_layers.reset();
+    m.last_stage_layers.reset();
+    stages = {};
+  }
   casefile::drop_stated_gradients_without_a_param(c, stages);
   // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
   // would: with expert TP if the case had it, else without, else halve TP.

@@ -12,8 +12,8 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
 1. Process groups for the case's topology, as a Megatron-style `mpu` DeepSpeed is given: TP
    groups of consecutive ranks, DP groups strided by TP (tally's order tp-cp-ep-dp-pp with CP
    and PP 1). DeepSpeed makes its own expert groups from them (`ep_size_<EP>`: EP groups are
-   consecutive ranks of a DP group). With PP > 1 (dense models) the case runs on DeepSpeed's
-   pipeline engine instead (build_pipeline, below), whose grid is the mpu.
+   consecutive ranks of a DP group). With PP > 1 the case runs on DeepSpeed's pipeline engine
+   instead (build_pipeline, below), whose grid is the mpu.
 2. The case's model, as a Megatron-DeepSpeed model presents it to DeepSpeed: every param of
    tally's logical model, sharded by its class over TP (dim 0 for column/vocab, dim 1 for row;
    marked `tensor_model_parallel` with its `partition_dim`) or whole; each MoE layer a real

@@ -353,6 +353,14 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   EXPECT_EQ(moe.topology.pp, 2) << "experts keep the pipeline too";
   EXPECT_EQ(moe.topology.world, 8);
   EXPECT_LE(moe.topology.ep, 4) << "EP within a stage's four ranks";
+  c.topology.ep = 4;
+  c.model.num_layers = 2;
+  c.model.moe_layer_freq = 2;  // layer 0 has experts, layer 1 (stage 1) none
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  const casefile::Case half = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(half.topology.pp, 1) << "a stage without MoE layers deadlocks DeepSpeed's norm: PP folds into DP";
+  EXPECT_EQ(half.topology.world, 8);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "a user may still run such a case by hand";
 }
 
 TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {

@@ -1,0 +1,79 @@
+"""DeepSpeed 0.19.8: in a pipeline where a stage holds no MoE layer, the gradient norm deadlocks
+(docs/findings/deepspeed-0.19.8-pipeline-stage-without-moe-deadlocks-norm.md).
+
+    torchrun --standalone --nproc-per-node 2 deepspeed_0_19_8_pipeline_stage_without_moe_deadlocks_norm.py [zero_stage]
+
+Two ranks, two pipeline stages (TP 1, DP 1), DeepSpeed's own PipelineModule and train_batch, the
+optimizer's params split into dense and MoE groups as DeepSpeed's MoE documentation says
+(split_params_into_different_moe_groups_for_optimizer). Stage 0 holds a deepspeed.moe.layer.MoE with
+one expert, stage 1 a dense layer only (as with MoE every other layer and a stage of one layer).
+bf16, ZeRO stage 1 by default (0 takes BF16_Optimizer in a pipeline). Each rank arms a watchdog:
+after 60 s it prints where every thread waits and exits. Runs on CPUs (DS_ACCELERATOR=cpu is set
+when there is no GPU) and GPUs.
+"""
+import faulthandler
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import deepspeed  # noqa: E402
+from deepspeed.moe.layer import MoE  # noqa: E402
+from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer  # noqa: E402
+from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
+
+HIDDEN = 4
+
+
+class MoEStage(torch.nn.Module):
+    """A MoE layer whose output is added to the activation, so its expert and gate get gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.moe = MoE(HIDDEN, torch.nn.Linear(HIDDEN, HIDDEN), num_experts=1, ep_size=1, k=1)
+
+    def forward(self, x):
+        out, _, _ = self.moe(x)
+        return x + out
+
+
+class DenseStage(torch.nn.Linear):
+    def __init__(self):
+        super().__init__(HIDDEN, HIDDEN)
+
+
+def main():
+    zero_stage = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    gpus = torch.cuda.device_count()
+    local = int(os.environ["LOCAL_RANK"])
+    if gpus:
+        torch.cuda.set_device(local % gpus)
+        os.environ["LOCAL_RANK"] = str(local % gpus)
+    backend = "nccl" if gpus >= int(os.environ["WORLD_SIZE"]) else "gloo"
+    dist.init_process_group(backend)
+    deepspeed.init_distributed(dist_backend=backend)
+    model = PipelineModule(layers=[LayerSpec(MoEStage), LayerSpec(DenseStage)], num_stages=2,
+                           partition_method="uniform", loss_fn=lambda out, _: out.float().sum())
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(model.parameters()), "name": "all"})
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(groups, lr=0.0),
+        config={"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+                "bf16": {"enabled": True}, "zero_optimization": {"stage": zero_stage},
+                "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30})
+    stage = engine.grid.get_stage_id()
+    print(f"rank {dist.get_rank()} (stage {stage}): {type(engine.optimizer).__name__}, "
+          f"{len(engine.optimizer.optimizer.param_groups)} param groups", flush=True)
+    faulthandler.dump_traceback_later(60, exit=True)  # the watchdog
+    x = torch.ones(8, HIDDEN, dtype=torch.bfloat16, device=next(engine.module.parameters()).device)
+    engine.train_batch(data_iter=iter([(x, x)]))
+    faulthandler.cancel_dump_traceback_later()
+    print(f"rank {dist.get_rank()}: step done, norm {engine.get_global_grad_norm()}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
