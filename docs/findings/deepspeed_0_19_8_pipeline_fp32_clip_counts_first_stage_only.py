@@ -9,14 +9,16 @@ stage 0 holds a tied embedding E (2 elements, a TiedLayerSpec) and A (1 element)
 (1 element) and the tied copy of E. Each layer adds sum(param * weight) to the activation it passes
 on and the loss is the last activation, so the gradients are the weights: E [1, 2] (from its
 first use; its copy adds [0, 0]), A [3], B [4]. The global norm is sqrt(1 + 4 + 9 + 16) =
-sqrt(30). Runs on CPUs (DS_ACCELERATOR=cpu is set when there is no GPU) and GPUs.
+sqrt(30). Runs on one GPU per rank, else on CPUs (DS_ACCELERATOR=cpu).
 """
 import os
 
 import torch
 import torch.distributed as dist
 
-if not torch.cuda.is_available():
+# One GPU per rank (NCCL), else CPUs: gloo cannot send GPU tensors between pipeline stages.
+ON_GPUS = torch.cuda.device_count() >= int(os.environ.get("WORLD_SIZE", "1"))
+if not ON_GPUS:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 import deepspeed.runtime.engine  # noqa: E402
@@ -36,12 +38,9 @@ class Weighted(torch.nn.Module):
 
 
 def main():
-    gpus = torch.cuda.device_count()
-    local = int(os.environ["LOCAL_RANK"])
-    if gpus:
-        torch.cuda.set_device(local % gpus)
-        os.environ["LOCAL_RANK"] = str(local % gpus)
-    backend = "nccl" if gpus >= int(os.environ["WORLD_SIZE"]) else "gloo"
+    if ON_GPUS:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    backend = "nccl" if ON_GPUS else "gloo"
     dist.init_process_group(backend)
     deepspeed.init_distributed(dist_backend=backend)
     layers = [TiedLayerSpec("E", Weighted, 2, [1.0, 2.0]), LayerSpec(Weighted, 1, [3.0]),  # stage 0

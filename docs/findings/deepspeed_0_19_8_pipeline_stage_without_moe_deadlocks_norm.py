@@ -8,8 +8,8 @@ optimizer's params split into dense and MoE groups as DeepSpeed's MoE documentat
 (split_params_into_different_moe_groups_for_optimizer). Stage 0 holds a deepspeed.moe.layer.MoE with
 one expert, stage 1 a dense layer only (as with MoE every other layer and a stage of one layer).
 bf16, ZeRO stage 1 by default (0 takes BF16_Optimizer in a pipeline). Each rank arms a watchdog:
-after 60 s it prints where every thread waits and exits. Runs on CPUs (DS_ACCELERATOR=cpu is set
-when there is no GPU) and GPUs.
+after 60 s it prints where every thread waits and exits. Runs on one GPU per rank, else on CPUs
+(DS_ACCELERATOR=cpu).
 """
 import faulthandler
 import os
@@ -18,7 +18,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-if not torch.cuda.is_available():
+# One GPU per rank (NCCL), else CPUs: gloo cannot send GPU tensors between pipeline stages.
+ON_GPUS = torch.cuda.device_count() >= int(os.environ.get("WORLD_SIZE", "1"))
+if not ON_GPUS:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 from deepspeed.moe.layer import MoE  # noqa: E402
@@ -47,12 +49,9 @@ class DenseStage(torch.nn.Linear):
 
 def main():
     zero_stage = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    gpus = torch.cuda.device_count()
-    local = int(os.environ["LOCAL_RANK"])
-    if gpus:
-        torch.cuda.set_device(local % gpus)
-        os.environ["LOCAL_RANK"] = str(local % gpus)
-    backend = "nccl" if gpus >= int(os.environ["WORLD_SIZE"]) else "gloo"
+    if ON_GPUS:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    backend = "nccl" if ON_GPUS else "gloo"
     dist.init_process_group(backend)
     deepspeed.init_distributed(dist_backend=backend)
     model = PipelineModule(layers=[LayerSpec(MoEStage), LayerSpec(DenseStage)], num_stages=2,
