@@ -54,23 +54,24 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
 }
 
 std::string deepspeed_model_line(const casefile::Case& c) {
-  if (c.topology.pp > 1)
-    return "model: a deepspeed.pipe.PipelineModule of " + std::to_string(c.topology.pp) +
-           " stages (PipeModelDataParallelTopology(num_pp=" + std::to_string(c.topology.pp) +
-           ", num_mp=" + std::to_string(c.topology.tp) + ", num_dp=" +
-           std::to_string(c.topology.world / (c.topology.tp * c.topology.pp)) +
-           ")), each stage one layer of tally's params (TP shards marked tensor_model_parallel)" +
-           (topologies::LogicalModel(c.model, c.topology).last_stage_copy() == topologies::SharedCopy::output_layer
-                ? ", the word embedding a TiedLayerSpec on the first and last stage"
-                : "") +
-           "; a torch AdamW at lr 0; one train_batch";
-  std::string line = "model: tally's params with a Megatron-style mpu of TP " + std::to_string(c.topology.tp) +
-                     " (TP shards marked tensor_model_parallel)";
+  const topologies::ParallelConfig& t = c.topology;
+  std::string line;
+  if (t.pp > 1) {
+    line = "model: a deepspeed.pipe.PipelineModule of " + std::to_string(t.pp) +
+           " stages (PipeModelDataParallelTopology(num_pp=" + std::to_string(t.pp) + ", num_mp=" +
+           std::to_string(t.tp) + ", num_dp=" + std::to_string(t.world / (t.tp * t.pp)) +
+           ")), each stage one layer of tally's params (TP shards marked tensor_model_parallel)";
+    if (topologies::LogicalModel(c.model, t).last_stage_copy() == topologies::SharedCopy::output_layer)
+      line += ", the word embedding a TiedLayerSpec on the first and last stage";
+  } else {
+    line = "model: tally's params with a Megatron-style mpu of TP " + std::to_string(t.tp) +
+           " (TP shards marked tensor_model_parallel)";
+  }
   if (c.model.num_experts > 0)
     line += "; each MoE layer deepspeed.moe.layer.MoE(num_experts=" + std::to_string(c.model.num_experts) +
-            ", ep_size=" + std::to_string(c.topology.ep) + ", enable_expert_tensor_parallelism=" +
-            (c.topology.tp > 1 && c.topology.etp == c.topology.tp ? "True" : "False") + ")";
-  return line + "; a torch AdamW at lr 0";
+            ", ep_size=" + std::to_string(t.ep) + ", enable_expert_tensor_parallelism=" +
+            (t.tp > 1 && t.etp == t.tp ? "True" : "False") + ")";
+  return line + "; a torch AdamW at lr 0" + (t.pp > 1 ? "; one train_batch" : "");
 }
 
 }  // namespace
