@@ -34,6 +34,8 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
   if (f.same_as) {  // not shrunk (--shrink new): the earlier failure's case number
     j["same_as"] = *f.same_as;
     j["shrunk"] = nullptr;
+    j["shrink_steps"] = 0;
+    j["shrink_runs"] = 0;
     j["statistics"] = f.original.expect ? f.original.expect->statistics : std::vector<std::string>{};
     return j;
   }
@@ -341,7 +343,8 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--junit", options->junit, "Write a JUnit XML report here")->check(output_file());
   command->add_option("--max-failures", options->max_failures,
-                      "Stop after this many failures (0: no bound)")
+                      "Stop after this many failures (0: no bound); with --shrink new, failures "
+                      "that repeat an earlier one do not count")
       ->check(whole_number(0, kIntMax))
       ->capture_default_str();
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one failure")
@@ -352,8 +355,8 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--shrink", options->shrink,
                       "Which failures to shrink: all, or new (only the first of each failure "
-                      "signature; later ones are saved unshrunk). Default: new with --target "
-                      "megatron-core or deepspeed, all on tally's model")
+                      "signature and set of planted faults; later ones are saved unshrunk). "
+                      "Default: new with --target megatron-core or deepspeed, all on tally's model")
       ->check(CLI::IsMember({"all", "new"}));
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
   add_backend_flags(*command);

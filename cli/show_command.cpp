@@ -60,7 +60,7 @@ std::string deepspeed_model_line(const casefile::Case& c) {
     line = "model: a deepspeed.pipe.PipelineModule of " + std::to_string(t.pp) +
            " stages (PipeModelDataParallelTopology(num_pp=" + std::to_string(t.pp) + ", num_mp=" +
            std::to_string(t.tp) + ", num_dp=" + std::to_string(t.world / (t.tp * t.pp)) +
-           ")), each stage one layer of tally's params (TP shards marked tensor_model_parallel)";
+           ")), each stage a layer of the params tally places there (TP shards marked tensor_model_parallel)";
     if (topologies::LogicalModel(c.model, t).last_stage_copy() == topologies::SharedCopy::output_layer)
       line += ", the word embedding a TiedLayerSpec on the first and last stage";
   } else {

@@ -73,7 +73,9 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
       result.stopped_by = CampaignResult::Stop::interrupted;
       break;
     }
-    if (options.max_failures > 0 && static_cast<int>(result.failures.size()) >= options.max_failures) {
+    const auto counted = std::count_if(result.failures.begin(), result.failures.end(),
+                                       [](const Failure& f) { return !f.same_as; });
+    if (options.max_failures > 0 && counted >= options.max_failures) {
       result.stopped_by = CampaignResult::Stop::max_failures;
       break;
     }
@@ -111,7 +113,10 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     if (!failure.original_path.empty()) casefile::write_case_file(failure.original_path, failure.original);
     if (!options.shrink_repeated_signatures) {
       const auto earlier = std::find_if(result.failures.begin(), result.failures.end(),
-                                        [&](const Failure& f) { return f.signature == failure.signature; });
+                                        [&](const Failure& f) {
+                                          return f.signature == failure.signature &&
+                                                 f.original.path.faults == failure.original.path.faults;
+                                        });
       if (earlier != result.failures.end()) failure.same_as = earlier->index;
     }
     observer.failure_found(failure);

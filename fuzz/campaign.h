@@ -35,11 +35,12 @@ struct CampaignOptions {
   CaseGenOptions generator;
   std::string corpus_dir;  // failures are written here (created when needed); empty: nowhere
   ShrinkLimits shrink;
-  // false: a failure whose signature an earlier failure of the campaign had is written to the
-  // corpus but not shrunk (a framework's known miscount would otherwise spend the campaign on
-  // shrinking it again and again).
+  // false: a failure that an earlier failure of the campaign repeats (the same signature and the
+  // same planted faults) is written to the corpus but not shrunk (a framework's known miscount
+  // would otherwise spend the campaign on shrinking it again and again), and does not count
+  // towards max_failures.
   bool shrink_repeated_signatures = true;
-  int max_failures = 0;  // stop after this many failures; 0: no bound
+  int max_failures = 0;  // stop after this many failures (shrunk ones); 0: no bound
   // A real target: the `target` of each case file about to be written to `path` ("" without a
   // corpus), having saved the run's manifests next to it. Empty: the model target.
   std::function<casefile::RealTarget(const casefile::Case& c, const std::string& path)> target_of;
@@ -51,7 +52,7 @@ struct Failure {
   oracle::Verdict original_verdict;
   FailureSignature signature;
   std::string original_path;  // empty without a corpus
-  // Not shrunk: the campaign's earlier failure (its case number) with the same signature.
+  // Not shrunk: the campaign's earlier failure (its case number) with the same signature and faults.
   std::optional<std::int64_t> same_as;
   bool shrunk_done = false;   // the fields below are set (failure_found comes before)
   casefile::Case shrunk;                // with its expectation

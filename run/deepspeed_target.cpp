@@ -170,14 +170,15 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   o.optimizer = gradnorm::OptimizerModel::plain;
   o.p_values.clear();
   if (!unplantable(o.faults, plants).empty()) o.faults = {};
-  // First/last stage layers that held with VPP only go. Named on the stages alone: logical names
-  // do not depend on the sharding, and TP is not settled yet.
+  // Named on the stages alone: logical names do not depend on the sharding, and TP is not settled
+  // yet. A generated case's stages hold (VPP 1 only loosens them); another's fold into DP.
   topologies::ParallelConfig stages{.world = t.pp, .pp = t.pp};
   if (topologies::check_model(m, stages)) {
+    t.pp = 1;
     m.first_stage_layers.reset();
     m.last_stage_layers.reset();
+    stages = {};
   }
-  if (topologies::check_model(m, stages)) stages = {};
   // A pipeline stage without MoE layers deadlocks DeepSpeed's norm at ZeRO 1 and in BF16_Optimizer
   // (docs/findings/deepspeed-0.19.8-pipeline-stage-without-moe-deadlocks-norm.md): each such case
   // would cost a campaign its case timeout, so PP folds into DP for such a model.

@@ -35,6 +35,7 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
 """
 
 import argparse
+import contextlib
 import datetime
 import gc
 import math
@@ -432,6 +433,26 @@ def pipeline_plan(index, pp):
     return stages, tied
 
 
+def check_pipeline_plan(stages, tied, moe, tp):
+    """Raises what building any stage's layers would raise (a split TP does not divide, a router
+    that is not DeepSpeed's gate). Each rank builds only its own stage, inside collectives the other
+    stages wait in, so the checks run on every rank for every stage first."""
+    for entries in stages + ([[tied]] if tied is not None else []):
+        classes = {p["name"]: p["class"] for p in entries}
+        shapes = {p["name"]: list(p["shape"]) for p in entries}
+        _, moe_layers = split_experts(classes)
+        for name, cls in classes.items():
+            expert = _EXPERT.match(name) is not None
+            split = tp if not expert or moe["expert_tp"] else 1
+            for tp_rank in range(split):
+                local_box(shapes[name], cls, tp_rank, split)
+        for prefix in moe_layers:
+            gate = [moe["experts"], moe["hidden"]]
+            if shapes[f"{prefix}router.weight"] != gate:
+                raise LookupError(f"model mismatch: DeepSpeed's gate is {gate}, {prefix}router.weight "
+                                  f"{shapes[f'{prefix}router.weight']}")
+
+
 def build_pipeline(case, index, dtype, world):
     """The PipelineModule of the case (each rank builds only its own stage), and this rank's
     StageBlocks."""
@@ -443,6 +464,7 @@ def build_pipeline(case, index, dtype, world):
     moe = moe_settings(case)
     StageBlock = stage_block_class()
     stages, tied = pipeline_plan(index, pp)
+    check_pipeline_plan(stages, tied, moe, tp)
     # Two layer specs per stage, so DeepSpeed's uniform partition gives each stage its own.
     layers = []
     for s, entries in enumerate(stages):
@@ -565,11 +587,14 @@ class CaseGroups:
     its pipeline grid and tied-layer groups), destroyed when the case ends, so a long campaign
     holds no more groups than one case needs."""
 
+    def __init__(self):
+        self.made, self.patches = [], None
+
     def __enter__(self):
         import torch.distributed as dist
         from tally_plants import Patches
 
-        self.made, self.patches = [], Patches()
+        self.patches = Patches()
         original = dist.new_group
 
         def new_group(*args, **kwargs):
@@ -583,7 +608,8 @@ class CaseGroups:
     def __exit__(self, *exc):
         import torch.distributed as dist
 
-        self.patches.restore()
+        if self.patches is not None:
+            self.patches.restore()
         for g in self.made:
             if g is None or g == dist.GroupMember.NON_GROUP_MEMBER:
                 continue
@@ -591,7 +617,18 @@ class CaseGroups:
                 dist.destroy_process_group(g)
             except Exception:  # a group torch already released
                 pass
+        self.made.clear()
         return False
+
+
+def release_engines(engines):
+    """Destroys the case's engines (the last references to them) and collects what they held."""
+    while engines:
+        engine = engines.pop()
+        if hasattr(engine, "destroy"):
+            engine.destroy()
+        del engine
+    gc.collect()
 
 
 def forget_deepspeed_groups():
@@ -749,13 +786,14 @@ def execute(queue, k, case):
         tally_deepspeed.dump_manifest(manifest, os.path.join(queue, f"case-{k}"))
         return "ok", ""
     finally:
-        planted.__exit__(None, None, None)
-        if engine is not None and hasattr(engine, "destroy"):
-            engine.destroy()
-        del engine
-        gc.collect()
-        forget_deepspeed_groups()
-        made.__exit__(None, None, None)
+        engines = [engine] if engine is not None else []
+        engine = None
+        # Every step runs, whichever raises: a step left out would leak into the next case.
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(made.__exit__, None, None, None)
+            cleanup.callback(forget_deepspeed_groups)
+            cleanup.callback(release_engines, engines)
+            cleanup.callback(planted.__exit__, None, None, None)
 
 
 def main(argv=None):

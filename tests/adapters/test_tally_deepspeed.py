@@ -108,6 +108,33 @@ class PipelinePlan(unittest.TestCase):
             worker.pipeline_plan(self.INDEX, 1)
 
 
+class CheckPipelinePlan(unittest.TestCase):
+    MOE = {"experts": 2, "ep": 1, "hidden": 2, "expert_tp": False}
+
+    def stage(self, *params):
+        return [{"name": n, "class": c, "shape": s} for n, c, s in params]
+
+    def test_every_stage_is_checked_on_every_rank(self):
+        stages = [self.stage(("decoder.layers.0.mlp.linear_fc1.weight", "column", [4, 2])),
+                  self.stage(("decoder.layers.1.mlp.linear_fc1.weight", "column", [3, 2]))]
+        worker.check_pipeline_plan(stages[:1], None, self.MOE, 2)
+        with self.assertRaisesRegex(ValueError, "class column: dim 0 of \\[3, 2\\] is not divisible by TP 2"):
+            worker.check_pipeline_plan(stages, None, self.MOE, 2)
+
+    def test_a_router_that_is_not_deepspeeds_gate_is_a_model_mismatch(self):
+        stage = self.stage(("decoder.layers.0.mlp.router.weight", "replicated", [2, 3]),
+                           ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", "expert-column", [4, 2]))
+        with self.assertRaisesRegex(LookupError, "DeepSpeed's gate is \\[2, 2\\]"):
+            worker.check_pipeline_plan([stage], None, self.MOE, 1)
+
+    def test_experts_are_split_over_tp_only_with_expert_tp(self):
+        stage = self.stage(("decoder.layers.0.mlp.router.weight", "replicated", [2, 2]),
+                           ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", "expert-column", [3, 2]))
+        worker.check_pipeline_plan([stage], None, self.MOE, 2)
+        with self.assertRaisesRegex(ValueError, "not divisible by TP 2"):
+            worker.check_pipeline_plan([stage], None, dict(self.MOE, expert_tp=True), 2)
+
+
 class SplitExperts(unittest.TestCase):
     def test_experts_group_by_layer_and_param_and_routers_stay_dense(self):
         names = ["decoder.layers.0.mlp.router.weight",
