@@ -363,6 +363,29 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "a user may still run such a case by hand";
 }
 
+TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = {.world = 2, .tp = 1, .ep = 2};
+  c.path.gradients.generator.mode = kernels::GradientMode::normal;
+  c.path.gradients.generator.dtype = kernels::Dtype::fp16;
+  c.path.gradients.stated = {{"", topologies::ParamClass::replicated, {topologies::StatedGradient::Kind::scale, 64.0, {}}}};
+  c.deepspeed = casefile::DeepSpeedConfig{};  // loss scale 128
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  // 8.58 x 64 x DP 2 x 128 > 65504: DeepSpeed would skip the step.
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.loss_scale 128 with gradients.dtype fp16:", 0), 0u)
+      << deepspeed_unsupported(c, "0.19.8").value_or("");
+  const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(within.path.gradients.generator.dtype, kernels::Dtype::fp16);
+  EXPECT_EQ(within.deepspeed->loss_scale, 32) << "the largest power of two that fits: 8.58 x 64 x 2 x 32 < 65504";
+  EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+  c.path.gradients.stated.front().gradient = {topologies::StatedGradient::Kind::constant, 40000.0, {}};
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);  // 40000 x DP 2 > 65504 at loss scale 1
+  const casefile::Case bf16 = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(bf16.path.gradients.generator.dtype, kernels::Dtype::bf16);
+  EXPECT_FALSE(deepspeed_unsupported(bf16, "0.19.8"));
+}
+
 TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
   casefile::Case c = founding_case();
   c.topology = {.world = 8, .tp = 2, .cp = 2, .ep = 2, .etp = 1};
