@@ -122,6 +122,40 @@ double max_stated_magnitude(kernels::Dtype dtype) {
   return dtype == kernels::Dtype::fp16 ? 65504.0 : 0x1p50;
 }
 
+double largest_generated(kernels::GradientMode mode) {
+  using kernels::GradientMode;
+  switch (mode) {
+    case GradientMode::normal:
+    case GradientMode::sparse: return 8.58;
+    case GradientMode::rank_encoded: return 8.0;
+    case GradientMode::zeros: return 0.0;
+    case GradientMode::ones:
+    case GradientMode::dyadic:
+    case GradientMode::uniform: return 1.0;
+  }
+  return 8.58;
+}
+
+double largest_stated(const StatedGradient& g, double generated) {
+  switch (g.kind) {
+    case StatedGradient::Kind::constant: return std::abs(g.number);
+    case StatedGradient::Kind::scale: return std::abs(g.number) * generated;
+    case StatedGradient::Kind::values: {
+      double largest = 0.0;
+      for (double v : g.values) largest = std::max(largest, std::abs(v));
+      return largest;
+    }
+  }
+  return 0.0;
+}
+
+double largest_gradient(const GradientSpec& gradients) {
+  const double generated = largest_generated(gradients.generator.mode);
+  double largest = generated;
+  for (const StatedFor& s : gradients.stated) largest = std::max(largest, largest_stated(s.gradient, generated));
+  return largest;
+}
+
 namespace {
 
 // The sum of squares of every element at the largest stated magnitude must stay finite in a
@@ -130,14 +164,7 @@ namespace {
 std::optional<std::string> check_stated_sum(const StatedGradient& g, const std::string& what,
                                             std::int64_t elements) {
   const double limit = std::ldexp(1.0, 63) / std::sqrt(static_cast<double>(std::max<std::int64_t>(1, elements)));
-  double largest = 0.0;
-  switch (g.kind) {
-    case StatedGradient::Kind::constant: largest = std::abs(g.number); break;
-    case StatedGradient::Kind::scale: largest = 9.0 * std::abs(g.number); break;
-    case StatedGradient::Kind::values:
-      for (double v : g.values) largest = std::max(largest, std::abs(v));
-      break;
-  }
+  const double largest = largest_stated(g, 9.0);
   if (largest <= limit) return std::nullopt;
   return what + ": magnitude " + record::all_digits(largest) + " over the model's " +
          std::to_string(elements) + " elements could overflow a float32 sum of squares (at most " +

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
-#include <sstream>
 
 #include "gradnorm/faults.h"
+#include "gradnorm/gradients.h"
+#include "record/text.h"
 #include "run/megatron_core_target.h"
 #include "topologies/logical_model.h"
 #include "topologies/model_spec.h"
@@ -31,37 +31,12 @@ bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
   return dtypes.empty() || std::find(dtypes.begin(), dtypes.end(), kernels::dtype_name(dtype)) != dtypes.end();
 }
 
-// A bound on |gradient| of `g` (kernels/gradient_generator.h: the normal mode's values are at most
-// 8.58 in magnitude, rank-encoded ones 8, the other modes' 1), stated values included.
-double largest_gradient(const gradnorm::GradientSpec& g) {
-  using kernels::GradientMode;
-  const GradientMode mode = g.generator.mode;
-  const double generated = mode == GradientMode::normal || mode == GradientMode::sparse ? 8.58
-                           : mode == GradientMode::rank_encoded                        ? 8.0
-                           : mode == GradientMode::zeros                               ? 0.0
-                                                                                       : 1.0;
-  double out = generated;
-  for (const gradnorm::StatedFor& s : g.stated) {
-    const topologies::StatedGradient& v = s.gradient;
-    if (v.kind == topologies::StatedGradient::Kind::constant) out = std::max(out, std::abs(v.number));
-    if (v.kind == topologies::StatedGradient::Kind::scale) out = std::max(out, std::abs(v.number) * generated);
-    for (double x : v.values) out = std::max(out, std::abs(x));
-  }
-  return out;
-}
-
 // The largest value DeepSpeed's fp16 gradients reach: the worker feeds a gradient times the DP
 // size on one rank of each reduction group, and DeepSpeed multiplies it by the loss scale.
 double largest_fp16_gradient(const casefile::Case& c, int loss_scale) {
-  return largest_gradient(c.path.gradients) * data_parallel(c.topology) * loss_scale;
+  return gradnorm::largest_gradient(c.path.gradients) * data_parallel(c.topology) * loss_scale;
 }
 constexpr double kFp16Max = 65504.0;
-
-std::string shortest(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
 
 // What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype.
 std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype, int experts, int pp) {
@@ -186,7 +161,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (o.gradients.generator.dtype == Dtype::fp16 &&
       largest_fp16_gradient(c, c.deepspeed->loss_scale) >= kFp16Max)
     return "deepspeed.loss_scale " + std::to_string(c.deepspeed->loss_scale) +
-           " with gradients.dtype fp16: the gradients (up to " + shortest(largest_gradient(o.gradients)) +
+           " with gradients.dtype fp16: the gradients (up to " + record::all_digits(gradnorm::largest_gradient(o.gradients)) +
            ") times the data-parallel size (" + std::to_string(data_parallel(t)) +
            ") times the loss scale exceed fp16's 65504, so DeepSpeed would skip the step; lower the "
            "loss scale or use bf16";

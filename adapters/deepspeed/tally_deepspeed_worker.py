@@ -312,12 +312,11 @@ def dense_param(name, shapes, classes, tp_rank, tp, dtype):
     return p, (name, shapes[name], offsets, extents)
 
 
-def build_model(case, index, mpu, dtype):
+def build_model(case, index, mpu, moe, dtype):
     """The module DeepSpeed wraps, and param -> (logical name, shape, offsets, extents)."""
     import torch.nn as nn
 
     tp = case["topology"].get("tp", 1)
-    moe = moe_settings(case)
     tp_rank = mpu.get_model_parallel_rank()
     classes = {p["name"]: p["class"] for p in index}
     shapes = {p["name"]: list(p["shape"]) for p in index}
@@ -343,7 +342,7 @@ def build_model(case, index, mpu, dtype):
         layer, wg, router = moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype)
         module.moe[prefix.replace(".", "__")] = layers[prefix] = layer
         described[id(wg)] = router
-    return module, described, layers, moe["expert_tp"], shapes, classes
+    return module, described, layers, shapes, classes
 
 
 def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes):
@@ -453,7 +452,7 @@ def check_pipeline_plan(stages, tied, moe, tp):
                                   f"{shapes[f'{prefix}router.weight']}")
 
 
-def build_pipeline(case, index, dtype, world):
+def build_pipeline(case, index, moe, dtype, world):
     """The PipelineModule of the case (each rank builds only its own stage), and this rank's
     StageBlocks."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
@@ -461,7 +460,6 @@ def build_pipeline(case, index, dtype, world):
 
     t = case["topology"]
     tp, pp = t.get("tp", 1), t.get("pp", 1)
-    moe = moe_settings(case)
     StageBlock = stage_block_class()
     stages, tied = pipeline_plan(index, pp)
     check_pipeline_plan(stages, tied, moe, tp)
@@ -679,19 +677,20 @@ def execute(queue, k, case):
         index = gradient_index(queue, k)
         config = engine_config(case, world, tp, pp)
         local_error = None
-        expert_tp = moe_settings(case)["expert_tp"]
+        moe = moe_settings(case)
+        expert_tp = moe["expert_tp"]
         if pp > 1:
-            module, blocks = build_pipeline(case, index, dtype, world)
+            module, blocks = build_pipeline(case, index, moe, dtype, world)
             described, layers = {}, {}
             for block in blocks:
                 described.update(block.described)
                 layers.update(block.layers)
             moe_parts = [(block.layers, block.shapes, block.classes) for block in blocks]
-            if moe_settings(case)["experts"]:
-                make_expert_groups_on_every_stage(module, moe_settings(case))
+            if moe["experts"]:
+                make_expert_groups_on_every_stage(module, moe)
         else:
             case_mpu = Mpu(tp)
-            module, described, layers, _, shapes, classes = build_model(case, index, case_mpu, dtype)
+            module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
             moe_parts = [(layers, shapes, classes)]
         params = [p for p in module.parameters()]
         if layers:
