@@ -45,6 +45,7 @@ struct DeepSpeedConfig {
   int zero_stage = 0;            // 0..3
   bool grad_accum_fp32 = false;  // "data_types": {"grad_accum_dtype": "fp32"}
   int loss_scale = 128;          // fp16's static loss scale: a power of two, 1..2^16
+  bool autotp = false;           // DeepSpeed's AutoTP shards the model over TP, not tally's worker
   friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
 };
 

@@ -50,6 +50,20 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
     case kernels::Dtype::fp32: break;
   }
   if (d.grad_accum_fp32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  if (d.autotp) {
+    // DeepSpeed derives the batch size after making AutoTP's groups: the worker states none.
+    j.erase("train_batch_size");
+    const auto spec = [](std::string pattern, std::string type) {
+      return nlohmann::ordered_json{{"patterns", {std::move(pattern)}}, {"partition_type", std::move(type)}};
+    };
+    nlohmann::ordered_json summed = spec("^tp_summed\\..*", "skip");
+    summed["grad_allreduce"] = true;
+    j["tensor_parallel"] = {
+        {"autotp_size", c.topology.tp},
+        {"partition_config",
+         {{"use_default_specs", false},
+          {"layer_specs", {spec("^column\\..*", "column"), spec("^row\\..*", "row"), summed}}}}};
+  }
   return j;
 }
 
@@ -63,6 +77,11 @@ std::string deepspeed_model_line(const casefile::Case& c) {
            ")), each stage a layer of the params tally places there (TP shards marked tensor_model_parallel)";
     if (topologies::LogicalModel(c.model, t).last_stage_copy() == topologies::SharedCopy::output_layer)
       line += ", the word embedding a TiedLayerSpec on the first and last stage";
+  } else if (c.deepspeed->autotp) {
+    line = "model: tally's column- and row-parallel params as whole torch.nn.Linear layers (the output "
+           "layer column-parallel) that DeepSpeed's AutoTP shards over TP " + std::to_string(t.tp) +
+           ", the q/k norms replicated with their gradients summed over TP (grad_allreduce), every other "
+           "param whole (the word embedding too)";
   } else {
     line = "model: tally's params with a Megatron-style mpu of TP " + std::to_string(t.tp) +
            " (TP shards marked tensor_model_parallel)";

@@ -58,6 +58,24 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
   return std::nullopt;
 }
 
+// What the worker's AutoTP model (adapters/deepspeed/tally_deepspeed_worker.py, build_autotp_model)
+// cannot be: AutoTP shards a plain module's linear layers over TP.
+std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, const topologies::ParallelConfig& t,
+                                          int experts) {
+  if (!d.autotp) return std::nullopt;
+  if (t.tp == 1) return "deepspeed.autotp with topology.tp 1: AutoTP shards over TP; set tp > 1 or leave autotp out";
+  if (t.pp > 1)
+    return "deepspeed.autotp with topology.pp > 1: the worker shards with AutoTP only a plain module, not a "
+           "PipelineModule (whose grid makes its own TP groups)";
+  if (d.zero_stage == 3)
+    return "deepspeed.autotp with zero_stage 3: ZeRO 3 gathers a layer's params only for its own forward, "
+           "and the worker does not run the forward of AutoTP's layers";
+  if (experts > 0)
+    return "deepspeed.autotp with experts: the worker builds experts as DeepSpeed's MoE layers, which AutoTP "
+           "leaves whole (AutoEP's experts are not run by the worker)";
+  return std::nullopt;
+}
+
 // The MoE layer's expert groups: without expert TP, DeepSpeed's legacy groups are consecutive
 // ranks of the whole world (they span TP; they must not span pipeline stages, whose MoE layers
 // differ); with it, EP groups lie within a DP group.
@@ -165,6 +183,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
            ") times the data-parallel size (" + std::to_string(data_parallel(t)) +
            ") times the loss scale exceed fp16's 65504, so DeepSpeed would skip the step; lower the "
            "loss scale or use bf16";
+  if (auto why = autotp_refuses(*c.deepspeed, t, m.num_experts)) return why;
   return engine_refuses(*c.deepspeed, o.gradients.generator.dtype, m.num_experts, t.pp);
 }
 
@@ -227,6 +246,8 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     c.deepspeed->zero_stage = path.zero_stage;
     c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
     o.gradients.generator.dtype = path.dtype;
+    // Half of the cases AutoTP can take shard with it (the other half with the worker's mpu).
+    c.deepspeed->autotp = (draw / paths.size()) % 2 == 1;
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (d.zero_stage == 3 && m.num_experts > 0) d.zero_stage = 2;
@@ -240,6 +261,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
+  if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
   return c;
 }
 

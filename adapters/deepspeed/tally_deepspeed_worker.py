@@ -345,6 +345,95 @@ def build_model(case, index, mpu, moe, dtype):
     return module, described, layers, shapes, classes
 
 
+# AutoTP's layer specs for the module build_autotp_model makes: its attribute names say how.
+AUTOTP_LAYER_SPECS = [
+    {"patterns": [r"^column\..*"], "partition_type": "column"},
+    {"patterns": [r"^row\..*"], "partition_type": "row"},
+    # replicated, applied to sharded activations (q/k norms): AutoTP sums their gradients over TP
+    {"patterns": [r"^tp_summed\..*"], "partition_type": "skip", "grad_allreduce": True},
+]
+_AUTOTP_WEIGHT = {"column": "column", "vocab": "column", "row": "row"}
+_AUTOTP_BIAS = {"column": "column-bias", "row": "replicated"}
+
+
+def autotp_plan(index):
+    """tally's params as the modules AutoTP shards: {"column"|"row": {module: {leaf: name}}}, the
+    q/k norms whose gradients AutoTP sums over TP, and the params it leaves whole. The word
+    embedding stays whole (AutoTP's spec-matched nn.Embedding is split over hidden and unmarked,
+    an inference layout); the output layer is a column-parallel linear."""
+    classes = {p["name"]: p["class"] for p in index}
+    linears, tp_summed, whole = {"column": {}, "row": {}}, [], []
+    for name, cls in classes.items():
+        module, leaf = name.rsplit(".", 1)
+        kind = _AUTOTP_WEIGHT.get(cls) if leaf == "weight" and module != "embedding.word_embeddings" else None
+        if kind:
+            bias = f"{module}.bias"
+            if bias in classes and classes[bias] != _AUTOTP_BIAS[kind]:
+                raise LookupError(f"model mismatch: {bias} is {classes[bias]}; a {kind}-parallel linear's "
+                                  f"bias is {_AUTOTP_BIAS[kind]}")
+            linears[kind][module] = {"weight": name, **({"bias": bias} if bias in classes else {})}
+        elif re.search(r"\.[qk]_layernorm\.", name):
+            tp_summed.append(name)
+    in_linear = {n for kind in linears.values() for leaves in kind.values() for n in leaves.values()}
+    whole = [n for n in classes if n not in in_linear and n not in tp_summed]
+    return linears, tp_summed, whole
+
+
+def build_autotp_model(case, index, tensors, dtype):
+    """The module AutoTP shards (deepspeed.initialize with tensor_parallel.autotp_size = TP): tally's
+    column and row params as whole nn.Linear layers holding tally's gradient values (so the shards
+    AutoTP cuts can be checked against the boxes the worker describes), everything else whole."""
+    import torch
+    import torch.nn as nn
+
+    linears, tp_summed, whole = autotp_plan(index)
+    shapes = {p["name"]: list(p["shape"]) for p in index}
+    module = nn.Module()
+    for kind, layers in linears.items():
+        setattr(module, kind, nn.ModuleDict())
+        for prefix, leaves in layers.items():
+            out_features, in_features = shapes[leaves["weight"]]
+            linear = nn.Linear(in_features, out_features, bias="bias" in leaves, dtype=dtype)
+            with torch.no_grad():
+                for leaf, name in leaves.items():
+                    getattr(linear, leaf).copy_(torch.from_numpy(tensors[name].copy()).to(dtype))
+            getattr(module, kind)[prefix.replace(".", "__")] = linear
+    for attr, names in (("tp_summed", tp_summed), ("dense", whole)):
+        setattr(module, attr, nn.ParameterDict())
+        for name in names:
+            getattr(module, attr)[name.replace(".", "__")] = nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
+    return module
+
+
+def describe_autotp(engine_module, index, tensors, tp_rank, tp):
+    """After AutoTP has sharded the module: param -> (logical name, shape, offsets, extents), each
+    shard checked against the box tally expects (its values are the logical param's)."""
+    import torch
+
+    classes = {p["name"]: p["class"] for p in index}
+    shapes = {p["name"]: list(p["shape"]) for p in index}
+    described = {}
+    for path, p in engine_module.named_parameters():
+        attr, rest = path.split(".", 1)
+        if attr in ("column", "row"):
+            prefix, leaf = rest.rsplit(".", 1)
+            name = f"{prefix.replace('__', '.')}.{leaf}"
+            cls = classes[name] if classes[name] != "vocab" else "column"
+        else:
+            name, cls = rest.replace("__", "."), "replicated"
+        offsets, extents, _ = local_box(shapes[name], cls, tp_rank, tp)
+        if list(p.shape) != extents:
+            raise LookupError(f"model mismatch: AutoTP holds {list(p.shape)} of {name} {shapes[name]} on TP rank "
+                              f"{tp_rank}; tally expects {extents} ({cls} over TP {tp})")
+        if attr in ("column", "row"):
+            want = tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
+            if not torch.equal(p.detach().cpu(), torch.from_numpy(want.copy()).to(p.dtype)):
+                raise LookupError(f"model mismatch: AutoTP's shard of {name} on TP rank {tp_rank} is not elements "
+                                  f"{offsets} + {extents} of it")
+        described[id(p)] = (name, shapes[name], offsets, extents)
+    return described
+
+
 def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes):
     """Once deepspeed.initialize has made the expert groups: each local expert's logical name
     (global expert = EP rank x local experts + local index) and box. `layers`: prefix -> MoE."""
@@ -560,7 +649,21 @@ def engine_config(case, world, tp, pp=1):
         config["fp16"] = {"enabled": True, "loss_scale": ds.get("loss_scale", 128), "initial_scale_power": 7}
     if ds.get("grad_accum_fp32", False):
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if ds.get("autotp", False):
+        # DeepSpeed derives the batch size after making AutoTP's groups: stating it fails its check
+        del config["train_batch_size"]
+        config["tensor_parallel"] = {"autotp_size": tp, "partition_config": {
+            "use_default_specs": False, "layer_specs": AUTOTP_LAYER_SPECS}}
     return config
+
+
+def autotp_groups(mpu):
+    """This rank's groups as AutoTP made them (deepspeed.utils.groups, the engine's mpu)."""
+    import torch.distributed as dist
+
+    tp = dist.get_process_group_ranks(mpu.get_tensor_model_parallel_group())
+    return {"tp": tp, "mp": dist.get_process_group_ranks(mpu.get_model_parallel_group()),
+            "dp": dist.get_process_group_ranks(mpu.get_data_parallel_group()), "expert_tp": False}
 
 
 def groups_of_rank(layers, mpu, expert_tp):
@@ -638,6 +741,20 @@ def forget_deepspeed_groups():
         getattr(groups, name).clear()
     groups.mpu = None
     groups.expert_tensor_parallel_world_size = 1
+    # AutoTP's TP/DP groups (a DeviceMesh's, made without dist.new_group): the next case makes its own
+    import torch.distributed as dist
+
+    for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP"):
+        group = getattr(groups, name)
+        # A mesh dimension spanning every rank is the default group itself: that one stays.
+        if group not in (None, dist.GroupMember.NON_GROUP_MEMBER, dist.GroupMember.WORLD):
+            try:
+                dist.destroy_process_group(group)
+            except Exception:  # a group torch already released
+                pass
+    for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
+                 "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK", "mesh_device"):
+        setattr(groups, name, None)
 
 
 def check_every_param_held(local_error, held, tensors):
@@ -667,6 +784,7 @@ def execute(queue, k, case):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         case.get("gradients", {}).get("dtype", "fp32")]
     tp, pp = t.get("tp", 1), t.get("pp", 1)
+    autotp = case.get("deepspeed", {}).get("autotp", False)
     engine = None
     planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "deepspeed")
     made = CaseGroups()
@@ -688,6 +806,8 @@ def execute(queue, k, case):
             moe_parts = [(block.layers, block.shapes, block.classes) for block in blocks]
             if moe["experts"]:
                 make_expert_groups_on_every_stage(module, moe)
+        elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
+            module, described, layers, moe_parts = build_autotp_model(case, index, tensors, dtype), {}, {}, []
         else:
             case_mpu = Mpu(tp)
             module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
@@ -700,18 +820,20 @@ def execute(queue, k, case):
         else:
             param_groups = [{"params": params}]
         optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
-        if pp > 1:  # the pipeline's grid is its mpu
+        if pp > 1 or autotp:  # the pipeline's grid, or AutoTP's groups, are its mpu
             engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
         else:
             engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu, config=config)
         mpu = engine.mpu
         try:
+            if autotp:
+                described = describe_autotp(engine.module, index, tensors, mpu.get_tensor_model_parallel_rank(), tp)
             for part_layers, shapes, classes in moe_parts:
                 describe_experts(part_layers, described, expert_tp, mpu.get_tensor_model_parallel_rank(), tp, shapes,
                                  classes)
         except LookupError as e:
             local_error = f"rank {dist.get_rank()}: {e}"
-        held = [] if local_error else sorted({described[id(p)][0] for p in module.parameters()})
+        held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()})
         check_every_param_held(local_error, held, tensors)
 
         def box_of(p):
@@ -732,8 +854,13 @@ def execute(queue, k, case):
             name = next(iter(layers.values())).expert_group_name
             expert_first = groups._get_expert_data_parallel_rank(name) == 0
 
+        # AutoTP sums a q/k norm's gradient over TP: only TP rank 0 gives it.
+        tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if autotp else set()
+        tp_first = mpu.get_tensor_model_parallel_rank() == 0
+
         def term_weights(p, first=True):
             first = first and (dp_first if getattr(p, "allreduce", True) else expert_first)
+            first = first and (tp_first or id(p) not in tp_summed)
             values = box_of(p) * dp_size if first else box_of(p) * 0
             return torch.from_numpy(values).to(device=device, dtype=p.dtype)
 
@@ -768,6 +895,8 @@ def execute(queue, k, case):
                 "do not fit the precision, so there is no norm to judge")
         if pp > 1:
             mine = expert_groups(pipeline_groups(mpu, expert_tp), layers)
+        elif autotp:
+            mine = autotp_groups(mpu)
         else:
             mine = groups_of_rank(layers, mpu, expert_tp)
         gathered = [None] * world

@@ -370,6 +370,10 @@ TEST(CaseFile, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   },
   "target")"), std::string::npos) << "after the faults, before the target: " << text;
   EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+  EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("autotp")) << "absent means false";
+  c.deepspeed->autotp = true;
+  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autotp"], true);
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
   c.deepspeed.reset();
   EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";
 }

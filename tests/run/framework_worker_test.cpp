@@ -363,6 +363,46 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "a user may still run such a case by hand";
 }
 
+TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = {.world = 4, .tp = 2};
+  c.model = {};
+  c.model.qk_layernorm = true;
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 1, .autotp = true};
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  casefile::Case tp1 = c;
+  tp1.topology.tp = tp1.topology.etp = 1;
+  EXPECT_EQ(refusal(tp1).rfind("deepspeed.autotp with topology.tp 1:", 0), 0u) << refusal(tp1);
+  casefile::Case zero3 = c;
+  zero3.deepspeed->zero_stage = 3;
+  EXPECT_EQ(refusal(zero3).rfind("deepspeed.autotp with zero_stage 3:", 0), 0u) << refusal(zero3);
+  casefile::Case piped = c;
+  piped.topology = {.world = 4, .tp = 2, .pp = 2};
+  piped.model.num_layers = 2;
+  ASSERT_FALSE(casefile::check_case(piped)) << *casefile::check_case(piped);
+  EXPECT_EQ(refusal(piped).rfind("deepspeed.autotp with topology.pp > 1:", 0), 0u) << refusal(piped);
+  casefile::Case moe = c;
+  moe.model.num_experts = 2;
+  moe.topology.etp = 1;
+  ASSERT_FALSE(casefile::check_case(moe)) << *casefile::check_case(moe);
+  EXPECT_EQ(refusal(moe).rfind("deepspeed.autotp with experts:", 0), 0u) << refusal(moe);
+  EXPECT_FALSE(within_deepspeed(moe, "0.19.8", {}, 0).deepspeed->autotp) << "the generator drops what AutoTP can't take";
+
+  casefile::Case generated = c;
+  generated.deepspeed.reset();
+  int autotp = 0;
+  for (std::uint64_t draw = 0; draw < 32; ++draw) {
+    const casefile::Case within = within_deepspeed(generated, "0.19.8", {}, draw);
+    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8")) << "draw " << draw;
+    autotp += within.deepspeed->autotp;
+  }
+  EXPECT_GT(autotp, 4) << "AutoTP is drawn";
+  EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
+}
+
 TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;
