@@ -45,8 +45,8 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
            " with topology.pp > 1: DeepSpeed's PipelineEngine asserts that ZeRO 2 and 3 are incompatible "
            "with pipeline parallelism";
   if (d.zero_stage == 3 && experts > 0)
-    return "deepspeed.zero_stage 3 with experts: ZeRO 3 gathers a module's params only for its own "
-           "forward, and the worker does not run DeepSpeed's MoE layer's forward";
+    return "deepspeed.zero_stage 3 with experts: DeepSpeed asserts that its native MoE layer is not "
+           "supported with ZeRO stage 3 (only AutoEP's layers are, which the worker does not build)";
   if (d.zero_stage == 3 && d.grad_accum_fp32)
     return "deepspeed.grad_accum_fp32 with zero_stage 3: not run by the worker";
   if (d.grad_accum_fp32 && dtype == Dtype::fp32)
