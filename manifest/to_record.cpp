@@ -223,7 +223,10 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
 // What a logical param is, in a diagnosis: its attributes, as the framework set them.
 std::string kind_of(const Attributes& a) {
   std::string out = a.allreduce ? "" : "expert-topology ";
-  if (a.tensor_model_parallel) return out + "tensor-parallel shard (dim " + std::to_string(a.partition_dim) + ")";
+  // DeepSpeed's AutoTP marks its shards tensor_model_parallel without a partition_dim.
+  if (a.tensor_model_parallel)
+    return out + "tensor-parallel shard (" +
+           (a.partition_dim >= 0 ? "dim " + std::to_string(a.partition_dim) : std::string("no partition_dim")) + ")";
   return out + (a.allreduce ? "replicated over TP" : "param replicated over ETP");
 }
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -58,6 +59,21 @@ TEST(ManifestRunJudged, ExpertGroupEqualToTpGroupIsNamedAsSuch) {
   EXPECT_NE(report.verdict.miscounted[0].contributions[0].rule.find(
                 "expert-topology param de-duplicated on a TP group [0,1] (rank 1 there)"),
             std::string::npos);
+}
+
+TEST(ManifestRunJudged, AShardWithoutAPartitionDimIsNamedAsSuch) {
+  RunManifests run = founding_run(false);
+  for (RankManifest& m : run.ranks) m.params.edit()[2].attributes.partition_dim = -1;  // as DeepSpeed's AutoTP marks
+  const record::RunRecord record = to_record(run);
+  const auto fc1 = std::find_if(record.tensors.begin(), record.tensors.end(),
+                                [](const record::Tensor& t) { return t.name == "fc1.weight"; });
+  ASSERT_NE(fc1, record.tensors.end());
+  EXPECT_EQ(fc1->kind, "tensor-parallel shard (no partition_dim)");
+  for (RankManifest& m : run.ranks) m.params.edit()[2].attributes.partition_dim = 0;
+  const record::RunRecord marked = to_record(run);
+  EXPECT_EQ(std::find_if(marked.tensors.begin(), marked.tensors.end(),
+                         [](const record::Tensor& t) { return t.name == "fc1.weight"; })->kind,
+            "tensor-parallel shard (dim 0)");
 }
 
 TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
