@@ -46,6 +46,7 @@ struct DeepSpeedConfig {
   bool grad_accum_fp32 = false;  // "data_types": {"grad_accum_dtype": "fp32"}
   int loss_scale = 128;          // fp16's static loss scale: a power of two, 1..2^16
   bool autotp = false;           // DeepSpeed's AutoTP shards the model over TP, not tally's worker
+  bool autoep = false;           // DeepSpeed's AutoEP replaces the MoE layers, not DeepSpeed's MoE
   friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
 };
 

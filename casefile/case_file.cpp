@@ -288,6 +288,7 @@ DeepSpeedConfig read_deepspeed(const json& value, const std::string& path) {
       {{"zero_stage", [&](const json& v, const std::string& p) { d.zero_stage = static_cast<int>(read_integer(v, p, 0, 3)); }},
        {"grad_accum_fp32", [&](const json& v, const std::string& p) { d.grad_accum_fp32 = read_bool(v, p); }},
        {"autotp", [&](const json& v, const std::string& p) { d.autotp = read_bool(v, p); }},
+       {"autoep", [&](const json& v, const std::string& p) { d.autoep = read_bool(v, p); }},
        {"loss_scale",
         [&](const json& v, const std::string& p) {
           d.loss_scale = static_cast<int>(read_integer(v, p, 1, 1 << 16));
@@ -448,7 +449,9 @@ ordered_json case_to_json(const Case& c) {
     j["deepspeed"] = {{"zero_stage", c.deepspeed->zero_stage},
                       {"grad_accum_fp32", c.deepspeed->grad_accum_fp32},
                       {"loss_scale", c.deepspeed->loss_scale}};
-    if (c.deepspeed->autotp) j["deepspeed"]["autotp"] = true;  // absent: false, as in earlier case files
+    // absent: false, as in earlier case files
+    if (c.deepspeed->autotp) j["deepspeed"]["autotp"] = true;
+    if (c.deepspeed->autoep) j["deepspeed"]["autoep"] = true;
   }
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};

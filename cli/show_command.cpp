@@ -50,6 +50,22 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
     case kernels::Dtype::fp32: break;
   }
   if (d.grad_accum_fp32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  if (d.autoep) {
+    j["expert_parallel"] = {{"enabled", true},
+                            {"autoep_size", c.topology.ep},
+                            {"moe_layer_pattern", "moe\\.\\w+"},
+                            {"router_pattern", "gate"},
+                            {"expert_pattern", "experts"},
+                            {"expert_w1", "gate_proj"},
+                            {"expert_w2", "down_proj"},
+                            {"expert_w3", "up_proj"},
+                            {"top_k", 1},
+                            {"score_func", "softmax"},
+                            {"score_apply", "post"},
+                            {"route_norm", false},
+                            {"use_grouped_mm", false}};
+    j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 0.0}, {"weight_decay", 0.0}, {"torch_adam", true}}}};
+  }
   if (d.autotp) {
     // DeepSpeed derives the batch size after making AutoTP's groups: the worker states none.
     j.erase("train_batch_size");
@@ -69,6 +85,11 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
 
 std::string deepspeed_model_line(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
+  if (c.deepspeed->autoep)
+    return "model: tally's params whole (TP 1), each MoE layer a block of a router 'gate' (torch.nn.Linear) "
+           "and 'experts' holding every expert's SwiGLU gate, up and down projections as 3-D tensors, which "
+           "DeepSpeed's AutoEP replaces with its AutoEPMoELayer over EP " + std::to_string(t.ep) +
+           "; the engine's own optimizer, torch's AdamW at lr 0";
   std::string line;
   if (t.pp > 1) {
     line = "model: a deepspeed.pipe.PipelineModule of " + std::to_string(t.pp) +

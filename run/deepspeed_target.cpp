@@ -76,6 +76,30 @@ std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, co
   return std::nullopt;
 }
 
+// What the worker's AutoEP model (adapters/deepspeed/tally_deepspeed_worker.py, build_autoep_model)
+// cannot be: AutoEP replaces Hugging Face-style MoE blocks whose experts are SwiGLU projections.
+std::optional<std::string> autoep_refuses(const casefile::DeepSpeedConfig& d, const topologies::ParallelConfig& t,
+                                          const topologies::ModelSpec& m) {
+  if (!d.autoep) return std::nullopt;
+  if (m.num_experts == 0) return "deepspeed.autoep without experts: AutoEP replaces MoE layers; set model.num_experts";
+  if (d.autotp)
+    return "deepspeed.autoep with deepspeed.autotp: AutoEP's expert-TP folding is not run by the worker";
+  if (t.tp > 1)
+    return "deepspeed.autoep with topology.tp " + std::to_string(t.tp) +
+           ": the worker runs AutoEP at TP 1 (AutoEP's expert-TP folding needs AutoTP, not run with it)";
+  if (t.pp > 1) return "deepspeed.autoep with topology.pp > 1: AutoEP replaces layers of a plain module, not a PipelineModule";
+  if (!m.swiglu) return "deepspeed.autoep without model.swiglu: AutoEP's experts are SwiGLU (gate, up and down projections)";
+  if (m.add_bias_linear)
+    return "deepspeed.autoep with model.add_bias_linear: AutoEP's experts and router have no biases";
+  if (d.zero_stage == 3)
+    return "deepspeed.autoep with zero_stage 3: ZeRO 3 gathers the experts only for AutoEP's layer's forward, "
+           "which the worker does not run";
+  if (t.world % t.ep || m.num_experts % t.ep)
+    return "topology.ep " + std::to_string(t.ep) + ": AutoEP's autoep_size must divide the world (" +
+           std::to_string(t.world) + ") and the experts (" + std::to_string(m.num_experts) + ")";
+  return std::nullopt;
+}
+
 // The MoE layer's expert groups: without expert TP, DeepSpeed's legacy groups are consecutive
 // ranks of the whole world (they span TP; they must not span pipeline stages, whose MoE layers
 // differ); with it, EP groups lie within a DP group.
@@ -184,6 +208,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
            ") times the loss scale exceed fp16's 65504, so DeepSpeed would skip the step; lower the "
            "loss scale or use bf16";
   if (auto why = autotp_refuses(*c.deepspeed, t, m.num_experts)) return why;
+  if (auto why = autoep_refuses(*c.deepspeed, t, m)) return why;
   return engine_refuses(*c.deepspeed, o.gradients.generator.dtype, m.num_experts, t.pp);
 }
 
@@ -246,8 +271,10 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     c.deepspeed->zero_stage = path.zero_stage;
     c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
     o.gradients.generator.dtype = path.dtype;
-    // Half of the cases AutoTP can take shard with it (the other half with the worker's mpu).
+    // Half of the cases AutoTP (or AutoEP) can take shard with it (the other half with the worker's
+    // mpu, or DeepSpeed's MoE layer).
     c.deepspeed->autotp = (draw / paths.size()) % 2 == 1;
+    c.deepspeed->autoep = c.deepspeed->autotp;
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (d.zero_stage == 3 && m.num_experts > 0) d.zero_stage = 2;
@@ -262,6 +289,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
+  if (autoep_refuses(d, t, m)) d.autoep = false;
   return c;
 }
 

@@ -434,6 +434,105 @@ def describe_autotp(engine_module, index, tensors, tp_rank, tp):
     return described
 
 
+# AutoEP's detection, for the module build_autoep_model makes: each MoE layer a `moe.<key>` block
+# whose router is `gate` and whose experts hold gate, up and down projections as 3-D tensors.
+AUTOEP_PATTERNS = {"moe_layer_pattern": r"moe\.\w+", "router_pattern": "gate", "expert_pattern": "experts",
+                   "expert_w1": "gate_proj", "expert_w2": "down_proj", "expert_w3": "up_proj"}
+# AutoEP's GroupedExperts as logical params: name -> (tally's expert param, its rows (None: all)).
+_AUTOEP_WEIGHTS = {"w1": ("linear_fc1.weight", 0), "w3": ("linear_fc1.weight", 1), "w2": ("linear_fc2.weight", None)}
+
+
+def autoep_tensors(tensors, moe_layers, experts):
+    """AutoEP's expert params as logical tensors of tally's values ({prefix}experts.w1 = every
+    expert's gate rows of FC1, w3 its up rows, w2 its FC2, stacked [experts, ...]), and the tally
+    names each one stands for."""
+    import numpy as np
+
+    logical, covers = {}, {}
+    for prefix in moe_layers:
+        for w, (suffix, half) in _AUTOEP_WEIGHTS.items():
+            names = [f"{prefix}experts.local_experts.{e}.{suffix}" for e in range(experts)]
+            parts = [tensors[n] if half is None else np.split(tensors[n], 2, axis=0)[half] for n in names]
+            logical[f"{prefix}experts.{w}"] = np.ascontiguousarray(np.stack(parts))
+            covers[f"{prefix}experts.{w}"] = names
+    return logical, covers
+
+
+def build_autoep_model(index, tensors, moe, dtype):
+    """The module AutoEP replaces MoE layers in (deepspeed.initialize with expert_parallel): each of
+    tally's MoE layers a block of a router `gate` (nn.Linear) and `experts` holding every expert's
+    SwiGLU projections as 3-D tensors of tally's values, as Hugging Face's MoE models do; every
+    other param whole (shared experts too: AutoEP keeps only a block's router and experts).
+    Returns the module and AutoEP's expert tensors ({logical name: values}, {name: tally's names})."""
+    import torch
+    import torch.nn as nn
+
+    shapes = {p["name"]: list(p["shape"]) for p in index}
+    dense, moe_layers = split_experts(shapes)
+    for prefix, suffixes in moe_layers.items():
+        if sorted(suffixes) != ["linear_fc1.weight", "linear_fc2.weight"]:
+            raise LookupError(f"model mismatch: {prefix}experts has {sorted(suffixes)}; AutoEP's experts are "
+                              "SwiGLU projections without biases")
+    logical, covers = autoep_tensors(tensors, moe_layers, moe["experts"])
+    module = nn.Module()
+    module.moe = nn.ModuleDict()
+
+    def param(values):
+        return nn.Parameter(torch.from_numpy(values.copy()).to(dtype))
+
+    for prefix in moe_layers:
+        router = f"{prefix}router.weight"
+        block = nn.Module()
+        block.gate = nn.Linear(shapes[router][1], shapes[router][0], bias=False, dtype=dtype)
+        with torch.no_grad():
+            block.gate.weight.copy_(torch.from_numpy(tensors[router].copy()).to(dtype))
+        block.experts = nn.Module()
+        block.experts.gate_proj = param(logical[f"{prefix}experts.w1"])
+        block.experts.up_proj = param(logical[f"{prefix}experts.w3"])
+        block.experts.down_proj = param(logical[f"{prefix}experts.w2"])
+        module.moe[prefix.replace(".", "__")] = block
+    module.dense = nn.ParameterDict()
+    for name in dense:
+        if not any(name == f"{prefix}router.weight" for prefix in moe_layers):
+            module.dense[name.replace(".", "__")] = nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
+    return module, logical, covers
+
+
+def describe_autoep(engine_module, shapes, logical):
+    """After AutoEP has replaced the MoE blocks: param -> (logical name, shape, offsets, extents).
+    An expert tensor holds the EP rank's experts of AutoEP's logical tensor, checked against its
+    values; the router and every other param are whole."""
+    import torch
+    from deepspeed.utils import groups
+
+    described = {}
+    for path, p in engine_module.named_parameters():
+        attr, rest = path.split(".", 1)
+        if attr == "moe":
+            key, inner = rest.split(".", 1)
+            prefix = key.replace("__", ".")  # ends with its dot
+            if inner.startswith("experts."):
+                name = f"{prefix}experts.{inner.rsplit('.', 1)[1]}"
+                if name not in logical:
+                    raise LookupError(f"model mismatch: AutoEP holds {path}, which is none of w1, w2, w3")
+                local = p.shape[0]
+                first = groups._get_expert_parallel_rank(p.group_name) * local
+                offsets, extents = [first, 0, 0], list(p.shape)
+                want = logical[name][first:first + local]
+                if not torch.equal(p.detach().cpu(), torch.from_numpy(want.copy()).to(p.dtype)):
+                    raise LookupError(f"model mismatch: AutoEP's {path} is not experts {first} to "
+                                      f"{first + local - 1} of {name}")
+                described[id(p)] = (name, list(logical[name].shape), offsets, extents)
+                continue
+            if not inner.startswith("router."):
+                raise LookupError(f"model mismatch: AutoEP's layer holds {path}, neither router nor experts")
+            name = f"{prefix}router.weight"
+        else:
+            name = rest.replace("__", ".")
+        described[id(p)] = (name, shapes[name], [0] * len(shapes[name]), shapes[name])
+    return described
+
+
 def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes):
     """Once deepspeed.initialize has made the expert groups: each local expert's logical name
     (global expert = EP rank x local experts + local index) and box. `layers`: prefix -> MoE."""
@@ -649,6 +748,15 @@ def engine_config(case, world, tp, pp=1):
         config["fp16"] = {"enabled": True, "loss_scale": ds.get("loss_scale", 128), "initial_scale_power": 7}
     if ds.get("grad_accum_fp32", False):
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if ds.get("autoep", False):
+        moe = moe_settings(case)
+        config["expert_parallel"] = {"enabled": True, "autoep_size": moe["ep"], **AUTOEP_PATTERNS, "top_k": 1,
+                                     "score_func": "softmax", "score_apply": "post", "route_norm": False,
+                                     # the sequential expert loop: torch._grouped_mm needs a GPU
+                                     "use_grouped_mm": False}
+        # AutoEP makes its expert params inside deepspeed.initialize: the engine's own optimizer
+        # (torch's AdamW at lr 0) puts them into MoE param groups.
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0, "torch_adam": True}}
     if ds.get("autotp", False):
         # DeepSpeed derives the batch size after making AutoTP's groups: stating it fails its check
         del config["train_batch_size"]
@@ -674,10 +782,14 @@ def groups_of_rank(layers, mpu, expert_tp):
 
 def expert_groups(mine, layers):
     """`mine` with each MoE layer's expert-parallel and expert-data-parallel groups added."""
+    return expert_groups_by_name(mine, {layer.expert_group_name for layer in layers.values()})
+
+
+def expert_groups_by_name(mine, names):
+    """`mine` with the expert-parallel and expert-data-parallel groups of each expert group name."""
     from deepspeed.utils import groups
 
-    for layer in layers.values():
-        name = layer.expert_group_name
+    for name in sorted(names):
         mine[f"ep:{name}"] = sorted(groups._get_expert_parallel_group_ranks(name))
         mine[f"edp:{name}"] = sorted(groups._get_expert_data_parallel_group_ranks(name))
     return mine
@@ -737,8 +849,11 @@ def forget_deepspeed_groups():
     from deepspeed.utils import groups
 
     for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS",
-                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS"):
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_ALL_TO_ALL_GROUP"):
         getattr(groups, name).clear()
+    # its clone of the world group (a case without an mpu makes one), destroyed with the case's groups
+    groups._WORLD_GROUP = None
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
     groups.mpu = None
     groups.expert_tensor_parallel_world_size = 1
     # AutoTP's TP/DP groups (a DeviceMesh's, made without dist.new_group): the next case makes its own
@@ -785,6 +900,7 @@ def execute(queue, k, case):
         case.get("gradients", {}).get("dtype", "fp32")]
     tp, pp = t.get("tp", 1), t.get("pp", 1)
     autotp = case.get("deepspeed", {}).get("autotp", False)
+    autoep = case.get("deepspeed", {}).get("autoep", False)
     engine = None
     planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "deepspeed")
     made = CaseGroups()
@@ -808,6 +924,9 @@ def execute(queue, k, case):
                 make_expert_groups_on_every_stage(module, moe)
         elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
             module, described, layers, moe_parts = build_autotp_model(case, index, tensors, dtype), {}, {}, []
+        elif autoep:  # DeepSpeed replaces the MoE layers and makes their expert groups itself
+            module, autoep_logical, autoep_covers = build_autoep_model(index, tensors, moe, dtype)
+            described, layers, moe_parts = {}, {}, []
         else:
             case_mpu = Mpu(tp)
             module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
@@ -820,12 +939,19 @@ def execute(queue, k, case):
         else:
             param_groups = [{"params": params}]
         optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
-        if pp > 1 or autotp:  # the pipeline's grid, or AutoTP's groups, are its mpu
+        if autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
+            engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+        elif pp > 1 or autotp:  # the pipeline's grid, or AutoTP's groups, are its mpu
             engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
         else:
             engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu, config=config)
-        mpu = engine.mpu
+        mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
+        covered = set()
         try:
+            if autoep:
+                described = describe_autoep(engine.module, {p["name"]: list(p["shape"]) for p in index},
+                                            autoep_logical)
+                covered = {n for name, names in autoep_covers.items() for n in names}
             if autotp:
                 described = describe_autotp(engine.module, index, tensors, mpu.get_tensor_model_parallel_rank(), tp)
             for part_layers, shapes, classes in moe_parts:
@@ -833,8 +959,10 @@ def execute(queue, k, case):
                                  classes)
         except LookupError as e:
             local_error = f"rank {dist.get_rank()}: {e}"
-        held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()})
+        held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()} | covered)
         check_every_param_held(local_error, held, tensors)
+        if autoep:
+            tensors.update(autoep_logical)
 
         def box_of(p):
             name, _, offsets, extents = described[id(p)]
@@ -846,20 +974,21 @@ def execute(queue, k, case):
         # the DP size (a power of two): every other term is 0, so the 16-bit sums are exact, as
         # sums of equal values (3g) would not be. So does only the first stage's copy of a tied
         # embedding, which the pipeline sums over its copies.
-        dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
-        expert_first = dp_first
-        if layers:
-            from deepspeed.utils import groups
+        if mpu is None:
+            dp_size, dp_first = world, dist.get_rank() == 0
+        else:
+            dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
+        from deepspeed.utils import groups
 
-            name = next(iter(layers.values())).expert_group_name
-            expert_first = groups._get_expert_data_parallel_rank(name) == 0
+        def expert_first(p):  # DeepSpeed's MoE and AutoEP name each expert param's group
+            return groups._get_expert_data_parallel_rank(p.group_name) == 0
 
         # AutoTP sums a q/k norm's gradient over TP: only TP rank 0 gives it.
         tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if autotp else set()
-        tp_first = mpu.get_tensor_model_parallel_rank() == 0
+        tp_first = mpu is None or mpu.get_tensor_model_parallel_rank() == 0
 
         def term_weights(p, first=True):
-            first = first and (dp_first if getattr(p, "allreduce", True) else expert_first)
+            first = first and (dp_first if getattr(p, "allreduce", True) else expert_first(p))
             first = first and (tp_first or id(p) not in tp_summed)
             values = box_of(p) * dp_size if first else box_of(p) * 0
             return torch.from_numpy(values).to(device=device, dtype=p.dtype)
@@ -897,6 +1026,10 @@ def execute(queue, k, case):
             mine = expert_groups(pipeline_groups(mpu, expert_tp), layers)
         elif autotp:
             mine = autotp_groups(mpu)
+        elif autoep:
+            rank = dist.get_rank()
+            mine = expert_groups_by_name({"tp": [rank], "mp": [rank], "dp": list(range(world)), "expert_tp": False},
+                                         {p.group_name for p in engine.module.parameters() if hasattr(p, "group_name")})
         else:
             mine = groups_of_rank(layers, mpu, expert_tp)
         gathered = [None] * world
