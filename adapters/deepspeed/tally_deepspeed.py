@@ -256,20 +256,29 @@ def build_manifest(
     reported_norm: Optional[float],
 ) -> Dict[str, Any]:
     """This rank's manifest (rank lists; dump_manifest turns them into group indices).
-    `describe(param)`: its `logical_name`, `logical_shape`, `offsets`, `extents`.
+    `describe(param)`: its `logical_name`, `logical_shape`, `offsets`, `extents`; or, for a param
+    that holds pieces of several logical params (AutoEP's experts stacked in one tensor), a list of
+    such dicts, each with `local`: the (begin, end) of the param's flattened elements it is.
     `gradient_of(param)`: the values of its gradient over its box (numpy, the param's shape).
     `groups_by_rank`: every rank's groups by name (`tp`, `dp`, `mp`, `pp` with PP, `ep:<name>`, `edp:<name>`)."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = groups_by_rank[rank]
-    params, index = [], {}
+    params, index = [], {}  # index: param -> [(its manifest entry, begin, end of its flat elements)]
     for name, p in engine.module.named_parameters():
         if not p.requires_grad:
             continue
-        record = {"name": name, **describe(p), "attributes": attributes_of(p), "stats": _stats(gradient_of(p))}
-        index[id(p)] = len(params)
-        params.append(record)
+        values = gradient_of(p).reshape(-1)
+        described = describe(p)
+        pieces = described if isinstance(described, list) else [dict(described, local=(0, values.size))]
+        index[id(p)] = []
+        for piece in pieces:
+            begin, end = piece["local"]
+            box = {k: v for k, v in piece.items() if k != "local"}
+            local_name = name if len(pieces) == 1 else f"{name}[{begin}:{end}]"
+            index[id(p)].append((len(params), begin, end))
+            params.append({"name": local_name, **box, "attributes": attributes_of(p), "stats": _stats(values[begin:end])})
 
     def stats_group(kind: str) -> List[int]:
         how, _, argument = kind.partition(":")
@@ -303,16 +312,20 @@ def build_manifest(
         for p, begin, end, kept in pieces:
             if id(p) not in index:
                 raise LookupError(f"{name}: counts a param that is not the model's ({tuple(p.shape)})")
-            flat = gradient_of(p).reshape(-1)[begin:end]
-            main_params.append({
-                "param": index[id(p)],
-                "begin": int(begin),
-                "end": int(end),
-                "attributes": attributes_of(p),
-                "kept": bool(kept),
-                "kept_zeros": False,
-                "stats": _stats(flat),
-            })
+            flat = gradient_of(p).reshape(-1)
+            for entry, entry_begin, entry_end in index[id(p)]:  # the manifest entries the piece overlaps
+                lo, hi = max(begin, entry_begin), min(end, entry_end)
+                if lo >= hi:
+                    continue
+                main_params.append({
+                    "param": entry,
+                    "begin": int(lo - entry_begin),
+                    "end": int(hi - entry_begin),
+                    "attributes": attributes_of(p),
+                    "kept": bool(kept),
+                    "kept_zeros": False,
+                    "stats": _stats(flat[lo:hi]),
+                })
         optimizers.append({
             "name": name,
             "stats_group": stats_group(kind),

@@ -438,32 +438,34 @@ def describe_autotp(engine_module, index, tensors, tp_rank, tp):
 # whose router is `gate` and whose experts hold gate, up and down projections as 3-D tensors.
 AUTOEP_PATTERNS = {"moe_layer_pattern": r"moe\.\w+", "router_pattern": "gate", "expert_pattern": "experts",
                    "expert_w1": "gate_proj", "expert_w2": "down_proj", "expert_w3": "up_proj"}
-# AutoEP's GroupedExperts as logical params: name -> (tally's expert param, its rows (None: all)).
+# AutoEP's GroupedExperts tensors: name -> (tally's expert param each expert's slice is, which half of
+# its rows (None: all of them)). SwiGLU's FC1 is the gate rows, then the up rows (Megatron's order).
 _AUTOEP_WEIGHTS = {"w1": ("linear_fc1.weight", 0), "w3": ("linear_fc1.weight", 1), "w2": ("linear_fc2.weight", None)}
 
 
-def autoep_tensors(tensors, moe_layers, experts):
-    """AutoEP's expert params as logical tensors of tally's values ({prefix}experts.w1 = every
-    expert's gate rows of FC1, w3 its up rows, w2 its FC2, stacked [experts, ...]), and the tally
-    names each one stands for."""
+def autoep_slices(tensors, shapes, prefix, w, experts):
+    """Each expert's slice of AutoEP's tensor `w` of the MoE layer `prefix`: (tally's param, shape,
+    offsets, extents, values)."""
     import numpy as np
 
-    logical, covers = {}, {}
-    for prefix in moe_layers:
-        for w, (suffix, half) in _AUTOEP_WEIGHTS.items():
-            names = [f"{prefix}experts.local_experts.{e}.{suffix}" for e in range(experts)]
-            parts = [tensors[n] if half is None else np.split(tensors[n], 2, axis=0)[half] for n in names]
-            logical[f"{prefix}experts.{w}"] = np.ascontiguousarray(np.stack(parts))
-            covers[f"{prefix}experts.{w}"] = names
-    return logical, covers
+    suffix, half = _AUTOEP_WEIGHTS[w]
+    slices = []
+    for e in experts:
+        name = f"{prefix}experts.local_experts.{e}.{suffix}"
+        shape = shapes[name]
+        rows = shape[0] if half is None else shape[0] // 2
+        offsets = [0 if half is None else half * rows, 0]
+        values = tensors[name][offsets[0]:offsets[0] + rows]
+        slices.append((name, shape, offsets, [rows, shape[1]], np.ascontiguousarray(values)))
+    return slices
 
 
 def build_autoep_model(index, tensors, moe, dtype):
     """The module AutoEP replaces MoE layers in (deepspeed.initialize with expert_parallel): each of
     tally's MoE layers a block of a router `gate` (nn.Linear) and `experts` holding every expert's
     SwiGLU projections as 3-D tensors of tally's values, as Hugging Face's MoE models do; every
-    other param whole (shared experts too: AutoEP keeps only a block's router and experts).
-    Returns the module and AutoEP's expert tensors ({logical name: values}, {name: tally's names})."""
+    other param whole (shared experts too: AutoEP keeps only a block's router and experts)."""
+    import numpy as np
     import torch
     import torch.nn as nn
 
@@ -473,12 +475,12 @@ def build_autoep_model(index, tensors, moe, dtype):
         if sorted(suffixes) != ["linear_fc1.weight", "linear_fc2.weight"]:
             raise LookupError(f"model mismatch: {prefix}experts has {sorted(suffixes)}; AutoEP's experts are "
                               "SwiGLU projections without biases")
-    logical, covers = autoep_tensors(tensors, moe_layers, moe["experts"])
     module = nn.Module()
     module.moe = nn.ModuleDict()
 
-    def param(values):
-        return nn.Parameter(torch.from_numpy(values.copy()).to(dtype))
+    def stacked(prefix, w):
+        slices = autoep_slices(tensors, shapes, prefix, w, range(moe["experts"]))
+        return nn.Parameter(torch.from_numpy(np.stack([values for *_, values in slices])).to(dtype))
 
     for prefix in moe_layers:
         router = f"{prefix}router.weight"
@@ -487,42 +489,46 @@ def build_autoep_model(index, tensors, moe, dtype):
         with torch.no_grad():
             block.gate.weight.copy_(torch.from_numpy(tensors[router].copy()).to(dtype))
         block.experts = nn.Module()
-        block.experts.gate_proj = param(logical[f"{prefix}experts.w1"])
-        block.experts.up_proj = param(logical[f"{prefix}experts.w3"])
-        block.experts.down_proj = param(logical[f"{prefix}experts.w2"])
+        block.experts.gate_proj = stacked(prefix, "w1")
+        block.experts.up_proj = stacked(prefix, "w3")
+        block.experts.down_proj = stacked(prefix, "w2")
         module.moe[prefix.replace(".", "__")] = block
     module.dense = nn.ParameterDict()
     for name in dense:
         if not any(name == f"{prefix}router.weight" for prefix in moe_layers):
             module.dense[name.replace(".", "__")] = nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
-    return module, logical, covers
+    return module
 
 
-def describe_autoep(engine_module, shapes, logical):
-    """After AutoEP has replaced the MoE blocks: param -> (logical name, shape, offsets, extents).
-    An expert tensor holds the EP rank's experts of AutoEP's logical tensor, checked against its
-    values; the router and every other param are whole."""
+def describe_autoep(engine_module, shapes, tensors):
+    """After AutoEP has replaced the MoE blocks: param -> (logical name, shape, offsets, extents) for
+    the router and every other param (whole), and, for each of AutoEP's expert tensors, its pieces
+    (one per local expert: a slice of tally's expert param, `local` its flat elements) and its
+    values, checked against the tensor AutoEP holds."""
+    import numpy as np
     import torch
     from deepspeed.utils import groups
 
-    described = {}
+    described, pieces, values = {}, {}, {}
     for path, p in engine_module.named_parameters():
         attr, rest = path.split(".", 1)
         if attr == "moe":
             key, inner = rest.split(".", 1)
             prefix = key.replace("__", ".")  # ends with its dot
             if inner.startswith("experts."):
-                name = f"{prefix}experts.{inner.rsplit('.', 1)[1]}"
-                if name not in logical:
+                w = inner.rsplit(".", 1)[1]
+                if w not in _AUTOEP_WEIGHTS:
                     raise LookupError(f"model mismatch: AutoEP holds {path}, which is none of w1, w2, w3")
                 local = p.shape[0]
                 first = groups._get_expert_parallel_rank(p.group_name) * local
-                offsets, extents = [first, 0, 0], list(p.shape)
-                want = logical[name][first:first + local]
-                if not torch.equal(p.detach().cpu(), torch.from_numpy(want.copy()).to(p.dtype)):
-                    raise LookupError(f"model mismatch: AutoEP's {path} is not experts {first} to "
-                                      f"{first + local - 1} of {name}")
-                described[id(p)] = (name, list(logical[name].shape), offsets, extents)
+                slices = autoep_slices(tensors, shapes, prefix, w, range(first, first + local))
+                values[id(p)] = np.stack([v for *_, v in slices])
+                if not torch.equal(p.detach().cpu(), torch.from_numpy(values[id(p)].copy()).to(p.dtype)):
+                    raise LookupError(f"model mismatch: AutoEP's {path} is not experts {first} to {first + local - 1}")
+                size = values[id(p)][0].size
+                pieces[id(p)] = [{"logical_name": name, "logical_shape": shape, "offsets": offsets, "extents": extents,
+                                  "local": (i * size, (i + 1) * size)}
+                                 for i, (name, shape, offsets, extents, _) in enumerate(slices)]
                 continue
             if not inner.startswith("router."):
                 raise LookupError(f"model mismatch: AutoEP's layer holds {path}, neither router nor experts")
@@ -530,7 +536,7 @@ def describe_autoep(engine_module, shapes, logical):
         else:
             name = rest.replace("__", ".")
         described[id(p)] = (name, shapes[name], [0] * len(shapes[name]), shapes[name])
-    return described
+    return described, pieces, values
 
 
 def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes):
@@ -925,8 +931,7 @@ def execute(queue, k, case):
         elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
             module, described, layers, moe_parts = build_autotp_model(case, index, tensors, dtype), {}, {}, []
         elif autoep:  # DeepSpeed replaces the MoE layers and makes their expert groups itself
-            module, autoep_logical, autoep_covers = build_autoep_model(index, tensors, moe, dtype)
-            described, layers, moe_parts = {}, {}, []
+            module, described, layers, moe_parts = build_autoep_model(index, tensors, moe, dtype), {}, {}, []
         else:
             case_mpu = Mpu(tp)
             module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
@@ -946,12 +951,11 @@ def execute(queue, k, case):
         else:
             engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu, config=config)
         mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
-        covered = set()
+        pieces, local_values = {}, {}  # params holding pieces of several logical params (AutoEP's experts)
         try:
             if autoep:
-                described = describe_autoep(engine.module, {p["name"]: list(p["shape"]) for p in index},
-                                            autoep_logical)
-                covered = {n for name, names in autoep_covers.items() for n in names}
+                described, pieces, local_values = describe_autoep(
+                    engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors)
             if autotp:
                 described = describe_autotp(engine.module, index, tensors, mpu.get_tensor_model_parallel_rank(), tp)
             for part_layers, shapes, classes in moe_parts:
@@ -959,12 +963,14 @@ def execute(queue, k, case):
                                  classes)
         except LookupError as e:
             local_error = f"rank {dist.get_rank()}: {e}"
-        held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()} | covered)
+        held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()
+                                              if id(p) in described} |
+                                             {piece["logical_name"] for ps in pieces.values() for piece in ps})
         check_every_param_held(local_error, held, tensors)
-        if autoep:
-            tensors.update(autoep_logical)
 
         def box_of(p):
+            if id(p) in local_values:
+                return local_values[id(p)]
             name, _, offsets, extents = described[id(p)]
             return tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
 
@@ -1036,7 +1042,8 @@ def execute(queue, k, case):
         dist.all_gather_object(gathered, mine)
         manifest = tally_deepspeed.build_manifest(
             engine, recording,
-            describe=lambda p: dict(zip(("logical_name", "logical_shape", "offsets", "extents"), described[id(p)])),
+            describe=lambda p: pieces.get(id(p)) or dict(zip(("logical_name", "logical_shape", "offsets", "extents"),
+                                                             described[id(p)])),
             gradient_of=box_of,
             groups_by_rank=dict(enumerate(gathered)),
             parallel={"tp": tp, "cp": 1, "pp": pp, "dp": world // (tp * pp), "ep": t.get("ep", 1),

@@ -150,6 +150,55 @@ class SplitExperts(unittest.TestCase):
             worker.split_experts(["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"])
 
 
+class AutoTpPlan(unittest.TestCase):
+    INDEX = [{"name": n, "class": c} for n, c in [
+        ("embedding.word_embeddings.weight", "vocab"),
+        ("decoder.layers.0.self_attention.linear_qkv.weight", "column"),
+        ("decoder.layers.0.self_attention.linear_qkv.bias", "column-bias"),
+        ("decoder.layers.0.self_attention.q_layernorm.weight", "replicated"),
+        ("decoder.layers.0.self_attention.linear_proj.weight", "row"),
+        ("decoder.layers.0.self_attention.linear_proj.bias", "replicated"),
+        ("decoder.final_layernorm.weight", "replicated"),
+        ("output_layer.weight", "vocab"),
+    ]]
+
+    def test_linears_with_their_biases_q_k_norms_summed_the_rest_whole(self):
+        linears, tp_summed, whole = worker.autotp_plan(self.INDEX)
+        qkv, proj = "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.self_attention.linear_proj"
+        self.assertEqual(linears["column"], {qkv: {"weight": f"{qkv}.weight", "bias": f"{qkv}.bias"},
+                                             "output_layer": {"weight": "output_layer.weight"}})
+        self.assertEqual(linears["row"], {proj: {"weight": f"{proj}.weight", "bias": f"{proj}.bias"}})
+        self.assertEqual(tp_summed, ["decoder.layers.0.self_attention.q_layernorm.weight"])
+        self.assertEqual(sorted(whole), ["decoder.final_layernorm.weight", "embedding.word_embeddings.weight"])
+
+    def test_a_row_linear_with_a_split_bias_is_a_model_mismatch(self):
+        index = [dict(p) for p in self.INDEX]
+        index[5]["class"] = "column-bias"
+        with self.assertRaisesRegex(LookupError, "linear_proj.bias is column-bias; a row-parallel linear's bias is replicated"):
+            worker.autotp_plan(index)
+
+
+class AutoEpSlices(unittest.TestCase):
+    def test_each_expert_is_the_gate_or_up_half_of_fc1_or_all_of_fc2(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy is not installed")
+        prefix = "decoder.layers.0.mlp."
+        shapes = {f"{prefix}experts.local_experts.{e}.{s}": shape for e in range(2)
+                  for s, shape in (("linear_fc1.weight", [4, 3]), ("linear_fc2.weight", [3, 2]))}
+        tensors = {n: np.arange(np.prod(s), dtype=np.float32).reshape(s) + 100 * i for i, (n, s) in enumerate(shapes.items())}
+        w1 = worker.autoep_slices(tensors, shapes, prefix, "w1", [1])
+        w3 = worker.autoep_slices(tensors, shapes, prefix, "w3", [1])
+        w2 = worker.autoep_slices(tensors, shapes, prefix, "w2", [0, 1])
+        fc1 = f"{prefix}experts.local_experts.1.linear_fc1.weight"
+        self.assertEqual([s[:4] for s in w1], [(fc1, [4, 3], [0, 0], [2, 3])])
+        self.assertEqual([s[:4] for s in w3], [(fc1, [4, 3], [2, 0], [2, 3])])
+        np.testing.assert_array_equal(w3[0][4], tensors[fc1][2:])
+        self.assertEqual([s[3] for s in w2], [[3, 2], [3, 2]])
+        np.testing.assert_array_equal(w2[1][4], tensors[f"{prefix}experts.local_experts.1.linear_fc2.weight"])
+
+
 class HostStagedPipelineSends(unittest.TestCase):
     def test_gpu_tensors_travel_through_host_copies_and_land_in_place(self):
         try:

@@ -372,7 +372,9 @@ TEST(CaseFile, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
   EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("autotp")) << "absent means false";
   c.deepspeed->autotp = true;
+  c.deepspeed->autoep = true;  // (the target refuses both at once; the file keeps what it says)
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autotp"], true);
+  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autoep"], true);
   EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
   c.deepspeed.reset();
   EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";

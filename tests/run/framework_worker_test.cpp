@@ -403,6 +403,54 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
 }
 
+TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = {.world = 4, .ep = 2};
+  c.model = {};
+  c.model.num_experts = 4;
+  c.model.swiglu = true;
+  c.model.add_bias_linear = false;
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 2, .autoep = true};
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  const auto refused_by = [&](casefile::Case changed, const std::string& rule) {
+    EXPECT_FALSE(casefile::check_case(changed)) << *casefile::check_case(changed);
+    EXPECT_EQ(refusal(changed).rfind(rule, 0), 0u) << refusal(changed);
+  };
+  casefile::Case dense = c;
+  dense.model.num_experts = 0;
+  dense.topology.ep = 1;
+  refused_by(dense, "deepspeed.autoep without experts:");
+  casefile::Case ungated = c;
+  ungated.model.swiglu = false;
+  refused_by(ungated, "deepspeed.autoep without model.swiglu:");
+  casefile::Case biased = c;
+  biased.model.add_bias_linear = true;
+  refused_by(biased, "deepspeed.autoep with model.add_bias_linear:");
+  casefile::Case zero3 = c;
+  zero3.deepspeed->zero_stage = 3;
+  refused_by(zero3, "deepspeed.autoep with zero_stage 3:");
+  casefile::Case tp2 = c;
+  tp2.topology.tp = 2;
+  tp2.topology.ep = 1;
+  refused_by(tp2, "deepspeed.autoep with topology.tp 2:");
+
+  casefile::Case generated = c;
+  generated.deepspeed.reset();
+  int autoep = 0;
+  for (std::uint64_t draw = 0; draw < 32; ++draw) {
+    const casefile::Case within = within_deepspeed(generated, "0.19.8", {}, draw);
+    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8")) << "draw " << draw;
+    EXPECT_FALSE(within.deepspeed->autotp) << "AutoTP takes no experts";
+    autoep += within.deepspeed->autoep;
+  }
+  EXPECT_GT(autoep, 4) << "AutoEP is drawn";
+  EXPECT_LT(autoep, 28) << "so is DeepSpeed's MoE layer";
+  EXPECT_FALSE(within_deepspeed(biased, "0.19.8", {}, 0).deepspeed->autoep) << "the generator drops what AutoEP can't take";
+}
+
 TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;
