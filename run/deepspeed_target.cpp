@@ -44,9 +44,9 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
     return "deepspeed.zero_stage " + std::to_string(d.zero_stage) +
            " with topology.pp > 1: DeepSpeed's PipelineEngine asserts that ZeRO 2 and 3 are incompatible "
            "with pipeline parallelism";
-  if (d.zero_stage == 3 && experts > 0)
+  if (d.zero_stage == 3 && experts > 0 && !d.autoep)
     return "deepspeed.zero_stage 3 with experts: DeepSpeed asserts that its native MoE layer is not "
-           "supported with ZeRO stage 3 (only AutoEP's layers are, which the worker does not build)";
+           "supported with ZeRO stage 3 (only AutoEP's layers are: set deepspeed.autoep)";
   if (d.zero_stage == 3 && d.grad_accum_fp32)
     return "deepspeed.grad_accum_fp32 with zero_stage 3: not run by the worker";
   if (d.grad_accum_fp32 && dtype == Dtype::fp32)
@@ -67,9 +67,6 @@ std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, co
   if (t.pp > 1)
     return "deepspeed.autotp with topology.pp > 1: the worker shards with AutoTP only a plain module, not a "
            "PipelineModule (whose grid makes its own TP groups)";
-  if (d.zero_stage == 3)
-    return "deepspeed.autotp with zero_stage 3: ZeRO 3 gathers a layer's params only for its own forward, "
-           "and the worker does not run the forward of AutoTP's layers";
   if (experts > 0)
     return "deepspeed.autotp with experts: the worker builds experts as DeepSpeed's MoE layers, which AutoTP "
            "leaves whole (AutoEP's experts are not run by the worker)";
@@ -91,9 +88,6 @@ std::optional<std::string> autoep_refuses(const casefile::DeepSpeedConfig& d, co
   if (!m.swiglu) return "deepspeed.autoep without model.swiglu: AutoEP's experts are SwiGLU (gate, up and down projections)";
   if (m.add_bias_linear)
     return "deepspeed.autoep with model.add_bias_linear: AutoEP's experts and router have no biases";
-  if (d.zero_stage == 3)
-    return "deepspeed.autoep with zero_stage 3: ZeRO 3 gathers the experts only for AutoEP's layer's forward, "
-           "which the worker does not run";
   if (t.world % t.ep || m.num_experts % t.ep)
     return "topology.ep " + std::to_string(t.ep) + ": AutoEP's autoep_size must divide the world (" +
            std::to_string(t.world) + ") and the experts (" + std::to_string(m.num_experts) + ")";
@@ -133,7 +127,7 @@ constexpr std::array<EnginePath, 10> kEnginePaths = {{
     {1, Dtype::fp32, false},
     {2, Dtype::bf16, false},
     {2, Dtype::fp16, false},
-    {3, Dtype::bf16, false},  // DeepSpeedZeroOptimizer_Stage3 (dense models; with experts: ZeRO 2)
+    {3, Dtype::bf16, false},  // DeepSpeedZeroOptimizer_Stage3 (experts: AutoEP's where it fits, else ZeRO 2)
     {3, Dtype::fp32, false},
 }};
 
@@ -153,7 +147,8 @@ bool shows(const gradnorm::FaultSet& faults, const EnginePath& path, bool pipeli
   if (pipelined && path.zero_stage == 0 && path.dtype == Dtype::fp32 && !faults.empty()) return false;
   if (faults.has(Fault::tied_copy_not_shared) && !(pipelined && (bf16_optimizer || zero))) return false;
   if (faults.has(Fault::missing_pp_reduction) && !pipelined) return false;
-  if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer) return false;
+  // ZeRO 3 with experts is AutoEP's (DeepSpeed refuses its own MoE layer there).
+  if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer && path.zero_stage != 3) return false;
   if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !zero) return false;
   if ((faults.has(Fault::no_dedup_filter) || faults.has(Fault::tp_marking_unseen_by_filter)) && unfused) return false;
   return true;
@@ -277,7 +272,14 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     c.deepspeed->autoep = c.deepspeed->autotp;
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
-  if (d.zero_stage == 3 && m.num_experts > 0) d.zero_stage = 2;
+  if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
+  if (d.zero_stage == 3 && m.num_experts > 0 && !d.autoep) {
+    casefile::DeepSpeedConfig with_autoep = d;  // DeepSpeed runs experts at ZeRO 3 only with AutoEP
+    with_autoep.autoep = true;
+    if (!autoep_refuses(with_autoep, t, m)) d.autoep = true;
+  }
+  if (autoep_refuses(d, t, m)) d.autoep = false;
+  if (d.zero_stage == 3 && m.num_experts > 0 && !d.autoep) d.zero_stage = 2;
   if (pipelined) d.zero_stage = std::min(d.zero_stage, 1);
   // fp16 within range: a lower loss scale (a power of two), else bf16.
   while (o.gradients.generator.dtype == Dtype::fp16 && d.loss_scale > 1 &&
@@ -288,8 +290,6 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
-  if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
-  if (autoep_refuses(d, t, m)) d.autoep = false;
   return c;
 }
 

@@ -201,6 +201,16 @@ class Recording:
                     pieces.append((p, begin, end, kept))
                 ranks = ",".join(str(r) for r in ranks_of(group))
                 kind = f"partition:{ranks}" if every_rank else f"partition-then-mp:{ranks}"
+                # AutoEP's experts: partitioned over their expert-DP group, then summed over EP too.
+                ep_group = getattr(optimizer, "_autoep_expert_parallel_group", lambda ps: None)(params)
+                if ep_group is not None and dist.get_world_size(group=ep_group) > 1:
+                    from deepspeed.utils import groups
+
+                    name = params[0].ds_zero_partition_group_name
+                    if sorted(ranks_of(group)) != sorted(groups._get_expert_data_parallel_group_ranks(name)):
+                        raise ValueError(f"ZeRO 3 partitioned AutoEP's experts over {ranks}, not their expert-DP "
+                                         "group: the adapter knows the other ranks' partition groups only for it")
+                    kind = f"edp-then-ep:{name}" if every_rank else f"edp-then-mp-then-ep:{name}"
                 rec.children.append((f"DeepSpeedZeroOptimizer_Stage3 group {len(rec.children)}", kind, pieces))
                 return orig(optimizer, gradients, params, norm_type)
 
@@ -296,6 +306,12 @@ def build_manifest(
             return chained(mp_of, mine[f"ep:{argument}"])
         if how == "dp-then-mp-then-edp-mean":
             return chained(dp_of, mine["mp"])
+        if how in ("edp-then-ep", "edp-then-mp-then-ep"):
+            edp_of = {r: g[f"edp:{argument}"] for r, g in groups_by_rank.items()}
+            if how == "edp-then-ep":
+                return chained(edp_of, mine[f"ep:{argument}"])
+            mp_then_edp = {r: chained(edp_of, g["mp"]) for r, g in groups_by_rank.items()}
+            return chained(mp_then_edp, mine[f"ep:{argument}"])
         if how in ("partition", "partition-then-mp"):
             partition = [int(r) for r in argument.split(",")]
             if how == "partition":

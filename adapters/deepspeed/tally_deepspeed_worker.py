@@ -108,6 +108,18 @@ def _no_ep_reduction(orig):
     return get_global_norm_of_tensors
 
 
+def _stage3_norm_without_ep(orig):
+    def get_grad_norm_direct(self, gradients, params, norm_type=2):
+        # only inside the norm: ZeRO 3's gradient averaging reads the same method
+        self._autoep_expert_parallel_group = lambda params: None
+        try:
+            return orig(self, gradients, params, norm_type)
+        finally:
+            del self._autoep_expert_parallel_group
+
+    return get_grad_norm_direct
+
+
 def _tied_copies_counted(orig):
     def _index_tied_modules(self):
         comms = orig(self)
@@ -143,8 +155,10 @@ PLANTS = {
         "get_norm_with_moe_layers ignores the expert groups; ZeRO's expert group norms become 0",
     ),
     "missing-ep-reduction": (
-        [("deepspeed.runtime.utils", "get_global_norm_of_tensors", _no_ep_reduction)],
-        "get_global_norm_of_tensors is called without its expert-parallel group",
+        [("deepspeed.runtime.utils", "get_global_norm_of_tensors", _no_ep_reduction),
+         ("deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3", "get_grad_norm_direct", _stage3_norm_without_ep)],
+        "get_global_norm_of_tensors is called without its expert-parallel group; ZeRO 3's norm of AutoEP's "
+        "experts is not summed over EP",
     ),
     "tied-copy-not-shared": (
         [("deepspeed.runtime.pipe.module:PipelineModule", "_index_tied_modules", _tied_copies_counted)],
@@ -312,6 +326,27 @@ def dense_param(name, shapes, classes, tp_rank, tp, dtype):
     return p, (name, shapes[name], offsets, extents)
 
 
+def weighted_sum_model():
+    """An empty module whose forward() is sum(param * weights[its path]) over every param of its
+    own and its submodules', `weights` the dict in its attribute `term_weights` (not an input:
+    AutoTP checks that every TP rank's inputs are equal). Each param is read by attribute, which
+    under ZeRO 3 gathers it (its `_parameters` fetch on access), so at ZeRO 3 the loss is this
+    forward. A param without a weight is left out."""
+    import torch.nn as nn
+
+    class WeightedSum(nn.Module):
+        def forward(self):
+            weights, total = self.term_weights, 0
+            for path, module in self.named_modules():
+                for name in list(module._parameters):
+                    key = f"{path}.{name}" if path else name
+                    if key in weights:
+                        total = total + (getattr(module, name) * weights[key]).sum()
+            return total
+
+    return WeightedSum()
+
+
 def build_model(case, index, mpu, moe, dtype):
     """The module DeepSpeed wraps, and param -> (logical name, shape, offsets, extents)."""
     import torch.nn as nn
@@ -322,13 +357,7 @@ def build_model(case, index, mpu, moe, dtype):
     shapes = {p["name"]: list(p["shape"]) for p in index}
     dense, moe_layers = split_experts(classes)
 
-    class CaseModel(nn.Module):
-        """forward(weights) is sum(param * weight) over the dense params: ZeRO 3 gathers them for it."""
-
-        def forward(self, weights):
-            return sum((p * weights[key]).sum() for key, p in self.dense.items())
-
-    module = CaseModel()
+    module = weighted_sum_model()
     module.dense = nn.ParameterDict()
     module.moe = nn.ModuleDict()
     described = {}
@@ -388,7 +417,7 @@ def build_autotp_model(case, index, tensors, dtype):
 
     linears, tp_summed, whole = autotp_plan(index)
     shapes = {p["name"]: list(p["shape"]) for p in index}
-    module = nn.Module()
+    module = weighted_sum_model()
     for kind, layers in linears.items():
         setattr(module, kind, nn.ModuleDict())
         for prefix, leaves in layers.items():
@@ -475,7 +504,7 @@ def build_autoep_model(index, tensors, moe, dtype):
         if sorted(suffixes) != ["linear_fc1.weight", "linear_fc2.weight"]:
             raise LookupError(f"model mismatch: {prefix}experts has {sorted(suffixes)}; AutoEP's experts are "
                               "SwiGLU projections without biases")
-    module = nn.Module()
+    module = weighted_sum_model()
     module.moe = nn.ModuleDict()
 
     def stacked(prefix, w):
@@ -952,17 +981,24 @@ def execute(queue, k, case):
             engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu, config=config)
         mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
         pieces, local_values = {}, {}  # params holding pieces of several logical params (AutoEP's experts)
-        try:
-            if autoep:
-                described, pieces, local_values = describe_autoep(
-                    engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors)
-            if autotp:
-                described = describe_autotp(engine.module, index, tensors, mpu.get_tensor_model_parallel_rank(), tp)
-            for part_layers, shapes, classes in moe_parts:
-                describe_experts(part_layers, described, expert_tp, mpu.get_tensor_model_parallel_rank(), tp, shapes,
-                                 classes)
-        except LookupError as e:
-            local_error = f"rank {dist.get_rank()}: {e}"
+        # At ZeRO 3 each rank holds a partition: AutoTP's and AutoEP's tensors are checked whole.
+        whole = contextlib.nullcontext()
+        if engine.zero_optimization_stage() == 3 and (autotp or autoep):
+            from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+            whole = GatheredParameters(list(engine.module.parameters()))
+        with whole:
+            try:
+                if autoep:
+                    described, pieces, local_values = describe_autoep(
+                        engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors)
+                if autotp:
+                    described = describe_autotp(engine.module, index, tensors, mpu.get_tensor_model_parallel_rank(), tp)
+                for part_layers, shapes, classes in moe_parts:
+                    describe_experts(part_layers, described, expert_tp, mpu.get_tensor_model_parallel_rank(), tp, shapes,
+                                     classes)
+            except LookupError as e:
+                local_error = f"rank {dist.get_rank()}: {e}"
         held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()
                                               if id(p) in described} |
                                              {piece["logical_name"] for ps in pieces.values() for piece in ps})
@@ -1011,7 +1047,8 @@ def execute(queue, k, case):
         else:
             if engine.zero_optimization_stage() == 3:
                 # The params are partitioned outside the forward: the loss is the module's forward.
-                loss = engine({key: term_weights(p) for key, p in engine.module.dense.items()})
+                engine.module.term_weights = {path: term_weights(p) for path, p in engine.module.named_parameters()}
+                loss = engine()
             else:
                 loss = sum((p * term_weights(p)).sum() for p in engine.module.parameters())
             engine.backward(loss)

@@ -378,7 +378,7 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   EXPECT_EQ(refusal(tp1).rfind("deepspeed.autotp with topology.tp 1:", 0), 0u) << refusal(tp1);
   casefile::Case zero3 = c;
   zero3.deepspeed->zero_stage = 3;
-  EXPECT_EQ(refusal(zero3).rfind("deepspeed.autotp with zero_stage 3:", 0), 0u) << refusal(zero3);
+  EXPECT_FALSE(deepspeed_unsupported(zero3, "0.19.8")) << "ZeRO 3 gathers AutoTP's shards for the worker's forward";
   casefile::Case piped = c;
   piped.topology = {.world = 4, .tp = 2, .pp = 2};
   piped.model.num_layers = 2;
@@ -401,6 +401,11 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   }
   EXPECT_GT(autotp, 4) << "AutoTP is drawn";
   EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
+}
+
+casefile::Case with_linear_biases(casefile::Case c) {
+  c.model.add_bias_linear = true;
+  return c;
 }
 
 TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
@@ -431,7 +436,12 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   refused_by(biased, "deepspeed.autoep with model.add_bias_linear:");
   casefile::Case zero3 = c;
   zero3.deepspeed->zero_stage = 3;
-  refused_by(zero3, "deepspeed.autoep with zero_stage 3:");
+  EXPECT_FALSE(deepspeed_unsupported(zero3, "0.19.8")) << "AutoEP's experts are the ones DeepSpeed runs at ZeRO 3";
+  zero3.deepspeed->autoep = false;
+  refused_by(zero3, "deepspeed.zero_stage 3 with experts: DeepSpeed asserts");
+  EXPECT_TRUE(within_deepspeed(zero3, "0.19.8", {}, 0).deepspeed->autoep) << "ZeRO 3 with experts takes AutoEP";
+  EXPECT_EQ(within_deepspeed(with_linear_biases(zero3), "0.19.8", {}, 0).deepspeed->zero_stage, 2)
+      << "and ZeRO 2 where AutoEP cannot take the model";
   casefile::Case tp2 = c;
   tp2.topology.tp = 2;
   tp2.topology.ep = 1;
