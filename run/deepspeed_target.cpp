@@ -273,10 +273,13 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
-  if (d.zero_stage == 3 && m.num_experts > 0 && !d.autoep) {
-    casefile::DeepSpeedConfig with_autoep = d;  // DeepSpeed runs experts at ZeRO 3 only with AutoEP
-    with_autoep.autoep = true;
-    if (!autoep_refuses(with_autoep, t, m)) d.autoep = true;
+  // DeepSpeed runs experts at ZeRO 3 only with AutoEP. AutoEP's experts are SwiGLU without
+  // biases: a model it would take but for those becomes one.
+  if (d.zero_stage == 3 && m.num_experts > 0) d.autoep = true;
+  if (d.autoep && m.num_experts > 0 && t.tp == 1 && t.pp == 1 && !d.autotp && (!m.swiglu || m.add_bias_linear)) {
+    m.swiglu = true;
+    m.add_bias_linear = false;
+    casefile::drop_stated_gradients_without_a_param(c, stages);
   }
   if (autoep_refuses(d, t, m)) d.autoep = false;
   if (d.zero_stage == 3 && m.num_experts > 0 && !d.autoep) d.zero_stage = 2;

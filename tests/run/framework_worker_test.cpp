@@ -403,11 +403,6 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
 }
 
-casefile::Case with_linear_biases(casefile::Case c) {
-  c.model.add_bias_linear = true;
-  return c;
-}
-
 TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;
@@ -440,12 +435,20 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   zero3.deepspeed->autoep = false;
   refused_by(zero3, "deepspeed.zero_stage 3 with experts: DeepSpeed asserts");
   EXPECT_TRUE(within_deepspeed(zero3, "0.19.8", {}, 0).deepspeed->autoep) << "ZeRO 3 with experts takes AutoEP";
-  EXPECT_EQ(within_deepspeed(with_linear_biases(zero3), "0.19.8", {}, 0).deepspeed->zero_stage, 2)
-      << "and ZeRO 2 where AutoEP cannot take the model";
+  casefile::Case biased_zero3 = zero3;
+  biased_zero3.model.add_bias_linear = true;
+  ASSERT_FALSE(casefile::check_case(biased_zero3)) << *casefile::check_case(biased_zero3);
+  const casefile::Case adapted = within_deepspeed(biased_zero3, "0.19.8", {}, 0);
+  EXPECT_TRUE(adapted.deepspeed->autoep) << "its experts become AutoEP's: SwiGLU without biases";
+  EXPECT_EQ(adapted.deepspeed->zero_stage, 3);
+  EXPECT_FALSE(adapted.model.add_bias_linear);
+  EXPECT_FALSE(deepspeed_unsupported(adapted, "0.19.8"));
   casefile::Case tp2 = c;
   tp2.topology.tp = 2;
   tp2.topology.ep = 1;
   refused_by(tp2, "deepspeed.autoep with topology.tp 2:");
+  tp2.deepspeed->zero_stage = 3;
+  EXPECT_EQ(within_deepspeed(tp2, "0.19.8", {}, 0).deepspeed->zero_stage, 2) << "ZeRO 2 where AutoEP cannot take TP";
 
   casefile::Case generated = c;
   generated.deepspeed.reset();
@@ -458,7 +461,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   }
   EXPECT_GT(autoep, 4) << "AutoEP is drawn";
   EXPECT_LT(autoep, 28) << "so is DeepSpeed's MoE layer";
-  EXPECT_FALSE(within_deepspeed(biased, "0.19.8", {}, 0).deepspeed->autoep) << "the generator drops what AutoEP can't take";
+  EXPECT_FALSE(within_deepspeed(tp2, "0.19.8", {}, 0).deepspeed->autoep) << "the generator drops what AutoEP can't take";
 }
 
 TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
