@@ -85,10 +85,18 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
 
 std::string deepspeed_model_line(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
+  const std::string autoep_blocks =
+      "each MoE layer a block of a router 'gate' (torch.nn.Linear) and 'experts' holding every expert's SwiGLU "
+      "gate, up and down projections as 3-D tensors, which DeepSpeed's AutoEP replaces with its AutoEPMoELayer "
+      "over EP " + std::to_string(t.ep);
+  if (c.deepspeed->autoep && c.deepspeed->autotp)
+    return "model: tally's column- and row-parallel params as whole torch.nn.Linear layers that DeepSpeed's AutoTP "
+           "shards over TP " + std::to_string(t.tp) + ", the q/k norms with grad_allreduce, other dense params "
+           "whole; " + autoep_blocks + ", folded over TP (its EP groups span TP ranks, each expert whole; the "
+           "worker gives an expert's gradient times TP, as the folded forward does); the engine's own optimizer, "
+           "torch's AdamW at lr 0";
   if (c.deepspeed->autoep)
-    return "model: tally's params whole (TP 1), each MoE layer a block of a router 'gate' (torch.nn.Linear) "
-           "and 'experts' holding every expert's SwiGLU gate, up and down projections as 3-D tensors, which "
-           "DeepSpeed's AutoEP replaces with its AutoEPMoELayer over EP " + std::to_string(t.ep) +
+    return "model: tally's params whole (TP 1), " + autoep_blocks +
            "; the engine's own optimizer, torch's AdamW at lr 0";
   std::string line;
   if (t.pp > 1) {

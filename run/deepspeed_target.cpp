@@ -67,9 +67,9 @@ std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, co
   if (t.pp > 1)
     return "deepspeed.autotp with topology.pp > 1: the worker shards with AutoTP only a plain module, not a "
            "PipelineModule (whose grid makes its own TP groups)";
-  if (experts > 0)
-    return "deepspeed.autotp with experts: the worker builds experts as DeepSpeed's MoE layers, which AutoTP "
-           "leaves whole (AutoEP's experts are not run by the worker)";
+  if (experts > 0 && !d.autoep)
+    return "deepspeed.autotp with experts: AutoTP leaves DeepSpeed's MoE layers whole; set deepspeed.autoep "
+           "(AutoEP's folding over TP)";
   return std::nullopt;
 }
 
@@ -79,11 +79,12 @@ std::optional<std::string> autoep_refuses(const casefile::DeepSpeedConfig& d, co
                                           const topologies::ModelSpec& m) {
   if (!d.autoep) return std::nullopt;
   if (m.num_experts == 0) return "deepspeed.autoep without experts: AutoEP replaces MoE layers; set model.num_experts";
-  if (d.autotp)
-    return "deepspeed.autoep with deepspeed.autotp: AutoEP's expert-TP folding is not run by the worker";
-  if (t.tp > 1)
+  if (t.tp > 1 && !d.autotp)
     return "deepspeed.autoep with topology.tp " + std::to_string(t.tp) +
-           ": the worker runs AutoEP at TP 1 (AutoEP's expert-TP folding needs AutoTP, not run with it)";
+           " without deepspeed.autotp: AutoEP folds its experts over AutoTP's TP groups";
+  if (d.autotp && (t.etp != 1 || t.ep == 1))
+    return "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding): DeepSpeed 0.19 folds experts "
+           "whole over TP (topology.etp 1) into EP groups of consecutive ranks, with autoep_size > 1 (topology.ep)";
   if (t.pp > 1) return "deepspeed.autoep with topology.pp > 1: AutoEP replaces layers of a plain module, not a PipelineModule";
   if (!m.swiglu) return "deepspeed.autoep without model.swiglu: AutoEP's experts are SwiGLU (gate, up and down projections)";
   if (m.add_bias_linear)
@@ -274,14 +275,16 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
   // DeepSpeed runs experts at ZeRO 3 only with AutoEP. AutoEP's experts are SwiGLU without
-  // biases: a model it would take but for those becomes one.
+  // biases: a model it would take but for those becomes one. With TP it folds over AutoTP.
   if (d.zero_stage == 3 && m.num_experts > 0) d.autoep = true;
-  if (d.autoep && m.num_experts > 0 && t.tp == 1 && t.pp == 1 && !d.autotp && (!m.swiglu || m.add_bias_linear)) {
+  const bool autoep_fits = t.pp == 1 && (t.tp == 1 ? !d.autotp : d.autotp && t.etp == 1 && t.ep > 1);
+  if (d.autoep && m.num_experts > 0 && autoep_fits && (!m.swiglu || m.add_bias_linear)) {
     m.swiglu = true;
     m.add_bias_linear = false;
     casefile::drop_stated_gradients_without_a_param(c, stages);
   }
   if (autoep_refuses(d, t, m)) d.autoep = false;
+  if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;  // AutoTP takes experts only folded with AutoEP
   if (d.zero_stage == 3 && m.num_experts > 0 && !d.autoep) d.zero_stage = 2;
   if (pipelined) d.zero_stage = std::min(d.zero_stage, 1);
   // fp16 within range: a lower loss scale (a power of two), else bf16.

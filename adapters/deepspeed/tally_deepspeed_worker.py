@@ -444,6 +444,8 @@ def describe_autotp(engine_module, index, tensors, tp_rank, tp):
     described = {}
     for path, p in engine_module.named_parameters():
         attr, rest = path.split(".", 1)
+        if attr == "moe":  # AutoEP's, with AutoTP's folding: describe_autoep's
+            continue
         if attr in ("column", "row"):
             prefix, leaf = rest.rsplit(".", 1)
             name = f"{prefix.replace('__', '.')}.{leaf}"
@@ -489,22 +491,44 @@ def autoep_slices(tensors, shapes, prefix, w, experts):
     return slices
 
 
+def moe_param_names(index):
+    """The names of the routers and routed experts of tally's model (what AutoEP's layers hold)."""
+    dense, moe_layers = split_experts([p["name"] for p in index])
+    routers = {f"{prefix}router.weight" for prefix in moe_layers}
+    return routers | (set(p["name"] for p in index) - set(dense))
+
+
 def build_autoep_model(index, tensors, moe, dtype):
-    """The module AutoEP replaces MoE layers in (deepspeed.initialize with expert_parallel): each of
-    tally's MoE layers a block of a router `gate` (nn.Linear) and `experts` holding every expert's
-    SwiGLU projections as 3-D tensors of tally's values, as Hugging Face's MoE models do; every
-    other param whole (shared experts too: AutoEP keeps only a block's router and experts)."""
+    """The module AutoEP replaces MoE layers in (deepspeed.initialize with expert_parallel): tally's
+    MoE layers as add_autoep_blocks makes them, every other param whole (shared experts too:
+    AutoEP keeps only a block's router and experts)."""
+    import torch
+    import torch.nn as nn
+
+    module = weighted_sum_model()
+    add_autoep_blocks(module, index, tensors, moe, dtype)
+    module.dense = nn.ParameterDict()
+    moe_names = moe_param_names(index)
+    for p in index:
+        if p["name"] not in moe_names:
+            module.dense[p["name"].replace(".", "__")] = nn.Parameter(torch.zeros(p["shape"], dtype=dtype))
+    return module
+
+
+def add_autoep_blocks(module, index, tensors, moe, dtype):
+    """Each of tally's MoE layers as `module.moe.<layer>`, a block of a router `gate` (nn.Linear)
+    and `experts` holding every expert's SwiGLU projections as 3-D tensors of tally's values, as
+    Hugging Face's MoE models do."""
     import numpy as np
     import torch
     import torch.nn as nn
 
     shapes = {p["name"]: list(p["shape"]) for p in index}
-    dense, moe_layers = split_experts(shapes)
+    _, moe_layers = split_experts(shapes)
     for prefix, suffixes in moe_layers.items():
         if sorted(suffixes) != ["linear_fc1.weight", "linear_fc2.weight"]:
             raise LookupError(f"model mismatch: {prefix}experts has {sorted(suffixes)}; AutoEP's experts are "
                               "SwiGLU projections without biases")
-    module = weighted_sum_model()
     module.moe = nn.ModuleDict()
 
     def stacked(prefix, w):
@@ -522,18 +546,14 @@ def build_autoep_model(index, tensors, moe, dtype):
         block.experts.up_proj = stacked(prefix, "w3")
         block.experts.down_proj = stacked(prefix, "w2")
         module.moe[prefix.replace(".", "__")] = block
-    module.dense = nn.ParameterDict()
-    for name in dense:
-        if not any(name == f"{prefix}router.weight" for prefix in moe_layers):
-            module.dense[name.replace(".", "__")] = nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
-    return module
 
 
-def describe_autoep(engine_module, shapes, tensors):
+def describe_autoep(engine_module, shapes, tensors, moe_only=False):
     """After AutoEP has replaced the MoE blocks: param -> (logical name, shape, offsets, extents) for
     the router and every other param (whole), and, for each of AutoEP's expert tensors, its pieces
     (one per local expert: a slice of tally's expert param, `local` its flat elements) and its
-    values, checked against the tensor AutoEP holds."""
+    values, checked against the tensor AutoEP holds. `moe_only`: the other params are AutoTP's,
+    described by describe_autotp."""
     import numpy as np
     import torch
     from deepspeed.utils import groups
@@ -541,6 +561,8 @@ def describe_autoep(engine_module, shapes, tensors):
     described, pieces, values = {}, {}, {}
     for path, p in engine_module.named_parameters():
         attr, rest = path.split(".", 1)
+        if moe_only and attr != "moe":
+            continue
         if attr == "moe":
             key, inner = rest.split(".", 1)
             prefix = key.replace("__", ".")  # ends with its dot
@@ -958,7 +980,11 @@ def execute(queue, k, case):
             if moe["experts"]:
                 make_expert_groups_on_every_stage(module, moe)
         elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
-            module, described, layers, moe_parts = build_autotp_model(case, index, tensors, dtype), {}, {}, []
+            moe_names = moe_param_names(index)
+            module = build_autotp_model(case, [p for p in index if p["name"] not in moe_names], tensors, dtype)
+            if autoep:  # and, folded over TP, replaces the MoE layers
+                add_autoep_blocks(module, index, tensors, moe, dtype)
+            described, layers, moe_parts = {}, {}, []
         elif autoep:  # DeepSpeed replaces the MoE layers and makes their expert groups itself
             module, described, layers, moe_parts = build_autoep_model(index, tensors, moe, dtype), {}, {}, []
         else:
@@ -991,9 +1017,10 @@ def execute(queue, k, case):
             try:
                 if autoep:
                     described, pieces, local_values = describe_autoep(
-                        engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors)
+                        engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors, moe_only=autotp)
                 if autotp:
-                    described = describe_autotp(engine.module, index, tensors, mpu.get_tensor_model_parallel_rank(), tp)
+                    described.update(describe_autotp(engine.module, index, tensors,
+                                                     mpu.get_tensor_model_parallel_rank(), tp))
                 for part_layers, shapes, classes in moe_parts:
                     describe_experts(part_layers, described, expert_tp, mpu.get_tensor_model_parallel_rank(), tp, shapes,
                                      classes)
@@ -1029,10 +1056,15 @@ def execute(queue, k, case):
         tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if autotp else set()
         tp_first = mpu is None or mpu.get_tensor_model_parallel_rank() == 0
 
+        # AutoEP folded over TP divides an expert's gradient by TP: its forward's all-gather back
+        # over TP leaves that factor on it, which the worker's loss does not, so it gives it.
+        folded = tp if autotp and autoep else 1
+
         def term_weights(p, first=True):
-            first = first and (dp_first if getattr(p, "allreduce", True) else expert_first(p))
+            expert = not getattr(p, "allreduce", True)
+            first = first and (expert_first(p) if expert else dp_first)
             first = first and (tp_first or id(p) not in tp_summed)
-            values = box_of(p) * dp_size if first else box_of(p) * 0
+            values = box_of(p) * (dp_size * (folded if expert else 1)) if first else box_of(p) * 0
             return torch.from_numpy(values).to(device=device, dtype=p.dtype)
 
         if pp > 1:
@@ -1052,6 +1084,12 @@ def execute(queue, k, case):
             else:
                 loss = sum((p * term_weights(p)).sum() for p in engine.module.parameters())
             engine.backward(loss)
+            if os.environ.get("TALLY_DEBUG_GRADS"):
+                for path, p in engine.module.named_parameters():
+                    if p.grad is not None:
+                        want = torch.from_numpy(box_of(p).copy()).reshape(p.grad.shape)
+                        print(f"rank {dist.get_rank()} {path}: grad/want {float((p.grad.float().cpu() - want).abs().max())}",
+                              flush=True)
             with tally_deepspeed.Recording(engine) as recording:
                 engine.step()
         norm = engine.get_global_grad_norm()
@@ -1067,12 +1105,12 @@ def execute(queue, k, case):
                 "do not fit the precision, so there is no norm to judge")
         if pp > 1:
             mine = expert_groups(pipeline_groups(mpu, expert_tp), layers)
-        elif autotp:
-            mine = autotp_groups(mpu)
-        elif autoep:
+        elif autotp or autoep:
             rank = dist.get_rank()
-            mine = expert_groups_by_name({"tp": [rank], "mp": [rank], "dp": list(range(world)), "expert_tp": False},
-                                         {p.group_name for p in engine.module.parameters() if hasattr(p, "group_name")})
+            mine = autotp_groups(mpu) if autotp else {"tp": [rank], "mp": [rank], "dp": list(range(world)),
+                                                      "expert_tp": False}
+            mine = expert_groups_by_name(mine, {p.group_name for p in engine.module.parameters()
+                                                if hasattr(p, "group_name")})
         else:
             mine = groups_of_rank(layers, mpu, expert_tp)
         gathered = [None] * world

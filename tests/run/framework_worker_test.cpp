@@ -446,7 +446,15 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   casefile::Case tp2 = c;
   tp2.topology.tp = 2;
   tp2.topology.ep = 1;
-  refused_by(tp2, "deepspeed.autoep with topology.tp 2:");
+  refused_by(tp2, "deepspeed.autoep with topology.tp 2 without deepspeed.autotp:");
+  casefile::Case folded = tp2;  // AutoEP folded over AutoTP: experts whole (ETP 1), EP > 1
+  folded.deepspeed->autotp = true;
+  refused_by(folded, "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding):");
+  folded.topology.ep = 2;
+  folded.topology.etp = 1;
+  EXPECT_FALSE(deepspeed_unsupported(folded, "0.19.8")) << refusal(folded);
+  folded.deepspeed->autoep = false;
+  refused_by(folded, "deepspeed.autotp with experts:");
   tp2.deepspeed->zero_stage = 3;
   EXPECT_EQ(within_deepspeed(tp2, "0.19.8", {}, 0).deepspeed->zero_stage, 2) << "ZeRO 2 where AutoEP cannot take TP";
 
