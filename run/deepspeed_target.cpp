@@ -32,9 +32,12 @@ bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
 }
 
 // The largest value DeepSpeed's fp16 gradients reach: the worker feeds a gradient times the DP
-// size on one rank of each reduction group, and DeepSpeed multiplies it by the loss scale.
+// size on one rank of each reduction group (an expert of AutoEP folded over TP times TP more, as
+// the folded forward would), and DeepSpeed multiplies it by the loss scale.
 double largest_fp16_gradient(const casefile::Case& c, int loss_scale) {
-  return gradnorm::largest_gradient(c.path.gradients) * data_parallel(c.topology) * loss_scale;
+  const bool folded = c.deepspeed && c.deepspeed->autoep && c.deepspeed->autotp;
+  return gradnorm::largest_gradient(c.path.gradients) * data_parallel(c.topology) * (folded ? c.topology.tp : 1) *
+         loss_scale;
 }
 constexpr double kFp16Max = 65504.0;
 
@@ -83,16 +86,15 @@ std::optional<std::string> autoep_refuses(const casefile::DeepSpeedConfig& d, co
     return "deepspeed.autoep with topology.tp " + std::to_string(t.tp) +
            " without deepspeed.autotp: AutoEP folds its experts over AutoTP's TP groups";
   if (d.autotp && (t.etp != 1 || t.ep == 1))
-    return "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding): DeepSpeed 0.19 folds experts "
-           "whole over TP (topology.etp 1) into EP groups of consecutive ranks, with autoep_size > 1 (topology.ep)";
+    return "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding) and topology.etp " +
+           std::to_string(t.etp) + ", topology.ep " + std::to_string(t.ep) +
+           ": DeepSpeed 0.19 folds experts whole over TP (etp 1) into EP groups of consecutive ranks, with "
+           "autoep_size > 1 (ep > 1)";
   if (t.pp > 1) return "deepspeed.autoep with topology.pp > 1: AutoEP replaces layers of a plain module, not a PipelineModule";
   if (!m.swiglu) return "deepspeed.autoep without model.swiglu: AutoEP's experts are SwiGLU (gate, up and down projections)";
   if (m.add_bias_linear)
     return "deepspeed.autoep with model.add_bias_linear: AutoEP's experts and router have no biases";
-  if (t.world % t.ep || m.num_experts % t.ep)
-    return "topology.ep " + std::to_string(t.ep) + ": AutoEP's autoep_size must divide the world (" +
-           std::to_string(t.world) + ") and the experts (" + std::to_string(m.num_experts) + ")";
-  return std::nullopt;
+  return std::nullopt;  // EP must divide the experts and the world: ep_fits, as for DeepSpeed's MoE layer
 }
 
 // The MoE layer's expert groups: without expert TP, DeepSpeed's legacy groups are consecutive
@@ -276,7 +278,10 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
   // DeepSpeed runs experts at ZeRO 3 only with AutoEP. AutoEP's experts are SwiGLU without
   // biases: a model it would take but for those becomes one. With TP it folds over AutoTP.
-  if (d.zero_stage == 3 && m.num_experts > 0) d.autoep = true;
+  if (d.zero_stage == 3 && m.num_experts > 0) {
+    d.autoep = true;
+    if (t.tp > 1 && t.etp == 1 && t.ep > 1) d.autotp = true;
+  }
   const bool autoep_fits = t.pp == 1 && (t.tp == 1 ? !d.autotp : d.autotp && t.etp == 1 && t.ep > 1);
   if (d.autoep && m.num_experts > 0 && autoep_fits && (!m.swiglu || m.add_bias_linear)) {
     m.swiglu = true;

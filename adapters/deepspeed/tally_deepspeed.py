@@ -282,6 +282,9 @@ def build_manifest(
         values = gradient_of(p).reshape(-1)
         described = describe(p)
         pieces = described if isinstance(described, list) else [dict(described, local=(0, values.size))]
+        bounds = [piece["local"] for piece in pieces]
+        if bounds[0][0] != 0 or bounds[-1][1] != values.size or any(a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"{name}: its pieces {bounds} do not tile its {values.size} elements in order")
         index[id(p)] = []
         for piece in pieces:
             begin, end = piece["local"]
@@ -310,8 +313,8 @@ def build_manifest(
             edp_of = {r: g[f"edp:{argument}"] for r, g in groups_by_rank.items()}
             if how == "edp-then-ep":
                 return chained(edp_of, mine[f"ep:{argument}"])
-            mp_then_edp = {r: chained(edp_of, g["mp"]) for r, g in groups_by_rank.items()}
-            return chained(mp_then_edp, mine[f"ep:{argument}"])
+            edp_then_mp = {r: chained(edp_of, g["mp"]) for r, g in groups_by_rank.items()}
+            return chained(edp_then_mp, mine[f"ep:{argument}"])
         if how in ("partition", "partition-then-mp"):
             partition = [int(r) for r in argument.split(",")]
             if how == "partition":

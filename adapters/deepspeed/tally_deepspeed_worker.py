@@ -32,6 +32,14 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
    A step DeepSpeed skips (an fp16 overflow) is reported as an error, not judged.
 4. `engine.step()` inside `tally_deepspeed.Recording`, which records what DeepSpeed's norm code
    kept, and the manifests of `engine.get_global_grad_norm()` into `case-<K>/`.
+
+With `deepspeed.autotp` and `deepspeed.autoep` DeepSpeed shards the model itself instead, as it
+does a Hugging Face model: no mpu (AutoTP makes the TP and DP groups), whole `nn.Linear` layers
+AutoTP cuts (build_autotp_model), Hugging Face-style MoE blocks AutoEP replaces
+(add_autoep_blocks), both together for AutoEP folded over AutoTP, and for AutoEP the engine's own
+optimizer (torch's AdamW at lr 0), since AutoEP makes its params inside `deepspeed.initialize`.
+At ZeRO 3 the loss is the module's forward (weighted_sum_model), which makes ZeRO 3 gather every
+param.
 """
 
 import argparse
@@ -158,7 +166,8 @@ PLANTS = {
         [("deepspeed.runtime.utils", "get_global_norm_of_tensors", _no_ep_reduction),
          ("deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3", "get_grad_norm_direct", _stage3_norm_without_ep)],
         "get_global_norm_of_tensors is called without its expert-parallel group; ZeRO 3's norm of AutoEP's "
-        "experts is not summed over EP",
+        "experts runs as if they had no expert-parallel group (not summed over EP; folded over TP, not counted "
+        "on every TP rank either)",
     ),
     "tied-copy-not-shared": (
         [("deepspeed.runtime.pipe.module:PipelineModule", "_index_tied_modules", _tied_copies_counted)],
@@ -391,7 +400,7 @@ def autotp_plan(index):
     embedding stays whole (AutoTP's spec-matched nn.Embedding is split over hidden and unmarked,
     an inference layout); the output layer is a column-parallel linear."""
     classes = {p["name"]: p["class"] for p in index}
-    linears, tp_summed, whole = {"column": {}, "row": {}}, [], []
+    linears, tp_summed = {"column": {}, "row": {}}, []
     for name, cls in classes.items():
         module, leaf = name.rsplit(".", 1)
         kind = _AUTOTP_WEIGHT.get(cls) if leaf == "weight" and module != "embedding.word_embeddings" else None
@@ -408,7 +417,7 @@ def autotp_plan(index):
     return linears, tp_summed, whole
 
 
-def build_autotp_model(case, index, tensors, dtype):
+def build_autotp_model(index, tensors, dtype):
     """The module AutoTP shards (deepspeed.initialize with tensor_parallel.autotp_size = TP): tally's
     column and row params as whole nn.Linear layers holding tally's gradient values (so the shards
     AutoTP cuts can be checked against the boxes the worker describes), everything else whole."""
@@ -449,7 +458,7 @@ def describe_autotp(engine_module, index, tensors, tp_rank, tp):
         if attr in ("column", "row"):
             prefix, leaf = rest.rsplit(".", 1)
             name = f"{prefix.replace('__', '.')}.{leaf}"
-            cls = classes[name] if classes[name] != "vocab" else "column"
+            cls = classes[name]  # vocab (the output layer) splits dim 0, as a column
         else:
             name, cls = rest.replace("__", "."), "replicated"
         offsets, extents, _ = local_box(shapes[name], cls, tp_rank, tp)
@@ -556,7 +565,6 @@ def describe_autoep(engine_module, shapes, tensors, moe_only=False):
     described by describe_autotp."""
     import numpy as np
     import torch
-    from deepspeed.utils import groups
 
     described, pieces, values = {}, {}, {}
     for path, p in engine_module.named_parameters():
@@ -570,12 +578,15 @@ def describe_autoep(engine_module, shapes, tensors, moe_only=False):
                 w = inner.rsplit(".", 1)[1]
                 if w not in _AUTOEP_WEIGHTS:
                     raise LookupError(f"model mismatch: AutoEP holds {path}, which is none of w1, w2, w3")
-                local = p.shape[0]
-                first = groups._get_expert_parallel_rank(p.group_name) * local
-                slices = autoep_slices(tensors, shapes, prefix, w, range(first, first + local))
+                # the experts AutoEP placed on this rank, as it records them for its checkpoints
+                experts = list(getattr(p, "ds_autoep_uc_meta", {}).get("local_experts", []))
+                if len(experts) != p.shape[0]:
+                    raise LookupError(f"model mismatch: AutoEP's {path} holds {p.shape[0]} experts, its placement "
+                                      f"names {experts}")
+                slices = autoep_slices(tensors, shapes, prefix, w, experts)
                 values[id(p)] = np.stack([v for *_, v in slices])
                 if not torch.equal(p.detach().cpu(), torch.from_numpy(values[id(p)].copy()).to(p.dtype)):
-                    raise LookupError(f"model mismatch: AutoEP's {path} is not experts {first} to {first + local - 1}")
+                    raise LookupError(f"model mismatch: AutoEP's {path} is not experts {experts} of tally's model")
                 size = values[id(p)][0].size
                 pieces[id(p)] = [{"logical_name": name, "logical_shape": shape, "offsets": offsets, "extents": extents,
                                   "local": (i * size, (i + 1) * size)}
@@ -927,6 +938,10 @@ def forget_deepspeed_groups():
     for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK", "mesh_device"):
         setattr(groups, name, None)
+    # deepspeed.initialize puts AutoTP's layers into training mode for the whole process
+    from deepspeed.module_inject import layers
+
+    layers.set_autotp_mode(training=False)
 
 
 def check_every_param_held(local_error, held, tensors):
@@ -943,6 +958,20 @@ def check_every_param_held(local_error, held, tensors):
     if missing:
         raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
                           f"({len(missing)} of tally's params)")
+
+
+def print_gradient_distance(engine, box_of):
+    """TALLY_DEBUG_GRADS=1, at ZeRO 0 (where each param's .grad is whole after the backward): how far
+    every gradient DeepSpeed holds is from tally's value, so a run's truth is known to be the truth
+    of what DeepSpeed holds."""
+    import torch
+    import torch.distributed as dist
+
+    for path, p in engine.module.named_parameters():
+        if p.grad is not None:
+            want = torch.from_numpy(box_of(p).copy()).reshape(p.grad.shape)
+            distance = float((p.grad.float().cpu() - want).abs().max())
+            print(f"rank {dist.get_rank()} {path}: max|grad - tally's value| {distance}", flush=True)
 
 
 def execute(queue, k, case):
@@ -981,7 +1010,7 @@ def execute(queue, k, case):
                 make_expert_groups_on_every_stage(module, moe)
         elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
             moe_names = moe_param_names(index)
-            module = build_autotp_model(case, [p for p in index if p["name"] not in moe_names], tensors, dtype)
+            module = build_autotp_model([p for p in index if p["name"] not in moe_names], tensors, dtype)
             if autoep:  # and, folded over TP, replaces the MoE layers
                 add_autoep_blocks(module, index, tensors, moe, dtype)
             described, layers, moe_parts = {}, {}, []
@@ -992,13 +1021,15 @@ def execute(queue, k, case):
             module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
             moe_parts = [(layers, shapes, classes)]
         params = [p for p in module.parameters()]
-        if layers:
+        if autoep:
+            pass  # the engine makes the optimizer (below)
+        elif layers:
             from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
             param_groups = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "all"})
         else:
             param_groups = [{"params": params}]
-        optimizer = torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
+        optimizer = None if autoep else torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
         if autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
             engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
         elif pp > 1 or autotp:  # the pipeline's grid, or AutoTP's groups, are its mpu
@@ -1026,6 +1057,11 @@ def execute(queue, k, case):
                                      classes)
             except LookupError as e:
                 local_error = f"rank {dist.get_rank()}: {e}"
+        undescribed = [path for path, p in engine.module.named_parameters() if id(p) not in described
+                       and id(p) not in pieces]
+        if undescribed and not local_error:
+            local_error = f"rank {dist.get_rank()}: model mismatch: DeepSpeed holds {undescribed[:3]}, which the " \
+                          "worker did not build"
         held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()
                                               if id(p) in described} |
                                              {piece["logical_name"] for ps in pieces.values() for piece in ps})
@@ -1084,12 +1120,8 @@ def execute(queue, k, case):
             else:
                 loss = sum((p * term_weights(p)).sum() for p in engine.module.parameters())
             engine.backward(loss)
-            if os.environ.get("TALLY_DEBUG_GRADS"):
-                for path, p in engine.module.named_parameters():
-                    if p.grad is not None:
-                        want = torch.from_numpy(box_of(p).copy()).reshape(p.grad.shape)
-                        print(f"rank {dist.get_rank()} {path}: grad/want {float((p.grad.float().cpu() - want).abs().max())}",
-                              flush=True)
+            if os.environ.get("TALLY_DEBUG_GRADS") and engine.zero_optimization_stage() == 0:
+                print_gradient_distance(engine, box_of)
             with tally_deepspeed.Recording(engine) as recording:
                 engine.step()
         norm = engine.get_global_grad_norm()

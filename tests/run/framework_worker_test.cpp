@@ -449,10 +449,24 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   refused_by(tp2, "deepspeed.autoep with topology.tp 2 without deepspeed.autotp:");
   casefile::Case folded = tp2;  // AutoEP folded over AutoTP: experts whole (ETP 1), EP > 1
   folded.deepspeed->autotp = true;
-  refused_by(folded, "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding):");
+  refused_by(folded, "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding) and topology.etp 1, "
+                     "topology.ep 1:");
   folded.topology.ep = 2;
   folded.topology.etp = 1;
   EXPECT_FALSE(deepspeed_unsupported(folded, "0.19.8")) << refusal(folded);
+  // fp16: a folded expert's gradient is fed times TP too (200 x DP 2 x 128 fits, x TP 2 does not)
+  casefile::Case fp16 = folded;
+  fp16.path.gradients.generator.dtype = kernels::Dtype::fp16;
+  fp16.path.gradients.stated = {{"", topologies::ParamClass::replicated, {topologies::StatedGradient::Kind::constant, 200.0, {}}}};
+  refused_by(fp16, "deepspeed.loss_scale 128 with gradients.dtype fp16:");
+  fp16.deepspeed->loss_scale = 64;
+  EXPECT_FALSE(deepspeed_unsupported(fp16, "0.19.8")) << refusal(fp16);
+  casefile::Case folded_zero3 = folded;
+  folded_zero3.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 3};
+  const casefile::Case within_zero3 = within_deepspeed(folded_zero3, "0.19.8", {}, 0);
+  EXPECT_TRUE(within_zero3.deepspeed->autoep && within_zero3.deepspeed->autotp)
+      << "ZeRO 3 with experts at TP 2 folds AutoEP over AutoTP";
+  EXPECT_EQ(within_zero3.deepspeed->zero_stage, 3);
   folded.deepspeed->autoep = false;
   refused_by(folded, "deepspeed.autotp with experts:");
   tp2.deepspeed->zero_stage = 3;
@@ -464,7 +478,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   for (std::uint64_t draw = 0; draw < 32; ++draw) {
     const casefile::Case within = within_deepspeed(generated, "0.19.8", {}, draw);
     EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8")) << "draw " << draw;
-    EXPECT_FALSE(within.deepspeed->autotp) << "AutoTP takes no experts";
+    EXPECT_FALSE(within.deepspeed->autotp) << "TP 1: no AutoTP, AutoEP unfolded";
     autoep += within.deepspeed->autoep;
   }
   EXPECT_GT(autoep, 4) << "AutoEP is drawn";
