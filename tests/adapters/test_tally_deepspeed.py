@@ -328,6 +328,31 @@ class Queue(unittest.TestCase):
             self.assertEqual(tensors["b"].tolist(), [5, 6])
 
 
+class ShowPrintsTheWorkersConfiguration(unittest.TestCase):
+    """`tally show` writes, in C++, the AutoTP and AutoEP sections the worker passes to DeepSpeed."""
+
+    SEEDS = os.path.join(os.path.dirname(__file__), "..", "..", "seeds", "real")
+
+    def test_autotp_autoep_and_folded_cases(self):
+        import subprocess
+
+        tally = os.environ.get("TALLY")
+        if not tally:
+            self.skipTest("TALLY (the tally binary) is not set: ctest sets it")
+        names = ["deepspeed-0.19.8-autotp-unfused-optimizer-drops-tp-shards.fail.json",
+                 "deepspeed-0.19.8-8475-autoep-clip-averages-rank-norms.fail.json",
+                 "deepspeed-0.19.8-autoep-folding-drops-experts-of-tp-ranks.fail.json"]
+        for name in names:
+            shown = json.loads(subprocess.run([tally, "show", os.path.join(self.SEEDS, name), "--json"], check=True,
+                                              capture_output=True, text=True).stdout)
+            case, printed = shown["case"], shown["deepspeed_config"]
+            t = case["topology"]
+            passed = worker.engine_config(case, t["world"], t.get("tp", 1), t.get("pp", 1))
+            for section in ("tensor_parallel", "expert_parallel", "optimizer"):
+                self.assertEqual(printed.get(section), passed.get(section), f"{name}: {section}")
+            self.assertEqual("train_batch_size" in printed, "train_batch_size" in passed, name)
+
+
 class Plants(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason(self):
         faults = set(worker.PLANTS) | set(worker.NOT_PLANTED)
