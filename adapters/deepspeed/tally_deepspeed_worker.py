@@ -417,6 +417,15 @@ def autotp_plan(index):
     return linears, tp_summed, whole
 
 
+def whole_params(names, shapes, dtype):
+    """A ParameterDict of the named params of tally's model, whole (keys: the names with "__" for ".")."""
+    import torch
+    import torch.nn as nn
+
+    return nn.ParameterDict({name.replace(".", "__"): nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
+                             for name in names})
+
+
 def build_autotp_model(index, tensors, dtype):
     """The module AutoTP shards (deepspeed.initialize with tensor_parallel.autotp_size = TP): tally's
     column and row params as whole nn.Linear layers holding tally's gradient values (so the shards
@@ -436,16 +445,15 @@ def build_autotp_model(index, tensors, dtype):
                 for leaf, name in leaves.items():
                     getattr(linear, leaf).copy_(torch.from_numpy(tensors[name].copy()).to(dtype))
             getattr(module, kind)[prefix.replace(".", "__")] = linear
-    for attr, names in (("tp_summed", tp_summed), ("dense", whole)):
-        setattr(module, attr, nn.ParameterDict())
-        for name in names:
-            getattr(module, attr)[name.replace(".", "__")] = nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
+    module.tp_summed = whole_params(tp_summed, shapes, dtype)
+    module.dense = whole_params(whole, shapes, dtype)
     return module
 
 
-def describe_autotp(engine_module, index, tensors, tp_rank, tp):
-    """After AutoTP has sharded the module: param -> (logical name, shape, offsets, extents), each
-    shard checked against the box tally expects (its values are the logical param's)."""
+def describe_dense(engine_module, index, tensors, tp_rank, tp):
+    """The params outside AutoEP's layers of a module AutoTP sharded (or, at TP 1, a plain one):
+    param -> (logical name, shape, offsets, extents), each of AutoTP's shards checked against the
+    box tally expects (its values are the logical param's), every other param whole."""
     import torch
 
     classes = {p["name"]: p["class"] for p in index}
@@ -453,7 +461,7 @@ def describe_autotp(engine_module, index, tensors, tp_rank, tp):
     described = {}
     for path, p in engine_module.named_parameters():
         attr, rest = path.split(".", 1)
-        if attr == "moe":  # AutoEP's, with AutoTP's folding: describe_autoep's
+        if attr == "moe":  # AutoEP's layers: describe_autoep's
             continue
         if attr in ("column", "row"):
             prefix, leaf = rest.rsplit(".", 1)
@@ -511,16 +519,11 @@ def build_autoep_model(index, tensors, moe, dtype):
     """The module AutoEP replaces MoE layers in (deepspeed.initialize with expert_parallel): tally's
     MoE layers as add_autoep_blocks makes them, every other param whole (shared experts too:
     AutoEP keeps only a block's router and experts)."""
-    import torch
-    import torch.nn as nn
-
     module = weighted_sum_model()
     add_autoep_blocks(module, index, tensors, moe, dtype)
-    module.dense = nn.ParameterDict()
     moe_names = moe_param_names(index)
-    for p in index:
-        if p["name"] not in moe_names:
-            module.dense[p["name"].replace(".", "__")] = nn.Parameter(torch.zeros(p["shape"], dtype=dtype))
+    module.dense = whole_params([p["name"] for p in index if p["name"] not in moe_names],
+                                {p["name"]: list(p["shape"]) for p in index}, dtype)
     return module
 
 
@@ -557,20 +560,17 @@ def add_autoep_blocks(module, index, tensors, moe, dtype):
         module.moe[prefix.replace(".", "__")] = block
 
 
-def describe_autoep(engine_module, shapes, tensors, moe_only=False):
-    """After AutoEP has replaced the MoE blocks: param -> (logical name, shape, offsets, extents) for
-    the router and every other param (whole), and, for each of AutoEP's expert tensors, its pieces
-    (one per local expert: a slice of tally's expert param, `local` its flat elements) and its
-    values, checked against the tensor AutoEP holds. `moe_only`: the other params are AutoTP's,
-    described by describe_autotp."""
+def describe_autoep(engine_module, shapes, tensors):
+    """After AutoEP has replaced the MoE blocks (`moe.*`): param -> (logical name, shape, offsets,
+    extents) for each router (whole), and, for each of AutoEP's expert tensors, its pieces (one per
+    local expert: a slice of tally's expert param, `local` its flat elements) and its values,
+    checked against the tensor AutoEP holds. The other params are describe_dense's."""
     import numpy as np
     import torch
 
     described, pieces, values = {}, {}, {}
     for path, p in engine_module.named_parameters():
         attr, rest = path.split(".", 1)
-        if moe_only and attr != "moe":
-            continue
         if attr == "moe":
             key, inner = rest.split(".", 1)
             prefix = key.replace("__", ".")  # ends with its dot
@@ -595,9 +595,7 @@ def describe_autoep(engine_module, shapes, tensors, moe_only=False):
             if not inner.startswith("router."):
                 raise LookupError(f"model mismatch: AutoEP's layer holds {path}, neither router nor experts")
             name = f"{prefix}router.weight"
-        else:
-            name = rest.replace("__", ".")
-        described[id(p)] = (name, shapes[name], [0] * len(shapes[name]), shapes[name])
+            described[id(p)] = (name, shapes[name], [0] * len(shapes[name]), shapes[name])
     return described, pieces, values
 
 
@@ -974,6 +972,21 @@ def print_gradient_distance(engine, box_of):
             print(f"rank {dist.get_rank()} {path}: max|grad - tally's value| {distance}", flush=True)
 
 
+def client_optimizer(module, layers):
+    """The torch AdamW at lr 0 the worker gives DeepSpeed, with DeepSpeed's MoE param groups where the
+    module has MoE layers (DeepSpeed requires them)."""
+    import torch
+
+    params = {"params": list(module.parameters()), "name": "all"}
+    if layers:
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        groups = split_params_into_different_moe_groups_for_optimizer(params)
+    else:
+        groups = [{"params": params["params"]}]
+    return torch.optim.AdamW(groups, lr=0.0, weight_decay=0.0)
+
+
 def execute(queue, k, case):
     """Runs case K on this rank; returns (status, message)."""
     import deepspeed
@@ -999,6 +1012,7 @@ def execute(queue, k, case):
         local_error = None
         moe = moe_settings(case)
         expert_tp = moe["expert_tp"]
+        case_mpu = None
         if pp > 1:
             module, blocks = build_pipeline(case, index, moe, dtype, world)
             described, layers = {}, {}
@@ -1020,22 +1034,11 @@ def execute(queue, k, case):
             case_mpu = Mpu(tp)
             module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
             moe_parts = [(layers, shapes, classes)]
-        params = [p for p in module.parameters()]
-        if autoep:
-            pass  # the engine makes the optimizer (below)
-        elif layers:
-            from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-            param_groups = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "all"})
-        else:
-            param_groups = [{"params": params}]
-        optimizer = None if autoep else torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
         if autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
             engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
-        elif pp > 1 or autotp:  # the pipeline's grid, or AutoTP's groups, are its mpu
-            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
-        else:
-            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu, config=config)
+        else:  # no mpu for a pipeline (its grid is one) or AutoTP (whose groups are)
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=client_optimizer(module, layers),
+                                                   mpu=case_mpu, config=config)
         mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
         pieces, local_values = {}, {}  # params holding pieces of several logical params (AutoEP's experts)
         # At ZeRO 3 each rank holds a partition: AutoTP's and AutoEP's tensors are checked whole.
@@ -1048,10 +1051,10 @@ def execute(queue, k, case):
             try:
                 if autoep:
                     described, pieces, local_values = describe_autoep(
-                        engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors, moe_only=autotp)
-                if autotp:
-                    described.update(describe_autotp(engine.module, index, tensors,
-                                                     mpu.get_tensor_model_parallel_rank(), tp))
+                        engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors)
+                if autotp or autoep:
+                    tp_rank = mpu.get_tensor_model_parallel_rank() if autotp else 0
+                    described.update(describe_dense(engine.module, index, tensors, tp_rank, tp))
                 for part_layers, shapes, classes in moe_parts:
                     describe_experts(part_layers, described, expert_tp, mpu.get_tensor_model_parallel_rank(), tp, shapes,
                                      classes)

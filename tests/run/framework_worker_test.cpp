@@ -363,6 +363,17 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "a user may still run such a case by hand";
 }
 
+// `c` without its deepspeed section as the generator draws it, 32 times; each one the worker runs.
+std::vector<casefile::Case> drawn_for_deepspeed(casefile::Case c) {
+  c.deepspeed.reset();
+  std::vector<casefile::Case> drawn;
+  for (std::uint64_t draw = 0; draw < 32; ++draw) {
+    drawn.push_back(within_deepspeed(c, "0.19.8", {}, draw));
+    EXPECT_FALSE(deepspeed_unsupported(drawn.back(), "0.19.8")) << "draw " << draw;
+  }
+  return drawn;
+}
+
 TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;
@@ -391,14 +402,8 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   EXPECT_EQ(refusal(moe).rfind("deepspeed.autotp with experts:", 0), 0u) << refusal(moe);
   EXPECT_FALSE(within_deepspeed(moe, "0.19.8", {}, 0).deepspeed->autotp) << "the generator drops what AutoTP can't take";
 
-  casefile::Case generated = c;
-  generated.deepspeed.reset();
   int autotp = 0;
-  for (std::uint64_t draw = 0; draw < 32; ++draw) {
-    const casefile::Case within = within_deepspeed(generated, "0.19.8", {}, draw);
-    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8")) << "draw " << draw;
-    autotp += within.deepspeed->autotp;
-  }
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) autotp += within.deepspeed->autotp;
   EXPECT_GT(autotp, 4) << "AutoTP is drawn";
   EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
 }
@@ -472,12 +477,8 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   tp2.deepspeed->zero_stage = 3;
   EXPECT_EQ(within_deepspeed(tp2, "0.19.8", {}, 0).deepspeed->zero_stage, 2) << "ZeRO 2 where AutoEP cannot take TP";
 
-  casefile::Case generated = c;
-  generated.deepspeed.reset();
   int autoep = 0;
-  for (std::uint64_t draw = 0; draw < 32; ++draw) {
-    const casefile::Case within = within_deepspeed(generated, "0.19.8", {}, draw);
-    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8")) << "draw " << draw;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
     EXPECT_FALSE(within.deepspeed->autotp) << "TP 1: no AutoTP, AutoEP unfolded";
     autoep += within.deepspeed->autoep;
   }
