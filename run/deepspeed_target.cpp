@@ -282,10 +282,11 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     d.autoep = true;
     if (t.tp > 1 && t.etp == 1 && t.ep > 1) d.autotp = true;
   }
-  const bool autoep_fits = t.pp == 1 && (t.tp == 1 ? !d.autotp : d.autotp && t.etp == 1 && t.ep > 1);
-  if (d.autoep && m.num_experts > 0 && autoep_fits && (!m.swiglu || m.add_bias_linear)) {
-    m.swiglu = true;
-    m.add_bias_linear = false;
+  topologies::ModelSpec with_autoep_experts = m;
+  with_autoep_experts.swiglu = true;
+  with_autoep_experts.add_bias_linear = false;
+  if (d.autoep && with_autoep_experts != m && !autoep_refuses(d, t, with_autoep_experts)) {
+    m = with_autoep_experts;
     casefile::drop_stated_gradients_without_a_param(c, stages);
   }
   if (autoep_refuses(d, t, m)) d.autoep = false;
