@@ -39,14 +39,16 @@ inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepsp
 
 // DeepSpeed's engine configuration, read only by the deepspeed target (adapters/deepspeed). With
 // the gradient dtype (the engine's precision) it picks the code that computes DeepSpeed's norm:
-// ZeRO 0 fp32 clip_grad_norm_, ZeRO 0 bf16/fp16 FP16_UnfusedOptimizer, ZeRO 1 bf16 with fp32
-// accumulation BF16_Optimizer, ZeRO 1/2 DeepSpeedZeroOptimizer (docs/real-targets.md).
+// ZeRO 0 fp32 clip_grad_norm_, ZeRO 0 bf16/fp16 FP16_UnfusedOptimizer (FP16_Optimizer with
+// fused_adam), ZeRO 1 bf16 with fp32 accumulation BF16_Optimizer, ZeRO 1/2 DeepSpeedZeroOptimizer
+// (docs/real-targets.md).
 struct DeepSpeedConfig {
   int zero_stage = 0;            // 0..3
   bool grad_accum_fp32 = false;  // "data_types": {"grad_accum_dtype": "fp32"}
   int loss_scale = 128;          // fp16's static loss scale: a power of two, 1..2^16
   bool autotp = false;           // DeepSpeed's AutoTP shards the model over TP, not tally's worker
   bool autoep = false;           // DeepSpeed's AutoEP replaces the MoE layers, not DeepSpeed's MoE
+  bool fused_adam = false;       // DeepSpeed's FusedAdam, not torch's AdamW: FP16_Optimizer at ZeRO 0
   friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
 };
 

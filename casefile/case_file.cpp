@@ -289,6 +289,7 @@ DeepSpeedConfig read_deepspeed(const json& value, const std::string& path) {
        {"grad_accum_fp32", [&](const json& v, const std::string& p) { d.grad_accum_fp32 = read_bool(v, p); }},
        {"autotp", [&](const json& v, const std::string& p) { d.autotp = read_bool(v, p); }},
        {"autoep", [&](const json& v, const std::string& p) { d.autoep = read_bool(v, p); }},
+       {"fused_adam", [&](const json& v, const std::string& p) { d.fused_adam = read_bool(v, p); }},
        {"loss_scale",
         [&](const json& v, const std::string& p) {
           d.loss_scale = static_cast<int>(read_integer(v, p, 1, 1 << 16));
@@ -452,6 +453,7 @@ ordered_json case_to_json(const Case& c) {
     // absent: false, as in earlier case files
     if (c.deepspeed->autotp) j["deepspeed"]["autotp"] = true;
     if (c.deepspeed->autoep) j["deepspeed"]["autoep"] = true;
+    if (c.deepspeed->fused_adam) j["deepspeed"]["fused_adam"] = true;
   }
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};

@@ -64,7 +64,7 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
                             {"score_apply", "post"},
                             {"route_norm", false},
                             {"use_grouped_mm", false}};
-    j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 0.0}, {"weight_decay", 0.0}, {"torch_adam", true}}}};
+    j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 0.0}, {"weight_decay", 0.0}, {"torch_adam", !d.fused_adam}}}};
   }
   if (d.autotp) {
     // DeepSpeed derives the batch size after making AutoTP's groups: the worker states none.
@@ -85,6 +85,7 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
 
 std::string deepspeed_model_line(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
+  const std::string adam = c.deepspeed->fused_adam ? "DeepSpeed's FusedAdam at lr 0" : "torch's AdamW at lr 0";
   const std::string autoep_blocks =
       "each MoE layer a block of a router 'gate' (torch.nn.Linear) and 'experts' holding every expert's SwiGLU "
       "gate, up and down projections as 3-D tensors, which DeepSpeed's AutoEP replaces with its AutoEPMoELayer "
@@ -93,11 +94,10 @@ std::string deepspeed_model_line(const casefile::Case& c) {
     return "model: tally's column- and row-parallel params as whole torch.nn.Linear layers that DeepSpeed's AutoTP "
            "shards over TP " + std::to_string(t.tp) + ", the q/k norms with grad_allreduce, other dense params "
            "whole; " + autoep_blocks + ", folded over TP (its EP groups span TP ranks, each expert whole; the "
-           "worker gives an expert's gradient times TP, as the folded forward does); the engine's own optimizer, "
-           "torch's AdamW at lr 0";
+           "worker gives an expert's gradient times TP, as the folded forward does); the engine's own optimizer, " + adam;
   if (c.deepspeed->autoep)
     return "model: tally's params whole (TP 1), " + autoep_blocks +
-           "; the engine's own optimizer, torch's AdamW at lr 0";
+           "; the engine's own optimizer, " + adam;
   std::string line;
   if (t.pp > 1) {
     line = "model: a deepspeed.pipe.PipelineModule of " + std::to_string(t.pp) +
@@ -119,7 +119,7 @@ std::string deepspeed_model_line(const casefile::Case& c) {
     line += "; each MoE layer deepspeed.moe.layer.MoE(num_experts=" + std::to_string(c.model.num_experts) +
             ", ep_size=" + std::to_string(t.ep) + ", enable_expert_tensor_parallelism=" +
             (t.tp > 1 && t.etp == t.tp ? "True" : "False") + ")";
-  return line + "; a torch AdamW at lr 0" + (t.pp > 1 ? "; one train_batch" : "");
+  return line + "; " + adam + (t.pp > 1 ? "; one train_batch" : "");
 }
 
 }  // namespace

@@ -115,18 +115,22 @@ bool every_stage_holds_experts(const topologies::ModelSpec& m, const topologies:
   return std::all_of(holds.begin(), holds.end(), [](bool h) { return h; });
 }
 
-// One of DeepSpeed's norm codes, as a ZeRO stage, a precision and the accumulation dtype choose it.
+// One of DeepSpeed's norm codes, as a ZeRO stage, a precision, the accumulation dtype and the
+// client optimizer choose it.
 struct EnginePath {
   int zero_stage;
   Dtype dtype;
   bool grad_accum_fp32;
+  bool fused_adam = false;
 };
-constexpr std::array<EnginePath, 10> kEnginePaths = {{
-    {0, Dtype::fp32, false},  // clip_grad_norm_
-    {0, Dtype::bf16, false},  // FP16_UnfusedOptimizer
-    {0, Dtype::fp16, false},  // FP16_UnfusedOptimizer
-    {1, Dtype::bf16, true},   // BF16_Optimizer
-    {1, Dtype::bf16, false},  // DeepSpeedZeroOptimizer
+constexpr std::array<EnginePath, 12> kEnginePaths = {{
+    {0, Dtype::fp32, false},        // clip_grad_norm_
+    {0, Dtype::bf16, false},        // FP16_UnfusedOptimizer
+    {0, Dtype::fp16, false},        // FP16_UnfusedOptimizer
+    {0, Dtype::bf16, false, true},  // FP16_Optimizer
+    {0, Dtype::fp16, false, true},  // FP16_Optimizer
+    {1, Dtype::bf16, true},         // BF16_Optimizer
+    {1, Dtype::bf16, false},        // DeepSpeedZeroOptimizer
     {1, Dtype::fp32, false},
     {2, Dtype::bf16, false},
     {2, Dtype::fp16, false},
@@ -145,14 +149,16 @@ bool shows(const gradnorm::FaultSet& faults, const EnginePath& path, bool pipeli
   const bool bf16_optimizer =
       (path.zero_stage == 1 && path.grad_accum_fp32) || (pipelined && path.zero_stage == 0 && path.dtype == Dtype::bf16);
   const bool zero = path.zero_stage > 0 && path.zero_stage < 3 && !bf16_optimizer;
-  const bool unfused = path.zero_stage == 0 && path.dtype != Dtype::fp32 && !bf16_optimizer;
+  const bool fp16_optimizer = path.zero_stage == 0 && path.dtype != Dtype::fp32 && !bf16_optimizer;
+  const bool unfused = fp16_optimizer && !path.fused_adam;
+  const bool fused = fp16_optimizer && path.fused_adam;
   // The fp32 clip of a pipeline counts only the first stage (docs/findings): no fault shows there.
   if (pipelined && path.zero_stage == 0 && path.dtype == Dtype::fp32 && !faults.empty()) return false;
-  if (faults.has(Fault::tied_copy_not_shared) && !(pipelined && (bf16_optimizer || zero))) return false;
+  if (faults.has(Fault::tied_copy_not_shared) && !(pipelined && (bf16_optimizer || zero || fused))) return false;
   if (faults.has(Fault::missing_pp_reduction) && !pipelined) return false;
   // ZeRO 3 with experts is AutoEP's (DeepSpeed refuses its own MoE layer there).
-  if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer && path.zero_stage != 3) return false;
-  if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !zero) return false;
+  if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer && !fused && path.zero_stage != 3) return false;
+  if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !fused && !zero) return false;
   if ((faults.has(Fault::no_dedup_filter) || faults.has(Fault::tp_marking_unseen_by_filter)) && unfused) return false;
   return true;
 }
@@ -268,6 +274,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     c.deepspeed = casefile::DeepSpeedConfig{};
     c.deepspeed->zero_stage = path.zero_stage;
     c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
+    c.deepspeed->fused_adam = path.fused_adam;
     o.gradients.generator.dtype = path.dtype;
     // Half of the cases AutoTP (or AutoEP) can take shard with it (the other half with the worker's
     // mpu, or DeepSpeed's MoE layer).

@@ -10,6 +10,7 @@ summed over. Nothing in DeepSpeed's files changes; the wrappers call the origina
 |---------------------------------------------------------|------------------------------------------|-------------------|
 | fp32, ZeRO 0: `clip_fp32_gradients`                      | `runtime.engine.clip_grad_norm_`         | `mp_rank == 0 or is_model_parallel_parameter(param)`; the MP group, then the mean over DP |
 | bf16/fp16, ZeRO 0, grads in the same dtype: `FP16_UnfusedOptimizer` | `fp16.unfused_optimizer.get_weight_norm` | the predicate of `get_weight_norm`, applied to the tensors it is given (the gradients); the MP group; expert gradients are never passed |
+| bf16/fp16, ZeRO 0, grads in the same dtype, DeepSpeed's FusedAdam: `FP16_Optimizer` | `fp16.fused_optimizer.get_flattened_grad_norm` and `.get_norm_with_moe_layers` | dense groups: each param's range of its group's flat gradient outside the `grad_norm_mask` ranges it is given, the MP group; expert groups: every param of each flat gradient passed, MP (with expert TP) or the pipeline group, then its EP group |
 | bf16 with fp32 gradient accumulation, ZeRO 1 (and bf16 at ZeRO 0 in a pipeline): `BF16_Optimizer` | `BF16_Optimizer.get_grads_for_norm`   | exactly the returned lists; dense: the MP group; each expert group: MP (with expert TP) or the pipeline group, then its EP group |
 | ZeRO 1/2: `DeepSpeedZeroOptimizer`                       | `DeepSpeedZeroOptimizer.get_grad_norm_direct` | its predicate on each (partition piece, param); the DP group then the MP group (expert groups then averaged over their expert-DP group) |
 | ZeRO 3: `DeepSpeedZeroOptimizer_Stage3`                  | `DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct` | its predicate (with `_grad_norm_counts_every_rank`) on each param's partition; the partition group, then the MP group unless every rank counts |
@@ -68,6 +69,7 @@ class Recording:
     def __enter__(self):
         import deepspeed.runtime.engine as engine_module
         from tally_plants import Patches
+        import deepspeed.runtime.fp16.fused_optimizer as fused
         import deepspeed.runtime.fp16.unfused_optimizer as unfused
         from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
         from deepspeed.runtime.utils import is_model_parallel_parameter
@@ -134,6 +136,50 @@ class Recording:
                             passed.add(id(p))
                 rec.children.append((f"FP16_UnfusedOptimizer group {len(rec.children)}", "mp", pieces))
                 return orig(parameters, norm_type, mpu)
+
+            return wrapped
+
+        def flat_group(optimizer, flat):
+            """The params of `optimizer`'s group whose flat fp32 master (or its gradient) is `flat`,
+            with each one's (begin, end) in it."""
+            for i, master in enumerate(optimizer.fp32_groups_flat):
+                if flat is master or flat is master.grad:
+                    out, begin = [], 0
+                    for p in optimizer.fp16_groups[i]:
+                        out.append((p, begin, begin + p.numel()))
+                        begin += p.numel()
+                    return out
+            raise LookupError("FP16_Optimizer's norm was given a tensor that is no group's flat gradient")
+
+        def get_flattened_grad_norm(orig):
+            def wrapped(parameters, norm_type=2, mpu=None, grad_norm_mask=None):
+                import torch
+
+                flats = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                flats = [f for f in flats if f.grad is not None]  # as the original indexes its mask
+                pieces = []
+                for idx, flat in enumerate(flats):
+                    masked = []
+                    if grad_norm_mask is not None and len(grad_norm_mask[idx]) > 0:
+                        masked = [(int(a), int(b)) for a, b in grad_norm_mask[idx].tolist()]
+                    for p, begin, end in flat_group(rec.engine.optimizer, flat):
+                        # the param's range, cut where a masked range starts or ends inside it
+                        cuts = sorted({begin, end} | {c for r in masked for c in r if begin < c < end})
+                        for lo, hi in zip(cuts, cuts[1:]):
+                            kept = not any(a <= lo and hi <= b for a, b in masked)
+                            pieces.append((p, lo - begin, hi - begin, kept))
+                rec.children.append(("FP16_Optimizer dense", "mp", pieces))
+                return orig(parameters, norm_type, mpu, grad_norm_mask)
+
+            return wrapped
+
+        def get_norm_with_moe_layers(orig):
+            def wrapped(non_expert_norm, mpu, expert_tensors, norm_type=2):
+                for name in sorted(expert_tensors):
+                    pieces = [(p, 0, end - begin, True) for flat in expert_tensors[name]
+                              for p, begin, end in flat_group(rec.engine.optimizer, flat)]
+                    rec.children.append((f"FP16_Optimizer experts {name}", f"mp-then-ep:{name}", pieces))
+                return orig(non_expert_norm, mpu, expert_tensors, norm_type)
 
             return wrapped
 
@@ -219,6 +265,8 @@ class Recording:
         self._wrap(engine_module, "clip_grad_norm_", clip_grad_norm_)
         self._wrap(DeepSpeedZeroOptimizer_Stage3, "get_grad_norm_direct", get_grad_norm_direct_stage3)
         self._wrap(unfused, "get_weight_norm", get_weight_norm)
+        self._wrap(fused, "get_flattened_grad_norm", get_flattened_grad_norm)
+        self._wrap(fused, "get_norm_with_moe_layers", get_norm_with_moe_layers)
         self._wrap(BF16_Optimizer, "get_grads_for_norm", get_grads_for_norm)
         self._wrap(DeepSpeedZeroOptimizer, "get_grad_norm_direct", get_grad_norm_direct)
         return self

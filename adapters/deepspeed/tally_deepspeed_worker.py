@@ -21,7 +21,8 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
    experts (DeepSpeed marks them `allreduce=False`). `etp == tp > 1` turns on DeepSpeed's expert
    tensor parallelism (the experts' FC1/FC2 sharded over TP like the dense MLP); `etp == 1`
    leaves every expert whole on each TP rank, DeepSpeed's default.
-3. `deepspeed.initialize` with a torch AdamW at lr 0 and the case's DeepSpeed configuration
+3. `deepspeed.initialize` with an AdamW at lr 0 (torch's, or DeepSpeed's FusedAdam with
+   `deepspeed.fused_adam`) and the case's DeepSpeed configuration
    (`deepspeed` section of the case: ZeRO stage, fp32 gradient accumulation, loss scale; the
    precision is the case's gradient dtype), then one backward of sum(param * gradient) through
    `engine.backward`: every rank holds tally's values of its pieces, so after DeepSpeed's own
@@ -37,7 +38,7 @@ With `deepspeed.autotp` and `deepspeed.autoep` DeepSpeed shards the model itself
 does a Hugging Face model: no mpu (AutoTP makes the TP and DP groups), whole `nn.Linear` layers
 AutoTP cuts (build_autotp_model), Hugging Face-style MoE blocks AutoEP replaces
 (add_autoep_blocks), both together for AutoEP folded over AutoTP, and for AutoEP the engine's own
-optimizer (torch's AdamW at lr 0), since AutoEP makes its params inside `deepspeed.initialize`.
+optimizer (an AdamW at lr 0), since AutoEP makes its params inside `deepspeed.initialize`.
 At ZeRO 3 the loss is the module's forward (weighted_sum_model), which makes ZeRO 3 gather every
 param.
 """
@@ -821,8 +822,9 @@ def engine_config(case, world, tp, pp=1):
                                      # the sequential expert loop: torch._grouped_mm needs a GPU
                                      "use_grouped_mm": False}
         # AutoEP makes its expert params inside deepspeed.initialize: the engine's own optimizer
-        # (torch's AdamW at lr 0) puts them into MoE param groups.
-        config["optimizer"] = {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0, "torch_adam": True}}
+        # (an AdamW at lr 0, torch's or DeepSpeed's FusedAdam) puts them into MoE param groups.
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0,
+                                                           "torch_adam": not ds.get("fused_adam", False)}}
     if ds.get("autotp", False):
         # DeepSpeed derives the batch size after making AutoTP's groups: stating it fails its check
         del config["train_batch_size"]
@@ -972,9 +974,11 @@ def print_gradient_distance(engine, box_of):
             print(f"rank {dist.get_rank()} {path}: max|grad - tally's value| {distance}", flush=True)
 
 
-def client_optimizer(module, layers):
-    """The torch AdamW at lr 0 the worker gives DeepSpeed, with DeepSpeed's MoE param groups where the
-    module has MoE layers (DeepSpeed requires them)."""
+def client_optimizer(module, layers, fused_adam):
+    """The AdamW at lr 0 the worker gives DeepSpeed, with DeepSpeed's MoE param groups where the
+    module has MoE layers (DeepSpeed requires them): torch's, or with `fused_adam` DeepSpeed's
+    FusedAdam (an op DeepSpeed compiles on first use), which makes a 16-bit engine at ZeRO 0 take
+    FP16_Optimizer instead of FP16_UnfusedOptimizer."""
     import torch
 
     params = {"params": list(module.parameters()), "name": "all"}
@@ -984,6 +988,10 @@ def client_optimizer(module, layers):
         groups = split_params_into_different_moe_groups_for_optimizer(params)
     else:
         groups = [{"params": params["params"]}]
+    if fused_adam:
+        from deepspeed.ops.adam import FusedAdam
+
+        return FusedAdam(groups, lr=0.0, weight_decay=0.0)
     return torch.optim.AdamW(groups, lr=0.0, weight_decay=0.0)
 
 
@@ -1000,6 +1008,7 @@ def execute(queue, k, case):
     tp, pp = t.get("tp", 1), t.get("pp", 1)
     autotp = case.get("deepspeed", {}).get("autotp", False)
     autoep = case.get("deepspeed", {}).get("autoep", False)
+    fused_adam = case.get("deepspeed", {}).get("fused_adam", False)
     engine = None
     planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "deepspeed")
     made = CaseGroups()
@@ -1037,7 +1046,7 @@ def execute(queue, k, case):
         if autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
             engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
         else:  # no mpu for a pipeline (its grid is one) or AutoTP (whose groups are)
-            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=client_optimizer(module, layers),
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=client_optimizer(module, layers, fused_adam),
                                                    mpu=case_mpu, config=config)
         mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
         pieces, local_values = {}, {}  # params holding pieces of several logical params (AutoEP's experts)
@@ -1196,6 +1205,7 @@ def main(argv=None):
 
     # Every module that imports a replaced function is loaded before any fault is planted.
     import deepspeed.runtime.bf16_optimizer  # noqa: F401
+    import deepspeed.runtime.fp16.fused_optimizer  # noqa: F401
     import deepspeed.runtime.fp16.unfused_optimizer  # noqa: F401
     import deepspeed.runtime.pipe.module  # noqa: F401
     import deepspeed.runtime.pipe.topology  # noqa: F401

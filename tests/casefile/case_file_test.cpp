@@ -376,6 +376,10 @@ TEST(CaseFile, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autotp"], true);
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autoep"], true);
   EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+  EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("fused_adam")) << "absent means false";
+  c.deepspeed->fused_adam = true;
+  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["fused_adam"], true);
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
   c.deepspeed.reset();
   EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";
 }

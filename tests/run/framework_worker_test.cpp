@@ -408,6 +408,30 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
 }
 
+TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = {.world = 4, .tp = 2, .ep = 2, .etp = 1};
+  c.model = {};
+  c.model.num_experts = 2;
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  int fused = 0, unfused = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
+    const casefile::DeepSpeedConfig& d = *within.deepspeed;
+    if (!d.fused_adam) {
+      unfused += d.zero_stage == 0 && within.path.gradients.generator.dtype != kernels::Dtype::fp32;
+      continue;
+    }
+    ++fused;
+    EXPECT_EQ(d.zero_stage, 0) << "ZeRO's own norm does not depend on the optimizer it wraps";
+    EXPECT_NE(within.path.gradients.generator.dtype, kernels::Dtype::fp32) << "fp32 at ZeRO 0 clips without it";
+  }
+  EXPECT_GT(fused, 0) << "FP16_Optimizer is drawn";
+  EXPECT_GT(unfused, 0) << "so is FP16_UnfusedOptimizer";
+  c.deepspeed = casefile::DeepSpeedConfig{.fused_adam = true};
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
+}
+
 TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;
