@@ -20,6 +20,8 @@ std::string_view outcome_name(Expectation::Outcome outcome) {
 std::optional<std::string> check_case(const Case& c) {
   if (std::optional<std::string> error = topologies::check_config(c.topology)) return error;
   if (std::optional<std::string> error = topologies::check_model(c.model, c.topology)) return error;
+  if (!c.deepspeed)
+    if (std::optional<std::string> error = topologies::check_megatron_expert_bias(c.model, c.topology)) return error;
   const gradnorm::PathOptions& o = c.path;
   for (double p : o.p_values)
     if (!std::isfinite(p) || p <= 0.0)

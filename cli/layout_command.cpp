@@ -280,6 +280,9 @@ void add_layout_command(CLI::App& app, CommandContext& context) {
     } catch (const topologies::InvalidModel& error) {
       throw UsageError(error.what());
     }
+    // The layout is Megatron-LM's (its attributes and duplicate filter), so its build rules hold.
+    if (std::optional<std::string> error = topologies::check_megatron_expert_bias(model->spec(), layout.config()))
+      throw UsageError(*error);
     if (options->rank) {
       if (*options->rank < 0 || *options->rank >= layout.world())
         throw UsageError("--rank " + std::to_string(*options->rank) + " is outside world " +

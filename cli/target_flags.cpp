@@ -55,7 +55,7 @@ std::optional<std::string> unsupported_on(const std::string& framework, const ca
 
 std::optional<std::string> unsupported_on(const casefile::Case& c, const run::WorkerHello& hello) {
   if (hello.framework == "deepspeed")
-    return run::deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes);
+    return run::deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules);
   return run::megatron_core_unsupported(c, hello.version, hello.plants);
 }
 
@@ -108,9 +108,10 @@ void aim_at_target(fuzz::CaseGenOptions& generator, const run::WorkerHello& hell
   if (hello.framework == "deepspeed") {
     // The DeepSpeed configuration is drawn from the case's own gradient seed, so the generator's
     // stream of cases, and a shrink's, stay reproducible from the campaign seed.
-    generator.restrict_to = [version = hello.version, plants = hello.plants, dtypes = hello.dtypes](casefile::Case c) {
+    generator.restrict_to = [version = hello.version, plants = hello.plants, dtypes = hello.dtypes,
+                             megatron_model_rules = hello.megatron_model_rules](casefile::Case c) {
       const std::uint64_t draw = c.path.gradients.generator.seed;
-      return run::within_deepspeed(std::move(c), version, plants, draw, dtypes);
+      return run::within_deepspeed(std::move(c), version, plants, draw, dtypes, megatron_model_rules);
     };
     return;
   }

@@ -166,7 +166,8 @@ bool shows(const gradnorm::FaultSet& faults, const EnginePath& path, bool pipeli
 }  // namespace
 
 std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view,
-                                                 const FaultPlants& plants, const std::vector<std::string>& dtypes) {
+                                                 const FaultPlants& plants, const std::vector<std::string>& dtypes,
+                                                 bool megatron_model_rules) {
   const topologies::ModelSpec& m = c.model;
   const topologies::ParallelConfig& t = c.topology;
   const gradnorm::PathOptions& o = c.path;
@@ -204,6 +205,9 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
            ": the worker's DeepSpeed accelerator does not support it on this machine";
   if (!c.deepspeed) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
+  if (megatron_model_rules)
+    if (auto why = topologies::check_megatron_expert_bias(m, t))
+      return "model: this worker builds models under Megatron-LM's rules (its hello's model_rules): " + *why;
   if (o.gradients.generator.dtype == Dtype::fp16 &&
       largest_fp16_gradient(c, c.deepspeed->loss_scale) >= kFp16Max)
     return "deepspeed.loss_scale " + std::to_string(c.deepspeed->loss_scale) +
@@ -217,7 +221,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
 }
 
 casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw,
-                                const std::vector<std::string>& dtypes) {
+                                const std::vector<std::string>& dtypes, bool megatron_model_rules) {
   topologies::ModelSpec& m = c.model;
   topologies::ParallelConfig& t = c.topology;
   gradnorm::PathOptions& o = c.path;
@@ -253,6 +257,26 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     stages = {};
   }
   casefile::drop_stated_gradients_without_a_param(c, stages);
+  const bool pipelined = t.pp > 1;
+  std::uint64_t path_draws = 1;  // how many engine paths `draw` chose among (its later bits draw the rest)
+  if (!c.deepspeed) {
+    std::vector<EnginePath> paths;
+    for (const EnginePath& path : kEnginePaths)
+      if (computes_in(dtypes, path.dtype) && (!pipelined || pipelines(path)) && shows(o.faults, path, pipelined))
+        paths.push_back(path);
+    if (paths.empty()) paths.push_back(kEnginePaths[0]);  // fp32 at ZeRO 0 runs everywhere
+    path_draws = paths.size();
+    const EnginePath& path = paths[draw % path_draws];
+    c.deepspeed = casefile::DeepSpeedConfig{};
+    c.deepspeed->zero_stage = path.zero_stage;
+    c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
+    c.deepspeed->fused_adam = path.fused_adam;
+    o.gradients.generator.dtype = path.dtype;
+    // Half of the cases AutoTP (or AutoEP) can take shard with it (the other half with the worker's
+    // mpu, or DeepSpeed's MoE layer).
+    c.deepspeed->autotp = (draw / path_draws) % 2 == 1;
+    c.deepspeed->autoep = c.deepspeed->autotp;
+  }
   // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
   // would: with expert TP if the case had it, else without, else halve TP.
   const auto settle = [&](int etp) {
@@ -263,23 +287,13 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   };
   const bool expert_tp = t.etp != 1;
   while (!(expert_tp && settle(t.tp)) && !settle(1) && t.tp > 1) t.tp /= 2;
-  const bool pipelined = t.pp > 1;
-  if (!c.deepspeed) {
-    std::vector<EnginePath> paths;
-    for (const EnginePath& path : kEnginePaths)
-      if (computes_in(dtypes, path.dtype) && (!pipelined || pipelines(path)) && shows(o.faults, path, pipelined))
-        paths.push_back(path);
-    if (paths.empty()) paths.push_back(kEnginePaths[0]);  // fp32 at ZeRO 0 runs everywhere
-    const EnginePath& path = paths[draw % paths.size()];
-    c.deepspeed = casefile::DeepSpeedConfig{};
-    c.deepspeed->zero_stage = path.zero_stage;
-    c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
-    c.deepspeed->fused_adam = path.fused_adam;
-    o.gradients.generator.dtype = path.dtype;
-    // Half of the cases AutoTP (or AutoEP) can take shard with it (the other half with the worker's
-    // mpu, or DeepSpeed's MoE layer).
-    c.deepspeed->autotp = (draw / paths.size()) % 2 == 1;
-    c.deepspeed->autoep = c.deepspeed->autotp;
+  // Expert biases with expert TP: Megatron refuses them (so tally's generator makes none), DeepSpeed's
+  // MoE layer takes them (FC1's bias split over TP, FC2's whole on every TP rank). Half such cases
+  // get them.
+  if (!megatron_model_rules && m.num_experts > 0 && t.etp > 1 && !m.add_bias_linear &&
+      (draw / path_draws / 2) % 2 == 1) {
+    m.add_bias_linear = true;
+    if (casefile::check_case(c)) m.add_bias_linear = false;
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;

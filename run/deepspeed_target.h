@@ -24,9 +24,12 @@ namespace tally::run {
 // rule; nullopt when it can. Faults must be among those the worker plants (`plants`, from its
 // hello).
 // `dtypes`: the precisions the worker's machine computes in (WorkerHello::dtypes; empty: all).
+// `megatron_model_rules`: the worker builds models under Megatron-LM's rules
+// (WorkerHello::megatron_model_rules), which refuse expert biases with expert TP.
 std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view version,
                                                  const FaultPlants& plants = {},
-                                                 const std::vector<std::string>& dtypes = {});
+                                                 const std::vector<std::string>& dtypes = {},
+                                                 bool megatron_model_rules = false);
 
 // `c` within the worker's space: CP and VPP become 1, the order tally's default, ETP 1 or TP, EP a
 // divisor of the experts and of the ranks DeepSpeed makes its expert groups from, one optimizer
@@ -34,9 +37,12 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
 // `draw`: a ZeRO stage with a precision it supports (ZeRO 0 or 1 with PP), and, for half of the
 // cases they fit, AutoTP and AutoEP. A model with experts drawn for AutoEP, or at ZeRO 3 (where
 // DeepSpeed runs only AutoEP's experts), gets AutoEP's experts (SwiGLU without biases) where its
-// TP and PP allow AutoEP, and ZeRO 3 becomes 2 where they do not. A case with a section keeps it,
-// made valid. A custom layout has no DeepSpeed counterpart and is returned as it is.
+// TP and PP allow AutoEP, and ZeRO 3 becomes 2 where they do not. Half the models with expert TP
+// get expert biases (Megatron refuses them; DeepSpeed does not), unless `megatron_model_rules`. A
+// case with a section keeps it, made valid. A custom layout has no DeepSpeed counterpart and is
+// returned as it is.
 casefile::Case within_deepspeed(casefile::Case c, std::string_view version, const FaultPlants& plants,
-                                std::uint64_t draw, const std::vector<std::string>& dtypes = {});
+                                std::uint64_t draw, const std::vector<std::string>& dtypes = {},
+                                bool megatron_model_rules = false);
 
 }  // namespace tally::run

@@ -287,6 +287,13 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
     if (j.contains("plants")) w.hello.plants.planted = j.at("plants").get<std::map<std::string, std::string>>();
     w.hello.dtypes.clear();
     if (j.contains("dtypes")) w.hello.dtypes = j.at("dtypes").get<std::vector<std::string>>();
+    w.hello.megatron_model_rules = false;
+    if (j.contains("model_rules")) {
+      if (j.at("model_rules") != "megatron")
+        throw std::runtime_error("model_rules must be \"megatron\" (or absent: the framework's own), got " +
+                                 j.at("model_rules").dump());
+      w.hello.megatron_model_rules = true;
+    }
     if (j.contains("cannot_plant"))
       w.hello.plants.not_planted = j.at("cannot_plant").get<std::map<std::string, std::string>>();
   } catch (const std::exception& e) {

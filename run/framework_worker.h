@@ -65,6 +65,10 @@ struct WorkerHello {
   // The gradient dtypes the framework computes in on this machine ("fp32", "bf16", "fp16");
   // empty: every one (DeepSpeed's CPU accelerator has no fp16 on CPUs without it).
   std::vector<std::string> dtypes;
+  // The worker builds models under Megatron-LM's build-time rules (hello "model_rules":
+  // "megatron"): a stand-in executing cases with tally's own model. A real DeepSpeed worker takes
+  // models Megatron refuses (expert biases with expert TP).
+  bool megatron_model_rules = false;
 };
 
 // One case executed by a worker and judged.

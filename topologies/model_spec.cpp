@@ -274,10 +274,6 @@ std::optional<std::string> check_gpt_config(const ModelSpec& s, const ParallelCo
     if (auto e = check_divisible("num_experts", s.num_experts, "ep", c.ep)) return e;
     if (auto e = check_divisible("moe_ffn_hidden_size", resolved_moe_ffn_hidden(s), "etp", c.etp))
       return e;
-    if (s.add_bias_linear && c.etp != 1)
-      return "expert biases (add_bias_linear with num_experts " + to_string(s.num_experts) +
-             ") need etp 1, got etp " + to_string(c.etp) +
-             " (Megatron-LM: bias in MoE is only supported when ETP==1)";
   }
   return check_stages(s, c.pp, c.vpp);
 }
@@ -367,6 +363,14 @@ std::optional<std::string> check_model(const ModelSpec& spec, const ParallelConf
   if (std::optional<std::string> error = check_model(spec)) return error;
   return spec.kind == ModelKind::gpt ? check_gpt_config(spec, config)
                                      : check_custom_config(spec, config);
+}
+
+std::optional<std::string> check_megatron_expert_bias(const ModelSpec& spec, const ParallelConfig& config) {
+  if (spec.kind != ModelKind::gpt || spec.num_experts == 0 || !spec.add_bias_linear || config.etp == 1)
+    return std::nullopt;
+  return "expert biases (add_bias_linear with num_experts " + to_string(spec.num_experts) +
+         ") need etp 1, got etp " + to_string(config.etp) +
+         " (Megatron-LM: bias in MoE is only supported when ETP==1)";
 }
 
 namespace detail {

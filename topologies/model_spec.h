@@ -148,6 +148,11 @@ std::optional<std::string> check_model(const ModelSpec& spec);
 // The same, then the rules that depend on the parallel configuration (divisibility by tp, etp,
 // ep, pp*vpp; stages; Megatron-LM's build-time checks). `config` must pass check_config.
 std::optional<std::string> check_model(const ModelSpec& spec, const ParallelConfig& config);
+// Megatron-LM's build-time rule that is not the model's structure: expert biases need ETP 1 ("bias
+// in MoE is only supported when ETP==1"). DeepSpeed's MoE layer takes such a model (the FC1 bias
+// split over expert TP, the FC2 bias whole on every expert-TP rank), so check_model leaves the rule
+// to casefile::check_case, which applies it to every case but a DeepSpeed one.
+std::optional<std::string> check_megatron_expert_bias(const ModelSpec& spec, const ParallelConfig& config);
 
 // Decoder layers of one (stage, chunk), as Megatron-LM's get_transformer_layer_offset places
 // them: chunk c on stage s starts at c*L/vpp + s*L/(pp*vpp) when stages are even; with uneven

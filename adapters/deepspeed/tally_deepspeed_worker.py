@@ -19,8 +19,10 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
    marked `tensor_model_parallel` with its `partition_dim`) or whole; each MoE layer a real
    `deepspeed.moe.layer.MoE` whose gate weight is the router and whose experts are the routed
    experts (DeepSpeed marks them `allreduce=False`). `etp == tp > 1` turns on DeepSpeed's expert
-   tensor parallelism (the experts' FC1/FC2 sharded over TP like the dense MLP); `etp == 1`
-   leaves every expert whole on each TP rank, DeepSpeed's default.
+   tensor parallelism (the experts' FC1/FC2 sharded over TP like the dense MLP, the shards of the
+   expert given to the MoE layer marked as Megatron-DeepSpeed marks them; DeepSpeed's copies are
+   left as DeepSpeed makes them); `etp == 1` leaves every expert whole on each TP rank,
+   DeepSpeed's default.
 3. `deepspeed.initialize` with an AdamW at lr 0 (torch's, or DeepSpeed's FusedAdam with
    `deepspeed.fused_adam`) and the case's DeepSpeed configuration
    (`deepspeed` section of the case: ZeRO stage, fp32 gradient accumulation, loss scale; the
@@ -310,9 +312,12 @@ def moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype):
     template.params = nn.ParameterDict()
     for suffix in suffixes:
         shape = shapes[f"{prefix}experts.local_experts.0.{suffix}"]
-        _, extents, _ = local_box(shape, classes[f"{prefix}experts.local_experts.0.{suffix}"], tp_rank,
-                                  tp if moe["expert_tp"] else 1)
-        template.params[suffix.replace(".", "__")] = nn.Parameter(torch.zeros(extents, dtype=dtype))
+        _, extents, dim = local_box(shape, classes[f"{prefix}experts.local_experts.0.{suffix}"], tp_rank,
+                                    tp if moe["expert_tp"] else 1)
+        param = nn.Parameter(torch.zeros(extents, dtype=dtype))
+        if dim is not None:  # marked as Megatron-DeepSpeed's Column/RowParallelLinear marks its shards
+            param.tensor_model_parallel, param.partition_dim = True, dim
+        template.params[suffix.replace(".", "__")] = param
     layer = MoE(moe["hidden"], template, num_experts=moe["experts"], ep_size=moe["ep"], k=1,
                 enable_expert_tensor_parallelism=moe["expert_tp"])
     layer.to(dtype)
@@ -614,11 +619,11 @@ def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes)
                 if logical not in shapes:
                     raise LookupError(f"model mismatch: DeepSpeed holds expert {e} ({logical}), which tally's "
                                       "model of the case does not have")
-                offsets, extents, dim = local_box(shapes[logical], classes[logical], tp_rank, tp if expert_tp else 1)
+                offsets, extents, _ = local_box(shapes[logical], classes[logical], tp_rank, tp if expert_tp else 1)
                 if list(p.shape) != extents:
                     raise LookupError(f"model mismatch: {logical} is {list(p.shape)} on this rank, {extents} expected")
-                if dim is not None:
-                    p.tensor_model_parallel, p.partition_dim = True, dim
+                # Its marks are what DeepSpeed left: Experts deep-copies the expert it is given, and a
+                # copied torch Parameter has none of the template's (docs/findings).
                 described[id(p)] = (logical, shapes[logical], offsets, extents)
 
 

@@ -432,6 +432,39 @@ TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
 }
 
+TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = {.world = 4, .tp = 2, .ep = 2, .etp = 2};
+  c.model = {};
+  c.model.num_experts = 2;
+  c.model.add_bias_linear = false;  // as tally's generator makes a model with expert TP
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  int biased = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
+    if (!within.model.add_bias_linear) continue;
+    ++biased;
+    EXPECT_EQ(within.topology.etp, 2) << "only with expert TP";
+    EXPECT_TRUE(topologies::check_megatron_expert_bias(within.model, within.topology)) << "Megatron would refuse it";
+    EXPECT_FALSE(casefile::check_case(within)) << "a DeepSpeed case may have them";
+  }
+  EXPECT_GT(biased, 0);
+  EXPECT_LT(biased, 32);
+  for (std::uint64_t draw = 0; draw < 32; ++draw)
+    EXPECT_FALSE(within_deepspeed(c, "0.19.8", {}, draw, {}, /*megatron_model_rules=*/true).model.add_bias_linear)
+        << "a stand-in running tally's model of Megatron gets none";
+
+  c.model.add_bias_linear = true;
+  EXPECT_EQ(casefile::check_case(c).value_or("").rfind("expert biases (add_bias_linear with num_experts 2) need etp 1", 0), 0u)
+      << "Megatron's rule, for every case but a DeepSpeed one";
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 1};
+  EXPECT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8", {}, {}, /*megatron_model_rules=*/true).value_or("").rfind(
+                "model: this worker builds models under Megatron-LM's rules", 0),
+            0u);
+}
+
 TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;

@@ -158,9 +158,6 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
          s.add_bias_linear = false;
        },
        testing::config_of(16, 1, 1, 1, 16), "moe_ffn_hidden_size 24 is not divisible by etp 16"},
-      {"expert biases need etp 1", [](ModelSpec& s) { s.num_experts = 2; }, testing::config_of(2, 2, 1, 1, 2),
-       "expert biases (add_bias_linear with num_experts 2) need etp 1, got etp 2 (Megatron-LM: "
-       "bias in MoE is only supported when ETP==1)"},
       {"more stages than layers", [](ModelSpec&) {}, testing::config_of(4, 1, 4, 1, 1),
        "pp 4 is larger than num_layers 2: every pipeline stage needs a layer"},
       {"layers by pp*vpp", [](ModelSpec& s) { s.num_layers = 3; }, testing::config_of(2, 1, 2, 1, 1, 2),
@@ -212,6 +209,19 @@ TEST(ModelSpec, EveryRuleHasItsMessage) {
     rule.edit(spec);
     EXPECT_EQ(check_model(spec, rule.config), rule.message) << rule.name;
   }
+}
+
+TEST(ModelSpec, ExpertBiasesWithExpertTpAreMegatronsRuleNotTheModels) {
+  ModelSpec s;
+  s.num_experts = 2;
+  const ParallelConfig etp2 = testing::config_of(2, 2, 1, 1, 2);
+  EXPECT_EQ(check_model(s, etp2), std::nullopt) << "DeepSpeed's MoE layer takes it";
+  EXPECT_EQ(check_megatron_expert_bias(s, etp2),
+            "expert biases (add_bias_linear with num_experts 2) need etp 1, got etp 2 (Megatron-LM: bias in MoE "
+            "is only supported when ETP==1)");
+  EXPECT_EQ(check_megatron_expert_bias(s, testing::config_of(2, 2, 1, 1, 1)), std::nullopt);
+  s.add_bias_linear = false;
+  EXPECT_EQ(check_megatron_expert_bias(s, etp2), std::nullopt);
 }
 
 TEST(ModelSpec, EveryCustomRuleHasItsMessage) {
