@@ -292,7 +292,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
       context.out << '\n';
       if (skipped > 0)
         context.out << "(skipped: " << skipped << " not runnable on this "
-                    << context.backend.name() << " job)\n";
+                    << (pool ? options->target.target : std::string(context.backend.name())) << " job)\n";
     }
     if (!options->junit.empty()) {
       std::vector<fuzz::JunitCase> report;
