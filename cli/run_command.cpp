@@ -429,8 +429,10 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
           if (error) throw UsageError("--manifests " + o.manifests + ": " + error.message());
           manifests_written = true;
         }
-        // A failure keeps its evidence: the manifests saved next to the case file.
-        if (!o.save.empty() && verdict.kind != oracle::Verdict::Kind::pass) c.target = target_of(*pool, c, o.save);
+        // The saved case keeps its evidence, the manifests next to it, so replay judges it where the
+        // framework is not installed: a failure's, and a pass's when it is saved as an expectation.
+        if (!o.save.empty() && (verdict.kind != oracle::Verdict::Kind::pass || !o.expect.empty()))
+          c.target = target_of(*pool, c, o.save);
       } else if (o.manifests.empty()) {
         verdict = context.backend.run(c, {});
       } else {
