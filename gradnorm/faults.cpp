@@ -127,6 +127,13 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "the duplicate filter does not see the tensor_model_parallel mark: a TP shard is kept only on "
      "the first rank of its TP (or expert-TP) group, so the other ranks' shards are dropped",
      "TP (or ETP) > 1 with gradients on tensor-parallel shards"},
+    {Fault::norm_of_scaled_gradients, "norm-of-scaled-gradients",
+     "DeepSpeed PR #8588 (FP16_UnfusedOptimizer's norm of the fp16 gradients still multiplied by the "
+     "loss scale); in 0.19.8 the fused FP16_Optimizer divides instead, since the engine never scales "
+     "(docs/findings/deepspeed-0.19.8-fp16-zero0-loss-never-scaled.md)",
+     "the reported norm is taken of the gradients before they are unscaled: the true norm times the "
+     "loss scale (2^16); clipping unscales it and stays right",
+     "any gradient not zero"},
 }};
 
 }  // namespace

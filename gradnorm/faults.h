@@ -38,8 +38,12 @@ enum class Fault : std::uint8_t {
   average_local_norms_over_dp,
   muon_expert_stats_without_egtp,
   tp_marking_unseen_by_filter,
+  norm_of_scaled_gradients,
 };
-inline constexpr int kFaultCount = 26;
+inline constexpr int kFaultCount = 27;
+// norm-of-scaled-gradients: the loss scale the reported norm is still multiplied by (DeepSpeed's
+// first dynamic fp16 loss scale, 2^16, a power of two: the product is exact).
+inline constexpr double kFaultLossScale = 65536.0;
 
 struct FaultInfo {
   Fault fault;

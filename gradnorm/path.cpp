@@ -544,7 +544,8 @@ record::RankRecord combine(const topologies::RankLayout& layout, const Optimizer
   }
   const double norm =
       faults.has(Fault::average_local_norms_over_dp) ? averaged_norm(layout, state) : std::sqrt(squares);
-  reported.norm = norm;
+  // norm-of-scaled-gradients: only the reported value; the clip below unscales (DeepSpeed #8588).
+  reported.norm = faults.has(Fault::norm_of_scaled_gradients) ? norm * kFaultLossScale : norm;
   reported.inf_norm = faults.has(Fault::inf_norm_combined_by_l2) && units.size() > 1
                           ? std::sqrt(inf_l2)
                           : inf;

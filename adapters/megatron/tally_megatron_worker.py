@@ -182,6 +182,7 @@ NOT_PLANTED = {
     "average-local-norms-over-dp": "two reductions of one rank's norm: not one function",
     "tp-marking-unseen-by-filter": "param_is_not_tensor_parallel_duplicate reads the param's own mark, which "
     "the adapter reads too to describe its box",
+    "norm-of-scaled-gradients": "the worker runs Megatron in bf16, without a loss scale",
 }
 
 

@@ -80,7 +80,7 @@ class MegatronPlants(unittest.TestCase):
         import tally_megatron_worker as worker
 
         self.assertFalse(set(worker.PLANTS) & set(worker.NOT_PLANTED))
-        self.assertEqual(len(set(worker.PLANTS) | set(worker.NOT_PLANTED)), 26)
+        self.assertEqual(len(set(worker.PLANTS) | set(worker.NOT_PLANTED)), 27)
 
 
 if __name__ == "__main__":

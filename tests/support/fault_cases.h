@@ -185,6 +185,8 @@ inline std::vector<FaultCase> fault_cases() {
       "megatron-core 0.19.2 muon chain: EGTP 2, expert statistics over tp-ep-pp",
       with_gtp(config_of(2, 1, 1, 1, 1), 1, 2), small_moe(2), ones(OptimizerModel::muon),
       ParamClass::expert_column);
+  add(Fault::norm_of_scaled_gradients, "DeepSpeed #8588: DP 2, the norm of gradients still times 2^16",
+      config_of(2, 1, 1, 1, 1), dense_model(), ones(OptimizerModel::plain), ParamClass::replicated, false);
   add(Fault::distopt_overlapping_shards, "distributed optimizer, DP 2, four elements",
       config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {4})}),
       ones(OptimizerModel::distributed), ParamClass::replicated);
