@@ -48,7 +48,7 @@ struct DeepSpeedConfig {
   int loss_scale = 128;          // fp16's static loss scale: a power of two, 1..2^16
   bool autotp = false;           // DeepSpeed's AutoTP shards the model over TP, not tally's worker
   bool autoep = false;           // DeepSpeed's AutoEP replaces the MoE layers, not DeepSpeed's MoE
-  bool fused_adam = false;       // DeepSpeed's FusedAdam, not torch's AdamW: FP16_Optimizer at ZeRO 0
+  bool fused_adam = false;       // DeepSpeed's FusedAdam, not torch's AdamW: FP16_Optimizer at ZeRO 0 (not bf16 with PP)
   friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
 };
 

@@ -138,8 +138,11 @@ constexpr std::array<EnginePath, 12> kEnginePaths = {{
     {3, Dtype::fp32, false},
 }};
 
-// Whether DeepSpeed takes `path` with pipeline parallelism (its PipelineEngine runs ZeRO 0 and 1).
-bool pipelines(const EnginePath& path) { return path.zero_stage <= 1; }
+// Whether DeepSpeed takes `path` with pipeline parallelism (its PipelineEngine runs ZeRO 0 and 1),
+// as a norm code of its own: bf16 at ZeRO 0 in a pipeline is BF16_Optimizer whatever the optimizer.
+bool pipelines(const EnginePath& path) {
+  return path.zero_stage <= 1 && !(path.fused_adam && path.dtype == Dtype::bf16);
+}
 
 // Whether a planted fault can change what `path` computes, where the unplanted path counts right
 // (tally mutants scores a fault only on a case that passes without it).
@@ -247,7 +250,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     m.last_stage_layers.reset();
     stages = {};
   }
-  // A pipeline stage without MoE layers deadlocks DeepSpeed's norm at ZeRO 1 and in BF16_Optimizer
+  // A pipeline stage without MoE layers deadlocks DeepSpeed's norm at ZeRO 1, in BF16_Optimizer and FP16_Optimizer
   // (docs/findings/deepspeed-0.19.8-pipeline-stage-without-moe-deadlocks-norm.md): each such case
   // would cost a campaign its case timeout, so PP folds into DP for such a model.
   if (t.pp > 1 && m.num_experts > 0 && !every_stage_holds_experts(m, stages)) {

@@ -51,6 +51,15 @@ def chained(first_by_rank: Dict[int, Sequence[int]], then: Sequence[int]) -> Lis
 # --- what DeepSpeed counted -------------------------------------------------------------------
 
 
+def split_by_mask(begin: int, end: int, masked: Sequence[Tuple[int, int]]) -> List[Tuple[int, int, bool]]:
+    """The flat range [begin, end) as (lo, hi, kept) pieces: cut where a masked range [a, b) starts
+    or ends inside it, each piece kept unless a masked range covers it (FP16_Optimizer's
+    grad_norm_mask zeroes exactly the masked elements)."""
+    cuts = sorted({begin, end} | {c for r in masked for c in r if begin < c < end})
+    return [(lo, hi, not any(a <= lo and hi <= b for a, b in masked)) for lo, hi in zip(cuts, cuts[1:])]
+
+
+
 class Recording:
     """Wraps DeepSpeed's norm hooks for one `engine.step()`. After the step, `children` holds one
     entry per norm DeepSpeed combined: (name, kind, [(param, begin, end, kept)]) where kind names
@@ -163,10 +172,7 @@ class Recording:
                     if grad_norm_mask is not None and len(grad_norm_mask[idx]) > 0:
                         masked = [(int(a), int(b)) for a, b in grad_norm_mask[idx].tolist()]
                     for p, begin, end in flat_group(rec.engine.optimizer, flat):
-                        # the param's range, cut where a masked range starts or ends inside it
-                        cuts = sorted({begin, end} | {c for r in masked for c in r if begin < c < end})
-                        for lo, hi in zip(cuts, cuts[1:]):
-                            kept = not any(a <= lo and hi <= b for a, b in masked)
+                        for lo, hi, kept in split_by_mask(begin, end, masked):
                             pieces.append((p, lo - begin, hi - begin, kept))
                 rec.children.append(("FP16_Optimizer dense", "mp", pieces))
                 return orig(parameters, norm_type, mpu, grad_norm_mask)

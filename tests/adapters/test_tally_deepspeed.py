@@ -353,6 +353,23 @@ class ShowPrintsTheWorkersConfiguration(unittest.TestCase):
             self.assertEqual("train_batch_size" in printed, "train_batch_size" in passed, name)
 
 
+class SplitByMask(unittest.TestCase):
+    def test_a_param_outside_every_mask_is_one_kept_piece(self):
+        self.assertEqual(td.split_by_mask(4, 8, []), [(4, 8, True)])
+        self.assertEqual(td.split_by_mask(4, 8, [(0, 4), (8, 9)]), [(4, 8, True)])
+
+    def test_a_masked_range_spanning_several_params_drops_each_whole(self):
+        masked = [(2, 10)]
+        self.assertEqual(td.split_by_mask(2, 5, masked), [(2, 5, False)])
+        self.assertEqual(td.split_by_mask(5, 10, masked), [(5, 10, False)])
+
+    def test_a_mask_covering_part_of_a_param_cuts_it(self):
+        self.assertEqual(td.split_by_mask(0, 10, [(3, 6)]),
+                         [(0, 3, True), (3, 6, False), (6, 10, True)])
+        self.assertEqual(td.split_by_mask(4, 8, [(0, 5), (7, 12)]),
+                         [(4, 5, False), (5, 7, True), (7, 8, False)])
+
+
 class Plants(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason(self):
         faults = set(worker.PLANTS) | set(worker.NOT_PLANTED)
