@@ -220,13 +220,17 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
 
 // ---- the record -----------------------------------------------------------------------------
 
-// What a logical param is, in a diagnosis: its attributes, as the framework set them.
-std::string kind_of(const Attributes& a) {
+// What a logical param is, in a diagnosis: its attributes, as the framework set them. `split`:
+// its holders hold it in pieces (boxes smaller than the whole).
+std::string kind_of(const Attributes& a, bool split) {
   std::string out = a.allreduce ? "" : "expert-topology ";
   // DeepSpeed's AutoTP marks its shards tensor_model_parallel without a partition_dim.
   if (a.tensor_model_parallel)
     return out + "tensor-parallel shard (" +
            (a.partition_dim >= 0 ? "dim " + std::to_string(a.partition_dim) : std::string("no partition_dim")) + ")";
+  // Held in pieces, yet unmarked: a filter takes each piece for a replica (DeepSpeed's expert
+  // copies, docs/findings/deepspeed-0.19.8-expert-tp-miscounts-experts.md).
+  if (split) return out + "shard not marked tensor_model_parallel";
   return out + (a.allreduce ? "replicated over TP" : "param replicated over ETP");
 }
 
@@ -288,7 +292,8 @@ record::RunRecord to_record(const RunManifests& manifests) {
     record::Tensor& t = run.tensors.emplace_back();
     t.name = l.name;
     t.shape = extents_of(l.shape);
-    t.kind = kind_of(l.attributes);
+    t.kind = kind_of(l.attributes, std::any_of(l.boxes.begin(), l.boxes.end(),
+                                               [&](const DistinctBox& b) { return volume(b.extents) < l.numel; }));
     if (const std::optional<std::string>& group = l.attributes.grad_norm_group) {
       // A separate grad-norm group: judged (counted) once a rank reports its norm, below.
       auto known = std::find_if(run.norm_groups.begin(), run.norm_groups.end(),

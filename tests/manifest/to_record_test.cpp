@@ -76,6 +76,18 @@ TEST(ManifestRunJudged, AShardWithoutAPartitionDimIsNamedAsSuch) {
             "tensor-parallel shard (dim 0)");
 }
 
+TEST(ManifestRunJudged, AShardThatLostItsMarkIsNamedAsSuch) {
+  RunManifests run = founding_run(false);
+  const auto kind = [](const record::RunRecord& r, const std::string& name) {
+    return std::find_if(r.tensors.begin(), r.tensors.end(), [&](const record::Tensor& t) { return t.name == name; })
+        ->kind;
+  };
+  for (RankManifest& m : run.ranks) m.params.edit()[2].attributes.tensor_model_parallel = false;  // as DeepSpeed's copies
+  EXPECT_EQ(kind(to_record(run), "fc1.weight"), "shard not marked tensor_model_parallel")
+      << "held in halves, yet unmarked";
+  EXPECT_EQ(kind(to_record(run), "norm.weight"), "replicated over TP") << "held whole on each rank";
+}
+
 TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
   RunManifests run = founding_run(false);
   for (RankManifest& m : run.ranks) m.reported.norm = *m.reported.norm / std::sqrt(2.0);
