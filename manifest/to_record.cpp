@@ -288,13 +288,22 @@ record::RunRecord to_record(const RunManifests& manifests) {
   run.producer = first.producer;
   run.world = first.world;
   for (const OptimizerRecord& o : first.optimizers) run.children.push_back(o.name);
-  for (const LogicalParam& l : model) {
+  // Split over ranks: some rank holds only part of it (one rank holding it in several pieces, as
+  // AutoEP's stacked experts, is not).
+  std::vector<bool> split(model.size(), false);
+  for (const RankManifest* m : ranks) {
+    std::map<int, std::int64_t> held;
+    const std::vector<int>& logical = index_of[static_cast<std::size_t>(m->rank)];
+    for (std::size_t i = 0; i < m->params.size(); ++i) held[logical[i]] += volume(m->params[i].extents);
+    for (const auto& [l, elements] : held)
+      if (elements < model[static_cast<std::size_t>(l)].numel) split[static_cast<std::size_t>(l)] = true;
+  }
+  for (std::size_t l = 0; l < model.size(); ++l) {
     record::Tensor& t = run.tensors.emplace_back();
-    t.name = l.name;
-    t.shape = extents_of(l.shape);
-    t.kind = kind_of(l.attributes, std::any_of(l.boxes.begin(), l.boxes.end(),
-                                               [&](const DistinctBox& b) { return volume(b.extents) < l.numel; }));
-    if (const std::optional<std::string>& group = l.attributes.grad_norm_group) {
+    t.name = model[l].name;
+    t.shape = extents_of(model[l].shape);
+    t.kind = kind_of(model[l].attributes, split[l]);
+    if (const std::optional<std::string>& group = model[l].attributes.grad_norm_group) {
       // A separate grad-norm group: judged (counted) once a rank reports its norm, below.
       auto known = std::find_if(run.norm_groups.begin(), run.norm_groups.end(),
                                 [&](const record::NormGroup& g) { return g.name == *group; });

@@ -79,13 +79,19 @@ TEST(ManifestRunJudged, AShardWithoutAPartitionDimIsNamedAsSuch) {
 TEST(ManifestRunJudged, AShardThatLostItsMarkIsNamedAsSuch) {
   RunManifests run = founding_run(false);
   const auto kind = [](const record::RunRecord& r, const std::string& name) {
-    return std::find_if(r.tensors.begin(), r.tensors.end(), [&](const record::Tensor& t) { return t.name == name; })
-        ->kind;
+    const auto t = std::find_if(r.tensors.begin(), r.tensors.end(), [&](const record::Tensor& x) { return x.name == name; });
+    return t == r.tensors.end() ? "no param " + name : t->kind;
   };
   for (RankManifest& m : run.ranks) m.params.edit()[2].attributes.tensor_model_parallel = false;  // as DeepSpeed's copies
   EXPECT_EQ(kind(to_record(run), "fc1.weight"), "shard not marked tensor_model_parallel")
       << "held in halves, yet unmarked";
   EXPECT_EQ(kind(to_record(run), "norm.weight"), "replicated over TP") << "held whole on each rank";
+  // AutoEP holds each expert's FC1 as two pieces (its gate rows in w1, its up rows in w3) on one
+  // rank: stored in pieces, not split over ranks.
+  const record::RunRecord autoep = to_record(load_run(
+      TALLY_SOURCE_DIR "/seeds/real/deepspeed-0.19.8-8613-autoep-unfused-drops-expert-norm-bf16.fail.manifests"));
+  EXPECT_EQ(kind(autoep, "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"),
+            "expert-topology param replicated over ETP");
 }
 
 TEST(ManifestRunJudged, AveragedReductionFailsAgainstTheRanksOwnLedger) {
