@@ -298,6 +298,11 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     m.add_bias_linear = true;
     if (casefile::check_case(c)) m.add_bias_linear = false;
   }
+  // A case that came with them, for a worker under Megatron's rules: without them.
+  if (megatron_model_rules && topologies::check_megatron_expert_bias(m, t)) {
+    m.add_bias_linear = false;
+    casefile::drop_stated_gradients_without_a_param(c, stages);
+  }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
   // DeepSpeed runs experts at ZeRO 3 only with AutoEP. AutoEP's experts are SwiGLU without

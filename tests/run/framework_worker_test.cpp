@@ -463,6 +463,9 @@ TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
   EXPECT_EQ(deepspeed_unsupported(c, "0.19.8", {}, {}, /*megatron_model_rules=*/true).value_or("").rfind(
                 "model: this worker builds models under Megatron-LM's rules", 0),
             0u);
+  const casefile::Case for_stand_in = within_deepspeed(c, "0.19.8", {}, 0, {}, /*megatron_model_rules=*/true);
+  EXPECT_FALSE(deepspeed_unsupported(for_stand_in, "0.19.8", {}, {}, /*megatron_model_rules=*/true))
+      << "a case that came with expert biases is made one such a worker builds";
 }
 
 TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
