@@ -49,6 +49,7 @@ struct DeepSpeedConfig {
   bool autotp = false;           // DeepSpeed's AutoTP shards the model over TP, not tally's worker
   bool autoep = false;           // DeepSpeed's AutoEP replaces the MoE layers, not DeepSpeed's MoE
   bool fused_adam = false;       // DeepSpeed's FusedAdam, not torch's AdamW: FP16_Optimizer at ZeRO 0 (not bf16 with PP)
+  bool offload_optimizer = false;  // ZeRO-Offload to the CPU (ZeRO 1/2): DeepSpeedZeroOptimizer's CPU-offload norm
   friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
 };
 

@@ -290,6 +290,7 @@ DeepSpeedConfig read_deepspeed(const json& value, const std::string& path) {
        {"autotp", [&](const json& v, const std::string& p) { d.autotp = read_bool(v, p); }},
        {"autoep", [&](const json& v, const std::string& p) { d.autoep = read_bool(v, p); }},
        {"fused_adam", [&](const json& v, const std::string& p) { d.fused_adam = read_bool(v, p); }},
+       {"offload_optimizer", [&](const json& v, const std::string& p) { d.offload_optimizer = read_bool(v, p); }},
        {"loss_scale",
         [&](const json& v, const std::string& p) {
           d.loss_scale = static_cast<int>(read_integer(v, p, 1, 1 << 16));
@@ -454,6 +455,7 @@ ordered_json case_to_json(const Case& c) {
     if (c.deepspeed->autotp) j["deepspeed"]["autotp"] = true;
     if (c.deepspeed->autoep) j["deepspeed"]["autoep"] = true;
     if (c.deepspeed->fused_adam) j["deepspeed"]["fused_adam"] = true;
+    if (c.deepspeed->offload_optimizer) j["deepspeed"]["offload_optimizer"] = true;
   }
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};

@@ -50,6 +50,10 @@ nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
     case kernels::Dtype::fp32: break;
   }
   if (d.grad_accum_fp32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  if (d.offload_optimizer) {
+    j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    j["zero_force_ds_cpu_optimizer"] = false;  // the worker's AdamW, not DeepSpeedCPUAdam
+  }
   if (d.autoep) {
     j["expert_parallel"] = {{"enabled", true},
                             {"autoep_size", c.topology.ep},

@@ -54,6 +54,12 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
     return "deepspeed.grad_accum_fp32 with zero_stage 3: not run by the worker";
   if (d.grad_accum_fp32 && dtype == Dtype::fp32)
     return "deepspeed.grad_accum_fp32 with gradients.dtype fp32: the gradients are fp32 already";
+  if (d.offload_optimizer && (d.zero_stage == 0 || d.zero_stage == 3))
+    return "deepspeed.offload_optimizer with zero_stage " + std::to_string(d.zero_stage) +
+           ": the worker offloads at ZeRO 1 and 2 (DeepSpeedZeroOptimizer's CPU-offload norm); ZeRO 0 has no "
+           "partitioned optimizer to offload, and ZeRO 3's offload is not run";
+  if (d.offload_optimizer && pp > 1)
+    return "deepspeed.offload_optimizer with topology.pp > 1: not run by the worker";
   if (d.grad_accum_fp32 && d.zero_stage == 0)
     return "deepspeed.grad_accum_fp32 with zero_stage 0: DeepSpeed raises NotImplementedError (unsupported "
            "mix of model_dtype and grad_accum_dtype) for a 16-bit model with fp32 gradient accumulation "
@@ -122,8 +128,9 @@ struct EnginePath {
   Dtype dtype;
   bool grad_accum_fp32;
   bool fused_adam = false;
+  bool offload_optimizer = false;
 };
-constexpr std::array<EnginePath, 12> kEnginePaths = {{
+constexpr std::array<EnginePath, 14> kEnginePaths = {{
     {0, Dtype::fp32, false},        // clip_grad_norm_
     {0, Dtype::bf16, false},        // FP16_UnfusedOptimizer
     {0, Dtype::fp16, false},        // FP16_UnfusedOptimizer
@@ -134,6 +141,8 @@ constexpr std::array<EnginePath, 12> kEnginePaths = {{
     {1, Dtype::fp32, false},
     {2, Dtype::bf16, false},
     {2, Dtype::fp16, false},
+    {1, Dtype::bf16, false, false, true},  // DeepSpeedZeroOptimizer's CPU-offload norm
+    {2, Dtype::fp32, false, false, true},
     {3, Dtype::bf16, false},  // DeepSpeedZeroOptimizer_Stage3 (experts: AutoEP's where it fits, else ZeRO 2)
     {3, Dtype::fp32, false},
 }};
@@ -141,7 +150,7 @@ constexpr std::array<EnginePath, 12> kEnginePaths = {{
 // Whether DeepSpeed takes `path` with pipeline parallelism (its PipelineEngine runs ZeRO 0 and 1),
 // as a norm code of its own: bf16 at ZeRO 0 in a pipeline is BF16_Optimizer whatever the optimizer.
 bool pipelines(const EnginePath& path) {
-  return path.zero_stage <= 1 && !(path.fused_adam && path.dtype == Dtype::bf16);
+  return path.zero_stage <= 1 && !(path.fused_adam && path.dtype == Dtype::bf16) && !path.offload_optimizer;
 }
 
 // Whether a planted fault can change what `path` computes, where the unplanted path counts right
@@ -274,6 +283,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     c.deepspeed->zero_stage = path.zero_stage;
     c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
     c.deepspeed->fused_adam = path.fused_adam;
+    c.deepspeed->offload_optimizer = path.offload_optimizer;
     o.gradients.generator.dtype = path.dtype;
     // Half of the cases AutoTP (or AutoEP) can take shard with it (the other half with the worker's
     // mpu, or DeepSpeed's MoE layer).

@@ -13,6 +13,7 @@ summed over. Nothing in DeepSpeed's files changes; the wrappers call the origina
 | bf16/fp16, ZeRO 0, grads in the same dtype, DeepSpeed's FusedAdam: `FP16_Optimizer` | `fp16.fused_optimizer.get_flattened_grad_norm` and `.get_norm_with_moe_layers` | dense groups: each param's range of its group's flat gradient outside the `grad_norm_mask` ranges it is given, the MP group; expert groups: every param of each flat gradient passed, MP (with expert TP) or the pipeline group, then its EP group |
 | bf16 with fp32 gradient accumulation, ZeRO 1 (and bf16 at ZeRO 0 in a pipeline): `BF16_Optimizer` | `BF16_Optimizer.get_grads_for_norm`   | exactly the returned lists; dense: the MP group; each expert group: MP (with expert TP) or the pipeline group, then its EP group |
 | ZeRO 1/2: `DeepSpeedZeroOptimizer`                       | `DeepSpeedZeroOptimizer.get_grad_norm_direct` | its predicate on each (partition piece, param); the DP group then the MP group (expert groups then averaged over their expert-DP group) |
+| ZeRO 1/2 with `offload_optimizer` on the CPU | `DeepSpeedZeroOptimizer.complete_grad_norm_calculation_for_cpu_offload` | its predicate on each param's partition piece (`grad_position`), held norms only; the DP group then the MP group (expert groups then averaged over their expert-DP group) |
 | ZeRO 3: `DeepSpeedZeroOptimizer_Stage3`                  | `DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct` | its predicate (with `_grad_norm_counts_every_rank`) on each param's partition; the partition group, then the MP group unless every rank counts |
 
 The statistics of every param and piece are of the gradient values the caller states
@@ -236,6 +237,26 @@ class Recording:
 
             return wrapped
 
+        def complete_grad_norm_calculation_for_cpu_offload(orig):
+            def wrapped(optimizer, params):
+                i = next(k for k, group in enumerate(optimizer.params_in_partition) if group is params)
+                name = None
+                if optimizer.has_moe_layers and optimizer.is_moe_param_group[i]:
+                    name = optimizer.optimizer.param_groups[i].get("name")
+                pieces = []
+                for p in params:
+                    param_id = optimizer.get_param_id(p)
+                    _, begin, _, elements = optimizer.grad_position[param_id]
+                    replicated = getattr(p, "ds_pipe_replicated", False)
+                    kept = not replicated and (is_model_parallel_parameter(p) or optimizer.model_parallel_rank == 0) \
+                        and param_id in optimizer.norm_for_param_grads
+                    pieces.append((p, int(begin), int(begin) + int(elements), kept))
+                kind = "dp-then-mp" if name is None else f"dp-then-mp-then-edp-mean:{name}"
+                rec.children.append((f"DeepSpeedZeroOptimizer group {i} (CPU offload)", kind, pieces))
+                return orig(optimizer, params)
+
+            return wrapped
+
         def get_grad_norm_direct_stage3(orig):
             def wrapped(optimizer, gradients, params, norm_type=2):
                 import torch.distributed as dist
@@ -275,6 +296,8 @@ class Recording:
         self._wrap(fused, "get_norm_with_moe_layers", get_norm_with_moe_layers)
         self._wrap(BF16_Optimizer, "get_grads_for_norm", get_grads_for_norm)
         self._wrap(DeepSpeedZeroOptimizer, "get_grad_norm_direct", get_grad_norm_direct)
+        self._wrap(DeepSpeedZeroOptimizer, "complete_grad_norm_calculation_for_cpu_offload",
+                   complete_grad_norm_calculation_for_cpu_offload)
         return self
 
     def __exit__(self, *exc):

@@ -822,6 +822,11 @@ def engine_config(case, world, tp, pp=1):
         config["fp16"] = {"enabled": True, "loss_scale": ds.get("loss_scale", 128), "initial_scale_power": 7}
     if ds.get("grad_accum_fp32", False):
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if ds.get("offload_optimizer", False):
+        # ZeRO-Offload: the optimizer's partition on the CPU. The worker's AdamW stays (the norm is
+        # DeepSpeedZeroOptimizer's, whatever steps it); DeepSpeed would otherwise insist on its CPUAdam.
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        config["zero_force_ds_cpu_optimizer"] = False
     if ds.get("autoep", False):
         moe = moe_settings(case)
         config["expert_parallel"] = {"enabled": True, "autoep_size": moe["ep"], **AUTOEP_PATTERNS, "top_k": 1,

@@ -380,6 +380,10 @@ TEST(CaseFile, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   c.deepspeed->fused_adam = true;
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["fused_adam"], true);
   EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+  EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("offload_optimizer")) << "absent means false";
+  c.deepspeed->offload_optimizer = true;
+  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["offload_optimizer"], true);
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
   c.deepspeed.reset();
   EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";
 }

@@ -432,6 +432,31 @@ TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
 }
 
+TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = {.world = 4, .ep = 2, .etp = 1};
+  c.model = {};
+  c.model.num_experts = 2;
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  int offloaded = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
+    if (!within.deepspeed->offload_optimizer) continue;
+    ++offloaded;
+    EXPECT_TRUE(within.deepspeed->zero_stage == 1 || within.deepspeed->zero_stage == 2);
+  }
+  EXPECT_GT(offloaded, 0) << "ZeRO-Offload is drawn";
+  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 2, .offload_optimizer = true};
+  EXPECT_EQ(refusal(c), "");
+  c.deepspeed->zero_stage = 0;
+  EXPECT_EQ(refusal(c).rfind("deepspeed.offload_optimizer with zero_stage 0:", 0), 0u) << refusal(c);
+  c.deepspeed->zero_stage = 3;
+  c.model.num_experts = 0;
+  c.topology.ep = 1;
+  EXPECT_EQ(refusal(c).rfind("deepspeed.offload_optimizer with zero_stage 3:", 0), 0u) << refusal(c);
+}
+
 TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
   casefile::Case c = founding_case();
   c.path.optimizer = gradnorm::OptimizerModel::plain;
