@@ -218,20 +218,27 @@ class Recording:
 
             return wrapped
 
+        def zero_group(optimizer, params):
+            """The index of DeepSpeedZeroOptimizer's param group whose partition is `params`, and how
+            its norm is reduced: the DP group then MP, an expert group's then averaged over its
+            expert-DP group."""
+            i = next(k for k, group in enumerate(optimizer.params_in_partition) if group is params)
+            if optimizer.has_moe_layers and optimizer.is_moe_param_group[i]:
+                return i, f"dp-then-mp-then-edp-mean:{optimizer.optimizer.param_groups[i].get('name')}"
+            return i, "dp-then-mp"
+
+        def zero_keeps(optimizer, p):  # ZeRO 1/2's predicate, in both of its norm codes
+            replicated = getattr(p, "ds_pipe_replicated", False)
+            return not replicated and (is_model_parallel_parameter(p) or optimizer.model_parallel_rank == 0)
+
         def get_grad_norm_direct(orig):
             def wrapped(optimizer, gradients, params, norm_type=2):
-                i = next(k for k, group in enumerate(optimizer.params_in_partition) if group is params)
-                name = None
-                if optimizer.has_moe_layers and optimizer.is_moe_param_group[i]:
-                    name = optimizer.optimizer.param_groups[i].get("name")
+                i, kind = zero_group(optimizer, params)
                 real = [g for g in gradients if not getattr(g, "_zero_padding", False)]
                 pieces = []
                 for j, (g, p) in enumerate(zip(real, params)):
                     begin = int(optimizer.first_offset[i]) if j == 0 else 0
-                    replicated = getattr(p, "ds_pipe_replicated", False)
-                    kept = not replicated and (is_model_parallel_parameter(p) or optimizer.model_parallel_rank == 0)
-                    pieces.append((p, begin, begin + g.numel(), kept))
-                kind = "dp-then-mp" if name is None else f"dp-then-mp-then-edp-mean:{name}"
+                    pieces.append((p, begin, begin + g.numel(), zero_keeps(optimizer, p)))
                 rec.children.append((f"DeepSpeedZeroOptimizer group {i}", kind, pieces))
                 return orig(optimizer, gradients, params, norm_type)
 
@@ -239,19 +246,13 @@ class Recording:
 
         def complete_grad_norm_calculation_for_cpu_offload(orig):
             def wrapped(optimizer, params):
-                i = next(k for k, group in enumerate(optimizer.params_in_partition) if group is params)
-                name = None
-                if optimizer.has_moe_layers and optimizer.is_moe_param_group[i]:
-                    name = optimizer.optimizer.param_groups[i].get("name")
+                i, kind = zero_group(optimizer, params)
                 pieces = []
                 for p in params:
                     param_id = optimizer.get_param_id(p)
-                    _, begin, _, elements = optimizer.grad_position[param_id]
-                    replicated = getattr(p, "ds_pipe_replicated", False)
-                    kept = not replicated and (is_model_parallel_parameter(p) or optimizer.model_parallel_rank == 0) \
-                        and param_id in optimizer.norm_for_param_grads
-                    pieces.append((p, int(begin), int(begin) + int(elements), kept))
-                kind = "dp-then-mp" if name is None else f"dp-then-mp-then-edp-mean:{name}"
+                    _, begin, _, elements = (int(x) for x in optimizer.grad_position[param_id])
+                    kept = zero_keeps(optimizer, p) and param_id in optimizer.norm_for_param_grads
+                    pieces.append((p, begin, begin + elements, kept))
                 rec.children.append((f"DeepSpeedZeroOptimizer group {i} (CPU offload)", kind, pieces))
                 return orig(optimizer, params)
 
