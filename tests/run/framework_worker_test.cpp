@@ -363,6 +363,17 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "a user may still run such a case by hand";
 }
 
+// A case of `topology` with the default small model and `experts` experts, under the plain
+// optimizer the DeepSpeed target takes.
+casefile::Case plain_case(topologies::ParallelConfig topology, int experts) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.topology = topology;
+  c.model = {};
+  c.model.num_experts = experts;
+  return c;
+}
+
 // `c` without its deepspeed section as the generator draws it, 32 times; each one the worker runs.
 std::vector<casefile::Case> drawn_for_deepspeed(casefile::Case c) {
   c.deepspeed.reset();
@@ -375,10 +386,7 @@ std::vector<casefile::Case> drawn_for_deepspeed(casefile::Case c) {
 }
 
 TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
-  casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
-  c.topology = {.world = 4, .tp = 2};
-  c.model = {};
+  casefile::Case c = plain_case({.world = 4, .tp = 2}, 0);
   c.model.qk_layernorm = true;
   c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 1, .autotp = true};
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
@@ -409,11 +417,7 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
 }
 
 TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
-  casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
-  c.topology = {.world = 4, .tp = 2, .ep = 2, .etp = 1};
-  c.model = {};
-  c.model.num_experts = 2;
+  casefile::Case c = plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 1}, 2);
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   int fused = 0, unfused = 0;
   for (const casefile::Case& within : drawn_for_deepspeed(c)) {
@@ -433,11 +437,7 @@ TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
 }
 
 TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
-  casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
-  c.topology = {.world = 4, .ep = 2, .etp = 1};
-  c.model = {};
-  c.model.num_experts = 2;
+  casefile::Case c = plain_case({.world = 4, .ep = 2, .etp = 1}, 2);
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   int offloaded = 0;
   for (const casefile::Case& within : drawn_for_deepspeed(c)) {
@@ -458,11 +458,7 @@ TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
 }
 
 TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
-  casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
-  c.topology = {.world = 4, .tp = 2, .ep = 2, .etp = 2};
-  c.model = {};
-  c.model.num_experts = 2;
+  casefile::Case c = plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 2}, 2);
   c.model.add_bias_linear = false;  // as tally's generator makes a model with expert TP
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   int biased = 0;
@@ -494,11 +490,7 @@ TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
 }
 
 TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
-  casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
-  c.topology = {.world = 4, .ep = 2};
-  c.model = {};
-  c.model.num_experts = 4;
+  casefile::Case c = plain_case({.world = 4, .ep = 2}, 4);
   c.model.swiglu = true;
   c.model.add_bias_linear = false;
   c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 2, .autoep = true};
