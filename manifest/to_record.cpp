@@ -221,7 +221,7 @@ std::vector<LogicalParam> rebuild_logical_model(const std::vector<const RankMani
 // ---- the record -----------------------------------------------------------------------------
 
 // What a logical param is, in a diagnosis: its attributes, as the framework set them. `split`:
-// its holders hold it in pieces (boxes smaller than the whole).
+// some rank holds only part of it.
 std::string kind_of(const Attributes& a, bool split) {
   std::string out = a.allreduce ? "" : "expert-topology ";
   // DeepSpeed's AutoTP marks its shards tensor_model_parallel without a partition_dim.
