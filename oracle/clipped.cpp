@@ -36,8 +36,9 @@ class ClippedJudge {
  public:
   ClippedJudge(const record::RunRecord& run, const GroundTruth& truth, const GradientSource& gradients,
                const ReductionModel& reduction)
-      : run_(run), truth_(truth), gradients_(gradients), reduction_(reduction),
-        main_tolerance_(tolerance(reduction, truth.main)), mtp_tolerance_(tolerance(reduction, truth.mtp)) {}
+      : run_(run), truth_(truth), gradients_(gradients),
+        main_scales_(clip_scales(tolerance(reduction, truth.main), truth.main.clip)),
+        mtp_scales_(clip_scales(tolerance(reduction, truth.mtp), truth.mtp.clip)) {}
 
   std::optional<ClippedMismatch> first_mismatch(const record::RankRecord& rank) {
     auto [found, fresh] = by_rank_.try_emplace(rank.clipped.get());
@@ -115,7 +116,8 @@ class ClippedJudge {
       wrong_at(0);
       return out;
     }
-    if (reduction_.exact_mode) {  // bit for bit
+    const ClipScales scales = run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? main_scales_ : mtp_scales_;
+    if (scales.low == scales.high) {  // one possible scale: the truth's, bit for bit
       if (std::memcmp(got.data(), expected_.data(), got.size() * sizeof(float)) == 0) return out;
       for (Eigen::Index j = 0; j < n; ++j)
         if (std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(j)]) != std::bit_cast<std::uint32_t>(expected[j])) {
@@ -124,9 +126,11 @@ class ClippedJudge {
         }
       return out;
     }
-    const Tolerance& t = run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? main_tolerance_ : mtp_tolerance_;
+    const Eigen::Map<const Eigen::ArrayXf> values(got.data(), n);
+    const Eigen::ArrayXf low = stored * scales.low, high = stored * scales.high;
+    if ((values >= low.min(high) && values <= low.max(high)).all()) return out;
     for (Eigen::Index j = 0; j < n; ++j)
-      if (error_ratio(got[static_cast<std::size_t>(j)], expected[j], clipped_bound(t, stored[j])) > 1.0) {
+      if (!clipped_within(got[static_cast<std::size_t>(j)], stored[j], scales)) {
         wrong_at(j);
         break;
       }
@@ -144,8 +148,7 @@ class ClippedJudge {
   const record::RunRecord& run_;
   const GroundTruth& truth_;
   const GradientSource& gradients_;
-  const ReductionModel& reduction_;
-  const Tolerance main_tolerance_, mtp_tolerance_;
+  const ClipScales main_scales_, mtp_scales_;
   std::map<const record::ClippedValues*, std::optional<ClippedMismatch>> by_rank_;
   std::map<Compared, FirstWrong> compared_;
   std::vector<float> stored_, expected_;  // of the box being compared

@@ -3,9 +3,9 @@
 // expectation is computed independently: the stored gradient (the generator, the one input the
 // oracle shares) times the truth's coefficient rounded to a float, one fp32 product per element
 // in Eigen, as Megatron-LM's multi_tensor_scale makes it; no clipping where the truth says the
-// norm is under max_norm. Exact gradient modes compare bit for bit; random ones within
-// clipped_bound (oracle/tolerance.h), since the path's coefficient may differ from the truth's
-// by its own rounding.
+// norm is under max_norm. Where the path's coefficient may differ from the truth's by its own
+// rounding (oracle/tolerance.h, item 8), each value must lie between the products with the lowest
+// and highest scale that difference allows (clip_scales); where it cannot, bit for bit.
 #pragma once
 
 #include <cstddef>

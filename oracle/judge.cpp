@@ -90,7 +90,11 @@ class Expectations {
     const ClipTruth clip = clip_truth(max_norm, truth_.main.norm);
     const double expected = clip.applied();
     if (!derived()) return {expected, relative(expected)};
-    return {expected, clip.applies && main_.clip_decision_certain ? main_.clip_coefficient : 0.0};
+    // Where the path cannot clip, it reports 1 exactly; elsewhere its coefficient, min(c', 1),
+    // is within the coefficient's bound of the truth's (min is 1-Lipschitz), on either side of
+    // the decision when that is uncertain.
+    const bool never_clips = !clip.applies && main_.clip_decision_certain;
+    return {expected, never_clips ? 0.0 : main_.clip_coefficient};
   }
 
  private:

@@ -22,21 +22,6 @@ double underflow_unit(kernels::Accumulation a) {
   return a == kernels::Accumulation::fp32 ? 0x1p-150 : 0x1p-1074;
 }
 
-double storage_unit(kernels::Dtype dtype) {
-  switch (dtype) {
-    case kernels::Dtype::fp32: return 0.0;  // apply_clip's fp32 form: no further rounding
-    case kernels::Dtype::bf16: return 0x1p-8;
-    default: return 0x1p-11;
-  }
-}
-double storage_underflow(kernels::Dtype dtype) {
-  switch (dtype) {
-    case kernels::Dtype::fp32: return 0.0;
-    case kernels::Dtype::bf16: return 0x1p-134;
-    default: return 0x1p-25;
-  }
-}
-
 double round_up(double bound) { return bound > 0.0 ? bound * kRoundUp : bound; }
 
 // Relative bound on sqrt(x^) (1 + d) against sqrt(x) when |x^ / x - 1| <= g and |d| <= u
@@ -188,27 +173,27 @@ Tolerance tolerance(const ReductionModel& m, const GroupTruth& truth) {
     }
     const double c = clip.coefficient;
     t.clip_decision_certain = c + t.clip_coefficient < 1.0 || c - t.clip_coefficient >= 1.0;
-    // fl32(c) on both sides, then fl32(g * s) on both sides.
-    const double ds = t.clip_coefficient + kU32 * (2.0 * c + t.clip_coefficient) + 0x1p-149;
-    const double s_max = (c + t.clip_coefficient) * (1.0 + kU32);
-    double rel = ds + kU32 * (2.0 * s_max + ds);
-    double abs = 0x1p-149;
-    const double u_s = storage_unit(m.clip_storage);
-    if (u_s > 0.0) {
-      rel = rel * (1.0 + u_s) + 2.0 * u_s * s_max * (1.0 + kU32);
-      abs = abs * (1.0 + u_s) + 2.0 * storage_underflow(m.clip_storage);
-    }
-    t.clipped_relative = round_up(rel);
-    t.clipped_absolute = round_up(abs);
   }
   // max_norm == 0: both coefficients are 0 and nothing is clipped. t.norm == 0 with a fp64
   // reduction: both sides compute the same coefficient from the same norm bits.
   return t;
 }
 
-double clipped_bound(const Tolerance& tolerance, float stored) {
-  return tolerance.clipped_relative * std::abs(static_cast<double>(stored)) +
-         tolerance.clipped_absolute;
+ClipScales clip_scales(const Tolerance& tolerance, const ClipTruth& clip) {
+  if (tolerance.clip_coefficient == 0.0 || clip.max_norm <= 0.0) {
+    const float applied = static_cast<float>(clip.applied());
+    return {applied, applied};
+  }
+  // One step outward covers the rounding of c -/+ bound itself; the path's scale is never
+  // negative and never above 1 (it does not clip there).
+  const double low = std::nextafter(clip.coefficient - tolerance.clip_coefficient, -kInf);
+  const double high = std::nextafter(clip.coefficient + tolerance.clip_coefficient, kInf);
+  return {static_cast<float>(std::clamp(low, 0.0, 1.0)), static_cast<float>(std::clamp(high, 0.0, 1.0))};
+}
+
+bool clipped_within(float got, float stored, ClipScales scales) {
+  const float a = stored * scales.low, b = stored * scales.high;
+  return std::min(a, b) <= got && got <= std::max(a, b);
 }
 
 double error_ratio(double got, double expected, double bound) {

@@ -41,9 +41,11 @@
 //    |ln P| u / p, pow itself < 1 ulp (2 u).
 // 8. Clip coefficient c = max_norm / (norm + 1e-6): a norm error B_n moves the denominator by at
 //    most B_n, relative b = B_n / (norm + 1e-6); with the rounding of the + and the /, the
-//    relative error is at most (2 u + b - b u) / ((1 - b)(1 - u)). The clipped element
-//    fl32(g * fl32(c)) then differs by at most |g| (|dc| + u_32 (2 c + ...)) and the rounding of
-//    both products (clipped_relative, clipped_absolute).
+//    relative error is at most (2 u + b - b u) / ((1 - b)(1 - u)). A clipped element is
+//    fl32(g * fl32(min(c', 1))) for the path's coefficient c' (no clipping at c' >= 1 leaves g,
+//    which is fl32(g * 1)). Both roundings and the min are monotone, so every value the path can
+//    make of g lies between the products with the lowest and the highest float scale that a c'
+//    within the coefficient's bound gives (clip_scales): the check is that interval, exactly.
 // 9. The oracle's own error (oracle/ground_truth.h): sums within (1 + 2^-9) 2^-53 relative,
 //    p-sums 2.03 * 2^-53, the norm's and the root's final roundings; exact modes: 0. Both errors
 //    add: |path - truth| <= |path - exact| + |exact - truth|, and the exact value is bounded
@@ -77,7 +79,6 @@ struct ReductionModel {
   int children = 1;  // child norms combined as sqrt(sum n_i^2); 1: a single reduction
   bool local_sqrt_square = false;  // the local sum enters as sqrt(s)^2 (multi_tensor_l2norm)
   bool exact_mode = false;         // kernels::mode_is_exact of the case's gradient mode
-  kernels::Dtype clip_storage = kernels::Dtype::fp32;  // where clipped values are stored back
   friend bool operator==(const ReductionModel&, const ReductionModel&) = default;
 };
 
@@ -96,10 +97,6 @@ struct Tolerance {
   double clip_coefficient = 0.0;
   // The path's "clip or not" (coefficient < 1) cannot differ from the truth's.
   bool clip_decision_certain = true;
-  // |path clipped - expected clipped| <= clipped_relative * |stored g| + clipped_absolute,
-  // when both clip (when the decision is certain).
-  double clipped_relative = 0.0;
-  double clipped_absolute = 0.0;
   friend bool operator==(const Tolerance&, const Tolerance&) = default;
 };
 
@@ -113,8 +110,19 @@ std::int64_t local_chain_length(std::int64_t shard_elements, std::int64_t shards
 
 Tolerance tolerance(const ReductionModel& model, const GroupTruth& truth);
 
-// The clipped element's bound for one stored value.
-double clipped_bound(const Tolerance& tolerance, float stored);
+// The float scales a path may multiply its gradients by (item 8): fl32(min(c', 1)) for the
+// lowest and the highest coefficient c' within tolerance.clip_coefficient of clip's. Equal, and
+// fl32(clip.applied()), where the coefficient is certain (bound 0).
+struct ClipScales {
+  float low = 1.0f;
+  float high = 1.0f;
+  friend bool operator==(const ClipScales&, const ClipScales&) = default;
+};
+ClipScales clip_scales(const Tolerance& tolerance, const ClipTruth& clip);
+
+// Whether `got` is a value the path can make of `stored`: between fl32(stored * scales.low) and
+// fl32(stored * scales.high). NaN is never within.
+bool clipped_within(float got, float stored, ClipScales scales);
 
 // |got - expected| / bound, what the verdict reports. bound 0: 0 when the bits are equal, +inf
 // otherwise. NaN anywhere: +inf.

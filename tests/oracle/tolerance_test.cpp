@@ -65,7 +65,9 @@ TEST(Tolerance, ExactModesWithFp64AreBitForBit) {
   EXPECT_EQ(t.p_norms, (std::vector<double>{0.0, 0.0}));
   EXPECT_EQ(t.clip_coefficient, 0.0);
   EXPECT_TRUE(t.clip_decision_certain);
-  EXPECT_EQ(t.clipped_relative, 0.0);
+  const ClipScales scales = clip_scales(t, g.clip);
+  EXPECT_EQ(scales.low, static_cast<float>(g.clip.coefficient));
+  EXPECT_EQ(scales.high, scales.low);
   EXPECT_EQ(error_ratio(g.norm, g.norm, t.norm), 0.0);
   EXPECT_EQ(error_ratio(std::nextafter(g.norm, 0.0), g.norm, t.norm), kInf);
 
@@ -92,7 +94,10 @@ TEST(Tolerance, BoundsGrowWithTheChain) {
   EXPECT_LT(small.sum_squares, large.sum_squares);
   EXPECT_LT(small.norm, large.norm);
   EXPECT_LT(small.clip_coefficient, large.clip_coefficient);
-  EXPECT_LT(small.clipped_relative, large.clipped_relative);
+  const ClipScales small_scales = clip_scales(small, g.clip), large_scales = clip_scales(large, g.clip);
+  EXPECT_LE(large_scales.low, small_scales.low);
+  EXPECT_GE(large_scales.high, small_scales.high);
+  EXPECT_LT(large_scales.low, large_scales.high);
   // The norm's relative bound is about half the sum's, plus the sqrt's rounding.
   EXPECT_NEAR(large.norm / g.norm, large.sum_squares / g.sum_squares / 2, 2 * 0x1p-24);
 }
@@ -105,6 +110,55 @@ TEST(Tolerance, ClipDecisionNearOneIsUncertain) {
   EXPECT_TRUE(tolerance(m, far).clip_decision_certain);
   const GroupTruth near = group(100.0, 4096, 10.0 + 1e-6);  // coefficient 1 within rounding
   EXPECT_FALSE(tolerance(m, near).clip_decision_certain);
+}
+
+// The false FAIL of ci/fuzz seed 8243660598208285121 (case 78850): rank-encoded fp32 gradients
+// summed in fp32 are exact values, but their coefficient carries the accumulation's rounding, so a
+// clipped value one fp32 ulp from the truth's product is one the path can make.
+TEST(Tolerance, ExactGradientsAccumulatedInFp32ClipWithinTheCoefficientsRounding) {
+  ReductionModel m;
+  m.exact_mode = true;
+  m.local = Accumulation::fp32;
+  m.shard_elements = 1 << 16;
+  m.shards = 500;
+  m.reduction_groups = {8};
+  const GroupTruth g = group(400.0, 265792, 1.0);  // coefficient ~0.05
+  const Tolerance t = tolerance(m, g);
+  ASSERT_GT(t.clip_coefficient, 0.0);
+  const ClipScales scales = clip_scales(t, g.clip);
+  EXPECT_LT(scales.low, scales.high);
+  const float stored = 0.04446f;
+  const float truths = stored * static_cast<float>(g.clip.coefficient);
+  EXPECT_TRUE(clipped_within(truths, stored, scales));
+  EXPECT_TRUE(clipped_within(std::nextafter(truths, 1.0f), stored, scales));
+  EXPECT_TRUE(clipped_within(std::nextafter(truths, 0.0f), stored, scales));
+  // A clipping fault is still far outside: the coefficient halved, or not applied at all.
+  EXPECT_FALSE(clipped_within(truths / 2, stored, scales));
+  EXPECT_FALSE(clipped_within(stored, stored, scales));
+}
+
+TEST(Tolerance, ClippedWithinIsExactlyTheProductsOfTheExtremeScales) {
+  const ClipScales scales{0.25f, std::nextafter(0.25f, 1.0f)};
+  for (float stored : {3.0f, -3.0f, 1e-30f, -7.5e12f}) {
+    const float low = stored * scales.low, high = stored * scales.high;
+    EXPECT_TRUE(clipped_within(low, stored, scales)) << stored;
+    EXPECT_TRUE(clipped_within(high, stored, scales)) << stored;
+    constexpr float kFloatInf = std::numeric_limits<float>::infinity();
+    const float below = std::nextafter(std::min(low, high), -kFloatInf);
+    const float above = std::nextafter(std::max(low, high), kFloatInf);
+    EXPECT_FALSE(clipped_within(below, stored, scales)) << stored;
+    EXPECT_FALSE(clipped_within(above, stored, scales)) << stored;
+  }
+  EXPECT_FALSE(clipped_within(std::numeric_limits<float>::quiet_NaN(), 1.0f, scales));
+  // A certain coefficient leaves one scale: the truth's applied coefficient.
+  Tolerance certain;
+  const float quarter = static_cast<float>(clip_truth(1.0, 4.0).coefficient);  // 1 / (4 + 1e-6)
+  EXPECT_EQ(clip_scales(certain, clip_truth(1.0, 4.0)), (ClipScales{quarter, quarter}));
+  EXPECT_EQ(clip_scales(certain, clip_truth(1.0, 0.5)), (ClipScales{1.0f, 1.0f}));
+  // An uncertain decision reaches 1: not clipping at all is a value the path can make.
+  Tolerance loose;
+  loose.clip_coefficient = 1e-3;
+  EXPECT_EQ(clip_scales(loose, clip_truth(1.0, 1.0)).high, 1.0f);
 }
 
 TEST(Tolerance, ErrorRatio) {
@@ -233,8 +287,8 @@ Observed run_random(Accumulation local, Accumulation reduction, GradientMode mod
       for (std::int64_t e = 0; e < p.numel; e += 7) {
         const float g = values[p.id][e];
         const float got = kernels::apply_clip(g, scale);
-        const float want = expected_clipped(truth, model, spec, p.id, static_cast<std::uint64_t>(e));
-        seen.worst = std::max(seen.worst, error_ratio(got, want, clipped_bound(t, g)));
+        EXPECT_TRUE(clipped_within(got, g, clip_scales(t, truth.main.clip)))
+            << "element " << e << " of param " << p.id << ": " << got << " from " << g;
       }
   }
   return seen;
