@@ -45,6 +45,10 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
   j["shrink_steps"] = f.shrink.steps;
   j["shrink_runs"] = f.shrink.runs;
   j["shrink_complete"] = f.shrink_complete;
+  if (f.shrink_complete)
+    j["shrink_last_round"] = {{"passed", f.shrink.last_round.passed},
+                              {"failed_otherwise", f.shrink.last_round.failed_otherwise},
+                              {"invalid", f.shrink.last_round.invalid}};
   j["statistics"] = f.shrunk.expect ? f.shrunk.expect->statistics : std::vector<std::string>{};
   return j;
 }
@@ -160,8 +164,12 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
     if (quiet_) return;
     out_ << "\n  shrunk in " << f.shrink.steps << " steps (" << f.shrink.runs << " cases run"
          << (f.shrink_complete ? "" : ", stopped early") << "): " << world_text(f.shrunk.topology)
-         << ", " << model_text(f.shrunk) << '\n'
-         << indent(case_summary(f.shrunk), "  ") << '\n';
+         << ", " << model_text(f.shrunk) << '\n';
+    // Why no smaller case: each candidate of the last case ran and none failed the same way.
+    if (f.shrink_complete)
+      if (const std::string why = fuzz::describe(f.shrink.last_round); !why.empty())
+        out_ << "  no smaller case fails the same way: " << why << '\n';
+    out_ << indent(case_summary(f.shrunk), "  ") << '\n';
     if (!f.shrunk_path.empty()) {
       out_ << "  saved " << f.shrunk_path << '\n'
            << "  replay: tally replay " << f.shrunk_path << '\n'

@@ -40,6 +40,18 @@ std::string describe(const FailureSignature& s) {
   return what.empty() ? out : out + ": " + what;
 }
 
+std::string describe(const LastRound& round) {
+  const int run = round.passed + round.failed_otherwise;
+  const int all = run + round.invalid;
+  if (all == 0) return "";
+  const std::string invalid =
+      round.invalid == 0 ? "" : ", " + std::to_string(round.invalid) + " not valid cases";
+  if (round.failed_otherwise == 0 && round.passed > 0)
+    return "its " + std::to_string(run) + " smaller candidates all pass" + invalid;
+  return "of its " + std::to_string(all) + " smaller candidates, " + std::to_string(round.passed) + " pass and " +
+         std::to_string(round.failed_otherwise) + " fail otherwise" + invalid;
+}
+
 ShrinkOutcome shrink_failure(const rc::Shrinkable<casefile::Case>& failing, const oracle::Verdict& verdict,
                              const CaseRunner& run, const ShrinkLimits& limits,
                              const std::function<bool()>& should_stop,
@@ -72,21 +84,31 @@ ShrinkOutcome shrink_failure(const rc::Shrinkable<casefile::Case>& failing, cons
       try {
         value = candidate->value();
       } catch (const std::exception&) {
+        ++outcome.progress.last_round.invalid;
         continue;  // a generator that gave up on this shrink
       }
-      if (casefile::check_case(value)) continue;
+      if (casefile::check_case(value)) {
+        ++outcome.progress.last_round.invalid;
+        continue;
+      }
       ++outcome.progress.runs;
       oracle::Verdict got;
       try {
         got = run(value);
       } catch (const casefile::InvalidCase&) {
+        ++outcome.progress.last_round.invalid;
         continue;
       }
-      if (!fails_the_same_way(signature, got)) continue;
+      if (!fails_the_same_way(signature, got)) {
+        ++(got.kind == oracle::Verdict::Kind::pass ? outcome.progress.last_round.passed
+                                                   : outcome.progress.last_round.failed_otherwise);
+        continue;
+      }
       current = std::move(*candidate);
       outcome.shrunk = std::move(value);
       outcome.verdict = std::move(got);
       ++outcome.progress.steps;
+      outcome.progress.last_round = {};
       outcome.progress.seconds = elapsed();
       if (on_step) on_step(outcome);
       accepted = true;

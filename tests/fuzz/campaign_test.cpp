@@ -116,6 +116,33 @@ TEST(Shrink, BigWorldFailuresShrinkToSmallCases) {
   }
 }
 
+// A local minimum says why it is one: every smaller candidate of the shrunk case ran, and what
+// each gave. A runner that passes every smaller case leaves the failure unshrunk and says so.
+TEST(Shrink, ALocalMinimumAccountsForEverySmallerCandidate) {
+  const std::optional<Found> found = first_failure(Fault::stats_over_replicas, 32);
+  ASSERT_TRUE(found.has_value());
+  const ShrinkOutcome shrunk = shrink_failure(found->shrinkable, found->verdict, sim, ShrinkLimits{});
+  ASSERT_TRUE(shrunk.complete);
+  const LastRound& last = shrunk.progress.last_round;
+  EXPECT_LE(last.passed + last.failed_otherwise, shrunk.progress.runs);
+  EXPECT_EQ(describe(last).empty(), last.passed + last.failed_otherwise + last.invalid == 0);
+
+  const CaseRunner every_smaller_case_passes = [](const casefile::Case&) { return oracle::Verdict{}; };
+  const ShrinkOutcome stuck =
+      shrink_failure(found->shrinkable, found->verdict, every_smaller_case_passes, ShrinkLimits{});
+  EXPECT_TRUE(stuck.complete);
+  EXPECT_EQ(stuck.progress.steps, 0);
+  ASSERT_GT(stuck.progress.runs, 0);
+  EXPECT_EQ(stuck.progress.last_round.failed_otherwise, 0);
+  EXPECT_EQ(stuck.progress.last_round.passed, stuck.progress.runs);
+  EXPECT_EQ(describe(stuck.progress.last_round).rfind("its " + std::to_string(stuck.progress.runs) +
+                                                      " smaller candidates all pass", 0), 0u);
+  LastRound mixed;
+  mixed.passed = 27;
+  mixed.failed_otherwise = 2;
+  EXPECT_EQ(describe(mixed), "of its 29 smaller candidates, 27 pass and 2 fail otherwise");
+}
+
 TEST(Shrink, StopsWithinItsBudget) {
   const std::optional<Found> found = first_failure(Fault::stats_over_replicas, 32);
   ASSERT_TRUE(found.has_value());
