@@ -68,8 +68,56 @@ std::uint32_t ledger_bits(const record::Piece& piece, const record::RunRecord& r
   return bits;
 }
 
+// Leading dims that every piece of a tensor spans whole, each piece a whole box, repeat one
+// pattern of runs in every index of them (row-major order): the ledger cuts the trailing dims
+// once and weighs each atom by the repetitions. A row-parallel weight [out, in / tp] is then tp
+// atoms, not out * tp.
+struct Fold {
+  int dims = 0;
+  std::int64_t repeat = 1;
+};
+
+std::vector<Fold> fold_tensors(const record::RunRecord& run, const Locals& locals) {
+  std::vector<Fold> folds(run.tensors.size());
+  for (std::size_t t = 0; t < folds.size(); ++t) folds[t].dims = std::max(run.tensors[t].shape.ndim - 1, 0);
+  for (const record::LocalRecord* local : locals.distinct)
+    for (const record::Piece& piece : local->pieces) {
+      const record::LocalParam& param = local->params[static_cast<std::size_t>(piece.param)];
+      Fold& fold = folds[static_cast<std::size_t>(param.tensor)];
+      const record::Extents& shape = run.tensors[static_cast<std::size_t>(param.tensor)].shape;
+      if (piece.range.begin != 0 || piece.range.end != param.box.numel()) {
+        fold.dims = 0;
+        continue;
+      }
+      int whole = 0;
+      while (whole < fold.dims && param.box.offset[whole] == 0 && param.box.extent.size[whole] == shape.size[whole])
+        ++whole;
+      fold.dims = whole;
+    }
+  for (std::size_t t = 0; t < folds.size(); ++t) {
+    for (int d = 0; d < folds[t].dims; ++d) folds[t].repeat *= run.tensors[t].shape.size[d];
+    if (folds[t].repeat <= 0) folds[t] = Fold{};  // an empty dim: nothing to fold
+  }
+  return folds;
+}
+
+record::Extents trailing(const record::Extents& extents, int folded) {
+  record::Extents out;
+  out.ndim = extents.ndim - folded;
+  for (int d = 0; d < out.ndim; ++d) out.size[d] = extents.size[d + folded];
+  return out;
+}
+
+record::Box trailing(const record::Box& box, int folded) {
+  record::Box out;
+  out.extent = trailing(box.extent, folded);
+  for (int d = 0; d < out.extent.ndim; ++d) out.offset[d] = box.offset[d + folded];
+  return out;
+}
+
 Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t max_intervals) {
   const std::size_t tensors = run.tensors.size();
+  const std::vector<Fold> folds = fold_tensors(run, locals);
   std::vector<std::vector<std::int64_t>> cuts(tensors);
   {
     // Room for two cuts per piece and per tensor end: most pieces are one run.
@@ -79,7 +127,7 @@ Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t
         ++pieces[static_cast<std::size_t>(local->params[static_cast<std::size_t>(piece.param)].tensor)];
     for (std::size_t t = 0; t < tensors; ++t) {
       cuts[t].reserve(2 + 2 * pieces[t]);
-      cuts[t] = {0, run.tensors[t].shape.numel()};
+      cuts[t] = {0, run.tensors[t].shape.numel() / folds[t].repeat};
     }
   }
   // Pass 1 cuts the tensors at every run's ends and keeps the runs that enter a ledger.
@@ -96,8 +144,12 @@ Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t
       const record::LocalParam& param = locals.distinct[li]->params[static_cast<std::size_t>(piece.param)];
       const std::uint32_t bits = ledger_bits(piece, run);
       std::vector<std::int64_t>& c = cuts[static_cast<std::size_t>(param.tensor)];
-      for_each_interval(run.tensors[static_cast<std::size_t>(param.tensor)].shape, param.box,
-                        piece.range.begin, piece.range.end, [&](std::int64_t lo, std::int64_t hi) {
+      const Fold& fold = folds[static_cast<std::size_t>(param.tensor)];
+      const record::Extents& shape = run.tensors[static_cast<std::size_t>(param.tensor)].shape;
+      const record::Box box = fold.dims > 0 ? trailing(param.box, fold.dims) : param.box;
+      const record::ElementRange range = fold.dims > 0 ? record::ElementRange{0, box.numel()} : piece.range;
+      for_each_interval(fold.dims > 0 ? trailing(shape, fold.dims) : shape, box,
+                        range.begin, range.end, [&](std::int64_t lo, std::int64_t hi) {
         if (++intervals > max_intervals)
           throw RecordTooLarge("the pieces of rank " + std::to_string(locals.first_rank[li]) +
                                " and the ranks before it cut the logical tensors into more than " +
@@ -116,7 +168,7 @@ Atoms cut_atoms(const record::RunRecord& run, const Locals& locals, std::int64_t
     c.erase(std::unique(c.begin(), c.end()), c.end());
     first_atom[t] = atoms.count;
     for (std::size_t k = 0; k + 1 < c.size(); ++k) {
-      atoms.size.push_back(c[k + 1] - c[k]);
+      atoms.size.push_back((c[k + 1] - c[k]) * folds[t].repeat);
       atoms.tensor_of.push_back(static_cast<int>(t));
     }
     atoms.count += static_cast<std::int64_t>(c.size()) - 1;
@@ -163,8 +215,9 @@ class LedgerCounter {
     result.has_statistics = has_statistics_;
     // Ranks whose children reduce over identically composed groups share one judgement.
     std::map<std::vector<const GroupSum*>, std::vector<int>> classes;
+    std::vector<const GroupSum*> sums;  // one rank's, copied only into a new class
     for (const record::RankRecord& rank : run_.ranks) {
-      std::vector<const GroupSum*> sums;
+      sums.clear();
       for (int c = 0; c < static_cast<int>(rank.children.size()); ++c)
         sums.push_back(&group_sum(c, rank.children[static_cast<std::size_t>(c)].stats_group));
       if (has_statistics_) {
@@ -177,7 +230,9 @@ class LedgerCounter {
         result.implied_norm.push_back(std::sqrt(squares.value()));
         result.implied_zeros.push_back(zeros);
       }
-      classes[sums].push_back(rank.rank);
+      auto found = classes.find(sums);
+      if (found == classes.end()) found = classes.emplace(sums, std::vector<int>{}).first;
+      found->second.push_back(rank.rank);
     }
 
     // tensor -> ledger -> (rank, its count) of every wrong rank, and the count of the class
@@ -222,10 +277,11 @@ class LedgerCounter {
     if (!fresh) return *by_group->second;
     // Groups whose members share their local records sum alike: data-parallel replicas.
     const std::vector<int>& members = run_.groups[static_cast<std::size_t>(group)];
-    std::vector<int> composition{child};
-    for (int member : members) composition.push_back(locals_.of_rank[static_cast<std::size_t>(member)]);
-    std::unique_ptr<GroupSum>& sum = by_composition_[composition];
-    if (!sum) sum = sum_over(child, composition);
+    composition_.assign(1, child);  // a scratch key, copied only for a new composition
+    for (int member : members) composition_.push_back(locals_.of_rank[static_cast<std::size_t>(member)]);
+    auto found = by_composition_.find(composition_);
+    if (found == by_composition_.end()) found = by_composition_.emplace(composition_, sum_over(child, composition_)).first;
+    const std::unique_ptr<GroupSum>& sum = found->second;
     by_group->second = sum.get();
     return *sum;
   }
@@ -300,6 +356,7 @@ class LedgerCounter {
   bool has_statistics_ = false;
   std::map<std::pair<int, int>, GroupSum*> by_group_;
   std::map<std::vector<int>, std::unique_ptr<GroupSum>> by_composition_;
+  std::vector<int> composition_;  // group_sum's scratch key
   std::vector<int> difference_;  // sum_over's scratch: [checked ledger * (atoms + 1) + atom]
 };
 

@@ -1,6 +1,9 @@
 #include "topologies/logical_model.h"
 
 #include <algorithm>
+#include <charconv>
+#include <string_view>
+#include <unordered_map>
 
 #include "topologies/detail/model_params.h"
 
@@ -38,10 +41,10 @@ class GptWalker {
     const std::int64_t h = s_.hidden_size;
     draft_.anchor = Anchor::first_chunk;
     draft_.tied = !s_.untie_embeddings_and_output_weights;
-    emit("embedding.word_embeddings.weight", ParamClass::vocab, {s_.vocab_size, h});
+    emit({"", "embedding.word_embeddings.weight"}, ParamClass::vocab, {s_.vocab_size, h});
     draft_.tied = false;
     if (s_.position_embedding == PositionEmbedding::learned_absolute)
-      emit("embedding.position_embeddings.weight", ParamClass::replicated,
+      emit({"", "embedding.position_embeddings.weight"}, ParamClass::replicated,
            {s_.max_position_embeddings, h});
 
     draft_.anchor = Anchor::decoder_layer;
@@ -51,100 +54,104 @@ class GptWalker {
     }
     draft_.layer = -1;
     draft_.anchor = Anchor::last_chunk;
-    norm("decoder.final_layernorm.", h);
+    norm("decoder.", "final_layernorm.", h);
 
     draft_.mtp_group = s_.mtp_detach_heads;
     for (int m = 0; m < s_.mtp_num_layers; ++m) {
       const std::string prefix = "mtp.layers." + std::to_string(m) + ".";
-      norm(prefix + "enorm.", h);
-      norm(prefix + "hnorm.", h);
-      emit(prefix + "eh_proj.weight", ParamClass::column, {h, 2 * h});
+      norm(prefix, "enorm.", h);
+      norm(prefix, "hnorm.", h);
+      emit({prefix, "eh_proj.weight"}, ParamClass::column, {h, 2 * h});
       transformer_layer(prefix + "transformer_layer.", s_.num_experts > 0);
-      norm(prefix + "final_layernorm.", h);
+      norm(prefix, "final_layernorm.", h);
     }
     draft_.mtp_group = false;
 
     if (s_.untie_embeddings_and_output_weights)
-      emit("output_layer.weight", ParamClass::column, {s_.vocab_size, h});
+      emit({"", "output_layer.weight"}, ParamClass::column, {s_.vocab_size, h});
   }
 
  private:
-  void emit(const std::string& pattern, ParamClass param_class,
+  // The pattern is assigned into the draft's own string, whose capacity outlives each param: a
+  // walk allocates per layer at most, not per param.
+  void emit(std::initializer_list<std::string_view> name_parts, ParamClass param_class,
             std::initializer_list<std::int64_t> dims) {
-    draft_.pattern = pattern;
+    draft_.pattern.clear();
+    for (std::string_view part : name_parts) draft_.pattern.append(part);
     draft_.param_class = param_class;
     draft_.shape = make_shape(dims);
     visit_(draft_);
     draft_.expert_block_size = 0;
   }
 
-  void norm(const std::string& prefix, std::int64_t size) {
-    emit(prefix + "weight", ParamClass::replicated, {size});
+  void norm(std::string_view prefix, std::string_view name, std::int64_t size) {
+    emit({prefix, name, "weight"}, ParamClass::replicated, {size});
     if (s_.normalization == Normalization::layer_norm)
-      emit(prefix + "bias", ParamClass::replicated, {size});
+      emit({prefix, name, "bias"}, ParamClass::replicated, {size});
   }
 
   // TransformerLayer: input_layernorm, self_attention, pre_mlp_layernorm, mlp.
-  void transformer_layer(const std::string& prefix, bool moe) {
+  void transformer_layer(std::string_view prefix, bool moe) {
     const std::int64_t h = s_.hidden_size;
     const std::int64_t heads = s_.num_attention_heads;
     const std::int64_t kv = resolved_kv_channels(s_);
     const std::int64_t groups = resolved_query_groups(s_);
     const bool bias = s_.add_bias_linear;
-    norm(prefix + "input_layernorm.", h);
+    norm(prefix, "input_layernorm.", h);
     // Attention registers core_attention and linear_proj, then SelfAttention linear_qkv and
     // the q/k norms.
-    const std::string attn = prefix + "self_attention.";
+    const std::string& attn = attn_.assign(prefix).append("self_attention.");
     if (s_.softmax_type == SoftmaxType::learnable)
-      emit(attn + "core_attention.softmax_offset", ParamClass::head_sharded, {heads});
-    emit(attn + "linear_proj.weight", ParamClass::row, {h, heads * kv});
-    if (bias) emit(attn + "linear_proj.bias", ParamClass::replicated, {h});
+      emit({attn, "core_attention.softmax_offset"}, ParamClass::head_sharded, {heads});
+    emit({attn, "linear_proj.weight"}, ParamClass::row, {h, heads * kv});
+    if (bias) emit({attn, "linear_proj.bias"}, ParamClass::replicated, {h});
     const std::int64_t qkv = (heads + 2 * groups) * kv;
-    emit(attn + "linear_qkv.weight", ParamClass::column, {qkv, h});
-    if (bias) emit(attn + "linear_qkv.bias", ParamClass::column_bias, {qkv});
+    emit({attn, "linear_qkv.weight"}, ParamClass::column, {qkv, h});
+    if (bias) emit({attn, "linear_qkv.bias"}, ParamClass::column_bias, {qkv});
     if (s_.qk_layernorm) {
-      norm(attn + "q_layernorm.", kv);
-      norm(attn + "k_layernorm.", kv);
+      norm(attn, "q_layernorm.", kv);
+      norm(attn, "k_layernorm.", kv);
     }
-    norm(prefix + "pre_mlp_layernorm.", h);
-    const std::string mlp = prefix + "mlp.";
+    norm(prefix, "pre_mlp_layernorm.", h);
+    const std::string& mlp = mlp_.assign(prefix).append("mlp.");
     const std::int64_t gate = s_.swiglu ? 2 : 1;
     if (!moe) {
       const std::int64_t ffn = resolved_ffn_hidden(s_);
-      emit(mlp + "linear_fc1.weight", ParamClass::column, {gate * ffn, h});
-      if (bias) emit(mlp + "linear_fc1.bias", ParamClass::column_bias, {gate * ffn});
-      emit(mlp + "linear_fc2.weight", ParamClass::row, {h, ffn});
-      if (bias) emit(mlp + "linear_fc2.bias", ParamClass::replicated, {h});
+      emit({mlp, "linear_fc1.weight"}, ParamClass::column, {gate * ffn, h});
+      if (bias) emit({mlp, "linear_fc1.bias"}, ParamClass::column_bias, {gate * ffn});
+      emit({mlp, "linear_fc2.weight"}, ParamClass::row, {h, ffn});
+      if (bias) emit({mlp, "linear_fc2.bias"}, ParamClass::replicated, {h});
       return;
     }
     // MoELayer: router, experts, shared_experts.
     const std::int64_t experts = s_.num_experts;
-    emit(mlp + "router.weight", ParamClass::replicated, {experts, h});
-    if (bias) emit(mlp + "router.bias", ParamClass::replicated, {experts});
+    emit({mlp, "router.weight"}, ParamClass::replicated, {experts, h});
+    if (bias) emit({mlp, "router.bias"}, ParamClass::replicated, {experts});
     const std::int64_t ffn = resolved_moe_ffn_hidden(s_);
-    const std::string expert = mlp + "experts.local_experts.{E}.";
+    const std::string& expert = expert_.assign(mlp).append("experts.local_experts.{E}.");
     for (int e = 0; e < s_.num_experts; ++e) {
       draft_.expert = e;
       draft_.expert_block_size = bias ? 4 : 2;
-      emit(expert + "linear_fc1.weight", ParamClass::expert_column, {gate * ffn, h});
-      if (bias) emit(expert + "linear_fc1.bias", ParamClass::expert_column_bias, {gate * ffn});
-      emit(expert + "linear_fc2.weight", ParamClass::expert_row, {h, ffn});
-      if (bias) emit(expert + "linear_fc2.bias", ParamClass::expert_row_bias, {h});
+      emit({expert, "linear_fc1.weight"}, ParamClass::expert_column, {gate * ffn, h});
+      if (bias) emit({expert, "linear_fc1.bias"}, ParamClass::expert_column_bias, {gate * ffn});
+      emit({expert, "linear_fc2.weight"}, ParamClass::expert_row, {h, ffn});
+      if (bias) emit({expert, "linear_fc2.bias"}, ParamClass::expert_row_bias, {h});
     }
     draft_.expert = -1;
     const std::int64_t shared = s_.moe_shared_expert_intermediate_size;
     if (shared > 0) {
       // Shared experts are dense MLPs on the dense TP group, without biases.
-      const std::string sh = mlp + "shared_experts.";
-      emit(sh + "linear_fc1.weight", ParamClass::column, {gate * shared, h});
-      emit(sh + "linear_fc2.weight", ParamClass::row, {h, shared});
-      if (s_.moe_shared_expert_gate) emit(sh + "gate_weight", ParamClass::replicated, {1, h});
+      const std::string& sh = shared_.assign(mlp).append("shared_experts.");
+      emit({sh, "linear_fc1.weight"}, ParamClass::column, {gate * shared, h});
+      emit({sh, "linear_fc2.weight"}, ParamClass::row, {h, shared});
+      if (s_.moe_shared_expert_gate) emit({sh, "gate_weight"}, ParamClass::replicated, {1, h});
     }
   }
 
   const ModelSpec& s_;
   const std::function<void(const ParamDraft&)>& visit_;
   ParamDraft draft_;
+  std::string attn_, mlp_, expert_, shared_;  // transformer_layer's prefixes, their capacity kept
 };
 
 }  // namespace
@@ -152,21 +159,19 @@ class GptWalker {
 std::string format_name(std::string_view pattern, int layer, int expert) {
   std::string out;
   out.reserve(pattern.size() + 8);
-  for (std::size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] == '{' && i + 2 < pattern.size() && pattern[i + 2] == '}') {
-      if (pattern[i + 1] == 'L') {
-        out += std::to_string(layer);
-        i += 2;
-        continue;
-      }
-      if (pattern[i + 1] == 'E') {
-        out += std::to_string(expert);
-        i += 2;
-        continue;
-      }
-    }
-    out += pattern[i];
+  std::size_t copied = 0;  // pattern[0, copied) is in `out`
+  for (std::size_t at = pattern.find('{'); at != std::string_view::npos; at = pattern.find('{', at + 1)) {
+    if (at + 2 >= pattern.size() || pattern[at + 2] != '}') continue;
+    const char which = pattern[at + 1];
+    if (which != 'L' && which != 'E') continue;
+    out.append(pattern.substr(copied, at - copied));
+    char digits[16];
+    const auto [end, error] = std::to_chars(digits, digits + sizeof digits, which == 'L' ? layer : expert);
+    out.append(digits, end);
+    copied = at + 3;
+    at += 2;
   }
+  out.append(pattern.substr(copied));
   return out;
 }
 
@@ -253,7 +258,8 @@ LogicalModel::LogicalModel(ModelSpec spec, const ParallelConfig& config) : spec_
 
   by_stage_.assign(pp, {});
   params_.reserve(detail::param_count(spec_));
-  patterns_.reserve(params_.capacity());
+  pattern_of_.reserve(params_.capacity());
+  std::unordered_map<std::string, std::uint32_t> pattern_index;
   detail::for_each_param(spec_, [&](const detail::ParamDraft& d) {
     LogicalParam p;
     p.id = static_cast<int>(params_.size());
@@ -299,7 +305,13 @@ LogicalModel::LogicalModel(ModelSpec spec, const ParallelConfig& config) : spec_
       runs.push_back({p.id, p.id + 1, 0, -1});
     }
     params_.push_back(std::move(p));
-    patterns_.push_back(d.pattern);
+    if (d.pattern.find('{') == std::string::npos) {
+      pattern_of_.push_back(kNameIsPattern);
+    } else {
+      auto [pattern, fresh] = pattern_index.try_emplace(d.pattern, static_cast<std::uint32_t>(patterns_.size()));
+      if (fresh) patterns_.push_back(d.pattern);
+      pattern_of_.push_back(pattern->second);
+    }
   });
 
   // Megatron-LM's setup_embeddings_and_output_layer: with pp > 1 the last stage holds a zeroed
@@ -328,7 +340,9 @@ std::string LogicalModel::local_name(int id, int local_expert) const {
   int layer = p.layer;
   if (layer >= 0)
     layer -= chunk_first_layer_[static_cast<std::size_t>(p.stage) * placement_.vpp + p.chunk];
-  return detail::format_name(patterns_[id], layer, local_expert);
+  const std::uint32_t pattern = pattern_of_[static_cast<std::size_t>(id)];
+  if (pattern == kNameIsPattern) return p.name;
+  return detail::format_name(patterns_[pattern], layer, local_expert);
 }
 
 std::string LogicalModel::local_name(SharedCopy copy) const {

@@ -105,7 +105,11 @@ class LogicalModel {
   ModelSpec spec_;
   ModelPlacement placement_;
   std::vector<LogicalParam> params_;
-  std::vector<std::string> patterns_;  // names with {L} / {E}, per param
+  // Names with {L} / {E}: each distinct one once (a layer's patterns repeat in every layer), and
+  // per param its index.
+  std::vector<std::string> patterns_;
+  std::vector<std::uint32_t> pattern_of_;  // kNameIsPattern: no placeholder, the name itself
+  static constexpr std::uint32_t kNameIsPattern = 0xffffffffu;
   std::vector<std::vector<ChunkRuns>> by_stage_;
   std::vector<int> chunk_first_layer_;  // gpt: first decoder layer of stage * vpp + chunk
   std::int64_t total_ = 0;
