@@ -1,9 +1,13 @@
 #include "casefile/json_read.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <unordered_set>
 
@@ -288,17 +292,30 @@ std::string read_bounded_file(const std::string& file, std::size_t max_bytes,
   if (special)
     throw JsonReadError(file + ": is a " + special + ", not a " + std::string(noun) +
                         " (only regular files are read)");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw JsonReadError(file + ": cannot open the " + std::string(noun));
+  // Opened without blocking and checked again once open: a FIFO put in its place meanwhile (a
+  // worker still writing its queue) is refused, not waited on.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw JsonReadError(file + ": cannot open the " + std::string(noun));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat opened {};
+  if (::fstat(fd, &opened) != 0 || !S_ISREG(opened.st_mode))
+    throw JsonReadError(file + ": is not a regular file once opened, not a " + std::string(noun) +
+                        " (only regular files are read)");
   std::string text;
   char buffer[1 << 16];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(in.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw JsonReadError(file + ": cannot read the " + std::string(noun));
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
     if (text.size() > max_bytes)
       throw JsonReadError(file + ": larger than " + std::to_string(max_bytes >> 20) +
                           " MiB, more than a " + std::string(noun) + " holds");
   }
-  if (in.bad()) throw JsonReadError(file + ": cannot read the " + std::string(noun));
   return text;
 }
 

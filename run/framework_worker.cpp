@@ -64,9 +64,9 @@ constexpr double kTrackSeconds = 0.25;
 constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;
 constexpr std::size_t kMaxResultBytes = std::size_t{4} << 20;
 constexpr std::size_t kMaxMessageShown = 4000;  // of a result's message
-constexpr std::size_t kLogTailBytes = 32 << 10;     // the end of a log that is shown
-constexpr std::size_t kLogScanBytes = 1 << 20;      // the start of a log searched for its first exception
-constexpr std::size_t kMaxLineShown = 400;          // of one log line
+constexpr std::size_t kLogTailBytes = 32 << 10;  // the end of a log that is shown
+constexpr std::size_t kLogScanBytes = 1 << 20;   // the start of a log searched for its first exception
+constexpr std::size_t kMaxLineShown = 400;       // of one log line
 
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "folder";
@@ -134,7 +134,7 @@ std::string read_worker_file(const fs::path& path, std::size_t max_bytes) {
   if (static_cast<std::uintmax_t>(file.size) > max_bytes)
     throw std::runtime_error(path.string() + " holds " + std::to_string(file.size) + " bytes, more than the " +
                              std::to_string(max_bytes) + " such a file may");
-  return file.read(0, max_bytes + 1);
+  return file.read(0, static_cast<std::size_t>(file.size));
 }
 
 // At most `max` bytes of `text` on one line: control characters escaped, the rest counted.
