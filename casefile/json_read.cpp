@@ -1,9 +1,13 @@
 #include "casefile/json_read.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <unordered_set>
 
@@ -123,12 +127,44 @@ const json& read_array(const json& value, const std::string& path, std::size_t m
   return value;
 }
 
+namespace {
+
+// The length of the valid UTF-8 character of 2 to 4 bytes that starts `text` (no overlong form,
+// no surrogate, at most U+10FFFF); 0 when there is none.
+std::size_t utf8_character(std::string_view text) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(0);
+  const std::size_t length = lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3
+                             : lead >= 0xF0 && lead <= 0xF4                                    ? 4
+                                                                                               : 0;
+  if (length == 0 || text.size() < length) return 0;
+  for (std::size_t i = 1; i < length; ++i)
+    if ((byte(i) & 0xC0) != 0x80) return 0;
+  const unsigned char second = byte(1);
+  if ((lead == 0xE0 && second < 0xA0) || (lead == 0xED && second > 0x9F) || (lead == 0xF0 && second < 0x90) ||
+      (lead == 0xF4 && second > 0x8F))
+    return 0;
+  return length;
+}
+
+}  // namespace
+
 std::string escape_controls(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (char ch : text) {
+  for (std::size_t at = 0; at < text.size(); ++at) {
+    const char ch = text[at];
     const auto byte = static_cast<unsigned char>(ch);
-    if (byte >= 0x20 && byte != 0x7f) {
+    if (byte >= 0x80) {
+      if (const std::size_t length = utf8_character(text.substr(at)); length > 0) {
+        out.append(text.substr(at, length));
+        at += length - 1;
+      } else {
+        char code[8];
+        std::snprintf(code, sizeof code, "\\x%02x", byte);
+        out += code;
+      }
+    } else if (byte >= 0x20 && byte != 0x7f) {
       out += ch;
     } else if (ch == '\n') {
       out += "\\n";
@@ -174,7 +210,8 @@ struct LimitExceeded {
   std::string message;
 };
 
-// A message of the parser, as one line of bounded length.
+// A message of the parser, as one line of bounded length: the bytes it quotes of a garbage file
+// written as escapes.
 std::string one_line(std::string text) {
   constexpr std::size_t kMaxLength = 200;
   if (text.size() > kMaxLength) {
@@ -184,7 +221,7 @@ std::string one_line(std::string text) {
   }
   for (char& ch : text)
     if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
-  return text;
+  return escape_controls(text);
 }
 
 }  // namespace
@@ -255,17 +292,30 @@ std::string read_bounded_file(const std::string& file, std::size_t max_bytes,
   if (special)
     throw JsonReadError(file + ": is a " + special + ", not a " + std::string(noun) +
                         " (only regular files are read)");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw JsonReadError(file + ": cannot open the " + std::string(noun));
+  // Opened without blocking and checked again once open: a FIFO put in its place meanwhile (a
+  // worker still writing its queue) is refused, not waited on.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw JsonReadError(file + ": cannot open the " + std::string(noun));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat opened {};
+  if (::fstat(fd, &opened) != 0 || !S_ISREG(opened.st_mode))
+    throw JsonReadError(file + ": is not a regular file once opened, not a " + std::string(noun) +
+                        " (only regular files are read)");
   std::string text;
   char buffer[1 << 16];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(in.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw JsonReadError(file + ": cannot read the " + std::string(noun));
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
     if (text.size() > max_bytes)
       throw JsonReadError(file + ": larger than " + std::to_string(max_bytes >> 20) +
                           " MiB, more than a " + std::string(noun) + " holds");
   }
-  if (in.bad()) throw JsonReadError(file + ": cannot read the " + std::string(noun));
   return text;
 }
 

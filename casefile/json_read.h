@@ -46,8 +46,9 @@ int read_choice(const nlohmann::json& value, const std::string& path,
 const nlohmann::json& read_array(const nlohmann::json& value, const std::string& path,
                                  std::size_t max_size);
 
-// `text` with every control character written as an escape (\n, \t, \r, \x01, ...), so a
-// message that quotes user input stays one line.
+// `text` with every control character written as an escape (\n, \t, \r, \x01, ...), and every
+// byte that is not part of a valid UTF-8 character as \xNN, so a message that quotes user input
+// (a garbage file's bytes) stays one printable line.
 std::string escape_controls(std::string_view text);
 
 // "case.topology" and "tp" -> "case.topology.tp"; a key that is not a plain name is shown

@@ -99,4 +99,25 @@ fuzz::CaseRunner runner_for(CommandContext& context) {
   return [&backend](const casefile::Case& c) { return backend.run(c, {}); };
 }
 
+std::string infra_stop_text(const fuzz::InfraStop& stop) {
+  const std::string& message = stop.verdict.infra_message;
+  const std::size_t line_end = message.find('\n');
+  std::string out = "infrastructure error " + std::string(stop.while_shrinking ? "while shrinking case " : "at case ") +
+                    std::to_string(stop.index) + ": " + stop.verdict.infra_call + ": " + message.substr(0, line_end) + '\n';
+  if (line_end != std::string::npos) out += message.substr(line_end + 1) + '\n';
+  if (!stop.path.empty()) out += "  saved " + stop.path + " (its message: " + stop.message_path + ")\n";
+  return out;
+}
+
+nlohmann::ordered_json infra_stop_json(const fuzz::InfraStop& stop) {
+  nlohmann::ordered_json j;
+  j["case"] = stop.index;
+  j["while_shrinking"] = stop.while_shrinking;
+  j["call"] = stop.verdict.infra_call;
+  j["message"] = stop.verdict.infra_message;
+  j["saved"] = stop.path.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(stop.path);
+  j["message_file"] = stop.message_path.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(stop.message_path);
+  return j;
+}
+
 }  // namespace tally::cli

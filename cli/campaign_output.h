@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "casefile/case.h"
 #include "cli/commands.h"
+#include "fuzz/campaign.h"
 #include "fuzz/shrink.h"
 #include "topologies/parallel_config.h"
 
@@ -45,5 +48,13 @@ std::string world_text(const topologies::ParallelConfig& c);
 std::string model_text(const casefile::Case& c);
 // `text` with `prefix` before every line.
 std::string indent(const std::string& text, const std::string& prefix);
+
+// The line that says where a campaign stopped at an infrastructure error and why ("infrastructure
+// error at case 3: megatron-core worker (world 2): the worker exited during case-1"), then the
+// rest of its message (a worker's log tail) indented, and where the case and message were saved.
+std::string infra_stop_text(const fuzz::InfraStop& stop);
+// The same as JSON: case, while_shrinking, call, message, saved case and message file (null
+// without a corpus).
+nlohmann::ordered_json infra_stop_json(const fuzz::InfraStop& stop);
 
 }  // namespace tally::cli

@@ -211,6 +211,8 @@ void add_check_command(CLI::App& app, CommandContext& context) {
                                                  : folder + ": " + what);
     } catch (const oracle::RecordTooLarge& error) {
       throw UsageError(folder + ": " + error.what());
+    } catch (const oracle::TruthUnknown& error) {
+      throw UsageError(folder + ": " + error.what());
     }
     if (options->json)
       context.out << report_json(options->dir, report).dump(2) << '\n';

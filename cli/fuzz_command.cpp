@@ -82,8 +82,17 @@ struct FuzzOptions {
 // One testcase per failure (its shrunk case once shrunk), or one passing testcase for a
 // campaign without failures.
 std::vector<fuzz::JunitCase> junit_cases(std::uint64_t seed, std::int64_t cases, double seconds,
-                                         const std::vector<fuzz::Failure>& failures) {
+                                         const std::vector<fuzz::Failure>& failures,
+                                         const std::optional<fuzz::InfraStop>& infra) {
   std::vector<fuzz::JunitCase> out;
+  if (infra) {  // an <error>: the campaign could not run
+    fuzz::JunitCase j;
+    j.name = !infra->path.empty() ? infra->path : "case " + std::to_string(infra->index);
+    j.classname = "tally.fuzz";
+    j.failure = infra_stop_text(*infra);
+    j.error = true;
+    out.push_back(std::move(j));
+  }
   for (const fuzz::Failure& f : failures) {
     fuzz::JunitCase j;
     j.name = !f.shrunk_path.empty()    ? f.shrunk_path
@@ -117,7 +126,8 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
 
   // The JUnit report, rewritten at each failure (so a killed campaign leaves one) and at the end.
   void write_junit(std::int64_t cases, double seconds) const {
-    if (!junit_.empty()) fuzz::write_junit(junit_, "tally fuzz", junit_cases(seed_, cases, seconds, failures_));
+    if (!junit_.empty())
+      fuzz::write_junit(junit_, "tally fuzz", junit_cases(seed_, cases, seconds, failures_, infra_));
   }
 
   void case_done(std::int64_t cases, int failures, double seconds) override {
@@ -178,6 +188,16 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
     out_ << std::flush;
   }
 
+  void infra_error(const fuzz::InfraStop& stop) override {
+    infra_ = stop;
+    write_junit(0, 0.0);
+    if (quiet_) return;
+    end_live_line();
+    out_ << "INFRASTRUCTURE ERROR " << (stop.while_shrinking ? "while shrinking case " : "at case ") << stop.index
+         << " (no verdict; the campaign stops, the summary says why)\n"
+         << indent(case_summary(stop.c), "  ") << '\n' << std::flush;
+  }
+
   void end_live_line() {
     if (live_) out_ << '\n';
     live_ = false;
@@ -192,6 +212,7 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
   std::uint64_t seed_;
   std::string junit_;
   std::vector<fuzz::Failure> failures_;
+  std::optional<fuzz::InfraStop> infra_;
 };
 
 void run_fuzz(const FuzzOptions& o, CommandContext& context) {
@@ -237,6 +258,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     target_text = "target " + o.target.target + " " + hello->version + " (world " + std::to_string(o.world) + ")";
     aim_at_target(campaign.generator, *hello);
     run = target_runner(*pool);
+    campaign.stop_at_infra_error = true;
     campaign.target_of = [&workers = *pool](const casefile::Case& c, const std::string& path) {
       return target_of(workers, c, path);
     };
@@ -256,6 +278,9 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (pool) {
     repeat += " --target " + o.target.target + " --world " + std::to_string(o.world);
     if (!o.target.worker.empty()) repeat += " --worker " + shell_quote(o.target.worker);
+    const TargetOptions defaults;
+    if (o.target.case_timeout != defaults.case_timeout) repeat += " --case-timeout " + shell_quote(o.target.case_timeout);
+    if (o.target.start_timeout != defaults.start_timeout) repeat += " --start-timeout " + shell_quote(o.target.start_timeout);
   }
   if (context.backend.world() > 0)
     target_text += " (world " + std::to_string(context.backend.world()) + ")";
@@ -293,7 +318,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["faults"] = faults_text(asked);
     j["failures"] = nlohmann::ordered_json::array();
     for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
-    out << j.dump() << '\n';
+    j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
+    out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
   } else {
     const std::size_t failures = result.failures.size();
     out << "summary: " << result.cases << " cases in " << seconds_text(result.seconds) << " ("
@@ -304,9 +330,11 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
       case fuzz::CampaignResult::Stop::max_failures:
         out << ", stopped at --max-failures " << o.max_failures;
         break;
+      case fuzz::CampaignResult::Stop::infra_error: out << ", stopped by an infrastructure error (exit 3)"; break;
       default: break;
     }
     out << '\n';
+    if (result.infra_error) out << infra_stop_text(*result.infra_error);
     for (const fuzz::Failure& f : result.failures) {
       out << "  case " << f.index << ": " << fuzz::describe(f.signature);
       if (f.same_as)
@@ -318,7 +346,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     }
     if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
   }
-  context.exit_code = result.failures.empty() ? kExitPass : kExitFail;
+  // No count of failures is true while the target is broken.
+  context.exit_code = result.infra_error ? kExitInfra : result.failures.empty() ? kExitPass : kExitFail;
 }
 
 }  // namespace
@@ -330,7 +359,8 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
       "A fuzz campaign: random valid cases (topology, model, optimizer, gradients) on the "
       "in-process backend. Each failure is written to the corpus, shrunk, and the shrunk case "
       "written next to it. Exit 0 no failure, 1 failures found, 2 bad input, 3 infrastructure "
-      "failure. Ctrl-C finishes the current case and prints the summary.");
+      "failure (a case that gave no verdict stops the campaign; it is saved with its message, "
+      "never shrunk). Ctrl-C finishes the current case and prints the summary.");
   // A flag given twice takes its last value, so scripts' defaults can be overridden.
   command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   command->add_option("--cases", options->cases, "Stop after this many cases")

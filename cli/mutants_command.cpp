@@ -66,6 +66,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
     target_text = "target " + o.target.target + " " + hello->version + " (world " + std::to_string(o.world) + ")";
     aim_at_target(m.generator, *hello);
     m.attribute_to_fault = true;
+    m.stop_at_infra_error = true;
     m.not_plantable = [plants = hello->plants](gradnorm::Fault f) {
       return run::why_not_planted(std::string(gradnorm::fault_info(f).name), plants).value_or("");
     };
@@ -88,6 +89,9 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
     if (!r.not_applicable.empty()) {
       std::snprintf(row, sizeof row, format, name.c_str(), "n/a", "-",
                     ("not applicable: " + r.not_applicable).c_str(), "");
+    } else if (r.infra_error) {
+      std::snprintf(row, sizeof row, format, name.c_str(), "ERROR", std::to_string(r.cases).c_str(),
+                    "infrastructure error (below)", "");
     } else if (!r.found) {
       std::snprintf(row, sizeof row, format, name.c_str(), "NO", std::to_string(r.cases).c_str(),
                     "-", "-");
@@ -108,9 +112,12 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   }
   int applicable = 0, found = 0;
   std::string missed;
+  const fuzz::InfraStop* infra = nullptr;  // the first; run_mutants stops there
   for (const fuzz::MutantResult& r : results) {
+    if (r.infra_error) infra = &*r.infra_error;
     if (!r.not_applicable.empty()) continue;
     ++applicable;
+    if (r.infra_error) continue;  // neither found nor missed
     if (r.found) ++found;
     else missed += (missed.empty() ? "" : ", ") + std::string(gradnorm::fault_info(r.fault).name);
   }
@@ -133,6 +140,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
         f["found"] = r.found;
         f["cases"] = r.cases;
         f["seconds"] = r.seconds;
+        if (r.infra_error) f["infra_error"] = infra_stop_json(*r.infra_error);
         if (r.failure) {
           f["failure"] = fuzz::describe(r.failure->signature);
           f["shrunk_world"] = r.failure->shrunk.topology.world;
@@ -151,15 +159,18 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
     j["applicable"] = applicable;
     j["found"] = found;
     j["interrupted"] = interrupted;
-    out << j.dump() << '\n';
+    out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
   } else {
     out << found << " of " << applicable << " applicable faults found within " << o.budget
         << (o.budget == 1 ? " case each" : " cases each");
     if (!missed.empty()) out << "; not found: " << missed;
     if (interrupted) out << " (interrupted)";
+    if (infra) out << "; stopped by an infrastructure error (exit 3)";
     out << '\n';
+    if (infra) out << infra_stop_text(*infra);
   }
-  context.exit_code = found == applicable && !interrupted ? kExitPass : kExitFail;
+  // No score is true while the target is broken.
+  context.exit_code = infra ? kExitInfra : found == applicable && !interrupted ? kExitPass : kExitFail;
 }
 
 }  // namespace
@@ -170,7 +181,8 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
       "mutants",
       "The mutation score: for each fault of the catalog, fuzz with only that fault switched on "
       "until a case fails or the budget is spent; a table of faults found, cases needed and the "
-      "shrunk case. Exit 0 when every applicable fault is found, 1 otherwise.");
+      "shrunk case. Exit 0 when every applicable fault is found, 1 otherwise, 3 when a case gave "
+      "no verdict (an infrastructure error stops the score).");
   command->add_option("--budget", options->budget, "Cases per fault")
       ->check(whole_number(1, kNoUpperBound))
       ->capture_default_str();

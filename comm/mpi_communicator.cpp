@@ -33,12 +33,12 @@ std::string mpi_error_text(int code) {
                                   mpi_error_text(tally_mpi_code));                         \
   } while (0)
 
-// Whole seconds, or two significant digits below one second (a timeout of 0.001 s waited "0.0011",
-// not "0").
+// Three significant digits, whole seconds from 100 s: what was waited, not rounded down (a
+// timeout of 1.5 s waited "1.5", not "1"; of 0.001 s "0.00105", not "0").
 std::string seconds_text(double seconds) {
-  if (seconds >= 1.0) return std::to_string(static_cast<long long>(seconds));
+  if (seconds >= 100.0) return std::to_string(static_cast<long long>(seconds + 0.5));
   char text[32];
-  std::snprintf(text, sizeof text, "%.2g", seconds);
+  std::snprintf(text, sizeof text, "%.3g", seconds);
   return text;
 }
 

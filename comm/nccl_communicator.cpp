@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -77,6 +78,14 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Three significant digits, whole seconds from 100 s: what was waited, not rounded down.
+std::string seconds_text(double seconds) {
+  if (seconds >= 100.0) return std::to_string(static_cast<long long>(seconds + 0.5));
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", seconds);
+  return text;
 }
 
 // Spins briefly, then backs off: several processes may share cores.
@@ -189,7 +198,7 @@ struct NcclCommunicator::Impl {
       if (std::find(involved.begin(), involved.end(), comm) != involved.end()) comm = nullptr;
     if (std::find(involved.begin(), involved.end(), world) != involved.end()) world = nullptr;
     throw InfraError(call, "MPI rank " + std::to_string(proc) + " (GPU " + std::to_string(device) +
-                               ") waited " + std::to_string(static_cast<int>(waited)) + " s in " +
+                               ") waited " + seconds_text(waited) + " s in " +
                                call + ": a member never joined (the job would hang); "
                                "ncclCommAbort called");
   }

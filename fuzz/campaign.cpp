@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "casefile/atomic_file.h"
 #include "casefile/case_file.h"
 
 namespace tally::fuzz {
@@ -49,17 +50,55 @@ std::string_view stop_name(CampaignResult::Stop stop) {
     case CampaignResult::Stop::time: return "time";
     case CampaignResult::Stop::interrupted: return "interrupted";
     case CampaignResult::Stop::max_failures: return "max-failures";
+    case CampaignResult::Stop::infra_error: return "infra-error";
   }
   return "?";
 }
 
-CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& run,
+CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& run_one,
                             CampaignObserver& observer, const std::atomic<bool>* stop) {
   const Clock::time_point start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
-  auto stopping = [&] { return stop && stop->load(); };
   CampaignResult result;
   result.seed = options.seed;
+  // The first infrastructure error, of a case or of a shrink candidate, ends the campaign.
+  std::optional<std::pair<casefile::Case, oracle::Verdict>> broken;
+  const CaseRunner run = [&](const casefile::Case& c) {
+    oracle::Verdict verdict = run_one(c);
+    if (options.stop_at_infra_error && verdict.kind == oracle::Verdict::Kind::infra_error && !broken)
+      broken.emplace(c, verdict);
+    return verdict;
+  };
+  auto stopping = [&] { return (stop && stop->load()) || broken.has_value(); };
+  // Saves the broken case (never shrunk) and its message next to it; `index` is the case's number,
+  // or, while shrinking, the failure's.
+  auto stop_at_infra_error = [&](std::int64_t index, bool while_shrinking) {
+    InfraStop s;
+    s.index = index;
+    s.while_shrinking = while_shrinking;
+    s.c = broken->first;
+    s.verdict = broken->second;
+    s.c.description = casefile::fit_description(
+        "tally fuzz --seed " + std::to_string(options.seed) + ": " +
+        (while_shrinking ? "a shrink candidate of case " : "case ") + std::to_string(index) +
+        ", faults " + fault_names(s.c) + ": an infrastructure error (" + s.verdict.infra_call + ")");
+    s.c.expect = expectation_of(s.verdict);
+    if (!options.corpus_dir.empty()) {
+      ensure_dir(options.corpus_dir);
+      const char* suffix = while_shrinking ? ".shrinking.infra-error" : ".infra-error";
+      s.path = corpus_file(options.corpus_dir, options.seed, index, (std::string(suffix) + ".json").c_str());
+      s.message_path = corpus_file(options.corpus_dir, options.seed, index, (std::string(suffix) + ".txt").c_str());
+    }
+    if (options.target_of) s.c.target = options.target_of(s.c, s.path);
+    if (!s.path.empty()) {
+      casefile::write_case_file(s.path, s.c);
+      casefile::write_file_atomically(s.message_path, s.verdict.infra_call + ": " + s.verdict.infra_message + "\n",
+                                      "infrastructure error's message");
+    }
+    result.stopped_by = CampaignResult::Stop::infra_error;
+    result.infra_error = std::move(s);
+    observer.infra_error(*result.infra_error);
+  };
   for (std::int64_t index = 0;; ++index) {
     if (options.max_cases > 0 && result.cases >= options.max_cases) {
       result.stopped_by = CampaignResult::Stop::cases;
@@ -88,6 +127,10 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
                              "): " + *error);
     const oracle::Verdict verdict = run(c);
     ++result.cases;
+    if (broken) {
+      stop_at_infra_error(index, /*while_shrinking=*/false);
+      break;
+    }
     if (verdict.kind == oracle::Verdict::Kind::pass) {
       observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());
       continue;
@@ -150,6 +193,10 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
     result.failures.push_back(failure);
     observer.failure_shrunk(result.failures.back());
     observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());
+    if (broken) {
+      stop_at_infra_error(index, /*while_shrinking=*/true);
+      break;
+    }
   }
   result.seconds = elapsed();
   return result;
@@ -166,7 +213,9 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
     if (verdict.kind == oracle::Verdict::Kind::pass || c.path.faults.empty()) return verdict;
     casefile::Case without = c;
     without.path.faults = {};
-    return run(without).kind == oracle::Verdict::Kind::pass ? verdict : oracle::Verdict{};
+    const oracle::Verdict unplanted = run(without);
+    if (unplanted.kind == oracle::Verdict::Kind::infra_error) return unplanted;  // no verdict either way
+    return unplanted.kind == oracle::Verdict::Kind::pass ? verdict : oracle::Verdict{};
   };
   const CaseRunner& runner = options.attribute_to_fault ? attributed : run;
   std::vector<MutantResult> results;
@@ -191,6 +240,7 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
       campaign.corpus_dir = options.corpus_dir;
       campaign.shrink = options.shrink;
       campaign.max_failures = 1;
+      campaign.stop_at_infra_error = options.stop_at_infra_error;
       CampaignObserver quiet;
       const CampaignResult found = run_campaign(campaign, runner, quiet, stop);
       r.cases = found.cases;
@@ -199,9 +249,11 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
         r.found = true;
         r.failure = found.failures.front();
       }
+      r.infra_error = found.infra_error;
     }
     if (on_result) on_result(r);
     results.push_back(std::move(r));
+    if (results.back().infra_error) break;  // the target is broken: no further score is true
   }
   return results;
 }

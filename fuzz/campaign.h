@@ -41,6 +41,11 @@ struct CampaignOptions {
   // towards max_failures.
   bool shrink_repeated_signatures = true;
   int max_failures = 0;  // stop after this many failures (shrunk ones); 0: no bound
+  // true (a real target): an infra-error is the target's machinery failing (its worker reported
+  // an error, died or hung), not something the case found, and the campaign stops there
+  // (InfraStop). false (tally's model on sim): a hang is what the case's path does (the fault
+  // empty-rank-skips-collective), a failure to shrink like any other.
+  bool stop_at_infra_error = false;
   // A real target: the `target` of each case file about to be written to `path` ("" without a
   // corpus), having saved the run's manifests next to it. Empty: the model target.
   std::function<casefile::RealTarget(const casefile::Case& c, const std::string& path)> target_of;
@@ -62,15 +67,29 @@ struct Failure {
   bool shrink_complete = false;  // a local minimum (not stopped by a budget or an interrupt)
 };
 
+// A case that gave no verdict where infra-errors stop a campaign (CampaignOptions::
+// stop_at_infra_error): a worker that reported an error, died or hung. It is no failure and is
+// never shrunk, and the campaign stops there: each further case would wait on the same broken
+// machinery, and no count of failures is true while it is broken.
+struct InfraStop {
+  std::int64_t index = 0;    // the case number; while shrinking a failure, that failure's
+  bool while_shrinking = false;  // a shrink candidate of failure `index` gave it
+  casefile::Case c;          // with its expectation (infra-error)
+  oracle::Verdict verdict;   // its call and message (a worker's: with the end of its log)
+  std::string path;          // the case in the corpus; empty without one
+  std::string message_path;  // next to it, <seed>-<index>.infra-error.txt: the call and the message
+};
+
 struct CampaignResult {
-  enum class Stop { cases, time, interrupted, max_failures };
+  enum class Stop { cases, time, interrupted, max_failures, infra_error };
   std::uint64_t seed = 0;
   std::int64_t cases = 0;
   double seconds = 0.0;
   Stop stopped_by = Stop::cases;
   std::vector<Failure> failures;
+  std::optional<InfraStop> infra_error;  // set when stopped_by is infra_error
 };
-std::string_view stop_name(CampaignResult::Stop stop);  // "cases", "time", ...
+std::string_view stop_name(CampaignResult::Stop stop);  // "cases", "time", ..., "infra-error"
 
 // What a campaign tells as it goes (the CLI prints it; tests check the order of events).
 class CampaignObserver {
@@ -84,11 +103,14 @@ class CampaignObserver {
   virtual void failure_shrunk(const Failure& /*failure*/) {}
   // A failure not shrunk (Failure::same_as): its original is on disk, and nothing follows.
   virtual void failure_not_shrunk(const Failure& /*failure*/) {}
+  // The campaign stops at an infrastructure error; its case and message are on disk (when there is
+  // a corpus).
+  virtual void infra_error(const InfraStop& /*stop*/) {}
 };
 
-// Runs the campaign until a bound is reached or `stop` becomes true (checked between cases
-// and between shrink candidates; the case in progress finishes, and a shrink in progress writes
-// what it has). Throws std::runtime_error when the corpus cannot be written and
+// Runs the campaign until a bound is reached, a case (or a shrink candidate) gives an
+// infrastructure error that stops it, or `stop` becomes true (checked between cases and between shrink
+// candidates; the case in progress finishes, and a shrink in progress writes what it has). Throws std::runtime_error when the corpus cannot be written and
 // std::logic_error when the generator produces an invalid case (a bug of tally).
 CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& run,
                             CampaignObserver& observer, const std::atomic<bool>* stop = nullptr);
@@ -111,6 +133,7 @@ struct MutantOptions {
   // miscount on its own (a finding of `tally fuzz`, not of the planted fault). Each failing case,
   // and each failing shrink, is then run once more with no fault.
   bool attribute_to_fault = false;
+  bool stop_at_infra_error = false;  // as CampaignOptions
   std::function<casefile::RealTarget(const casefile::Case& c, const std::string& path)> target_of;
 };
 
@@ -121,9 +144,12 @@ struct MutantResult {
   std::int64_t cases = 0;  // cases run (the finding one included)
   double seconds = 0.0;
   std::optional<Failure> failure;
+  // The fault's campaign stopped at an infrastructure error; run_mutants runs no further fault.
+  std::optional<InfraStop> infra_error;
 };
 
-// For each fault, a campaign with only that fault until a case fails or the budget is spent.
+// For each fault, a campaign with only that fault until a case fails or the budget is spent; with
+// stop_at_infra_error, all stop at the first infrastructure error.
 // `on_result` hears of each fault's result as soon as it is known.
 std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRunner& run,
                                       const std::function<void(const MutantResult&)>& on_result = {},

@@ -201,6 +201,8 @@ std::string broken_property(std::string_view input) {
     return one_line("a ManifestError", error.what());
   } catch (const oracle::RecordTooLarge& error) {
     return one_line("a RecordTooLarge", error.what());
+  } catch (const oracle::TruthUnknown& error) {
+    return one_line("a TruthUnknown", error.what());
   } catch (const std::exception& error) {
     return std::string("an exception tally check does not expect escaped: ") + typeid(error).name() + ": " + error.what();
   } catch (...) {

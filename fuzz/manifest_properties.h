@@ -26,8 +26,8 @@ std::string frame(const std::vector<FramedFile>& files);
 // (cli/check_command.cpp: manifest::read_run, manifest::to_record, the truth from box statistics,
 // oracle::judge with the default --rtol). The first property it breaks, as a sentence; "" when
 // it keeps them all:
-//  - a rejection is a ManifestError or a RecordTooLarge (tally check's exit 2) whose message is
-//    one non-empty line; nothing else escapes;
+//  - a rejection is a ManifestError, a RecordTooLarge or a TruthUnknown (tally check's exit 2)
+//    whose message is one non-empty line; nothing else escapes;
 //  - the same manifests judged twice give the same verdict;
 //  - what the judge reads is possible and consistent (manifest/statistics.h), rechecked here on
 //    the record, piece against piece;

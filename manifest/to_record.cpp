@@ -281,6 +281,9 @@ record::RunRecord to_record(const RunManifests& manifests) {
   check_groups(ranks, manifests);
   std::vector<std::vector<int>> index_of;
   const std::vector<LogicalParam> model = rebuild_logical_model(ranks, index_of);
+  if (model.empty())
+    throw ManifestError("no rank holds a param (every manifest's params list is empty): a run of no model "
+                        "counts nothing, so there is nothing to judge");
   check_statistics(ranks, index_of);
 
   record::RunRecord run;

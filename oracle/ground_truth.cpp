@@ -11,6 +11,7 @@
 
 #include "oracle/detail/compensated_sum.h"
 #include "oracle/detail/stored_values.h"
+#include "record/text.h"
 
 namespace tally::oracle {
 namespace {
@@ -154,6 +155,45 @@ GroundTruth ground_truth(const topologies::LogicalModel& model,
   return truth;
 }
 
+namespace {
+
+// Why a norm group's truth overflowed: its params with the largest sums of squares (each distinct
+// box once, as the truth counts them).
+std::string overflow_message(const record::RunRecord& run, bool main_group) {
+  constexpr std::size_t kShown = 4;
+  std::vector<double> sums(run.tensors.size(), 0.0);
+  std::set<std::pair<int, std::vector<std::int64_t>>> seen;
+  for (const record::RankRecord& rank : run.ranks)
+    for (const record::LocalParam& param : rank.local->params) {
+      const int group = run.tensors[static_cast<std::size_t>(param.tensor)].norm_group;
+      if (!param.stats || (group == 0) != main_group) continue;
+      std::vector<std::int64_t> box;
+      for (int d = 0; d < param.box.extent.ndim; ++d) {
+        box.push_back(param.box.offset[d]);
+        box.push_back(param.box.extent.size[d]);
+      }
+      if (seen.emplace(param.tensor, std::move(box)).second)
+        sums[static_cast<std::size_t>(param.tensor)] += param.stats->sum_squares;
+    }
+  std::vector<std::size_t> order;
+  for (std::size_t t = 0; t < sums.size(); ++t)
+    if (sums[t] > 0.0) order.push_back(t);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return sums[a] > sums[b]; });
+  std::string names;
+  for (std::size_t i = 0; i < std::min(order.size(), kShown); ++i) {
+    const double sum = sums[order[i]];
+    names += (i == 0 ? "" : ", ") + run.tensors[order[i]].name +
+             (std::isfinite(sum) ? " (sum_squares " + record::all_digits(sum) + ")" : " (its boxes' sums alone overflow)");
+  }
+  if (order.size() > kShown) names += " and " + std::to_string(order.size() - kShown) + " more";
+  return "the truth cannot be computed: the sum of squares of the " +
+         std::string(main_group ? "main norm group" : "separate grad-norm group") + "'s " +
+         std::to_string(order.size()) + " params overflows a double (largest: " + names +
+         "), so no finite norm is right";
+}
+
+}  // namespace
+
 GroundTruth truth_from_box_statistics(const record::RunRecord& run) {
   // Each distinct (tensor, box) once; blocks of at most kMaxAddends boxes per accumulator.
   std::set<std::pair<int, std::vector<std::int64_t>>> seen;
@@ -198,6 +238,8 @@ GroundTruth truth_from_box_statistics(const record::RunRecord& run) {
   truth.main = finish(main, TruthOptions{});
   truth.mtp = finish(separate, TruthOptions{});
   truth.zeros = zeros;
+  if (!std::isfinite(truth.main.sum_squares) || !std::isfinite(truth.mtp.sum_squares))
+    throw TruthUnknown(overflow_message(run, !std::isfinite(truth.main.sum_squares)));
   return truth;
 }
 

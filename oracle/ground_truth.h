@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/gradient_generator.h"
@@ -131,12 +132,20 @@ struct GroundTruth {
 GroundTruth ground_truth(const topologies::LogicalModel& model,
                          const kernels::GeneratorSpec& gradients, const TruthOptions& options);
 
+// A truth that cannot be computed: the recorded statistics are each finite, but their sum of
+// squares is not (it overflows a double). Bad input: no finite norm is right, so no verdict is.
+class TruthUnknown : public std::domain_error {
+ public:
+  using std::domain_error::domain_error;
+};
+
 // The truth of a run whose gradients tally cannot generate (a real framework's): from the
 // statistics its ranks recorded of the boxes they hold, each distinct box of each tensor once
 // (manifest/ has checked that a tensor's boxes are identical or disjoint, cover every element,
 // and that replicas agree). main: the tensors of the main norm group; zeros: every tensor; the
 // same compensated sums as above. No p-norms; no clip (each child's clip is judged against
-// its own max_norm).
+// its own max_norm). Throws TruthUnknown, naming the params with the largest sums, when a norm
+// group's sum of squares overflows.
 GroundTruth truth_from_box_statistics(const record::RunRecord& run);
 
 // The statistics of the row-major range `range` of `box` of one logical tensor, from the

@@ -3,16 +3,17 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <deque>
 #include <filesystem>
-#include <fstream>
-#include <regex>
+#include <string_view>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -20,12 +21,14 @@
 
 #include "casefile/atomic_file.h"
 #include "casefile/case_file.h"
+#include "casefile/json_read.h"
 #include "gradnorm/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "manifest/manifest_json.h"
 #include "manifest/to_record.h"
 #include "oracle/ground_truth.h"
 #include "oracle/judge.h"
+#include "run/process_tree.h"
 #include "topologies/logical_model.h"
 
 extern char** environ;
@@ -41,38 +44,166 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+// A duration as a message gives it: 1.5 s is "1.5", not "1".
+std::string seconds_text(double seconds) {
+  if (seconds >= 100) return std::to_string(static_cast<long long>(seconds + 0.5));
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", seconds);
+  return text;
+}
+
+// How long tally waits, once it has asked a worker to stop (the stop file), before it terminates
+// it; and after SIGTERM (torchrun forwards it to its ranks) before it kills the whole tree.
+constexpr double kAskedStopSeconds = 10.0;
+constexpr double kTerminateSeconds = 2.0;
+// How often the pool records the processes of a running worker (run/process_tree.h): a rank its
+// launcher leaves behind is found only through a record made while the launcher lived.
+constexpr double kTrackSeconds = 0.25;
+
+// What a worker's files may hold: a hello and a result are small; a log is read only in part.
+constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;
+constexpr std::size_t kMaxResultBytes = std::size_t{4} << 20;
+constexpr std::size_t kMaxMessageShown = 4000;  // of a result's message
+constexpr std::size_t kLogTailBytes = 32 << 10;  // the end of a log that is shown
+constexpr std::size_t kLogScanBytes = 1 << 20;   // the start of a log searched for its first exception
+constexpr std::size_t kMaxLineShown = 400;       // of one log line
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "folder";
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  if (S_ISSOCK(mode)) return "socket";
+  return "special file";
+}
+
+// A regular file open for reading, or why not. A FIFO (or a device) that a worker left in a
+// file's place would block a plain open or read forever: its type is checked before it is
+// opened, it is opened without blocking, and checked again once open (it may have been replaced).
+struct RegularFile {
+  int fd = -1;
+  off_t size = 0;
+  std::string why_not;  // "is a FIFO, not a regular file"
+  explicit RegularFile(const fs::path& path) {
+    struct stat before {};
+    if (::stat(path.c_str(), &before) != 0) {
+      why_not = std::string("cannot be read (") + std::strerror(errno) + ")";
+      return;
+    }
+    if (!S_ISREG(before.st_mode)) {
+      why_not = std::string("is a ") + file_kind(before.st_mode) + ", not a regular file";
+      return;
+    }
+    fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat after {};
+    if (fd < 0) {
+      why_not = std::string("cannot be opened (") + std::strerror(errno) + ")";
+    } else if (::fstat(fd, &after) != 0 || !S_ISREG(after.st_mode)) {
+      why_not = "was replaced by a file that is not a regular one while it was opened";
+      ::close(fd);
+      fd = -1;
+    } else {
+      size = after.st_size;
+    }
+  }
+  ~RegularFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+
+  // Up to `bytes` bytes from `offset` (fewer at the end of the file).
+  std::string read(off_t offset, std::size_t bytes) const {
+    std::string out(bytes, '\0');
+    std::size_t got = 0;
+    while (got < bytes) {
+      const ssize_t n = ::pread(fd, out.data() + got, bytes - got, offset + static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    out.resize(got);
+    return out;
+  }
+};
+
+// The whole of a small file a worker wrote. Throws std::runtime_error naming the file and why.
+std::string read_worker_file(const fs::path& path, std::size_t max_bytes) {
+  const RegularFile file(path);
+  if (file.fd < 0) throw std::runtime_error(path.string() + " " + file.why_not);
+  if (static_cast<std::uintmax_t>(file.size) > max_bytes)
+    throw std::runtime_error(path.string() + " holds " + std::to_string(file.size) + " bytes, more than the " +
+                             std::to_string(max_bytes) + " such a file may");
+  return file.read(0, static_cast<std::size_t>(file.size));
+}
+
+// At most `max` bytes of `text` on one line: control characters escaped, the rest counted.
+std::string shown_line(std::string_view text, std::size_t max) {
+  std::string out = casefile::escape_controls(text.substr(0, max));
+  if (text.size() > max) out += "... (" + std::to_string(text.size() - max) + " more bytes)";
+  return out;
 }
 
 // Whether a log line is a Python exception's last line ("ValueError: ..."), the launcher's own
-// report that a child failed aside.
-bool is_exception_line(const std::string& line) {
-  static const std::regex exception(R"(^[A-Za-z_][A-Za-z0-9_.]*(Error|Exception)(: .*)?$)");
-  return line.find("ChildFailedError") == std::string::npos && std::regex_match(line, exception);
+// report that a child failed aside: a dotted name ending in Error or Exception, then the end of
+// the line or ": ". One pass over the line, no backtracking (a long line once overflowed the
+// stack of a regex).
+bool is_exception_line(std::string_view line) {
+  const auto name_char = [](char ch, bool first) {
+    return std::isalpha(static_cast<unsigned char>(ch)) || ch == '_' ||
+           (!first && (std::isdigit(static_cast<unsigned char>(ch)) || ch == '.'));
+  };
+  std::size_t end = 0;
+  while (end < line.size() && name_char(line[end], end == 0)) ++end;
+  const std::string_view name = line.substr(0, end), rest = line.substr(end);
+  if (!name.ends_with("Error") && !name.ends_with("Exception")) return false;
+  if (!rest.empty() && !rest.starts_with(": ")) return false;
+  return name.find("ChildFailedError") == std::string_view::npos &&
+         line.find("ChildFailedError") == std::string_view::npos;
 }
 
-// The last `lines` lines of a worker's log, indented, for an error message; first the log's first
-// exception when the tail lacks it (torchrun's report of a failed rank fills the end of the log
-// and hides the rank's own error).
-std::string log_tail(const fs::path& log, std::size_t lines = 25) {
-  std::ifstream in(log);
-  std::deque<std::string> tail;
-  std::string first_exception;
-  for (std::string line; std::getline(in, line);) {
-    if (first_exception.empty() && is_exception_line(line)) first_exception = line;
-    tail.push_back(line);
-    if (tail.size() > lines) tail.pop_front();
+// The lines of `text`.
+std::vector<std::string_view> lines_of(std::string_view text) {
+  std::vector<std::string_view> lines;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t newline = text.find('\n', at);
+    const std::size_t end = newline == std::string_view::npos ? text.size() : newline;
+    lines.push_back(text.substr(at, end - at));
+    at = end + 1;
   }
+  return lines;
+}
+
+// The last `count` lines of a worker's log, indented, for an error message; first the log's first
+// exception when the tail lacks it (torchrun's report of a failed rank fills the end of the log
+// and hides the rank's own error). Reads at most the log's first kLogScanBytes and last
+// kLogTailBytes, and shows at most kMaxLineShown bytes of a line.
+std::string log_tail(const fs::path& log, std::size_t count = 25) {
+  const RegularFile file(log);
+  if (file.fd < 0) return " (its log " + log.string() + " " + file.why_not + ")";
+  const std::size_t size = static_cast<std::size_t>(file.size);
+  const std::size_t tail_from = size > kLogTailBytes ? size - kLogTailBytes : 0;
+  const std::string tail_bytes = file.read(static_cast<off_t>(tail_from), size - tail_from);
+  std::vector<std::string_view> tail = lines_of(tail_bytes);
+  const bool cut_first = tail_from > 0 && tail.size() <= count;  // the first shown began earlier
+  if (tail.size() > count) tail.erase(tail.begin(), tail.end() - static_cast<std::ptrdiff_t>(count));
   if (tail.empty()) return " (its log " + log.string() + " is empty)";
+
+  std::string first_exception;
+  const std::string head = tail_from == 0 ? std::string() : file.read(0, std::min(size, kLogScanBytes));
+  for (std::string_view line : lines_of(tail_from == 0 ? std::string_view(tail_bytes) : std::string_view(head)))
+    if (is_exception_line(line)) {
+      first_exception = shown_line(line, kMaxLineShown);
+      break;
+    }
   std::string text;
-  if (!first_exception.empty() && std::find(tail.begin(), tail.end(), first_exception) == tail.end())
+  std::vector<std::string> shown;
+  for (std::string_view line : tail) shown.push_back(shown_line(line, kMaxLineShown));
+  if (cut_first) shown.front() = "..." + shown.front();
+  if (!first_exception.empty() && std::find(shown.begin(), shown.end(), first_exception) == shown.end())
     text += "; the first error in its log: " + first_exception;
   text += "; the end of its log " + log.string() + ":";
-  for (const std::string& line : tail) text += "\n    " + line;
+  for (const std::string& line : shown) text += "\n    " + line;
   return text;
 }
 
@@ -94,17 +225,6 @@ casefile::Case request_case(casefile::Case c) {
 
 std::string case_key(const casefile::Case& c) {
   return casefile::case_to_json(request_case(c)).dump();
-}
-
-void write_binary_atomically(const fs::path& file, const std::vector<float>& values) {
-  const fs::path temporary = file.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(values.data()),
-              static_cast<std::streamsize>(values.size() * sizeof(float)));
-    if (!out) throw std::runtime_error("cannot write " + temporary.string());
-  }
-  fs::rename(temporary, file);
 }
 
 }  // namespace
@@ -157,10 +277,31 @@ oracle::Verdict judge_manifests(const std::string& dir, double rtol) {
 struct WorkerPool::Worker {
   int world = 0;
   fs::path queue;
-  pid_t pid = -1;  // the process group's leader (also its id); -1: not running
+  pid_t pid = -1;  // the launcher (/bin/sh exec'ing the command), not yet reaped; -1: not running
+  // Every process of the worker seen so far: ranks in sessions of their own (torchrun's) are
+  // found only through their parents, so the tree is recorded while the launcher lives.
+  std::vector<ProcessId> tree;
+  Clock::time_point tracked{};
   WorkerHello hello;
   std::int64_t next_case = 1;
   int starts = 0;  // each start has its own queue folder
+
+  // Records the worker's processes, at most every kTrackSeconds unless `now`.
+  void track(bool now = false) {
+    if (pid <= 0 || (!now && seconds_since(tracked) < kTrackSeconds)) return;
+    tree = merge_trees(tree, process_tree(pid, process_table()));
+    tracked = Clock::now();
+  }
+
+  // Whether the launcher has exited (then reaped, its `status` set).
+  bool exited(int& status) { return pid > 0 && ::waitpid(pid, &status, WNOHANG) == pid; }
+
+  // The launcher has exited and is reaped: kills what it left behind.
+  void end_leftovers() {
+    kill_tree(0, tree);
+    pid = -1;
+    tree.clear();
+  }
 };
 
 WorkerPool::WorkerPool(WorkerOptions options) : options_(std::move(options)) {
@@ -190,27 +331,38 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::stop(Worker& w, bool ask) {
   if (w.pid <= 0) return;
-  if (ask) std::ofstream(w.queue / "stop") << "stop\n";
-  Clock::time_point asked = Clock::now();
-  int status = 0;
-  bool terminated = false;
-  while (::waitpid(w.pid, &status, WNOHANG) == 0) {
-    if (!terminated && (!ask || seconds_since(asked) > 20)) {
-      // torchrun starts each rank in its own session: only the launcher, told to terminate,
-      // reaches them (it forwards the signal), so it gets a chance before the group is killed.
-      ::kill(w.pid, SIGTERM);
-      terminated = true;
-      asked = Clock::now();
-    } else if (terminated && seconds_since(asked) > 10) {
-      ::kill(-w.pid, SIGKILL);
-      ::waitpid(w.pid, &status, 0);
-      break;
+  w.track(/*now=*/true);
+  if (ask) {
+    try {
+      casefile::write_file_atomically((w.queue / "stop").string(), "stop\n", "stop file");
+    } catch (const std::exception&) {
+      ask = false;  // the queue is gone or full: terminating is all that is left
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Ranks its launcher left behind, if any.
-  ::kill(-w.pid, SIGKILL);
-  w.pid = -1;
+  // Asked: the worker ends its process groups and exits. Then (or unasked) the launcher is told to
+  // terminate (torchrun forwards it to its ranks); what is left after that is killed, the whole
+  // tree, ranks in other sessions included.
+  int status = 0;
+  const auto wait_exit = [&](double seconds) {
+    const Clock::time_point start = Clock::now();
+    while (seconds_since(start) < seconds) {
+      if (w.exited(status)) return true;
+      w.track();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  bool exited = ask && wait_exit(kAskedStopSeconds);
+  if (!exited) {
+    w.track(/*now=*/true);
+    ::kill(w.pid, SIGTERM);
+    exited = wait_exit(kTerminateSeconds);
+  }
+  if (!exited) {
+    kill_tree(w.pid, w.tree);
+    ::waitpid(w.pid, &status, 0);
+  }
+  w.end_leftovers();
 }
 
 WorkerPool::Worker& WorkerPool::worker(int world) {
@@ -222,9 +374,8 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
   Worker& w = *slot;
   if (w.pid > 0) {
     int status = 0;
-    if (::waitpid(w.pid, &status, WNOHANG) == 0) return w;
-    ::kill(-w.pid, SIGKILL);  // the leader is gone; its ranks must not linger
-    w.pid = -1;
+    if (!w.exited(status)) return w;
+    w.end_leftovers();  // the launcher is gone; its ranks must not linger
   }
   // A fresh queue per start: nothing of a previous worker (or a rank it left behind) is read as
   // this one's, and the kept manifests of earlier failing runs stay where they are.
@@ -261,24 +412,28 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
 
   const Clock::time_point start = Clock::now();
   const fs::path hello = w.queue / "hello.json";
-  while (!fs::exists(hello)) {
+  const std::string who = "the world-" + std::to_string(world) + " worker";
+  while (!fs::exists(fs::symlink_status(hello))) {
     int status = 0;
-    if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
-      w.pid = -1;
-      throw std::runtime_error("the world-" + std::to_string(world) + " worker exited before it was up (" +
+    if (w.exited(status)) {
+      w.end_leftovers();
+      throw std::runtime_error(who + " exited before it was up (" +
                                (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
                                                   : "signal " + std::to_string(WTERMSIG(status))) +
                                ")" + log_tail(log));
     }
     if (seconds_since(start) > options_.start_seconds) {
-      stop(w);
-      throw std::runtime_error("the world-" + std::to_string(world) + " worker was not up after " +
-                               std::to_string(static_cast<int>(options_.start_seconds)) + " s" + log_tail(log));
+      // Not up, so not reading its queue: a stop file would go unread.
+      stop(w, /*ask=*/false);
+      throw std::runtime_error(who + " was not up after " + seconds_text(options_.start_seconds) +
+                               " s (--start-timeout; it was stopped)" + log_tail(log));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    w.track();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  w.track(/*now=*/true);
   try {
-    const nlohmann::json j = nlohmann::json::parse(read_file(hello));
+    const nlohmann::json j = nlohmann::json::parse(read_worker_file(hello, kMaxHelloBytes));
     w.hello.framework = j.at("framework").get<std::string>();
     w.hello.version = j.at("version").get<std::string>();
     w.hello.producer = j.value("producer", std::string());
@@ -297,12 +452,12 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
     if (j.contains("cannot_plant"))
       w.hello.plants.not_planted = j.at("cannot_plant").get<std::map<std::string, std::string>>();
   } catch (const std::exception& e) {
-    stop(w);
-    throw std::runtime_error("the world-" + std::to_string(world) + " worker's " + hello.string() +
-                             " is not a hello (framework, version, world): " + e.what());
+    stop(w, /*ask=*/false);
+    throw std::runtime_error(who + "'s " + hello.string() + " is not a hello (framework, version, world): " +
+                             shown_line(e.what(), kMaxLineShown));
   }
   if (w.hello.world != world) {
-    stop(w);
+    stop(w, /*ask=*/false);
     throw std::runtime_error("the worker started for world " + std::to_string(world) + " has world " +
                              std::to_string(w.hello.world) + ": its command must start {world} ranks (" +
                              options_.command + ")");
@@ -331,7 +486,10 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   const fs::path manifests = w.queue / name;
 
   const LogicalGradients gradients = logical_gradients(c);
-  write_binary_atomically(gradients_values, gradients.values);
+  casefile::write_file_atomically(
+      gradients_values.string(),
+      std::string_view(reinterpret_cast<const char*>(gradients.values.data()), gradients.values.size() * sizeof(float)),
+      "gradient values");
   casefile::write_file_atomically(gradients_index.string(), gradients.index_json, "gradient index");
   // The case last: its appearance tells the worker that everything of the case is there.
   casefile::write_case_file(request.string(), request_case(c));
@@ -343,28 +501,27 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     fs::remove(gradients_values, ignored);
     fs::remove(gradients_index, ignored);
   };
-  while (!fs::exists(result_file)) {
+  const std::string worker_call = w.hello.framework + " worker (world " + std::to_string(w.world) + ")";
+  const fs::path log = w.queue / "worker.log";
+  while (!fs::exists(fs::symlink_status(result_file))) {
     int status = 0;
-    if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
-      ::kill(-w.pid, SIGKILL);  // ranks the leader left behind
-      w.pid = -1;
+    if (w.exited(status)) {
+      w.end_leftovers();  // ranks the launcher left behind
       clean_request();
       out.seconds = seconds_since(start);
-      out.verdict = infra_error(w.hello.framework + " worker (world " + std::to_string(w.world) + ")",
-                                "the worker exited during " + name + log_tail(w.queue / "worker.log"));
+      out.verdict = infra_error(worker_call, "the worker exited during " + name + log_tail(log));
       return out;
     }
     if (seconds_since(start) > options_.case_seconds) {
-      const std::string tail = log_tail(w.queue / "worker.log");
+      const std::string tail = log_tail(log);
       stop(w, /*ask=*/false);  // it is busy with the case: a stop file would go unread
       clean_request();
       out.seconds = seconds_since(start);
-      out.verdict = infra_error(w.hello.framework + " worker (world " + std::to_string(w.world) + ")",
-                                name + " gave no result within " +
-                                    std::to_string(static_cast<int>(options_.case_seconds)) +
-                                    " s (the worker was stopped)" + tail);
+      out.verdict = infra_error(worker_call, name + " gave no result within " + seconds_text(options_.case_seconds) +
+                                                 " s (--case-timeout; the worker was stopped)" + tail);
       return out;
     }
+    w.track();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   out.seconds = seconds_since(start);
@@ -372,15 +529,22 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
 
   std::string status, message;
   try {
-    const nlohmann::json j = nlohmann::json::parse(read_file(result_file));
+    const nlohmann::json j = nlohmann::json::parse(read_worker_file(result_file, kMaxResultBytes));
     status = j.at("status").get<std::string>();
     message = j.value("message", std::string());
   } catch (const std::exception& e) {
-    out.verdict = infra_error(w.hello.framework + " worker", result_file.string() + " is not a result: " + e.what());
+    // A worker that writes no result it should is not trusted with the next case: restarted.
+    const std::string tail = log_tail(log);
+    stop(w, /*ask=*/false);
+    out.verdict = infra_error(worker_call, result_file.string() + " is not a result (" +
+                                               shown_line(e.what(), kMaxLineShown) + "; the worker was stopped)" +
+                                               tail);
     return out;
   }
   if (status != "ok") {
-    out.verdict = infra_error(w.hello.framework + " " + w.hello.version, message.empty() ? status : message);
+    // The framework refused the case or failed on it; the log holds its traceback.
+    out.verdict = infra_error(w.hello.framework + " " + w.hello.version,
+                              shown_line(message.empty() ? status : message, kMaxMessageShown) + log_tail(log));
   } else {
     try {
       out.verdict = judge_manifests(manifests.string(), options_.rtol);

@@ -16,8 +16,9 @@
 // A case's faults are planted in the framework at run time by the worker, for that case only
 // (hello.json lists those it can plant).
 //
-// Every file is written to a temporary name and renamed, so neither side reads a partial one.
-// The worker is told tally's process id and exits when tally is gone.
+// Every file is written to a temporary name and renamed, so neither side reads a partial one;
+// tally reads only regular files of the queue (a FIFO there would block it). The worker is told
+// tally's process id and exits when tally is gone, also in the middle of a case.
 #pragma once
 
 #include <chrono>
@@ -112,8 +113,9 @@ class WorkerPool {
  private:
   struct Worker;
   Worker& worker(int world);
-  // Asks the worker to exit (a stop file) and waits for it, unless `ask` is false; then kills
-  // whatever is left of its process group.
+  // Asks the worker to exit (a stop file) and waits a while for it, unless `ask` is false; then
+  // tells its launcher to terminate, and after a short grace kills every process left of it
+  // (run/process_tree.h: ranks in sessions of their own too).
   void stop(Worker& w, bool ask = true);
 
   WorkerOptions options_;

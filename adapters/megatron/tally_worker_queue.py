@@ -5,15 +5,20 @@ A worker is WORLD ranks that stay up across cases. Rank 0 watches the queue fold
 `case-<K>.json` and tells the others (a broadcast at least every IDLE_SECONDS, so no collective
 waits longer); every rank runs the case with the framework's `execute(queue, k, case)`; rank 0
 gathers each rank's outcome and writes `case-<K>.result.json`. The worker exits when tally writes
-`stop` or tally's process is gone.
+`stop` or tally's process is gone; every rank also watches tally's process from a thread, so a
+rank stuck in the middle of a case (in the framework, or in a collective another rank never
+joins) ends too once tally is gone.
 """
 
 import json
 import os
+import sys
+import threading
 import time
 import traceback
 
 IDLE_SECONDS = 5.0
+PARENT_CHECK_SECONDS = 1.0
 
 
 def write_atomically(path, text):
@@ -33,6 +38,20 @@ def parent_alive(pid):
         return False
     except PermissionError:
         return True
+
+
+def watch_parent(parent_pid, interval=PARENT_CHECK_SECONDS):
+    """Ends this process (os._exit: no cleanup that could block) once tally's process is gone. A
+    daemon thread: the queue loop checks only while idle, and a rank busy with a case never would."""
+
+    def watch():
+        while parent_alive(parent_pid):
+            time.sleep(interval)
+        print(f"tally (pid {parent_pid}) is gone: this rank exits", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    if parent_pid > 0:
+        threading.Thread(target=watch, name="tally-parent-watch", daemon=True).start()
 
 
 def next_command(queue, k, parent_pid):
@@ -79,6 +98,7 @@ def serve(queue, parent_pid, hello, execute):
     case's result an error carrying the first failing rank's message."""
     import torch.distributed as dist
 
+    watch_parent(parent_pid)
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         write_atomically(os.path.join(queue, "hello.json"), json.dumps(hello) + "\n")

@@ -335,6 +335,63 @@ TEST(Campaign, HangsAreFailures) {
   EXPECT_LE(f.shrunk.topology.world, 2);
 }
 
+// A real target's infra-error (its worker erred, died or hung) is no failure: the campaign stops
+// at it, unshrunk, and saves the case with its message next to it.
+TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
+  CampaignOptions o;
+  o.seed = 4;
+  o.max_cases = 50;
+  o.generator.faults = {Fault::no_dedup_filter};
+  o.corpus_dir = fresh_dir("infra");
+  o.stop_at_infra_error = true;
+  int runs = 0;
+  const CaseRunner broken_at_third = [&runs](const casefile::Case& c) {
+    if (++runs < 3) return oracle::Verdict{};  // passes
+    oracle::Verdict v = sim(c);
+    v.kind = oracle::Verdict::Kind::infra_error;
+    v.infra_call = "a worker";
+    v.infra_message = "the worker exited during case-3; the end of its log:\n    a line";
+    return v;
+  };
+  CampaignObserver quiet;
+  const CampaignResult result = run_campaign(o, broken_at_third, quiet);
+  EXPECT_EQ(runs, 3) << "nothing shrunk, nothing run after it";
+  EXPECT_TRUE(result.failures.empty());
+  EXPECT_EQ(result.stopped_by, CampaignResult::Stop::infra_error);
+  ASSERT_TRUE(result.infra_error);
+  EXPECT_EQ(result.infra_error->index, 2);
+  EXPECT_EQ(casefile::load_case_file(result.infra_error->path).expect->outcome,
+            casefile::Expectation::Outcome::infra_error);
+  std::ifstream message(result.infra_error->message_path);
+  std::stringstream text;
+  text << message.rdbuf();
+  EXPECT_EQ(text.str(), "a worker: the worker exited during case-3; the end of its log:\n    a line\n");
+
+  // A shrink candidate that gives one stops the shrink, which keeps what it has, and the campaign.
+  o.corpus_dir = fresh_dir("infra-shrinking");
+  int after_failure = 0;  // runs since the first failure
+  const CaseRunner broken_while_shrinking = [&after_failure](const casefile::Case& c) {
+    if (after_failure > 0 && ++after_failure == 3) {
+      oracle::Verdict v;
+      v.kind = oracle::Verdict::Kind::infra_error;
+      v.infra_call = "a worker";
+      v.infra_message = "hung";
+      return v;
+    }
+    oracle::Verdict v = sim(c);
+    if (v.kind == oracle::Verdict::Kind::fail && after_failure == 0) after_failure = 1;
+    return v;
+  };
+  const CampaignResult shrinking = run_campaign(o, broken_while_shrinking, quiet);
+  ASSERT_EQ(shrinking.failures.size(), 1u);
+  EXPECT_FALSE(shrinking.failures[0].shrink_complete);
+  EXPECT_EQ(shrinking.failures[0].shrink.runs, 2) << "the shrink stopped at the candidate that gave it";
+  ASSERT_TRUE(shrinking.infra_error);
+  EXPECT_TRUE(shrinking.infra_error->while_shrinking);
+  EXPECT_EQ(shrinking.infra_error->index, shrinking.failures[0].index);
+  EXPECT_NE(shrinking.infra_error->path.find(".shrinking.infra-error.json"), std::string::npos);
+}
+
 // The mutation score: every fault is found within the default budget.
 TEST(Mutants, EveryApplicableFaultIsFoundWithinTheDefaultBudget) {
   MutantOptions o;  // budget 1000, seed 1, worlds up to 64

@@ -276,13 +276,28 @@ TEST(ManifestRunJudged, RanksReportingDifferentInfNormsDisagree) {
   EXPECT_FALSE(check_run(run).verdict.ranks_agree);
 }
 
-TEST(ManifestRunJudged, OverflowingSquaresGiveAnInfiniteTruthNotNan) {
+// Statistics each finite whose sum of squares overflows: no truth (once an infinite one, whose
+// comparisons passed whatever the ranks reported).
+TEST(ManifestRunJudged, OverflowingSquaresLeaveNoTruthNamingTheParams) {
   RunManifests run = founding_run(false);
   for (RankManifest& m : run.ranks) {
     m.params.edit()[2].stats = {1e308, 1e154, 0};  // possible: 1e308 <= 16 (1e154)^2
     m.optimizers[0].main_params[2].stats = m.params[2].stats;
   }
-  EXPECT_TRUE(std::isinf(check_run(run).truth_norm));
+  try {
+    check_run(run);
+    FAIL() << "expected TruthUnknown";
+  } catch (const oracle::TruthUnknown& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "the truth cannot be computed: the sum of squares of the main norm group's 4 params overflows a "
+              "double (largest: fc1.weight (its boxes' sums alone overflow), norm.weight (sum_squares 8), "
+              "experts.0.fc2.bias (sum_squares 8), experts.1.fc2.bias (sum_squares 8)), so no finite norm is right");
+  }
+  run = founding_run(false);
+  run.ranks[0].params.edit()[0].stats = {1e308, 1e154, 0};  // the replicated norm weight, once
+  run.ranks[1].params.edit()[0].stats = {1e308, 1e154, 0};
+  for (RankManifest& m : run.ranks) m.optimizers[0].main_params[0].stats = m.params[0].stats;
+  EXPECT_NO_THROW(check_run(run)) << "a replica counts once: 1e308 + 48 is finite";
 }
 
 TEST(ToRecordValidation, HoldersInDifferentNormGroups) {

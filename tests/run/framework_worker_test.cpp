@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
 
 #include <filesystem>
 #include <fstream>
@@ -93,7 +96,9 @@ TEST(WorkerPool, AnErrorTheWorkerReportsIsAnInfraErrorWithItsMessage) {
   WorkerPool pool(stand_in_options());
   const WorkerRun run = pool.execute(founding_case());
   EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
-  EXPECT_EQ(run.verdict.infra_message, "the framework refused the case (as asked)");
+  EXPECT_EQ(run.verdict.infra_message.rfind("the framework refused the case (as asked); the end of its log ", 0), 0u)
+      << "the worker's message, then the end of its log: " << run.verdict.infra_message;
+  EXPECT_NE(run.verdict.infra_message.find("model_worker.sh: case 1"), std::string::npos) << run.verdict.infra_message;
 }
 
 TEST(WorkerPool, AWorkerThatDiesIsAnInfraErrorAndIsRestartedForTheNextCase) {
@@ -113,13 +118,14 @@ TEST(WorkerPool, AWorkerThatDiesIsAnInfraErrorAndIsRestartedForTheNextCase) {
 TEST(WorkerPool, ACaseThatTakesTooLongIsAnInfraErrorNamingTheTimeout) {
   const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "hang");
   WorkerOptions o = stand_in_options();
-  o.case_seconds = 1;
+  o.case_seconds = 1.5;
   WorkerPool pool(o);
   const WorkerRun run = pool.execute(founding_case());
   EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
-  EXPECT_NE(run.verdict.infra_message.find("case-1 gave no result within 1 s (the worker was stopped)"),
+  EXPECT_NE(run.verdict.infra_message.find("case-1 gave no result within 1.5 s (--case-timeout; the worker was stopped)"),
             std::string::npos)
-      << run.verdict.infra_message;
+      << "the timeout as given, not rounded down: " << run.verdict.infra_message;
+  EXPECT_LT(run.seconds, 1.5 + 3) << "stopped within a short grace of the timeout";
 }
 
 TEST(WorkerPool, AWorkerThatNeverSaysHelloIsAnErrorWithTheEndOfItsLog) {
@@ -136,6 +142,115 @@ TEST(WorkerPool, AWorkerThatNeverSaysHelloIsAnErrorWithTheEndOfItsLog) {
               std::string::npos)
         << "a rank's error above the launcher's long report is named: " << message;
   }
+}
+
+// Whether process `pid` runs (a zombie, waiting for its parent to reap it, does not).
+bool running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const std::size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+// The pid the stand-in's detached child wrote to its queue.
+pid_t detached_child(const fs::path& queue) {
+  std::ifstream in(queue / "detached.pid");
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
+// Waits up to `seconds` for `pid` to stop running.
+bool ends_within(pid_t pid, double seconds) {
+  for (int waited = 0; waited < seconds * 100 && running(pid); ++waited) ::usleep(10000);
+  return !running(pid);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST(WorkerPool, ALogWithLinesOfAHundredKilobytesGivesTheirStartsNotACrash) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "long-line");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  const std::string& message = run.verdict.infra_message;
+  EXPECT_NE(message.find("the worker exited during case-1"), std::string::npos) << message.substr(0, 2000);
+  EXPECT_NE(message.find("; the first error in its log: ValueError: xxx"), std::string::npos) << message.substr(0, 2000);
+  EXPECT_NE(message.find("more bytes)"), std::string::npos) << "each line is cut, saying how much: " << message.substr(0, 2000);
+  EXPECT_LT(message.size(), 8000u) << "the message stays short";
+}
+
+TEST(WorkerPool, AFifoAsHelloIsRefusedWithoutWaitingOnIt) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "fifo-hello");
+  WorkerPool pool(stand_in_options());  // start timeout 30 s
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pool.hello(2);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("hello.json is a FIFO, not a regular file"), std::string::npos) << error.what();
+  }
+  EXPECT_LT(seconds_since(start), 5.0);
+}
+
+TEST(WorkerPool, AFifoAsACaseResultIsAnInfraErrorWithoutWaitingOnIt) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "fifo-result");
+  WorkerPool pool(stand_in_options());  // case timeout 30 s
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_NE(run.verdict.infra_message.find("case-1.result.json is a FIFO, not a regular file"), std::string::npos)
+      << run.verdict.infra_message;
+  EXPECT_LT(run.seconds, 5.0);
+}
+
+TEST(WorkerPool, AStartTimeoutEndsWithinAShortGraceOfItself) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "slow-start");  // reads no stop file
+  WorkerOptions o = stand_in_options();
+  o.start_seconds = 1.5;
+  WorkerPool pool(o);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pool.hello(2);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("the world-2 worker was not up after 1.5 s (--start-timeout; it was stopped)"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(seconds_since(start), 1.5 + 3);
+}
+
+TEST(WorkerPool, AChildInASessionOfItsOwnEndsWithThePool) {
+  const WorkerEnvironment detached("TALLY_TEST_WORKER_DETACHED", "1");
+  WorkerOptions o = stand_in_options();
+  o.work_dir = (fs::temp_directory_path() / ("tally-worker-detached-" + std::to_string(::getpid()))).string();
+  pid_t child = 0;
+  {
+    WorkerPool pool(o);
+    EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+    child = detached_child(fs::path(o.work_dir) / "world-2");
+    ASSERT_GT(child, 0);
+    EXPECT_TRUE(running(child));
+  }
+  EXPECT_TRUE(ends_within(child, 2.0)) << "the worker's child in its own session outlived the pool";
+  fs::remove_all(o.work_dir);
+}
+
+TEST(WorkerPool, AChildInASessionOfItsOwnEndsWithAWorkerThatDies) {
+  const WorkerEnvironment detached("TALLY_TEST_WORKER_DETACHED", "1");
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "die");
+  WorkerOptions o = stand_in_options();
+  o.work_dir = (fs::temp_directory_path() / ("tally-worker-dies-" + std::to_string(::getpid()))).string();
+  WorkerPool pool(o);
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_NE(run.verdict.infra_message.find("the worker exited during case-1"), std::string::npos) << run.verdict.infra_message;
+  const pid_t child = detached_child(fs::path(o.work_dir) / "world-2");
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(ends_within(child, 2.0)) << "the dead launcher's child in its own session lingers";
+  fs::remove_all(o.work_dir);
 }
 
 TEST(WorkerPool, TheWorkDirHoldsOneQueuePerWorld) {

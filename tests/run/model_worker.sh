@@ -10,7 +10,11 @@
 #
 # TALLY_TEST_WORKER_FAULT=NAME plants that catalog fault in every case (the "framework"
 # miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =error reports an error for
-# every case, =hang never answers, =no-hello exits before saying hello.
+# every case, =hang never answers, =no-hello exits before saying hello, =slow-start never says
+# hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
+# =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. With
+# TALLY_TEST_WORKER_DETACHED=1 it first starts a child in a session of its own (as torchrun starts
+# its ranks), writing the child's pid to $queue/detached.pid.
 set -u
 tally=$1
 world=$2
@@ -29,6 +33,14 @@ version=0.19.2 dtypes=
 # As DeepSpeed it still builds what tally's model of Megatron builds: no expert biases with expert TP.
 if [ "$framework" = deepspeed ]; then version=0.19.8 dtypes=', "dtypes": ["fp32", "bf16"], "model_rules": "megatron"'; fi
 fault=${TALLY_TEST_WORKER_FAULT:-}
+if [ "${TALLY_TEST_WORKER_DETACHED:-}" = 1 ]; then
+  setsid sleep 300 </dev/null >/dev/null 2>&1 &
+  echo $! >"$queue/detached.pid"
+fi
+case $mode in
+  slow-start) exec sleep 3600 ;;
+  fifo-hello) mkfifo "$queue/hello.json"; exec sleep 3600 ;;
+esac
 if [ "$mode" = no-hello ]; then
   echo "model_worker.sh: leaving before hello, as asked"
   echo "ValueError: device_id cuda:1 is out of range (as a rank's own error)"
@@ -66,6 +78,14 @@ while :; do
   done
   case $mode in
     die) exit 5 ;;
+    long-line)
+      # A progress bar without newlines, then a Python error as long.
+      head -c 100000 /dev/zero | tr '\0' '#'
+      printf '\nValueError: '
+      head -c 100000 /dev/zero | tr '\0' 'x'
+      printf '\n'
+      exit 5 ;;
+    fifo-result) mkfifo "$queue/case-$k.result.json"; sleep 3600 ;;
     hang) sleep 3600 ;;
     error)
       atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework refused the case (as asked)"}'

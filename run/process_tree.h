@@ -1,0 +1,45 @@
+// The processes a worker started, however they detached. torchrun starts each rank in its own
+// session, so neither the worker's process group nor its session holds them: only the parent
+// links of /proc/<pid>/stat do, and only while each parent lives (an orphan is re-parented to
+// init). So a worker's tree is collected while it runs, and again before anything is killed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <vector>
+
+namespace tally::run {
+
+// A process, told apart from a later one with the same id by its start time (clock ticks after
+// boot, /proc/<pid>/stat field 22).
+struct ProcessId {
+  pid_t pid = 0;
+  unsigned long long start_time = 0;
+  friend bool operator==(const ProcessId&, const ProcessId&) = default;
+};
+
+struct ProcessEntry {
+  ProcessId id;
+  pid_t parent = 0;
+};
+
+// Every process now in /proc (zombies included), with its parent.
+std::vector<ProcessEntry> process_table();
+
+// `root` (when in `table`) and all its descendants in `table`, parents before children.
+std::vector<ProcessId> process_tree(pid_t root, const std::vector<ProcessEntry>& table);
+
+// `known` and `fresh` together, each process once, without those that have ended (or whose id now
+// names another process).
+std::vector<ProcessId> merge_trees(const std::vector<ProcessId>& known, const std::vector<ProcessId>& fresh);
+
+// Whether `p` is still the process it was: alive (a zombie is not) with the same start time.
+bool still_running(const ProcessId& p);
+
+// Kills the tree of `root` (no root when 0) and `known` (collected earlier; each only while it is
+// still the process it was) with every descendant they have now. Each is stopped first, and the
+// table read again until no new descendant appears, so none escapes by starting another; then all
+// get SIGKILL. A zombie is left to its parent to reap (the root's, to the caller).
+void kill_tree(pid_t root, const std::vector<ProcessId>& known);
+
+}  // namespace tally::run
