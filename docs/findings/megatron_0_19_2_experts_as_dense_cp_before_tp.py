@@ -18,9 +18,12 @@ Two checks, each on Megatron's own code:
 1. The gradient norm. Every gradient is 0 but the expert weights'; an element of expert-TP shard
    s has gradient s + 1, so the norm must be sqrt(2 experts x 2 weights x 64 elements x (1 + 4)) =
    sqrt(1280).
-2. DDP's gradient reduction. Each rank sets its expert weights' local gradient to (its global rank
-   + 1) and runs DDP's grad sync (an all-reduce). The right result on rank r is the mean over its expert
-   data-parallel group (the ranks that hold the same shard): 2 on ranks 0 and 2, 3 on ranks 1 and 3.
+2. DDP's gradient reduction. The script prints the group over which DDP's bucket holding the expert
+   weights is reduced; it must be the rank's expert data-parallel group (the ranks that hold the same
+   shard). With NCCL (or on CPUs) it also runs the reduction: each rank sets its expert weights' local
+   gradient to (its global rank + 1) and runs DDP's grad sync as an all-reduce; the right result is
+   the mean over the expert DP group, 2 on ranks 0 and 2, 3 on ranks 1 and 3. (Megatron coalesces a
+   bucket group's all-reduces, which gloo runs on CPU tensors only, so one GPU shows the group only.)
 
 Each rank prints its results. Rank 0 prints `DEFECT SHOWN` (and every rank exits 1) when either
 check is wrong, else `DEFECT ABSENT` (exit 0).
@@ -119,18 +122,32 @@ def main():
     expected = math.sqrt(EXPERTS * shard_elements * sum((s + 1) ** 2 for s in range(TP)))
     norm_ok = abs(norm - expected) <= 1e-5 * expected
 
-    # 2. DDP's reduction of the expert weights' gradients.
-    set_grads(model, lambda name: float(rank + 1) if is_expert_weight(name) else 0.0)
-    model.finish_grad_sync(force_all_reduce=True)  # an all-reduce with the distributed optimizer too
-    reduced = sorted({float(p.main_grad.float().mean()) for n, p in model.named_parameters() if is_expert_weight(n)})
-    right = sum(r + 1 for r in edp_group) / len(edp_group)
-    sync_ok = reduced == [right]
+    # 2. DDP's reduction of the expert weights' gradients: the group of the bucket that holds them
+    # (Megatron's own DDP objects), and, where it can run, the reduction itself.
+    experts = {p for n, p in model.named_parameters() if is_expert_weight(n)}
+    groups = set()
+    for bucket_group in model.bucket_groups + model.expert_parallel_bucket_groups:
+        if experts & bucket_group.params:
+            group = (bucket_group.intra_distributed_optimizer_instance_group if distributed
+                     else bucket_group.data_parallel_group)
+            groups.add(tuple(dist.get_process_group_ranks(group)))
+    sync_group = sorted(groups)
+    sync_ok = sync_group == [tuple(edp_group)]
+    reduced, right = None, sum(r + 1 for r in edp_group) / len(edp_group)
+    # Megatron coalesces a bucket group's all-reduces, which gloo runs on CPU tensors only.
+    if args.backend == "nccl" or next(iter(experts)).device.type == "cpu":
+        set_grads(model, lambda name: float(rank + 1) if is_expert_weight(name) else 0.0)
+        model.finish_grad_sync(force_all_reduce=True)  # an all-reduce with the distributed optimizer too
+        reduced = sorted({float(p.main_grad.float().mean()) for p in experts})
+        sync_ok = sync_ok and reduced == [right]
+    reduction = ("not run (gloo and GPU tensors)" if reduced is None else
+                 f"{reduced}, the mean over the expert DP group gives {right}")
 
     print(f"rank {rank} (TP group {tp_group}, expert TP group {etp_group}, DP x CP group {dp_cp_group}, "
           f"expert DP group {edp_group}): order {args.order}, {args.optimizer}: grad norm {norm!r}, "
           f"every expert weight counted once gives {expected!r}: {'ok' if norm_ok else 'MISCOUNTED'}; "
-          f"expert gradients after DDP's reduction {reduced}, the mean over the expert DP group gives "
-          f"{right}: {'ok' if sync_ok else 'MIXED'}", flush=True)
+          f"DDP reduces the expert weights over {[list(g) for g in sync_group]}, expert gradients after the "
+          f"reduction {reduction}: {'ok' if sync_ok else 'MIXED'}", flush=True)
     verdicts = [None] * dist.get_world_size()
     dist.all_gather_object(verdicts, (norm_ok, sync_ok))
     shown = not all(n and s for n, s in verdicts)
