@@ -111,7 +111,6 @@ def main():
     tp_group = dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())
     etp_group = dist.get_process_group_ranks(ps.get_expert_tensor_parallel_group())
     edp_group = dist.get_process_group_ranks(ps.get_expert_data_parallel_group())
-    dp_cp_group = dist.get_process_group_ranks(ps.get_data_parallel_group(with_context_parallel=True))
 
     # 1. The gradient norm.
     shard = ps.get_expert_tensor_parallel_rank()  # which half of each expert weight this rank holds
@@ -140,14 +139,14 @@ def main():
         model.finish_grad_sync(force_all_reduce=True)  # an all-reduce with the distributed optimizer too
         reduced = sorted({float(p.main_grad.float().mean()) for p in experts})
         sync_ok = sync_ok and reduced == [right]
-    reduction = ("not run (gloo and GPU tensors)" if reduced is None else
-                 f"{reduced}, the mean over the expert DP group gives {right}")
-
-    print(f"rank {rank} (TP group {tp_group}, expert TP group {etp_group}, DP x CP group {dp_cp_group}, "
-          f"expert DP group {edp_group}): order {args.order}, {args.optimizer}: grad norm {norm!r}, "
-          f"every expert weight counted once gives {expected!r}: {'ok' if norm_ok else 'MISCOUNTED'}; "
-          f"DDP reduces the expert weights over {[list(g) for g in sync_group]}, expert gradients after the "
-          f"reduction {reduction}: {'ok' if sync_ok else 'MIXED'}", flush=True)
+    print(f"rank {rank} (TP group {tp_group}, expert TP group {etp_group}): order {args.order}, {args.optimizer}: "
+          f"grad norm {norm!r}, every expert weight counted once gives {expected!r}: "
+          f"{'ok' if norm_ok else 'MISCOUNTED'}", flush=True)
+    print(f"rank {rank}: DDP reduces the expert weights over {[list(g) for g in sync_group]}, their expert DP "
+          f"group is {edp_group}", flush=True)
+    print(f"rank {rank}: " + ("DDP's reduction not run (gloo and GPU tensors)" if reduced is None else
+                              f"expert gradients after DDP's reduction {reduced}, the mean over the expert DP "
+                              f"group gives {right}"), flush=True)
     verdicts = [None] * dist.get_world_size()
     dist.all_gather_object(verdicts, (norm_ok, sync_ok))
     shown = not all(n and s for n, s in verdicts)
