@@ -6,8 +6,8 @@ A block is a fenced block whose info string starts with `console`. In it, a line
 is a command (a trailing `\\` continues it on the next line), run from the repository root; the
 lines after it, up to the next command or the end of the block, are output it must print, each
 equal to a whole line of some rank's stdout (`...` stands for lines left out). Every command's shown
-output holds one `DEFECT SHOWN: ...` or `DEFECT ABSENT: ...` line: the command must exit 1 with the
-first and 0 with the second. `torchrun` (or `python3 -m torch.distributed.run`) is run as this
+output holds `DEFECT SHOWN: ...` lines or `DEFECT ABSENT: ...` lines (not both): the command must
+exit 1 with the first and 0 with the second. `torchrun` (or `python3 -m torch.distributed.run`) is run as this
 Python's torch.distributed.run, each rank's stdout to its own file, so ranks' lines never interleave.
 
 The info string's second word says what the block needs:
@@ -62,9 +62,10 @@ def blocks(path):
                 if body[j].strip() and body[j].strip() != "...":
                     expected.append(body[j].rstrip())
                 j += 1
-            markers = [e for e in expected if MARKER.match(e)]
-            if len(markers) != 1:
-                raise SystemExit(f"{path}:{start}: `{command}` shows {len(markers)} DEFECT lines, not one")
+            kinds = {MARKER.match(e).group(1) for e in expected if MARKER.match(e)}
+            if len(kinds) != 1:
+                raise SystemExit(f"{path}:{start}: `{command}` must show DEFECT SHOWN or DEFECT ABSENT lines, "
+                                 f"not {sorted(kinds) or 'none'}")
             commands.append((command, expected))
         yield start, needs, commands
 

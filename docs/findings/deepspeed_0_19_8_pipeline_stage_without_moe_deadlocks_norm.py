@@ -64,6 +64,7 @@ def main():
     backend = "nccl" if ON_GPUS else "gloo"
     dist.init_process_group(backend)
     deepspeed.init_distributed(dist_backend=backend)
+    torch.manual_seed(1234)
     second = MoEStage if args.moe_on_every_stage else DenseStage
     model = PipelineModule(layers=[LayerSpec(MoEStage), LayerSpec(second)], num_stages=2,
                            partition_method="uniform", loss_fn=lambda out, _: out.float().sum())
