@@ -3,7 +3,8 @@
 the lines the write-up shows under it, so a write-up never drifts from its reproducer.
 
 A block is a fenced block whose info string starts with `console`. In it, a line starting with `$ `
-is a command (a trailing `\\` continues it on the next line), run from the repository root; the
+is a command (a trailing `\\` continues it on the next line; leading `NAME=value` words set its
+environment), run from the repository root; the
 lines after it, up to the next command or the end of the block, are output it must print, each
 equal to a whole line of some rank's stdout (`...` stands for lines left out). Every command's shown
 output holds `DEFECT SHOWN: ...` lines or `DEFECT ABSENT: ...` lines (not both): the command must
@@ -71,14 +72,19 @@ def blocks(path):
 
 
 def argv_of(command):
+    """(env, torchrun's arguments or None, the plain argv or None) of a shown command."""
     words = shlex.split(command)
+    env = {}
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
     if words[:1] == ["torchrun"]:
         rest = words[1:]
     elif words[:3] in (["python3", "-m", "torch.distributed.run"], ["python", "-m", "torch.distributed.run"]):
         rest = words[3:]
     else:
-        return None, words
-    return rest, None
+        return env, None, words
+    return env, rest, None
 
 
 def fp16_on_cpu():
@@ -92,10 +98,11 @@ def fp16_on_cpu():
 
 def run(command, on_gpu, timeout):
     """The command's exit status, the ranks' stdout lines (rank order) and its other output."""
-    rest, plain = argv_of(command)
+    shown_env, rest, plain = argv_of(command)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if not on_gpu:
         env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    env.update(shown_env)
     with tempfile.TemporaryDirectory(prefix="findings-") as logs:
         if rest is None:
             argv = plain
