@@ -17,7 +17,6 @@ MoE layer too (the control: every rank then has the same param groups). Runs on 
 import argparse
 import faulthandler
 import os
-import sys
 import threading
 
 import torch
