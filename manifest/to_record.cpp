@@ -229,7 +229,7 @@ std::string kind_of(const Attributes& a, bool split) {
     return out + "tensor-parallel shard (" +
            (a.partition_dim >= 0 ? "dim " + std::to_string(a.partition_dim) : std::string("no partition_dim")) + ")";
   // Held in pieces, yet unmarked: a filter takes each piece for a replica (DeepSpeed's expert
-  // copies, docs/findings/deepspeed-0.19.8-expert-tp-miscounts-experts.md).
+  // copies, docs/findings/deepspeed-0.19.8-expert-tp-drops-expert-shards-of-tp-ranks.md).
   if (split) return out + "shard not marked tensor_model_parallel";
   return out + (a.allreduce ? "replicated over TP" : "param replicated over ETP");
 }

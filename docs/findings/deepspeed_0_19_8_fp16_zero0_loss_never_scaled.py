@@ -13,9 +13,12 @@ a config's "optimizer": {"type": "Adam"} gives on a GPU), so ZeRO 0 runs FP16_Op
 get_global_grad_norm() is 2/128: it divides the norm of the unscaled gradients by the loss scale.
 (Adam's update hides the unscaled gradients: it moves by -lr whatever their scale.) Needs a device
 with fp16 (a GPU, or a CPU DeepSpeed accepts); --fused-adam builds DeepSpeed's FusedAdam op.
+Prints `DEFECT SHOWN` (exit 1) when the update or the reported norm is divided by the loss scale,
+else `DEFECT ABSENT` (exit 0).
 """
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -53,11 +56,17 @@ def main():
     norm = engine.get_global_grad_norm()
     print(f"ZeRO {args.stage}, {type(engine.optimizer).__name__}: the step moved the param by {moved} "
           f"(expected -1 each with SGD); get_global_grad_norm() = {float(norm)} (expected 2)")
-    if not args.fused_adam and abs(moved[0] + 1) > 1e-3:  # (Adam's step does not tell the gradient's scale)
+    wrong_update = not args.fused_adam and abs(moved[0] + 1) > 1e-3  # (Adam's step does not tell the scale)
+    wrong_norm = abs(float(norm) - 2) > 1e-6
+    if wrong_update:
         print(f"WRONG UPDATE: the gradient reached the optimizer divided by {-1 / moved[0]:g} (the loss scale)")
-    if abs(float(norm) - 2) > 1e-6:
+    if wrong_norm:
         print(f"WRONG NORM: get_global_grad_norm() is the true norm divided by {2 / float(norm):g} (the loss scale)")
+    shown = wrong_update or wrong_norm
+    print("DEFECT SHOWN: the loss was never scaled, but the step divided by the loss scale" if shown else
+          "DEFECT ABSENT: the update and the norm are the unscaled ones")
     dist.destroy_process_group()
+    sys.exit(1 if shown else 0)
 
 
 if __name__ == "__main__":

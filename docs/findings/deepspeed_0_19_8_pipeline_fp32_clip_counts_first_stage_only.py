@@ -9,9 +9,11 @@ stage 0 holds a tied embedding E (2 elements, a TiedLayerSpec) and A (1 element)
 (1 element) and the tied copy of E. Each layer adds sum(param * weight) to the activation it passes
 on and the loss is the last activation, so the gradients are the weights: E [1, 2] (from its
 first use; its copy adds [0, 0]), A [3], B [4]. The global norm is sqrt(1 + 4 + 9 + 16) =
-sqrt(30). Runs on one GPU per rank, else on CPUs (DS_ACCELERATOR=cpu).
+sqrt(30). Runs on one GPU per rank, else on CPUs (DS_ACCELERATOR=cpu). Rank 0 prints `DEFECT SHOWN`
+(every rank exits 1) or `DEFECT ABSENT` (exit 0).
 """
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -76,8 +78,11 @@ def main():
               f"B's clipped gradient is 4/{norm:.4f} = {4 / norm:.4f}, not 4/{truth:.4f} = {4 / truth:.4f}")
         clipped = sum(v * v for _, _, grads in norms for g in grads for v in g) - sum(v * v for v in norms[1][2][0])
         print(f"the clipped gradients' norm is {clipped ** 0.5:.4f}, above max_norm 1.0 (E's copy counted once)")
-        print("MISCOUNT: stage 1's params are dropped" if abs(norm - truth) > 1e-3 else "counts every element once")
+    shown = abs(norms[0][1] - 30 ** 0.5) > 1e-3
+    if dist.get_rank() == 0:
+        print("DEFECT SHOWN: stage 1's params are dropped" if shown else "DEFECT ABSENT: every element counted once")
     dist.destroy_process_group()
+    sys.exit(1 if shown else 0)
 
 
 if __name__ == "__main__":

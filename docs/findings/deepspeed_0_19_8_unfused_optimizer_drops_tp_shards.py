@@ -8,8 +8,10 @@ tensor_model_parallel as Megatron's layers mark it), and one bias of 4 is replic
 gradient element is 1, so the global norm is sqrt(32 + 4) = 6. bf16 at ZeRO stage 0 with a torch
 optimizer takes FP16_UnfusedOptimizer (so does fp16 with any non-fused optimizer). Runs on CPUs
 (DS_ACCELERATOR=cpu is set when there is no GPU) and GPUs (one GPU per rank, or gloo when shared).
+Rank 0 prints `DEFECT SHOWN` (every rank exits 1) or `DEFECT ABSENT` (exit 0).
 """
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -79,8 +81,12 @@ def main():
     if dist.get_rank() == 0:
         print(f"{type(engine.optimizer).__name__}: get_global_grad_norm() = {reported}, expected 6.0 "
               f"(sqrt(32 + 4)); {reported ** 2:.0f} of the 36 squared elements counted")
-        print("MISCOUNT: TP rank 1's weight shard is dropped" if abs(reported - 6.0) > 1e-3 else "counts every element once")
+    shown = abs(reported - 6.0) > 1e-3
+    if dist.get_rank() == 0:
+        print("DEFECT SHOWN: TP rank 1's weight shard is dropped" if shown else
+              "DEFECT ABSENT: every element counted once")
     dist.destroy_process_group()
+    sys.exit(1 if shown else 0)
 
 
 if __name__ == "__main__":

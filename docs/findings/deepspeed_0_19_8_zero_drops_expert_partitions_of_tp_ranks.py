@@ -10,9 +10,11 @@ expert-data-parallel group is both ranks, so ZeRO splits the expert's 16 element
 Every gradient element is 1 after DeepSpeed's reduction (each rank's loss gives the expert half,
 as in a real step where each TP rank routes half of the tokens), so the global norm is
 sqrt(4 gate + 16 expert) = sqrt(20). fp32; runs on CPUs (DS_ACCELERATOR=cpu without a GPU) and GPUs.
+Rank 0 prints `DEFECT SHOWN` (every rank exits 1) or `DEFECT ABSENT` (exit 0).
 """
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -87,9 +89,12 @@ def main():
     if dist.get_rank() == 0:
         print(f"ZeRO {args.stage}, {type(engine.optimizer).__name__}: get_global_grad_norm() = {reported}, "
               f"expected {20 ** 0.5} (sqrt(20)); {reported ** 2:.0f} of the 20 squared elements counted")
-        print("MISCOUNT: the expert partition of TP rank 1 is dropped" if abs(reported ** 2 - 20) > 1e-3
-              else "counts every element once")
+    shown = abs(reported ** 2 - 20) > 1e-3
+    if dist.get_rank() == 0:
+        print("DEFECT SHOWN: the expert partition of TP rank 1 is dropped" if shown else
+              "DEFECT ABSENT: every element counted once")
     dist.destroy_process_group()
+    sys.exit(1 if shown else 0)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: megatron-core 0.19.2's layer-wise Muon optimizer leaves expert FC2
-biases held on tensor-parallel rank 1 out of the gradient norm (and the zero count).
+"""Standalone reproducer: megatron-core 0.19.2's layer-wise Muon optimizer leaves the expert FC2
+biases owned by dense tensor-parallel ranks > 0 out of the gradient norm (and the zero count)
+(docs/findings/megatron-core-0.19.2-layerwise-expert-bias.md).
 
-Needs only torch and megatron-core (plus emerging_optimizers for Muon), on 2 GPUs:
+Needs only torch and megatron-core (plus emerging_optimizers for Muon). World 2 by default, on 2
+GPUs or on one GPU with --backend gloo:
 
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-        megatron_0_19_2_layerwise_expert_bias.py [--optimizer muon-layerwise|muon|adam]
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        megatron_0_19_2_layerwise_expert_bias.py [--optimizer muon-layerwise|muon|adam] \\
+        [--tp 2] [--ep 2] [--backend gloo]
 
-TP 2, EP 2, ETP 1, one MoE layer of 4 experts with linear biases (hidden 8). Every gradient is
-0 except the routed experts' FC2 biases, which are 1: 4 experts x 8 elements, so the global
-norm must be sqrt(32) = 5.6568542. Prints the norm the optimizer reports and exits 1 when it
-is not that (within 1e-5 relative).
+DP = world / TP, ETP 1 (megatron-core refuses expert biases with ETP > 1). One MoE layer of 4
+experts with linear biases (hidden 8). Every gradient is 0 except the routed experts' FC2 biases,
+which are 1: 4 experts x 8 elements, so the global norm must be sqrt(32) = 5.6568542. Each rank
+prints the norm the optimizer reports; rank 0 then prints `DEFECT SHOWN` (every rank exits 1) or
+`DEFECT ABSENT` (exit 0); within 1e-5 relative.
 """
 
 import argparse
@@ -24,7 +28,7 @@ import torch.distributed as dist
 EXPERTS, HIDDEN, FFN = 4, 8, 16
 
 
-def build_model():
+def build_model(tp, ep):
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
@@ -34,7 +38,7 @@ def build_model():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1
+        tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1
     )
     model_parallel_cuda_manual_seed(1234)
     config = TransformerConfig(
@@ -42,7 +46,7 @@ def build_model():
         num_moe_experts=EXPERTS, moe_ffn_hidden_size=FFN, moe_router_topk=2,
         moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, add_bias_linear=True,
         bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-        tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1,
+        tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1,
         sequence_parallel=False, bias_dropout_fusion=False, gradient_accumulation_fusion=False,
     )
     model = GPTModel(
@@ -70,10 +74,14 @@ def build_optimizer(kind, model):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--optimizer", choices=["muon-layerwise", "muon", "adam"], default="muon-layerwise")
+    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--ep", type=int, default=2)
+    parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                        help="gloo lets several ranks share one GPU")
     args = parser.parse_args()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl")
-    model = build_model()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    dist.init_process_group(args.backend)
+    model = build_model(args.tp, args.ep)
     optimizer = build_optimizer(args.optimizer, model)
     # Gradients: 1 on the routed experts' FC2 biases, 0 everywhere else.
     for name, param in model.named_parameters():
@@ -86,10 +94,14 @@ def main():
     norm = float(optimizer.get_grad_norm())
     expected = math.sqrt(EXPERTS * HIDDEN)
     ok = abs(norm - expected) <= 1e-5 * expected
-    print(f"rank {dist.get_rank()}: {type(optimizer).__name__} ({args.optimizer}) reports grad norm "
-          f"{norm!r}; every expert FC2 bias counted once gives {expected!r}: "
-          f"{'ok' if ok else 'MISCOUNTED'}", flush=True)
+    world = dist.get_world_size()
+    print(f"rank {dist.get_rank()}: TP {args.tp}, EP {args.ep}, ETP 1, DP {world // args.tp}: "
+          f"{type(optimizer).__name__} ({args.optimizer}) reports grad norm {norm!r}; every expert FC2 bias "
+          f"counted once gives {expected!r}: {'ok' if ok else 'MISCOUNTED'}", flush=True)
     dist.barrier()
+    if dist.get_rank() == 0:
+        print("DEFECT ABSENT: every expert FC2 bias counted once" if ok else
+              f"DEFECT SHOWN: {norm * norm:.4f} of the {EXPERTS * HIDDEN} squared bias elements counted", flush=True)
     dist.destroy_process_group()
     sys.exit(0 if ok else 1)
 
