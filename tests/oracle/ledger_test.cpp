@@ -197,6 +197,67 @@ TEST(Ledger, StridedPiecesOfATwoDimensionalBoxCountEachElementOnce) {
   EXPECT_EQ(result.wrong[0].most, 2);
 }
 
+// Whole column boxes of a 6 x 8 x 4 row-parallel weight on two TP ranks (one stats group): the
+// leading dim, spanned whole by every piece, is folded, and the counts weigh each atom by it.
+// Dropping one rank's piece leaves half the tensor uncounted, exactly as element by element; a
+// miscount inside the folded dim (one rank double-counting a rows' worth) is still found.
+TEST(Ledger, FoldedLeadingDimsCountAsElementByElement) {
+  record::RunRecord run;
+  run.world = 2;
+  record::Tensor t;
+  t.name = "linear_proj.weight";
+  t.shape.ndim = 3;
+  t.shape.size[0] = 6;
+  t.shape.size[1] = 8;
+  t.shape.size[2] = 4;
+  run.tensors = {t};
+  run.children = {"child"};
+  run.groups = {{0, 1}};
+  auto column = [](int half) {
+    record::Box box;
+    box.offset[1] = 4 * half;
+    box.extent.ndim = 3;
+    box.extent.size[0] = 6;
+    box.extent.size[1] = 4;
+    box.extent.size[2] = 4;
+    return box;
+  };
+  for (int r = 0; r < 2; ++r) {
+    auto local = std::make_shared<record::LocalRecord>();
+    local->params = {{0, column(r), {}, std::nullopt}};
+    local->pieces = {piece(0, 0, 96, 0)};
+    record::RankRecord rank;
+    rank.rank = r;
+    rank.local = local;
+    rank.children = {{0, -1, -1, std::nullopt, std::nullopt}};
+    run.ranks.push_back(rank);
+  }
+  EXPECT_TRUE(count_ledgers(run).wrong.empty());
+
+  record::RunRecord dropped = run;
+  auto none = std::make_shared<record::LocalRecord>(*run.ranks[1].local);
+  none->pieces[0].counted_in = -1;
+  none->pieces[0].in_zero_count = false;
+  dropped.ranks[1].local = none;
+  const LedgerResult half = count_ledgers(dropped);
+  ASSERT_EQ(half.wrong.size(), 1u);
+  EXPECT_EQ(half.wrong[0].counted, 96);
+  EXPECT_EQ(half.wrong[0].least, 0);
+  EXPECT_EQ(half.wrong[0].most, 1);
+
+  // Rank 1 owns its box twice over a range, not whole: no fold for the tensor, and its first
+  // 16 elements (one row of its box) are counted twice.
+  record::RunRecord twice = run;
+  auto both = std::make_shared<record::LocalRecord>(*run.ranks[1].local);
+  both->pieces.push_back(piece(0, 0, 16, 0));
+  twice.ranks[1].local = both;
+  const LedgerResult extra = count_ledgers(twice);
+  ASSERT_EQ(extra.wrong.size(), 1u);
+  EXPECT_EQ(extra.wrong[0].counted, 192 + 16);
+  EXPECT_EQ(extra.wrong[0].least, 1);
+  EXPECT_EQ(extra.wrong[0].most, 2);
+}
+
 TEST(Ledger, TooManyIntervalsIsAnErrorNamingTheRank) {
   try {
     count_ledgers(replicated_run({{piece(0, 0, 8, 0)}, {piece(0, 0, 8, -1)}}), 1);
