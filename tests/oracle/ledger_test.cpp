@@ -54,6 +54,29 @@ record::RunRecord replicated_run(const std::vector<std::vector<record::Piece>>& 
   return run;
 }
 
+// One tensor over world = boxes.size() ranks, one child reducing over all of them; rank r holds
+// boxes[r] and owns pieces[r] of it.
+record::RunRecord boxes_run(const record::Tensor& tensor, const std::vector<record::Box>& boxes,
+                            const std::vector<std::vector<record::Piece>>& pieces) {
+  record::RunRecord run;
+  run.world = static_cast<int>(boxes.size());
+  run.tensors = {tensor};
+  run.children = {"child"};
+  run.groups = {{}};
+  for (int r = 0; r < run.world; ++r) {
+    run.groups[0].push_back(r);
+    auto local = std::make_shared<record::LocalRecord>();
+    local->params = {{0, boxes[static_cast<std::size_t>(r)], {}, std::nullopt}};
+    local->pieces = pieces[static_cast<std::size_t>(r)];
+    record::RankRecord rank;
+    rank.rank = r;
+    rank.local = local;
+    rank.children = {{0, -1, -1, std::nullopt, std::nullopt}};
+    run.ranks.push_back(rank);
+  }
+  return run;
+}
+
 TEST(Ledger, EachElementOnceOverTheStatsGroupPasses) {
   const LedgerResult result = count_ledgers(replicated_run({{piece(0, 0, 8, 0)}, {piece(0, 0, 8, -1)}}));
   EXPECT_TRUE(result.wrong.empty());
@@ -159,17 +182,14 @@ TEST(Ledger, StatisticsGiveEachRanksImpliedNorm) {
 TEST(Ledger, StridedPiecesOfATwoDimensionalBoxCountEachElementOnce) {
   // A 3 x 8 tensor, two ranks holding the column halves [0:3, 0:4] and [0:3, 4:8]; each box's
   // row-major range is split between two owners at different points.
-  record::RunRecord run;
-  run.world = 4;
   record::Tensor t;
   t.name = "proj.weight";
   t.shape.ndim = 2;
   t.shape.size[0] = 3;
   t.shape.size[1] = 8;
-  run.tensors = {t};
-  run.children = {"dist"};
-  run.groups = {{0, 1, 2, 3}};
   const std::int64_t split[2] = {5, 7};
+  std::vector<record::Box> boxes;
+  std::vector<std::vector<record::Piece>> pieces;
   for (int r = 0; r < 4; ++r) {
     const int half = r % 2;
     record::Box box;
@@ -177,15 +197,10 @@ TEST(Ledger, StridedPiecesOfATwoDimensionalBoxCountEachElementOnce) {
     box.extent.ndim = 2;
     box.extent.size[0] = 3;
     box.extent.size[1] = 4;
-    auto local = std::make_shared<record::LocalRecord>();
-    local->params = {{0, box, {}, std::nullopt}};
-    local->pieces = {r < 2 ? piece(0, 0, split[half], 0) : piece(0, split[half], 12, 0)};
-    record::RankRecord rank;
-    rank.rank = r;
-    rank.local = local;
-    rank.children = {{0, -1, -1, std::nullopt, std::nullopt}};
-    run.ranks.push_back(rank);
+    boxes.push_back(box);
+    pieces.push_back({r < 2 ? piece(0, 0, split[half], 0) : piece(0, split[half], 12, 0)});
   }
+  record::RunRecord run = boxes_run(t, boxes, pieces);
   EXPECT_TRUE(count_ledgers(run).wrong.empty());
   // Rank 0 one element longer: that element twice.
   auto longer = std::make_shared<record::LocalRecord>(*run.ranks[0].local);
@@ -202,17 +217,12 @@ TEST(Ledger, StridedPiecesOfATwoDimensionalBoxCountEachElementOnce) {
 // Dropping one rank's piece leaves half the tensor uncounted, exactly as element by element; a
 // miscount inside the folded dim (one rank double-counting a rows' worth) is still found.
 TEST(Ledger, FoldedLeadingDimsCountAsElementByElement) {
-  record::RunRecord run;
-  run.world = 2;
   record::Tensor t;
   t.name = "linear_proj.weight";
   t.shape.ndim = 3;
   t.shape.size[0] = 6;
   t.shape.size[1] = 8;
   t.shape.size[2] = 4;
-  run.tensors = {t};
-  run.children = {"child"};
-  run.groups = {{0, 1}};
   auto column = [](int half) {
     record::Box box;
     box.offset[1] = 4 * half;
@@ -222,16 +232,7 @@ TEST(Ledger, FoldedLeadingDimsCountAsElementByElement) {
     box.extent.size[2] = 4;
     return box;
   };
-  for (int r = 0; r < 2; ++r) {
-    auto local = std::make_shared<record::LocalRecord>();
-    local->params = {{0, column(r), {}, std::nullopt}};
-    local->pieces = {piece(0, 0, 96, 0)};
-    record::RankRecord rank;
-    rank.rank = r;
-    rank.local = local;
-    rank.children = {{0, -1, -1, std::nullopt, std::nullopt}};
-    run.ranks.push_back(rank);
-  }
+  const record::RunRecord run = boxes_run(t, {column(0), column(1)}, {{piece(0, 0, 96, 0)}, {piece(0, 0, 96, 0)}});
   EXPECT_TRUE(count_ledgers(run).wrong.empty());
 
   record::RunRecord dropped = run;
