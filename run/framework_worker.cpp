@@ -323,10 +323,15 @@ WorkerPool::WorkerPool(WorkerOptions options) : options_(std::move(options)) {
 
 WorkerPool::~WorkerPool() {
   for (auto& [world, w] : workers_) stop(*w);
-  if (own_root_) {
+  if (own_root_ && !keep_root_) {
     std::error_code ignored;
     fs::remove_all(root_, ignored);
   }
+}
+
+std::string WorkerPool::kept_log_tail(const fs::path& log) {
+  keep_root_ = true;  // the message names this log: it must still be there to be read
+  return log_tail(log);
 }
 
 void WorkerPool::stop(Worker& w, bool ask) {
@@ -420,13 +425,13 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
       throw std::runtime_error(who + " exited before it was up (" +
                                (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
                                                   : "signal " + std::to_string(WTERMSIG(status))) +
-                               ")" + log_tail(log));
+                               ")" + kept_log_tail(log));
     }
     if (seconds_since(start) > options_.start_seconds) {
       // Not up, so not reading its queue: a stop file would go unread.
       stop(w, /*ask=*/false);
       throw std::runtime_error(who + " was not up after " + seconds_text(options_.start_seconds) +
-                               " s (--start-timeout; it was stopped)" + log_tail(log));
+                               " s (--start-timeout; it was stopped)" + kept_log_tail(log));
     }
     w.track();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -509,11 +514,11 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
       w.end_leftovers();  // ranks the launcher left behind
       clean_request();
       out.seconds = seconds_since(start);
-      out.verdict = infra_error(worker_call, "the worker exited during " + name + log_tail(log));
+      out.verdict = infra_error(worker_call, "the worker exited during " + name + kept_log_tail(log));
       return out;
     }
     if (seconds_since(start) > options_.case_seconds) {
-      const std::string tail = log_tail(log);
+      const std::string tail = kept_log_tail(log);
       stop(w, /*ask=*/false);  // it is busy with the case: a stop file would go unread
       clean_request();
       out.seconds = seconds_since(start);
@@ -534,7 +539,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     message = j.value("message", std::string());
   } catch (const std::exception& e) {
     // A worker that writes no result it should is not trusted with the next case: restarted.
-    const std::string tail = log_tail(log);
+    const std::string tail = kept_log_tail(log);
     stop(w, /*ask=*/false);
     out.verdict = infra_error(worker_call, result_file.string() + " is not a result (" +
                                                shown_line(e.what(), kMaxLineShown) + "; the worker was stopped)" +
@@ -544,7 +549,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   if (status != "ok") {
     // The framework refused the case or failed on it; the log holds its traceback.
     out.verdict = infra_error(w.hello.framework + " " + w.hello.version,
-                              shown_line(message.empty() ? status : message, kMaxMessageShown) + log_tail(log));
+                              shown_line(message.empty() ? status : message, kMaxMessageShown) + kept_log_tail(log));
   } else {
     try {
       out.verdict = judge_manifests(manifests.string(), options_.rtol);

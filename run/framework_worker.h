@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -117,10 +118,14 @@ class WorkerPool {
   // tells its launcher to terminate, and after a short grace kills every process left of it
   // (run/process_tree.h: ranks in sessions of their own too).
   void stop(Worker& w, bool ask = true);
+  // The end of a worker's log for an infrastructure error's message; the pool then keeps its
+  // temporary folder, so the log the message names outlives tally.
+  std::string kept_log_tail(const std::filesystem::path& log);
 
   WorkerOptions options_;
   std::string root_;
   bool own_root_ = false;
+  bool keep_root_ = false;  // an infrastructure error named a log in root_
   std::map<int, std::unique_ptr<Worker>> workers_;
   std::map<std::string, std::string> failing_runs_;  // canonical case text -> manifests folder
 };

@@ -144,6 +144,29 @@ TEST(WorkerPool, AWorkerThatNeverSaysHelloIsAnErrorWithTheEndOfItsLog) {
   }
 }
 
+// A pool in a temporary folder of its own keeps that folder when an error's message names a log
+// in it: the log outlives tally, to be read.
+TEST(WorkerPool, TheLogAnErrorNamesOutlivesThePool) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "no-hello");
+  std::string message;
+  {
+    WorkerPool pool(stand_in_options());
+    try {
+      pool.hello(2);
+    } catch (const std::runtime_error& error) {
+      message = error.what();
+    }
+  }
+  const std::string marker = "the end of its log ";
+  const std::size_t at = message.find(marker);
+  ASSERT_NE(at, std::string::npos) << message;
+  const std::size_t begin = at + marker.size();
+  const std::string log = message.substr(begin, message.find(':', begin) - begin);
+  EXPECT_TRUE(fs::is_regular_file(log)) << log;
+  std::error_code ignored;
+  fs::remove_all(fs::path(log).parent_path().parent_path(), ignored);
+}
+
 // Whether process `pid` runs (a zombie, waiting for its parent to reap it, does not).
 bool running(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
