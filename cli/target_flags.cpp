@@ -40,7 +40,7 @@ void add_target_flags(CLI::App& command, TargetOptions& options) {
       ->default_str("15m");
   command.add_option("--worker-dir", options.work_dir,
                      "--target: the folder for the workers' queues and logs (default: a temporary "
-                     "folder, removed at the end)");
+                     "folder, removed at the end unless an error names a log in it)");
 }
 
 std::string default_worker(const std::string& target) {
