@@ -28,32 +28,6 @@ record::Piece piece(int param, std::int64_t begin, std::int64_t end, int counted
   return p;
 }
 
-// World 2, one tensor "w" of 8 elements held whole by both ranks, one child reducing over both.
-// `pieces[r]` are what rank r's optimizer owns of it.
-record::RunRecord replicated_run(const std::vector<std::vector<record::Piece>>& pieces) {
-  record::RunRecord run;
-  run.world = 2;
-  record::Tensor w;
-  w.name = "w";
-  w.shape.ndim = 1;
-  w.shape.size[0] = 8;
-  w.kind = "replicated";
-  run.tensors = {w};
-  run.children = {"child"};
-  run.groups = {{0, 1}};
-  for (int r = 0; r < 2; ++r) {
-    auto local = std::make_shared<record::LocalRecord>();
-    local->params = {{0, box_1d(0, 8), {}, std::nullopt}};
-    local->pieces = pieces[static_cast<std::size_t>(r)];
-    record::RankRecord rank;
-    rank.rank = r;
-    rank.local = local;
-    rank.children = {{0, -1, -1, std::nullopt, std::nullopt}};
-    run.ranks.push_back(rank);
-  }
-  return run;
-}
-
 // One tensor over world = boxes.size() ranks, one child reducing over all of them; rank r holds
 // boxes[r] and owns pieces[r] of it.
 record::RunRecord boxes_run(const record::Tensor& tensor, const std::vector<record::Box>& boxes,
@@ -75,6 +49,17 @@ record::RunRecord boxes_run(const record::Tensor& tensor, const std::vector<reco
     run.ranks.push_back(rank);
   }
   return run;
+}
+
+// World 2, one tensor "w" of 8 elements held whole by both ranks, one child reducing over both.
+// `pieces[r]` are what rank r's optimizer owns of it.
+record::RunRecord replicated_run(const std::vector<std::vector<record::Piece>>& pieces) {
+  record::Tensor w;
+  w.name = "w";
+  w.shape.ndim = 1;
+  w.shape.size[0] = 8;
+  w.kind = "replicated";
+  return boxes_run(w, {box_1d(0, 8), box_1d(0, 8)}, pieces);
 }
 
 TEST(Ledger, EachElementOnceOverTheStatsGroupPasses) {

@@ -61,14 +61,21 @@ pid_t start_tree(int pipe_write) {
   return child;
 }
 
-TEST(ProcessTree, KillingTheTreeReachesAGrandchildInAnotherSession) {
+// start_tree, and the grandchild's pid it reports (0 when the pipe gave none).
+pid_t start_tree_and_read(pid_t& grandchild) {
   int pipe[2];
-  ASSERT_EQ(::pipe(pipe), 0);
+  if (::pipe(pipe) != 0) return -1;
   const pid_t child = start_tree(pipe[1]);
-  pid_t grandchild = 0;
-  ASSERT_EQ(::read(pipe[0], &grandchild, sizeof grandchild), static_cast<ssize_t>(sizeof grandchild));
+  if (::read(pipe[0], &grandchild, sizeof grandchild) != static_cast<ssize_t>(sizeof grandchild)) grandchild = 0;
   ::close(pipe[0]);
   ::close(pipe[1]);
+  return child;
+}
+
+TEST(ProcessTree, KillingTheTreeReachesAGrandchildInAnotherSession) {
+  pid_t grandchild = 0;
+  const pid_t child = start_tree_and_read(grandchild);
+  ASSERT_GT(grandchild, 0);
   for (int i = 0; i < 100 && ::getsid(grandchild) != grandchild; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(::getsid(grandchild), grandchild) << "the grandchild leads a session of its own";
   const std::vector<ProcessId> tree = process_tree(child, process_table());
@@ -83,13 +90,9 @@ TEST(ProcessTree, KillingTheTreeReachesAGrandchildInAnotherSession) {
 }
 
 TEST(ProcessTree, KillingTheKnownReachesAnOrphan) {
-  int pipe[2];
-  ASSERT_EQ(::pipe(pipe), 0);
-  const pid_t child = start_tree(pipe[1]);
   pid_t grandchild = 0;
-  ASSERT_EQ(::read(pipe[0], &grandchild, sizeof grandchild), static_cast<ssize_t>(sizeof grandchild));
-  ::close(pipe[0]);
-  ::close(pipe[1]);
+  const pid_t child = start_tree_and_read(grandchild);
+  ASSERT_GT(grandchild, 0);
   const std::vector<ProcessId> known = process_tree(child, process_table());
   ASSERT_EQ(known.size(), 2u);
   ::kill(child, SIGKILL);  // the launcher dies first: its child is re-parented, out of its tree
