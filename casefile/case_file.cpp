@@ -225,7 +225,7 @@ bool known_statistic(std::string_view name) {
   // l2-ledger and zeros-ledger: a rank's value against its own ledger, which a run with
   // statistics of every piece has (a real target's manifests).
   for (std::string_view known : {"l2", "l2-ledger", "inf", "zeros", "zeros-ledger", "mtp-l2", "clip", "ledger",
-                                 "agreement", "clipped"})
+                                 "agreement", "clipped", "held-gradients"})
     if (name == known) return true;
   return name.size() > 1 && name[0] == 'p';  // checked against the case's p-norms later
 }

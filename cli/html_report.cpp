@@ -73,6 +73,12 @@ void verdict_table(std::ostringstream& out, const oracle::Verdict& v) {
         << html_escape(record::all_digits(m.got)) << ", expected " << html_escape(record::all_digits(m.expected))
         << " (coefficient " << html_escape(record::all_digits(m.applied_coefficient)) << " applied, "
         << html_escape(record::all_digits(m.expected_coefficient)) << " expected)</p>\n";
+  for (const oracle::GradientMismatch& m : v.gradients)
+    out << "<p>" << (m.after_clip ? "clipped" : "held") << " gradient: " << html_escape(m.name) << ", "
+        << html_escape(m.where) << ": " << m.statistic << " " << html_escape(record::all_digits(m.got))
+        << ", expected [" << html_escape(record::all_digits(m.low)) << ", "
+        << html_escape(record::all_digits(m.high)) << "] on ranks "
+        << html_escape(record::rank_list_text(m.ranks, m.rank_count)) << "</p>\n";
 }
 
 // Per rank, whether it dropped or double-counted any param. A wrong rank whose total is right

@@ -20,6 +20,7 @@
 #include "casefile/case_file.h"
 #include "run/framework_worker.h"
 #include "run/run_case.h"
+#include "run/target_run.h"
 #include "fuzz/junit.h"
 
 namespace tally::cli {
@@ -140,7 +141,7 @@ oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& 
                                c.target->framework + " where the framework is installed");
   const std::string dir = (fs::path(file).parent_path() / c.target->manifests).string();
   how = "judged from its saved manifests, " + c.target->framework + " " + c.target->version;
-  return run::judge_manifests(dir, 1e-5);
+  return run::judge_target_run(c, dir, 1e-5);
 }
 
 Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* pool, const std::string& target,

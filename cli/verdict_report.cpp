@@ -130,6 +130,21 @@ void print_verdict_body(std::ostream& out, const oracle::Verdict& verdict) {
         << record::all_digits(m.got) << ", expected " << record::all_digits(m.expected) << " (coefficient "
         << record::all_digits(m.applied_coefficient) << " applied, " << record::all_digits(m.expected_coefficient)
         << " expected)\n";
+  if (verdict.gradient_mismatches > 0) {
+    out << "gradients: " << verdict.gradient_mismatches << " statistic"
+        << (verdict.gradient_mismatches == 1 ? " the run recorded is" : "s the run recorded are")
+        << " not those of the gradients tally gave it\n";
+    for (const oracle::GradientMismatch& m : verdict.gradients)
+      out << "  " << (m.after_clip ? "clipped " : "") << m.name << ", " << m.where << ", ranks "
+          << record::rank_list_text(m.ranks, m.rank_count) << ": " << m.statistic << " "
+          << record::all_digits(m.got) << ", expected "
+          << (m.low == m.high ? record::all_digits(m.low)
+                              : "[" + record::all_digits(m.low) + ", " + record::all_digits(m.high) + "]")
+          << '\n';
+    if (verdict.gradient_mismatches > static_cast<std::int64_t>(verdict.gradients.size()))
+      out << "  ... and " << verdict.gradient_mismatches - static_cast<std::int64_t>(verdict.gradients.size())
+          << " more\n";
+  }
   out << "\nverdict: " << (verdict.kind == oracle::Verdict::Kind::pass ? "PASS" : "FAIL") << '\n';
 }
 
@@ -173,6 +188,21 @@ nlohmann::ordered_json verdict_json(const oracle::Verdict& verdict) {
                        {"applied_coefficient", m.applied_coefficient},
                        {"expected_coefficient", m.expected_coefficient}});
   j["clipped"] = std::move(clipped);
+  if (verdict.gradient_mismatches > 0) {
+    nlohmann::ordered_json gradients = nlohmann::ordered_json::array();
+    for (const oracle::GradientMismatch& m : verdict.gradients)
+      gradients.push_back({{"param", m.name},
+                           {"where", m.where},
+                           {"after_clip", m.after_clip},
+                           {"statistic", m.statistic},
+                           {"got", m.got},
+                           {"low", m.low},
+                           {"high", m.high},
+                           {"ranks", m.ranks},
+                           {"rank_count", m.rank_count}});
+    j["gradients"] = std::move(gradients);
+    j["gradient_mismatches"] = verdict.gradient_mismatches;
+  }
   return j;
 }
 

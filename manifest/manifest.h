@@ -55,6 +55,9 @@ struct MainParam {
   bool kept = false;      // kept for the norm by the framework's filter
   bool kept_zeros = false;
   GradStats stats;
+  // Of the same range after the optimizer's clip, where the framework clipped and the adapter
+  // recorded it (optional in the file).
+  std::optional<GradStats> clipped_stats;
   friend bool operator==(const MainParam&, const MainParam&) = default;
 };
 

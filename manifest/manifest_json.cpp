@@ -203,7 +203,7 @@ ModelParam read_param(const json& value, const std::string& path) {
 MainParam read_main_param(const json& value, const std::string& path,
                           const record::SharedList<ModelParam>& params) {
   MainParam m;
-  json stats;
+  json stats, clipped;
   read_object(
       value, path,
       {{"param",
@@ -217,7 +217,8 @@ MainParam read_main_param(const json& value, const std::string& path,
         [&](const json& v, const std::string& p) { m.attributes = read_attributes(v, p); }},
        {"kept", [&](const json& v, const std::string& p) { m.kept = read_bool(v, p); }},
        {"kept_zeros", [&](const json& v, const std::string& p) { m.kept_zeros = read_bool(v, p); }},
-       {"stats", [&](const json& v, const std::string&) { stats = v; }}},
+       {"stats", [&](const json& v, const std::string&) { stats = v; }},
+       {"clipped_stats", [&](const json& v, const std::string&) { clipped = v; }}},
       "a main param", {"param", "begin", "end", "attributes", "kept", "kept_zeros", "stats"});
   const std::int64_t box = element_count(params[static_cast<std::size_t>(m.param)].extents);
   if (!(m.begin < m.end) || m.end > box)
@@ -225,6 +226,7 @@ MainParam read_main_param(const json& value, const std::string& path,
                    " (the elements of param " + std::to_string(m.param) + "'s box), got begin " +
                    std::to_string(m.begin) + ", end " + std::to_string(m.end));
   m.stats = read_stats(stats, path + ".stats", m.end - m.begin);
+  if (!clipped.is_null()) m.clipped_stats = read_stats(clipped, path + ".clipped_stats", m.end - m.begin);
   return m;
 }
 
@@ -443,7 +445,7 @@ ordered_json manifest_to_json(const RankManifest& m, const std::vector<std::vect
   ordered_json optimizers = ordered_json::array();
   for (const OptimizerRecord& o : m.optimizers) {
     ordered_json main_params = ordered_json::array();
-    for (const MainParam& p : o.main_params)
+    for (const MainParam& p : o.main_params) {
       main_params.push_back({{"param", p.param},
                              {"begin", p.begin},
                              {"end", p.end},
@@ -451,6 +453,8 @@ ordered_json manifest_to_json(const RankManifest& m, const std::vector<std::vect
                              {"kept", p.kept},
                              {"kept_zeros", p.kept_zeros},
                              {"stats", stats_json(p.stats)}});
+      if (p.clipped_stats) main_params.back()["clipped_stats"] = stats_json(*p.clipped_stats);
+    }
     optimizers.push_back(
         {{"name", o.name},
          {"stats_group", group(o.stats_group)},

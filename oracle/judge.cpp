@@ -9,6 +9,7 @@
 
 #include "oracle/clipped.h"
 #include "oracle/diagnosis.h"
+#include "oracle/held_gradients.h"
 #include "oracle/ledger.h"
 
 namespace tally::oracle {
@@ -16,6 +17,7 @@ namespace tally::oracle {
 namespace {
 
 constexpr std::size_t kMaxClippedReports = 8;
+constexpr std::size_t kMaxGradientReports = 8;
 
 // One rank's value of a statistic and what it should be.
 struct Sample {
@@ -250,11 +252,16 @@ Verdict judge(const record::RunRecord& run, const GroundTruth& truth, const Boun
 
   if (gradients && bounds.reduction)
     verdict.clipped = check_clipped(run, truth, *gradients, *bounds.reduction, kMaxClippedReports);
+  if (gradients && !bounds.reduction) {
+    HeldGradientCheck held = check_held_gradients(run, truth, *gradients, bounds.rtol, kMaxGradientReports);
+    verdict.gradients = std::move(held.mismatches);
+    verdict.gradient_mismatches = held.total;
+  }
 
   const bool stats_ok = std::all_of(verdict.stats.begin(), verdict.stats.end(),
                                     [](const StatisticCheck& s) { return s.ok; });
   verdict.kind = stats_ok && verdict.miscounted_total == 0 && verdict.ranks_agree &&
-                         verdict.clipped.empty()
+                         verdict.clipped.empty() && verdict.gradient_mismatches == 0
                      ? Verdict::Kind::pass
                      : Verdict::Kind::fail;
   return verdict;

@@ -10,7 +10,9 @@
 //   - the exact ledger (oracle/ledger.h) and, for each miscounted tensor, the diagnosis
 //     (oracle/diagnosis.h);
 //   - where the record holds clipped gradients and the judge knows the gradients, every clipped
-//     element against the truth's coefficient times the stored gradient (oracle/clipped.h).
+//     element against the truth's coefficient times the stored gradient (oracle/clipped.h);
+//   - where a real run's record holds statistics of its gradients and the judge knows the
+//     gradients it was given, each of them, held and clipped (oracle/held_gradients.h).
 #pragma once
 
 #include <span>
@@ -38,8 +40,9 @@ struct Bounds {
   double rtol = 1e-5;
 };
 
-// The gradients of a run whose values the judge can compute (the model target's): the clipped
-// gradients it recorded are then judged element by element.
+// The gradients of a run whose values the judge can compute (the model target's, and a real
+// target's, whose worker tally gave them): the clipped gradients the model target recorded are
+// then judged element by element, the statistics a real run recorded against those values.
 struct GradientSource {
   const topologies::LogicalModel* model = nullptr;  // the record's tensors, by id
   // Each tensor's generator, by id (gradnorm::param_generators: zeros outside the selected

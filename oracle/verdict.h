@@ -62,6 +62,21 @@ struct ClippedMismatch {
   double expected_coefficient = 1.0;
 };
 
+// A statistic a real run recorded of a gradient it held that is not the statistic of the gradient
+// tally gave it (a reduction that doubled it, a copy from the wrong buffer, another case's
+// gradients), or, after the clip, not what the clip coefficient makes of it.
+struct GradientMismatch {
+  std::string name;       // the logical param
+  std::string where;      // "its gradient", "the piece [0, 64) child 'dense' owns"
+  std::string statistic;  // "sum_squares", "abs_max", "zeros"
+  double got = 0.0;
+  double low = 0.0;   // the values the statistic may take: [low, high]
+  double high = 0.0;
+  bool after_clip = false;  // a statistic of the clipped gradient
+  std::vector<int> ranks;   // the ranks that recorded it (capped)
+  std::int64_t rank_count = 0;
+};
+
 struct Verdict {
   enum class Kind { pass, fail, infra_error };
   Kind kind = Kind::pass;
@@ -71,6 +86,10 @@ struct Verdict {
   bool ranks_agree = true;
   std::string disagreement;  // the first pair of ranks that disagree, when they do
   std::vector<ClippedMismatch> clipped;  // at most one per rank, capped
+  // Where the judge knows the gradients a real run was given: each recorded statistic that is not
+  // theirs (capped), and how many there were.
+  std::vector<GradientMismatch> gradients;
+  std::int64_t gradient_mismatches = 0;
   std::string infra_call;     // infra_error: the collective or call that failed
   std::string infra_message;
   // What each rank's own ledger implies (oracle/ledger.h), when the record has statistics.

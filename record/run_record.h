@@ -143,6 +143,9 @@ struct Piece {
   bool in_zero_count = false;
   Rule rule;
   std::optional<GradStats> stats;
+  // Of the same range after the clip, where a real run records them (the model target records
+  // the clipped values themselves: RankRecord::clipped).
+  std::optional<GradStats> clipped_stats;
   friend bool operator==(const Piece&, const Piece&) = default;
 };
 

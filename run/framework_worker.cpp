@@ -29,6 +29,7 @@
 #include "oracle/ground_truth.h"
 #include "oracle/judge.h"
 #include "run/process_tree.h"
+#include "run/target_run.h"
 #include "topologies/logical_model.h"
 
 extern char** environ;
@@ -552,7 +553,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
                               shown_line(message.empty() ? status : message, kMaxMessageShown) + kept_log_tail(log));
   } else {
     try {
-      out.verdict = judge_manifests(manifests.string(), options_.rtol);
+      out.verdict = judge_target_run(c, manifests.string(), options_.rtol);
       out.manifests = manifests.string();
     } catch (const std::exception& e) {
       out.verdict = infra_error("reading the manifests of " + name, e.what());

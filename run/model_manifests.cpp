@@ -1,6 +1,8 @@
 #include "run/model_manifests.h"
 
 #include <algorithm>
+#include <cmath>
+#include <span>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -121,6 +123,23 @@ class GroupIds {
   std::map<std::pair<int, int>, manifest::GroupId> by_family_;
   std::map<int, std::pair<manifest::GroupId, std::string>> by_record_;
 };
+
+// The statistics of a piece's range after the path's clip, from the values it recorded; a
+// param it left as stored (no data) has its held statistics.
+record::GradStats clipped_stats(const record::ClippedValues& clipped, const record::Piece& piece,
+                                const record::GradStats& held) {
+  const record::ClippedParam& param = clipped.at(static_cast<std::size_t>(piece.param));
+  if (!param.data) return held;
+  record::GradStats out;
+  const std::span<const float> values = param.values();
+  for (std::int64_t e = piece.range.begin; e < piece.range.end; ++e) {
+    const double g = values[static_cast<std::size_t>(e)];
+    out.sum_squares += g * g;
+    out.abs_max = std::max(out.abs_max, std::abs(g));
+    out.zeros += g == 0.0;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -254,6 +273,7 @@ manifest::RunManifests model_manifests(const casefile::Case& c, const record::Ru
       p.kept = piece.counted_in >= 0;  // kept for the norm of its own grad-norm group
       p.kept_zeros = piece.in_zero_count;
       p.stats = stats.of(param.tensor, param.box, piece.range);
+      if (rank.clipped) p.clipped_stats = clipped_stats(*rank.clipped, piece, p.stats);
     }
     m.reported.norm = rank.reported.norm;
     m.reported.inf_norm = rank.reported.inf_norm;

@@ -110,7 +110,12 @@ std::vector<std::string> failed_statistics(const oracle::Verdict& verdict) {
     if (!s.ok) names.push_back(s.name);
   if (verdict.miscounted_total > 0) names.push_back("ledger");
   if (!verdict.ranks_agree) names.push_back("agreement");
-  if (!verdict.clipped.empty()) names.push_back("clipped");
+  const bool clipped_stats_wrong = std::any_of(verdict.gradients.begin(), verdict.gradients.end(),
+                                              [](const oracle::GradientMismatch& m) { return m.after_clip; });
+  const bool held_stats_wrong = std::any_of(verdict.gradients.begin(), verdict.gradients.end(),
+                                           [](const oracle::GradientMismatch& m) { return !m.after_clip; });
+  if (!verdict.clipped.empty() || clipped_stats_wrong) names.push_back("clipped");
+  if (held_stats_wrong) names.push_back("held-gradients");
   return names;
 }
 
@@ -118,7 +123,10 @@ std::optional<std::string> unmet_expectation(const Expectation& expect,
                                              const oracle::Verdict& verdict) {
   const std::string got(oracle::kind_name(verdict.kind));
   const std::string want(casefile::outcome_name(expect.outcome));
-  if (got != want) return "expected " + want + ", got " + got;
+  if (got != want) {
+    if (verdict.kind != oracle::Verdict::Kind::infra_error) return "expected " + want + ", got " + got;
+    return "expected " + want + ", got " + got + " (" + verdict.infra_call + ": " + verdict.infra_message + ")";
+  }
   if (expect.outcome != Expectation::Outcome::fail) return std::nullopt;
   const std::vector<std::string> failed = failed_statistics(verdict);
   for (const std::string& name : expect.statistics)

@@ -50,7 +50,8 @@ std::optional<std::string> unmet_expectation(const casefile::Expectation& expect
                                              const oracle::Verdict& verdict);
 
 // The statistic names a verdict failed on: its failing StatisticChecks, plus "ledger",
-// "agreement" and "clipped" when those failed.
+// "agreement" and "clipped" (clipped values, or a real run's clipped statistics) when those
+// failed, and "held-gradients" when a real run held gradients other than those tally gave it.
 std::vector<std::string> failed_statistics(const oracle::Verdict& verdict);
 
 }  // namespace tally::run

@@ -21,6 +21,7 @@
 #include "run/deepspeed_target.h"
 #include "run/framework_worker.h"
 #include "run/megatron_core_target.h"
+#include "run/run_case.h"
 #include "topologies/logical_model.h"
 
 namespace tally::run {
@@ -79,6 +80,69 @@ TEST(WorkerPool, AMiscountingFrameworkFailsWithTheMiscountedParamsAndKeepsItsMan
   EXPECT_TRUE(fs::exists(fs::path(run.manifests) / "rank-1.json"));
   // The same verdict from the kept manifests alone, as replay judges them.
   EXPECT_EQ(judge_manifests(run.manifests, 1e-5).miscounted.front().name, run.verdict.miscounted.front().name);
+}
+
+// The founding case with normal gradients in every param, clipped: the norm is far above max_norm.
+casefile::Case clipped_case() {
+  casefile::Case c = founding_case();
+  c.path.gradients.generator.mode = kernels::GradientMode::normal;
+  c.path.gradients.class_mask = ~std::uint32_t{0};
+  c.path.max_norm = 1e-3;
+  return c;
+}
+
+bool failed_on(const oracle::Verdict& v, const std::string& statistic) {
+  const std::vector<std::string> failed = failed_statistics(v);
+  return std::find(failed.begin(), failed.end(), statistic) != failed.end();
+}
+
+TEST(WorkerPool, AFrameworkThatClipsRightPassesWithItsClippedStatistics) {
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(clipped_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::pass) << run.verdict.infra_message;
+  EXPECT_EQ(run.verdict.gradient_mismatches, 0);
+}
+
+TEST(WorkerPool, AFrameworkHoldingGradientsOtherThanTallysFailsNamingTheParamRanksAndStatistic) {
+  // Its manifests and its norm agree with each other: they are of the next seed's gradients.
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "other-seed");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(clipped_case());
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::fail) << run.verdict.infra_message;
+  EXPECT_TRUE(failed_on(run.verdict, "held-gradients"));
+  EXPECT_EQ(run.verdict.miscounted_total, 0) << "every element is counted once: of the wrong gradients";
+  ASSERT_FALSE(run.verdict.gradients.empty());
+  const oracle::GradientMismatch& first = run.verdict.gradients.front();
+  EXPECT_EQ(first.name, "embedding.word_embeddings.weight");
+  EXPECT_EQ(first.statistic, "sum_squares");
+  EXPECT_FALSE(first.after_clip);
+  EXPECT_EQ(first.ranks, (std::vector<int>{0})) << "TP 2: rank 0 holds its own box of the embedding";
+  EXPECT_EQ(first.where, "its gradient, box [0:8, 0:8]");
+  EXPECT_GT(run.verdict.gradient_mismatches, 8) << "every param's gradient differs";
+}
+
+TEST(WorkerPool, AnAnswerWithThePreviousCasesManifestsFails) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "stale");
+  WorkerPool pool(stand_in_options());
+  casefile::Case next = clipped_case();
+  next.path.gradients.generator.seed += 7;
+  EXPECT_EQ(pool.execute(clipped_case()).verdict.kind, oracle::Verdict::Kind::pass);
+  const WorkerRun run = pool.execute(next);
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::fail) << run.verdict.infra_message;
+  EXPECT_TRUE(failed_on(run.verdict, "held-gradients"));
+}
+
+TEST(WorkerPool, AParamTheFrameworkLeftUnclippedFailsThoughItsCoefficientIsRight) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "unclipped-param");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(clipped_case());
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::fail) << run.verdict.infra_message;
+  EXPECT_TRUE(failed_on(run.verdict, "clipped"));
+  EXPECT_FALSE(failed_on(run.verdict, "clip")) << "the reported coefficient is the truth's";
+  EXPECT_FALSE(failed_on(run.verdict, "held-gradients"));
+  ASSERT_FALSE(run.verdict.gradients.empty());
+  EXPECT_TRUE(run.verdict.gradients.front().after_clip);
+  EXPECT_EQ(run.verdict.gradients.front().name, "embedding.word_embeddings.weight");
 }
 
 TEST(WorkerPool, OneWorkerPerWorldEachStartedOnce) {

@@ -12,7 +12,11 @@
 # miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =error reports an error for
 # every case, =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
-# =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. With
+# =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Modes whose
+# manifests are self-consistent but not of the gradients tally sent: =other-seed runs each case with
+# the next gradient seed, =stale answers each case after the first with the previous case's
+# manifests, =unclipped-param records the first clipped piece of each rank as left unclipped (the
+# reported coefficient stays right). With
 # TALLY_TEST_WORKER_DETACHED=1 it first starts a child in a session of its own (as torchrun starts
 # its ranks), writing the child's pid to $queue/detached.pid.
 set -u
@@ -106,8 +110,22 @@ while :; do
     }
     python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.pop("deepspeed", None); json.dump(c, open(sys.argv[1], "w"))' "$planted"
   fi
+  [ "$mode" = other-seed ] && python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); c["gradients"]["seed"] += 1; json.dump(c, open(sys.argv[1], "w"))' "$planted"
   "$tally" run "$planted" --manifests "$queue/case-$k" >"$queue/case-$k.log" 2>&1
   rc=$?
+  if [ "$mode" = stale ]; then
+    rm -rf "$queue/next-stale" && cp -r "$queue/case-$k" "$queue/next-stale"
+    if [ -d "$queue/stale" ]; then rm -rf "$queue/case-$k" && cp -r "$queue/stale" "$queue/case-$k"; fi
+    rm -rf "$queue/stale" && mv "$queue/next-stale" "$queue/stale"
+  fi
+  [ "$mode" = unclipped-param ] && python3 -c 'import glob, json, sys
+for f in glob.glob(sys.argv[1] + "/rank-*.json"):
+    m = json.load(open(f))
+    pieces = [p for o in m["optimizers"] for p in o["main_params"] if p.get("clipped_stats", p["stats"]) != p["stats"]]
+    if pieces:
+        pieces[0]["clipped_stats"] = pieces[0]["stats"]
+        json.dump(m, open(f, "w"))' "$queue/case-$k"
   if [ $rc -le 1 ]; then
     atomically "$queue/case-$k.result.json" '{"status": "ok"}'
   else

@@ -1,0 +1,212 @@
+#include "oracle/held_gradients.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "kernels/gradient_generator.h"
+#include "oracle/detail/compensated_sum.h"
+
+namespace tally::oracle {
+
+namespace {
+
+// The statistics of a row-major range of a box of one logical tensor, from the generator, and
+// how many of its nonzero values fall below `tiny` in magnitude.
+struct RangeValues {
+  double sum_squares = 0.0;
+  double abs_max = 0.0;
+  std::int64_t zeros = 0;
+  std::int64_t below_tiny = 0;
+};
+
+RangeValues range_values(const topologies::LogicalParam& param, const record::Box& box,
+                         record::ElementRange range, const kernels::GeneratorSpec& spec, double tiny) {
+  const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(param.id));
+  const int dims = param.shape.rank;
+  detail::CompensatedSum squares;
+  RangeValues out;
+  for (std::int64_t n = range.begin; n < range.end; ++n) {
+    std::int64_t rest = n, logical = 0, stride = 1;
+    for (int d = dims; d-- > 0;) {
+      logical += (box.offset[d] + rest % box.extent.size[d]) * stride;
+      rest /= box.extent.size[d];
+      stride *= param.shape.dims[d];
+    }
+    const double g = kernels::stored_value(spec, key, static_cast<std::uint64_t>(logical));
+    squares.add(g * g);  // exact: a square of a <= 24-bit significand
+    out.abs_max = std::max(out.abs_max, std::abs(g));
+    out.zeros += g == 0.0;
+    out.below_tiny += g != 0.0 && std::abs(g) < tiny;
+  }
+  out.sum_squares = squares.value();
+  return out;
+}
+
+// The unit roundoff of a gradient dtype, and its smallest normal magnitude: a clipped product is
+// rounded once to the dtype, and one below the smallest normal may round to zero.
+double unit_roundoff(kernels::Dtype dtype) {
+  switch (dtype) {
+    case kernels::Dtype::fp32: return 0x1p-24;
+    case kernels::Dtype::bf16: return 0x1p-8;
+    case kernels::Dtype::fp16: return 0x1p-11;
+  }
+  return 0x1p-8;
+}
+double smallest_normal(kernels::Dtype dtype) {
+  switch (dtype) {
+    case kernels::Dtype::fp32: return 0x1p-126;
+    case kernels::Dtype::bf16: return 0x1p-126;
+    case kernels::Dtype::fp16: return 0x1p-14;
+  }
+  return 0x1p-14;
+}
+
+std::string box_text(const record::Box& box) {
+  std::string out = "[";
+  for (int d = 0; d < box.extent.ndim; ++d)
+    out += (d ? ", " : "") + std::to_string(box.offset[d]) + ":" + std::to_string(box.offset[d] + box.extent.size[d]);
+  return out + "]";
+}
+
+class HeldJudge {
+ public:
+  HeldJudge(const record::RunRecord& run, const GroundTruth& truth, const GradientSource& gradients, double rtol)
+      : run_(run), truth_(truth), gradients_(gradients), rtol_(rtol) {}
+
+  void judge(const record::LocalRecord& local, const std::vector<int>& ranks) {
+    std::vector<bool> param_wrong(local.params.size(), false);
+    for (std::size_t i = 0; i < local.params.size(); ++i) {
+      const record::LocalParam& param = local.params[i];
+      if (!param.stats) continue;
+      const RangeValues v = values(param, {0, param.box.numel()}, 0.0);
+      const std::size_t before = found_.size();
+      held(param, "its gradient, box " + box_text(param.box), *param.stats, v, ranks);
+      param_wrong[i] = found_.size() > before;
+    }
+    for (const record::Piece& piece : local.pieces) {
+      const record::LocalParam& param = local.params[static_cast<std::size_t>(piece.param)];
+      const std::string owned = "elements [" + std::to_string(piece.range.begin) + ", " +
+                                std::to_string(piece.range.end) + ") of box " + box_text(param.box) + " that child '" +
+                                run_.children[static_cast<std::size_t>(piece.child)] + "' owns";
+      const kernels::Dtype dtype = generator(param).dtype;
+      const ClipTruth& clip = clip_of(param);
+      // The coefficients the framework may have applied: within the tolerance of the truth's,
+      // never above 1 (Megatron-LM and DeepSpeed scale only below 1).
+      const bool clips = clip.max_norm > 0.0;
+      const double low = clips ? std::min(1.0, clip.coefficient * (1.0 - rtol_)) : 1.0;
+      const double high = clips ? std::min(1.0, clip.coefficient * (1.0 + rtol_)) : 1.0;
+      const RangeValues v = values(param, piece.range, smallest_normal(dtype) / low);
+      if (piece.stats && !param_wrong[static_cast<std::size_t>(piece.param)]) held(param, owned, *piece.stats, v, ranks);
+      if (piece.clipped_stats) clipped(param, "after the clip, " + owned, *piece.clipped_stats, v, low, high, dtype, ranks);
+    }
+  }
+
+  HeldGradientCheck result(std::size_t max_reports) && {
+    HeldGradientCheck out;
+    out.total = static_cast<std::int64_t>(found_.size());
+    for (auto& entry : order_) {
+      if (out.mismatches.size() >= max_reports) break;
+      out.mismatches.push_back(std::move(found_.at(entry)));
+    }
+    return out;
+  }
+
+ private:
+  using Key = std::tuple<int, std::string, std::string, bool>;  // tensor, where, statistic, after the clip
+
+  const kernels::GeneratorSpec& generator(const record::LocalParam& param) const {
+    return gradients_.generators[static_cast<std::size_t>(param.tensor)];
+  }
+  const ClipTruth& clip_of(const record::LocalParam& param) const {
+    return run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? truth_.main.clip : truth_.mtp.clip;
+  }
+  RangeValues values(const record::LocalParam& param, record::ElementRange range, double tiny) const {
+    const topologies::LogicalParam& logical = gradients_.model->params()[static_cast<std::size_t>(param.tensor)];
+    return range_values(logical, param.box, range, generator(param), tiny);
+  }
+
+  void held(const record::LocalParam& param, const std::string& where, const record::GradStats& got,
+            const RangeValues& v, const std::vector<int>& ranks) {
+    expect(param, where, "sum_squares", got.sum_squares, v.sum_squares * (1.0 - rtol_), v.sum_squares * (1.0 + rtol_),
+           false, ranks);
+    expect(param, where, "abs_max", got.abs_max, v.abs_max, v.abs_max, false, ranks);
+    expect(param, where, "zeros", static_cast<double>(got.zeros), static_cast<double>(v.zeros),
+           static_cast<double>(v.zeros), false, ranks);
+  }
+
+  void clipped(const record::LocalParam& param, const std::string& where, const record::GradStats& got,
+               const RangeValues& v, double low, double high, kernels::Dtype dtype, const std::vector<int>& ranks) {
+    // At a coefficient of 1 the gradient is left as it was: no rounding to allow for.
+    const double u = unit_roundoff(dtype);
+    const double down = low < 1.0 ? (1.0 - u) : 1.0;
+    const double up = high < 1.0 ? (1.0 + u) : 1.0;
+    expect(param, where, "sum_squares", got.sum_squares, low * low * down * down * v.sum_squares * (1.0 - rtol_),
+           high * high * up * up * v.sum_squares * (1.0 + rtol_), true, ranks);
+    expect(param, where, "abs_max", got.abs_max, low * down * v.abs_max, high * up * v.abs_max, true, ranks);
+    const double underflows = low < 1.0 ? static_cast<double>(v.below_tiny) : 0.0;
+    expect(param, where, "zeros", static_cast<double>(got.zeros), static_cast<double>(v.zeros),
+           static_cast<double>(v.zeros) + underflows, true, ranks);
+  }
+
+  void expect(const record::LocalParam& param, const std::string& where, const char* statistic, double got,
+              double low, double high, bool after_clip, const std::vector<int>& ranks) {
+    if (got >= low && got <= high) return;  // NaN is outside
+    const Key key{param.tensor, where, statistic, after_clip};
+    auto [it, fresh] = found_.try_emplace(key);
+    GradientMismatch& m = it->second;
+    if (fresh) {
+      order_.push_back(key);
+      m.name = run_.tensors[static_cast<std::size_t>(param.tensor)].name;
+      m.where = where;
+      m.statistic = statistic;
+      m.got = got;
+      m.low = low;
+      m.high = high;
+      m.after_clip = after_clip;
+    }
+    for (int rank : ranks) {
+      if (m.ranks.size() < kMaxRanksShown) m.ranks.push_back(rank);
+      ++m.rank_count;
+    }
+  }
+
+  static constexpr std::size_t kMaxRanksShown = 16;
+  const record::RunRecord& run_;
+  const GroundTruth& truth_;
+  const GradientSource& gradients_;
+  double rtol_;
+  std::map<Key, GradientMismatch> found_;
+  std::vector<Key> order_;
+};
+
+}  // namespace
+
+HeldGradientCheck check_held_gradients(const record::RunRecord& run, const GroundTruth& truth,
+                                       const GradientSource& gradients, double rtol, std::size_t max_reports) {
+  const auto& params = gradients.model->params();
+  if (run.tensors.size() != params.size() || gradients.generators.size() != params.size())
+    throw std::invalid_argument("check_held_gradients: the record has " + std::to_string(run.tensors.size()) +
+                                " tensors, the model " + std::to_string(params.size()) + " params");
+  for (std::size_t t = 0; t < params.size(); ++t)
+    if (run.tensors[t].name != params[t].name)
+      throw std::invalid_argument("check_held_gradients: the record's tensor " + std::to_string(t) + " is " +
+                                  run.tensors[t].name + ", the model's param " + params[t].name);
+  // Each distinct local record once, with the ranks that share it.
+  std::map<const record::LocalRecord*, std::vector<int>> ranks_of;
+  std::vector<const record::LocalRecord*> order;
+  for (const record::RankRecord& rank : run.ranks) {
+    auto [it, fresh] = ranks_of.try_emplace(rank.local.get());
+    if (fresh) order.push_back(rank.local.get());
+    it->second.push_back(rank.rank);
+  }
+  HeldJudge judge(run, truth, gradients, rtol);
+  for (const record::LocalRecord* local : order) judge.judge(*local, ranks_of.at(local));
+  return std::move(judge).result(max_reports);
+}
+
+}  // namespace tally::oracle
