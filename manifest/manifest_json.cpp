@@ -1,5 +1,7 @@
 #include "manifest/manifest_json.h"
 
+#include "manifest/statistics.h"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -226,7 +228,12 @@ MainParam read_main_param(const json& value, const std::string& path,
                    " (the elements of param " + std::to_string(m.param) + "'s box), got begin " +
                    std::to_string(m.begin) + ", end " + std::to_string(m.end));
   m.stats = read_stats(stats, path + ".stats", m.end - m.begin);
-  if (!clipped.is_null()) m.clipped_stats = read_stats(clipped, path + ".clipped_stats", m.end - m.begin);
+  if (!clipped.is_null()) {
+    m.clipped_stats = read_stats(clipped, path + ".clipped_stats", m.end - m.begin);
+    // Judged against the case's gradients only (run/target_run.h), but never a value no gradient has.
+    if (const std::string rule = impossible_statistics(*m.clipped_stats, m.end - m.begin); !rule.empty())
+      fail(path + ".clipped_stats", "impossible statistics: " + rule);
+  }
   return m;
 }
 
