@@ -7,6 +7,8 @@
 #include <ostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/backend_flags.h"
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
@@ -182,6 +184,17 @@ casefile::Case case_from_flags(const RunOptions& o) {
   return c;
 }
 
+// The catalog as JSON: what the workers' plant tables are tested against, by name.
+void print_fault_catalog_json(std::ostream& out) {
+  nlohmann::ordered_json faults = nlohmann::ordered_json::array();
+  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+    faults.push_back({{"name", info.name},
+                      {"provenance", info.provenance},
+                      {"wrong_rule", info.wrong_rule},
+                      {"trigger", info.trigger}});
+  out << nlohmann::ordered_json{{"faults", std::move(faults)}}.dump(2) << '\n';
+}
+
 void print_fault_catalog(std::ostream& out) {
   out << "Faults (each replaces one rule with the wrong rule a real framework shipped):\n\n";
   for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
@@ -334,7 +347,9 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       ->check(CLI::IsMember({1, 2}))
       ->needs(manifests_flag)
       ->capture_default_str();
-  command->add_flag("--list-faults", options->list_faults, "Print the fault catalog and exit");
+  command->add_flag("--list-faults", options->list_faults,
+                    "Print the fault catalog and exit (with --json: {\"faults\": [{name, provenance, "
+                    "wrong_rule, trigger}]}, what the workers' plant tables are tested against)");
   command->add_flag("--json", options->json, "Machine-readable verdict");
   command->add_option("--html", options->html,
                       "Also write the verdict as a self-contained HTML page to this file: the "
@@ -345,7 +360,8 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
   add_target_flags(*command, options->target);
   command->callback([options, &context] {
     if (options->list_faults) {
-      print_fault_catalog(context.out);
+      if (options->json) print_fault_catalog_json(context.out);
+      else print_fault_catalog(context.out);
       context.exit_code = kExitPass;
       return;
     }
