@@ -69,6 +69,12 @@ noted):
   with the groups its `count_zeros` passes.
 * `reported`: `norm` = `get_grad_norm()` as a float, `zeros` = `count_zeros()` (0.16.1
   accumulates it in float32 and returns a float; written as an integer), `inf_norm` null.
+* With `clip` given (a callable that runs the release's own clip of the main grads, as
+  `release_clip(optimizer)` does, and returns its `ClipCall`s): after every `stats` is taken,
+  the clip runs; then each main param's `clipped_stats` are of the grad the filter reads,
+  read again, and each child's `clip` is `{"max_norm", "coefficient"}` of the clip call that
+  scaled its main params (the coefficient it applied: min(1, max_norm / (norm + 1e-6))), null
+  where no call did.
 
 Not supported (NotImplementedError naming what): Megatron-FSDP params, ChainedOptimizers nested
 inside a ChainedOptimizer, the legacy GroupedMLP (all local experts in one tensor), and any
@@ -391,6 +397,7 @@ def dump_manifest(
     grad_norm: Optional[float] = None,
     num_zeros: Optional[float] = None,
     logical_names: Optional[Callable[[str], str]] = None,
+    clip: Optional[Callable[[], List[Any]]] = None,
 ) -> str:
     """Writes out_dir/rank-<R>.json for this rank (format version 2), and on rank 0 also
     out_dir/groups.json; returns the rank file's path. See the module docstring for the call
@@ -399,7 +406,7 @@ def dump_manifest(
     import torch.distributed as dist
 
     manifest = build_manifest(
-        optimizer, model, producer=producer, grad_norm=grad_norm, num_zeros=num_zeros
+        optimizer, model, producer=producer, grad_norm=grad_norm, num_zeros=num_zeros, clip=clip
     )
     if logical_names is not None:
         for record in manifest["params"]:
@@ -419,11 +426,69 @@ def dump_manifest(
     return write_manifest(referred, out_dir)
 
 
-def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros=None):
+class ClipCall:
+    """One call of the release's clip_grad_by_total_norm_fp32: the params it scaled, its max_norm
+    and the total norm it was given."""
+
+    def __init__(self, params, max_norm, total_norm):
+        self.param_ids = {id(p) for p in params}
+        self.max_norm = float(max_norm)
+        self.total_norm = _to_float(total_norm)
+
+    def coefficient(self) -> float:
+        # What the release multiplies by: clip_coeff = max_norm / (total_norm + 1e-6), below 1 only.
+        return min(1.0, self.max_norm / (self.total_norm + 1.0e-6))
+
+
+def release_clip(optimizer) -> List[ClipCall]:
+    """Runs `optimizer`'s own step up to its update (prepare_grads, the norm, the clip of the main
+    grads, the zero count; then no update: step_with_ready_grads is skipped for this call) and
+    returns every clip call it made. Collectives: call on every rank."""
+    import megatron.core.optimizer.optimizer as optimizer_module
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
+
+    calls: List[ClipCall] = []
+    original = optimizer_module.clip_grad_by_total_norm_fp32
+
+    def recording(parameters, max_norm, total_norm, *args, **kwargs):
+        params = [parameters] if hasattr(parameters, "shape") else list(parameters)
+        calls.append(ClipCall(params, max_norm, total_norm))
+        return original(params, max_norm, total_norm, *args, **kwargs)
+
+    optimizer_module.clip_grad_by_total_norm_fp32 = recording
+    optimizer.step_with_ready_grads = lambda: False  # an instance attribute: the update is skipped
+    try:
+        # A LayerWise optimizer's own step only adds the param all-gather after the update.
+        step = ChainedOptimizer.step if isinstance(optimizer, ChainedOptimizer) else type(optimizer).step
+        step(optimizer)
+    finally:
+        optimizer_module.clip_grad_by_total_norm_fp32 = original
+        del optimizer.step_with_ready_grads
+    return calls
+
+
+def _record_clip(optimizers, after, calls: List[ClipCall]) -> None:
+    """Each main param's clipped_stats (from `after`, the optimizers described again once the clip
+    ran) and each child's clip."""
+    for before, again in zip(optimizers, after):
+        ids = set()
+        for m, n in zip(before["mains"], again["mains"]):
+            r, q = m["record"], n["record"]
+            if (r["param"], r["begin"], r["end"]) != (q["param"], q["begin"], q["end"]):
+                raise RuntimeError(f"{before['record']['name']}: its main params changed in the clip")
+            r["clipped_stats"] = q["stats"]
+            ids.add(id(m["main"]))
+        scaled = [(len(ids & c.param_ids), c) for c in calls if ids & c.param_ids]
+        if scaled:
+            call = max(scaled, key=lambda x: x[0])[1]  # the main norm's call covers most of them
+            before["record"]["clip"] = {"max_norm": call.max_norm, "coefficient": call.coefficient()}
+
+
+def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros=None, clip=None):
     """This rank's manifest with every group written as its rank list: a version 1 manifest,
     which dump_manifest turns into version 2 (refer_to_groups). It is the one place that reads
     Megatron's parallel_state; runs the collectives get_grad_norm / count_zeros when those
-    values are not given."""
+    values are not given. `clip`: see the module docstring."""
     import torch
     import torch.distributed as dist
 
@@ -443,6 +508,11 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
     optimizers = _describe_optimizers(optimizer, param_index, param_objs, world)
 
     _fill_stats(params, optimizers)
+    if clip is not None:
+        calls = clip()
+        after = _describe_optimizers(optimizer, param_index, param_objs, world)
+        _fill_stats([], after)
+        _record_clip(optimizers, after, calls)
 
     manifest = {
         "tally_manifest": 1,  # rank lists, as in version 1; refer_to_groups makes it version 2
@@ -941,6 +1011,7 @@ def _describe_optimizers(optimizer, param_index, param_objs, world):
                         "stats": None,
                     },
                     "grad": stat_grad,
+                    "main": main,
                     # no grad on the main param: the stats of the model grad's range stand in
                     "fallback": (pi, begin, end) if stat_grad is None else None,
                 }
