@@ -18,7 +18,7 @@
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
 #include "gradnorm/faults.h"
-#include "run/megatron_core_target.h"
+#include "run/megatron_core/rules.h"
 
 namespace tally::cli {
 
@@ -239,7 +239,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.shrink.max_runs = o.shrink_runs;
   campaign.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
   // A real framework's run costs a second or more, and its known miscounts recur in most cases.
-  const std::string shrink = !o.shrink.empty() ? o.shrink : o.target.target == "model" ? "all" : "new";
+  const std::string shrink = !o.shrink.empty() ? o.shrink : o.target.real() ? "new" : "all";
   campaign.shrink_repeated_signatures = shrink == "all";
 
   // A real target: its worker for --world starts first (its version decides what it can build).

@@ -18,7 +18,7 @@
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
 #include "gradnorm/faults.h"
-#include "run/megatron_core_target.h"
+#include "run/megatron_core/rules.h"
 
 namespace tally::cli {
 

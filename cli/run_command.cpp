@@ -27,7 +27,8 @@
 #include "run/model_manifests.h"
 #include "manifest/manifest_json.h"
 #include "cli/target_flags.h"
-#include "run/megatron_core_target.h"
+#include "run/megatron_core/rules.h"
+#include "run/target.h"
 
 namespace tally::cli {
 
@@ -381,9 +382,9 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                        std::string(context.backend.name()) +
                        " backend returns only the verdict, not each rank's decisions)");
     casefile::Case c = input_case(o);
-    // A case the flags describe has no DeepSpeed section: DeepSpeed's defaults (ZeRO 0, the
-    // precision of --grad-dtype).
-    if (o.target.target == "deepspeed" && o.case_file.empty() && !c.deepspeed) c.deepspeed = casefile::DeepSpeedConfig{};
+    // A case the flags describe, as the target runs it (DeepSpeed: its section's defaults).
+    if (const run::FrameworkTarget* row = run::framework_target(o.target.target); row && o.case_file.empty())
+      c = row->from_flags(std::move(c));
     if (!o.description.empty()) {
       if (std::optional<std::string> error = casefile::description_error(o.description))
         throw UsageError("--description: " + *error);
@@ -396,9 +397,10 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
                        " case: run it with --target " + c.target->framework +
                        " where the framework is installed, or judge its saved manifests with "
                        "`tally replay " + o.case_file + "`");
-    if (!pool && c.deepspeed)
-      throw UsageError(o.case_file + " has a deepspeed section, which only --target deepspeed reads: run it "
-                       "with --target deepspeed, or remove the section to run tally's model of Megatron's path");
+    if (const run::FrameworkTarget* owner = run::framework_of(c); !pool && owner)
+      throw UsageError(o.case_file + " has a " + std::string(owner->name) + " section, which only --target " +
+                       std::string(owner->name) + " reads: run it with --target " + std::string(owner->name) +
+                       ", or remove the section to run tally's model of Megatron's path");
     if (pool && c.target && c.target->framework != o.target.target)
       throw UsageError(o.case_file + " is a " + c.target->framework + " case; --target " + o.target.target +
                        " cannot re-execute it (use --target " + c.target->framework + ")");

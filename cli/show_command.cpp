@@ -1,5 +1,5 @@
 // tally show: a case file in readable form, and the equivalent Megatron-LM flags (or, for a
-// DeepSpeed case, the engine configuration its worker builds).
+// framework whose worker is sent its configuration, that configuration: run/target.h).
 #include <algorithm>
 #include <memory>
 #include <ostream>
@@ -9,6 +9,7 @@
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "casefile/case_file.h"
+#include "run/target.h"
 #include "topologies/logical_model.h"
 
 namespace tally::cli {
@@ -34,98 +35,6 @@ std::string expectation_line(const std::optional<casefile::Expectation>& expect)
   return line;
 }
 
-// The DeepSpeed config tally's DeepSpeed worker passes to deepspeed.initialize for `c`
-// (adapters/deepspeed/tally_deepspeed_worker.py, engine_config).
-nlohmann::ordered_json deepspeed_config(const casefile::Case& c) {
-  const casefile::DeepSpeedConfig& d = *c.deepspeed;
-  const int dp = c.topology.world / std::max(1, c.topology.tp * c.topology.pp);
-  nlohmann::ordered_json j = {{"train_micro_batch_size_per_gpu", 1},
-                              {"gradient_accumulation_steps", 1},
-                              {"train_batch_size", dp},
-                              {"gradient_clipping", c.path.max_norm > 0 ? c.path.max_norm : 1.0},
-                              {"zero_optimization", {{"stage", d.zero_stage}}}};
-  switch (c.path.gradients.generator.dtype) {
-    case kernels::Dtype::bf16: j["bf16"] = {{"enabled", true}}; break;
-    case kernels::Dtype::fp16: j["fp16"] = {{"enabled", true}, {"loss_scale", d.loss_scale}}; break;
-    case kernels::Dtype::fp32: break;
-  }
-  if (d.grad_accum_fp32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
-  if (d.offload_optimizer) {
-    j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-    j["zero_force_ds_cpu_optimizer"] = false;  // the worker's AdamW, not DeepSpeedCPUAdam
-  }
-  if (d.autoep) {
-    j["expert_parallel"] = {{"enabled", true},
-                            {"autoep_size", c.topology.ep},
-                            {"moe_layer_pattern", "moe\\.\\w+"},
-                            {"router_pattern", "gate"},
-                            {"expert_pattern", "experts"},
-                            {"expert_w1", "gate_proj"},
-                            {"expert_w2", "down_proj"},
-                            {"expert_w3", "up_proj"},
-                            {"top_k", 1},
-                            {"score_func", "softmax"},
-                            {"score_apply", "post"},
-                            {"route_norm", false},
-                            {"use_grouped_mm", false}};
-    j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 0.0}, {"weight_decay", 0.0}, {"torch_adam", !d.fused_adam}}}};
-  }
-  if (d.autotp) {
-    // DeepSpeed derives the batch size after making AutoTP's groups: the worker states none.
-    j.erase("train_batch_size");
-    const auto spec = [](std::string pattern, std::string type) {
-      return nlohmann::ordered_json{{"patterns", {std::move(pattern)}}, {"partition_type", std::move(type)}};
-    };
-    nlohmann::ordered_json summed = spec("^tp_summed\\..*", "skip");
-    summed["grad_allreduce"] = true;
-    j["tensor_parallel"] = {
-        {"autotp_size", c.topology.tp},
-        {"partition_config",
-         {{"use_default_specs", false},
-          {"layer_specs", {spec("^column\\..*", "column"), spec("^row\\..*", "row"), summed}}}}};
-  }
-  return j;
-}
-
-std::string deepspeed_model_line(const casefile::Case& c) {
-  const topologies::ParallelConfig& t = c.topology;
-  const std::string adam = c.deepspeed->fused_adam ? "DeepSpeed's FusedAdam at lr 0" : "torch's AdamW at lr 0";
-  const std::string autoep_blocks =
-      "each MoE layer a block of a router 'gate' (torch.nn.Linear) and 'experts' holding every expert's SwiGLU "
-      "gate, up and down projections as 3-D tensors, which DeepSpeed's AutoEP replaces with its AutoEPMoELayer "
-      "over EP " + std::to_string(t.ep);
-  if (c.deepspeed->autoep && c.deepspeed->autotp)
-    return "model: tally's column- and row-parallel params as whole torch.nn.Linear layers that DeepSpeed's AutoTP "
-           "shards over TP " + std::to_string(t.tp) + ", the q/k norms with grad_allreduce, other dense params "
-           "whole; " + autoep_blocks + ", folded over TP (its EP groups span TP ranks, each expert whole; the "
-           "worker gives an expert's gradient times TP, as the folded forward does); the engine's own optimizer, " + adam;
-  if (c.deepspeed->autoep)
-    return "model: tally's params whole (TP 1), " + autoep_blocks +
-           "; the engine's own optimizer, " + adam;
-  std::string line;
-  if (t.pp > 1) {
-    line = "model: a deepspeed.pipe.PipelineModule of " + std::to_string(t.pp) +
-           " stages (PipeModelDataParallelTopology(num_pp=" + std::to_string(t.pp) + ", num_mp=" +
-           std::to_string(t.tp) + ", num_dp=" + std::to_string(t.world / (t.tp * t.pp)) +
-           ")), each stage a layer of the params tally places there (TP shards marked tensor_model_parallel)";
-    if (topologies::LogicalModel(c.model, t).last_stage_copy() == topologies::SharedCopy::output_layer)
-      line += ", the word embedding a TiedLayerSpec on the first and last stage";
-  } else if (c.deepspeed->autotp) {
-    line = "model: tally's column- and row-parallel params as whole torch.nn.Linear layers (the output "
-           "layer column-parallel) that DeepSpeed's AutoTP shards over TP " + std::to_string(t.tp) +
-           ", the q/k norms replicated with their gradients summed over TP (grad_allreduce), every other "
-           "param whole (the word embedding too)";
-  } else {
-    line = "model: tally's params with a Megatron-style mpu of TP " + std::to_string(t.tp) +
-           " (TP shards marked tensor_model_parallel)";
-  }
-  if (c.model.num_experts > 0)
-    line += "; each MoE layer deepspeed.moe.layer.MoE(num_experts=" + std::to_string(c.model.num_experts) +
-            ", ep_size=" + std::to_string(t.ep) + ", enable_expert_tensor_parallelism=" +
-            (t.tp > 1 && t.etp == t.tp ? "True" : "False") + ")";
-  return line + "; " + adam + (t.pp > 1 ? "; one train_batch" : "");
-}
-
 }  // namespace
 
 void add_show_command(CLI::App& app, CommandContext& context) {
@@ -133,7 +42,8 @@ void add_show_command(CLI::App& app, CommandContext& context) {
   CLI::App* command = app.add_subcommand(
       "show", "Print a case file: the case in readable form and the Megatron-LM command-line "
               "flags that build the same topology, model and optimizer (for a DeepSpeed case, the "
-              "configuration tally's DeepSpeed worker passes to deepspeed.initialize).");
+              "configuration tally sends its DeepSpeed worker for deepspeed.initialize, the same "
+              "file the worker reads).");
   command->add_option("case", options->case_file, "The case file (JSON, docs/case-files.md)")
       ->required();
   command->add_flag("--json", options->json,
@@ -146,6 +56,10 @@ void add_show_command(CLI::App& app, CommandContext& context) {
       throw UsageError(error.what());
     }
     const MegatronArgs megatron = megatron_args(c);
+    // A framework that is sent its configuration shows it; otherwise Megatron-LM's flags build the case.
+    const run::FrameworkTarget* framework = run::framework_of(c);
+    const std::optional<nlohmann::ordered_json> engine =
+        framework ? framework->engine_config(c) : std::optional<nlohmann::ordered_json>();
     // A real target's case re-executes on its framework.
     const std::string rerun_flags = c.target ? " --target " + c.target->framework : std::string();
     if (options->json) {
@@ -153,9 +67,9 @@ void add_show_command(CLI::App& app, CommandContext& context) {
       j["file"] = options->case_file;
       j["case"] = casefile::case_to_json(c);
       j["summary"] = case_summary(c);
-      if (c.deepspeed) {
-        j["deepspeed_config"] = deepspeed_config(c);
-        j["deepspeed_model"] = deepspeed_model_line(c);
+      if (engine) {
+        j[std::string(framework->name) + "_config"] = *engine;
+        j[std::string(framework->name) + "_model"] = framework->model_description(c);
       } else {
         j["megatron_args"] = megatron.args;
         j["megatron_notes"] = megatron.notes;
@@ -172,9 +86,9 @@ void add_show_command(CLI::App& app, CommandContext& context) {
         out << "target: " << c.target->framework << " " << c.target->version
             << (c.target->manifests.empty() ? std::string() : ", the run's manifests in " + c.target->manifests) << '\n';
       out << '\n';
-      if (c.deepspeed) {
-        out << "DeepSpeed configuration (deepspeed.initialize):\n" << deepspeed_config(c).dump(2) << '\n'
-            << deepspeed_model_line(c) << '\n';
+      if (engine) {
+        out << framework->name << " configuration (what its worker is sent):\n" << engine->dump(2) << '\n'
+            << framework->model_description(c) << '\n';
       } else {
         out << "Megatron-LM flags:\n" << megatron_command_text(megatron);
         out << "\nnotes:\n";

@@ -6,26 +6,30 @@
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/usage_error.h"
-#include "run/deepspeed_target.h"
-#include "run/megatron_core_target.h"
+#include "run/target.h"
 
 namespace tally::cli {
 
 namespace fs = std::filesystem;
 
 void add_target_flags(CLI::App& command, TargetOptions& options) {
+  std::vector<std::string> choices{"model"};
+  std::string workers;
+  for (const run::FrameworkTarget& t : run::framework_targets()) {
+    choices.emplace_back(t.name);
+    workers += (workers.empty() ? "" : ", ") + std::string(t.default_worker) + " (" + std::string(t.name) + ")";
+  }
   command
       .add_option("--target", options.target,
-                  "What executes the cases: model (tally's own model of the grad-norm path), "
-                  "megatron-core or deepspeed (the real framework, unmodified, through its worker: "
-                  "adapters/megatron, adapters/deepspeed; docs/real-targets.md)")
-      ->check(CLI::IsMember({"model", "megatron-core", "deepspeed"}))
+                  "What executes the cases: model (tally's own model of the grad-norm path), or " +
+                      run::framework_names(" or ") +
+                      " (the real framework, unmodified, through its worker: adapters/; docs/real-targets.md)")
+      ->check(CLI::IsMember(choices))
       ->default_str("model");
   command
       .add_option("--worker", options.worker,
                   "--target: the command that starts a worker of {world} ranks; tally appends "
-                  "--queue DIR --parent-pid PID. Default: " + std::string(kDefaultMegatronWorker) +
-                  " (megatron-core), " + kDefaultDeepSpeedWorker + " (deepspeed)")
+                  "--queue DIR --parent-pid PID. Default: " + workers)
       ->type_name("COMMAND");
   command
       .add_option("--case-timeout", options.case_timeout,
@@ -43,20 +47,25 @@ void add_target_flags(CLI::App& command, TargetOptions& options) {
                      "folder, removed at the end unless an error names a log in it)");
 }
 
-std::string default_worker(const std::string& target) {
-  return target == "deepspeed" ? kDefaultDeepSpeedWorker : kDefaultMegatronWorker;
+const run::FrameworkTarget& framework_row(const std::string& target) {
+  const run::FrameworkTarget* row = run::framework_target(target);
+  if (!row) throw UsageError("--target " + target + ": tally has no such target (" + run::framework_names() + ")");
+  return *row;
 }
+
+std::string default_worker(const std::string& target) { return std::string(framework_row(target).default_worker); }
 
 std::optional<std::string> unsupported_on(const std::string& framework, const casefile::Case& c,
                                           std::string_view version) {
-  if (framework == "deepspeed") return run::deepspeed_unsupported(c, version);
-  return run::megatron_core_unsupported(c, version);
+  return framework_row(framework).unsupported_at(c, version);
 }
 
 std::optional<std::string> unsupported_on(const casefile::Case& c, const run::WorkerHello& hello) {
-  if (hello.framework == "deepspeed")
-    return run::deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules);
-  return run::megatron_core_unsupported(c, hello.version, hello.plants);
+  const run::FrameworkTarget* row = run::framework_target(hello.framework);
+  if (!row)
+    return "the worker says it is " + hello.framework + ", which tally has no target for (" + run::framework_names() +
+           ")";
+  return row->unsupported(c, hello);
 }
 
 std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const std::string& backend,
@@ -76,6 +85,11 @@ std::unique_ptr<run::WorkerPool> worker_pool(const TargetOptions& options, const
   w.start_seconds = parse_duration(options.start_timeout, "--start-timeout");
   w.keep_passing = keep_manifests;
   w.progress = &progress;
+  w.engine_config = [row = &framework_row(options.target)](const casefile::Case& c) -> std::optional<std::string> {
+    std::optional<nlohmann::ordered_json> config = row->engine_config(c);
+    if (!config) return std::nullopt;
+    return config->dump(2) + "\n";
+  };
   try {
     return std::make_unique<run::WorkerPool>(std::move(w));
   } catch (const std::exception& error) {
@@ -105,19 +119,9 @@ void aim_at_target(fuzz::CaseGenOptions& generator, const run::WorkerHello& hell
   generator.topology.max_world = hello.world;
   generator.topology.avoid_megatron_corners = false;
   generator.gpt_only = true;
-  if (hello.framework == "deepspeed") {
-    // The DeepSpeed configuration is drawn from the case's own gradient seed, so the generator's
-    // stream of cases, and a shrink's, stay reproducible from the campaign seed.
-    generator.restrict_to = [version = hello.version, plants = hello.plants, dtypes = hello.dtypes,
-                             megatron_model_rules = hello.megatron_model_rules](casefile::Case c) {
-      const std::uint64_t draw = c.path.gradients.generator.seed;
-      return run::within_deepspeed(std::move(c), version, plants, draw, dtypes, megatron_model_rules);
-    };
-    return;
-  }
-  generator.restrict_to = [version = hello.version, plants = hello.plants](casefile::Case c) {
-    return run::within_megatron_core(std::move(c), version, plants);
-  };
+  const run::FrameworkTarget* row = run::framework_target(hello.framework);
+  if (!row) return;  // every case is refused, naming the worker's framework (unsupported_on)
+  generator.restrict_to = [row, hello](casefile::Case c) { return row->within(std::move(c), hello); };
 }
 
 fuzz::CaseRunner target_runner(run::WorkerPool& pool) {

@@ -15,16 +15,8 @@
 
 namespace tally::cli {
 
-// torchrun starts one rank per process, gloo or NCCL chosen by the worker for the world
-// (adapters/megatron/README.md, adapters/deepspeed/README.md); `pip install adapters/megatron
-// adapters/deepspeed` installs the modules.
-inline constexpr const char* kDefaultMegatronWorker =
-    "torchrun --standalone --nproc-per-node {world} -m tally_megatron_worker";
-inline constexpr const char* kDefaultDeepSpeedWorker =
-    "torchrun --standalone --nproc-per-node {world} -m tally_deepspeed_worker";
-
 struct TargetOptions {
-  std::string target = "model";  // model | megatron-core | deepspeed
+  std::string target = "model";  // model, or a real target's name (run/target.h)
   std::string worker;            // --worker; empty: the target's own (default_worker)
   std::string case_timeout = "5m";
   std::string start_timeout = "15m";
@@ -34,11 +26,11 @@ struct TargetOptions {
 
 void add_target_flags(CLI::App& command, TargetOptions& options);
 
-// The command that starts a worker of `target` when --worker is not given.
+// The command that starts a worker of `target` when --worker is not given (run/target.h).
 std::string default_worker(const std::string& target);
 
-// Why the worker of `framework` at `version` cannot execute `c` (run/megatron_core_target.h,
-// run/deepspeed_target.h); nullopt when it can.
+// Why the worker of `framework` at `version` cannot execute `c` (its row of run/target.h); nullopt
+// when it can.
 std::optional<std::string> unsupported_on(const std::string& framework, const casefile::Case& c,
                                           std::string_view version);
 std::optional<std::string> unsupported_on(const casefile::Case& c, const run::WorkerHello& hello);

@@ -490,6 +490,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   const fs::path gradients_values = w.queue / (name + ".gradients.f32");
   const fs::path result_file = w.queue / (name + ".result.json");
   const fs::path manifests = w.queue / name;
+  const fs::path engine_file = w.queue / (name + ".engine.json");
 
   const LogicalGradients gradients = logical_gradients(c);
   casefile::write_file_atomically(
@@ -497,6 +498,9 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
       std::string_view(reinterpret_cast<const char*>(gradients.values.data()), gradients.values.size() * sizeof(float)),
       "gradient values");
   casefile::write_file_atomically(gradients_index.string(), gradients.index_json, "gradient index");
+  if (options_.engine_config)
+    if (std::optional<std::string> engine = options_.engine_config(c))
+      casefile::write_file_atomically(engine_file.string(), *engine, "engine configuration");
   // The case last: its appearance tells the worker that everything of the case is there.
   casefile::write_case_file(request.string(), request_case(c));
 
@@ -506,6 +510,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     std::error_code ignored;
     fs::remove(gradients_values, ignored);
     fs::remove(gradients_index, ignored);
+    fs::remove(engine_file, ignored);
   };
   const std::string worker_call = w.hello.framework + " worker (world " + std::to_string(w.world) + ")";
   const fs::path log = w.queue / "worker.log";

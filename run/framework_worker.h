@@ -4,7 +4,9 @@
 // from a command line), one per world size, and speaks files in a queue folder
 // (docs/real-targets.md):
 //
-//   tally  -> worker  case-<K>.json            the case (casefile/case_file.h), K = 1, 2, ...
+//   tally  -> worker  case-<K>.engine.json     the framework's configuration, where tally writes it
+//                                              (run/target.h: DeepSpeed's deepspeed.initialize)
+//                     case-<K>.json            the case (casefile/case_file.h), K = 1, 2, ...
 //                     case-<K>.gradients.json  every logical param: name, shape, offset into
 //                     case-<K>.gradients.f32   the values tally's generator gives it (float32,
 //                                              little-endian, row-major), so the framework holds
@@ -24,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +51,9 @@ struct WorkerOptions {
   double rtol = 1e-5;          // the judge's relative tolerance, as `tally check`
   bool keep_passing = false;   // keep the manifests of passing runs too (else only failing ones)
   std::ostream* progress = nullptr;  // one line per worker started or lost
+  // The configuration sent with each case as case-<K>.engine.json (run/target.h); none when it
+  // returns nullopt or is empty.
+  std::function<std::optional<std::string>(const casefile::Case&)> engine_config;
 };
 
 // The catalog faults a worker can plant in its framework at run time (the real mutation score),

@@ -24,9 +24,9 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
    left as DeepSpeed makes them); `etp == 1` leaves every expert whole on each TP rank,
    DeepSpeed's default.
 3. `deepspeed.initialize` with an AdamW at lr 0 (torch's, or DeepSpeed's FusedAdam with
-   `deepspeed.fused_adam`) and the case's DeepSpeed configuration
-   (`deepspeed` section of the case: ZeRO stage, fp32 gradient accumulation, loss scale; the
-   precision is the case's gradient dtype), then one backward of sum(param * gradient) through
+   `deepspeed.fused_adam`) and the DeepSpeed configuration tally sends with the case
+   (`case-<K>.engine.json`, from the case's `deepspeed` section: ZeRO stage, fp32 gradient
+   accumulation, loss scale; the precision is the case's gradient dtype), then one backward of sum(param * gradient) through
    `engine.backward`: every rank holds tally's values of its pieces, so after DeepSpeed's own
    data-parallel reductions (and ZeRO's partitioning) each gradient is tally's value, exactly
    (the values are representable in the dtype). DeepSpeed sums a gradient over its reduction
@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import json
 import math
 import os
 import re
@@ -391,13 +392,8 @@ def build_model(case, index, mpu, moe, dtype):
     return module, described, layers, shapes, classes
 
 
-# AutoTP's layer specs for the module build_autotp_model makes: its attribute names say how.
-AUTOTP_LAYER_SPECS = [
-    {"patterns": [r"^column\..*"], "partition_type": "column"},
-    {"patterns": [r"^row\..*"], "partition_type": "row"},
-    # replicated, applied to sharded activations (q/k norms): AutoTP sums their gradients over TP
-    {"patterns": [r"^tp_summed\..*"], "partition_type": "skip", "grad_allreduce": True},
-]
+# AutoTP's layer specs for the modules build_autotp_model makes (column., row., tp_summed.) are in
+# tally's engine configuration (run/deepspeed/engine.cpp).
 _AUTOTP_WEIGHT = {"column": "column", "vocab": "column", "row": "row"}
 _AUTOTP_BIAS = {"column": "column-bias", "row": "replicated"}
 
@@ -492,8 +488,8 @@ def describe_dense(engine_module, index, tensors, tp_rank, tp):
 
 # AutoEP's detection, for the module build_autoep_model makes: each MoE layer a `moe.<key>` block
 # whose router is `gate` and whose experts hold gate, up and down projections as 3-D tensors.
-AUTOEP_PATTERNS = {"moe_layer_pattern": r"moe\.\w+", "router_pattern": "gate", "expert_pattern": "experts",
-                   "expert_w1": "gate_proj", "expert_w2": "down_proj", "expert_w3": "up_proj"}
+# AutoEP's patterns (moe.<name>, gate, experts, gate_proj/down_proj/up_proj) are in tally's engine
+# configuration (run/deepspeed/engine.cpp).
 # AutoEP's GroupedExperts tensors: name -> (tally's expert param each expert's slice is, which half of
 # its rows (None: all of them)). SwiGLU's FC1 is the gate rows, then the up rows (Megatron's order).
 _AUTOEP_WEIGHTS = {"w1": ("linear_fc1.weight", 0), "w3": ("linear_fc1.weight", 1), "w2": ("linear_fc2.weight", None)}
@@ -801,48 +797,15 @@ def pipeline_groups(grid, expert_tp=False):
             "expert_tp": expert_tp}
 
 
-def engine_config(case, world, tp, pp=1):
-    ds = case.get("deepspeed", {})
-    dtype = case.get("gradients", {}).get("dtype", "fp32")
-    clip = case.get("statistics", {}).get("max_norm", 1.0) or 1.0
-    dp = world // (tp * pp)
-    config = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": dp,
-        "gradient_clipping": clip,
-        # ZeRO 3 partitions every param, however small (its default keeps small ones whole)
-        "zero_optimization": {"stage": ds.get("zero_stage", 0), "stage3_param_persistence_threshold": 0},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 1 << 30,
-    }
-    if dtype == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif dtype == "fp16":
-        config["fp16"] = {"enabled": True, "loss_scale": ds.get("loss_scale", 128), "initial_scale_power": 7}
-    if ds.get("grad_accum_fp32", False):
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
-    if ds.get("offload_optimizer", False):
-        # ZeRO-Offload: the optimizer's partition on the CPU. The worker's AdamW stays (the norm is
-        # DeepSpeedZeroOptimizer's, whatever steps it); DeepSpeed would otherwise insist on its CPUAdam.
-        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
-        config["zero_force_ds_cpu_optimizer"] = False
-    if ds.get("autoep", False):
-        moe = moe_settings(case)
-        config["expert_parallel"] = {"enabled": True, "autoep_size": moe["ep"], **AUTOEP_PATTERNS, "top_k": 1,
-                                     "score_func": "softmax", "score_apply": "post", "route_norm": False,
-                                     # the sequential expert loop: torch._grouped_mm needs a GPU
-                                     "use_grouped_mm": False}
-        # AutoEP makes its expert params inside deepspeed.initialize: the engine's own optimizer
-        # (an AdamW at lr 0, torch's or DeepSpeed's FusedAdam) puts them into MoE param groups.
-        config["optimizer"] = {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0,
-                                                           "torch_adam": not ds.get("fused_adam", False)}}
-    if ds.get("autotp", False):
-        # DeepSpeed derives the batch size after making AutoTP's groups: stating it fails its check
-        del config["train_batch_size"]
-        config["tensor_parallel"] = {"autotp_size": tp, "partition_config": {
-            "use_default_specs": False, "layer_specs": AUTOTP_LAYER_SPECS}}
-    return config
+def load_engine_config(queue, k):
+    """The configuration tally sends with case K for deepspeed.initialize (`case-<K>.engine.json`,
+    written by tally's run/deepspeed/engine.cpp, the one author of it: `tally show` prints the same)."""
+    path = os.path.join(queue, f"case-{k}.engine.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: tally sends the DeepSpeed configuration with every case "
+                                "(a tally older than this worker does not)")
+    with open(path) as f:
+        return json.load(f)
 
 
 def autotp_groups(mpu):
@@ -1029,7 +992,7 @@ def execute(queue, k, case):
         made.__enter__()
         tensors = load_gradients(queue, k)
         index = gradient_index(queue, k)
-        config = engine_config(case, world, tp, pp)
+        config = load_engine_config(queue, k)
         local_error = None
         moe = moe_settings(case)
         expert_tp = moe["expert_tp"]

@@ -330,29 +330,36 @@ class Queue(unittest.TestCase):
             self.assertEqual(tensors["b"].tolist(), [5, 6])
 
 
-class ShowPrintsTheWorkersConfiguration(unittest.TestCase):
-    """`tally show` writes, in C++, the AutoTP and AutoEP sections the worker passes to DeepSpeed."""
+class TheEngineConfigurationComesFromTally(unittest.TestCase):
+    """The worker builds DeepSpeed with the configuration tally sends (case-<K>.engine.json, written
+    by run/deepspeed/engine.cpp, the same function `tally show` prints): it has none of its own."""
 
-    SEEDS = os.path.join(os.path.dirname(__file__), "..", "..", "seeds", "real")
+    def test_the_worker_reads_the_configuration_tally_sent(self):
+        with tempfile.TemporaryDirectory() as queue:
+            config = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}, "bf16": {"enabled": True}}
+            with open(os.path.join(queue, "case-4.engine.json"), "w") as f:
+                json.dump(config, f)
+            self.assertEqual(worker.load_engine_config(queue, 4), config)
 
-    def test_autotp_autoep_and_folded_cases(self):
+    def test_a_case_without_its_configuration_is_refused_naming_the_file(self):
+        with tempfile.TemporaryDirectory() as queue:
+            with self.assertRaisesRegex(FileNotFoundError, r"case-2\.engine\.json is missing"):
+                worker.load_engine_config(queue, 2)
+
+    def test_show_prints_the_configuration_with_every_key(self):
         import subprocess
 
         tally = os.environ.get("TALLY")
         if not tally:
             self.skipTest("TALLY (the tally binary) is not set: ctest sets it")
-        names = ["deepspeed-0.19.8-autotp-unfused-optimizer-drops-tp-shards.fail.json",
-                 "deepspeed-0.19.8-8475-autoep-clip-averages-rank-norms.fail.json",
-                 "deepspeed-0.19.8-autoep-folding-drops-experts-of-tp-ranks.fail.json"]
-        for name in names:
-            shown = json.loads(subprocess.run([tally, "show", os.path.join(self.SEEDS, name), "--json"], check=True,
-                                              capture_output=True, text=True).stdout)
-            case, printed = shown["case"], shown["deepspeed_config"]
-            t = case["topology"]
-            passed = worker.engine_config(case, t["world"], t.get("tp", 1), t.get("pp", 1))
-            for section in ("tensor_parallel", "expert_parallel", "optimizer"):
-                self.assertEqual(printed.get(section), passed.get(section), f"{name}: {section}")
-            self.assertEqual("train_batch_size" in printed, "train_batch_size" in passed, name)
+        seeds = os.path.join(os.path.dirname(__file__), "..", "..", "seeds", "real")
+        shown = json.loads(subprocess.run([tally, "show", os.path.join(seeds, "deepspeed-0.19.8-zero3-autoep-bf16.pass.json"),
+                                           "--json"], check=True, capture_output=True, text=True).stdout)
+        printed = shown["deepspeed_config"]
+        # ZeRO 3 partitions every param only with a persistence threshold of 0, as the worker ran it.
+        self.assertEqual(printed["zero_optimization"], {"stage": 3, "stage3_param_persistence_threshold": 0})
+        self.assertTrue(printed["zero_allow_untested_optimizer"])
+        self.assertEqual(printed["expert_parallel"]["autoep_size"], 2)
 
 
 class SplitByMask(unittest.TestCase):

@@ -18,10 +18,11 @@
 #include "fuzz/generators.h"
 #include "gradnorm/gradients.h"
 #include "kernels/gradient_generator.h"
-#include "run/deepspeed_target.h"
+#include "run/deepspeed/rules.h"
 #include "run/framework_worker.h"
-#include "run/megatron_core_target.h"
+#include "run/megatron_core/rules.h"
 #include "run/run_case.h"
+#include "run/target.h"
 #include "topologies/logical_model.h"
 
 namespace tally::run {
@@ -351,6 +352,31 @@ TEST(WorkerPool, TheWorkDirHoldsOneQueuePerWorld) {
     EXPECT_TRUE(fs::exists(dir / "world-2" / "worker.log"));
   }
   EXPECT_TRUE(fs::exists(dir)) << "a folder the user named is left for them";
+  fs::remove_all(dir);
+}
+
+TEST(WorkerPool, SendsEachCaseTheEngineConfigurationItsTargetWrites) {
+  const WorkerEnvironment framework("TALLY_TEST_WORKER_FRAMEWORK", "deepspeed");
+  const fs::path dir = fs::temp_directory_path() / ("tally-engine-test-" + std::to_string(::getpid()));
+  const FrameworkTarget& deepspeed = *framework_target("deepspeed");
+  WorkerOptions o = stand_in_options();
+  o.work_dir = dir.string();
+  o.engine_config = [&deepspeed](const casefile::Case& c) -> std::optional<std::string> {
+    if (auto config = deepspeed.engine_config(c)) return config->dump(2);
+    return std::nullopt;
+  };
+  casefile::Case c = founding_case();
+  c.topology.ep = 1;  // DeepSpeed's expert groups here must not span TP
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  {
+    WorkerPool pool(o);
+    const WorkerRun run = pool.execute(c);
+    EXPECT_NE(run.verdict.kind, oracle::Verdict::Kind::infra_error) << run.verdict.infra_message;
+    std::ifstream seen(dir / "world-2" / "case-1.engine.seen.json");
+    ASSERT_TRUE(seen) << "the stand-in found no case-1.engine.json";
+    EXPECT_EQ(nlohmann::ordered_json::parse(seen), *deepspeed.engine_config(c));
+    EXPECT_FALSE(fs::exists(dir / "world-2" / "case-1.engine.json")) << "removed with the request";
+  }
   fs::remove_all(dir);
 }
 

@@ -96,6 +96,8 @@ while :; do
       k=$((k + 1))
       continue ;;
   esac
+  # What tally sent besides the case, kept for tests (the pool removes the request's files).
+  [ -e "$queue/case-$k.engine.json" ] && cp "$queue/case-$k.engine.json" "$queue/case-$k.engine.seen.json"
   planted=$queue/case-$k.planted.json
   if [ -n "$fault" ]; then
     sed "s/\"faults\": \[\]/\"faults\": [\"$fault\"]/" "$request" >"$planted"

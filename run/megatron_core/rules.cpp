@@ -1,4 +1,4 @@
-#include "run/megatron_core_target.h"
+#include "run/megatron_core/rules.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,4 +1,4 @@
-#include "run/deepspeed_target.h"
+#include "run/deepspeed/rules.h"
 
 #include <algorithm>
 #include <array>
@@ -6,7 +6,7 @@
 #include "gradnorm/faults.h"
 #include "gradnorm/gradients.h"
 #include "record/text.h"
-#include "run/megatron_core_target.h"
+#include "run/megatron_core/rules.h"
 #include "topologies/logical_model.h"
 #include "topologies/model_spec.h"
 

@@ -1,0 +1,62 @@
+// The table of real targets (run/target.h): every framework the case reader knows has a row, and
+// each row's rules are the framework's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "casefile/case_file.h"
+#include "run/target.h"
+
+namespace tally::run {
+namespace {
+
+casefile::Case founding_case() {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  c.expect.reset();
+  return c;
+}
+
+TEST(FrameworkTargets, EveryFrameworkACaseFileMayNameHasARowAndNoOther) {
+  std::vector<std::string> rows, known;
+  for (const FrameworkTarget& t : framework_targets()) rows.emplace_back(t.name);
+  for (std::string_view name : casefile::kKnownFrameworks) known.emplace_back(name);
+  std::sort(rows.begin(), rows.end());
+  std::sort(known.begin(), known.end());
+  EXPECT_EQ(rows, known);
+  EXPECT_EQ(framework_target("torchtitan"), nullptr);
+}
+
+TEST(FrameworkTargets, ACaseBelongsToItsTargetSectionOrToTheSectionItHolds) {
+  casefile::Case c = founding_case();
+  EXPECT_EQ(framework_of(c), nullptr) << "a case of tally's model";
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  ASSERT_NE(framework_of(c), nullptr);
+  EXPECT_EQ(framework_of(c)->name, "deepspeed");
+  c.deepspeed.reset();
+  c.target = casefile::RealTarget{"megatron-core", "0.19.2", ""};
+  ASSERT_NE(framework_of(c), nullptr);
+  EXPECT_EQ(framework_of(c)->name, "megatron-core");
+}
+
+TEST(FrameworkTargets, DeepSpeedIsSentEveryKeyOfItsConfigurationMegatronNone) {
+  casefile::Case c = founding_case();
+  c.topology.ep = 1;
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  c.deepspeed->zero_stage = 3;
+  const std::optional<nlohmann::ordered_json> config = framework_target("deepspeed")->engine_config(c);
+  ASSERT_TRUE(config);
+  EXPECT_EQ((*config)["zero_optimization"]["stage"], 3);
+  EXPECT_EQ((*config)["zero_optimization"]["stage3_param_persistence_threshold"], 0);
+  EXPECT_EQ((*config)["zero_allow_untested_optimizer"], true);
+  EXPECT_TRUE(config->contains("steps_per_print"));
+  EXPECT_FALSE(framework_target("megatron-core")->engine_config(c));
+}
+
+TEST(FrameworkTargets, AFlagsCaseGetsTheTargetsOwnSection) {
+  const casefile::Case c = founding_case();
+  EXPECT_TRUE(framework_target("deepspeed")->from_flags(c).deepspeed);
+  EXPECT_FALSE(framework_target("megatron-core")->from_flags(c).deepspeed);
+}
+
+}  // namespace
+}  // namespace tally::run
