@@ -30,7 +30,7 @@ struct CheckCommandOptions {
   bool json = false;
   std::string junit;
   std::string html;
-  double rtol = 1e-5;
+  double rtol = oracle::kFrameworkRtol;
   unsigned jobs = 0;  // 0: one per core
 };
 

@@ -141,7 +141,7 @@ oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& 
                                c.target->framework + " where the framework is installed");
   const std::string dir = (fs::path(file).parent_path() / c.target->manifests).string();
   how = "judged from its saved manifests, " + c.target->framework + " " + c.target->version;
-  return run::judge_target_run(c, dir, 1e-5);
+  return run::judge_target_run(c, dir, oracle::kFrameworkRtol);
 }
 
 Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* pool, const std::string& target,

@@ -59,7 +59,7 @@ Judged judge_as_check_does(const manifest::RunManifests& manifests) {
   j.run = manifest::to_record(manifests);
   j.truth = oracle::truth_from_box_statistics(j.run);
   oracle::Bounds bounds;
-  bounds.rtol = 1e-5;
+  bounds.rtol = oracle::kFrameworkRtol;
   j.verdict = oracle::judge(j.run, j.truth, bounds);
   return j;
 }

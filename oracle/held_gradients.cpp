@@ -16,19 +16,22 @@ namespace tally::oracle {
 namespace {
 
 // The statistics of a row-major range of a box of one logical tensor, from the generator, and
-// how many of its nonzero values fall below `tiny` in magnitude.
+// those of its values at or above `tiny` in magnitude.
 struct RangeValues {
   double sum_squares = 0.0;
   double abs_max = 0.0;
   std::int64_t zeros = 0;
+  // The nonzero values below `tiny`: how many, and what the others alone hold.
   std::int64_t below_tiny = 0;
+  double sum_squares_above_tiny = 0.0;
+  double abs_max_above_tiny = 0.0;
 };
 
 RangeValues range_values(const topologies::LogicalParam& param, const record::Box& box,
                          record::ElementRange range, const kernels::GeneratorSpec& spec, double tiny) {
   const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(param.id));
   const int dims = param.shape.rank;
-  detail::CompensatedSum squares;
+  detail::CompensatedSum squares, squares_above_tiny;
   RangeValues out;
   for (std::int64_t n = range.begin; n < range.end; ++n) {
     std::int64_t rest = n, logical = 0, stride = 1;
@@ -41,9 +44,15 @@ RangeValues range_values(const topologies::LogicalParam& param, const record::Bo
     squares.add(g * g);  // exact: a square of a <= 24-bit significand
     out.abs_max = std::max(out.abs_max, std::abs(g));
     out.zeros += g == 0.0;
-    out.below_tiny += g != 0.0 && std::abs(g) < tiny;
+    if (g != 0.0 && std::abs(g) < tiny) {
+      ++out.below_tiny;
+    } else {
+      squares_above_tiny.add(g * g);
+      out.abs_max_above_tiny = std::max(out.abs_max_above_tiny, std::abs(g));
+    }
   }
   out.sum_squares = squares.value();
+  out.sum_squares_above_tiny = squares_above_tiny.value();
   return out;
 }
 
@@ -141,13 +150,17 @@ class HeldJudge {
 
   void clipped(const record::LocalParam& param, const std::string& where, const record::GradStats& got,
                const RangeValues& v, double low, double high, kernels::Dtype dtype, const std::vector<int>& ranks) {
-    // At a coefficient of 1 the gradient is left as it was: no rounding to allow for.
+    // At a coefficient of 1 the gradient is left as it was: no rounding to allow for. A product
+    // that may leave the dtype's normal range (a value below `tiny`) may round to anything from 0
+    // to its own size: the lower bounds count only the values above it.
     const double u = unit_roundoff(dtype);
     const double down = low < 1.0 ? (1.0 - u) : 1.0;
     const double up = high < 1.0 ? (1.0 + u) : 1.0;
-    expect(param, where, "sum_squares", got.sum_squares, low * low * down * down * v.sum_squares * (1.0 - rtol_),
+    const double squares_low = low < 1.0 ? v.sum_squares_above_tiny : v.sum_squares;
+    const double max_low = low < 1.0 ? v.abs_max_above_tiny : v.abs_max;
+    expect(param, where, "sum_squares", got.sum_squares, low * low * down * down * squares_low * (1.0 - rtol_),
            high * high * up * up * v.sum_squares * (1.0 + rtol_), true, ranks);
-    expect(param, where, "abs_max", got.abs_max, low * down * v.abs_max, high * up * v.abs_max, true, ranks);
+    expect(param, where, "abs_max", got.abs_max, low * down * max_low, high * up * v.abs_max, true, ranks);
     const double underflows = low < 1.0 ? static_cast<double>(v.below_tiny) : 0.0;
     expect(param, where, "zeros", static_cast<double>(got.zeros), static_cast<double>(v.zeros),
            static_cast<double>(v.zeros) + underflows, true, ranks);

@@ -10,7 +10,9 @@
 //   - clipped: the held values times a coefficient within the relative tolerance of the truth's
 //     (the truth's clip, oracle/ground_truth.h: 1 where it does not clip, either side where the
 //     decision is within the tolerance), each product rounded once to the gradient's dtype;
-//     zeros at least the held ones, and at most those plus the products that may underflow.
+//     zeros at least the held ones, and at most those plus the products that may underflow (a
+//     product below the dtype's smallest normal, which may round to anything from 0 to itself:
+//     the lower bounds of sum_squares and abs_max count only the others).
 #pragma once
 
 #include <cstddef>

@@ -29,6 +29,10 @@
 
 namespace tally::oracle {
 
+// A real framework's relative tolerance, stated once: what Megatron-LM's own tests use for values
+// reduced in fp32 in an order tally does not see (`tally check --rtol`, a real target's runs).
+inline constexpr double kFrameworkRtol = 1e-5;
+
 // How far a reported value may be from its expectation.
 struct Bounds {
   // The model target: tally knows how the path summed, so every bound is derived from its
@@ -37,7 +41,7 @@ struct Bounds {
   std::optional<ReductionModel> reduction;
   // Otherwise (a real framework, which reduces in fp32 in an order tally does not see): values
   // within this relative tolerance of the truth, of their own ledger and of each other.
-  double rtol = 1e-5;
+  double rtol = kFrameworkRtol;
 };
 
 // The gradients of a run whose values the judge can compute (the model target's, and a real

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "casefile/case.h"
+#include "oracle/judge.h"
 #include "oracle/verdict.h"
 
 namespace tally::run {
@@ -48,7 +49,7 @@ struct WorkerOptions {
   std::string work_dir;
   double start_seconds = 900;  // until hello.json (imports, process groups)
   double case_seconds = 300;   // until a case's result
-  double rtol = 1e-5;          // the judge's relative tolerance, as `tally check`
+  double rtol = oracle::kFrameworkRtol;  // the judge's relative tolerance, as `tally check`
   bool keep_passing = false;   // keep the manifests of passing runs too (else only failing ones)
   std::ostream* progress = nullptr;  // one line per worker started or lost
   // The configuration sent with each case as case-<K>.engine.json (run/target.h); none when it

@@ -97,6 +97,42 @@ TEST(TargetRun, AFolderWithoutManifestsIsAnInfraErrorNamingIt) {
   EXPECT_NE(v.infra_call.find("no-such-folder"), std::string::npos) << v.infra_call;
 }
 
+// Every main param's clipped statistics in `m`, changed by `change`.
+template <class Change>
+manifest::RunManifests with_clipped(manifest::RunManifests m, Change change) {
+  for (manifest::RankManifest& rank : m.ranks)
+    for (manifest::OptimizerRecord& o : rank.optimizers)
+      for (manifest::MainParam& p : o.main_params)
+        if (p.clipped_stats) change(p);
+  return m;
+}
+
+TEST(TargetRun, AClippedSumOfSquaresOffByTenPercentFails) {
+  const casefile::Case c = founding_case();
+  const oracle::Verdict v = judge_target_manifests(
+      c, with_clipped(manifests_of(c), [](manifest::MainParam& p) { p.clipped_stats->sum_squares *= 1.1; }), 1e-5);
+  ASSERT_EQ(v.kind, oracle::Verdict::Kind::fail);
+  ASSERT_FALSE(v.gradients.empty());
+  EXPECT_TRUE(v.gradients.front().after_clip);
+  EXPECT_EQ(v.gradients.front().statistic, "sum_squares");
+}
+
+TEST(TargetRun, ClippedProductsBelowTheSmallestNormalMayRoundToZero) {
+  // max_norm 1e-40: every product of a normal(0, 1) gradient with the coefficient (about 3e-42)
+  // is subnormal in fp32, which a device that flushes them stores as 0.
+  casefile::Case c = founding_case();
+  c.path.max_norm = 1e-40;
+  const manifest::RunManifests flushed = with_clipped(manifests_of(c), [](manifest::MainParam& p) {
+    p.clipped_stats = record::GradStats{0.0, 0.0, p.end - p.begin};
+  });
+  const oracle::Verdict v = judge_target_manifests(c, flushed, 1e-5);
+  EXPECT_EQ(v.gradient_mismatches, 0) << v.gradients.front().name << " " << v.gradients.front().statistic;
+  // Left unscaled, they are far above what any coefficient within the tolerance makes of them.
+  const manifest::RunManifests unscaled =
+      with_clipped(manifests_of(c), [](manifest::MainParam& p) { p.clipped_stats = p.stats; });
+  EXPECT_GT(judge_target_manifests(c, unscaled, 1e-5).gradient_mismatches, 0);
+}
+
 TEST(TargetRun, TheRecordIsRenumberedAsTheCasesParams) {
   const casefile::Case c = founding_case();
   const topologies::LogicalModel model(c.model, c.topology);
