@@ -1,24 +1,45 @@
-# The dependency rules of docs/architecture.md ("Folders and their dependencies"), checked on the
-# sources: every `#include "<folder>/..."` of a folder's files and every tally_* library its
+# The dependency rules of docs/architecture.md ("Folders and their dependencies"), read from its
+# table and checked on the sources: every `#include "<folder>/..."` of a folder's files and every tally_* library its
 # CMake target links must be in that folder's row. Usage:
 #   cmake -DSOURCE_DIR=<repository root> -P check_dependencies.cmake
 # Exits with an error listing every violation.
 cmake_minimum_required(VERSION 3.25)
 
-# What each folder may use: whole folders, or single headers ("folder/file.h").
-set(allowed_topologies "")
-set(allowed_record "")
-set(allowed_kernels "")
-set(allowed_comm "topologies")
-set(allowed_gradnorm "topologies;record;kernels;comm")
-set(allowed_oracle "topologies;record;kernels/gradient_generator.h;kernels/summation_order.h")
-set(allowed_casefile "topologies;gradnorm/path_options.h;gradnorm/faults.h;gradnorm/optimizer_model.h;gradnorm/gradients.h")
-set(allowed_manifest "record;topologies/parallel_config.h;casefile/json_read.h;casefile/atomic_file.h")
-set(below_run "topologies;record;kernels;comm;gradnorm;oracle;casefile;manifest")
-set(allowed_run "${below_run}")
-set(allowed_fuzz "${below_run};run")
-set(allowed_cli "${below_run};run;fuzz")
-set(folders topologies record kernels comm gradnorm oracle casefile manifest run fuzz cli)
+# What each folder may use, read from the table of docs/architecture.md, the one statement of it:
+# in each row "| `folder/` | holds | may depend on |", the backticked folders ("`topologies`") and
+# single headers ("`casefile/json_read.h`") of the last column, and "`x/`" for everything x's row
+# allows. Rows of folders without a CMakeLists.txt (adapters/) are not C++.
+file(STRINGS "${SOURCE_DIR}/docs/architecture.md" table_rows REGEX "^\\| `[a-z_]+/` \\|")
+set(folders "")
+foreach(row IN LISTS table_rows)
+  if(NOT row MATCHES "^\\| `([a-z_]+)/` \\|[^|]*\\|([^|]*)\\|$")
+    message(FATAL_ERROR "docs/architecture.md: a dependency row of another form than | `folder/` | holds | may depend on |: ${row}")
+  endif()
+  set(folder "${CMAKE_MATCH_1}")
+  set(uses "${CMAKE_MATCH_2}")
+  if(NOT EXISTS "${SOURCE_DIR}/${folder}/CMakeLists.txt")
+    continue()
+  endif()
+  list(APPEND folders "${folder}")
+  set(allowed_${folder} "")
+  string(REGEX MATCHALL "`[a-z_]+(/[a-z_]+\\.h|/)?`" tokens "${uses}")
+  foreach(token IN LISTS tokens)
+    string(REPLACE "`" "" token "${token}")
+    if(token MATCHES "^([a-z_]+)/$")
+      if(NOT DEFINED allowed_${CMAKE_MATCH_1})
+        message(FATAL_ERROR "docs/architecture.md: ${folder}/'s row refers to ${token}'s row, which comes later or does not exist")
+      endif()
+      list(APPEND allowed_${folder} ${allowed_${CMAKE_MATCH_1}})
+    else()
+      list(APPEND allowed_${folder} "${token}")
+    endif()
+  endforeach()
+endforeach()
+foreach(expected topologies record kernels comm gradnorm oracle casefile manifest run fuzz cli)
+  if(NOT expected IN_LIST folders)
+    message(FATAL_ERROR "docs/architecture.md: the dependency table has no row for ${expected}/")
+  endif()
+endforeach()
 
 # The CMake targets a folder's libraries link, by folder; kernels' generator is its own target.
 set(target_of_generator "kernels/gradient_generator.h")
