@@ -380,7 +380,10 @@ record::RunRecord to_record(const RunManifests& manifests) {
         piece.in_zero_count = p.kept_zeros;
         piece.rule = rule_of(p, o, gtp);
         piece.stats = p.stats;
-        piece.clipped_stats = p.clipped_stats;
+        if (p.clipped_stats) {
+          local.clipped_stats.resize(local.pieces.size());
+          local.clipped_stats.back() = p.clipped_stats;
+        }
       }
     }
     rank.local = locals.intern(std::move(local));

@@ -97,7 +97,10 @@ class HeldJudge {
       held(param, "its gradient, box " + box_text(param.box), *param.stats, v, ranks);
       param_wrong[i] = found_.size() > before;
     }
-    for (const record::Piece& piece : local.pieces) {
+    for (std::size_t k = 0; k < local.pieces.size(); ++k) {
+      const record::Piece& piece = local.pieces[k];
+      const std::optional<record::GradStats>& clipped_stats =
+          k < local.clipped_stats.size() ? local.clipped_stats[k] : std::optional<record::GradStats>();
       const record::LocalParam& param = local.params[static_cast<std::size_t>(piece.param)];
       const std::string owned = "elements [" + std::to_string(piece.range.begin) + ", " +
                                 std::to_string(piece.range.end) + ") of box " + box_text(param.box) + " that child '" +
@@ -111,7 +114,7 @@ class HeldJudge {
       const double high = clips ? std::min(1.0, clip.coefficient * (1.0 + rtol_)) : 1.0;
       const RangeValues v = values(param, piece.range, smallest_normal(dtype) / low);
       if (piece.stats && !param_wrong[static_cast<std::size_t>(piece.param)]) held(param, owned, *piece.stats, v, ranks);
-      if (piece.clipped_stats) clipped(param, "after the clip, " + owned, *piece.clipped_stats, v, low, high, dtype, ranks);
+      if (clipped_stats) clipped(param, "after the clip, " + owned, *clipped_stats, v, low, high, dtype, ranks);
     }
   }
 

@@ -67,8 +67,11 @@ std::shared_ptr<const LocalRecord> LocalRecordPool::intern(const LocalRecord& re
   LocalRecord pooled{intern_params(record.params), {}};
   std::vector<std::shared_ptr<const LocalRecord>>& same_hash = by_hash_[hash_of(pooled.params, record.pieces)];
   for (const std::shared_ptr<const LocalRecord>& known : same_hash)
-    if (known->params.identity() == pooled.params.identity() && known->pieces == record.pieces) return known;
+    if (known->params.identity() == pooled.params.identity() && known->pieces == record.pieces &&
+        known->clipped_stats == record.clipped_stats)
+      return known;
   pooled.pieces = record.pieces;
+  pooled.clipped_stats = record.clipped_stats;
   same_hash.push_back(std::make_shared<const LocalRecord>(std::move(pooled)));
   ++count_;
   return same_hash.back();

@@ -143,9 +143,6 @@ struct Piece {
   bool in_zero_count = false;
   Rule rule;
   std::optional<GradStats> stats;
-  // Of the same range after the clip, where a real run records them (the model target records
-  // the clipped values themselves: RankRecord::clipped).
-  std::optional<GradStats> clipped_stats;
   friend bool operator==(const Piece&, const Piece&) = default;
 };
 
@@ -160,6 +157,10 @@ using LocalParams = SharedList<LocalParam>;
 struct LocalRecord {
   LocalParams params;
   std::vector<Piece> pieces;
+  // Each piece's statistics after the clip, where a real run recorded them, parallel to `pieces`;
+  // empty when none did (the model target records the clipped values: RankRecord::clipped). Kept
+  // apart so the model target's pieces stay as small as they were.
+  std::vector<std::optional<GradStats>> clipped_stats;
   friend bool operator==(const LocalRecord&, const LocalRecord&) = default;
 };
 
