@@ -21,9 +21,9 @@ void add_target_flags(CLI::App& command, TargetOptions& options) {
   }
   command
       .add_option("--target", options.target,
-                  "What executes the cases: model (tally's own model of the grad-norm path), or " +
-                      run::framework_names(" or ") +
-                      " (the real framework, unmodified, through its worker: adapters/; docs/real-targets.md)")
+                  "What executes the cases: model (tally's own model of the grad-norm path), or a real "
+                  "framework, unmodified, through its worker (" + run::framework_names() +
+                      "; adapters/, docs/real-targets.md)")
       ->check(CLI::IsMember(choices))
       ->default_str("model");
   command
