@@ -125,8 +125,8 @@ struct BoxKey {
 class StatisticsCheck {
  public:
   StatisticsCheck(const std::vector<const RankManifest*>& ranks,
-                  const std::vector<std::vector<int>>& logical_of)
-      : ranks_(ranks), logical_of_(logical_of) {}
+                  const std::vector<std::vector<int>>& logical_of, bool agreement)
+      : ranks_(ranks), logical_of_(logical_of), agreement_(agreement) {}
 
   void run() {
     for (const RankManifest* m : ranks_) {
@@ -208,6 +208,7 @@ class StatisticsCheck {
     const ModelParam& param = m.params[static_cast<std::size_t>(index)];
     const std::int64_t elements = volume(param.extents);
     check_possible(p, elements);
+    if (!agreement_) return;
     auto [it, fresh] = boxes_.try_emplace(box_key(m.rank, index));
     BoxPieces& box = it->second;
     if (!fresh) return check_same(p, box.whole, elements);
@@ -223,6 +224,7 @@ class StatisticsCheck {
     const ModelParam& param = param_of(p);
     const std::int64_t elements = piece.end - piece.begin;
     check_possible(p, elements);
+    if (!agreement_) return;
     if (elements == volume(param.extents)) return check_same(p, own, elements);
     BoxPieces& box = boxes_.at(box_key(m.rank, piece.param));
     auto [seen, fresh] = box.first_of_range.try_emplace({piece.begin, piece.end}, p);
@@ -302,6 +304,7 @@ class StatisticsCheck {
 
   const std::vector<const RankManifest*>& ranks_;
   const std::vector<std::vector<int>>& logical_of_;
+  bool agreement_ = true;
   std::map<BoxKey, BoxPieces> boxes_;
 };
 
@@ -335,8 +338,8 @@ std::string impossible_statistics(const GradStats& s, std::int64_t elements) {
 }
 
 void check_statistics(const std::vector<const RankManifest*>& ranks,
-                      const std::vector<std::vector<int>>& logical_of) {
-  StatisticsCheck(ranks, logical_of).run();
+                      const std::vector<std::vector<int>>& logical_of, bool agreement) {
+  StatisticsCheck(ranks, logical_of, agreement).run();
 }
 
 }  // namespace tally::manifest

@@ -35,8 +35,9 @@ std::string impossible_statistics(const GradStats& stats, std::int64_t elements)
 // as to_record does (manifest/to_record.h): `logical_of[rank][i]` is the logical param of
 // params[i], boxes of one logical param identical or disjoint, ranges inside their box. Throws
 // ManifestError (manifest/manifest_json.h): one line naming each piece it compares (file,
-// field, param name, range) and the rule.
+// field, param name, range) and the rule. `agreement` false: each piece possible, no more (a run
+// of a case, whose every statistic the judge holds to the case's gradients: run/target_run.h).
 void check_statistics(const std::vector<const RankManifest*>& ranks,
-                      const std::vector<std::vector<int>>& logical_of);
+                      const std::vector<std::vector<int>>& logical_of, bool agreement = true);
 
 }  // namespace tally::manifest

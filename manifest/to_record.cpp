@@ -266,7 +266,16 @@ record::Rule rule_of(const MainParam& piece, const OptimizerRecord& optimizer, b
 
 }  // namespace
 
-record::RunRecord to_record(const RunManifests& manifests) {
+namespace {
+record::RunRecord to_record(const RunManifests& manifests, bool agreement);
+}  // namespace
+
+record::RunRecord to_record(const RunManifests& manifests) { return to_record(manifests, true); }
+record::RunRecord to_record_of_case(const RunManifests& manifests) { return to_record(manifests, false); }
+
+namespace {
+
+record::RunRecord to_record(const RunManifests& manifests, bool agreement) {
   const std::vector<const RankManifest*> ranks = ranks_in_order(manifests.ranks);
   // The readers check these per file; a run built in memory is held to them too.
   for (const RankManifest* m : ranks)
@@ -284,7 +293,7 @@ record::RunRecord to_record(const RunManifests& manifests) {
   if (model.empty())
     throw ManifestError("no rank holds a param (every manifest's params list is empty): a run of no model "
                         "counts nothing, so there is nothing to judge");
-  check_statistics(ranks, index_of);
+  check_statistics(ranks, index_of, agreement);
 
   record::RunRecord run;
   const RankManifest& first = *ranks.front();
@@ -395,5 +404,7 @@ record::RunRecord to_record(const RunManifests& manifests) {
   }
   return run;
 }
+
+}  // namespace
 
 }  // namespace tally::manifest

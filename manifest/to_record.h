@@ -21,4 +21,9 @@ namespace tally::manifest {
 // ...") or the run as a whole, the field and the rule.
 record::RunRecord to_record(const RunManifests& manifests);
 
+// The same for a run of a case tally sent (run/target_run.h): statistics must be possible, but
+// pieces of the same elements need not agree, since the judge holds each one to the case's
+// gradients and names the one a framework got wrong (a FAIL, not a run it cannot read).
+record::RunRecord to_record_of_case(const RunManifests& manifests);
+
 }  // namespace tally::manifest

@@ -112,7 +112,7 @@ std::optional<std::string> manifests_not_of_case(const casefile::Case& c, const 
 
 record::RunRecord record_in_model_order(const manifest::RunManifests& manifests,
                                         const topologies::LogicalModel& model) {
-  record::RunRecord run = manifest::to_record(manifests);
+  record::RunRecord run = manifest::to_record_of_case(manifests);
   std::map<std::string, int> id_of;
   for (const topologies::LogicalParam& p : model.params()) id_of.emplace(p.name, p.id);
   std::vector<int> new_id(run.tensors.size());

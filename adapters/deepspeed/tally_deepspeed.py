@@ -3,8 +3,11 @@ judges (docs/manifest.md, format version 2).
 
 DeepSpeed computes the norm in one of several places, chosen by the ZeRO stage and the precision.
 `Recording(engine)` wraps, for the length of one `engine.step()`, the function of each place that
-receives the tensors DeepSpeed counts, and records which local pieces it kept and the groups it
-summed over. Nothing in DeepSpeed's files changes; the wrappers call the originals.
+receives the tensors DeepSpeed counts, and records which local pieces it kept, the groups it
+summed over, and what it read of each piece (a copy taken as it reads it, divided by the static
+fp16 loss scale: the pieces' statistics in the manifests); `clip_grad_norm_` also the coefficient
+it scaled by and the gradients after it. Nothing in DeepSpeed's files changes; the wrappers call
+the originals.
 
 | path (engine config)                                    | hook                                     | kept, stats group |
 |---------------------------------------------------------|------------------------------------------|-------------------|
@@ -63,15 +66,27 @@ def split_by_mask(begin: int, end: int, masked: Sequence[Tuple[int, int]]) -> Li
 
 class Recording:
     """Wraps DeepSpeed's norm hooks for one `engine.step()`. After the step, `children` holds one
-    entry per norm DeepSpeed combined: (name, kind, [(param, begin, end, kept)]) where kind names
-    how its sum was reduced (see `stats_group_of`), and `clip_norm` the value clip_grad_norm_
-    returned (the norm of the fp32 ZeRO-0 path, which the engine does not keep)."""
+    entry per norm DeepSpeed combined: (name, kind, [(param, begin, end, kept, held)]) where kind
+    names how its sum was reduced (see `stats_group_of`) and `held` is what the norm code read of
+    the param's elements [begin, end), in fp64 and divided by `grad_scale` (the static fp16 loss
+    scale; None where the code is given no tensor), taken when it read them; `clip_norm` the value
+    clip_grad_norm_ returned (the norm of the fp32 ZeRO-0 path, which the engine does not keep),
+    and for that path `clips[child]` = (max_norm, coefficient, [clipped values per piece])."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, grad_scale=1.0):
         self.engine = engine
-        self.children: List[Tuple[str, str, List[Tuple[Any, int, int, bool]]]] = []
+        self.grad_scale = float(grad_scale)
+        self.children: List[Tuple[str, str, List[Tuple[Any, int, int, bool, Any]]]] = []
         self.clip_norm = None
+        self.clips: Dict[int, Tuple[float, float, List[Any]]] = {}
         self.patches = None
+
+    def held(self, tensor, begin=0, end=None):
+        """Elements [begin, end) of `tensor` flattened, unscaled, in fp64 on the CPU: a copy, since
+        the step scales the tensor in place later."""
+        flat = tensor.detach().reshape(-1)
+        flat = flat[begin:] if end is None else flat[begin:end]
+        return flat.double().cpu().numpy() / self.grad_scale
 
     def _wrap(self, owner, attr, make):
         self.patches.replace(owner, attr, make(getattr(owner, attr)))
@@ -117,10 +132,14 @@ class Recording:
                     if p.grad is None:
                         continue
                     kept = mpu is None or mp_rank() == 0 or is_model_parallel_parameter(p)
-                    pieces.append((p, 0, p.numel(), kept))
+                    pieces.append((p, 0, p.numel(), kept, rec.held(p.grad)))
                 rec.children.append(("clip_grad_norm_", "mp-then-dp-mean", pieces))
                 norm = orig(parameters, max_norm, norm_type, mpu)
                 rec.clip_norm = float(norm)
+                # It scales every gradient by min(1, max_norm / (norm + 1e-6)), in place.
+                coefficient = min(1.0, float(max_norm) / (rec.clip_norm + 1e-6))
+                clipped = [rec.held(piece[0].grad) for piece in pieces]
+                rec.clips[len(rec.children) - 1] = (float(max_norm), coefficient, clipped)
                 return norm
 
             return wrapped
@@ -137,12 +156,12 @@ class Recording:
                     # get_weight_norm's own tests, on the tensor it is given (a gradient)
                     kept = not getattr(t, "ds_pipe_replicated", False) and \
                         not (tp_rank() > 0 and not is_model_parallel_parameter(t))
-                    pieces.append((p, 0, p.numel(), kept))
+                    pieces.append((p, 0, p.numel(), kept, rec.held(t)))
                 # The params of the optimizer's groups whose gradients were not passed (experts).
                 for group in rec.engine.optimizer.fp16_groups:
                     for p in group:
                         if id(p) not in passed and p.grad is not None:
-                            pieces.append((p, 0, p.numel(), False))
+                            pieces.append((p, 0, p.numel(), False, rec.held(p.grad)))
                             passed.add(id(p))
                 rec.children.append((f"FP16_UnfusedOptimizer group {len(rec.children)}", "mp", pieces))
                 return orig(parameters, norm_type, mpu)
@@ -172,9 +191,10 @@ class Recording:
                     masked = []
                     if grad_norm_mask is not None and len(grad_norm_mask[idx]) > 0:
                         masked = [(int(a), int(b)) for a, b in grad_norm_mask[idx].tolist()]
+                    grad = flat.grad if flat.grad is not None else flat
                     for p, begin, end in flat_group(rec.engine.optimizer, flat):
                         for lo, hi, kept in split_by_mask(begin, end, masked):
-                            pieces.append((p, lo - begin, hi - begin, kept))
+                            pieces.append((p, lo - begin, hi - begin, kept, rec.held(grad, lo, hi)))
                 rec.children.append(("FP16_Optimizer dense", "mp", pieces))
                 return orig(parameters, norm_type, mpu, grad_norm_mask)
 
@@ -183,7 +203,8 @@ class Recording:
         def get_norm_with_moe_layers(orig):
             def wrapped(non_expert_norm, mpu, expert_tensors, norm_type=2):
                 for name in sorted(expert_tensors):
-                    pieces = [(p, 0, end - begin, True) for flat in expert_tensors[name]
+                    pieces = [(p, 0, end - begin, True, rec.held(flat.grad if flat.grad is not None else flat, begin, end))
+                              for flat in expert_tensors[name]
                               for p, begin, end in flat_group(rec.engine.optimizer, flat)]
                     rec.children.append((f"FP16_Optimizer experts {name}", f"mp-then-ep:{name}", pieces))
                 return orig(non_expert_norm, mpu, expert_tensors, norm_type)
@@ -208,8 +229,9 @@ class Recording:
                     param_group = optimizer.optimizer.param_groups[i]
                     name = param_group.get("name") if param_group.get("moe", False) else None
                     for j, lp in enumerate(group):
-                        kept = id(optimizer.fp32_groups_gradients[i][j]) in counted
-                        piece = (lp, 0, lp.numel(), kept)
+                        grad = optimizer.fp32_groups_gradients[i][j]
+                        kept = id(grad) in counted
+                        piece = (lp, 0, lp.numel(), kept, rec.held(grad))
                         (dense_pieces if name is None else expert_pieces.setdefault(name, [])).append(piece)
                 rec.children.append(("BF16_Optimizer dense", "mp", dense_pieces))
                 for name in sorted(expert_pieces):
@@ -238,7 +260,7 @@ class Recording:
                 pieces = []
                 for j, (g, p) in enumerate(zip(real, params)):
                     begin = int(optimizer.first_offset[i]) if j == 0 else 0
-                    pieces.append((p, begin, begin + g.numel(), zero_keeps(optimizer, p)))
+                    pieces.append((p, begin, begin + g.numel(), zero_keeps(optimizer, p), rec.held(g)))
                 rec.children.append((f"DeepSpeedZeroOptimizer group {i}", kind, pieces))
                 return orig(optimizer, gradients, params, norm_type)
 
@@ -252,7 +274,7 @@ class Recording:
                     param_id = optimizer.get_param_id(p)
                     _, begin, _, elements = (int(x) for x in optimizer.grad_position[param_id])
                     kept = zero_keeps(optimizer, p) and param_id in optimizer.norm_for_param_grads
-                    pieces.append((p, begin, begin + elements, kept))
+                    pieces.append((p, begin, begin + elements, kept, None))  # its norms only, no tensor
                 rec.children.append((f"DeepSpeedZeroOptimizer group {i} (CPU offload)", kind, pieces))
                 return orig(optimizer, params)
 
@@ -272,7 +294,7 @@ class Recording:
                     if begin == end:
                         continue  # this rank holds only padding of it
                     kept = every_rank or is_model_parallel_parameter(p) or optimizer.model_parallel_rank == 0
-                    pieces.append((p, begin, end, kept))
+                    pieces.append((p, begin, end, kept, rec.held(g, 0, end - begin)))  # the last one padded
                 ranks = ",".join(str(r) for r in ranks_of(group))
                 kind = f"partition:{ranks}" if every_rank else f"partition-then-mp:{ranks}"
                 # AutoEP's experts: partitioned over their expert-DP group, then summed over EP too.
@@ -404,31 +426,38 @@ def build_manifest(
         raise ValueError(f"unknown reduction {kind!r}")
 
     optimizers = []
-    for name, kind, pieces in recording.children:
+    for child, (name, kind, pieces) in enumerate(recording.children):
         main_params = []
-        for p, begin, end, kept in pieces:
+        max_norm, coefficient, clipped = recording.clips.get(child, (None, None, None))
+        for k, (p, begin, end, kept, held) in enumerate(pieces):
             if id(p) not in index:
                 raise LookupError(f"{name}: counts a param that is not the model's ({tuple(p.shape)})")
-            flat = gradient_of(p).reshape(-1)
+            # What the norm code read where it was given a tensor; else the values tally gave it.
+            values = held if held is not None else gradient_of(p).reshape(-1)[begin:end]
+            if values.size != end - begin:
+                raise ValueError(f"{name}: read {values.size} elements of a piece of {end - begin}")
             for entry, entry_begin, entry_end in index[id(p)]:  # the manifest entries the piece overlaps
                 lo, hi = max(begin, entry_begin), min(end, entry_end)
                 if lo >= hi:
                     continue
-                main_params.append({
+                record = {
                     "param": entry,
                     "begin": int(lo - entry_begin),
                     "end": int(hi - entry_begin),
                     "attributes": attributes_of(p),
                     "kept": bool(kept),
                     "kept_zeros": False,
-                    "stats": _stats(flat[lo:hi]),
-                })
+                    "stats": _stats(values[lo - begin:hi - begin]),
+                }
+                if clipped is not None:
+                    record["clipped_stats"] = _stats(clipped[k][lo - begin:hi - begin])
+                main_params.append(record)
         optimizers.append({
             "name": name,
             "stats_group": stats_group(kind),
             "tp_group": mine["tp"],
             "expert_tp_group": mine["tp"] if mine.get("expert_tp", False) else [rank],
-            "clip": None,
+            "clip": None if max_norm is None else {"max_norm": max_norm, "coefficient": coefficient},
             "main_params": main_params,
         })
     norm = reported_norm

@@ -1090,6 +1090,9 @@ def execute(queue, k, case):
             values = box_of(p) * (dp_size * (folded if expert else 1)) if first else box_of(p) * 0
             return torch.from_numpy(values).to(device=device, dtype=p.dtype)
 
+        # fp16 runs scale the loss by the case's static loss scale: the norm codes read the
+        # gradients times it, and the manifests record them divided by it.
+        grad_scale = float(config["fp16"]["loss_scale"]) if "fp16" in config else 1.0
         if pp > 1:
             first_stage = mpu.get_pipe_parallel_rank() == 0
             for block in blocks:
@@ -1097,7 +1100,7 @@ def execute(queue, k, case):
                 for p in block.parameters():
                     block.weights[id(p)] = term_weights(p, first=not copy)
             start = torch.zeros(tp * tp, dtype=dtype, device=device)
-            with tally_deepspeed.Recording(engine) as recording:
+            with tally_deepspeed.Recording(engine, grad_scale) as recording:
                 engine.train_batch(data_iter=iter([(start, start)]))
         else:
             if engine.zero_optimization_stage() == 3:
@@ -1109,7 +1112,7 @@ def execute(queue, k, case):
             engine.backward(loss)
             if os.environ.get("TALLY_DEBUG_GRADS") and engine.zero_optimization_stage() == 0:
                 print_gradient_distance(engine, box_of)
-            with tally_deepspeed.Recording(engine) as recording:
+            with tally_deepspeed.Recording(engine, grad_scale) as recording:
                 engine.step()
         norm = engine.get_global_grad_norm()
         if norm is None:

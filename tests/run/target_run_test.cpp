@@ -133,6 +133,22 @@ TEST(TargetRun, ClippedProductsBelowTheSmallestNormalMayRoundToZero) {
   EXPECT_GT(judge_target_manifests(c, unscaled, 1e-5).gradient_mismatches, 0);
 }
 
+TEST(TargetRun, APieceThatDisagreesWithItsBoxIsAFailNamingItNotAnUnreadableRun) {
+  // A framework whose optimizer holds twice the gradient of its model param (a reduction that
+  // doubled it): the piece's statistics are possible, and not those of the box.
+  const casefile::Case c = founding_case();
+  manifest::RunManifests m = manifests_of(c);
+  manifest::MainParam& piece = m.ranks[0].optimizers[0].main_params[0];
+  piece.stats.sum_squares *= 4;
+  piece.stats.abs_max *= 2;
+  const oracle::Verdict v = judge_target_manifests(c, m, 1e-5);
+  ASSERT_EQ(v.kind, oracle::Verdict::Kind::fail) << v.infra_message;
+  ASSERT_FALSE(v.gradients.empty());
+  EXPECT_FALSE(v.gradients.front().after_clip);
+  EXPECT_NE(v.gradients.front().where.find("owns"), std::string::npos) << v.gradients.front().where;
+  EXPECT_EQ(v.gradients.front().ranks, (std::vector<int>{0}));
+}
+
 TEST(TargetRun, TheRecordIsRenumberedAsTheCasesParams) {
   const casefile::Case c = founding_case();
   const topologies::LogicalModel model(c.model, c.topology);
