@@ -87,7 +87,8 @@ class HeldJudge {
   HeldJudge(const record::RunRecord& run, const GroundTruth& truth, const GradientSource& gradients, double rtol)
       : run_(run), truth_(truth), gradients_(gradients), rtol_(rtol) {}
 
-  void judge(const record::LocalRecord& local, const std::vector<int>& ranks) {
+  // `rank`: the first of `ranks`, whose children's clips stand for all of them.
+  void judge(const record::LocalRecord& local, const std::vector<int>& ranks, const record::RankRecord& rank) {
     std::vector<bool> param_wrong(local.params.size(), false);
     for (std::size_t i = 0; i < local.params.size(); ++i) {
       const record::LocalParam& param = local.params[i];
@@ -106,7 +107,11 @@ class HeldJudge {
                                 std::to_string(piece.range.end) + ") of box " + box_text(param.box) + " that child '" +
                                 run_.children[static_cast<std::size_t>(piece.child)] + "' owns";
       const kernels::Dtype dtype = generator(param).dtype;
-      const ClipTruth& clip = clip_of(param);
+      // The clip the framework was asked for: its child's own max_norm where it recorded one (a
+      // framework may clip at a max_norm of its own: DeepSpeed's gradient_clipping), with the
+      // truth's norm of the param's group.
+      const std::optional<record::Clip>& asked = rank.children[static_cast<std::size_t>(piece.child)].clip;
+      const ClipTruth clip = asked ? clip_truth(asked->max_norm, norm_of(param)) : clip_of(param);
       // The coefficients the framework may have applied: within the tolerance of the truth's,
       // never above 1 (Megatron-LM and DeepSpeed scale only below 1).
       const bool clips = clip.max_norm > 0.0;
@@ -136,6 +141,9 @@ class HeldJudge {
   }
   const ClipTruth& clip_of(const record::LocalParam& param) const {
     return run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? truth_.main.clip : truth_.mtp.clip;
+  }
+  double norm_of(const record::LocalParam& param) const {
+    return run_.tensors[static_cast<std::size_t>(param.tensor)].norm_group == 0 ? truth_.main.norm : truth_.mtp.norm;
   }
   RangeValues values(const record::LocalParam& param, record::ElementRange range, double tiny) const {
     const topologies::LogicalParam& logical = gradients_.model->params()[static_cast<std::size_t>(param.tensor)];
@@ -214,14 +222,15 @@ HeldGradientCheck check_held_gradients(const record::RunRecord& run, const Groun
                                   run.tensors[t].name + ", the model's param " + params[t].name);
   // Each distinct local record once, with the ranks that share it.
   std::map<const record::LocalRecord*, std::vector<int>> ranks_of;
-  std::vector<const record::LocalRecord*> order;
+  std::vector<const record::RankRecord*> first_of;  // in rank order, one per distinct local record
   for (const record::RankRecord& rank : run.ranks) {
     auto [it, fresh] = ranks_of.try_emplace(rank.local.get());
-    if (fresh) order.push_back(rank.local.get());
+    if (fresh) first_of.push_back(&rank);
     it->second.push_back(rank.rank);
   }
   HeldJudge judge(run, truth, gradients, rtol);
-  for (const record::LocalRecord* local : order) judge.judge(*local, ranks_of.at(local));
+  for (const record::RankRecord* first : first_of)
+    judge.judge(*first->local, ranks_of.at(first->local.get()), *first);
   return std::move(judge).result(max_reports);
 }
 

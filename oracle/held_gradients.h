@@ -8,8 +8,9 @@
 //   - held: sum_squares within the relative tolerance (the framework's fp64 sum is in an order
 //     tally does not see), abs_max and zeros exact (a max and a count do not round);
 //   - clipped: the held values times a coefficient within the relative tolerance of the truth's
-//     (the truth's clip, oracle/ground_truth.h: 1 where it does not clip, either side where the
-//     decision is within the tolerance), each product rounded once to the gradient's dtype;
+//     (oracle/ground_truth.h's clip of the truth's norm with the max_norm the piece's child
+//     recorded, else the case's: 1 where it does not clip, either side where the decision is
+//     within the tolerance), each product rounded once to the gradient's dtype;
 //     zeros at least the held ones, and at most those plus the products that may underflow (a
 //     product below the dtype's smallest normal, which may round to anything from 0 to itself:
 //     the lower bounds of sum_squares and abs_max count only the others).

@@ -149,6 +149,17 @@ TEST(TargetRun, APieceThatDisagreesWithItsBoxIsAFailNamingItNotAnUnreadableRun) 
   EXPECT_EQ(v.gradients.front().ranks, (std::vector<int>{0}));
 }
 
+TEST(TargetRun, ClippedStatisticsFollowTheMaxNormTheFrameworkRecorded) {
+  // DeepSpeed clips at its gradient_clipping (1.0 where a case has max_norm 0): a framework's
+  // clipped gradients are judged with the max_norm its child recorded, not the case's.
+  const casefile::Case clipping = founding_case();  // max_norm 1e-3
+  casefile::Case c = clipping;
+  c.path.max_norm = 0.0;
+  const oracle::Verdict v = judge_target_manifests(c, manifests_of(clipping), 1e-5);
+  EXPECT_EQ(v.kind, oracle::Verdict::Kind::pass) << v.infra_message;
+  EXPECT_EQ(v.gradient_mismatches, 0);
+}
+
 TEST(TargetRun, TheRecordIsRenumberedAsTheCasesParams) {
   const casefile::Case c = founding_case();
   const topologies::LogicalModel model(c.model, c.topology);
