@@ -6,8 +6,8 @@ DeepSpeed computes the norm in one of several places, chosen by the ZeRO stage a
 receives the tensors DeepSpeed counts, and records which local pieces it kept, the groups it
 summed over, and what it read of each piece (a copy taken as it reads it, divided by the static
 fp16 loss scale: the pieces' statistics in the manifests); `clip_grad_norm_` also the coefficient
-it scaled by and the gradients after it. Nothing in DeepSpeed's files changes; the wrappers call
-the originals.
+it scaled by and the gradients after it, and so does `DeepSpeedZeroOptimizer.unscale_and_clip_grads`
+(ZeRO 1/2). Nothing in DeepSpeed's files changes; the wrappers call the originals.
 
 | path (engine config)                                    | hook                                     | kept, stats group |
 |---------------------------------------------------------|------------------------------------------|-------------------|
@@ -79,14 +79,16 @@ class Recording:
         self.children: List[Tuple[str, str, List[Tuple[Any, int, int, bool, Any]]]] = []
         self.clip_norm = None
         self.clips: Dict[int, Tuple[float, float, List[Any]]] = {}
+        self.zero_groups: Dict[int, int] = {}  # DeepSpeedZeroOptimizer's param group -> its child
+        self.zero_clip_calls = 0
         self.patches = None
 
-    def held(self, tensor, begin=0, end=None):
-        """Elements [begin, end) of `tensor` flattened, unscaled, in fp64 on the CPU: a copy, since
-        the step scales the tensor in place later."""
+    def held(self, tensor, begin=0, end=None, scale=None):
+        """Elements [begin, end) of `tensor` flattened, divided by `scale` (default: the loss
+        scale), in fp64 on the CPU: a copy, since the step scales the tensor in place later."""
         flat = tensor.detach().reshape(-1)
         flat = flat[begin:] if end is None else flat[begin:end]
-        return flat.double().cpu().numpy() / self.grad_scale
+        return flat.double().cpu().numpy() / (self.grad_scale if scale is None else scale)
 
     def _wrap(self, owner, attr, make):
         self.patches.replace(owner, attr, make(getattr(owner, attr)))
@@ -262,6 +264,7 @@ class Recording:
                     begin = int(optimizer.first_offset[i]) if j == 0 else 0
                     pieces.append((p, begin, begin + g.numel(), zero_keeps(optimizer, p), rec.held(g)))
                 rec.children.append((f"DeepSpeedZeroOptimizer group {i}", kind, pieces))
+                rec.zero_groups[i] = len(rec.children) - 1
                 return orig(optimizer, gradients, params, norm_type)
 
             return wrapped
@@ -312,7 +315,31 @@ class Recording:
 
             return wrapped
 
+        def unscale_and_clip_grads(orig):
+            # Called once per param group, in order, with the group's fp32 partition gradient: the
+            # group's pieces (get_grad_norm_direct's, in order) laid end to end, then padding.
+            def wrapped(optimizer, grad_groups_flat, total_norm):
+                out = orig(optimizer, grad_groups_flat, total_norm)
+                i = rec.zero_clip_calls
+                rec.zero_clip_calls += 1
+                child = rec.zero_groups.get(i)
+                if child is None or optimizer.clip_grad <= 0 or len(grad_groups_flat) != 1 \
+                        or isinstance(grad_groups_flat[0], list):
+                    return out
+                flat, pieces, clipped, at = grad_groups_flat[0], rec.children[child][2], [], 0
+                for p, begin, end, kept, held in pieces:
+                    clipped.append(rec.held(flat, at, at + (end - begin), scale=1.0))  # unscaled now
+                    at += end - begin
+                # It multiplies by 1 / max(1, (norm / loss scale + 1e-6) / clip_grad).
+                norm = float(total_norm) / float(optimizer.loss_scale)
+                coefficient = 1.0 / max(1.0, (norm + 1e-6) / float(optimizer.clip_grad))
+                rec.clips[child] = (float(optimizer.clip_grad), coefficient, clipped)
+                return out
+
+            return wrapped
+
         self._wrap(engine_module, "clip_grad_norm_", clip_grad_norm_)
+        self._wrap(DeepSpeedZeroOptimizer, "unscale_and_clip_grads", unscale_and_clip_grads)
         self._wrap(DeepSpeedZeroOptimizer_Stage3, "get_grad_norm_direct", get_grad_norm_direct_stage3)
         self._wrap(unfused, "get_weight_norm", get_weight_norm)
         self._wrap(fused, "get_flattened_grad_norm", get_flattened_grad_norm)
