@@ -68,8 +68,9 @@ class Recording:
     """Wraps DeepSpeed's norm hooks for one `engine.step()`. After the step, `children` holds one
     entry per norm DeepSpeed combined: (name, kind, [(param, begin, end, kept, held)]) where kind
     names how its sum was reduced (see `stats_group_of`) and `held` is what the norm code read of
-    the param's elements [begin, end), in fp64 and divided by `grad_scale` (the static fp16 loss
-    scale; None where the code is given no tensor), taken when it read them; `clip_norm` the value
+    the param's elements [begin, end), in fp64, unscaled (ZeRO 1/2 read them times `grad_scale`,
+    the static fp16 loss scale), taken when it read them (None where the code is given no
+    tensor); `clip_norm` the value
     clip_grad_norm_ returned (the norm of the fp32 ZeRO-0 path, which the engine does not keep),
     and for that path `clips[child]` = (max_norm, coefficient, [clipped values per piece])."""
 
@@ -83,12 +84,14 @@ class Recording:
         self.zero_clip_calls = 0
         self.patches = None
 
-    def held(self, tensor, begin=0, end=None, scale=None):
-        """Elements [begin, end) of `tensor` flattened, divided by `scale` (default: the loss
-        scale), in fp64 on the CPU: a copy, since the step scales the tensor in place later."""
+    def held(self, tensor, begin=0, end=None, scale=1.0):
+        """Elements [begin, end) of `tensor` flattened, divided by `scale`, in fp64 on the CPU: a
+        copy, since the step scales the tensor in place later. Which codes read gradients times
+        the fp16 loss scale was measured on DeepSpeed 0.19.8 on a GPU: ZeRO 1/2's partitions do;
+        FP16_Optimizer's and FP16_UnfusedOptimizer's gradients do not (they are unscaled by then)."""
         flat = tensor.detach().reshape(-1)
         flat = flat[begin:] if end is None else flat[begin:end]
-        return flat.double().cpu().numpy() / (self.grad_scale if scale is None else scale)
+        return flat.double().cpu().numpy() / scale
 
     def _wrap(self, owner, attr, make):
         self.patches.replace(owner, attr, make(getattr(owner, attr)))
@@ -262,7 +265,8 @@ class Recording:
                 pieces = []
                 for j, (g, p) in enumerate(zip(real, params)):
                     begin = int(optimizer.first_offset[i]) if j == 0 else 0
-                    pieces.append((p, begin, begin + g.numel(), zero_keeps(optimizer, p), rec.held(g)))
+                    pieces.append((p, begin, begin + g.numel(), zero_keeps(optimizer, p),
+                                   rec.held(g, scale=rec.grad_scale)))
                 rec.children.append((f"DeepSpeedZeroOptimizer group {i}", kind, pieces))
                 rec.zero_groups[i] = len(rec.children) - 1
                 return orig(optimizer, gradients, params, norm_type)
@@ -297,7 +301,10 @@ class Recording:
                     if begin == end:
                         continue  # this rank holds only padding of it
                     kept = every_rank or is_model_parallel_parameter(p) or optimizer.model_parallel_rank == 0
-                    pieces.append((p, begin, end, kept, rec.held(g, 0, end - begin)))  # the last one padded
+                    # The last partition is padded. With fp16, whether ZeRO 3 reads its partitions
+                    # times the loss scale is not measured yet: tally's values stand in.
+                    held = rec.held(g, 0, end - begin) if rec.grad_scale == 1.0 else None
+                    pieces.append((p, begin, end, kept, held))
                 ranks = ",".join(str(r) for r in ranks_of(group))
                 kind = f"partition:{ranks}" if every_rank else f"partition-then-mp:{ranks}"
                 # AutoEP's experts: partitioned over their expert-DP group, then summed over EP too.
@@ -328,7 +335,7 @@ class Recording:
                     return out
                 flat, pieces, clipped, at = grad_groups_flat[0], rec.children[child][2], [], 0
                 for p, begin, end, kept, held in pieces:
-                    clipped.append(rec.held(flat, at, at + (end - begin), scale=1.0))  # unscaled now
+                    clipped.append(rec.held(flat, at, at + (end - begin)))  # unscaled by now
                     at += end - begin
                 # It multiplies by 1 / max(1, (norm / loss scale + 1e-6) / clip_grad).
                 norm = float(total_norm) / float(optimizer.loss_scale)
