@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "oracle/detail/box_index.h"
 #include "oracle/detail/stored_values.h"
 #include "oracle/ledger.h"
 
@@ -15,14 +16,7 @@ namespace {
 
 // The logical row-major index of element `at` (row-major in the box) of `box`.
 std::uint64_t logical_index(const record::Extents& shape, const record::Box& box, std::int64_t at) {
-  std::uint64_t logical = 0;
-  std::int64_t stride = 1;
-  for (int d = shape.ndim; d-- > 0;) {
-    logical += static_cast<std::uint64_t>((box.offset[d] + at % box.extent.size[d]) * stride);
-    at /= box.extent.size[d];
-    stride *= shape.size[d];
-  }
-  return logical;
+  return detail::logical_index(shape.ndim, shape.size, box, at);
 }
 
 // The first element of one clipped tensor that differs from the truth, or none.

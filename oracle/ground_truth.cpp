@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "oracle/detail/box_index.h"
 #include "oracle/detail/compensated_sum.h"
 #include "oracle/detail/stored_values.h"
 #include "record/text.h"
@@ -246,18 +247,11 @@ GroundTruth truth_from_box_statistics(const record::RunRecord& run) {
 record::GradStats range_truth(const topologies::LogicalParam& param, const record::Box& box,
                               record::ElementRange range, const kernels::GeneratorSpec& gradients) {
   const std::uint64_t key = kernels::stream_key(gradients.seed, static_cast<std::uint64_t>(param.id));
-  const int dims = param.shape.rank;
   Accumulator total(0), block(0);
   std::int64_t in_block = 0;
   for (std::int64_t n = range.begin; n < range.end; ++n) {
-    // Box element n (row-major in the box) -> its row-major index in the logical tensor.
-    std::int64_t rest = n, logical = 0, stride = 1;
-    for (int d = dims; d-- > 0;) {
-      logical += (box.offset[d] + rest % box.extent.size[d]) * stride;
-      rest /= box.extent.size[d];
-      stride *= param.shape.dims[d];
-    }
-    const double g = kernels::stored_value(gradients, key, static_cast<std::uint64_t>(logical));
+    const std::uint64_t logical = detail::logical_index(param.shape.rank, param.shape.dims, box, n);
+    const double g = kernels::stored_value(gradients, key, logical);
     block.squares.add(g * g);  // exact: a square of a <= 24-bit significand
     block.abs_max = std::max(block.abs_max, std::abs(g));
     block.zeros += g == 0.0;

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "kernels/gradient_generator.h"
+#include "oracle/detail/box_index.h"
 #include "oracle/detail/compensated_sum.h"
 
 namespace tally::oracle {
@@ -30,17 +31,11 @@ struct RangeValues {
 RangeValues range_values(const topologies::LogicalParam& param, const record::Box& box,
                          record::ElementRange range, const kernels::GeneratorSpec& spec, double tiny) {
   const std::uint64_t key = kernels::stream_key(spec.seed, static_cast<std::uint64_t>(param.id));
-  const int dims = param.shape.rank;
   detail::CompensatedSum squares, squares_above_tiny;
   RangeValues out;
   for (std::int64_t n = range.begin; n < range.end; ++n) {
-    std::int64_t rest = n, logical = 0, stride = 1;
-    for (int d = dims; d-- > 0;) {
-      logical += (box.offset[d] + rest % box.extent.size[d]) * stride;
-      rest /= box.extent.size[d];
-      stride *= param.shape.dims[d];
-    }
-    const double g = kernels::stored_value(spec, key, static_cast<std::uint64_t>(logical));
+    const std::uint64_t logical = detail::logical_index(param.shape.rank, param.shape.dims, box, n);
+    const double g = kernels::stored_value(spec, key, logical);
     squares.add(g * g);  // exact: a square of a <= 24-bit significand
     out.abs_max = std::max(out.abs_max, std::abs(g));
     out.zeros += g == 0.0;
@@ -56,23 +51,19 @@ RangeValues range_values(const topologies::LogicalParam& param, const record::Bo
   return out;
 }
 
-// The unit roundoff of a gradient dtype, and its smallest normal magnitude: a clipped product is
-// rounded once to the dtype, and one below the smallest normal may round to zero.
-double unit_roundoff(kernels::Dtype dtype) {
+// A gradient dtype's unit roundoff and smallest normal magnitude: a clipped product is rounded
+// once to the dtype, and one below the smallest normal may round to zero.
+struct DtypeLimits {
+  double unit_roundoff;
+  double smallest_normal;
+};
+DtypeLimits limits_of(kernels::Dtype dtype) {
   switch (dtype) {
-    case kernels::Dtype::fp32: return 0x1p-24;
-    case kernels::Dtype::bf16: return 0x1p-8;
-    case kernels::Dtype::fp16: return 0x1p-11;
+    case kernels::Dtype::fp32: return {0x1p-24, 0x1p-126};
+    case kernels::Dtype::bf16: return {0x1p-8, 0x1p-126};
+    case kernels::Dtype::fp16: return {0x1p-11, 0x1p-14};
   }
-  return 0x1p-8;
-}
-double smallest_normal(kernels::Dtype dtype) {
-  switch (dtype) {
-    case kernels::Dtype::fp32: return 0x1p-126;
-    case kernels::Dtype::bf16: return 0x1p-126;
-    case kernels::Dtype::fp16: return 0x1p-14;
-  }
-  return 0x1p-14;
+  return {0x1p-8, 0x1p-14};
 }
 
 std::string box_text(const record::Box& box) {
@@ -117,7 +108,7 @@ class HeldJudge {
       const bool clips = clip.max_norm > 0.0;
       const double low = clips ? std::min(1.0, clip.coefficient * (1.0 - rtol_)) : 1.0;
       const double high = clips ? std::min(1.0, clip.coefficient * (1.0 + rtol_)) : 1.0;
-      const RangeValues v = values(param, piece.range, smallest_normal(dtype) / low);
+      const RangeValues v = values(param, piece.range, limits_of(dtype).smallest_normal / low);
       if (piece.stats && !param_wrong[static_cast<std::size_t>(piece.param)]) held(param, owned, *piece.stats, v, ranks);
       if (clipped_stats) clipped(param, "after the clip, " + owned, *clipped_stats, v, low, high, dtype, ranks);
     }
@@ -164,7 +155,7 @@ class HeldJudge {
     // At a coefficient of 1 the gradient is left as it was: no rounding to allow for. A product
     // that may leave the dtype's normal range (a value below `tiny`) may round to anything from 0
     // to its own size: the lower bounds count only the values above it.
-    const double u = unit_roundoff(dtype);
+    const double u = limits_of(dtype).unit_roundoff;
     const double down = low < 1.0 ? (1.0 - u) : 1.0;
     const double up = high < 1.0 ? (1.0 + u) : 1.0;
     const double squares_low = low < 1.0 ? v.sum_squares_above_tiny : v.sum_squares;

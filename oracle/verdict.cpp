@@ -1,5 +1,7 @@
 #include "oracle/verdict.h"
 
+#include <utility>
+
 namespace tally::oracle {
 
 std::string_view kind_name(Verdict::Kind kind) {
@@ -9,6 +11,14 @@ std::string_view kind_name(Verdict::Kind kind) {
     case Verdict::Kind::infra_error: return "infra-error";
   }
   return "?";
+}
+
+Verdict infra_error_verdict(std::string call, std::string message) {
+  Verdict v;
+  v.kind = Verdict::Kind::infra_error;
+  v.infra_call = std::move(call);
+  v.infra_message = std::move(message);
+  return v;
 }
 
 }  // namespace tally::oracle

@@ -103,4 +103,7 @@ struct Verdict {
 
 std::string_view kind_name(Verdict::Kind kind);  // "pass", "fail", "infra-error"
 
+// A verdict of kind infra_error: `call` failed with `message` (no counting verdict).
+Verdict infra_error_verdict(std::string call, std::string message);
+
 }  // namespace tally::oracle

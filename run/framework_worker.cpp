@@ -209,11 +209,7 @@ std::string log_tail(const fs::path& log, std::size_t count = 25) {
 }
 
 oracle::Verdict infra_error(std::string call, std::string message) {
-  oracle::Verdict v;
-  v.kind = oracle::Verdict::Kind::infra_error;
-  v.infra_call = std::move(call);
-  v.infra_message = std::move(message);
-  return v;
+  return oracle::infra_error_verdict(std::move(call), std::move(message));
 }
 
 // The case as the worker reads it: what to execute, nothing about expectations or provenance.

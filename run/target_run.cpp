@@ -32,14 +32,6 @@ std::string ranks_text(std::span<const int> ranks) {
   return out + "]";
 }
 
-oracle::Verdict infra_error(std::string call, std::string message) {
-  oracle::Verdict v;
-  v.kind = oracle::Verdict::Kind::infra_error;
-  v.infra_call = std::move(call);
-  v.infra_message = std::move(message);
-  return v;
-}
-
 // Whether rank `rank`'s group `name` in `m` holds exactly the ranks of `expected` (a manifest's
 // groups are sorted rank lists), else why not.
 std::optional<std::string> group_differs(const manifest::RunManifests& manifests, const manifest::RankManifest& m,
@@ -146,7 +138,7 @@ oracle::Verdict judge_target_manifests(const casefile::Case& c, const manifest::
                                        double rtol) {
   const topologies::LogicalModel model(c.model, c.topology);
   if (std::optional<std::string> difference = manifests_not_of_case(c, model, manifests))
-    return infra_error("the manifests of the case", *difference);
+    return oracle::infra_error_verdict("the manifests of the case", *difference);
   const record::RunRecord run = record_in_model_order(manifests, model);
   oracle::Bounds bounds;
   bounds.rtol = rtol;
@@ -160,12 +152,12 @@ oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir
   try {
     manifests = manifest::load_run(dir, 1);
   } catch (const std::exception& e) {
-    return infra_error("reading the manifests in " + dir, e.what());
+    return oracle::infra_error_verdict("reading the manifests in " + dir, e.what());
   }
   try {
     return judge_target_manifests(c, manifests, rtol);
   } catch (const manifest::ManifestError& e) {  // the run as a whole (manifest/to_record.h)
-    return infra_error("reading the manifests in " + dir, e.what());
+    return oracle::infra_error_verdict("reading the manifests in " + dir, e.what());
   }
 }
 
