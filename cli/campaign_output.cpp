@@ -93,12 +93,6 @@ std::string indent(const std::string& text, const std::string& prefix) {
   return out;
 }
 
-fuzz::CaseRunner runner_for(CommandContext& context) {
-  run::Backend& backend = context.backend;
-  if (backend.world() == 0) return [](const casefile::Case& c) { return run::run_case(c); };
-  return [&backend](const casefile::Case& c) { return backend.run(c, {}); };
-}
-
 std::string infra_stop_text(const fuzz::InfraStop& stop) {
   const std::string& message = stop.verdict.infra_message;
   const std::size_t line_end = message.find('\n');

@@ -1,6 +1,5 @@
-// What `tally fuzz` and `tally mutants` share: stopping on Ctrl-C between cases, how a campaign
-// runs its cases on the chosen backend, durations on the command line, and how cases and rates
-// are written in their reports.
+// What `tally fuzz` and `tally mutants` share: stopping on Ctrl-C between cases, durations on the
+// command line, and how cases and rates are written in their reports.
 #pragma once
 
 #include <atomic>
@@ -36,9 +35,6 @@ class InterruptScope {
 
 // A duration (cli/number_flags.h) in seconds. Throws UsageError naming `flag`.
 double parse_duration(const std::string& text, const std::string& flag);
-
-// On sim each case has its own world; on mpi and nccl every case has the job's world.
-fuzz::CaseRunner runner_for(CommandContext& context);
 
 std::string seconds_text(double seconds);              // "12.3s"
 std::string rate_text(std::int64_t cases, double seconds);  // cases per second, "4123"

@@ -18,7 +18,7 @@
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
 #include "gradnorm/faults.h"
-#include "run/megatron_core/rules.h"
+#include "run/target.h"
 
 namespace tally::cli {
 
@@ -54,9 +54,10 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
 }
 
 // The campaign's faults as its header and summary show them.
-std::string faults_text(const std::vector<gradnorm::Fault>& faults) {
+std::string faults_text(const std::vector<gradnorm::Fault>& faults, bool all_asked) {
   if (faults.empty()) return "none";
   if (faults.size() == gradnorm::fault_catalog().size()) return "all (one per case)";
+  if (all_asked) return "all " + std::to_string(faults.size()) + " the target plants (one per case)";
   std::string out;
   for (gradnorm::Fault f : faults) out += (out.empty() ? "" : ",") + std::string(gradnorm::fault_info(f).name);
   return out;
@@ -216,7 +217,6 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
 };
 
 void run_fuzz(const FuzzOptions& o, CommandContext& context) {
-  fuzz::CaseRunner run = runner_for(context);
   if (o.cases < 0) throw UsageError("--cases must be at least 1 (got " + std::to_string(o.cases) + ")");
   if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
     throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
@@ -231,38 +231,42 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.max_seconds = o.time.empty() ? (o.cases > 0 ? 0.0 : 60.0) : parse_duration(o.time, "--time");
   campaign.generator.topology.max_world = o.max_world;
   campaign.generator.topology.exact_world = context.backend.world();
-  // Each case switches on one of the faults.
-  const std::vector<gradnorm::Fault> asked = parse_fault_list({o.faults}, "--faults");
-  campaign.generator.faults = asked;
   campaign.corpus_dir = o.corpus;
   campaign.max_failures = o.max_failures;
   campaign.shrink.max_runs = o.shrink_runs;
   campaign.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
-  // A real framework's run costs a second or more, and its known miscounts recur in most cases.
-  const std::string shrink = !o.shrink.empty() ? o.shrink : o.target.real() ? "new" : "all";
-  campaign.shrink_repeated_signatures = shrink == "all";
 
-  // A real target: its worker for --world starts first (its version decides what it can build).
-  std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
-  std::string target_text = "backend " + std::string(context.backend.name());
-  if (pool) {
-    const std::optional<run::WorkerHello> hello = first_hello(*pool, o.world, context.err);
-    if (!hello) {
-      context.exit_code = kExitInfra;
-      return;
-    }
-    gradnorm::FaultSet asked_set;
-    for (gradnorm::Fault f : asked) asked_set = asked_set.with(f);
-    if (std::string why = run::unplantable(asked_set, hello->plants); !why.empty())
-      throw UsageError("--faults: the " + o.target.target + " " + hello->version + " worker plants no counterpart of " + why);
-    target_text = "target " + o.target.target + " " + hello->version + " (world " + std::to_string(o.world) + ")";
-    aim_at_target(campaign.generator, *hello);
-    run = target_runner(*pool);
-    campaign.stop_at_infra_error = true;
-    campaign.target_of = [&workers = *pool](const casefile::Case& c, const std::string& path) {
-      return target_of(workers, c, path);
-    };
+  std::vector<gradnorm::Fault> asked = parse_fault_list({o.faults}, "--faults");
+
+  // The target opens first: a real framework's worker for --world (its release decides what it
+  // builds and plants).
+  std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err);
+  const run::TargetAbilities* opened = open_or_report(*target, o.world, context.err);
+  if (!opened) {
+    context.exit_code = kExitInfra;
+    return;
   }
+  campaign.world = o.world;
+  // Each case switches on one of the faults: "all" is every fault the target plants; a fault named
+  // that it cannot plant is an error.
+  if (o.faults == "all")
+    std::erase_if(asked, [&](gradnorm::Fault f) {
+      return run::why_not_planted(std::string(gradnorm::fault_info(f).name), opened->plants).has_value();
+    });
+  gradnorm::FaultSet asked_set;
+  for (gradnorm::Fault f : asked) asked_set = asked_set.with(f);
+  if (std::string why = run::unplantable(asked_set, opened->plants); !why.empty())
+    throw UsageError("--faults: " +
+                     (opened->framework ? "the " + opened->name + " " + opened->version + " worker"
+                                        : "tally's model on the " + std::string(context.backend.name()) + " backend") +
+                     " plants no counterpart of " + why);
+  campaign.generator.faults = asked;
+  // A real framework's run costs a second or more, and its known miscounts recur in most cases.
+  const std::string shrink = !o.shrink.empty() ? o.shrink : opened->framework ? "new" : "all";
+  campaign.shrink_repeated_signatures = shrink == "all";
+  const std::string target_text = opened->framework ? "target " + o.target.target + " " + opened->version + " (world " +
+                                                          std::to_string(opened->world) + ")"
+                                                    : "backend " + std::string(context.backend.name());
 
   std::ostream& out = context.out;
   const bool terminal = &out == &std::cout && ::isatty(STDOUT_FILENO) == 1;
@@ -275,18 +279,12 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (!o.shrink.empty()) repeat += " --shrink " + o.shrink;
   if (context.backend.world() > 0)  // the same job size, the same cases
     repeat = "mpirun -np <the same> " + repeat + " --backend " + std::string(context.backend.name());
-  if (pool) {
-    repeat += " --target " + o.target.target + " --world " + std::to_string(o.world);
-    if (!o.target.worker.empty()) repeat += " --worker " + shell_quote(o.target.worker);
-    const TargetOptions defaults;
-    if (o.target.case_timeout != defaults.case_timeout) repeat += " --case-timeout " + shell_quote(o.target.case_timeout);
-    if (o.target.start_timeout != defaults.start_timeout) repeat += " --start-timeout " + shell_quote(o.target.start_timeout);
-  }
-  if (context.backend.world() > 0)
-    target_text += " (world " + std::to_string(context.backend.world()) + ")";
+  repeat += target_flags_text(o.target, opened->framework ? opened->world : 0);
+  const std::string shown_target =
+      target_text + (context.backend.world() > 0 ? " (world " + std::to_string(context.backend.world()) + ")" : "");
   if (!o.json) {
-    out << "tally fuzz: seed " << campaign.seed << ", " << target_text << ", faults "
-        << faults_text(asked) << ", max world " << o.max_world << ", ";
+    out << "tally fuzz: seed " << campaign.seed << ", " << shown_target << ", faults "
+        << faults_text(asked, o.faults == "all") << ", max world " << o.max_world << ", ";
     if (o.cases > 0) out << o.cases << " cases";
     if (o.cases > 0 && campaign.max_seconds > 0) out << " or ";
     if (campaign.max_seconds > 0) out << seconds_text(campaign.max_seconds);
@@ -297,7 +295,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   InterruptScope interrupt;
   fuzz::CampaignResult result;
   try {
-    result = fuzz::run_campaign(campaign, run, printer, interrupt.flag());
+    result = fuzz::run_campaign(campaign, *target, printer, interrupt.flag());
     printer.write_junit(result.cases, result.seconds);
   } catch (const std::exception& error) {
     printer.end_live_line();
@@ -315,7 +313,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["cases_per_second"] = result.seconds > 0 ? static_cast<double>(result.cases) / result.seconds : 0.0;
     j["stopped_by"] = std::string(fuzz::stop_name(result.stopped_by));
     j["target"] = o.target.target;
-    j["faults"] = faults_text(asked);
+    j["faults"] = faults_text(asked, o.faults == "all");
     j["failures"] = nlohmann::ordered_json::array();
     for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
     j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
@@ -394,7 +392,8 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
   command->add_option("--shrink", options->shrink,
                       "Which failures to shrink: all, or new (only the first of each failure "
                       "signature and set of planted faults; later ones are saved unshrunk). "
-                      "Default: new with --target megatron-core or deepspeed, all on tally's model")
+                      "Default: new on a real framework (--target " + run::framework_names(" or ") +
+                          "), all on tally's model")
       ->check(CLI::IsMember({"all", "new"}));
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
   add_backend_flags(*command);

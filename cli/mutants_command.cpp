@@ -18,7 +18,7 @@
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
 #include "gradnorm/faults.h"
-#include "run/megatron_core/rules.h"
+#include "run/target.h"
 
 namespace tally::cli {
 
@@ -38,7 +38,6 @@ struct MutantsOptions {
 };
 
 void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
-  fuzz::CaseRunner run = runner_for(context);
   if (o.budget < 1) throw UsageError("--budget must be at least 1 (got " + std::to_string(o.budget) + ")");
   if (o.max_world < 1 || o.max_world > topologies::kMaxWorld)
     throw UsageError("--max-world must be in 1.." + std::to_string(topologies::kMaxWorld) +
@@ -54,32 +53,24 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   m.faults = parse_fault_list({o.faults}, "--faults");
   if (m.faults.empty()) throw UsageError("--faults none: tally mutants needs faults (all, or names)");
 
-  // A real target: the faults are planted in the framework by its worker, where it can.
-  std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err);
-  std::string target_text = "backend " + std::string(context.backend.name());
-  if (pool) {
-    const std::optional<run::WorkerHello> hello = first_hello(*pool, o.world, context.err);
-    if (!hello) {
-      context.exit_code = kExitInfra;
-      return;
-    }
-    target_text = "target " + o.target.target + " " + hello->version + " (world " + std::to_string(o.world) + ")";
-    aim_at_target(m.generator, *hello);
-    m.attribute_to_fault = true;
-    m.stop_at_infra_error = true;
-    m.not_plantable = [plants = hello->plants](gradnorm::Fault f) {
-      return run::why_not_planted(std::string(gradnorm::fault_info(f).name), plants).value_or("");
-    };
-    run = target_runner(*pool);
-    m.target_of = [&workers = *pool](const casefile::Case& c, const std::string& path) { return target_of(workers, c, path); };
+  // A real target's faults are planted in the framework by its worker, where it can.
+  std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err);
+  const run::TargetAbilities* opened = open_or_report(*target, o.world, context.err);
+  if (!opened) {
+    context.exit_code = kExitInfra;
+    return;
   }
+  m.world = o.world;
+  const std::string target_text =
+      opened->framework ? "target " + o.target.target + " " + opened->version + " (world " + std::to_string(opened->world) + ")"
+                        : "max world " + std::to_string(o.max_world) + ", backend " + std::string(context.backend.name());
 
   std::ostream& out = context.out;
   char row[512];
   const char* format = "%-36s %-6s %6s  %-44s %s\n";
   if (!o.json) {
     out << "tally mutants: seed " << o.seed << ", budget " << o.budget << " cases per fault, "
-        << (pool ? target_text : "max world " + std::to_string(o.max_world) + ", " + target_text) << "\n";
+        << target_text << "\n";
     std::snprintf(row, sizeof row, format, "fault", "found", "cases", "shrunk world", "shrunk model");
     out << row << std::flush;
   }
@@ -104,7 +95,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   InterruptScope interrupt;
   std::vector<fuzz::MutantResult> results;
   try {
-    results = fuzz::run_mutants(m, run, on_result, interrupt.flag());
+    results = fuzz::run_mutants(m, *target, on_result, interrupt.flag());
   } catch (const std::exception& error) {
     context.err << "tally: error: " << error.what() << '\n';
     context.exit_code = kExitInfra;

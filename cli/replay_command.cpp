@@ -18,9 +18,8 @@
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "casefile/case_file.h"
-#include "run/framework_worker.h"
-#include "run/run_case.h"
-#include "run/target_run.h"
+#include "run/case_job.h"
+#include "run/target.h"
 #include "fuzz/junit.h"
 
 namespace tally::cli {
@@ -116,36 +115,10 @@ std::vector<std::string> pages_of(const std::string& folder, const std::vector<I
   return pages;
 }
 
-// `html_page`: where a failing case's report goes; "" writes none.
-// A case on a real target: re-executed by `pool`'s worker when there is one, else judged from the
-// manifests its case file saved. Throws run::NotRunnableHere when it can be neither.
-// `target`: --target's framework, known before any worker starts.
-oracle::Verdict replay_on_target(const std::string& file, const casefile::Case& c, run::WorkerPool* pool,
-                                 const std::string& target, std::string& how) {
-  if (pool) {
-    if (c.target && c.target->framework != target)
-      throw run::NotRunnableHere("a " + c.target->framework + " case: replay it with --target " +
-                                 c.target->framework);
-    TargetRun r = run_on_target(*pool, c);
-    if (r.unsupported) throw run::NotRunnableHere("the worker cannot build it: " + *r.unsupported);
-    const run::WorkerHello& hello = pool->hello(c.topology.world);
-    how = "re-executed by " + hello.framework + " " + hello.version;
-    return r.run.verdict;
-  }
-  if (!c.target)
-    throw run::NotRunnableHere("its deepspeed section is read only by --target deepspeed: replay it with "
-                               "--target deepspeed where DeepSpeed is installed");
-  if (c.target->manifests.empty())
-    throw run::NotRunnableHere("a " + c.target->framework + " " + c.target->version +
-                               " case without saved manifests: replay it with --target " +
-                               c.target->framework + " where the framework is installed");
-  const std::string dir = (fs::path(file).parent_path() / c.target->manifests).string();
-  how = "judged from its saved manifests, " + c.target->framework + " " + c.target->version;
-  return run::judge_target_run(c, dir, oracle::kFrameworkRtol);
-}
-
-Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* pool, const std::string& target,
-                   const std::string& html_page) {
+// Replays one input on `target` (a real target's case without --target: judged from the manifests
+// its file saved). `html_page`: where a failing case's report goes; "" writes none. Throws
+// run::TargetUnavailable (the replay then stops: exit 3).
+Outcome replay_one(const Input& input, run::Target& target, const std::string& html_page) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -153,41 +126,43 @@ Outcome replay_one(const Input& input, run::Backend& backend, run::WorkerPool* p
     o.message = input.error;
     return o;
   }
-  const auto start = std::chrono::steady_clock::now();
   try {
-    const casefile::Case c = casefile::load_case_file(input.file);
-    const casefile::Expectation expect = c.expect.value_or(casefile::Expectation{});
-    o.expected = casefile::outcome_name(expect.outcome);
-    // On sim a hang is a verdict; on a process-per-rank backend it ends the whole job (exit 3),
-    // so a case that expects one would stop the replay of every case after it.
-    if (expect.outcome == casefile::Expectation::Outcome::infra_error && backend.name() != "sim") {
+    run::CaseJob job;
+    job.c = casefile::load_case_file(input.file);
+    job.source = input.file;
+    job.judge_saved_runs = true;
+    // A case without an expectation must pass.
+    if (!job.c.expect) job.c.expect = casefile::Expectation{};
+    o.expected = casefile::outcome_name(job.c.expect->outcome);
+    if (job.c.target) o.rerun_flags = " --target " + job.c.target->framework;
+    const run::CaseJobResult r = run::run_case_job(target, std::move(job));
+    o.seconds = r.seconds;
+    if (r.refused) {
       o.result = Result::not_runnable;
-      o.message = "it expects a hang, which ends a " + std::string(backend.name()) +
-                  " job instead of giving a verdict";
+      o.message = *r.refused;
       return o;
     }
-    const oracle::Verdict verdict =
-        pool || c.target || c.deepspeed ? replay_on_target(input.file, c, pool, target, o.how) : backend.run(c, {});
-    if (c.target) o.rerun_flags = " --target " + c.target->framework;
-    o.verdict = oracle::kind_name(verdict.kind);
-    if (!html_page.empty() && verdict.kind != oracle::Verdict::Kind::pass) {
+    o.how = r.how;
+    o.verdict = oracle::kind_name(r.verdict.kind);
+    if (!html_page.empty() && r.verdict.kind != oracle::Verdict::Kind::pass) {
       o.html = html_page;
-      write_case_html(o.html, "tally replay " + input.file, c, verdict,
+      write_case_html(o.html, "tally replay " + input.file, r.c, r.verdict,
                       {"tally run " + shell_quote(input.file), "tally replay " + shell_quote(input.file)});
     }
-    if (std::optional<std::string> unmet = run::unmet_expectation(expect, verdict)) {
+    if (r.unmet) {
       o.result = Result::mismatch;
-      o.message = *unmet;
+      o.message = *r.unmet;
     }
   } catch (const run::NotRunnableHere& error) {
     o.result = Result::not_runnable;
     o.message = error.what();
+  } catch (const run::TargetUnavailable&) {
+    throw;
   } catch (const std::exception& error) {
     // CaseFileError (an invalid file), InvalidCase, or anything else the run threw.
     o.result = Result::error;
     o.message = error.what();
   }
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }
 
@@ -237,7 +212,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
   command->callback([options, &context] {
     // --target: every case re-executed by the framework; without it a real target's case is
     // judged from the manifests its file saved.
-    std::unique_ptr<run::WorkerPool> pool = worker_pool(options->target, std::string(context.backend.name()), context.err);
+    std::unique_ptr<run::Target> target = chosen_target(options->target, context.backend, context.err);
     if (!options->html.empty()) {
       std::error_code ec;
       fs::create_directories(options->html, ec);
@@ -253,7 +228,14 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         options->html.empty() ? std::vector<std::string>(inputs.size()) : pages_of(options->html, inputs);
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Input& input = inputs[i];
-      outcomes.push_back(replay_one(input, context.backend, pool.get(), options->target.target, pages[i]));
+      try {
+        outcomes.push_back(replay_one(input, *target, pages[i]));
+      } catch (const run::TargetUnavailable& error) {
+        context.err << "tally: error: " << error.what() << " (at " << input.file << "; " << outcomes.size() << " of "
+                    << inputs.size() << " replayed)\n";
+        context.exit_code = kExitInfra;
+        return;
+      }
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;
@@ -293,7 +275,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
       context.out << '\n';
       if (skipped > 0)
         context.out << "(skipped: " << skipped << " not runnable on this "
-                    << (pool ? options->target.target : std::string(context.backend.name())) << " job)\n";
+                    << (target->framework() ? options->target.target : std::string(context.backend.name())) << " job)\n";
     }
     if (!options->junit.empty()) {
       std::vector<fuzz::JunitCase> report;

@@ -24,10 +24,9 @@
 #include "run/run_case.h"
 #include "casefile/case_file.h"
 #include "gradnorm/faults.h"
-#include "run/model_manifests.h"
+#include "run/case_job.h"
 #include "manifest/manifest_json.h"
 #include "cli/target_flags.h"
-#include "run/megatron_core/rules.h"
 #include "run/target.h"
 
 namespace tally::cli {
@@ -218,29 +217,6 @@ casefile::Case input_case(const RunOptions& o) {
   }
 }
 
-void save_case(const std::string& file, const casefile::Case& c) {
-  try {
-    casefile::write_case_file(file, c);
-  } catch (const std::exception& error) {
-    throw UsageError(error.what());
-  }
-}
-
-// The expectation a run showed: its outcome, the statistics it failed and the params it
-// miscounted (at most kMaxObservedParams of them, in param order).
-casefile::Expectation observed_expectation(const oracle::Verdict& verdict) {
-  constexpr std::size_t kMaxObservedParams = 32;
-  casefile::Expectation e;
-  e.outcome = verdict.kind == oracle::Verdict::Kind::pass   ? casefile::Expectation::Outcome::pass
-              : verdict.kind == oracle::Verdict::Kind::fail ? casefile::Expectation::Outcome::fail
-                                                            : casefile::Expectation::Outcome::infra_error;
-  if (e.outcome != casefile::Expectation::Outcome::fail) return e;
-  e.statistics = run::failed_statistics(verdict);
-  for (const oracle::Miscount& m : verdict.miscounted)
-    if (e.miscounted.size() < kMaxObservedParams) e.miscounted.push_back(m.name);
-  return e;
-}
-
 // "expect fail (l2, ledger; decoder.layers.0.mlp...)" for the expectation line.
 std::string expectation_text(const casefile::Expectation& e) {
   std::string text = "expect " + std::string(casefile::outcome_name(e.outcome));
@@ -252,17 +228,6 @@ std::string expectation_text(const casefile::Expectation& e) {
                (e.miscounted.size() == 1 ? "" : "s");
   }
   return details.empty() ? text : text + " (" + details + ")";
-}
-
-// Writes the manifests of the model target's `record` of case `c` (docs/manifest.md). Throws
-// UsageError when the folder cannot be written.
-void write_manifests(const std::string& dir, int version, const casefile::Case& c,
-                     const record::RunRecord& record) {
-  try {
-    manifest::write_run(dir, run::model_manifests(c, record), version);
-  } catch (const std::exception& error) {
-    throw UsageError(std::string("--manifests: ") + error.what());
-  }
 }
 
 }  // namespace
@@ -370,110 +335,51 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
     if (o.save.empty() && !o.expect.empty()) throw UsageError("--expect needs --save FILE");
     if (o.save.empty() && !o.description.empty())
       throw UsageError("--description needs --save FILE");
-    std::unique_ptr<run::WorkerPool> pool = worker_pool(o.target, std::string(context.backend.name()), context.err,
+    std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err,
                                                         /*keep_manifests=*/true);
-    if (pool && !o.megatron_release.empty())
+    if (target->framework() && !o.megatron_release.empty())
       throw UsageError("--megatron-release runs tally's model of a release's rules; with --target " +
                        o.target.target + " the installed release itself runs (leave one out)");
-    // The mpi and nccl backends bring back only the verdict to this process, not the path's
-    // result on every rank that the manifests are made from.
-    if (!pool && !o.manifests.empty() && context.backend.name() != "sim")
-      throw UsageError("--manifests needs --backend sim (the " +
-                       std::string(context.backend.name()) +
-                       " backend returns only the verdict, not each rank's decisions)");
-    casefile::Case c = input_case(o);
+    if (!o.manifests.empty())
+      if (std::optional<std::string> why = target->manifests_refusal())
+        throw UsageError("--manifests needs --backend sim (" + *why + ")");
+    run::CaseJob job;
+    job.c = input_case(o);
+    job.source = o.case_file;
     // A case the flags describe, as the target runs it (DeepSpeed: its section's defaults).
-    if (const run::FrameworkTarget* row = run::framework_target(o.target.target); row && o.case_file.empty())
-      c = row->from_flags(std::move(c));
+    if (o.case_file.empty()) job.c = target->from_flags(std::move(job.c));
     if (!o.description.empty()) {
       if (std::optional<std::string> error = casefile::description_error(o.description))
         throw UsageError("--description: " + *error);
-      c.description = o.description;
+      job.c.description = o.description;
     }
-    if (o.expect == "pass") c.expect = casefile::Expectation{};
-    if (o.expect == "fail") c.expect = casefile::Expectation{casefile::Expectation::Outcome::fail, {}, {}};
-    if (!pool && c.target)
-      throw UsageError(o.case_file + " is a " + c.target->framework + " " + c.target->version +
-                       " case: run it with --target " + c.target->framework +
-                       " where the framework is installed, or judge its saved manifests with "
-                       "`tally replay " + o.case_file + "`");
-    if (const run::FrameworkTarget* owner = run::framework_of(c); !pool && owner)
-      throw UsageError(o.case_file + " has a " + std::string(owner->name) + " section, which only --target " +
-                       std::string(owner->name) + " reads: run it with --target " + std::string(owner->name) +
-                       ", or remove the section to run tally's model of Megatron's path");
-    if (pool && c.target && c.target->framework != o.target.target)
-      throw UsageError(o.case_file + " is a " + c.target->framework + " case; --target " + o.target.target +
-                       " cannot re-execute it (use --target " + c.target->framework + ")");
-    if (pool) {
-      // What no release builds is refused before a worker starts; the worker's release then
-      // decides the rest.
-      if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
-      casefile::Case without_faults = c;  // which faults the worker plants, it says once it is up
-      without_faults.path.faults = {};
-      if (std::optional<std::string> why = unsupported_on(o.target.target, without_faults, ""))
-        throw UsageError("--target " + o.target.target + " cannot run this case: " + *why);
-      std::string version;
-      try {
-        version = pool->hello(c.topology.world).version;
-      } catch (const std::exception& error) {
-        context.err << "tally: error: " << error.what() << '\n';
-        context.exit_code = kExitInfra;
-        return;
-      }
-      if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
-      if (std::optional<std::string> why = unsupported_on(c, pool->hello(c.topology.world)))
-        throw UsageError("--target " + o.target.target + " " + version + " cannot run this case: " + *why);
-      c.target = target_of(*pool, c, "");
-    }
-    if (!o.save.empty()) {
-      // Checked first, so an invalid case never reaches the disk.
-      if (std::optional<std::string> error = casefile::check_case(c)) throw UsageError(*error);
-      save_case(o.save, c);  // before running: a crash loses nothing
-    }
-    oracle::Verdict verdict;
-    bool manifests_written = false;
+    job.save = o.save;
+    job.expect = o.expect == "pass"       ? run::CaseJob::Expect::pass
+                 : o.expect == "fail"     ? run::CaseJob::Expect::fail
+                 : o.expect == "observed" ? run::CaseJob::Expect::observed
+                                          : run::CaseJob::Expect::as_given;
+    job.manifests = o.manifests;
+    job.manifest_version = o.manifest_version;
+    run::CaseJobResult result;
     try {
-      if (pool) {
-        const run::WorkerRun r = pool->execute(c);
-        verdict = r.verdict;
-        if (!o.manifests.empty() && !r.manifests.empty()) {
-          std::error_code error;
-          std::filesystem::create_directories(o.manifests, error);
-          if (!error)
-            std::filesystem::copy(r.manifests, o.manifests,
-                                  std::filesystem::copy_options::recursive |
-                                      std::filesystem::copy_options::overwrite_existing,
-                                  error);
-          if (error) throw UsageError("--manifests " + o.manifests + ": " + error.message());
-          manifests_written = true;
-        }
-        // The saved case keeps its evidence, the manifests next to it, so replay judges it where the
-        // framework is not installed: a failure's, and a pass's when it is saved as an expectation.
-        if (!o.save.empty() && (verdict.kind != oracle::Verdict::Kind::pass || !o.expect.empty()))
-          c.target = target_of(*pool, c, o.save);
-      } else if (o.manifests.empty()) {
-        verdict = context.backend.run(c, {});
-      } else {
-        // The sim backend's run, keeping the record for the manifests.
-        run::CaseRun run = run::run_case_with_record(c);
-        verdict = std::move(run.verdict);
-        if (run.record) write_manifests(o.manifests, o.manifest_version, c, *run.record);
-        manifests_written = run.record.has_value();
-      }
+      result = run::run_case_job(*target, std::move(job));
     } catch (const casefile::InvalidCase& error) {
       throw UsageError(error.what());
+    } catch (const run::JobOutputError& error) {
+      throw UsageError(error.what());
+    } catch (const run::TargetUnavailable& error) {
+      context.err << "tally: error: " << error.what() << '\n';
+      context.exit_code = kExitInfra;
+      return;
     }
-    if (o.expect == "observed") {
-      c.expect = observed_expectation(verdict);
-      save_case(o.save, c);
-    } else if (pool && !o.save.empty() && c.target && !c.target->manifests.empty()) {
-      save_case(o.save, c);  // now naming the saved manifests
-    }
+    if (result.refused) throw UsageError(*result.refused);
+    const casefile::Case& c = result.c;
+    const oracle::Verdict& verdict = result.verdict;
+    const bool manifests_written = result.manifests_written;
+    const std::optional<std::string>& unmet = result.unmet;
     const std::string case_source = !o.case_file.empty() ? o.case_file : o.save;
     const std::string replay =
         case_source.empty() ? o.command_line : "tally run " + shell_quote(case_source);
-    std::optional<std::string> unmet;
-    if (c.expect) unmet = run::unmet_expectation(*c.expect, verdict);
     if (!o.html.empty()) {
       // Checked writable before the run; should writing still fail, the verdict stands.
       try {

@@ -8,6 +8,7 @@
 
 #include "casefile/atomic_file.h"
 #include "casefile/case_file.h"
+#include "run/case_job.h"
 
 namespace tally::fuzz {
 
@@ -31,19 +32,6 @@ std::string fault_names(const casefile::Case& c) { return gradnorm::fault_list(c
 
 }  // namespace
 
-casefile::Expectation expectation_of(const oracle::Verdict& verdict) {
-  casefile::Expectation e;
-  switch (verdict.kind) {
-    case oracle::Verdict::Kind::pass: e.outcome = casefile::Expectation::Outcome::pass; break;
-    case oracle::Verdict::Kind::fail: e.outcome = casefile::Expectation::Outcome::fail; break;
-    case oracle::Verdict::Kind::infra_error: e.outcome = casefile::Expectation::Outcome::infra_error; break;
-  }
-  if (verdict.kind != oracle::Verdict::Kind::fail) return e;
-  e.statistics = run::failed_statistics(verdict);
-  for (const oracle::Miscount& m : verdict.miscounted) e.miscounted.push_back(m.name);
-  return e;
-}
-
 std::string_view stop_name(CampaignResult::Stop stop) {
   switch (stop) {
     case CampaignResult::Stop::cases: return "cases";
@@ -55,19 +43,53 @@ std::string_view stop_name(CampaignResult::Stop stop) {
   return "?";
 }
 
-CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& run_one,
-                            CampaignObserver& observer, const std::atomic<bool>* stop) {
+CaseGenOptions aimed_at(CaseGenOptions options, run::Target& target, const run::TargetAbilities& opened) {
+  if (opened.world > 0) options.topology.exact_world = opened.world;
+  if (!opened.framework) return options;
+  if (opened.world > 0) options.topology.max_world = opened.world;
+  options.topology.avoid_megatron_corners = false;
+  options.gpt_only = true;
+  options.restrict_to = [&target](casefile::Case c) { return target.within(std::move(c)); };
+  return options;
+}
+
+namespace {
+
+// Runs `c` on `target`. A case the target refuses is an infra-error: the generator's restriction
+// (aimed_at) should have kept it out, so it is a bug of tally.
+oracle::Verdict run_on(run::Target& target, const casefile::Case& c) {
+  if (std::optional<std::string> why = target.refusal(c)) {
+    oracle::Verdict refused;
+    refused.kind = oracle::Verdict::Kind::infra_error;
+    refused.infra_call = std::string(target.name()) + " target";
+    refused.infra_message = *why;
+    return refused;
+  }
+  return target.execute(c).verdict;
+}
+
+CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& target, const CaseRunner& run_one,
+                                 CampaignObserver& observer, const std::atomic<bool>* stop) {
   const Clock::time_point start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  const run::TargetAbilities& opened = target.open(options.world);
+  const CaseGenOptions generator = aimed_at(options.generator, target, opened);
   CampaignResult result;
   result.seed = options.seed;
-  // The first infrastructure error, of a case or of a shrink candidate, ends the campaign.
+  // The first infrastructure error of a real framework, of a case or of a shrink candidate, ends
+  // the campaign; on tally's model it is what the case's path does.
+  const bool infra_errors_stop = opened.framework;
   std::optional<std::pair<casefile::Case, oracle::Verdict>> broken;
   const CaseRunner run = [&](const casefile::Case& c) {
     oracle::Verdict verdict = run_one(c);
-    if (options.stop_at_infra_error && verdict.kind == oracle::Verdict::Kind::infra_error && !broken)
+    if (infra_errors_stop && verdict.kind == oracle::Verdict::Kind::infra_error && !broken)
       broken.emplace(c, verdict);
     return verdict;
+  };
+  // The target section of each case file about to be written to `path` (its run's manifests saved
+  // next to it).
+  auto save_target_section = [&](casefile::Case& c, const std::string& path) {
+    if (std::optional<casefile::RealTarget> section = target.saved_section(c, path)) c.target = *section;
   };
   auto stopping = [&] { return (stop && stop->load()) || broken.has_value(); };
   // Saves the broken case (never shrunk) and its message next to it; `index` is the case's number,
@@ -82,14 +104,14 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
         "tally fuzz --seed " + std::to_string(options.seed) + ": " +
         (while_shrinking ? "a shrink candidate of case " : "case ") + std::to_string(index) +
         ", faults " + fault_names(s.c) + ": an infrastructure error (" + s.verdict.infra_call + ")");
-    s.c.expect = expectation_of(s.verdict);
+    s.c.expect = run::observed_expectation(s.verdict);
     if (!options.corpus_dir.empty()) {
       ensure_dir(options.corpus_dir);
       const char* suffix = while_shrinking ? ".shrinking.infra-error" : ".infra-error";
       s.path = corpus_file(options.corpus_dir, options.seed, index, (std::string(suffix) + ".json").c_str());
       s.message_path = corpus_file(options.corpus_dir, options.seed, index, (std::string(suffix) + ".txt").c_str());
     }
-    if (options.target_of) s.c.target = options.target_of(s.c, s.path);
+    save_target_section(s.c, s.path);
     if (!s.path.empty()) {
       casefile::write_case_file(s.path, s.c);
       casefile::write_file_atomically(s.message_path, s.verdict.infra_call + ": " + s.verdict.infra_message + "\n",
@@ -119,7 +141,7 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
       break;
     }
 
-    const rc::Shrinkable<casefile::Case> generated = generate_case(options.generator, options.seed, index);
+    const rc::Shrinkable<casefile::Case> generated = generate_case(generator, options.seed, index);
     casefile::Case c = generated.value();
     if (std::optional<std::string> error = casefile::check_case(c))
       throw std::logic_error("the generator made an invalid case (seed " +
@@ -146,13 +168,13 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
                                    std::to_string(case_seed(options.seed, index)) + ", size " +
                                    std::to_string(case_size_param(index)) + "), faults " +
                                    fault_names(failure.original));
-    failure.original.expect = expectation_of(verdict);
+    failure.original.expect = run::observed_expectation(verdict);
     failure.original_verdict = verdict;
     if (!options.corpus_dir.empty()) {
       ensure_dir(options.corpus_dir);
       failure.original_path = corpus_file(options.corpus_dir, options.seed, index, ".json");
     }
-    if (options.target_of) failure.original.target = options.target_of(failure.original, failure.original_path);
+    save_target_section(failure.original, failure.original_path);
     if (!failure.original_path.empty()) casefile::write_case_file(failure.original_path, failure.original);
     if (!options.shrink_repeated_signatures) {
       const auto earlier = std::find_if(result.failures.begin(), result.failures.end(),
@@ -185,10 +207,10 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
         std::to_string(shrunk.progress.steps) + " steps" +
         (shrunk.complete ? "" : ", stopped early") + ": faults " + fault_names(failure.shrunk) +
         ", " + describe(failure_signature(shrunk.verdict)));
-    failure.shrunk.expect = expectation_of(shrunk.verdict);
+    failure.shrunk.expect = run::observed_expectation(shrunk.verdict);
     if (!options.corpus_dir.empty())
       failure.shrunk_path = corpus_file(options.corpus_dir, options.seed, index, ".shrunk.json");
-    if (options.target_of) failure.shrunk.target = options.target_of(failure.shrunk, failure.shrunk_path);
+    save_target_section(failure.shrunk, failure.shrunk_path);
     if (!failure.shrunk_path.empty()) casefile::write_case_file(failure.shrunk_path, failure.shrunk);
     result.failures.push_back(failure);
     observer.failure_shrunk(result.failures.back());
@@ -202,12 +224,24 @@ CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& ru
   return result;
 }
 
-std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRunner& run,
+}  // namespace
+
+CampaignResult run_campaign(const CampaignOptions& options, run::Target& target, CampaignObserver& observer,
+                            const std::atomic<bool>* stop) {
+  return run_campaign_with(
+      options, target, [&target](const casefile::Case& c) { return run_on(target, c); }, observer, stop);
+}
+
+std::vector<MutantResult> run_mutants(const MutantOptions& options, run::Target& target,
                                       const std::function<void(const MutantResult&)>& on_result,
                                       const std::atomic<bool>* stop) {
   std::vector<gradnorm::Fault> faults = options.faults;
   if (faults.empty())
     for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) faults.push_back(info.fault);
+  const run::TargetAbilities& opened = target.open(options.world);
+  const CaseRunner run = [&target](const casefile::Case& c) { return run_on(target, c); };
+  // A real framework may miscount on its own: the failure is the fault's only if the case passes
+  // without it.
   const CaseRunner attributed = [&run](const casefile::Case& c) {
     const oracle::Verdict verdict = run(c);
     if (verdict.kind == oracle::Verdict::Kind::pass || c.path.faults.empty()) return verdict;
@@ -217,32 +251,26 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRu
     if (unplanted.kind == oracle::Verdict::Kind::infra_error) return unplanted;  // no verdict either way
     return unplanted.kind == oracle::Verdict::Kind::pass ? verdict : oracle::Verdict{};
   };
-  const CaseRunner& runner = options.attribute_to_fault ? attributed : run;
+  const CaseRunner& runner = opened.framework ? attributed : run;
   std::vector<MutantResult> results;
   for (gradnorm::Fault fault : faults) {
     if (stop && stop->load()) break;
     MutantResult r;
     r.fault = fault;
-    const std::string not_plantable = options.not_plantable ? options.not_plantable(fault) : std::string();
-    if (!not_plantable.empty()) {
-      r.not_applicable = "the target plants no counterpart: " + not_plantable;
-    } else if (fault == gradnorm::Fault::empty_rank_skips_collective && options.generator.topology.exact_world > 0) {
-      // On sim a hang is a verdict; on mpi and nccl the watchdog ends the whole job (exit 3).
-      r.not_applicable = "on a process-per-rank backend the hang it causes ends the job (exit 3): "
-                         "run it on sim, or see the hang tests";
+    if (std::optional<std::string> why = run::why_not_planted(std::string(gradnorm::fault_info(fault).name), opened.plants)) {
+      r.not_applicable = (opened.framework ? "the target plants no counterpart: " : "") + *why;
     } else {
       CampaignOptions campaign;
       campaign.seed = options.seed;
       campaign.max_cases = options.budget;
       campaign.generator = options.generator;
       campaign.generator.faults = {fault};
-      campaign.target_of = options.target_of;
+      campaign.world = options.world;
       campaign.corpus_dir = options.corpus_dir;
       campaign.shrink = options.shrink;
       campaign.max_failures = 1;
-      campaign.stop_at_infra_error = options.stop_at_infra_error;
       CampaignObserver quiet;
-      const CampaignResult found = run_campaign(campaign, runner, quiet, stop);
+      const CampaignResult found = run_campaign_with(campaign, target, runner, quiet, stop);
       r.cases = found.cases;
       r.seconds = found.seconds;
       if (!found.failures.empty()) {

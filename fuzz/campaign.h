@@ -18,15 +18,12 @@
 
 #include "casefile/case.h"
 #include "run/run_case.h"
+#include "run/target.h"
 #include "fuzz/generators.h"
 #include "fuzz/shrink.h"
 #include "gradnorm/faults.h"
 
 namespace tally::fuzz {
-
-// What a failing case is expected to do on replay: fail with its failing statistics and its
-// diagnosed miscounted params (or an infra-error).
-casefile::Expectation expectation_of(const oracle::Verdict& verdict);
 
 struct CampaignOptions {
   std::uint64_t seed = 1;
@@ -41,14 +38,9 @@ struct CampaignOptions {
   // towards max_failures.
   bool shrink_repeated_signatures = true;
   int max_failures = 0;  // stop after this many failures (shrunk ones); 0: no bound
-  // true (a real target): an infra-error is the target's machinery failing (its worker reported
-  // an error, died or hung), not something the case found, and the campaign stops there
-  // (InfraStop). false (tally's model on sim): a hang is what the case's path does (the fault
-  // empty-rank-skips-collective), a failure to shrink like any other.
-  bool stop_at_infra_error = false;
-  // A real target: the `target` of each case file about to be written to `path` ("" without a
-  // corpus), having saved the run's manifests next to it. Empty: the model target.
-  std::function<casefile::RealTarget(const casefile::Case& c, const std::string& path)> target_of;
+  // A target of one world per worker (a real framework) is opened for this world and every case
+  // has it; tally's model runs each case's own world (on an mpi or nccl job, the job's).
+  int world = 0;
 };
 
 struct Failure {
@@ -67,8 +59,8 @@ struct Failure {
   bool shrink_complete = false;  // a local minimum (not stopped by a budget or an interrupt)
 };
 
-// A case that gave no verdict where infra-errors stop a campaign (CampaignOptions::
-// stop_at_infra_error): a worker that reported an error, died or hung. It is no failure and is
+// A case that gave no verdict on a real framework (run::TargetAbilities::framework): a worker
+// that reported an error, died or hung. It is no failure and is
 // never shrunk, and the campaign stops there: each further case would wait on the same broken
 // machinery, and no count of failures is true while it is broken.
 struct InfraStop {
@@ -108,33 +100,34 @@ class CampaignObserver {
   virtual void infra_error(const InfraStop& /*stop*/) {}
 };
 
-// Runs the campaign until a bound is reached, a case (or a shrink candidate) gives an
-// infrastructure error that stops it, or `stop` becomes true (checked between cases and between shrink
-// candidates; the case in progress finishes, and a shrink in progress writes what it has). Throws std::runtime_error when the corpus cannot be written and
-// std::logic_error when the generator produces an invalid case (a bug of tally).
-CampaignResult run_campaign(const CampaignOptions& options, const CaseRunner& run,
-                            CampaignObserver& observer, const std::atomic<bool>* stop = nullptr);
+// The generator `options` pointed at what `opened` (the target `target` opened) runs: its world,
+// and for a real framework its release's limits, the faults it plants and Megatron's layout
+// corners (finding miscounts there is what a real campaign is for); GPT models only.
+CaseGenOptions aimed_at(CaseGenOptions options, run::Target& target, const run::TargetAbilities& opened);
+
+// Runs the campaign on `target` (opened for options.world, its generator aimed at it) until a
+// bound is reached, a real framework's case (or a shrink candidate) gives an infrastructure error,
+// which stops it, or `stop` becomes true (checked between cases and between shrink candidates; the
+// case in progress finishes, and a shrink in progress writes what it has). On tally's model a hang
+// is what the case's path does (the fault empty-rank-skips-collective): a failure to shrink like
+// any other. Throws std::runtime_error when the corpus cannot be written, run::TargetUnavailable
+// when the target cannot be opened, and std::logic_error when the generator produces an invalid
+// case (a bug of tally).
+CampaignResult run_campaign(const CampaignOptions& options, run::Target& target, CampaignObserver& observer,
+                            const std::atomic<bool>* stop = nullptr);
 
 // ---- The mutation score.
 
 struct MutantOptions {
   std::int64_t budget = 1000;  // cases per fault
   std::uint64_t seed = 1;
-  // The cases each fault's campaign generates (its `faults` are set per fault). An mpi or nccl
-  // job sets topology.exact_world; a real target also its limits.
+  // The cases each fault's campaign generates (its `faults` are set per fault), before they are
+  // aimed at the target.
   CaseGenOptions generator;
+  int world = 0;  // as CampaignOptions
   ShrinkLimits shrink;
   std::vector<gradnorm::Fault> faults;  // empty: the whole catalog
   std::string corpus_dir;               // empty: failures are not written
-  // A real target (run/framework_worker.h): why it cannot plant a fault ("" when it can), and the
-  // `target` of each case file written. Empty: the model target.
-  std::function<std::string(gradnorm::Fault)> not_plantable;
-  // A failure counts for the fault only if the case passes without it: a real framework may
-  // miscount on its own (a finding of `tally fuzz`, not of the planted fault). Each failing case,
-  // and each failing shrink, is then run once more with no fault.
-  bool attribute_to_fault = false;
-  bool stop_at_infra_error = false;  // as CampaignOptions
-  std::function<casefile::RealTarget(const casefile::Case& c, const std::string& path)> target_of;
 };
 
 struct MutantResult {
@@ -148,10 +141,13 @@ struct MutantResult {
   std::optional<InfraStop> infra_error;
 };
 
-// For each fault, a campaign with only that fault until a case fails or the budget is spent; with
-// stop_at_infra_error, all stop at the first infrastructure error.
+// For each fault, a campaign on `target` with only that fault until a case fails or the budget is
+// spent; a fault the target cannot plant is not applicable (its reason). On a real framework,
+// which may miscount on its own (a finding of `tally fuzz`, not of the planted fault), a failure
+// counts for the fault only if the case passes without it: each failing case, and each failing
+// shrink, is run once more with no fault; and all stop at the first infrastructure error.
 // `on_result` hears of each fault's result as soon as it is known.
-std::vector<MutantResult> run_mutants(const MutantOptions& options, const CaseRunner& run,
+std::vector<MutantResult> run_mutants(const MutantOptions& options, run::Target& target,
                                       const std::function<void(const MutantResult&)>& on_result = {},
                                       const std::atomic<bool>* stop = nullptr);
 

@@ -61,6 +61,8 @@ oracle::GroundTruth truth_of(const topologies::LogicalModel& model,
   return oracle::ground_truth(model, options.gradients.generator, truth_options);
 }
 
+std::string_view tally_version() { return TALLY_VERSION; }
+
 std::string model_target_producer(const gradnorm::PathOptions& options) {
   return "tally " TALLY_VERSION " (its model of the grad-norm path: optimizer " +
          std::string(gradnorm::optimizer_model_name(options.optimizer)) + ", faults " +

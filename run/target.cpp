@@ -1,6 +1,9 @@
 #include "run/target.h"
 
 #include <array>
+#include <filesystem>
+#include <map>
+#include <system_error>
 
 #include "run/deepspeed/engine.h"
 #include "run/deepspeed/rules.h"
@@ -9,6 +12,8 @@
 namespace tally::run {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 // torchrun starts one rank per process; the worker picks gloo or NCCL for the world
 // (adapters/megatron/README.md, adapters/deepspeed/README.md).
@@ -57,6 +62,106 @@ constexpr FrameworkTarget kDeepSpeed{
 
 constexpr std::array<FrameworkTarget, 2> kTargets{kMegatronCore, kDeepSpeed};
 
+// A real framework through its workers, one per world (run/framework_worker.h).
+class WorkerTarget final : public Target {
+ public:
+  WorkerTarget(const FrameworkTarget& row, WorkerOptions options) : row_(row), pool_(with_engine(row, std::move(options))) {}
+
+  std::string_view name() const override { return row_.name; }
+  bool framework() const override { return true; }
+
+  const TargetAbilities& open(int world) override {
+    if (auto it = opened_.find(world); it != opened_.end()) return it->second;
+    const WorkerHello& hello = hello_of(world);
+    TargetAbilities abilities;
+    abilities.name = hello.framework;
+    abilities.version = hello.version;
+    abilities.world = world;
+    abilities.plants = hello.plants;
+    abilities.framework = true;
+    return opened_.emplace(world, std::move(abilities)).first->second;
+  }
+
+  std::optional<std::string> refusal_before_open(const casefile::Case& c) const override {
+    casefile::Case without_faults = c;  // which faults the worker plants, it says once it is up
+    without_faults.path.faults = {};
+    return row_.unsupported_at(without_faults, "");
+  }
+
+  std::optional<std::string> refusal(const casefile::Case& c) override {
+    return row_.unsupported(c, hello_of(c.topology.world));
+  }
+
+  casefile::Case within(casefile::Case c) override {
+    const WorkerHello& hello = hello_of(c.topology.world);
+    return row_.within(std::move(c), hello);
+  }
+
+  casefile::Case from_flags(casefile::Case c) const override { return row_.from_flags(std::move(c)); }
+
+  std::optional<std::string> manifests_refusal() const override { return std::nullopt; }
+
+  TargetRun execute(const casefile::Case& c, bool /*keep_record*/) override {
+    const WorkerHello& hello = hello_of(c.topology.world);
+    const std::string how = "re-executed by " + hello.framework + " " + hello.version;
+    WorkerRun r = pool_.execute(c);
+    TargetRun out;
+    out.verdict = std::move(r.verdict);
+    out.manifests = std::move(r.manifests);
+    out.how = how;
+    out.seconds = r.seconds;
+    return out;
+  }
+
+  std::optional<casefile::RealTarget> saved_section(const casefile::Case& c, const std::string& case_path) override {
+    const WorkerHello& hello = hello_of(c.topology.world);
+    casefile::RealTarget target{hello.framework, hello.version, ""};
+    const std::optional<std::string> manifests = pool_.manifests_of(c);
+    if (case_path.empty() || !manifests) return target;
+    fs::path saved(case_path);
+    saved.replace_extension(".manifests");
+    std::error_code error;
+    fs::remove_all(saved, error);
+    fs::create_directories(saved, error);
+    if (!error) fs::copy(*manifests, saved, fs::copy_options::recursive | fs::copy_options::overwrite_existing, error);
+    if (error)
+      throw std::runtime_error("cannot save the manifests of " + case_path + " in " + saved.string() + ": " +
+                               error.message());
+    target.manifests = saved.filename().string();
+    return target;
+  }
+
+ private:
+  static WorkerOptions with_engine(const FrameworkTarget& row, WorkerOptions options) {
+    options.engine_config = [&row](const casefile::Case& c) -> std::optional<std::string> {
+      std::optional<nlohmann::ordered_json> config = row.engine_config(c);
+      if (!config) return std::nullopt;
+      return config->dump(2) + "\n";
+    };
+    return options;
+  }
+
+  // The hello of `world`'s worker, starting it; a worker that cannot start, or that says it is
+  // another framework, leaves the target unavailable.
+  const WorkerHello& hello_of(int world) {
+    const WorkerHello* hello = nullptr;
+    try {
+      hello = &pool_.hello(world);
+    } catch (const std::exception& error) {
+      throw TargetUnavailable(error.what());
+    }
+    if (hello->framework != row_.name)
+      throw TargetUnavailable("the worker of --target " + std::string(row_.name) + " (world " + std::to_string(world) +
+                              ") says in its hello that it is '" + hello->framework + "': the --worker command " +
+                              "starts another framework's worker (tally's targets: " + framework_names() + ")");
+    return *hello;
+  }
+
+  const FrameworkTarget& row_;
+  WorkerPool pool_;
+  std::map<int, TargetAbilities> opened_;
+};
+
 }  // namespace
 
 std::span<const FrameworkTarget> framework_targets() { return kTargets; }
@@ -77,6 +182,27 @@ const FrameworkTarget* framework_of(const casefile::Case& c) {
 std::string framework_names(std::string_view separator) {
   std::string out;
   for (const FrameworkTarget& t : kTargets) out += (out.empty() ? "" : std::string(separator)) + std::string(t.name);
+  return out;
+}
+
+std::unique_ptr<Target> framework_target(const FrameworkTarget& row, WorkerOptions options) {
+  return std::make_unique<WorkerTarget>(row, std::move(options));
+}
+
+std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants) {
+  if (plants.planted.contains(name)) return std::nullopt;
+  auto why = plants.not_planted.find(name);
+  return why != plants.not_planted.end() ? why->second : std::string("the worker names no counterpart");
+}
+
+std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants) {
+  std::string out;
+  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
+    if (!faults.has(info.fault)) continue;
+    const std::string name(info.name);
+    if (std::optional<std::string> why = why_not_planted(name, plants))
+      out += (out.empty() ? "" : "; ") + name + " (" + *why + ")";
+  }
   return out;
 }
 

@@ -1,22 +1,113 @@
-// The real targets: one row per framework tally executes cases on through its worker
-// (run/framework_worker.h). A row holds everything tally knows of the framework: its name, the
-// command that starts its worker, the case space its worker builds (refusals naming the rule,
-// and the restriction of generated cases and shrinks to it), the case section it owns, and the
-// engine configuration sent with each case. cli/ reads the table and names no framework; adding
-// a framework is a folder run/<framework>/ and one row here (docs/architecture.md).
+// A target: what executes a case. tally's own model of the grad-norm path (over the sim, mpi or
+// nccl backend), or a real framework, unmodified, through its worker (run/framework_worker.h).
+// The commands and campaigns hold a Target and never ask which kind it is: opening it for a
+// world says what it can do there, it refuses a case with a reason, it restricts a generated
+// case (and each shrink) to what it runs, and it executes a case and returns what the run left.
+//
+// The real targets are one table: a row per framework holds everything tally knows of it (its
+// name, the command that starts its worker, the case space its worker builds, the case section
+// it owns, the engine configuration sent with each case). Adding a framework is a folder
+// run/<framework>/ and one row (docs/architecture.md).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
+#include "gradnorm/faults.h"
+#include "oracle/verdict.h"
+#include "record/run_record.h"
+#include "run/backend.h"
 #include "run/framework_worker.h"
 
 namespace tally::run {
+
+// ---- A target.
+
+// A target that cannot be opened (a worker that never started, or one that says it is another
+// framework): an infrastructure failure, exit code 3, never a verdict.
+class TargetUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a target opened for a world runs.
+struct TargetAbilities {
+  std::string name;     // "model", or a framework's: as --target names it
+  std::string version;  // the framework's release ("0.19.2"); tally's own for its model
+  // The one world its cases have; 0: each case brings its own (the model target on sim).
+  int world = 0;
+  // The catalog faults it can switch on, each with how, and the others with why not.
+  FaultPlants plants;
+  // A real framework, unmodified: it may miscount with no fault planted, a run costs seconds,
+  // and a run that gives no verdict is its machinery failing (a worker), not what the case does.
+  bool framework = false;
+};
+
+// What a run of a case left.
+struct TargetRun {
+  oracle::Verdict verdict;
+  std::optional<record::RunRecord> record;  // the model target's, when execute was asked to keep it
+  std::string manifests;  // a real target's manifest folder; "" when it wrote none
+  std::string how;        // how the verdict came about, where not by tally's model ("re-executed by ...")
+  double seconds = 0.0;   // from the request to the result
+};
+
+class Target {
+ public:
+  virtual ~Target() = default;
+
+  // "model", or the framework's name.
+  virtual std::string_view name() const = 0;
+
+  // A real framework (TargetAbilities::framework), known before it opens.
+  virtual bool framework() const = 0;
+
+  // Opens the target for cases of `world` (a real target starts that world's worker, once) and
+  // says what it runs there. Throws TargetUnavailable.
+  virtual const TargetAbilities& open(int world) = 0;
+
+  // Why no release of the target runs `c`, known before it opens (no worker is started); nullopt
+  // when one may. One line naming the field and the rule.
+  virtual std::optional<std::string> refusal_before_open(const casefile::Case& c) const = 0;
+
+  // Why the target, opened for c's world (opening it), does not run `c`: its release's rules and
+  // the faults it plants. Throws TargetUnavailable.
+  virtual std::optional<std::string> refusal(const casefile::Case& c) = 0;
+
+  // `c` within what the target, opened for c's world, runs: each generated case and each shrink
+  // candidate. Throws TargetUnavailable.
+  virtual casefile::Case within(casefile::Case c) = 0;
+
+  // A case given by flags, as the target runs it (DeepSpeed: its section with its defaults).
+  virtual casefile::Case from_flags(casefile::Case c) const = 0;
+
+  // Why a run's manifests cannot be written out (`tally run --manifests`); nullopt when they can.
+  virtual std::optional<std::string> manifests_refusal() const = 0;
+
+  // Runs `c`, which the target opened for its world does not refuse. `keep_record`: the model
+  // target keeps the run's record (what its manifests are written from). Throws
+  // casefile::InvalidCase (NotRunnableHere where the case does not fit a job) and
+  // TargetUnavailable.
+  virtual TargetRun execute(const casefile::Case& c, bool keep_record = false) = 0;
+
+  // The target section of `c` saved as a case file at `case_path` ("" when it is not saved):
+  // the framework and release, and the manifests of its most recent failing (or kept) run copied
+  // next to the file. nullopt for tally's model. Throws std::runtime_error when the copy fails.
+  virtual std::optional<casefile::RealTarget> saved_section(const casefile::Case& c,
+                                                            const std::string& case_path) = 0;
+};
+
+// tally's model of the path, run on `backend` (which must outlive it).
+std::unique_ptr<Target> model_target(Backend& backend);
+
+// ---- The real targets' table.
 
 struct FrameworkTarget {
   std::string_view name;            // as --target, a case file's target.framework and a worker's hello name it
@@ -52,5 +143,16 @@ const FrameworkTarget* framework_of(const casefile::Case& c);
 
 // "megatron-core, deepspeed": the names, for messages and --help.
 std::string framework_names(std::string_view separator = ", ");
+
+// The framework of `row` through the workers of `options` (its command, timeouts, folder; the
+// engine configuration is the row's). Throws std::runtime_error when the work folder cannot be
+// made.
+std::unique_ptr<Target> framework_target(const FrameworkTarget& row, WorkerOptions options);
+
+// Why a worker cannot plant fault `name` (its own reason, where it gives one); nullopt when it can.
+std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants);
+
+// "name (why)" for each of `faults` that `plants` cannot plant, joined by "; " ("" when it plants all).
+std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants);
 
 }  // namespace tally::run

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "gradnorm/faults.h"
+#include "run/target.h"
 #include "gradnorm/gradients.h"
 #include "record/text.h"
 #include "run/megatron_core/rules.h"

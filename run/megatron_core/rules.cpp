@@ -4,6 +4,7 @@
 #include <charconv>
 
 #include "gradnorm/faults.h"
+#include "run/target.h"
 #include "topologies/logical_model.h"
 #include "topologies/parallel_config.h"
 
@@ -32,23 +33,6 @@ bool uneven_without_middle_chunks(const casefile::Case& c) {
 }
 
 }  // namespace
-
-std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants) {
-  if (plants.planted.contains(name)) return std::nullopt;
-  auto why = plants.not_planted.find(name);
-  return why != plants.not_planted.end() ? why->second : std::string("the worker names no counterpart");
-}
-
-std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants) {
-  std::string out;
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
-    if (!faults.has(info.fault)) continue;
-    const std::string name(info.name);
-    if (std::optional<std::string> why = why_not_planted(name, plants))
-      out += (out.empty() ? "" : "; ") + name + " (" + *why + ")";
-  }
-  return out;
-}
 
 std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
                                                      const FaultPlants& plants) {

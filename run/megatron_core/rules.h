@@ -25,12 +25,6 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
 // GPT model of the same shape; a custom layout has no Megatron counterpart and is returned as it is.
 casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants = {});
 
-// Why the worker cannot plant fault `name` (its own reason, where it gives one); nullopt when it can.
-std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants);
-
-// "name: why" for each of `faults` the worker cannot plant, joined by "; " ("" when it plants all).
-std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants);
-
 // Whether `version` is older than major.minor (an unparsable version counts as the newest).
 bool megatron_core_older_than(std::string_view version, int major, int minor);
 

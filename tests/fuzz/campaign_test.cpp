@@ -9,6 +9,9 @@
 #include <sstream>
 
 #include "casefile/case_file.h"
+#include "run/backend.h"
+#include "run/target.h"
+#include "tests/support/runner_target.h"
 
 namespace tally::fuzz {
 namespace {
@@ -31,6 +34,20 @@ std::string read_file(const std::string& path) {
 }
 
 oracle::Verdict sim(const casefile::Case& c) { return run::run_case(c); }
+
+// A campaign on tally's model on sim, as `tally fuzz` runs it.
+CampaignResult run_on_model(const CampaignOptions& o, CampaignObserver& observer,
+                            const std::atomic<bool>* stop = nullptr) {
+  run::SimBackend backend;
+  const std::unique_ptr<run::Target> model = run::model_target(backend);
+  return run_campaign(o, *model, observer, stop);
+}
+
+std::vector<MutantResult> mutants_on_model(const MutantOptions& o) {
+  run::SimBackend backend;
+  const std::unique_ptr<run::Target> model = run::model_target(backend);
+  return run_mutants(o, *model);
+}
 
 // Replays a case file as `tally replay` does: its expectation must be met.
 void expect_replays(const std::string& path) {
@@ -194,7 +211,7 @@ TEST(Campaign, WritesEachFailureBeforeShrinkingAndBothReplay) {
   o.corpus_dir = fresh_dir("before-shrinking");
   o.max_failures = 2;
   Recorder recorder;
-  const CampaignResult result = run_campaign(o, sim, recorder);
+  const CampaignResult result = run_on_model(o, recorder);
   ASSERT_EQ(result.failures.size(), 2u);
   EXPECT_EQ(result.stopped_by, CampaignResult::Stop::max_failures);
   const std::string a = std::to_string(result.failures[0].index);
@@ -220,7 +237,7 @@ TEST(Campaign, ShrinksTheFirstFailureOfEachSignatureOnlyWhenAsked) {
   o.max_failures = 2;
   o.shrink_repeated_signatures = false;
   Recorder recorder;
-  const CampaignResult result = run_campaign(o, sim, recorder);
+  const CampaignResult result = run_on_model(o, recorder);
   EXPECT_EQ(result.stopped_by, CampaignResult::Stop::max_failures);
   std::vector<std::string> expected;
   int shrunk = 0;
@@ -258,14 +275,14 @@ TEST(Campaign, SameSeedSameFailuresAndFiles) {
   o.max_failures = 3;
   o.corpus_dir = fresh_dir("repeat");
   CampaignObserver quiet;
-  const CampaignResult first = run_campaign(o, sim, quiet);
+  const CampaignResult first = run_on_model(o, quiet);
   ASSERT_FALSE(first.failures.empty());
   std::vector<std::string> files;
   for (const Failure& f : first.failures) {
     files.push_back(read_file(f.original_path));
     files.push_back(read_file(f.shrunk_path));
   }
-  const CampaignResult second = run_campaign(o, sim, quiet);
+  const CampaignResult second = run_on_model(o, quiet);
   ASSERT_EQ(second.failures.size(), first.failures.size());
   EXPECT_EQ(second.cases, first.cases);
   for (std::size_t i = 0; i < first.failures.size(); ++i) {
@@ -281,7 +298,7 @@ TEST(Campaign, FaultFreeCampaignPasses) {
   o.max_cases = 400;
   o.corpus_dir = fresh_dir("fault-free");
   CampaignObserver quiet;
-  const CampaignResult result = run_campaign(o, sim, quiet);
+  const CampaignResult result = run_on_model(o, quiet);
   EXPECT_EQ(result.cases, 400);
   EXPECT_TRUE(result.failures.empty());
   EXPECT_EQ(result.stopped_by, CampaignResult::Stop::cases);
@@ -299,7 +316,7 @@ TEST(Campaign, InterruptKeepsWhatWasFound) {
   o.corpus_dir = fresh_dir("interrupt");
   Recorder recorder;
   recorder.stop = &stop;
-  const CampaignResult result = run_campaign(o, sim, recorder, &stop);
+  const CampaignResult result = run_on_model(o, recorder, &stop);
   EXPECT_EQ(result.stopped_by, CampaignResult::Stop::interrupted);
   ASSERT_EQ(result.failures.size(), 1u);
   EXPECT_FALSE(result.failures[0].shrink_complete);
@@ -312,7 +329,7 @@ TEST(Campaign, StopsOnTime) {
   o.seed = 1;
   o.max_seconds = 0.3;
   CampaignObserver quiet;
-  const CampaignResult result = run_campaign(o, sim, quiet);
+  const CampaignResult result = run_on_model(o, quiet);
   EXPECT_EQ(result.stopped_by, CampaignResult::Stop::time);
   EXPECT_GT(result.cases, 0);
   EXPECT_LT(result.seconds, 5.0);
@@ -327,7 +344,7 @@ TEST(Campaign, HangsAreFailures) {
   o.max_failures = 1;
   o.corpus_dir = fresh_dir("hang");
   CampaignObserver quiet;
-  const CampaignResult result = run_campaign(o, sim, quiet);
+  const CampaignResult result = run_on_model(o, quiet);
   ASSERT_EQ(result.failures.size(), 1u);
   const Failure& f = result.failures[0];
   EXPECT_EQ(f.signature.kind, oracle::Verdict::Kind::infra_error);
@@ -343,7 +360,6 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
   o.max_cases = 50;
   o.generator.faults = {Fault::no_dedup_filter};
   o.corpus_dir = fresh_dir("infra");
-  o.stop_at_infra_error = true;
   int runs = 0;
   const CaseRunner broken_at_third = [&runs](const casefile::Case& c) {
     if (++runs < 3) return oracle::Verdict{};  // passes
@@ -354,7 +370,8 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
     return v;
   };
   CampaignObserver quiet;
-  const CampaignResult result = run_campaign(o, broken_at_third, quiet);
+  testing::RunnerTarget at_third(broken_at_third, 0);
+  const CampaignResult result = run_campaign(o, at_third, quiet);
   EXPECT_EQ(runs, 3) << "nothing shrunk, nothing run after it";
   EXPECT_TRUE(result.failures.empty());
   EXPECT_EQ(result.stopped_by, CampaignResult::Stop::infra_error);
@@ -382,7 +399,8 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
     if (v.kind == oracle::Verdict::Kind::fail && after_failure == 0) after_failure = 1;
     return v;
   };
-  const CampaignResult shrinking = run_campaign(o, broken_while_shrinking, quiet);
+  testing::RunnerTarget while_shrinking(broken_while_shrinking, 0);
+  const CampaignResult shrinking = run_campaign(o, while_shrinking, quiet);
   ASSERT_EQ(shrinking.failures.size(), 1u);
   EXPECT_FALSE(shrinking.failures[0].shrink_complete);
   EXPECT_EQ(shrinking.failures[0].shrink.runs, 2) << "the shrink stopped at the candidate that gave it";
@@ -395,7 +413,7 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
 // The mutation score: every fault is found within the default budget.
 TEST(Mutants, EveryApplicableFaultIsFoundWithinTheDefaultBudget) {
   MutantOptions o;  // budget 1000, seed 1, worlds up to 64
-  const std::vector<MutantResult> results = run_mutants(o, sim);
+  const std::vector<MutantResult> results = mutants_on_model(o);
   ASSERT_EQ(results.size(), static_cast<std::size_t>(gradnorm::kFaultCount));
   for (const MutantResult& r : results) {
     SCOPED_TRACE(std::string(gradnorm::fault_info(r.fault).name));
@@ -412,7 +430,7 @@ TEST(Mutants, ABudgetTooSmallIsReportedAsNotFound) {
   MutantOptions o;
   o.budget = 1;  // case 0 is a single rank at size 0
   o.faults = {Fault::missing_pp_reduction};
-  const std::vector<MutantResult> results = run_mutants(o, sim);
+  const std::vector<MutantResult> results = mutants_on_model(o);
   ASSERT_EQ(results.size(), 1u);
   EXPECT_FALSE(results[0].found);
   EXPECT_EQ(results[0].cases, 1);

@@ -1,0 +1,170 @@
+#include "run/case_job.h"
+
+#include <chrono>
+#include <filesystem>
+#include <system_error>
+
+#include "casefile/case_file.h"
+#include "manifest/manifest_json.h"
+#include "run/model_manifests.h"
+#include "run/run_case.h"
+#include "run/target_run.h"
+
+namespace tally::run {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+void save_case(const std::string& file, const casefile::Case& c) {
+  try {
+    casefile::write_case_file(file, c);
+  } catch (const std::exception& error) {
+    throw JobOutputError(error.what());
+  }
+}
+
+// Why `c`, a case of framework `owner`, is not for `target`; the name of the case is `name`.
+std::string not_for_target(const Target& target, const FrameworkTarget& owner, const casefile::Case& c,
+                           const std::string& name) {
+  const std::string framework(owner.name);
+  if (target.framework())
+    return name + " is a " + framework + " case; --target " + std::string(target.name()) +
+           " cannot re-execute it (use --target " + framework + ")";
+  if (c.target)
+    return name + " is a " + framework + " " + c.target->version + " case: run it with --target " + framework +
+           " where the framework is installed, or judge its saved manifests with `tally replay " + name + "`";
+  return name + " has a " + framework + " section, which only --target " + framework + " reads: run it with --target " +
+         framework + ", or remove the section to run tally's model of Megatron's path";
+}
+
+// A framework's case judged from the manifests its case file saved, without the framework.
+// Returns why it cannot be, or nullopt after setting the verdict.
+std::optional<std::string> judge_saved_run(const CaseJob& job, const FrameworkTarget& owner, CaseJobResult& out) {
+  const std::string framework(owner.name);
+  const casefile::Case& c = job.c;
+  if (!c.target)
+    return "its " + framework + " section is read only by --target " + framework + ": replay it with --target " +
+           framework + " where the framework is installed";
+  if (c.target->manifests.empty())
+    return "a " + framework + " " + c.target->version + " case without saved manifests: replay it with --target " +
+           framework + " where the framework is installed";
+  const std::string dir = (fs::path(job.source).parent_path() / c.target->manifests).string();
+  out.how = "judged from its saved manifests, " + framework + " " + c.target->version;
+  out.verdict = judge_target_run(c, dir, oracle::kFrameworkRtol);
+  return std::nullopt;
+}
+
+// The run's manifests in `dir`: the model target's written from its record, a real target's
+// copied from its folder. Whether there were any (a run that hung leaves none).
+bool write_manifests(const CaseJob& job, const casefile::Case& c, const TargetRun& run) {
+  try {
+    if (run.record) {
+      manifest::write_run(job.manifests, model_manifests(c, *run.record), job.manifest_version);
+      return true;
+    }
+    if (run.manifests.empty()) return false;
+    std::error_code error;
+    fs::create_directories(job.manifests, error);
+    if (!error)
+      fs::copy(run.manifests, job.manifests, fs::copy_options::recursive | fs::copy_options::overwrite_existing, error);
+    if (error) throw std::runtime_error(job.manifests + ": " + error.message());
+    return true;
+  } catch (const std::exception& error) {
+    throw JobOutputError(std::string("--manifests: ") + error.what());
+  }
+}
+
+}  // namespace
+
+casefile::Expectation observed_expectation(const oracle::Verdict& verdict, std::size_t max_params) {
+  casefile::Expectation e;
+  e.outcome = verdict.kind == oracle::Verdict::Kind::pass   ? casefile::Expectation::Outcome::pass
+              : verdict.kind == oracle::Verdict::Kind::fail ? casefile::Expectation::Outcome::fail
+                                                            : casefile::Expectation::Outcome::infra_error;
+  if (e.outcome != casefile::Expectation::Outcome::fail) return e;
+  e.statistics = failed_statistics(verdict);
+  for (const oracle::Miscount& m : verdict.miscounted)
+    if (max_params == 0 || e.miscounted.size() < max_params) e.miscounted.push_back(m.name);
+  return e;
+}
+
+CaseJobResult run_case_job(Target& target, CaseJob job) {
+  const auto start = std::chrono::steady_clock::now();
+  CaseJobResult out;
+  casefile::Case& c = job.c;
+  const std::string name = job.source.empty() ? "this case" : job.source;
+  auto finish = [&]() -> CaseJobResult {
+    out.c = std::move(c);
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::move(out);
+  };
+
+  // 1. The case's framework against the target's.
+  if (const FrameworkTarget* owner = framework_of(c); owner && owner->name != target.name()) {
+    if (!job.judge_saved_runs || target.framework()) {
+      out.refused = not_for_target(target, *owner, c, name);
+      return finish();
+    }
+    if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
+    out.refused = judge_saved_run(job, *owner, out);
+    if (!out.refused && c.expect) out.unmet = unmet_expectation(*c.expect, out.verdict);
+    return finish();
+  }
+
+  // 2, 3. Its own rules, then what the target runs: the rules of every release before it opens,
+  // its release's once it is open.
+  if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
+  const std::string who = target.framework() ? "--target " + std::string(target.name()) : "tally's model";
+  if (std::optional<std::string> why = target.refusal_before_open(c)) {
+    out.refused = who + " cannot run this case: " + *why;
+    return finish();
+  }
+  const TargetAbilities& opened = target.open(c.topology.world);
+  if (std::optional<std::string> why = target.refusal(c)) {
+    out.refused = (target.framework() ? who + " " + opened.version : who) + " cannot run this case: " + *why;
+    return finish();
+  }
+  if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
+  if (job.expect == CaseJob::Expect::pass) c.expect = casefile::Expectation{};
+  if (job.expect == CaseJob::Expect::fail)
+    c.expect = casefile::Expectation{casefile::Expectation::Outcome::fail, {}, {}};
+
+  // 4. On disk before the run: a crash loses nothing.
+  if (!job.save.empty()) save_case(job.save, c);
+
+  // 5. The run, and its manifests where asked.
+  TargetRun run = target.execute(c, /*keep_record=*/!job.manifests.empty());
+  out.verdict = std::move(run.verdict);
+  out.how = run.how;
+  if (!job.manifests.empty()) out.manifests_written = write_manifests(job, c, run);
+
+  // 6. Saved again with its evidence: a real target's manifests next to the case file, so replay
+  // judges it where the framework is not installed (a failure's, and a pass's saved as an
+  // expectation); and the expectation the run showed.
+  if (!job.save.empty()) {
+    bool changed = false;
+    if (out.verdict.kind != oracle::Verdict::Kind::pass || job.expect != CaseJob::Expect::as_given) {
+      try {
+        if (std::optional<casefile::RealTarget> section = target.saved_section(c, job.save)) {
+          changed = changed || *section != c.target;
+          c.target = *section;
+        }
+      } catch (const std::exception& error) {
+        throw JobOutputError(error.what());
+      }
+    }
+    if (job.expect == CaseJob::Expect::observed) {
+      constexpr std::size_t kMaxObservedParams = 32;
+      c.expect = observed_expectation(out.verdict, kMaxObservedParams);
+      changed = true;
+    }
+    if (changed) save_case(job.save, c);
+  }
+
+  // 7. The expectation.
+  if (c.expect) out.unmet = unmet_expectation(*c.expect, out.verdict);
+  return finish();
+}
+
+}  // namespace tally::run

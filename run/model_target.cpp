@@ -1,0 +1,76 @@
+// The model target: tally's own model of the grad-norm path on a backend (sim, mpi, nccl).
+#include <memory>
+
+#include "gradnorm/faults.h"
+#include "run/run_case.h"
+#include "run/target.h"
+
+namespace tally::run {
+
+namespace {
+
+class ModelTarget final : public Target {
+ public:
+  explicit ModelTarget(Backend& backend) : backend_(backend) {
+    abilities_.name = "model";
+    abilities_.version = std::string(tally_version());
+    abilities_.world = backend.world();
+    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
+      const std::string name(info.name);
+      // On sim a hang is a verdict; on mpi and nccl the watchdog ends the whole job (exit 3).
+      if (info.fault == gradnorm::Fault::empty_rank_skips_collective && backend.world() > 0)
+        abilities_.plants.not_planted[name] =
+            "on a process-per-rank backend the hang it causes ends the job (exit 3): run it on sim, or see the "
+            "hang tests";
+      else
+        abilities_.plants.planted[name] = "the rule switched in tally's model of the path";
+    }
+  }
+
+  std::string_view name() const override { return "model"; }
+  bool framework() const override { return false; }
+  const TargetAbilities& open(int /*world*/) override { return abilities_; }
+  std::optional<std::string> refusal_before_open(const casefile::Case&) const override { return std::nullopt; }
+  // On sim a hang is a verdict; on a process-per-rank backend it ends the whole job (exit 3), so a
+  // case that expects one would stop every case after it.
+  std::optional<std::string> refusal(const casefile::Case& c) override {
+    if (backend_.world() == 0 || !c.expect || c.expect->outcome != casefile::Expectation::Outcome::infra_error)
+      return std::nullopt;
+    return "it expects a hang, which ends a " + std::string(backend_.name()) + " job instead of giving a verdict";
+  }
+  casefile::Case within(casefile::Case c) override { return c; }
+  casefile::Case from_flags(casefile::Case c) const override { return c; }
+
+  // The mpi and nccl backends bring back only the verdict to this process, not the path's
+  // result on every rank that the manifests are made from.
+  std::optional<std::string> manifests_refusal() const override {
+    if (backend_.name() == "sim") return std::nullopt;
+    return "the " + std::string(backend_.name()) + " backend returns only the verdict, not each rank's decisions";
+  }
+
+  TargetRun execute(const casefile::Case& c, bool keep_record) override {
+    TargetRun out;
+    if (keep_record && !manifests_refusal()) {
+      CaseRun run = run_case_with_record(c);
+      out.verdict = std::move(run.verdict);
+      out.record = std::move(run.record);
+    } else {
+      out.verdict = backend_.run(c, {});
+    }
+    return out;
+  }
+
+  std::optional<casefile::RealTarget> saved_section(const casefile::Case&, const std::string&) override {
+    return std::nullopt;
+  }
+
+ private:
+  Backend& backend_;
+  TargetAbilities abilities_;
+};
+
+}  // namespace
+
+std::unique_ptr<Target> model_target(Backend& backend) { return std::make_unique<ModelTarget>(backend); }
+
+}  // namespace tally::run

@@ -1,0 +1,67 @@
+// A target for tests: each case is run by a function (a stand-in for a framework that errs, hangs
+// or miscounts in a way the test chooses), opened with the abilities the test gives it.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "run/target.h"
+
+namespace tally::testing {
+
+class RunnerTarget final : public run::Target {
+ public:
+  using Runner = std::function<oracle::Verdict(const casefile::Case&)>;
+
+  // A real framework (megatron-core "0.0-stand-in", every catalog fault planted: a name a case
+  // file may hold) of `world` whose runs are `run`.
+  RunnerTarget(Runner run, int world) : run_(std::move(run)) {
+    abilities_.name = "megatron-core";
+    abilities_.version = "0.0-stand-in";
+    abilities_.world = world;
+    abilities_.framework = true;
+    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+      abilities_.plants.planted[std::string(info.name)] = "the test's";
+  }
+
+  std::string_view name() const override { return abilities_.name; }
+  bool framework() const override { return abilities_.framework; }
+  const run::TargetAbilities& open(int) override {
+    ++opened;
+    return abilities_;
+  }
+  std::optional<std::string> refusal_before_open(const casefile::Case& c) const override {
+    return refuses_before_open ? refuses_before_open(c) : std::nullopt;
+  }
+  std::optional<std::string> refusal(const casefile::Case& c) override {
+    return refuses ? refuses(c) : std::nullopt;
+  }
+  casefile::Case within(casefile::Case c) override { return c; }
+  casefile::Case from_flags(casefile::Case c) const override { return c; }
+  std::optional<std::string> manifests_refusal() const override { return std::nullopt; }
+  run::TargetRun execute(const casefile::Case& c, bool) override {
+    executed.push_back(c);
+    run::TargetRun out;
+    out.verdict = run_(c);
+    out.how = "run by the stand-in";
+    return out;
+  }
+  std::optional<casefile::RealTarget> saved_section(const casefile::Case&, const std::string& path) override {
+    saved_at.push_back(path);
+    return casefile::RealTarget{abilities_.name, abilities_.version, path.empty() ? "" : "evidence"};
+  }
+
+  std::function<std::optional<std::string>(const casefile::Case&)> refuses_before_open, refuses;
+  int opened = 0;
+  std::vector<casefile::Case> executed;
+  std::vector<std::string> saved_at;  // each saved_section's path
+
+ private:
+  Runner run_;
+  run::TargetAbilities abilities_;
+};
+
+}  // namespace tally::testing
