@@ -30,7 +30,7 @@ Case make_case(const tally::topologies::ParallelConfig& config, int i) {
   m.num_experts = config.ep * 2;
   m.moe_ffn_hidden_size = 16 * config.etp;
   m.add_bias_linear = config.etp == 1;
-  c.path.optimizer = static_cast<tally::gradnorm::OptimizerModel>(i % 4);
+  c.path.optimizer = static_cast<tally::vocab::OptimizerModel>(i % 4);
   c.path.gradients.generator.mode = tally::kernels::GradientMode::dyadic;
   c.path.gradients.generator.seed = static_cast<std::uint64_t>(i);
   c.path.max_norm = 1.0;

@@ -68,7 +68,7 @@ Case sample_case(std::mt19937_64& rng, std::map<int, std::vector<ParallelConfig>
       m.moe_ffn_hidden_size = 16 * t.etp;
     }
     m.add_bias_linear = !(moe && t.etp != 1);
-    c.path.optimizer = static_cast<tally::gradnorm::OptimizerModel>(pick(4));
+    c.path.optimizer = static_cast<tally::vocab::OptimizerModel>(pick(4));
     c.path.gradients.generator.mode = modes[static_cast<std::size_t>(pick(static_cast<int>(modes.size())))];
     c.path.gradients.generator.seed = rng();
     c.path.max_norm = 1.0;
@@ -123,15 +123,15 @@ int main(int argc, char** argv) {
   large.model.moe_ffn_hidden_size = 64;
   large.path.gradients.generator.mode = tally::kernels::GradientMode::dyadic;
   large.path.max_norm = 1.0;
-  for (tally::gradnorm::OptimizerModel model :
-       {tally::gradnorm::OptimizerModel::plain, tally::gradnorm::OptimizerModel::distributed,
-        tally::gradnorm::OptimizerModel::layerwise}) {
+  for (tally::vocab::OptimizerModel model :
+       {tally::vocab::OptimizerModel::plain, tally::vocab::OptimizerModel::distributed,
+        tally::vocab::OptimizerModel::layerwise}) {
     large.path.optimizer = model;
     const auto t0 = std::chrono::steady_clock::now();
     const tally::oracle::Verdict verdict = tally::run::run_case(large);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("world 16384 (tp 8, pp 8, ep 64), 16-layer MoE, 64 experts, %s: %s in %.2f s, peak RSS %ld MiB\n",
-                std::string(tally::gradnorm::optimizer_model_name(model)).c_str(),
+                std::string(tally::vocab::optimizer_model_name(model)).c_str(),
                 std::string(tally::oracle::kind_name(verdict.kind)).c_str(), s, peak_rss_mib());
   }
   return 0;

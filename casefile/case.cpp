@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 #include "topologies/logical_model.h"
 
 namespace tally::casefile {
@@ -22,7 +22,7 @@ std::optional<std::string> check_case(const Case& c) {
   if (std::optional<std::string> error = topologies::check_model(c.model, c.topology)) return error;
   if (!c.deepspeed)
     if (std::optional<std::string> error = topologies::check_megatron_expert_bias(c.model, c.topology)) return error;
-  const gradnorm::PathOptions& o = c.path;
+  const vocab::PathOptions& o = c.path;
   for (double p : o.p_values)
     if (!std::isfinite(p) || p <= 0.0)
       return "p-norm p " + std::to_string(p) + " must be finite and > 0";
@@ -30,13 +30,13 @@ std::optional<std::string> check_case(const Case& c) {
   if (!std::isfinite(o.max_norm) || o.max_norm < 0.0)
     return "max_norm must be finite and >= 0 (0: no clipping)";
   if (o.bucket_elements < 0) return "bucket_elements must be >= 0 (0: one bucket per buffer)";
-  if (gradnorm::states_gradients(o.gradients, c.model)) return gradnorm::check_stated(o.gradients, topologies::LogicalModel(c.model, c.topology));
+  if (vocab::states_gradients(o.gradients, c.model)) return vocab::check_stated(o.gradients, topologies::LogicalModel(c.model, c.topology));
   return std::nullopt;
 }
 
 void drop_stated_gradients_without_a_param(Case& c, const topologies::ParallelConfig& naming) {
   const topologies::LogicalModel model(c.model, naming);
-  std::erase_if(c.path.gradients.stated, [&](const gradnorm::StatedFor& s) {
+  std::erase_if(c.path.gradients.stated, [&](const vocab::StatedFor& s) {
     return std::none_of(model.params().begin(), model.params().end(), [&](const topologies::LogicalParam& p) {
       return s.param.empty() ? p.param_class == s.param_class : p.name == s.param;
     });

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "gradnorm/path_options.h"
+#include "vocab/path_options.h"
 #include "topologies/model_spec.h"
 #include "topologies/parallel_config.h"
 
@@ -57,7 +57,7 @@ struct Case {
   std::string description;
   topologies::ParallelConfig topology;
   topologies::ModelSpec model;
-  gradnorm::PathOptions path;
+  vocab::PathOptions path;
   std::optional<DeepSpeedConfig> deepspeed;  // only for the deepspeed target
   std::optional<RealTarget> target;  // absent: tally's model of the path (the model target)
   std::optional<Expectation> expect;

@@ -6,8 +6,8 @@
 #include <limits>
 #include <set>
 
-#include "casefile/atomic_file.h"
-#include "casefile/json_read.h"
+#include "io/atomic_file.h"
+#include "io/json_read.h"
 #include "casefile/model_json.h"
 #include "topologies/logical_model.h"
 
@@ -21,6 +21,22 @@ namespace {
 
 using nlohmann::json;
 using nlohmann::ordered_json;
+using io::JsonReadError;
+using io::escape_controls;
+using io::fail;
+using io::parse_json;
+using io::read_array;
+using io::read_bool;
+using io::read_bounded_file;
+using io::read_choice;
+using io::read_integer;
+using io::read_number;
+using io::read_object;
+using io::read_string;
+using io::read_uint64;
+using io::shown;
+using io::type_word;
+using io::write_file_atomically;
 
 constexpr std::size_t kMaxOrderLength = 64;
 constexpr std::size_t kMaxPNorms = 8;
@@ -99,17 +115,17 @@ topologies::ParallelConfig read_topology(const json& value, const std::string& p
   return t;
 }
 
-void read_optimizer(const json& value, const std::string& path, gradnorm::PathOptions& o) {
+void read_optimizer(const json& value, const std::string& path, vocab::PathOptions& o) {
   const std::vector<std::string_view> models = [] {
     std::vector<std::string_view> names;
-    for (const gradnorm::OptimizerModelInfo& info : gradnorm::optimizer_models())
+    for (const vocab::OptimizerModelInfo& info : vocab::optimizer_models())
       names.push_back(info.name);
     return names;
   }();
   read_object(value, path,
               {{"model",
                 [&](const json& v, const std::string& p) {
-                  o.optimizer = gradnorm::optimizer_models()[read_choice(v, p, models)].model;
+                  o.optimizer = vocab::optimizer_models()[read_choice(v, p, models)].model;
                 }},
                {"bucket_elements",
                 [&](const json& v, const std::string& p) {
@@ -120,8 +136,8 @@ void read_optimizer(const json& value, const std::string& path, gradnorm::PathOp
 }
 
 // {"param": NAME, "gradient": G} or {"class": CLASS, "gradient": G} (model_json.h reads G).
-gradnorm::StatedFor read_stated_for(const json& value, const std::string& path) {
-  gradnorm::StatedFor s;
+vocab::StatedFor read_stated_for(const json& value, const std::string& path) {
+  vocab::StatedFor s;
   read_object(value, path,
               {{"param",
                 [&](const json& v, const std::string& p) { s.param = read_string(v, p, topologies::kMaxNameLength); }},
@@ -141,7 +157,7 @@ gradnorm::StatedFor read_stated_for(const json& value, const std::string& path) 
   return s;
 }
 
-void read_gradients(const json& value, const std::string& path, gradnorm::GradientSpec& g) {
+void read_gradients(const json& value, const std::string& path, vocab::GradientSpec& g) {
   read_object(
       value, path,
       {{"mode",
@@ -169,7 +185,7 @@ void read_gradients(const json& value, const std::string& path, gradnorm::Gradie
                                          std::string(topologies::class_name(known));
                                fail(at, "expected a param class (" + list + "), got " + message_quote(name));
                              }
-                             g.class_mask |= gradnorm::class_bit(*c);
+                             g.class_mask |= vocab::class_bit(*c);
                            });
         }},
        {"stated",
@@ -180,7 +196,7 @@ void read_gradients(const json& value, const std::string& path, gradnorm::Gradie
       "the gradients");
 }
 
-void read_statistics(const json& value, const std::string& path, gradnorm::PathOptions& o) {
+void read_statistics(const json& value, const std::string& path, vocab::PathOptions& o) {
   read_object(value, path,
               {{"accumulation",
                 [&](const json& v, const std::string& p) {
@@ -208,11 +224,11 @@ void read_statistics(const json& value, const std::string& path, gradnorm::PathO
               "the statistics");
 }
 
-gradnorm::FaultSet read_faults(const json& value, const std::string& path) {
-  gradnorm::FaultSet faults;
-  read_string_list(value, path, gradnorm::kFaultCount, 64,
+vocab::FaultSet read_faults(const json& value, const std::string& path) {
+  vocab::FaultSet faults;
+  read_string_list(value, path, vocab::kFaultCount, 64,
                    [&](const std::string& name, const std::string& at) {
-                     const std::optional<gradnorm::Fault> fault = gradnorm::fault_from_name(name);
+                     const std::optional<vocab::Fault> fault = vocab::fault_from_name(name);
                      if (!fault)
                        fail(at, message_quote(name) + " is not a fault of the catalog (tally run --list-faults)");
                      faults = faults.with(*fault);
@@ -353,7 +369,7 @@ Case read_case(const json& value, const std::string& path) {
                            TALLY_VERSION + " reads version " + std::to_string(kCaseFileVersion));
 
   Case c;
-  gradnorm::PathOptions& o = c.path;
+  vocab::PathOptions& o = c.path;
   // Defaults: tally run's flag defaults (docs/case-files.md).
   o.gradients.generator.mode = kernels::GradientMode::dyadic;
   o.gradients.generator.dtype = kernels::Dtype::fp32;
@@ -400,7 +416,7 @@ ordered_json string_array(const std::vector<std::string>& items) {
 }  // namespace
 
 ordered_json case_to_json(const Case& c) {
-  const gradnorm::PathOptions& o = c.path;
+  const vocab::PathOptions& o = c.path;
   ordered_json j;
   j["tally_case"] = kCaseFileVersion;
   j["description"] = c.description;
@@ -413,7 +429,7 @@ ordered_json case_to_json(const Case& c) {
     j["topology"]["egtp"] = t.egtp;
   }
   j["model"] = model_spec_to_json(c.model);
-  j["optimizer"] = {{"model", gradnorm::optimizer_model_name(o.optimizer)},
+  j["optimizer"] = {{"model", vocab::optimizer_model_name(o.optimizer)},
                     {"bucket_elements", o.bucket_elements}};
   ordered_json gradients = {{"mode", kernels::mode_name(o.gradients.generator.mode)},
                             {"dtype", kernels::dtype_name(o.gradients.generator.dtype)},
@@ -425,12 +441,12 @@ ordered_json case_to_json(const Case& c) {
                                   " has bits beyond the param classes (use ~0 for all)");
     ordered_json classes = ordered_json::array();
     for (topologies::ParamClass pc : topologies::kAllParamClasses)
-      if (o.gradients.class_mask & gradnorm::class_bit(pc)) classes.push_back(topologies::class_name(pc));
+      if (o.gradients.class_mask & vocab::class_bit(pc)) classes.push_back(topologies::class_name(pc));
     gradients["classes"] = std::move(classes);
   }
   if (!o.gradients.stated.empty()) {
     ordered_json stated = ordered_json::array();
-    for (const gradnorm::StatedFor& s : o.gradients.stated) {
+    for (const vocab::StatedFor& s : o.gradients.stated) {
       ordered_json entry;
       if (s.param_class) entry["class"] = topologies::class_name(*s.param_class);
       else entry["param"] = s.param;
@@ -444,7 +460,7 @@ ordered_json case_to_json(const Case& c) {
                      {"p_norms", o.p_values},
                      {"max_norm", o.max_norm}};
   ordered_json faults = ordered_json::array();
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+  for (const vocab::FaultInfo& info : vocab::fault_catalog())
     if (o.faults.has(info.fault)) faults.push_back(info.name);
   j["faults"] = std::move(faults);
   if (c.deepspeed) {

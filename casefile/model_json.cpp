@@ -2,13 +2,27 @@
 
 #include <vector>
 
-#include "casefile/json_read.h"
+#include "io/json_read.h"
 
 namespace tally::casefile {
 
 namespace {
 
 using nlohmann::json;
+using io::Field;
+using io::JsonReadError;
+using io::fail;
+using io::parse_json;
+using io::read_array;
+using io::read_bool;
+using io::read_bounded_file;
+using io::read_choice;
+using io::read_integer;
+using io::read_number;
+using io::read_object;
+using io::read_string;
+using io::shown;
+using io::type_word;
 using topologies::CustomParam;
 using topologies::ModelKind;
 using topologies::ModelSpec;

@@ -25,7 +25,7 @@ nlohmann::ordered_json model_spec_to_json(const topologies::ModelSpec& spec);
 
 // A stated gradient (topologies::StatedGradient): a number (a constant for every element),
 // {"scale": x} (the generated values times x), or an array of one number per element. Throws the
-// reader's error naming `path`; the rules that need the model are gradnorm::check_stated's.
+// reader's error naming `path`; the rules that need the model are vocab::check_stated's.
 topologies::StatedGradient stated_gradient_from_json(const nlohmann::json& json, const std::string& path);
 nlohmann::ordered_json stated_gradient_to_json(const topologies::StatedGradient& gradient);
 

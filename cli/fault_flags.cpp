@@ -7,12 +7,12 @@
 
 namespace tally::cli {
 
-std::vector<gradnorm::Fault> parse_fault_list(const std::vector<std::string>& lists,
+std::vector<vocab::Fault> parse_fault_list(const std::vector<std::string>& lists,
                                               const std::string& flag) {
   const std::string choices = "(none, all, or names from tally run --list-faults)";
-  std::vector<gradnorm::Fault> faults;
+  std::vector<vocab::Fault> faults;
   bool none = false;
-  auto add = [&](gradnorm::Fault fault) {
+  auto add = [&](vocab::Fault fault) {
     if (std::find(faults.begin(), faults.end(), fault) == faults.end()) faults.push_back(fault);
   };
   for (const std::string& list : lists) {
@@ -24,8 +24,8 @@ std::vector<gradnorm::Fault> parse_fault_list(const std::vector<std::string>& li
       if (name == "none") {
         none = true;
       } else if (name == "all") {
-        for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) add(info.fault);
-      } else if (const std::optional<gradnorm::Fault> fault = gradnorm::fault_from_name(name)) {
+        for (const vocab::FaultInfo& info : vocab::fault_catalog()) add(info.fault);
+      } else if (const std::optional<vocab::Fault> fault = vocab::fault_from_name(name)) {
         add(*fault);
       } else {
         throw UsageError(flag + " '" + name + "' is not in the catalog " + choices);

@@ -17,7 +17,7 @@
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "run/target.h"
 
 namespace tally::cli {
@@ -28,7 +28,7 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
   nlohmann::ordered_json j;
   j["case"] = f.index;
   j["failure"] = fuzz::describe(f.signature);
-  j["faults"] = gradnorm::fault_list(f.original.path.faults);
+  j["faults"] = vocab::fault_list(f.original.path.faults);
   j["original"] = f.original_path;
   j["original_world"] = f.original.topology.world;
   if (f.same_as) {  // not shrunk (--shrink new): the earlier failure's case number
@@ -54,12 +54,12 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
 }
 
 // The campaign's faults as its header and summary show them.
-std::string faults_text(const std::vector<gradnorm::Fault>& faults, bool all_asked) {
+std::string faults_text(const std::vector<vocab::Fault>& faults, bool all_asked) {
   if (faults.empty()) return "none";
-  if (faults.size() == gradnorm::fault_catalog().size()) return "all (one per case)";
+  if (faults.size() == vocab::fault_catalog().size()) return "all (one per case)";
   if (all_asked) return "all " + std::to_string(faults.size()) + " the target plants (one per case)";
   std::string out;
-  for (gradnorm::Fault f : faults) out += (out.empty() ? "" : ",") + std::string(gradnorm::fault_info(f).name);
+  for (vocab::Fault f : faults) out += (out.empty() ? "" : ",") + std::string(vocab::fault_info(f).name);
   return out;
 }
 
@@ -102,7 +102,7 @@ std::vector<fuzz::JunitCase> junit_cases(std::uint64_t seed, std::int64_t cases,
     j.classname = "tally.fuzz";
     j.seconds = f.shrink.seconds;
     j.failure = fuzz::describe(f.signature) + " at case " + std::to_string(f.index) + " (faults " +
-                gradnorm::fault_list(f.original.path.faults) + ")\n" +
+                vocab::fault_list(f.original.path.faults) + ")\n" +
                 case_summary(f.shrunk_done ? f.shrunk : f.original);
     if (!f.shrunk_path.empty()) j.failure += "\nreplay: tally replay " + f.shrunk_path;
     if (!f.original_path.empty()) j.failure += "\nreplay: tally replay " + f.original_path;
@@ -153,7 +153,7 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
     if (quiet_) return;
     end_live_line();
     out_ << "FAILURE at case " << f.index << ": " << fuzz::describe(f.signature) << " (faults "
-         << gradnorm::fault_list(f.original.path.faults) << ")\n"
+         << vocab::fault_list(f.original.path.faults) << ")\n"
          << indent(case_summary(f.original), "  ") << '\n';
     if (!f.original_path.empty()) out_ << "  saved " << f.original_path << '\n';
     if (!f.same_as) out_ << "  shrinking..." << std::flush;
@@ -236,7 +236,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.shrink.max_runs = o.shrink_runs;
   campaign.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
 
-  std::vector<gradnorm::Fault> asked = parse_fault_list({o.faults}, "--faults");
+  std::vector<vocab::Fault> asked = parse_fault_list({o.faults}, "--faults");
 
   // The target opens first: a real framework's worker for --world (its release decides what it
   // builds and plants).
@@ -250,11 +250,11 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   // Each case switches on one of the faults: "all" is every fault the target plants; a fault named
   // that it cannot plant is an error.
   if (o.faults == "all")
-    std::erase_if(asked, [&](gradnorm::Fault f) {
-      return run::why_not_planted(std::string(gradnorm::fault_info(f).name), opened->plants).has_value();
+    std::erase_if(asked, [&](vocab::Fault f) {
+      return run::why_not_planted(std::string(vocab::fault_info(f).name), opened->plants).has_value();
     });
-  gradnorm::FaultSet asked_set;
-  for (gradnorm::Fault f : asked) asked_set = asked_set.with(f);
+  vocab::FaultSet asked_set;
+  for (vocab::Fault f : asked) asked_set = asked_set.with(f);
   if (std::string why = run::unplantable(asked_set, opened->plants); !why.empty())
     throw UsageError("--faults: " +
                      (opened->framework ? "the " + opened->name + " " + opened->version + " worker"

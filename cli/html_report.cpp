@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "casefile/atomic_file.h"
+#include "io/atomic_file.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "topologies/logical_model.h"
@@ -260,7 +260,7 @@ std::string html_report(const HtmlReport& r) {
 }
 
 void write_html_report(const std::string& file, const HtmlReport& report) {
-  casefile::write_file_atomically(file, html_report(report), "HTML report");
+  io::write_file_atomically(file, html_report(report), "HTML report");
 }
 
 void write_case_html(const std::string& file, const std::string& title, const casefile::Case& c,

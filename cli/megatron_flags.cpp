@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "kernels/gradient_generator.h"
 #include "topologies/model_spec.h"
 
@@ -98,18 +98,18 @@ MegatronArgs megatron_args(const casefile::Case& c) {
     if (s.last_stage_layers) integer("--decoder-last-pipeline-num-layers", *s.last_stage_layers);
   }
 
-  const gradnorm::PathOptions& o = c.path;
+  const vocab::PathOptions& o = c.path;
   switch (o.optimizer) {
-    case gradnorm::OptimizerModel::plain: break;
-    case gradnorm::OptimizerModel::distributed:
+    case vocab::OptimizerModel::plain: break;
+    case vocab::OptimizerModel::distributed:
       flag("--use-distributed-optimizer");
       if (o.bucket_elements > 0) integer("--ddp-bucket-size", o.bucket_elements);
       break;
-    case gradnorm::OptimizerModel::layerwise:
+    case vocab::OptimizerModel::layerwise:
       value("--optimizer", "muon");
       flag("--use-layer-wise-distributed-optimizer");
       break;
-    case gradnorm::OptimizerModel::muon: value("--optimizer", "muon"); break;
+    case vocab::OptimizerModel::muon: value("--optimizer", "muon"); break;
   }
   value("--clip-grad", number_text(o.max_norm));
 
@@ -120,7 +120,7 @@ MegatronArgs megatron_args(const casefile::Case& c) {
   m.notes.push_back(gradients + " and the accumulation are tally's: a Megatron-LM run takes "
                                 "its gradients from the data");
   if (!o.faults.empty())
-    m.notes.push_back("faults " + gradnorm::fault_list(o.faults) +
+    m.notes.push_back("faults " + vocab::fault_list(o.faults) +
                       ": each is a wrong rule some framework version shipped, not a flag");
   return m;
 }

@@ -17,7 +17,7 @@
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "run/target.h"
 
 namespace tally::cli {
@@ -76,7 +76,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   }
   auto on_result = [&](const fuzz::MutantResult& r) {
     if (o.json) return;
-    const std::string name(gradnorm::fault_info(r.fault).name);
+    const std::string name(vocab::fault_info(r.fault).name);
     if (!r.not_applicable.empty()) {
       std::snprintf(row, sizeof row, format, name.c_str(), "n/a", "-",
                     ("not applicable: " + r.not_applicable).c_str(), "");
@@ -110,7 +110,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
     ++applicable;
     if (r.infra_error) continue;  // neither found nor missed
     if (r.found) ++found;
-    else missed += (missed.empty() ? "" : ", ") + std::string(gradnorm::fault_info(r.fault).name);
+    else missed += (missed.empty() ? "" : ", ") + std::string(vocab::fault_info(r.fault).name);
   }
   const bool interrupted = interrupt.interrupted();
   if (o.json) {
@@ -122,7 +122,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
     j["faults"] = nlohmann::ordered_json::array();
     for (const fuzz::MutantResult& r : results) {
       nlohmann::ordered_json f;
-      f["fault"] = std::string(gradnorm::fault_info(r.fault).name);
+      f["fault"] = std::string(vocab::fault_info(r.fault).name);
       if (!r.not_applicable.empty()) {
         f["applicable"] = false;
         f["reason"] = r.not_applicable;

@@ -23,7 +23,7 @@
 #include "casefile/case.h"
 #include "run/run_case.h"
 #include "casefile/case_file.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "run/case_job.h"
 #include "manifest/manifest_json.h"
 #include "cli/target_flags.h"
@@ -84,7 +84,7 @@ std::uint32_t parse_classes(const std::vector<std::string>& names) {
       const std::optional<topologies::ParamClass> c = topologies::class_from_name(name);
       if (!c)
         throw UsageError("--grad-classes '" + name + "' is not a param class (" + kClassNames + ")");
-      mask |= gradnorm::class_bit(*c);
+      mask |= vocab::class_bit(*c);
     }
   }
   return mask;
@@ -92,7 +92,7 @@ std::uint32_t parse_classes(const std::vector<std::string>& names) {
 
 // "NAME=0.1", "expert-row-bias=x3", "w=[1,2,3,4]": the gradients a bug report states for a param
 // (by its logical name) or a class.
-gradnorm::StatedFor parse_grad_value(const std::string& text) {
+vocab::StatedFor parse_grad_value(const std::string& text) {
   const std::string flag = "--grad-value '" + text + "'";
   const std::size_t eq = text.rfind('=', text.find('['));
   if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
@@ -103,7 +103,7 @@ gradnorm::StatedFor parse_grad_value(const std::string& text) {
     if (first == std::string::npos) return std::string();
     return item.substr(first, item.find_last_not_of(" \t") - first + 1);
   };
-  gradnorm::StatedFor s;
+  vocab::StatedFor s;
   std::string selector = trimmed(text.substr(0, eq));
   const bool as_param = selector.starts_with("param:"), as_class = selector.starts_with("class:");
   if (as_param || as_class) selector = trimmed(selector.substr(6));
@@ -153,9 +153,9 @@ casefile::Case case_from_flags(const RunOptions& o) {
   casefile::Case c;
   c.topology = to_valid_config(o.topology);
   c.model = to_model_spec(o.model);
-  gradnorm::PathOptions& path = c.path;
-  path.optimizer = parse_choice<gradnorm::OptimizerModel>(
-      "--optimizer", o.optimizer, gradnorm::optimizer_model_from_name,
+  vocab::PathOptions& path = c.path;
+  path.optimizer = parse_choice<vocab::OptimizerModel>(
+      "--optimizer", o.optimizer, vocab::optimizer_model_from_name,
       "plain, distributed, layerwise, muon");
   path.gradients.generator.mode = parse_choice<kernels::GradientMode>(
       "--grads", o.grads, kernels::mode_from_name,
@@ -170,7 +170,7 @@ casefile::Case case_from_flags(const RunOptions& o) {
   path.p_values = o.p_norms;
   path.max_norm = o.max_norm;
   path.bucket_elements = o.bucket_elements;
-  for (gradnorm::Fault fault : parse_fault_list(o.faults, "--fault")) path.faults = path.faults.with(fault);
+  for (vocab::Fault fault : parse_fault_list(o.faults, "--fault")) path.faults = path.faults.with(fault);
   if (!o.megatron_release.empty()) {
     std::string names;
     for (const gradnorm::ReleaseInfo& info : gradnorm::megatron_releases())
@@ -187,7 +187,7 @@ casefile::Case case_from_flags(const RunOptions& o) {
 // The catalog as JSON: what the workers' plant tables are tested against, by name.
 void print_fault_catalog_json(std::ostream& out) {
   nlohmann::ordered_json faults = nlohmann::ordered_json::array();
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+  for (const vocab::FaultInfo& info : vocab::fault_catalog())
     faults.push_back({{"name", info.name},
                       {"provenance", info.provenance},
                       {"wrong_rule", info.wrong_rule},
@@ -197,7 +197,7 @@ void print_fault_catalog_json(std::ostream& out) {
 
 void print_fault_catalog(std::ostream& out) {
   out << "Faults (each replaces one rule with the wrong rule a real framework shipped):\n\n";
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
+  for (const vocab::FaultInfo& info : vocab::fault_catalog()) {
     out << info.name << "\n  from:    " << info.provenance << "\n  wrong:   " << info.wrong_rule
         << "\n  trigger: " << info.trigger << "\n\n";
   }

@@ -4,8 +4,8 @@
 #include <iomanip>
 #include <sstream>
 
-#include "gradnorm/faults.h"
-#include "gradnorm/gradients.h"
+#include "vocab/faults.h"
+#include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
 
 namespace tally::cli {
@@ -22,7 +22,7 @@ std::string classes_text(std::uint32_t mask) {
   if (mask == ~std::uint32_t{0}) return "";
   std::string out;
   for (topologies::ParamClass c : topologies::kAllParamClasses)
-    if (mask & gradnorm::class_bit(c)) out += (out.empty() ? "" : ",") + std::string(topologies::class_name(c));
+    if (mask & vocab::class_bit(c)) out += (out.empty() ? "" : ",") + std::string(topologies::class_name(c));
   return " (" + (out.empty() ? std::string("no class") : out) + " only)";
 }
 
@@ -39,7 +39,7 @@ std::string times_text(std::int64_t counted, std::int64_t expected) {
 
 // " (stated: p0 = 0.1, expert-row-bias x 3)" or "".
 std::string stated_text(const casefile::Case& c) {
-  const std::string stated = gradnorm::describe_stated(c.path.gradients, c.model);
+  const std::string stated = vocab::describe_stated(c.path.gradients, c.model);
   return stated.empty() ? "" : " (stated: " + stated + ")";
 }
 
@@ -58,16 +58,16 @@ std::string case_summary(const casefile::Case& c) {
   if (t.vpp != 1) out << ", vpp " << t.vpp;
   if (t.dist_opt_instances != 1) out << ", " << t.dist_opt_instances << " dist-opt instances";
   out << ")\nmodel: " << topologies::describe(c.model) << "\noptimizer "
-      << gradnorm::optimizer_model_name(c.path.optimizer) << ", gradients "
+      << vocab::optimizer_model_name(c.path.optimizer) << ", gradients "
       << kernels::mode_name(c.path.gradients.generator.mode) << " "
       << kernels::dtype_name(c.path.gradients.generator.dtype) << " seed "
       << c.path.gradients.generator.seed << classes_text(c.path.gradients.class_mask)
       << stated_text(c)
       << ", accumulation " << kernels::accumulation_name(c.path.accumulation);
   if (c.path.max_norm > 0) out << ", max_norm " << record::all_digits(c.path.max_norm);
-  if (c.path.optimizer == gradnorm::OptimizerModel::distributed && c.path.bucket_elements > 0)
+  if (c.path.optimizer == vocab::OptimizerModel::distributed && c.path.bucket_elements > 0)
     out << ", buckets of " << c.path.bucket_elements;
-  out << "\nfaults: " << gradnorm::fault_list(c.path.faults);
+  out << "\nfaults: " << vocab::fault_list(c.path.faults);
   return out.str();
 }
 

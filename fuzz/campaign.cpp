@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "casefile/atomic_file.h"
+#include "io/atomic_file.h"
 #include "casefile/case_file.h"
 #include "run/case_job.h"
 
@@ -28,7 +28,7 @@ void ensure_dir(const std::string& dir) {
   if (error) throw std::runtime_error("cannot create corpus directory " + dir + ": " + error.message());
 }
 
-std::string fault_names(const casefile::Case& c) { return gradnorm::fault_list(c.path.faults); }
+std::string fault_names(const casefile::Case& c) { return vocab::fault_list(c.path.faults); }
 
 }  // namespace
 
@@ -114,7 +114,7 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
     save_target_section(s.c, s.path);
     if (!s.path.empty()) {
       casefile::write_case_file(s.path, s.c);
-      casefile::write_file_atomically(s.message_path, s.verdict.infra_call + ": " + s.verdict.infra_message + "\n",
+      io::write_file_atomically(s.message_path, s.verdict.infra_call + ": " + s.verdict.infra_message + "\n",
                                       "infrastructure error's message");
     }
     result.stopped_by = CampaignResult::Stop::infra_error;
@@ -235,9 +235,9 @@ CampaignResult run_campaign(const CampaignOptions& options, run::Target& target,
 std::vector<MutantResult> run_mutants(const MutantOptions& options, run::Target& target,
                                       const std::function<void(const MutantResult&)>& on_result,
                                       const std::atomic<bool>* stop) {
-  std::vector<gradnorm::Fault> faults = options.faults;
+  std::vector<vocab::Fault> faults = options.faults;
   if (faults.empty())
-    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) faults.push_back(info.fault);
+    for (const vocab::FaultInfo& info : vocab::fault_catalog()) faults.push_back(info.fault);
   const run::TargetAbilities& opened = target.open(options.world);
   const CaseRunner run = [&target](const casefile::Case& c) { return run_on(target, c); };
   // A real framework may miscount on its own: the failure is the fault's only if the case passes
@@ -253,11 +253,11 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, run::Target&
   };
   const CaseRunner& runner = opened.framework ? attributed : run;
   std::vector<MutantResult> results;
-  for (gradnorm::Fault fault : faults) {
+  for (vocab::Fault fault : faults) {
     if (stop && stop->load()) break;
     MutantResult r;
     r.fault = fault;
-    if (std::optional<std::string> why = run::why_not_planted(std::string(gradnorm::fault_info(fault).name), opened.plants)) {
+    if (std::optional<std::string> why = run::why_not_planted(std::string(vocab::fault_info(fault).name), opened.plants)) {
       r.not_applicable = (opened.framework ? "the target plants no counterpart: " : "") + *why;
     } else {
       CampaignOptions campaign;

@@ -21,7 +21,7 @@
 #include "run/target.h"
 #include "fuzz/generators.h"
 #include "fuzz/shrink.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 
 namespace tally::fuzz {
 
@@ -126,12 +126,12 @@ struct MutantOptions {
   CaseGenOptions generator;
   int world = 0;  // as CampaignOptions
   ShrinkLimits shrink;
-  std::vector<gradnorm::Fault> faults;  // empty: the whole catalog
+  std::vector<vocab::Fault> faults;  // empty: the whole catalog
   std::string corpus_dir;               // empty: failures are not written
 };
 
 struct MutantResult {
-  gradnorm::Fault fault{};
+  vocab::Fault fault{};
   std::string not_applicable;  // non-empty: why this backend cannot run it, and nothing was run
   bool found = false;
   std::int64_t cases = 0;  // cases run (the finding one included)

@@ -356,12 +356,12 @@ ModelSpec pick_custom(const ParallelConfig& c) {
   return s;
 }
 
-gradnorm::PathOptions pick_path_options() {
+vocab::PathOptions pick_path_options() {
   using kernels::GradientMode;
-  gradnorm::PathOptions o;
-  constexpr gradnorm::OptimizerModel kOptimizers[] = {
-      gradnorm::OptimizerModel::plain, gradnorm::OptimizerModel::distributed,
-      gradnorm::OptimizerModel::layerwise, gradnorm::OptimizerModel::muon};
+  vocab::PathOptions o;
+  constexpr vocab::OptimizerModel kOptimizers[] = {
+      vocab::OptimizerModel::plain, vocab::OptimizerModel::distributed,
+      vocab::OptimizerModel::layerwise, vocab::OptimizerModel::muon};
   o.optimizer = kOptimizers[*uniform_index(4)];
   constexpr GradientMode kModes[] = {GradientMode::ones,    GradientMode::dyadic,
                                      GradientMode::rank_encoded, GradientMode::zeros,
@@ -384,7 +384,7 @@ gradnorm::PathOptions pick_path_options() {
   if (p_kind == 3) o.p_values = {1.0, 3.0};
   const bool selective = flag(10);
   const int selected = *uniform_index(topologies::kParamClassCount);
-  if (selective) o.gradients.class_mask = gradnorm::class_bit(kClassOrder[selected]);
+  if (selective) o.gradients.class_mask = vocab::class_bit(kClassOrder[selected]);
   return o;
 }
 
@@ -425,7 +425,7 @@ rc::Gen<ModelSpec> gen_model(const ParallelConfig& config) {
   });
 }
 
-rc::Gen<gradnorm::PathOptions> gen_path_options() {
+rc::Gen<vocab::PathOptions> gen_path_options() {
   return rc::gen::exec([] { return pick_path_options(); });
 }
 
@@ -437,7 +437,7 @@ rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
           options.faults.empty() ? 0 : *fixed_index(static_cast<int>(options.faults.size()));
       const bool zero_count_fault =
           !options.faults.empty() &&
-          options.faults[static_cast<std::size_t>(fault_index)] == gradnorm::Fault::zero_count_in_float32;
+          options.faults[static_cast<std::size_t>(fault_index)] == vocab::Fault::zero_count_in_float32;
       const int one_in = std::max(0, zero_count_fault ? options.big_zeros_one_in_for_its_fault
                                                       : options.big_zeros_one_in);
       const bool big_zeros = one_in > 0 && *weighted_index({one_in - 1, 1}) == 1 && !options.gpt_only;
@@ -458,13 +458,13 @@ rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
       c.path = *gen_path_options();
       if (big_zeros) c.path.gradients.generator.mode = kernels::GradientMode::zeros;
       if (!options.faults.empty())
-        c.path.faults = gradnorm::FaultSet::of({options.faults[static_cast<std::size_t>(fault_index)]});
+        c.path.faults = vocab::FaultSet::of({options.faults[static_cast<std::size_t>(fault_index)]});
       // Now and then a report's own numbers for one class the model has, so the stated values'
       // CPU route through the path, the truth and the clip are fuzzed too (picked last: the
       // picks above keep their streams; none is the shrink target).
       if (!big_zeros && *weighted_index({90, 10}) == 1) {
         const topologies::LogicalModel model(c.model, c.topology);
-        gradnorm::StatedFor s;
+        vocab::StatedFor s;
         s.param_class = model.param(*uniform_index(std::max(1, model.size()))).param_class;
         constexpr double kConstants[] = {3.0, 0.1, -0.5, 4.0, 1e-3};
         constexpr double kScales[] = {2.0, -0.25, 1e3};

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "casefile/case.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "topologies/model_spec.h"
 #include "topologies/parallel_config.h"
 
@@ -62,7 +62,7 @@ rc::Gen<topologies::ModelSpec> gen_model(const topologies::ParallelConfig& confi
 
 // Optimizer model, gradient mode, dtype, seed and class mask, accumulation, clipping, p-norms,
 // bucket size; never faults. Passes casefile::check_case for any config and model.
-rc::Gen<gradnorm::PathOptions> gen_path_options();
+rc::Gen<vocab::PathOptions> gen_path_options();
 
 // The element count of the big tensor of the big-zeros scenario: 2^24 + 1, more than a float32
 // zero count can hold exactly.
@@ -71,7 +71,7 @@ inline constexpr std::int64_t kBigZerosElements = (std::int64_t{1} << 24) + 1;
 struct CaseGenOptions {
   TopologyGenOptions topology;
   // Each case switches on one of these, drawn uniformly (never shrunk); empty: no fault.
-  std::vector<gradnorm::Fault> faults;
+  std::vector<vocab::Fault> faults;
   // The big-zeros scenario: a world of at most 4 ranks, a custom layout with one replicated
   // tensor of kBigZerosElements elements, all-zero gradients. It is the only trigger of
   // zero-count-in-float32, and one such case costs as much as about a thousand ordinary ones

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "casefile/atomic_file.h"
+#include "io/atomic_file.h"
 
 namespace tally::fuzz {
 
@@ -112,7 +112,7 @@ std::string junit_xml(std::string_view suite, const std::vector<JunitCase>& case
 
 void write_junit(const std::string& file, std::string_view suite,
                  const std::vector<JunitCase>& cases) {
-  casefile::write_file_atomically(file, junit_xml(suite, cases), "JUnit report");
+  io::write_file_atomically(file, junit_xml(suite, cases), "JUnit report");
 }
 
 }  // namespace tally::fuzz

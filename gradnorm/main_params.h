@@ -5,7 +5,7 @@
 #include <string_view>
 #include <vector>
 
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "gradnorm/optimizer_model.h"
 #include "topologies/sharding.h"
 
@@ -27,18 +27,18 @@ struct MainParam {
 // to the dense TP group: every param under expert-dedup-on-dense-tp (#6099: the children never
 // received the groups), the TE expert layers' weights and column biases under
 // expert-weights-not-tp-marked. Decides MainParam::dedup_on_dense_tp.
-bool filter_lacks_expert_tp_group(topologies::ParamClass c, const FaultSet& faults);
+bool filter_lacks_expert_tp_group(topologies::ParamClass c, const vocab::FaultSet& faults);
 
 // Whether the children's duplicate filters receive an expert TP group at all: not under
 // expert-dedup-on-dense-tp (#6099: the layer-wise optimizer's children got no groups). Under
 // expert-weights-not-tp-marked they have one, and only the TE expert weights ignore it.
-bool children_receive_expert_tp_group(const FaultSet& faults);
+bool children_receive_expert_tp_group(const vocab::FaultSet& faults);
 
 // The rank's main copies in local order. Faults that change attributes: tied-copy-not-shared,
 // tp-sharded-param-unmarked, replicated-marked-tp, expert-weights-not-tp-marked,
 // allreduce-flag-lost-on-main-params, expert-label-from-ep-only, expert-dedup-on-dense-tp.
 void make_main_params(const std::vector<topologies::LocalParam>& local, const OptimizerPlan& plan,
-                      const FaultSet& faults, std::vector<MainParam>& out);
+                      const vocab::FaultSet& faults, std::vector<MainParam>& out);
 
 // Why the filter kept or dropped a param on a rank.
 enum class Rule : std::uint8_t {
@@ -56,6 +56,6 @@ inline bool rule_keeps(Rule rule) { return rule <= Rule::kept_without_filter; }
 // rank 0 of its replication group (ETP for expert-topology params when the expert TP group is
 // known, dense TP otherwise). The groups come from `layout`; there is no default.
 Rule filter_rule(const MainParam& param, const topologies::RankLayout& layout, int rank,
-                 const FaultSet& faults);
+                 const vocab::FaultSet& faults);
 
 }  // namespace tally::gradnorm

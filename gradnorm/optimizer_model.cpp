@@ -9,41 +9,12 @@ namespace {
 using topologies::Family;
 using topologies::ParamClass;
 
-constexpr std::array<OptimizerModelInfo, kOptimizerModelCount> kModels = {{
-    {OptimizerModel::plain, "plain",
-     "non-distributed chained optimizer: dense child over tp-pp, expert child over "
-     "expt-tp-ep-pp (tp-ep-gtp-pp with expert GTP); one reduction when they share a group, else "
-     "sqrt of summed squares"},
-    {OptimizerModel::distributed, "distributed",
-     "distributed optimizer (ZeRO-1): bucketed flat buffers split in equal contiguous ranges over "
-     "dp-cp (dense) and expt-dp (expert), with padding; stats over the instance (the world with "
-     "GTP)"},
-    {OptimizerModel::layerwise, "layerwise",
-     "layer-wise distributed optimizer (Muon): whole params owned by one DP (EDP) rank; stats "
-     "over the world; children receive both TP groups"},
-    {OptimizerModel::muon, "muon",
-     "non-layer-wise Muon: linear weights in Muon children, the rest in Adam children; expert "
-     "children over expt-tp-ep-pp, dense over tp-pp"},
-}};
-
 bool is_linear_weight(ParamClass c) { return c == ParamClass::column || c == ParamClass::row; }
 bool is_expert_linear_weight(ParamClass c) {
   return c == ParamClass::expert_column || c == ParamClass::expert_row;
 }
 
 }  // namespace
-
-const std::array<OptimizerModelInfo, kOptimizerModelCount>& optimizer_models() { return kModels; }
-
-std::string_view optimizer_model_name(OptimizerModel model) {
-  return kModels[static_cast<std::size_t>(model)].name;
-}
-
-std::optional<OptimizerModel> optimizer_model_from_name(std::string_view name) {
-  for (const OptimizerModelInfo& info : kModels)
-    if (info.name == name) return info.model;
-  return std::nullopt;
-}
 
 std::string_view child_role_name(ChildRole role) {
   switch (role) {
@@ -57,7 +28,7 @@ std::string_view child_role_name(ChildRole role) {
 }
 
 std::string child_name(const OptimizerPlan& plan, int c) {
-  return std::string(optimizer_model_name(plan.model)) + ".chained_optimizers[" +
+  return std::string(vocab::optimizer_model_name(plan.model)) + ".chained_optimizers[" +
          std::to_string(c) + "] (" + std::string(child_role_name(plan.children[c].role)) + ")";
 }
 
@@ -94,24 +65,24 @@ Family without_ep(Family stats) {
   }
 }
 
-Family clip_family(Family stats, const topologies::ModelPlacement& m, const FaultSet& faults) {
+Family clip_family(Family stats, const topologies::ModelPlacement& m, const vocab::FaultSet& faults) {
   Family family = stats;
-  if (faults.has(Fault::clip_per_stage_norm)) family = within_stage(family, m.gtp > 1, m.egtp > 1);
-  if (faults.has(Fault::clip_per_ep_group_norm)) family = without_ep(family);
+  if (faults.has(vocab::Fault::clip_per_stage_norm)) family = within_stage(family, m.gtp > 1, m.egtp > 1);
+  if (faults.has(vocab::Fault::clip_per_ep_group_norm)) family = without_ep(family);
   return family;
 }
 
 }  // namespace
 
-OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalModel& logical,
-                             const FaultSet& faults) {
+OptimizerPlan plan_optimizer(vocab::OptimizerModel model, const topologies::LogicalModel& logical,
+                             const vocab::FaultSet& faults) {
   OptimizerPlan plan;
   plan.model = model;
   const topologies::ModelPlacement& m = logical.placement();
   // Megatron-LM's use_expert_pgs; #5916's uncommon case derived it from EP alone, and
   // megatron-core 0.19.2 has no GTP term (#6080).
-  const bool expert_pgs = faults.has(Fault::expert_label_from_ep_only) ? m.ep > 1
-                          : faults.has(Fault::expert_label_ignores_gtp)
+  const bool expert_pgs = faults.has(vocab::Fault::expert_label_from_ep_only) ? m.ep > 1
+                          : faults.has(vocab::Fault::expert_label_ignores_gtp)
                               ? m.ep > 1 || m.etp != m.tp
                               : topologies::expert_topology(m);
 
@@ -127,17 +98,17 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
     plan.expert_label[p.id] = expert;
     plan.has_mtp = plan.has_mtp || p.grad_norm_group == topologies::GradNormGroup::mtp;
     switch (model) {
-      case OptimizerModel::plain:
-      case OptimizerModel::distributed:
+      case vocab::OptimizerModel::plain:
+      case vocab::OptimizerModel::distributed:
         role_of[p.id] = expert ? ChildRole::expert : ChildRole::dense;
         break;
-      case OptimizerModel::layerwise:
+      case vocab::OptimizerModel::layerwise:
         role_of[p.id] = ChildRole::layer_wise;
         break;
-      case OptimizerModel::muon:
+      case vocab::OptimizerModel::muon:
         if (expert && is_expert_linear_weight(p.param_class))
           // #3024: expert weights went to the dense Muon optimizer.
-          role_of[p.id] = faults.has(Fault::expert_stats_over_dense_mp) ? ChildRole::dense_muon
+          role_of[p.id] = faults.has(vocab::Fault::expert_stats_over_dense_mp) ? ChildRole::dense_muon
                                                                         : ChildRole::expert_muon;
         else if (!expert && (is_linear_weight(p.param_class) ||
                              is_expert_linear_weight(p.param_class)))
@@ -148,9 +119,9 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
     }
   }
 
-  const bool replicas = faults.has(Fault::stats_over_replicas);
-  const bool no_pp = faults.has(Fault::missing_pp_reduction);
-  const bool no_ep = faults.has(Fault::missing_ep_reduction);
+  const bool replicas = faults.has(vocab::Fault::stats_over_replicas);
+  const bool no_pp = faults.has(vocab::Fault::missing_pp_reduction);
+  const bool no_ep = faults.has(vocab::Fault::missing_ep_reduction);
   // With GTP the model-parallel groups span it: tp-gtp_remat-pp (MP, the tp_pp family) and
   // the expert tp-ep-gtp_remat-pp; without it these are 0.16.1's tp-pp and tp-ep-pp.
   const Family dense_stage = m.gtp > 1 ? Family::tp_gtp : Family::tp;
@@ -158,24 +129,24 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
   auto stats_family = [&](ChildRole role) -> Family {
     const bool expert = role == ChildRole::expert || role == ChildRole::expert_muon;
     switch (model) {
-      case OptimizerModel::plain:
-      case OptimizerModel::muon:
+      case vocab::OptimizerModel::plain:
+      case vocab::OptimizerModel::muon:
         if (replicas) return no_pp ? Family::tp_dp_cp : Family::world;
         if (!expert) return no_pp ? dense_stage : Family::tp_pp;
         // #785: the expert child's model-parallel group was TP x PP.
-        if (faults.has(Fault::clip_per_child_norm)) return no_pp ? dense_stage : Family::tp_pp;
+        if (faults.has(vocab::Fault::clip_per_child_norm)) return no_pp ? dense_stage : Family::tp_pp;
         if (no_ep)
           return no_pp ? (egtp ? Family::expt_tp_gtp : Family::expt_tp)
                        : (egtp ? Family::expt_tp_gtp_pp : Family::expt_tp_pp);
         // 0.19.2's emerging-optimizer path gives expert children tp_ep_pp, which misses EGTP.
-        if (egtp && !(model == OptimizerModel::muon &&
-                      faults.has(Fault::muon_expert_stats_without_egtp)))
+        if (egtp && !(model == vocab::OptimizerModel::muon &&
+                      faults.has(vocab::Fault::muon_expert_stats_without_egtp)))
           return no_pp ? Family::expt_tp_ep_gtp : Family::expt_tp_ep_gtp_pp;
         return no_pp ? Family::expt_tp_ep : Family::expt_tp_ep_pp;
-      case OptimizerModel::distributed:
+      case vocab::OptimizerModel::distributed:
         if (expert && no_ep) return Family::expt_tp_dp_pp;
         return no_pp ? Family::tp_dp_cp : Family::dist_opt;
-      case OptimizerModel::layerwise:
+      case vocab::OptimizerModel::layerwise:
         return no_pp ? Family::tp_dp_cp : Family::world;
     }
     return Family::world;
@@ -202,8 +173,8 @@ OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalMode
   // Group identity, not rank equality, decides Megatron-LM's shared path: the plain chain's dense
   // and expert groups are distinct objects even where their ranks coincide. A chain whose
   // children clip alone (#785) never shares.
-  if (model == OptimizerModel::plain) plan.shared_stats = plan.shared_stats && plan.children.size() == 1;
-  if (faults.has(Fault::clip_per_child_norm)) plan.shared_stats = plan.shared_stats && plan.children.size() == 1;
+  if (model == vocab::OptimizerModel::plain) plan.shared_stats = plan.shared_stats && plan.children.size() == 1;
+  if (faults.has(vocab::Fault::clip_per_child_norm)) plan.shared_stats = plan.shared_stats && plan.children.size() == 1;
   return plan;
 }
 

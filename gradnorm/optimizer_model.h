@@ -9,23 +9,12 @@
 #include <string_view>
 #include <vector>
 
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
+#include "vocab/optimizer_models.h"
 #include "topologies/logical_model.h"
 #include "topologies/rank_layout.h"
 
 namespace tally::gradnorm {
-
-enum class OptimizerModel : std::uint8_t { plain, distributed, layerwise, muon };
-inline constexpr int kOptimizerModelCount = 4;
-
-struct OptimizerModelInfo {
-  OptimizerModel model;
-  std::string_view name;
-  std::string_view description;
-};
-const std::array<OptimizerModelInfo, kOptimizerModelCount>& optimizer_models();
-std::string_view optimizer_model_name(OptimizerModel model);
-std::optional<OptimizerModel> optimizer_model_from_name(std::string_view name);
 
 // A child optimizer of the chain.
 enum class ChildRole : std::uint8_t {
@@ -49,7 +38,7 @@ struct Child {
 // Everything about a case's optimizer that depends on the model and not on the rank:
 // computed once per case, shared by every rank.
 struct OptimizerPlan {
-  OptimizerModel model = OptimizerModel::plain;
+  vocab::OptimizerModel model = vocab::OptimizerModel::plain;
   std::vector<Child> children;
   // Children reduce together (one reduction) when they all share one stats group object.
   bool shared_stats = false;
@@ -63,7 +52,7 @@ struct OptimizerPlan {
 // "plain.chained_optimizers[0] (dense)": how a run names child `c` of `plan`.
 std::string child_name(const OptimizerPlan& plan, int c);
 
-OptimizerPlan plan_optimizer(OptimizerModel model, const topologies::LogicalModel& logical,
-                             const FaultSet& faults);
+OptimizerPlan plan_optimizer(vocab::OptimizerModel model, const topologies::LogicalModel& logical,
+                             const vocab::FaultSet& faults);
 
 }  // namespace tally::gradnorm

@@ -23,9 +23,9 @@ DataParallelSlot data_parallel_slot(const topologies::RankLayout& layout, int ra
 }
 
 void own_distributed(const std::vector<MainParam>& params, const topologies::RankLayout& layout,
-                     int rank, const OwnershipOptions& options, const FaultSet& faults,
+                     int rank, const OwnershipOptions& options, const vocab::FaultSet& faults,
                      Ownership& out) {
-  const bool overlap = faults.has(Fault::distopt_overlapping_shards);
+  const bool overlap = faults.has(vocab::Fault::distopt_overlapping_shards);
   for (bool expert : {false, true}) {
     const DataParallelSlot slot = data_parallel_slot(layout, rank, expert);
     // Backward order: the buffer holds the last param first.
@@ -92,21 +92,21 @@ void own_layer_wise(const std::vector<MainParam>& params, const topologies::Rank
 
 }  // namespace
 
-void own_elements(OptimizerModel model, const std::vector<MainParam>& params,
+void own_elements(vocab::OptimizerModel model, const std::vector<MainParam>& params,
                   const topologies::RankLayout& layout, int rank, const OwnershipOptions& options,
-                  const FaultSet& faults, Ownership& out) {
+                  const vocab::FaultSet& faults, Ownership& out) {
   out.pieces.clear();
   out.padding = 0;
   switch (model) {
-    case OptimizerModel::plain:
-    case OptimizerModel::muon:
+    case vocab::OptimizerModel::plain:
+    case vocab::OptimizerModel::muon:
       for (int i = 0; i < static_cast<int>(params.size()); ++i)
         out.pieces.push_back({i, {0, params[i].attrs.slice.numel()}});
       return;
-    case OptimizerModel::distributed:
+    case vocab::OptimizerModel::distributed:
       own_distributed(params, layout, rank, options, faults, out);
       return;
-    case OptimizerModel::layerwise:
+    case vocab::OptimizerModel::layerwise:
       own_layer_wise(params, layout, rank, out);
       return;
   }

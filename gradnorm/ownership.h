@@ -35,8 +35,8 @@ struct OwnershipOptions {
 // Layer-wise (docs/megatron-reference.md §5): params of each buffer sorted by size (largest first, ties in
 // param order) are dealt to data-parallel ranks 0, 1, ..., D-1, D-1, ..., 0, 0, 1, ...; the owner
 // holds the whole param.
-void own_elements(OptimizerModel model, const std::vector<MainParam>& params,
+void own_elements(vocab::OptimizerModel model, const std::vector<MainParam>& params,
                   const topologies::RankLayout& layout, int rank, const OwnershipOptions& options,
-                  const FaultSet& faults, Ownership& out);
+                  const vocab::FaultSet& faults, Ownership& out);
 
 }  // namespace tally::gradnorm

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <unordered_map>
 
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 #include "topologies/sharding.h"
 
 namespace tally::gradnorm {
@@ -67,9 +67,9 @@ kernels::ShardDesc shard_desc(const topologies::LogicalParam& logical, const rec
 // expert-norm-dropped). Every kept piece is in the zero count; a dropped piece is nowhere.
 enum class NormShare : std::uint8_t { main, mtp, zeros_only };
 NormShare norm_share(const OptimizerPlan& plan, const MainParam& param,
-                     const topologies::LogicalParam& logical, const FaultSet& faults) {
+                     const topologies::LogicalParam& logical, const vocab::FaultSet& faults) {
   // DeepSpeed #8613: the expert child's norm is computed, then discarded.
-  if (faults.has(Fault::expert_norm_dropped) && plan.children[param.child].expert)
+  if (faults.has(vocab::Fault::expert_norm_dropped) && plan.children[param.child].expert)
     return NormShare::zeros_only;
   return logical.grad_norm_group == GradNormGroup::mtp ? NormShare::mtp : NormShare::main;
 }
@@ -91,9 +91,9 @@ struct ParamGradients {
   std::vector<kernels::GeneratorSpec> distinct;
 };
 
-ParamGradients param_gradients(const GradientSpec& gradients, const topologies::LogicalModel& model) {
+ParamGradients param_gradients(const vocab::GradientSpec& gradients, const topologies::LogicalModel& model) {
   ParamGradients out;
-  out.spec = param_generators(gradients, model);
+  out.spec = vocab::param_generators(gradients, model);
   out.kind.reserve(out.spec.size());
   for (const kernels::GeneratorSpec& spec : out.spec) {
     const auto found = std::find(out.distinct.begin(), out.distinct.end(), spec);
@@ -232,7 +232,7 @@ struct Held {
 class HeldMemo {
  public:
   HeldMemo(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
-           const OptimizerPlan& plan, const FaultSet& faults)
+           const OptimizerPlan& plan, const vocab::FaultSet& faults)
       : model_(model), layout_(layout), plan_(plan), faults_(faults) {}
 
   const Held& of(int rank) {
@@ -259,17 +259,17 @@ class HeldMemo {
   const topologies::LogicalModel& model_;
   const topologies::RankLayout& layout_;
   const OptimizerPlan& plan_;
-  const FaultSet& faults_;
+  const vocab::FaultSet& faults_;
   std::map<std::array<int, 6>, Held> by_position_;
 };
 
 void run_local_phase(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
-                     const PathOptions& options, const OptimizerPlan& plan,
+                     const vocab::PathOptions& options, const OptimizerPlan& plan,
                      const std::vector<Unit>& units, const ParamGradients& gradients,
                      comm::Communicator& communicator, kernels::LocalStatsFn local_stats, StatsMemo& memo,
                      record::LocalRecordPool& pool, RankState& state, HeldMemo& held_memo,
                      Ownership& ownership, record::LocalRecord& decisions) {
-  const FaultSet& faults = options.faults;
+  const vocab::FaultSet& faults = options.faults;
   const int rank = state.rank;
   const Held& held = held_memo.of(rank);
   const std::vector<MainParam>& main = held.main;
@@ -356,14 +356,14 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     }
     return total;
   };
-  if (faults.has(Fault::average_local_norms_over_dp)) state.mp_squares.assign(1, 0.0);
+  if (faults.has(vocab::Fault::average_local_norms_over_dp)) state.mp_squares.assign(1, 0.0);
   for (std::size_t u = 0; u < units.size(); ++u) {
     UnitState& unit = state.units[u];
     const kernels::Stats main_stats = stats_of(shards[u][kMain], stats_options);
     const kernels::Stats mtp_stats = stats_of(shards[u][kMtp], mtp_options);
     const kernels::Stats uncounted = stats_of(shards[u][kUncounted], mtp_options);
     std::int64_t zeros = main_stats.zeros + mtp_stats.zeros + uncounted.zeros;
-    if (faults.has(Fault::distopt_padding_counted) && u == 0) zeros += ownership.padding;
+    if (faults.has(vocab::Fault::distopt_padding_counted) && u == 0) zeros += ownership.padding;
     unit.sums[kSquares] = main_stats.sum_squares;
     unit.sums[kSquaresMtp] = mtp_stats.sum_squares;
     unit.sums[kSqrtOfLocal] = std::sqrt(main_stats.sum_squares);
@@ -373,13 +373,13 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     unit.maxima[kAbsMaxMtp] = mtp_stats.abs_max;
     unit.zeros[0] = zeros;
     if (units[u].clip_family != units[u].family) unit.clip_squares = {main_stats.sum_squares};
-    if (faults.has(Fault::average_local_norms_over_dp)) state.mp_squares[0] += main_stats.sum_squares;
+    if (faults.has(vocab::Fault::average_local_norms_over_dp)) state.mp_squares[0] += main_stats.sum_squares;
 
     // #5530: a rank with no gradients returned before the collective.
     bool empty = true;
     for (const auto& bin : shards[u])
       for (const auto& kind_shards : bin) empty = empty && kind_shards.empty();
-    if (faults.has(Fault::empty_rank_skips_collective) && empty) continue;
+    if (faults.has(vocab::Fault::empty_rank_skips_collective) && empty) continue;
     communicator.all_reduce(rank, unit.group, unit.sums, comm::ReduceOp::sum, "grad-norm sums");
     communicator.all_reduce(rank, unit.group, unit.maxima, comm::ReduceOp::max, "grad-norm max");
     communicator.all_reduce(rank, unit.group, unit.zeros, comm::ReduceOp::sum, "zero count");
@@ -388,7 +388,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
                               unit.clip_squares, comm::ReduceOp::sum, "clip-norm squares");
   }
   // DeepSpeed #8475: each rank's whole norm, over the model-parallel group only.
-  if (faults.has(Fault::average_local_norms_over_dp))
+  if (faults.has(vocab::Fault::average_local_norms_over_dp))
     communicator.all_reduce(rank, comm::group_of(layout, Family::tp_pp, rank), state.mp_squares,
                             comm::ReduceOp::sum, "model-parallel squares");
 }
@@ -505,9 +505,9 @@ class ClipMemo {
 };
 
 record::RankRecord combine(const topologies::RankLayout& layout, const OptimizerPlan& plan,
-                           const std::vector<Unit>& units, const PathOptions& options,
+                           const std::vector<Unit>& units, const vocab::PathOptions& options,
                            const RankState& state, GroupRefs& groups, ClipMemo& clip_memo) {
-  const FaultSet& faults = options.faults;
+  const vocab::FaultSet& faults = options.faults;
   record::RankRecord result;
   result.rank = state.rank;
   result.local = state.local;
@@ -529,10 +529,10 @@ record::RankRecord combine(const topologies::RankLayout& layout, const Optimizer
     const UnitState& unit = state.units[u];
     const double size = static_cast<double>(unit.group.ranks.size());
     // DeepSpeed #8475: the mean of per-rank norms, not the root of the summed squares.
-    const double own = faults.has(Fault::average_rank_norms) ? unit.sums[kSqrtOfLocal] / size
+    const double own = faults.has(vocab::Fault::average_rank_norms) ? unit.sums[kSqrtOfLocal] / size
                                                              : std::sqrt(unit.sums[kSquares]);
     unit_norm[u] = own;
-    squares += faults.has(Fault::average_rank_norms) ? own * own : unit.sums[kSquares];
+    squares += faults.has(vocab::Fault::average_rank_norms) ? own * own : unit.sums[kSquares];
     squares_mtp += unit.sums[kSquaresMtp];
     clip_norm_differs = clip_norm_differs || !unit.clip_squares.empty();
     clip_squares += unit.clip_squares.empty() ? unit.sums[kSquares] : unit.clip_squares[0];
@@ -543,13 +543,13 @@ record::RankRecord combine(const topologies::RankLayout& layout, const Optimizer
     for (std::size_t i = 0; i < p_sums.size(); ++i) p_sums[i] += unit.sums[kFirstPSum + i];
   }
   const double norm =
-      faults.has(Fault::average_local_norms_over_dp) ? averaged_norm(layout, state) : std::sqrt(squares);
+      faults.has(vocab::Fault::average_local_norms_over_dp) ? averaged_norm(layout, state) : std::sqrt(squares);
   // norm-of-scaled-gradients: only the reported value; the clip below unscales (DeepSpeed #8588).
-  reported.norm = faults.has(Fault::norm_of_scaled_gradients) ? norm * kFaultLossScale : norm;
-  reported.inf_norm = faults.has(Fault::inf_norm_combined_by_l2) && units.size() > 1
+  reported.norm = faults.has(vocab::Fault::norm_of_scaled_gradients) ? norm * vocab::kFaultLossScale : norm;
+  reported.inf_norm = faults.has(vocab::Fault::inf_norm_combined_by_l2) && units.size() > 1
                           ? std::sqrt(inf_l2)
                           : inf;
-  reported.zeros = faults.has(Fault::zero_count_in_float32) ? static_cast<std::int64_t>(zeros_float)
+  reported.zeros = faults.has(vocab::Fault::zero_count_in_float32) ? static_cast<std::int64_t>(zeros_float)
                                                             : zeros;
   for (std::size_t i = 0; i < p_sums.size(); ++i)
     reported.p_norms.push_back(std::pow(p_sums[i], 1.0 / options.p_values[i]));
@@ -573,7 +573,7 @@ record::RankRecord combine(const topologies::RankLayout& layout, const Optimizer
           children_receive_expert_tp_group(faults) ? result.expert_tp_group : -1;
       child.norm = unit_norm[u];
       // #785: each child clipped with its own norm.
-      if (faults.has(Fault::clip_per_child_norm))
+      if (faults.has(vocab::Fault::clip_per_child_norm))
         child_clip[c] = clip_coefficient(options.max_norm, unit_norm[u]);
       if (options.max_norm > 0.0) child.clip = record::Clip{options.max_norm, child_clip[c]};
     }
@@ -584,7 +584,7 @@ record::RankRecord combine(const topologies::RankLayout& layout, const Optimizer
 }
 
 // The run-wide part of the record: tensors, norm groups, p-values, child names.
-void describe_run(const topologies::LogicalModel& model, const PathOptions& options,
+void describe_run(const topologies::LogicalModel& model, const vocab::PathOptions& options,
                   const OptimizerPlan& plan, record::RunRecord& run) {
   run.tensors.reserve(static_cast<std::size_t>(model.size()));
   for (const topologies::LogicalParam& p : model.params()) {
@@ -606,7 +606,7 @@ void describe_run(const topologies::LogicalModel& model, const PathOptions& opti
 
 }  // namespace
 
-std::vector<Family> families_reduced_over(const OptimizerPlan& plan, const FaultSet& faults) {
+std::vector<Family> families_reduced_over(const OptimizerPlan& plan, const vocab::FaultSet& faults) {
   std::vector<Family> families;
   auto add = [&](Family family) {
     if (std::find(families.begin(), families.end(), family) == families.end()) families.push_back(family);
@@ -615,7 +615,7 @@ std::vector<Family> families_reduced_over(const OptimizerPlan& plan, const Fault
     add(child.stats_family);
     add(child.clip_family);
   }
-  if (faults.has(Fault::average_local_norms_over_dp)) {
+  if (faults.has(vocab::Fault::average_local_norms_over_dp)) {
     add(Family::tp_pp);
     add(Family::dp_cp);
   }
@@ -629,7 +629,7 @@ std::vector<int> all_ranks(const topologies::RankLayout& layout) {
 }
 
 PathResult run_path(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
-                    const PathOptions& options, comm::Communicator& communicator,
+                    const vocab::PathOptions& options, comm::Communicator& communicator,
                     std::span<const int> ranks, kernels::LocalStatsFn local_stats,
                     kernels::ClipScaleFn clip_scale) {
   PathResult result;
@@ -653,7 +653,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
                     states[i], held, ownership, decisions);
   }
   communicator.end_phase();
-  if (options.faults.has(Fault::average_local_norms_over_dp)) {
+  if (options.faults.has(vocab::Fault::average_local_norms_over_dp)) {
     for (RankState& state : states) run_average_phase(layout, communicator, state);
     communicator.end_phase();
   }

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "gradnorm/optimizer_model.h"
 #include "gradnorm/ownership.h"
-#include "gradnorm/path_options.h"
+#include "vocab/path_options.h"
 #include "kernels/clip_scale.h"
 #include "kernels/gradient_generator.h"
 #include "kernels/local_stats.h"
@@ -41,7 +41,7 @@ struct PathResult {
 // clipping on (options.max_norm > 0), each rank clips its local gradients with `clip_scale` and
 // records them (RankRecord::clipped).
 PathResult run_path(const topologies::LogicalModel& model, const topologies::RankLayout& layout,
-                    const PathOptions& options, comm::Communicator& communicator,
+                    const vocab::PathOptions& options, comm::Communicator& communicator,
                     std::span<const int> ranks,
                     kernels::LocalStatsFn local_stats = kernels::local_stats_cpu,
                     kernels::ClipScaleFn clip_scale = kernels::clip_scale_cpu);
@@ -50,7 +50,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
 // and clip groups, and the groups of average-local-norms-over-dp. Process-per-rank backends
 // create communicators for these only.
 std::vector<topologies::Family> families_reduced_over(const OptimizerPlan& plan,
-                                                      const FaultSet& faults);
+                                                      const vocab::FaultSet& faults);
 
 // All ranks of the layout, for the in-process backend.
 std::vector<int> all_ranks(const topologies::RankLayout& layout);

@@ -23,21 +23,21 @@ std::optional<MegatronRelease> release_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-FaultSet release_faults(MegatronRelease release, OptimizerModel optimizer) {
-  FaultSet faults;
+vocab::FaultSet release_faults(MegatronRelease release, vocab::OptimizerModel optimizer) {
+  vocab::FaultSet faults;
   switch (release) {
     case MegatronRelease::v0_16_1:
       // Experts labelled by EP alone, a float32 zero count, and main copies without allreduce.
-      faults = FaultSet::of({Fault::expert_label_from_ep_only, Fault::zero_count_in_float32,
-                             Fault::allreduce_flag_lost_on_main_params});
+      faults = vocab::FaultSet::of({vocab::Fault::expert_label_from_ep_only, vocab::Fault::zero_count_in_float32,
+                             vocab::Fault::allreduce_flag_lost_on_main_params});
       break;
     case MegatronRelease::v0_19_2:
-      faults = FaultSet::of({Fault::expert_label_ignores_gtp});
-      if (optimizer == OptimizerModel::muon) faults = faults.with(Fault::muon_expert_stats_without_egtp);
+      faults = vocab::FaultSet::of({vocab::Fault::expert_label_ignores_gtp});
+      if (optimizer == vocab::OptimizerModel::muon) faults = faults.with(vocab::Fault::muon_expert_stats_without_egtp);
       break;
   }
   // #6099: in both releases the layer-wise optimizer's children receive no TP groups.
-  if (optimizer == OptimizerModel::layerwise) faults = faults.with(Fault::expert_dedup_on_dense_tp);
+  if (optimizer == vocab::OptimizerModel::layerwise) faults = faults.with(vocab::Fault::expert_dedup_on_dense_tp);
   return faults;
 }
 

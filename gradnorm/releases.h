@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "gradnorm/optimizer_model.h"
 #include "topologies/parallel_config.h"
 
@@ -28,7 +28,7 @@ const std::array<ReleaseInfo, kReleaseCount>& megatron_releases();
 std::optional<MegatronRelease> release_from_name(std::string_view name);
 
 // The faults that are `release`'s own rules for `optimizer`'s path.
-FaultSet release_faults(MegatronRelease release, OptimizerModel optimizer);
+vocab::FaultSet release_faults(MegatronRelease release, vocab::OptimizerModel optimizer);
 
 // The first size of `config` the release has no axis for, as one line; nullopt when it has all.
 std::optional<std::string> check_release_config(MegatronRelease release,

@@ -137,7 +137,7 @@ inline std::optional<Dtype> dtype_from_name(std::string_view name) {
 }
 
 // Values a case states for one param instead of generating them, as a bug report gives them
-// (gradnorm::param_generators resolves them per param). The stated double is rounded once to the
+// (vocab::param_generators resolves them per param). The stated double is rounded once to the
 // dtype, like a generated one. Host only: the CUDA kernels refuse a spec that states values, and
 // the path computes those params on the CPU.
 struct StatedValues {

@@ -13,25 +13,25 @@
 #include <limits>
 #include <system_error>
 
-#include "casefile/atomic_file.h"
-#include "casefile/json_read.h"
+#include "io/atomic_file.h"
+#include "io/json_read.h"
 #include "topologies/parallel_config.h"
 
 namespace tally::manifest {
 
 namespace {
 
-using casefile::Field;
-using casefile::fail;
-using casefile::read_array;
-using casefile::read_bool;
-using casefile::read_integer;
-using casefile::read_number;
-using casefile::read_object;
-using casefile::key_path;
-using casefile::read_string;
-using casefile::shown;
-using casefile::type_word;
+using io::Field;
+using io::fail;
+using io::read_array;
+using io::read_bool;
+using io::read_integer;
+using io::read_number;
+using io::read_object;
+using io::key_path;
+using io::read_string;
+using io::shown;
+using io::type_word;
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
@@ -309,7 +309,7 @@ bool is_group_name(const std::string& name) {
 }
 
 RankManifest read_manifest(const json& value, const std::string& path, RunGroups& groups) {
-  if (!value.is_object()) fail(path, std::string("expected a manifest object, got ") + casefile::type_word(value));
+  if (!value.is_object()) fail(path, std::string("expected a manifest object, got ") + io::type_word(value));
   // The version first: a newer file should say so rather than fail on a field it added.
   if (!value.contains("tally_manifest"))
     fail(path, "not a tally manifest: the key \"tally_manifest\" (the format version) is missing");
@@ -358,10 +358,10 @@ RankManifest read_manifest(const json& value, const std::string& path, RunGroups
         }},
        {"groups",
         [&](const json& v, const std::string& p) {
-          if (!v.is_object()) fail(p, std::string("expected an object of rank lists, got ") + casefile::type_word(v));
+          if (!v.is_object()) fail(p, std::string("expected an object of rank lists, got ") + io::type_word(v));
           if (v.size() > kMaxGroups) fail(p, "more than " + std::to_string(kMaxGroups) + " groups");
           for (const auto& [name, ranks] : v.items()) {
-            const std::string at = casefile::key_path(p, name);
+            const std::string at = io::key_path(p, name);
             if (!is_group_name(name))
               fail(at, "a group name is lowercase letters, digits and _ (at most 64)");
             m.groups[name] = read_group(ranks, at, m.world, m.rank, groups);
@@ -491,17 +491,17 @@ std::string manifest_to_text(const RankManifest& m, const std::vector<std::vecto
 RankManifest manifest_from_json(const json& value, std::string_view source, RunGroups& groups) {
   try {
     return read_manifest(value, "manifest", groups);
-  } catch (const casefile::JsonReadError& error) {
-    throw ManifestError(casefile::escape_controls(std::string(source) + ": " + error.what()));
+  } catch (const io::JsonReadError& error) {
+    throw ManifestError(io::escape_controls(std::string(source) + ": " + error.what()));
   }
 }
 
 RankManifest manifest_from_text(std::string_view text, std::string_view source, RunGroups& groups) {
   json parsed;
   try {
-    parsed = casefile::parse_json(text, source);
-  } catch (const casefile::JsonReadError& error) {
-    throw ManifestError(casefile::escape_controls(error.what()));
+    parsed = io::parse_json(text, source);
+  } catch (const io::JsonReadError& error) {
+    throw ManifestError(io::escape_controls(error.what()));
   }
   return manifest_from_json(parsed, source, groups);
 }
@@ -527,13 +527,13 @@ std::string groups_to_text(int world, const std::vector<std::vector<int>>& group
 int groups_from_text(std::string_view text, std::string_view source, std::vector<std::vector<int>>& groups) {
   json value;
   try {
-    value = casefile::parse_json(text, source);
-  } catch (const casefile::JsonReadError& error) {
-    throw ManifestError(casefile::escape_controls(error.what()));
+    value = io::parse_json(text, source);
+  } catch (const io::JsonReadError& error) {
+    throw ManifestError(io::escape_controls(error.what()));
   }
   try {
     const std::string path = "groups";
-    if (!value.is_object()) fail(path, std::string("expected the groups object, got ") + casefile::type_word(value));
+    if (!value.is_object()) fail(path, std::string("expected the groups object, got ") + io::type_word(value));
     if (!value.contains("tally_groups"))
       fail(path, "not a tally groups file: the key \"tally_groups\" (the format version) is missing");
     const std::int64_t version = read_integer(value["tally_groups"], path + ".tally_groups", 0, kMaxInt);
@@ -560,8 +560,8 @@ int groups_from_text(std::string_view text, std::string_view source, std::vector
                   }}},
                 "the groups file", {"tally_groups", "world", "groups"});
     return world;
-  } catch (const casefile::JsonReadError& error) {
-    throw ManifestError(casefile::escape_controls(std::string(source) + ": " + error.what()));
+  } catch (const io::JsonReadError& error) {
+    throw ManifestError(io::escape_controls(std::string(source) + ": " + error.what()));
   }
 }
 
@@ -668,10 +668,10 @@ RunManifests read_run(const std::vector<std::string>& paths, const FileBytes& by
     const auto& [rank, file] = files[i];
     RankManifest m = manifest_from_text(bytes_of(file), file, *groups);
     if (m.rank != rank)
-      throw ManifestError(casefile::escape_controls(file) + ": manifest.rank: the file is named for rank " +
+      throw ManifestError(io::escape_controls(file) + ": manifest.rank: the file is named for rank " +
                           std::to_string(rank) + " but holds rank " + std::to_string(m.rank));
     if (groups_file && m.world != groups_world)
-      throw ManifestError(casefile::escape_controls(file) + ": manifest.world: " + std::to_string(m.world) +
+      throw ManifestError(io::escape_controls(file) + ": manifest.world: " + std::to_string(m.world) +
                           ", but groups.json says " + std::to_string(groups_world));
     params.intern(m.params);
     run.ranks[i] = std::move(m);
@@ -692,9 +692,9 @@ RunManifests load_run(const std::string& dir, unsigned threads) {
   return read_run(paths, [](const std::string& path) {
     const bool groups = fs::path(path).filename() == kGroupsFileName;
     try {
-      return casefile::read_bounded_file(path, groups ? kMaxGroupsBytes : kMaxManifestBytes,
+      return io::read_bounded_file(path, groups ? kMaxGroupsBytes : kMaxManifestBytes,
                                          groups ? "groups file" : "manifest");
-    } catch (const casefile::JsonReadError& e) {
+    } catch (const io::JsonReadError& e) {
       throw ManifestError(e.what());
     }
   }, dir, threads);
@@ -707,12 +707,12 @@ void write_run(const std::string& dir, const RunManifests& run, int version) {
   const std::filesystem::path folder(dir);
   if (version == 1) std::filesystem::remove(folder / kGroupsFileName, error);  // else read as version 2
   if (version == 2 && !run.ranks.empty())
-    casefile::write_file_atomically((folder / kGroupsFileName).string(),
+    io::write_file_atomically((folder / kGroupsFileName).string(),
                                     groups_to_text(run.ranks.front().world, run.groups), "groups file");
   // Bound by fsync more than by the CPU: more threads than cores.
   for_each_in_parallel(run.ranks.size(), 4 * std::max(1u, std::thread::hardware_concurrency()), [&](std::size_t i) {
     const RankManifest& m = run.ranks[i];
-    casefile::write_file_atomically((folder / manifest_file_name(m.rank)).string(),
+    io::write_file_atomically((folder / manifest_file_name(m.rank)).string(),
                                     manifest_to_text(m, run.groups, version), "manifest");
   });
 }

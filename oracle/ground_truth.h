@@ -50,7 +50,7 @@ struct TruthOptions {
   // Also keep every tensor's stored gradient values (GroundTruth::stored), when the model has at
   // most this many elements: the clipped check then reads them instead of generating them again.
   std::int64_t keep_stored_up_to = 0;
-  // Each param's generator, by id (gradnorm::param_generators: zeros outside the selected
+  // Each param's generator, by id (vocab::param_generators: zeros outside the selected
   // classes, the values a case states); empty: the `gradients` argument for every param.
   std::vector<kernels::GeneratorSpec> generators;
   friend bool operator==(const TruthOptions&, const TruthOptions&) = default;

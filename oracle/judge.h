@@ -49,7 +49,7 @@ struct Bounds {
 // then judged element by element, the statistics a real run recorded against those values.
 struct GradientSource {
   const topologies::LogicalModel* model = nullptr;  // the record's tensors, by id
-  // Each tensor's generator, by id (gradnorm::param_generators: zeros outside the selected
+  // Each tensor's generator, by id (vocab::param_generators: zeros outside the selected
   // classes, the values a case states).
   std::span<const kernels::GeneratorSpec> generators;
 };

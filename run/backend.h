@@ -15,6 +15,7 @@
 
 #include "kernels/clip_scale.h"
 #include "kernels/local_stats.h"
+#include "topologies/rank_layout.h"
 
 namespace tally::comm {
 class Communicator;

@@ -19,10 +19,10 @@
 #include <stdexcept>
 #include <thread>
 
-#include "casefile/atomic_file.h"
+#include "io/atomic_file.h"
 #include "casefile/case_file.h"
-#include "casefile/json_read.h"
-#include "gradnorm/gradients.h"
+#include "io/json_read.h"
+#include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "manifest/manifest_json.h"
 #include "manifest/to_record.h"
@@ -140,7 +140,7 @@ std::string read_worker_file(const fs::path& path, std::size_t max_bytes) {
 
 // At most `max` bytes of `text` on one line: control characters escaped, the rest counted.
 std::string shown_line(std::string_view text, std::size_t max) {
-  std::string out = casefile::escape_controls(text.substr(0, max));
+  std::string out = io::escape_controls(text.substr(0, max));
   if (text.size() > max) out += "... (" + std::to_string(text.size() - max) + " more bytes)";
   return out;
 }
@@ -229,7 +229,7 @@ std::string case_key(const casefile::Case& c) {
 LogicalGradients logical_gradients(const casefile::Case& c) {
   static_assert(sizeof(float) == 4);
   const topologies::LogicalModel model(c.model, c.topology);
-  const std::vector<kernels::GeneratorSpec> specs = gradnorm::param_generators(c.path.gradients, model);
+  const std::vector<kernels::GeneratorSpec> specs = vocab::param_generators(c.path.gradients, model);
   LogicalGradients out;
   out.values.reserve(static_cast<std::size_t>(model.total_elements()));
   nlohmann::ordered_json params = nlohmann::ordered_json::array();
@@ -336,7 +336,7 @@ void WorkerPool::stop(Worker& w, bool ask) {
   w.track(/*now=*/true);
   if (ask) {
     try {
-      casefile::write_file_atomically((w.queue / "stop").string(), "stop\n", "stop file");
+      io::write_file_atomically((w.queue / "stop").string(), "stop\n", "stop file");
     } catch (const std::exception&) {
       ask = false;  // the queue is gone or full: terminating is all that is left
     }
@@ -489,14 +489,14 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   const fs::path engine_file = w.queue / (name + ".engine.json");
 
   const LogicalGradients gradients = logical_gradients(c);
-  casefile::write_file_atomically(
+  io::write_file_atomically(
       gradients_values.string(),
       std::string_view(reinterpret_cast<const char*>(gradients.values.data()), gradients.values.size() * sizeof(float)),
       "gradient values");
-  casefile::write_file_atomically(gradients_index.string(), gradients.index_json, "gradient index");
+  io::write_file_atomically(gradients_index.string(), gradients.index_json, "gradient index");
   if (options_.engine_config)
     if (std::optional<std::string> engine = options_.engine_config(c))
-      casefile::write_file_atomically(engine_file.string(), *engine, "engine configuration");
+      io::write_file_atomically(engine_file.string(), *engine, "engine configuration");
   // The case last: its appearance tells the worker that everything of the case is there.
   casefile::write_case_file(request.string(), request_case(c));
 

@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "gradnorm/gradients.h"
-#include "gradnorm/path_options.h"
+#include "vocab/gradients.h"
+#include "vocab/path_options.h"
 #include "oracle/ground_truth.h"
 #include "topologies/logical_model.h"
 #include "topologies/sharding.h"
@@ -35,8 +35,8 @@ manifest::Attributes attributes_of(const record::Attributes& a, const record::Ru
 // The gradient statistics of (tensor, box, range), each computed once by the oracle.
 class StatsOfRanges {
  public:
-  StatsOfRanges(const topologies::LogicalModel& model, const gradnorm::GradientSpec& gradients)
-      : model_(model), generators_(gradnorm::param_generators(gradients, model)) {}
+  StatsOfRanges(const topologies::LogicalModel& model, const vocab::GradientSpec& gradients)
+      : model_(model), generators_(vocab::param_generators(gradients, model)) {}
   manifest::GradStats of(int tensor, const record::Box& box, record::ElementRange range) {
     std::vector<std::int64_t> key{tensor, range.begin, range.end};
     for (int d = 0; d < box.extent.ndim; ++d) {

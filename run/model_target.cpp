@@ -1,7 +1,7 @@
 // The model target: tally's own model of the grad-norm path on a backend (sim, mpi, nccl).
 #include <memory>
 
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "run/run_case.h"
 #include "run/target.h"
 
@@ -15,10 +15,10 @@ class ModelTarget final : public Target {
     abilities_.name = "model";
     abilities_.version = std::string(tally_version());
     abilities_.world = backend.world();
-    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
+    for (const vocab::FaultInfo& info : vocab::fault_catalog()) {
       const std::string name(info.name);
       // On sim a hang is a verdict; on mpi and nccl the watchdog ends the whole job (exit 3).
-      if (info.fault == gradnorm::Fault::empty_rank_skips_collective && backend.world() > 0)
+      if (info.fault == vocab::Fault::empty_rank_skips_collective && backend.world() > 0)
         abilities_.plants.not_planted[name] =
             "on a process-per-rank backend the hang it causes ends the job (exit 3): run it on sim, or see the "
             "hang tests";

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "comm/sim_communicator.h"
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 
 #ifndef TALLY_VERSION
 #error "run/run_case.cpp needs TALLY_VERSION (set by run/CMakeLists.txt)"
@@ -21,7 +21,7 @@ using casefile::Expectation;
 // and shard count, the largest stats group, and children reduced apart.
 oracle::ReductionModel reduction_model(const topologies::LogicalModel& model,
                                        const topologies::RankLayout& layout,
-                                       const gradnorm::PathOptions& options,
+                                       const vocab::PathOptions& options,
                                        const gradnorm::OptimizerPlan& plan) {
   oracle::ReductionModel m;
   m.local = options.accumulation;
@@ -41,7 +41,7 @@ oracle::ReductionModel reduction_model(const topologies::LogicalModel& model,
   m.children = 1;
   // Stated values are any doubles (0.1 squares inexactly), and each stated generator is one more
   // kernel call whose sum is added on the rank.
-  const bool stated = gradnorm::states_gradients(options.gradients, model.spec());
+  const bool stated = vocab::states_gradients(options.gradients, model.spec());
   m.exact_mode = kernels::mode_is_exact(options.gradients.generator.mode) && !stated;
   if (stated) m.shards = 2 * m.shards;
   return m;
@@ -50,12 +50,12 @@ oracle::ReductionModel reduction_model(const topologies::LogicalModel& model,
 }  // namespace
 
 oracle::GroundTruth truth_of(const topologies::LogicalModel& model,
-                             const gradnorm::PathOptions& options, bool per_param) {
+                             const vocab::PathOptions& options, bool per_param) {
   oracle::TruthOptions truth_options;
   truth_options.p_values = options.p_values;
   truth_options.max_norm = options.max_norm;
   truth_options.per_param = per_param;
-  truth_options.generators = gradnorm::param_generators(options.gradients, model);
+  truth_options.generators = vocab::param_generators(options.gradients, model);
   // The clipped check reads the stored gradients again: keep them for models up to 64 MiB.
   if (options.max_norm > 0.0) truth_options.keep_stored_up_to = std::int64_t{1} << 24;
   return oracle::ground_truth(model, options.gradients.generator, truth_options);
@@ -63,10 +63,10 @@ oracle::GroundTruth truth_of(const topologies::LogicalModel& model,
 
 std::string_view tally_version() { return TALLY_VERSION; }
 
-std::string model_target_producer(const gradnorm::PathOptions& options) {
+std::string model_target_producer(const vocab::PathOptions& options) {
   return "tally " TALLY_VERSION " (its model of the grad-norm path: optimizer " +
-         std::string(gradnorm::optimizer_model_name(options.optimizer)) + ", faults " +
-         gradnorm::fault_list(options.faults) + ")";
+         std::string(vocab::optimizer_model_name(options.optimizer)) + ", faults " +
+         vocab::fault_list(options.faults) + ")";
 }
 
 oracle::Verdict judge_model_run(const Case& c, const topologies::LogicalModel& model,
@@ -75,7 +75,7 @@ oracle::Verdict judge_model_run(const Case& c, const topologies::LogicalModel& m
                                 const oracle::JudgeOptions& judge) {
   oracle::Bounds bounds;
   bounds.reduction = reduction_model(model, layout, c.path, plan);
-  const std::vector<kernels::GeneratorSpec> generators = gradnorm::param_generators(c.path.gradients, model);
+  const std::vector<kernels::GeneratorSpec> generators = vocab::param_generators(c.path.gradients, model);
   const oracle::GradientSource gradients{&model, generators};
   return oracle::judge(run, truth_of(model, c.path), bounds, &gradients, judge);
 }

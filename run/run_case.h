@@ -41,13 +41,13 @@ oracle::Verdict judge_model_run(const casefile::Case& c, const topologies::Logic
 
 // The ground truth a case is judged against (its gradients, p-norms and clipping).
 oracle::GroundTruth truth_of(const topologies::LogicalModel& model,
-                             const gradnorm::PathOptions& options, bool per_param = false);
+                             const vocab::PathOptions& options, bool per_param = false);
 
 // tally's version, "0.1.0".
 std::string_view tally_version();
 
 // "tally 0.1.0 (its model of the grad-norm path: optimizer plain, faults none)".
-std::string model_target_producer(const gradnorm::PathOptions& options);
+std::string model_target_producer(const vocab::PathOptions& options);
 
 // Whether `verdict` meets `expect`, and if not, one line saying why.
 std::optional<std::string> unmet_expectation(const casefile::Expectation& expect,

@@ -195,9 +195,9 @@ std::optional<std::string> why_not_planted(const std::string& name, const FaultP
   return why != plants.not_planted.end() ? why->second : std::string("the worker names no counterpart");
 }
 
-std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants) {
+std::string unplantable(const vocab::FaultSet& faults, const FaultPlants& plants) {
   std::string out;
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) {
+  for (const vocab::FaultInfo& info : vocab::fault_catalog()) {
     if (!faults.has(info.fault)) continue;
     const std::string name(info.name);
     if (std::optional<std::string> why = why_not_planted(name, plants))

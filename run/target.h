@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "oracle/verdict.h"
 #include "record/run_record.h"
 #include "run/backend.h"
@@ -153,6 +153,6 @@ std::unique_ptr<Target> framework_target(const FrameworkTarget& row, WorkerOptio
 std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants);
 
 // "name (why)" for each of `faults` that `plants` cannot plant, joined by "; " ("" when it plants all).
-std::string unplantable(const gradnorm::FaultSet& faults, const FaultPlants& plants);
+std::string unplantable(const vocab::FaultSet& faults, const FaultPlants& plants);
 
 }  // namespace tally::run

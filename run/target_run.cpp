@@ -4,7 +4,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 #include "manifest/manifest_json.h"
 #include "manifest/to_record.h"
 #include "oracle/ground_truth.h"
@@ -142,7 +142,7 @@ oracle::Verdict judge_target_manifests(const casefile::Case& c, const manifest::
   const record::RunRecord run = record_in_model_order(manifests, model);
   oracle::Bounds bounds;
   bounds.rtol = rtol;
-  const std::vector<kernels::GeneratorSpec> generators = gradnorm::param_generators(c.path.gradients, model);
+  const std::vector<kernels::GeneratorSpec> generators = vocab::param_generators(c.path.gradients, model);
   const oracle::GradientSource gradients{&model, generators};
   return oracle::judge(run, truth_of(model, c.path), bounds, &gradients);
 }

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <array>
 
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "run/target.h"
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 #include "record/text.h"
 #include "run/megatron_core/rules.h"
 #include "topologies/logical_model.h"
@@ -37,7 +37,7 @@ bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
 // the folded forward would), and DeepSpeed multiplies it by the loss scale.
 double largest_fp16_gradient(const casefile::Case& c, int loss_scale) {
   const bool folded = c.deepspeed && c.deepspeed->autoep && c.deepspeed->autotp;
-  return gradnorm::largest_gradient(c.path.gradients) * data_parallel(c.topology) * (folded ? c.topology.tp : 1) *
+  return vocab::largest_gradient(c.path.gradients) * data_parallel(c.topology) * (folded ? c.topology.tp : 1) *
          loss_scale;
 }
 constexpr double kFp16Max = 65504.0;
@@ -156,8 +156,8 @@ bool pipelines(const EnginePath& path) {
 
 // Whether a planted fault can change what `path` computes, where the unplanted path counts right
 // (tally mutants scores a fault only on a case that passes without it).
-bool shows(const gradnorm::FaultSet& faults, const EnginePath& path, bool pipelined) {
-  using gradnorm::Fault;
+bool shows(const vocab::FaultSet& faults, const EnginePath& path, bool pipelined) {
+  using vocab::Fault;
   // With pipeline parallelism, bf16 at ZeRO 0 is BF16_Optimizer too (DeepSpeed's sanity check).
   const bool bf16_optimizer =
       (path.zero_stage == 1 && path.grad_accum_fp32) || (pipelined && path.zero_stage == 0 && path.dtype == Dtype::bf16);
@@ -183,7 +183,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
                                                  bool megatron_model_rules) {
   const topologies::ModelSpec& m = c.model;
   const topologies::ParallelConfig& t = c.topology;
-  const gradnorm::PathOptions& o = c.path;
+  const vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt)
     return "model.kind custom: the DeepSpeed worker builds tally's GPT/MoE family; a custom layout has no "
            "module";
@@ -208,8 +208,8 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
            (t.etp == 1 ? "the ranks of a pipeline stage (" + std::to_string(t.world / std::max(1, t.pp)) +
                              "; without expert TP its groups span TP)"
                        : "the data-parallel size (" + std::to_string(data_parallel(t)) + ", with expert TP)");
-  if (o.optimizer != gradnorm::OptimizerModel::plain)
-    return "optimizer.model " + std::string(gradnorm::optimizer_model_name(o.optimizer)) +
+  if (o.optimizer != vocab::OptimizerModel::plain)
+    return "optimizer.model " + std::string(vocab::optimizer_model_name(o.optimizer)) +
            ": Megatron's optimizers; DeepSpeed's is chosen by the deepspeed section (leave plain)";
   if (!o.p_values.empty()) return "statistics.p_norms: DeepSpeed reports the L2 norm only";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
@@ -224,7 +224,7 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (o.gradients.generator.dtype == Dtype::fp16 &&
       largest_fp16_gradient(c, c.deepspeed->loss_scale) >= kFp16Max)
     return "deepspeed.loss_scale " + std::to_string(c.deepspeed->loss_scale) +
-           " with gradients.dtype fp16: the gradients (up to " + record::all_digits(gradnorm::largest_gradient(o.gradients)) +
+           " with gradients.dtype fp16: the gradients (up to " + record::all_digits(vocab::largest_gradient(o.gradients)) +
            ") times the data-parallel size (" + std::to_string(data_parallel(t)) +
            ") times the loss scale exceed fp16's 65504, so DeepSpeed would skip the step; lower the "
            "loss scale or use bf16";
@@ -237,7 +237,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
                                 const std::vector<std::string>& dtypes, bool megatron_model_rules) {
   topologies::ModelSpec& m = c.model;
   topologies::ParallelConfig& t = c.topology;
-  gradnorm::PathOptions& o = c.path;
+  vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
@@ -248,7 +248,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   t.vpp = 1;
   t.order = std::string(topologies::kDefaultOrder);
   t.dist_opt_instances = 1;
-  o.optimizer = gradnorm::OptimizerModel::plain;
+  o.optimizer = vocab::OptimizerModel::plain;
   o.p_values.clear();
   if (!unplantable(o.faults, plants).empty()) o.faults = {};
   // Named on the stages alone: logical names do not depend on the sharding, and TP is not settled

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 #include "run/target.h"
 #include "topologies/logical_model.h"
 #include "topologies/parallel_config.h"
@@ -37,7 +37,7 @@ bool uneven_without_middle_chunks(const casefile::Case& c) {
 std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
                                                      const FaultPlants& plants) {
   const topologies::ModelSpec& m = c.model;
-  const gradnorm::PathOptions& o = c.path;
+  const vocab::PathOptions& o = c.path;
   const std::string release = "megatron-core " + std::string(version);
   if (m.kind != topologies::ModelKind::gpt)
     return "model.kind custom: the megatron-core worker builds Megatron's GPTModel; a custom layout has "
@@ -57,7 +57,7 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
     return "statistics.p_norms: Megatron reports the L2 norm and the zero count only";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
     return "faults: the worker plants no counterpart of " + why;
-  if (c.topology.dist_opt_instances > 1 && o.optimizer != gradnorm::OptimizerModel::distributed)
+  if (c.topology.dist_opt_instances > 1 && o.optimizer != vocab::OptimizerModel::distributed)
     return "topology.dist_opt_instances " + std::to_string(c.topology.dist_opt_instances) +
            ": several instances belong to the distributed optimizer (optimizer.model distributed)";
   if (uneven_without_middle_chunks(c))
@@ -65,7 +65,7 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
            std::to_string(c.topology.vpp) +
            ": megatron-core's get_transformer_layer_offset divides by the layers of the middle stages' "
            "chunks, which are none (ZeroDivisionError)";
-  if (o.optimizer == gradnorm::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
+  if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     return "optimizer.model muon with experts: " + release +
            "'s Muon without LayerWise fails on expert params (get_megatron_muon_optimizer's "
            "list.remove compares param groups that hold tensors); 0.19 builds it";
@@ -74,7 +74,7 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
 
 casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants) {
   topologies::ModelSpec& m = c.model;
-  gradnorm::PathOptions& o = c.path;
+  vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   c.deepspeed.reset();
   m.mtp_num_layers = 0;
@@ -84,13 +84,13 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   c.topology.egtp = 1;
   o.p_values.clear();
   if (!unplantable(o.faults, plants).empty()) o.faults = {};
-  if (o.optimizer != gradnorm::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
+  if (o.optimizer != vocab::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
   if (uneven_without_middle_chunks(c)) {
     // The last stage keeps its layers, now as "the rest" (a multiple of vpp, as it was).
     m.last_stage_layers.reset();
   }
-  if (o.optimizer == gradnorm::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
-    o.optimizer = gradnorm::OptimizerModel::layerwise;
+  if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
+    o.optimizer = vocab::OptimizerModel::layerwise;
   casefile::drop_stated_gradients_without_a_param(c, c.topology);
   return c;
 }

@@ -7,7 +7,7 @@ cmake_minimum_required(VERSION 3.25)
 
 # What each folder may use, read from the table of docs/architecture.md, the one statement of it:
 # in each row "| `folder/` | holds | may depend on |", the backticked folders ("`topologies`") and
-# single headers ("`casefile/json_read.h`") of the last column, and "`x/`" for everything x's row
+# single headers ("`topologies/parallel_config.h`") of the last column, and "`x/`" for everything x's row
 # allows. Rows of folders without a CMakeLists.txt (adapters/) are not C++.
 file(STRINGS "${SOURCE_DIR}/docs/architecture.md" table_rows REGEX "^\\| `[a-z_]+/` \\|")
 set(folders "")
@@ -35,7 +35,7 @@ foreach(row IN LISTS table_rows)
     endif()
   endforeach()
 endforeach()
-foreach(expected topologies record kernels comm gradnorm oracle casefile manifest run fuzz cli)
+foreach(expected topologies record kernels io vocab comm casefile manifest gradnorm oracle run fuzz cli)
   if(NOT expected IN_LIST folders)
     message(FATAL_ERROR "docs/architecture.md: the dependency table has no row for ${expected}/")
   endif()

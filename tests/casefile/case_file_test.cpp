@@ -29,9 +29,9 @@ rc::Gen<Case> any_case() {
     c.model = spec;
     c.description = *rc::gen::container<std::string>(rc::gen::inRange<char>(' ', '~'));
     if (*rc::gen::arbitrary<bool>()) c.description += "\xC3\xA9t\xC3\xA9 \xE2\x9C\x93";  // UTF-8
-    gradnorm::PathOptions& o = c.path;
-    o.optimizer = *rc::gen::element(gradnorm::OptimizerModel::plain, gradnorm::OptimizerModel::distributed,
-                                    gradnorm::OptimizerModel::layerwise, gradnorm::OptimizerModel::muon);
+    vocab::PathOptions& o = c.path;
+    o.optimizer = *rc::gen::element(vocab::OptimizerModel::plain, vocab::OptimizerModel::distributed,
+                                    vocab::OptimizerModel::layerwise, vocab::OptimizerModel::muon);
     o.gradients.generator.mode = *rc::gen::elementOf(kernels::kAllGradientModes);
     o.gradients.generator.dtype = *rc::gen::elementOf(kernels::kAllDtypes);
     o.gradients.generator.seed = *rc::gen::arbitrary<std::uint64_t>();
@@ -42,7 +42,7 @@ rc::Gen<Case> any_case() {
       const topologies::LogicalModel model(c.model, c.topology);
       for (const topologies::LogicalParam& p : model.params()) {
         if (*rc::gen::inRange(0, 6) != 0) continue;
-        gradnorm::StatedFor s;
+        vocab::StatedFor s;
         s.param = p.name;
         s.gradient.kind = *rc::gen::element(topologies::StatedGradient::Kind::constant,
                                             topologies::StatedGradient::Kind::scale,
@@ -56,7 +56,7 @@ rc::Gen<Case> any_case() {
         o.gradients.stated.push_back(std::move(s));
       }
       if (model.size() > 0 && *rc::gen::arbitrary<bool>()) {
-        gradnorm::StatedFor s;
+        vocab::StatedFor s;
         s.param_class = model.param(*rc::gen::inRange(0, model.size())).param_class;
         s.gradient.number = 3.0;
         o.gradients.stated.push_back(std::move(s));
@@ -72,7 +72,7 @@ rc::Gen<Case> any_case() {
                                  rc::gen::map(rc::gen::inRange(0, 1 << 30),
                                               [](int k) { return k * 0.1; }));
     o.bucket_elements = *rc::gen::inRange<std::int64_t>(0, 1 << 20);
-    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+    for (const vocab::FaultInfo& info : vocab::fault_catalog())
       if (*rc::gen::inRange(0, 8) == 0) o.faults = o.faults.with(info.fault);
     switch (*rc::gen::inRange(0, 4)) {
       case 0: break;
@@ -115,8 +115,8 @@ Case founding_case(int world) {
   c.description = "Megatron-LM #6099";
   c.topology = testing::config_of(world, 2, 1, 2, 1);
   c.model = testing::founding_model();
-  c.path = testing::ones(gradnorm::OptimizerModel::layerwise);
-  c.path.gradients.class_mask = gradnorm::class_bit(topologies::ParamClass::expert_row_bias);
+  c.path = testing::ones(vocab::OptimizerModel::layerwise);
+  c.path.gradients.class_mask = vocab::class_bit(topologies::ParamClass::expert_row_bias);
   c.path.max_norm = 1.0;
   return c;
 }
@@ -137,7 +137,7 @@ TEST(CaseFile, SeedsAreCanonical) {
     EXPECT_EQ(case_to_text(c), text) << entry.path();
     ++count;
   }
-  EXPECT_GE(count, 2 * (gradnorm::kFaultCount - 1) + 4);
+  EXPECT_GE(count, 2 * (vocab::kFaultCount - 1) + 4);
 }
 
 TEST(CaseFile, DocumentedExampleReads) {
@@ -160,7 +160,7 @@ TEST(CaseFile, MinimalFileTakesTheDocumentedDefaults) {
   EXPECT_EQ(c.topology.etp, 2);  // Megatron-LM's default: etp = tp
   EXPECT_EQ(c.topology.order, "tp-cp-ep-dp-pp");
   EXPECT_EQ(c.model, topologies::ModelSpec{});
-  EXPECT_EQ(c.path.optimizer, gradnorm::OptimizerModel::plain);
+  EXPECT_EQ(c.path.optimizer, vocab::OptimizerModel::plain);
   EXPECT_EQ(c.path.gradients.generator.mode, kernels::GradientMode::dyadic);
   EXPECT_EQ(c.path.gradients.generator.dtype, kernels::Dtype::fp32);
   EXPECT_EQ(c.path.gradients.generator.seed, 1u);
@@ -189,18 +189,18 @@ TEST(CaseFile, ReadsEveryField) {
                                 "all.json");
   EXPECT_EQ(c.topology.pp, 2);
   EXPECT_EQ(c.topology.etp, 1);
-  EXPECT_EQ(c.path.optimizer, gradnorm::OptimizerModel::distributed);
+  EXPECT_EQ(c.path.optimizer, vocab::OptimizerModel::distributed);
   EXPECT_EQ(c.path.bucket_elements, 64);
   EXPECT_EQ(c.path.gradients.generator.mode, kernels::GradientMode::rank_encoded);
   EXPECT_EQ(c.path.gradients.generator.dtype, kernels::Dtype::bf16);
   EXPECT_EQ(c.path.gradients.generator.seed, ~std::uint64_t{0});
-  EXPECT_EQ(c.path.gradients.class_mask, gradnorm::class_bit(topologies::ParamClass::row) |
-                                             gradnorm::class_bit(topologies::ParamClass::column));
+  EXPECT_EQ(c.path.gradients.class_mask, vocab::class_bit(topologies::ParamClass::row) |
+                                             vocab::class_bit(topologies::ParamClass::column));
   EXPECT_EQ(c.path.accumulation, kernels::Accumulation::fp32);
   EXPECT_EQ(c.path.p_values, (std::vector<double>{1.0, 0.5}));
   EXPECT_EQ(c.path.max_norm, 2.5);
-  EXPECT_EQ(c.path.faults, gradnorm::FaultSet::of({gradnorm::Fault::no_dedup_filter,
-                                                   gradnorm::Fault::expert_dedup_on_dense_tp}));
+  EXPECT_EQ(c.path.faults, vocab::FaultSet::of({vocab::Fault::no_dedup_filter,
+                                                   vocab::Fault::expert_dedup_on_dense_tp}));
   ASSERT_TRUE(c.expect.has_value());
   EXPECT_EQ(c.expect->statistics, (std::vector<std::string>{"p0.5", "ledger"}));
   // Written back in canonical form: faults in catalog order, classes in class order.
@@ -478,7 +478,7 @@ TEST(CaseFile, WritesAtomicallyAndReadsBack) {
   fs::create_directories(folder);
   const std::string file = (folder / "founding.json").string();
   Case c = founding_case(2);
-  c.path.faults = gradnorm::FaultSet::of({gradnorm::Fault::expert_dedup_on_dense_tp});
+  c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
   c.expect = Expectation{Expectation::Outcome::fail, {"l2"}, {}};
   write_case_file(file, c);
   EXPECT_EQ(load_case_file(file), c);

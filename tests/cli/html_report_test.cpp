@@ -75,9 +75,9 @@ casefile::Case founding_fail(int world) {
   casefile::Case c;
   c.topology = testing::config_of(world, 2, 1, 2, 1);
   c.model = testing::founding_model();
-  c.path = testing::ones(gradnorm::OptimizerModel::layerwise);
-  c.path.gradients.class_mask = gradnorm::class_bit(topologies::ParamClass::expert_row_bias);
-  c.path.faults = gradnorm::FaultSet::of({gradnorm::Fault::expert_dedup_on_dense_tp});
+  c.path = testing::ones(vocab::OptimizerModel::layerwise);
+  c.path.gradients.class_mask = vocab::class_bit(topologies::ParamClass::expert_row_bias);
+  c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
   return c;
 }
 
@@ -124,7 +124,7 @@ TEST(HtmlReport, ABigModelsMatrixIsCappedAndSaysSo) {
   casefile::Case c;
   c.topology = testing::config_of(1, 1, 1, 1, 1);
   c.model = testing::custom_model(params);
-  c.path = testing::ones(gradnorm::OptimizerModel::plain);
+  c.path = testing::ones(vocab::OptimizerModel::plain);
   const oracle::Verdict verdict = run::run_case(c);
   const topologies::LogicalModel model(c.model, c.topology);
   HtmlReport page;

@@ -17,7 +17,7 @@ namespace tally::fuzz {
 namespace {
 
 namespace fs = std::filesystem;
-using gradnorm::Fault;
+using vocab::Fault;
 
 // A fresh folder under the build tree for one test's corpus.
 std::string fresh_dir(const std::string& name) {
@@ -117,7 +117,7 @@ TEST(Shrink, BigWorldFailuresShrinkToSmallCases) {
   for (Fault fault : {Fault::expert_dedup_on_dense_tp, Fault::missing_pp_reduction,
                       Fault::tied_copy_not_shared, Fault::stats_over_replicas,
                       Fault::missing_ep_reduction, Fault::replicated_marked_tp}) {
-    SCOPED_TRACE(std::string(gradnorm::fault_info(fault).name));
+    SCOPED_TRACE(std::string(vocab::fault_info(fault).name));
     const std::optional<Found> found = first_failure(fault, 32);
     ASSERT_TRUE(found.has_value());
     const ShrinkOutcome out = shrink_failure(found->shrinkable, found->verdict, sim, ShrinkLimits{});
@@ -414,9 +414,9 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
 TEST(Mutants, EveryApplicableFaultIsFoundWithinTheDefaultBudget) {
   MutantOptions o;  // budget 1000, seed 1, worlds up to 64
   const std::vector<MutantResult> results = mutants_on_model(o);
-  ASSERT_EQ(results.size(), static_cast<std::size_t>(gradnorm::kFaultCount));
+  ASSERT_EQ(results.size(), static_cast<std::size_t>(vocab::kFaultCount));
   for (const MutantResult& r : results) {
-    SCOPED_TRACE(std::string(gradnorm::fault_info(r.fault).name));
+    SCOPED_TRACE(std::string(vocab::fault_info(r.fault).name));
     EXPECT_TRUE(r.not_applicable.empty());
     ASSERT_TRUE(r.found);
     EXPECT_LE(r.cases, o.budget);

@@ -19,10 +19,10 @@ inline void showValue(const casefile::Case& c, std::ostream& os) {
   os << topologies::describe(c.topology) << ", vpp " << c.topology.vpp << ", instances "
      << c.topology.dist_opt_instances << "\n"
      << topologies::describe(c.model) << "\noptimizer "
-     << gradnorm::optimizer_model_name(c.path.optimizer) << ", "
+     << vocab::optimizer_model_name(c.path.optimizer) << ", "
      << kernels::mode_name(c.path.gradients.generator.mode) << " "
      << kernels::dtype_name(c.path.gradients.generator.dtype) << ", faults "
-     << gradnorm::fault_list(c.path.faults);
+     << vocab::fault_list(c.path.faults);
 }
 
 namespace {
@@ -53,7 +53,7 @@ RC_GTEST_PROP(Generators, CasesAreValid, ()) {
   CaseGenOptions o;
   o.topology.max_world = *rc::gen::element(1, 8, 64, 256);
   o.topology.grow_with_size = *rc::gen::arbitrary<bool>();
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+  for (const vocab::FaultInfo& info : vocab::fault_catalog())
     if (*rc::gen::arbitrary<bool>()) o.faults.push_back(info.fault);
   o.big_zeros_one_in = 10;
   const casefile::Case c = *gen_case(o);
@@ -104,7 +104,7 @@ RC_GTEST_PROP(Generators, FaultFreeCasesPass, ()) {
 // Every generated case survives its case file: written, read back, the same case.
 RC_GTEST_PROP(Generators, CasesRoundTripThroughCaseFiles, ()) {
   CaseGenOptions o;
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+  for (const vocab::FaultInfo& info : vocab::fault_catalog())
     if (*rc::gen::arbitrary<bool>()) o.faults.push_back(info.fault);
   o.big_zeros_one_in = 10;
   casefile::Case c = *gen_case(o);
@@ -158,9 +158,9 @@ TEST(Generators, CoverEveryAxisAndFeature) {
     seen["tied, pp>1"] += m.kind == topologies::ModelKind::gpt && !m.untie_embeddings_and_output_weights && t.pp > 1;
     seen["uneven stages"] += m.first_stage_layers.has_value() || m.last_stage_layers.has_value();
     seen["shared expert"] += m.moe_shared_expert_intermediate_size > 0;
-    for (int k = 0; k < gradnorm::kOptimizerModelCount; ++k)
-      seen["optimizer " + std::string(gradnorm::optimizer_models()[k].name)] +=
-          c.path.optimizer == gradnorm::optimizer_models()[k].model;
+    for (int k = 0; k < vocab::kOptimizerModelCount; ++k)
+      seen["optimizer " + std::string(vocab::optimizer_models()[k].name)] +=
+          c.path.optimizer == vocab::optimizer_models()[k].model;
     seen["fp32 accumulation"] += c.path.accumulation == kernels::Accumulation::fp32;
     seen["bf16"] += c.path.gradients.generator.dtype == kernels::Dtype::bf16;
     seen["buckets"] += c.path.bucket_elements > 0;
@@ -192,13 +192,13 @@ TEST(Generators, BigZerosMostlyForItsFault) {
     return count;
   };
   CaseGenOptions targeted;
-  targeted.faults = {gradnorm::Fault::zero_count_in_float32};
+  targeted.faults = {vocab::Fault::zero_count_in_float32};
   const int found = big_zeros(targeted, 2000);
   EXPECT_GE(found, 60);
   EXPECT_LE(found, 160);
   EXPECT_LE(big_zeros(CaseGenOptions{}, 2000), 2);
   CaseGenOptions other = targeted;
-  other.faults = {gradnorm::Fault::no_dedup_filter};
+  other.faults = {vocab::Fault::no_dedup_filter};
   EXPECT_LE(big_zeros(other, 2000), 2);
 }
 
@@ -231,7 +231,7 @@ TEST(Generators, EveryCaseShrinksToTheSimplest) {
     EXPECT_EQ(c.model.kind, topologies::ModelKind::gpt);
     EXPECT_EQ(c.model.num_layers, 1);
     EXPECT_EQ(c.model.num_experts, 0);
-    EXPECT_EQ(c.path.optimizer, gradnorm::OptimizerModel::plain);
+    EXPECT_EQ(c.path.optimizer, vocab::OptimizerModel::plain);
     EXPECT_EQ(c.path.gradients.generator.mode, kernels::GradientMode::ones);
   }
 }

@@ -18,8 +18,8 @@ struct Founding {
   topologies::LogicalModel model{testing::founding_model(), config};
   topologies::RankLayout layout{config};
 
-  std::vector<MainParam> main(int rank, const FaultSet& faults = {}) const {
-    const OptimizerPlan plan = plan_optimizer(OptimizerModel::plain, model, faults);
+  std::vector<MainParam> main(int rank, const vocab::FaultSet& faults = {}) const {
+    const OptimizerPlan plan = plan_optimizer(vocab::OptimizerModel::plain, model, faults);
     std::vector<MainParam> out;
     make_main_params(topologies::local_params(model, layout, rank), plan, faults, out);
     return out;
@@ -62,7 +62,7 @@ TEST(MainParams, FilterKeepsShardsAndRank0OfTheReplicationGroup) {
 
 TEST(MainParams, ExpertDedupOnDenseTpDropsTheExpertBiasOnTpRankOne) {
   const Founding f;
-  const FaultSet faults = FaultSet::of({Fault::expert_dedup_on_dense_tp});
+  const vocab::FaultSet faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
   EXPECT_FALSE(children_receive_expert_tp_group(faults));
   const MainParam& bias = of_class(f.main(1, faults), ParamClass::expert_row_bias);
   EXPECT_TRUE(bias.dedup_on_dense_tp);
@@ -72,23 +72,23 @@ TEST(MainParams, ExpertDedupOnDenseTpDropsTheExpertBiasOnTpRankOne) {
 TEST(MainParams, AttributeFaultsChangeTheMainCopyOnly) {
   const Founding f;
   const MainParam& lost =
-      of_class(f.main(0, FaultSet::of({Fault::allreduce_flag_lost_on_main_params})), ParamClass::expert_row_bias);
+      of_class(f.main(0, vocab::FaultSet::of({vocab::Fault::allreduce_flag_lost_on_main_params})), ParamClass::expert_row_bias);
   EXPECT_TRUE(lost.attrs.allreduce);  // the main copy lost it...
   EXPECT_TRUE(lost.expert_label);     // ...the model's label still places it
   const MainParam& unmarked =
-      of_class(f.main(0, FaultSet::of({Fault::expert_weights_not_tp_marked})), ParamClass::expert_column);
+      of_class(f.main(0, vocab::FaultSet::of({vocab::Fault::expert_weights_not_tp_marked})), ParamClass::expert_column);
   EXPECT_FALSE(unmarked.attrs.tensor_model_parallel);
   EXPECT_TRUE(unmarked.dedup_on_dense_tp);
-  EXPECT_FALSE(of_class(f.main(0, FaultSet::of({Fault::expert_weights_not_tp_marked})), ParamClass::expert_row_bias)
+  EXPECT_FALSE(of_class(f.main(0, vocab::FaultSet::of({vocab::Fault::expert_weights_not_tp_marked})), ParamClass::expert_row_bias)
                    .dedup_on_dense_tp);  // TE marks nothing on biases: they keep the ETP group
-  const MainParam& marked = of_class(f.main(0, FaultSet::of({Fault::replicated_marked_tp})), ParamClass::replicated);
+  const MainParam& marked = of_class(f.main(0, vocab::FaultSet::of({vocab::Fault::replicated_marked_tp})), ParamClass::replicated);
   EXPECT_TRUE(marked.attrs.tensor_model_parallel);
-  EXPECT_EQ(filter_rule(marked, f.layout, 1, FaultSet::of({Fault::replicated_marked_tp})), Rule::kept_tensor_parallel);
+  EXPECT_EQ(filter_rule(marked, f.layout, 1, vocab::FaultSet::of({vocab::Fault::replicated_marked_tp})), Rule::kept_tensor_parallel);
 }
 
 TEST(MainParams, NoFilterKeepsEveryCopyButShared) {
   const Founding f;
-  const FaultSet faults = FaultSet::of({Fault::no_dedup_filter});
+  const vocab::FaultSet faults = vocab::FaultSet::of({vocab::Fault::no_dedup_filter});
   for (const MainParam& p : f.main(1, faults))
     EXPECT_EQ(filter_rule(p, f.layout, 1, faults), Rule::kept_without_filter);
 }
@@ -98,10 +98,10 @@ TEST(MainParams, TheTiedCopyIsSharedUnlessTheFaultDropsIt) {
   const topologies::LogicalModel model(testing::dense_model(2), config);
   const topologies::RankLayout layout(config);
   for (bool with_fault : {false, true}) {
-    const FaultSet faults = with_fault ? FaultSet::of({Fault::tied_copy_not_shared}) : FaultSet{};
+    const vocab::FaultSet faults = with_fault ? vocab::FaultSet::of({vocab::Fault::tied_copy_not_shared}) : vocab::FaultSet{};
     std::vector<MainParam> main;
     make_main_params(topologies::local_params(model, layout, 1),
-                     plan_optimizer(OptimizerModel::plain, model, faults), faults, main);
+                     plan_optimizer(vocab::OptimizerModel::plain, model, faults), faults, main);
     const MainParam& copy = main.back();
     ASSERT_NE(copy.attrs.copy, topologies::SharedCopy::none);
     EXPECT_EQ(copy.attrs.shared, !with_fault);

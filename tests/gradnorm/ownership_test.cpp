@@ -23,8 +23,8 @@ struct Owned {
   Ownership ownership;
 };
 
-Owned own(OptimizerModel model, const topologies::LogicalModel& logical, const topologies::RankLayout& layout,
-          int rank, std::int64_t bucket_elements = 0, const FaultSet& faults = {}) {
+Owned own(vocab::OptimizerModel model, const topologies::LogicalModel& logical, const topologies::RankLayout& layout,
+          int rank, std::int64_t bucket_elements = 0, const vocab::FaultSet& faults = {}) {
   Owned o;
   make_main_params(topologies::local_params(logical, layout, rank),
                    plan_optimizer(model, logical, faults), faults, o.main);
@@ -36,7 +36,7 @@ TEST(Ownership, NonDistributedOptimizersOwnEveryParamWhole) {
   const auto config = testing::config_of(4, 2, 1, 2, 1);
   const topologies::LogicalModel model(testing::small_moe(2), config);
   const topologies::RankLayout layout(config);
-  for (OptimizerModel m : {OptimizerModel::plain, OptimizerModel::muon}) {
+  for (vocab::OptimizerModel m : {vocab::OptimizerModel::plain, vocab::OptimizerModel::muon}) {
     const Owned o = own(m, model, layout, 1);
     ASSERT_EQ(o.ownership.pieces.size(), o.main.size());
     for (std::size_t i = 0; i < o.main.size(); ++i) {
@@ -49,7 +49,7 @@ TEST(Ownership, NonDistributedOptimizersOwnEveryParamWhole) {
 
 // How often each element of each (logical param, box) is owned by the members of `rank`'s
 // data-parallel group, for one kind of buffer.
-std::map<std::pair<int, std::int64_t>, int> owners_over_dp(OptimizerModel m, const topologies::LogicalModel& model,
+std::map<std::pair<int, std::int64_t>, int> owners_over_dp(vocab::OptimizerModel m, const topologies::LogicalModel& model,
                                                            const topologies::RankLayout& layout, int rank,
                                                            bool expert, std::int64_t bucket) {
   std::map<std::pair<int, std::int64_t>, int> times;
@@ -73,7 +73,7 @@ RC_GTEST_PROP(OwnershipProperty, DataParallelRanksOwnEveryElementExactlyOnce, ()
   RC_PRE(testing::megatron_assumptions_hold(config));
   const topologies::LogicalModel model(spec, config);
   const topologies::RankLayout layout(config);
-  const OptimizerModel m = *rc::gen::element(OptimizerModel::distributed, OptimizerModel::layerwise);
+  const vocab::OptimizerModel m = *rc::gen::element(vocab::OptimizerModel::distributed, vocab::OptimizerModel::layerwise);
   const std::int64_t bucket = *rc::gen::element<std::int64_t>(0, 7, 64);
   const int rank = *rc::gen::inRange(0, config.world);
   for (bool expert : {false, true}) {
@@ -93,14 +93,14 @@ TEST(Ownership, DistributedBucketsArePaddedToTheDataParallelSize) {
   // 5 elements over 4 ranks: ranges of 2, the last rank owns one element and two of padding.
   std::int64_t padding = 0;
   for (int rank = 0; rank < 4; ++rank) {
-    const Owned o = own(OptimizerModel::distributed, model, layout, rank);
+    const Owned o = own(vocab::OptimizerModel::distributed, model, layout, rank);
     padding += o.ownership.padding;
     const std::int64_t owned = o.ownership.pieces.empty() ? 0 : o.ownership.pieces[0].range.end - o.ownership.pieces[0].range.begin;
     EXPECT_EQ(owned, rank < 2 ? 2 : (rank == 2 ? 1 : 0)) << "rank " << rank;
   }
   EXPECT_EQ(padding, 3);
   // The overlapping-shards fault: each range also takes the next rank's first element.
-  const Owned overlapping = own(OptimizerModel::distributed, model, layout, 0, 0, FaultSet::of({Fault::distopt_overlapping_shards}));
+  const Owned overlapping = own(vocab::OptimizerModel::distributed, model, layout, 0, 0, vocab::FaultSet::of({vocab::Fault::distopt_overlapping_shards}));
   EXPECT_EQ(overlapping.ownership.pieces[0].range, (kernels::ElementRange{0, 3}));
 }
 
@@ -117,7 +117,7 @@ TEST(Ownership, LayerWiseDealsWholeParamsLargestFirstInAZigZag) {
   // By size: b (4) -> rank 0, c (3) -> rank 1, d (2) -> rank 1, a (1) -> rank 0.
   auto owned_names = [&](int rank) {
     std::vector<std::string> names;
-    const Owned o = own(OptimizerModel::layerwise, model, layout, rank);
+    const Owned o = own(vocab::OptimizerModel::layerwise, model, layout, rank);
     for (const OwnedPiece& piece : o.ownership.pieces) {
       const MainParam& p = o.main[static_cast<std::size_t>(piece.local_index)];
       EXPECT_EQ(piece.range, (kernels::ElementRange{0, p.attrs.slice.numel()}));

@@ -24,7 +24,7 @@ using topologies::ParamClass;
 using topologies::RankLayout;
 
 PathResult run(const ParallelConfig& config, const topologies::ModelSpec& spec,
-               const PathOptions& options) {
+               const vocab::PathOptions& options) {
   const RankLayout layout(config);
   const LogicalModel model(spec, config);
   comm::SimCommunicator communicator(layout);
@@ -52,15 +52,15 @@ const record::Piece* piece_of(const PathResult& result, int rank, int id) {
 void check_founding_case(int world) {
   const ParallelConfig config = config_of(world, 2, 1, 2, 1);
   const topologies::ModelSpec spec = testing::founding_model();
-  PathOptions options = testing::ones(OptimizerModel::layerwise);
-  options.gradients.class_mask = class_bit(ParamClass::expert_row_bias);
+  vocab::PathOptions options = testing::ones(vocab::OptimizerModel::layerwise);
+  options.gradients.class_mask = vocab::class_bit(ParamClass::expert_row_bias);
 
   const PathResult right = run(config, spec, options);
   for (const record::RankRecord& rank : right.record.ranks)
     EXPECT_EQ(rank.reported.norm, 4.0) << "rank " << rank.rank;
   EXPECT_TRUE(oracle::count_ledgers(right.record).wrong.empty());
 
-  options.faults = FaultSet::of({Fault::expert_dedup_on_dense_tp});
+  options.faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
   const PathResult wrong = run(config, spec, options);
   for (const record::RankRecord& rank : wrong.record.ranks) EXPECT_EQ(rank.reported.norm, std::sqrt(8.0));
 
@@ -100,9 +100,9 @@ RC_GTEST_PROP(PathProperty, AllOnesGivesSqrtNAndEveryElementOnce, ()) {
   const auto [config, spec] = *testing::valid_case(3);
   RC_PRE(testing::megatron_assumptions_hold(config));
   const LogicalModel model(spec, config);
-  PathOptions options = testing::ones(*rc::gen::element(
-      OptimizerModel::plain, OptimizerModel::distributed, OptimizerModel::layerwise,
-      OptimizerModel::muon));
+  vocab::PathOptions options = testing::ones(*rc::gen::element(
+      vocab::OptimizerModel::plain, vocab::OptimizerModel::distributed, vocab::OptimizerModel::layerwise,
+      vocab::OptimizerModel::muon));
   options.bucket_elements = *rc::gen::element<std::int64_t>(0, 7, 64);
   const PathResult ones = run(config, spec, options);
   const double main_n = static_cast<double>(model.total_elements(topologies::GradNormGroup::main));
@@ -133,9 +133,9 @@ TEST(Path, ClipCoefficientIsMaxOverNormPlusEpsilon) {
   spec.num_layers = 2;
   const LogicalModel model(spec, config);
   const double n = std::sqrt(static_cast<double>(model.total_elements()));
-  for (OptimizerModel optimizer : {OptimizerModel::plain, OptimizerModel::distributed,
-                                   OptimizerModel::layerwise, OptimizerModel::muon}) {
-    PathOptions options = testing::ones(optimizer);
+  for (vocab::OptimizerModel optimizer : {vocab::OptimizerModel::plain, vocab::OptimizerModel::distributed,
+                                   vocab::OptimizerModel::layerwise, vocab::OptimizerModel::muon}) {
+    vocab::PathOptions options = testing::ones(optimizer);
     options.max_norm = n / 2;
     const double coefficient = (n / 2) / (n + 1e-6);
     for (const record::RankRecord& rank : run(config, spec, options).record.ranks) {
@@ -158,21 +158,21 @@ TEST(Path, ClipCoefficientIsMaxOverNormPlusEpsilon) {
 TEST(Path, ClipFaultsWithoutTheirAxisChangeNothingUnderSeveralInstances) {
   ParallelConfig config = config_of(4, 1, 1, 1, 1);
   config.dist_opt_instances = 2;
-  PathOptions options = testing::ones(OptimizerModel::distributed);
+  vocab::PathOptions options = testing::ones(vocab::OptimizerModel::distributed);
   options.max_norm = 1.0;
   const PathResult right = run(config, testing::small_moe(2), options);
-  for (Fault fault : {Fault::clip_per_stage_norm, Fault::clip_per_ep_group_norm}) {
-    options.faults = FaultSet::of({fault});
+  for (vocab::Fault fault : {vocab::Fault::clip_per_stage_norm, vocab::Fault::clip_per_ep_group_norm}) {
+    options.faults = vocab::FaultSet::of({fault});
     const PathResult faulty = run(config, testing::small_moe(2), options);
     for (std::size_t r = 0; r < faulty.record.ranks.size(); ++r)
       EXPECT_EQ(faulty.record.ranks[r].reported.clip_coefficient,
                 right.record.ranks[r].reported.clip_coefficient)
-          << fault_info(fault).name << ", rank " << r;
+          << vocab::fault_info(fault).name << ", rank " << r;
   }
 }
 
 TEST(Path, WithoutClippingNoClippedGradientsAreRecorded) {
-  PathOptions options = testing::ones(OptimizerModel::plain);
+  vocab::PathOptions options = testing::ones(vocab::OptimizerModel::plain);
   options.max_norm = 0.0;
   for (const record::RankRecord& rank : run(config_of(2, 2, 1, 2, 1), testing::founding_model(), options).record.ranks)
     EXPECT_EQ(rank.clipped, nullptr);
@@ -180,7 +180,7 @@ TEST(Path, WithoutClippingNoClippedGradientsAreRecorded) {
 
 TEST(Path, DataParallelReplicasShareOneLocalRecord) {
   const ParallelConfig config = config_of(8, 2, 1, 2, 1);  // DP 4, EDP 4
-  const PathResult result = run(config, testing::founding_model(), testing::ones(OptimizerModel::plain));
+  const PathResult result = run(config, testing::founding_model(), testing::ones(vocab::OptimizerModel::plain));
   const RankLayout layout(config);
   // A rank holds and decides by its TP index and its EP coordinate only.
   std::map<std::pair<int, int>, const record::LocalRecord*> by_position;
@@ -198,7 +198,7 @@ TEST(Path, DataParallelReplicasShareOneLocalRecord) {
 // ranks would otherwise hold 10^6 copies of them).
 TEST(Path, DistributedOptimizerReplicasShareParamsAndClippedValues) {
   const ParallelConfig config = config_of(8, 2, 1, 1, 1);  // TP 2, DP 4
-  PathOptions options = testing::ones(OptimizerModel::distributed);
+  vocab::PathOptions options = testing::ones(vocab::OptimizerModel::distributed);
   options.max_norm = 1e-3;  // clips, so clipped values are recorded
   const PathResult result = run(config, testing::founding_model(), options);
   const RankLayout layout(config);
@@ -232,11 +232,11 @@ bool same_outcome(const PathResult& a, const PathResult& b) {
 // Every fault with a trigger changes the outcome of its named case (or hangs it).
 TEST(Faults, EachChangesTheOutcomeOfItsCase) {
   for (const testing::FaultCase& c : testing::fault_cases()) {
-    SCOPED_TRACE(std::string(fault_info(c.fault).name) + ": " + c.description);
+    SCOPED_TRACE(std::string(vocab::fault_info(c.fault).name) + ": " + c.description);
     const PathResult right = run(c.config, c.model, c.options);
-    PathOptions faulty = c.options;
-    faulty.faults = FaultSet::of({c.fault});
-    if (c.fault == Fault::empty_rank_skips_collective) {
+    vocab::PathOptions faulty = c.options;
+    faulty.faults = vocab::FaultSet::of({c.fault});
+    if (c.fault == vocab::Fault::empty_rank_skips_collective) {
       EXPECT_THROW(run(c.config, c.model, faulty), comm::InfraError);
       continue;
     }
@@ -245,14 +245,14 @@ TEST(Faults, EachChangesTheOutcomeOfItsCase) {
 }
 
 TEST(Faults, CatalogNamesRoundTrip) {
-  for (const FaultInfo& info : fault_catalog()) {
-    EXPECT_EQ(fault_from_name(info.name), info.fault);
+  for (const vocab::FaultInfo& info : vocab::fault_catalog()) {
+    EXPECT_EQ(vocab::fault_from_name(info.name), info.fault);
     EXPECT_FALSE(info.provenance.empty());
     EXPECT_FALSE(info.wrong_rule.empty());
   }
-  EXPECT_EQ(fault_from_name("no-such-fault"), std::nullopt);
-  EXPECT_EQ(fault_list(FaultSet{}), "none");
-  EXPECT_EQ(fault_list(FaultSet::of({Fault::no_dedup_filter, Fault::expert_dedup_on_dense_tp})),
+  EXPECT_EQ(vocab::fault_from_name("no-such-fault"), std::nullopt);
+  EXPECT_EQ(vocab::fault_list(vocab::FaultSet{}), "none");
+  EXPECT_EQ(vocab::fault_list(vocab::FaultSet::of({vocab::Fault::no_dedup_filter, vocab::Fault::expert_dedup_on_dense_tp})),
             "expert-dedup-on-dense-tp,no-dedup-filter");
 }
 

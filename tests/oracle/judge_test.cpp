@@ -18,10 +18,10 @@
 namespace tally::oracle {
 namespace {
 
-using gradnorm::Fault;
-using gradnorm::FaultSet;
-using gradnorm::OptimizerModel;
-using gradnorm::PathOptions;
+using vocab::Fault;
+using vocab::FaultSet;
+using vocab::OptimizerModel;
+using vocab::PathOptions;
 using topologies::ParallelConfig;
 
 casefile::Case case_of(const ParallelConfig& config, const topologies::ModelSpec& spec,
@@ -50,7 +50,7 @@ Verdict rejudge(const casefile::Case& c, const record::RunRecord& run) {
 // diagnosis), and the same case passes without it.
 TEST(Judge, EveryFaultFailsItsCaseAndTheTwinPasses) {
   for (const testing::FaultCase& c : testing::fault_cases()) {
-    SCOPED_TRACE(std::string(gradnorm::fault_info(c.fault).name) + ": " + c.description);
+    SCOPED_TRACE(std::string(vocab::fault_info(c.fault).name) + ": " + c.description);
     const Verdict right = run_and_judge(c.config, c.model, c.options);
     EXPECT_EQ(right.kind, Verdict::Kind::pass);
     PathOptions faulty = c.options;
@@ -76,7 +76,7 @@ TEST(Judge, FoundingRegressionNamesTheExpertBiasAndTheRank) {
   for (int world : {2, 8}) {
     const ParallelConfig config = testing::config_of(world, 2, 1, 2, 1);
     PathOptions options = testing::ones(OptimizerModel::layerwise);
-    options.gradients.class_mask = gradnorm::class_bit(topologies::ParamClass::expert_row_bias);
+    options.gradients.class_mask = vocab::class_bit(topologies::ParamClass::expert_row_bias);
     const Verdict right = run_and_judge(config, testing::founding_model(), options);
     ASSERT_EQ(right.kind, Verdict::Kind::pass);
     EXPECT_EQ(right.stats[0].got, 4.0);

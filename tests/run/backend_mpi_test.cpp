@@ -26,14 +26,14 @@ TEST(MpiBackend, FoundingCaseMatchesSim) {
   casefile::Case c;
   c.topology = testing::config_of(world(), 2, 1, 2, 1);
   c.model = testing::founding_model();
-  c.path = testing::ones(gradnorm::OptimizerModel::layerwise);
-  c.path.gradients.class_mask = gradnorm::class_bit(topologies::ParamClass::expert_row_bias);
+  c.path = testing::ones(vocab::OptimizerModel::layerwise);
+  c.path.gradients.class_mask = vocab::class_bit(topologies::ParamClass::expert_row_bias);
   SimBackend sim;
   oracle::Verdict mpi = g_backend->run(c, {});
   EXPECT_EQ(mpi.kind, oracle::Verdict::Kind::pass);
   EXPECT_EQ(mpi.stats[0].got, 4.0);
   testing::expect_same_verdict(sim.run(c, {}), mpi, true);
-  c.path.faults = gradnorm::FaultSet::of({gradnorm::Fault::expert_dedup_on_dense_tp});
+  c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
   mpi = g_backend->run(c, {});
   EXPECT_EQ(mpi.stats[0].got, std::sqrt(8.0));
   testing::expect_same_verdict(sim.run(c, {}), mpi, true);
@@ -49,21 +49,21 @@ TEST(MpiBackend, RandomCasesMatchSim) {
   });
   ASSERT_FALSE(configs.empty());
   SimBackend sim;
-  const std::vector<gradnorm::Fault> faults = {
-      gradnorm::Fault::expert_dedup_on_dense_tp, gradnorm::Fault::no_dedup_filter,
-      gradnorm::Fault::missing_pp_reduction, gradnorm::Fault::stats_over_replicas,
-      gradnorm::Fault::tied_copy_not_shared, gradnorm::Fault::distopt_overlapping_shards};
+  const std::vector<vocab::Fault> faults = {
+      vocab::Fault::expert_dedup_on_dense_tp, vocab::Fault::no_dedup_filter,
+      vocab::Fault::missing_pp_reduction, vocab::Fault::stats_over_replicas,
+      vocab::Fault::tied_copy_not_shared, vocab::Fault::distopt_overlapping_shards};
   for (int i = 0; i < 24; ++i) {
     casefile::Case c;
     c.topology = configs[(static_cast<std::size_t>(i) * 7919u) % configs.size()];
     c.model = testing::model_spec_for(c.topology)(rc::Random(1000 + i), 30).value();
-    c.path.optimizer = static_cast<gradnorm::OptimizerModel>(i % 4);
+    c.path.optimizer = static_cast<vocab::OptimizerModel>(i % 4);
     const bool exact = i % 3 != 2;
     c.path.gradients.generator.mode =
         exact ? kernels::GradientMode::dyadic : kernels::GradientMode::normal;
     c.path.gradients.generator.seed = static_cast<std::uint64_t>(i);
     c.path.max_norm = 1.0;
-    if (i % 2 == 1) c.path.faults = gradnorm::FaultSet::of({faults[(i / 2) % faults.size()]});
+    if (i % 2 == 1) c.path.faults = vocab::FaultSet::of({faults[(i / 2) % faults.size()]});
     SCOPED_TRACE("case " + std::to_string(i) + ": " + topologies::describe(c.topology));
     testing::expect_same_verdict(sim.run(c, {}), g_backend->run(c, {}), exact);
   }

@@ -93,7 +93,7 @@ bool is_mtp_param(const topologies::LogicalModel& model, const std::string& name
 // Run's miscounts beyond the check's are MTP params left out of the MTP norm.
 bool only_mtp_norm_differs(const casefile::Case& c, const std::set<std::string>& run_names,
                            const std::set<std::string>& check_names) {
-  if (!c.path.faults.has(gradnorm::Fault::expert_norm_dropped)) return false;
+  if (!c.path.faults.has(vocab::Fault::expert_norm_dropped)) return false;
   if (!std::includes(run_names.begin(), run_names.end(), check_names.begin(), check_names.end()))
     return false;
   const topologies::LogicalModel model(c.model, c.topology);
@@ -120,7 +120,7 @@ Compared expect_check_agrees(const casefile::Case& c, const std::string& what, A
   const CaseRun run = run_case_with_record(c);
   if (!run.record) {
     // Only the hang of empty-rank-skips-collective leaves no record, and then no manifests.
-    EXPECT_TRUE(c.path.faults.has(gradnorm::Fault::empty_rank_skips_collective));
+    EXPECT_TRUE(c.path.faults.has(vocab::Fault::empty_rank_skips_collective));
     return Compared::hung;
   }
   struct {
@@ -169,9 +169,9 @@ TEST(CheckAgreesWithRun, OnEverySeed) {
   EXPECT_GE(compared, 40);
 }
 
-std::vector<gradnorm::Fault> every_fault() {
-  std::vector<gradnorm::Fault> faults;
-  for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog()) faults.push_back(info.fault);
+std::vector<vocab::Fault> every_fault() {
+  std::vector<vocab::Fault> faults;
+  for (const vocab::FaultInfo& info : vocab::fault_catalog()) faults.push_back(info.fault);
   return faults;
 }
 
@@ -194,40 +194,40 @@ TEST(CheckAgreesWithRun, OnGeneratedCasesWithOneFault) {
   for (std::int64_t index = 0; index < 6000; ++index) {
     const casefile::Case c = fuzz::generate_case(options, 0x636865636b2d3121ull, index).value();
     if (expect_check_agrees(c, "one-fault case " + std::to_string(index), allowed) == Compared::failed)
-      ++failed[gradnorm::fault_list(c.path.faults)];
+      ++failed[vocab::fault_list(c.path.faults)];
   }
   // The comparison means something only where the faults show: each one fails somewhere, but
   // empty-rank-skips-collective (it hangs, or changes nothing) and zero-count-in-float32 (only
   // the rare big-zeros scenario).
-  for (gradnorm::Fault fault : every_fault()) {
-    if (fault == gradnorm::Fault::empty_rank_skips_collective ||
-        fault == gradnorm::Fault::zero_count_in_float32)
+  for (vocab::Fault fault : every_fault()) {
+    if (fault == vocab::Fault::empty_rank_skips_collective ||
+        fault == vocab::Fault::zero_count_in_float32)
       continue;
-    const std::string name(gradnorm::fault_info(fault).name);
+    const std::string name(vocab::fault_info(fault).name);
     EXPECT_GT(failed[name], 0) << name << " never failed";
   }
   for (const auto& [name, count] : failed) std::cout << name << ": " << count << " failed\n";
   print_allowed(allowed);
 }
 
-bool replaces_clip_norm(gradnorm::Fault fault) {
-  return fault == gradnorm::Fault::clip_per_child_norm || fault == gradnorm::Fault::clip_per_stage_norm ||
-         fault == gradnorm::Fault::clip_per_ep_group_norm;
+bool replaces_clip_norm(vocab::Fault fault) {
+  return fault == vocab::Fault::clip_per_child_norm || fault == vocab::Fault::clip_per_stage_norm ||
+         fault == vocab::Fault::clip_per_ep_group_norm;
 }
 
 TEST(CheckAgreesWithRun, OnGeneratedCasesWithTwoFaults) {
   fuzz::CaseGenOptions options;
   options.topology.max_world = 64;
   options.faults = every_fault();
-  const std::vector<gradnorm::Fault> faults = every_fault();
+  const std::vector<vocab::Fault> faults = every_fault();
   Allowed allowed;
   for (std::int64_t index = 0; index < 1000; ++index) {
     casefile::Case c = fuzz::generate_case(options, 0x636865636b2d3221ull, index).value();
     // A second fault from the catalog, picked by the case's own seed; not a second replacement
     // of the clip norm, which would leave the coefficient a rank reports and the one it applies
     // to each child undefined.
-    const gradnorm::Fault second = faults[fuzz::case_seed(17, index) % faults.size()];
-    if (replaces_clip_norm(second) && std::any_of(faults.begin(), faults.end(), [&](gradnorm::Fault f) {
+    const vocab::Fault second = faults[fuzz::case_seed(17, index) % faults.size()];
+    if (replaces_clip_norm(second) && std::any_of(faults.begin(), faults.end(), [&](vocab::Fault f) {
           return f != second && replaces_clip_norm(f) && c.path.faults.has(f);
         }))
       continue;

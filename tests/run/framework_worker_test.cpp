@@ -16,7 +16,7 @@
 
 #include "casefile/case_file.h"
 #include "fuzz/generators.h"
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "run/deepspeed/rules.h"
 #include "run/framework_worker.h"
@@ -388,7 +388,7 @@ TEST(LogicalGradients, HoldEveryLogicalParamsStoredValuesInModelOrder) {
   const nlohmann::json index = nlohmann::json::parse(g.index_json);
   ASSERT_EQ(index.at("params").size(), static_cast<std::size_t>(model.size()));
   // The case's class mask too: only the expert FC2 biases have gradients.
-  const std::vector<kernels::GeneratorSpec> specs = gradnorm::param_generators(c.path.gradients, model);
+  const std::vector<kernels::GeneratorSpec> specs = vocab::param_generators(c.path.gradients, model);
   double sum_squares = 0.0;
   for (const topologies::LogicalParam& p : model.params()) {
     const nlohmann::json& entry = index.at("params").at(static_cast<std::size_t>(p.id));
@@ -455,10 +455,10 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   c.model.mtp_num_layers = 1;
   EXPECT_EQ(megatron_core_unsupported(c, "0.19.2").value_or("").rfind("model.mtp_num_layers 1:", 0), 0u);
   c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::muon;
+  c.path.optimizer = vocab::OptimizerModel::muon;
   EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
   EXPECT_NE(megatron_core_unsupported(c, "0.16.1").value_or("").find("list.remove"), std::string::npos);
-  EXPECT_EQ(within_megatron_core(c, "0.16.1").path.optimizer, gradnorm::OptimizerModel::layerwise);
+  EXPECT_EQ(within_megatron_core(c, "0.16.1").path.optimizer, vocab::OptimizerModel::layerwise);
   c = founding_case();
   c.topology = {.world = 2, .pp = 2, .vpp = 2};
   c.model = {};
@@ -502,7 +502,7 @@ RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
 
 TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   casefile::Case c = founding_case();  // TP 2, EP 2, ETP 1, world 2: DeepSpeed's legacy expert groups span TP
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.path.optimizer = vocab::OptimizerModel::plain;
   c.deepspeed = casefile::DeepSpeedConfig{};
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
   c.topology.etp = 2;  // with expert TP, EP groups lie within DP 1
@@ -531,7 +531,7 @@ TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
 
 TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = {.world = 8, .tp = 2, .pp = 2};
   c.model = {};
   c.model.num_layers = 4;
@@ -548,7 +548,7 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   c.topology.vpp = 2;
   EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("topology.vpp:", 0), 0u);
   c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = {.world = 4, .pp = 2, .ep = 2};
   c.model.num_layers = 2;
   c.deepspeed = casefile::DeepSpeedConfig{};
@@ -562,7 +562,7 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
 
   casefile::Case dense = founding_case();
-  dense.path.optimizer = gradnorm::OptimizerModel::plain;
+  dense.path.optimizer = vocab::OptimizerModel::plain;
   dense.topology = {.world = 8, .tp = 2, .pp = 2, .vpp = 2};
   dense.model = {};
   dense.model.num_layers = 8;
@@ -595,7 +595,7 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
 // optimizer the DeepSpeed target takes.
 casefile::Case plain_case(topologies::ParallelConfig topology, int experts) {
   casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = topology;
   c.model = {};
   c.model.num_experts = experts;
@@ -794,7 +794,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
 
 TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
   casefile::Case c = founding_case();
-  c.path.optimizer = gradnorm::OptimizerModel::plain;
+  c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = {.world = 2, .tp = 1, .ep = 2};
   c.path.gradients.generator.mode = kernels::GradientMode::normal;
   c.path.gradients.generator.dtype = kernels::Dtype::fp16;

@@ -10,14 +10,14 @@
 
 #include "casefile/case.h"
 #include "casefile/case_file.h"
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "tests/support/fault_cases.h"
 
 namespace tally::run {
 namespace {
 
-using gradnorm::Fault;
+using vocab::Fault;
 using topologies::ParamClass;
 
 casefile::Case case_of(const testing::FaultCase& f, bool with_fault) {
@@ -25,7 +25,7 @@ casefile::Case case_of(const testing::FaultCase& f, bool with_fault) {
   c.topology = f.config;
   c.model = f.model;
   c.path = f.options;
-  if (with_fault) c.path.faults = gradnorm::FaultSet::of({f.fault});
+  if (with_fault) c.path.faults = vocab::FaultSet::of({f.fault});
   return c;
 }
 
@@ -46,10 +46,10 @@ casefile::Case founding_case(int world, bool with_fault) {
   casefile::Case c;
   c.topology = testing::config_of(world, 2, 1, 2, 1);
   c.model = testing::founding_model();
-  c.path = testing::ones(gradnorm::OptimizerModel::layerwise);
-  c.path.gradients.class_mask = gradnorm::class_bit(ParamClass::expert_row_bias);
+  c.path = testing::ones(vocab::OptimizerModel::layerwise);
+  c.path.gradients.class_mask = vocab::class_bit(ParamClass::expert_row_bias);
   c.path.max_norm = 1.0;
-  if (with_fault) c.path.faults = gradnorm::FaultSet::of({Fault::expert_dedup_on_dense_tp});
+  if (with_fault) c.path.faults = vocab::FaultSet::of({Fault::expert_dedup_on_dense_tp});
   return c;
 }
 
@@ -92,7 +92,7 @@ manifest::GradStats generated_stats(const manifest::ModelParam& p, std::int64_t 
 // Every structural property a manifest of tally's model must have, on any case.
 void expect_structure(const Ran& r) {
   const topologies::LogicalModel model(r.c.model, r.c.topology);
-  const std::vector<kernels::GeneratorSpec> generators = gradnorm::param_generators(r.c.path.gradients, model);
+  const std::vector<kernels::GeneratorSpec> generators = vocab::param_generators(r.c.path.gradients, model);
   const topologies::RankLayout layout(r.c.topology);
   const record::RunRecord& run = *r.run.record;
   ASSERT_EQ(static_cast<int>(r.manifests.ranks.size()), layout.world());
@@ -267,7 +267,7 @@ TEST(ModelManifests, ClassesOutsideTheMaskHaveZeroGradients) {
 TEST(ModelManifests, EveryFaultCaseIsStructurallySound) {
   for (const testing::FaultCase& f : testing::fault_cases()) {
     for (bool with_fault : {false, true}) {
-      SCOPED_TRACE(std::string(gradnorm::fault_info(f.fault).name) + (with_fault ? "" : " (off)"));
+      SCOPED_TRACE(std::string(vocab::fault_info(f.fault).name) + (with_fault ? "" : " (off)"));
       const casefile::Case c = case_of(f, with_fault);
       const Ran r = run(c);
       if (!r.run.record) {
@@ -302,7 +302,7 @@ TEST(ModelManifests, DistributedOptimizerPiecesPartitionEachBoxOverDataParallelR
   casefile::Case c;
   c.topology = testing::config_of(4, 1, 1, 1, 1);
   c.model = testing::dense_model(1);
-  c.path = testing::ones(gradnorm::OptimizerModel::distributed);
+  c.path = testing::ones(vocab::OptimizerModel::distributed);
   c.path.bucket_elements = 64;
   const Ran r = run(c);
   expect_structure(r);
@@ -325,8 +325,8 @@ TEST(ModelManifests, TiedCopyNamesTheEmbeddingAndIsSharedOnTheModel) {
     casefile::Case c;
     c.topology = testing::config_of(2, 1, 2, 1, 1);
     c.model = testing::dense_model(2);
-    c.path = testing::ones(gradnorm::OptimizerModel::plain);
-    if (with_fault) c.path.faults = gradnorm::FaultSet::of({Fault::tied_copy_not_shared});
+    c.path = testing::ones(vocab::OptimizerModel::plain);
+    if (with_fault) c.path.faults = vocab::FaultSet::of({Fault::tied_copy_not_shared});
     const Ran r = run(c);
     const manifest::RankManifest& last = r.manifests.ranks[1];
     const manifest::ModelParam& copy = last.params.list().back();

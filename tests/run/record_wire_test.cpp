@@ -17,10 +17,10 @@ record::RunRecord clipped_run(double max_norm, bool per_child) {
   casefile::Case c;
   c.topology = testing::config_of(4, 2, 1, 2, 1);
   c.model = testing::founding_model();
-  c.path = testing::ones(gradnorm::OptimizerModel::plain);
-  c.path.gradients.class_mask = gradnorm::class_bit(topologies::ParamClass::expert_row_bias);
+  c.path = testing::ones(vocab::OptimizerModel::plain);
+  c.path.gradients.class_mask = vocab::class_bit(topologies::ParamClass::expert_row_bias);
   c.path.max_norm = max_norm;
-  if (per_child) c.path.faults = gradnorm::FaultSet::of({gradnorm::Fault::clip_per_child_norm});
+  if (per_child) c.path.faults = vocab::FaultSet::of({vocab::Fault::clip_per_child_norm});
   return *run_case_with_record(c).record;
 }
 
@@ -75,7 +75,7 @@ TEST(RecordWire, GtpGroupsRoundTrip) {
   casefile::Case c;
   c.topology = testing::with_gtp(testing::config_of(4, 2, 1, 1, 1), 2, 1);
   c.model = testing::founding_model();
-  c.path = testing::ones(gradnorm::OptimizerModel::plain);
+  c.path = testing::ones(vocab::OptimizerModel::plain);
   const record::RunRecord run = *run_case_with_record(c).record;
   ASSERT_GE(run.ranks[0].gtp_group, 0);
   expect_round_trip(run);

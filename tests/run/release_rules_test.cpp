@@ -16,7 +16,7 @@ namespace tally::run {
 namespace {
 
 using gradnorm::MegatronRelease;
-using gradnorm::OptimizerModel;
+using vocab::OptimizerModel;
 
 oracle::Verdict run_release(MegatronRelease release, OptimizerModel optimizer,
                             const topologies::ParallelConfig& config) {
@@ -24,7 +24,7 @@ oracle::Verdict run_release(MegatronRelease release, OptimizerModel optimizer,
   c.topology = config;
   c.model = testing::small_moe(4);
   c.path = testing::ones(optimizer);
-  c.path.gradients.class_mask = gradnorm::class_bit(topologies::ParamClass::expert_row_bias);
+  c.path.gradients.class_mask = vocab::class_bit(topologies::ParamClass::expert_row_bias);
   c.path.faults = gradnorm::release_faults(release, optimizer);
   return run_case(c);
 }
@@ -46,7 +46,7 @@ TEST(ReleaseRules, PredictTheVerdictsOfTheRealRuns) {
   };
   for (const RealRun& r : runs) {
     SCOPED_TRACE(std::string(gradnorm::megatron_releases()[static_cast<int>(r.release)].name) + " " +
-                 std::string(gradnorm::optimizer_model_name(r.optimizer)));
+                 std::string(vocab::optimizer_model_name(r.optimizer)));
     const oracle::Verdict verdict = run_release(r.release, r.optimizer, tp2_ep2_etp1);
     EXPECT_EQ(verdict.kind == oracle::Verdict::Kind::pass, r.passed);
     if (!r.passed) {  // the expert FC2 biases of the experts on TP rank 1, as on the GPU

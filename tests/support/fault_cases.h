@@ -14,11 +14,11 @@
 namespace tally::testing {
 
 struct FaultCase {
-  gradnorm::Fault fault;
+  vocab::Fault fault;
   std::string description;
   topologies::ParallelConfig config;
   topologies::ModelSpec model;
-  gradnorm::PathOptions options;  // without the fault
+  vocab::PathOptions options;  // without the fault
   topologies::ParamClass miscounted_class;  // the class the diagnosis must name (if counting)
   bool counting = true;  // false: the ledger is right and a value or agreement shows it
 };
@@ -71,25 +71,25 @@ inline topologies::CustomParam custom_param(std::string name, topologies::ParamC
   return p;
 }
 
-inline gradnorm::PathOptions ones(gradnorm::OptimizerModel model) {
-  gradnorm::PathOptions o;
+inline vocab::PathOptions ones(vocab::OptimizerModel model) {
+  vocab::PathOptions o;
   o.optimizer = model;
   o.gradients.generator.mode = kernels::GradientMode::ones;
   return o;
 }
 
 inline std::vector<FaultCase> fault_cases() {
-  using gradnorm::Fault;
-  using gradnorm::OptimizerModel;
+  using vocab::Fault;
+  using vocab::OptimizerModel;
   using topologies::ParamClass;
   std::vector<FaultCase> cases;
   auto add = [&](Fault fault, std::string what, topologies::ParallelConfig c,
-                 topologies::ModelSpec m, gradnorm::PathOptions o, ParamClass cls,
+                 topologies::ModelSpec m, vocab::PathOptions o, ParamClass cls,
                  bool counting = true) {
     cases.push_back({fault, std::move(what), c, std::move(m), std::move(o), cls, counting});
   };
-  gradnorm::PathOptions bias_only = ones(OptimizerModel::layerwise);
-  bias_only.gradients.class_mask = gradnorm::class_bit(ParamClass::expert_row_bias);
+  vocab::PathOptions bias_only = ones(OptimizerModel::layerwise);
+  bias_only.gradients.class_mask = vocab::class_bit(ParamClass::expert_row_bias);
 
   add(Fault::expert_dedup_on_dense_tp, "#6099: layer-wise, TP 2, EP 2, ETP 1, expert FC2 biases",
       config_of(2, 2, 1, 2, 1), founding_model(), bias_only, ParamClass::expert_row_bias);
@@ -103,7 +103,7 @@ inline std::vector<FaultCase> fault_cases() {
   add(Fault::expert_stats_over_dense_mp, "#3024: muon, EP 2: expert weights over TP x PP",
       config_of(2, 1, 1, 2, 1), small_moe(2), ones(OptimizerModel::muon), ParamClass::expert_column);
   {
-    gradnorm::PathOptions o = ones(OptimizerModel::plain);
+    vocab::PathOptions o = ones(OptimizerModel::plain);
     o.max_norm = 1.0;
     add(Fault::clip_per_child_norm, "#785: EP 2: expert child over TP x PP, clipped alone",
         config_of(2, 1, 1, 2, 1), small_moe(2), o, ParamClass::expert_column);
@@ -127,7 +127,7 @@ inline std::vector<FaultCase> fault_cases() {
         config_of(2, 2, 1, 1, 2), m, ones(OptimizerModel::plain), ParamClass::replicated);
     add(Fault::tp_marking_unseen_by_filter, "DeepSpeed 0.19.8 unfused optimizer: TP 2, shards dropped on TP rank 1",
         config_of(2, 2, 1, 1, 2), m, ones(OptimizerModel::plain), ParamClass::column);
-    gradnorm::PathOptions normal = ones(OptimizerModel::plain);
+    vocab::PathOptions normal = ones(OptimizerModel::plain);
     normal.gradients.generator.mode = kernels::GradientMode::normal;
     normal.gradients.generator.seed = 7;
     add(Fault::average_rank_norms, "DeepSpeed #8475: TP 2, random gradients",
@@ -144,7 +144,7 @@ inline std::vector<FaultCase> fault_cases() {
       config_of(2, 1, 1, 2, 1), small_moe(2), ones(OptimizerModel::plain), ParamClass::expert_column);
   {
     // 4097 x 4097 zero gradients: more than 2^24, and odd.
-    gradnorm::PathOptions zeros = ones(OptimizerModel::plain);
+    vocab::PathOptions zeros = ones(OptimizerModel::plain);
     zeros.gradients.generator.mode = kernels::GradientMode::zeros;
     add(Fault::zero_count_in_float32, "#4015: 16,785,409 zero gradients",
         config_of(1, 1, 1, 1, 1),
@@ -156,7 +156,7 @@ inline std::vector<FaultCase> fault_cases() {
       config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {1})}),
       ones(OptimizerModel::distributed), ParamClass::replicated, false);
   {
-    gradnorm::PathOptions o = ones(OptimizerModel::plain);
+    vocab::PathOptions o = ones(OptimizerModel::plain);
     o.gradients.generator.mode = kernels::GradientMode::normal;
     o.gradients.generator.seed = 3;
     add(Fault::inf_norm_combined_by_l2, "chained dense and expert children, EP 2",
@@ -166,7 +166,7 @@ inline std::vector<FaultCase> fault_cases() {
       config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {3})}),
       ones(OptimizerModel::distributed), ParamClass::replicated, false);
   {
-    gradnorm::PathOptions clipped = ones(OptimizerModel::plain);
+    vocab::PathOptions clipped = ones(OptimizerModel::plain);
     clipped.max_norm = 1.0;
     add(Fault::clip_per_stage_norm, "torchtitan #649 review: PP 2, each stage clipped alone",
         config_of(2, 1, 2, 1, 1), dense_model(2), clipped, ParamClass::column, false);

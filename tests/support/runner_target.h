@@ -23,7 +23,7 @@ class RunnerTarget final : public run::Target {
     abilities_.version = "0.0-stand-in";
     abilities_.world = world;
     abilities_.framework = true;
-    for (const gradnorm::FaultInfo& info : gradnorm::fault_catalog())
+    for (const vocab::FaultInfo& info : vocab::fault_catalog())
       abilities_.plants.planted[std::string(info.name)] = "the test's";
   }
 

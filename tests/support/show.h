@@ -3,13 +3,13 @@
 
 #include <ostream>
 
-#include "gradnorm/optimizer_model.h"
+#include "vocab/optimizer_models.h"
 #include "kernels/gradient_generator.h"
 #include "kernels/local_stats.h"
 
-namespace tally::gradnorm {
+namespace tally::vocab {
 inline void showValue(OptimizerModel value, std::ostream& os) { os << optimizer_model_name(value); }
-}  // namespace tally::gradnorm
+}  // namespace tally::vocab
 
 namespace tally::kernels {
 inline void showValue(GradientMode value, std::ostream& os) { os << mode_name(value); }

@@ -1,4 +1,4 @@
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "record/text.h"
 
-namespace tally::gradnorm {
+namespace tally::vocab {
 
 namespace {
 
@@ -229,4 +229,4 @@ std::string describe_stated(const GradientSpec& gradients, const topologies::Mod
   return out;
 }
 
-}  // namespace tally::gradnorm
+}  // namespace tally::vocab

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-namespace tally::casefile {
+namespace tally::io {
 
 // One line: "<path>: <why>".
 class JsonReadError : public std::invalid_argument {
@@ -86,4 +86,4 @@ nlohmann::json parse_json(std::string_view text, std::string_view source,
 std::string read_bounded_file(const std::string& file, std::size_t max_bytes,
                               std::string_view noun);
 
-}  // namespace tally::casefile
+}  // namespace tally::io

@@ -1,6 +1,6 @@
-#include "gradnorm/faults.h"
+#include "vocab/faults.h"
 
-namespace tally::gradnorm {
+namespace tally::vocab {
 
 namespace {
 
@@ -173,4 +173,4 @@ std::string fault_list(const FaultSet& faults) {
   return out.empty() ? "none" : out;
 }
 
-}  // namespace tally::gradnorm
+}  // namespace tally::vocab

@@ -1,13 +1,13 @@
 // Each logical param's gradients, resolved once for the path, the oracle and the manifests: the
 // case's generator, zeros outside the selected classes, a custom layout's own gradient, then the
 // case's stated gradients in order; and the rules a stated gradient obeys.
-#include "gradnorm/gradients.h"
+#include "vocab/gradients.h"
 
 #include <gtest/gtest.h>
 
 #include "tests/support/fault_cases.h"
 
-namespace tally::gradnorm {
+namespace tally::vocab {
 namespace {
 
 using topologies::ParamClass;
@@ -115,4 +115,4 @@ TEST(CheckStated, NamesTheStatedGradientAndTheRule) {
 }
 
 }  // namespace
-}  // namespace tally::gradnorm
+}  // namespace tally::vocab

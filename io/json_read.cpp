@@ -1,4 +1,4 @@
-#include "casefile/json_read.h"
+#include "io/json_read.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <limits>
 #include <unordered_set>
 
-namespace tally::casefile {
+namespace tally::io {
 
 using nlohmann::json;
 
@@ -319,4 +319,4 @@ std::string read_bounded_file(const std::string& file, std::size_t max_bytes,
   return text;
 }
 
-}  // namespace tally::casefile
+}  // namespace tally::io

@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "gradnorm/faults.h"
-#include "gradnorm/optimizer_model.h"
+#include "vocab/faults.h"
+#include "vocab/optimizer_models.h"
 #include "kernels/gradient_generator.h"
 #include "kernels/summation_order.h"
 #include "topologies/model_spec.h"
 
-namespace tally::gradnorm {
+namespace tally::vocab {
 
 // Stated gradients for the params one selector names: a logical param by its name, or every
 // param of a class.
@@ -50,4 +50,4 @@ struct PathOptions {
   friend bool operator==(const PathOptions&, const PathOptions&) = default;
 };
 
-}  // namespace tally::gradnorm
+}  // namespace tally::vocab

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace tally::gradnorm {
+namespace tally::vocab {
 
 enum class Fault : std::uint8_t {
   expert_dedup_on_dense_tp,
@@ -76,4 +76,4 @@ class FaultSet {
 // "expert-dedup-on-dense-tp,no-dedup-filter" (catalog order), or "none".
 std::string fault_list(const FaultSet& faults);
 
-}  // namespace tally::gradnorm
+}  // namespace tally::vocab

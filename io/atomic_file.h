@@ -5,10 +5,10 @@
 #include <string>
 #include <string_view>
 
-namespace tally::casefile {
+namespace tally::io {
 
 // Throws std::runtime_error "FILE: cannot write the <noun> (<step>: <errno text>)"; the
 // temporary file is removed on failure.
 void write_file_atomically(const std::string& file, std::string_view text, std::string_view noun);
 
-}  // namespace tally::casefile
+}  // namespace tally::io

@@ -1,4 +1,4 @@
-#include "casefile/atomic_file.h"
+#include "io/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-namespace tally::casefile {
+namespace tally::io {
 
 void write_file_atomically(const std::string& file, std::string_view text, std::string_view noun) {
   namespace fs = std::filesystem;
@@ -62,4 +62,4 @@ void write_file_atomically(const std::string& file, std::string_view text, std::
   }
 }
 
-}  // namespace tally::casefile
+}  // namespace tally::io

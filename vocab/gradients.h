@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "gradnorm/path_options.h"
+#include "vocab/path_options.h"
 #include "kernels/gradient_generator.h"
 #include "topologies/logical_model.h"
 
-namespace tally::gradnorm {
+namespace tally::vocab {
 
 // Whether the case states any gradient values: in `gradients.stated` or a custom layout's own.
 bool states_gradients(const GradientSpec& gradients, const topologies::ModelSpec& model);
@@ -44,4 +44,4 @@ double largest_gradient(const GradientSpec& gradients);
 // "p0 = 0.1", "expert-row-bias x 3", "w = [4 values]" for summaries.
 std::string describe_stated(const GradientSpec& gradients, const topologies::ModelSpec& model);
 
-}  // namespace tally::gradnorm
+}  // namespace tally::vocab
