@@ -78,6 +78,7 @@ class WorkerTarget final : public Target {
     abilities.version = hello.version;
     abilities.world = world;
     abilities.plants = hello.plants;
+    abilities.dtypes = hello.dtypes;
     abilities.framework = true;
     return opened_.emplace(world, std::move(abilities)).first->second;
   }

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,8 @@ struct TargetAbilities {
   int world = 0;
   // The catalog faults it can switch on, each with how, and the others with why not.
   FaultPlants plants;
+  // The gradient dtypes it computes in here ("fp32", "bf16", "fp16"); empty: every one.
+  std::vector<std::string> dtypes;
   // A real framework, unmodified: it may miscount with no fault planted, a run costs seconds,
   // and a run that gives no verdict is its machinery failing (a worker), not what the case does.
   bool framework = false;
