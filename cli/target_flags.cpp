@@ -9,7 +9,8 @@ namespace tally::cli {
 void add_target_flags(CLI::App& command, TargetOptions& options) {
   std::vector<std::string> choices{"model"};
   std::string workers;
-  for (const run::FrameworkTarget& t : run::framework_targets()) {
+  for (const run::FrameworkTarget* row : run::framework_targets()) {
+    const run::FrameworkTarget& t = *row;
     choices.emplace_back(t.name);
     workers += (workers.empty() ? "" : ", ") + std::string(t.default_worker) + " (" + std::string(t.name) + ")";
   }

@@ -134,8 +134,9 @@ struct FrameworkTarget {
   std::string (*model_description)(const casefile::Case& c);
 };
 
-// Every real target, in the order --help lists them.
-std::span<const FrameworkTarget> framework_targets();
+// Every real target, in the order --help lists them: each row is defined in its framework's folder
+// (run/<framework>/target_row.cpp) and listed in run/target.cpp.
+std::span<const FrameworkTarget* const> framework_targets();
 
 // The row of `name`; nullptr when tally has none.
 const FrameworkTarget* framework_target(std::string_view name);

@@ -1,0 +1,31 @@
+#include "run/megatron_core/target_row.h"
+
+#include "run/megatron_core/rules.h"
+
+namespace tally::run {
+
+namespace {
+
+// torchrun starts one rank per process; the worker picks gloo or NCCL for the world
+// (adapters/megatron/README.md, adapters/deepspeed/README.md).
+constexpr FrameworkTarget kMegatronCore{
+    "megatron-core",
+    "torchrun --standalone --nproc-per-node {world} -m tally_megatron_worker",
+    [](const casefile::Case& c, const WorkerHello& hello) {
+      return megatron_core_unsupported(c, hello.version, hello.plants);
+    },
+    [](const casefile::Case& c, std::string_view version) { return megatron_core_unsupported(c, version); },
+    [](casefile::Case c, const WorkerHello& hello) {
+      return within_megatron_core(std::move(c), hello.version, hello.plants);
+    },
+    [](casefile::Case c) { return c; },
+    [](const casefile::Case&) { return false; },
+    [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
+    [](const casefile::Case&) { return std::string(); },
+};
+
+}  // namespace
+
+const FrameworkTarget& megatron_core_target() { return kMegatronCore; }
+
+}  // namespace tally::run
