@@ -37,7 +37,7 @@ struct RealTarget {
 };
 inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepspeed"};
 
-// DeepSpeed's engine configuration, read only by the deepspeed target (adapters/deepspeed). With
+// DeepSpeed's engine configuration, read only by the deepspeed target (adapters/tally_adapters/deepspeed). With
 // the gradient dtype (the engine's precision) it picks the code that computes DeepSpeed's norm:
 // ZeRO 0 fp32 clip_grad_norm_, ZeRO 0 bf16/fp16 FP16_UnfusedOptimizer (FP16_Optimizer with
 // fused_adam), ZeRO 1 bf16 with fp32 accumulation BF16_Optimizer, ZeRO 1/2 DeepSpeedZeroOptimizer

@@ -169,7 +169,7 @@ void add_check_command(CLI::App& app, CommandContext& context) {
       "check",
       "Check the per-rank manifests a real framework run wrote (rank-<R>.json, and groups.json in "
       "format version 2; version 1 folders still read; docs/manifest.md; "
-      "adapters/megatron writes them for Megatron-core): rebuild the logical model from the "
+      "tally_adapters.megatron writes them for Megatron-core): rebuild the logical model from the "
       "slices, compute the truth (each logical element once), the ledger the framework's own "
       "kept flags and stats groups imply, and print the verdict and diagnosis as `tally run` "
       "does. Exit 0 pass, 1 fail, 2 bad or inconsistent manifests.");

@@ -1,5 +1,5 @@
 // The part of tally's case space the DeepSpeed worker executes
-// (adapters/deepspeed/tally_deepspeed_worker.py): tally's GPT/MoE model presented to DeepSpeed's
+// (adapters/tally_adapters/deepspeed/worker.py): tally's GPT/MoE model presented to DeepSpeed's
 // own engine as a Megatron-DeepSpeed model is (TP shards marked tensor_model_parallel, each MoE
 // layer a deepspeed.moe.layer.MoE; with PP, a PipelineModule of the same, the word embedding a
 // tied layer), or as a Hugging Face-style model DeepSpeed shards itself (AutoTP's linear layers,

@@ -9,7 +9,7 @@ namespace {
 
 constexpr FrameworkTarget kDeepSpeed{
     "deepspeed",
-    "torchrun --standalone --nproc-per-node {world} -m tally_deepspeed_worker",
+    "torchrun --standalone --nproc-per-node {world} -m tally_adapters.deepspeed.worker",
     [](const casefile::Case& c, const WorkerHello& hello) {
       return deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules);
     },

@@ -7,10 +7,10 @@ namespace tally::run {
 namespace {
 
 // torchrun starts one rank per process; the worker picks gloo or NCCL for the world
-// (adapters/megatron/README.md, adapters/deepspeed/README.md).
+// (adapters/README.md).
 constexpr FrameworkTarget kMegatronCore{
     "megatron-core",
-    "torchrun --standalone --nproc-per-node {world} -m tally_megatron_worker",
+    "torchrun --standalone --nproc-per-node {world} -m tally_adapters.megatron.worker",
     [](const casefile::Case& c, const WorkerHello& hello) {
       return megatron_core_unsupported(c, hello.version, hello.plants);
     },

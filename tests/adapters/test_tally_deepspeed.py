@@ -3,19 +3,16 @@ Run: python3 -m unittest discover -s tests/adapters (or pytest)."""
 
 import json
 import os
-import sys
 import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters", "megatron"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters", "deepspeed"))
-
-import tally_deepspeed as td  # noqa: E402
-import tally_deepspeed_worker as worker  # noqa: E402
-import tally_worker_queue as queue  # noqa: E402
-
 import fault_catalog  # noqa: E402
+import tally_adapters.deepspeed.recording as td  # noqa: E402
+import tally_adapters.deepspeed.worker as worker  # noqa: E402
+import tally_adapters.queue as queue  # noqa: E402
+import tally_adapters.queue as worker_queue  # noqa: E402
+from tally_adapters.manifest import write_atomically  # noqa: E402
 
 
 class LocalBox(unittest.TestCase):
@@ -304,13 +301,13 @@ class Stats(unittest.TestCase):
 class Queue(unittest.TestCase):
     def test_the_next_command_is_the_case_once_its_file_is_there(self):
         with tempfile.TemporaryDirectory() as q:
-            queue.write_atomically(os.path.join(q, "case-1.json"), "{}")
+            write_atomically("{}", os.path.join(q, "case-1.json"))
             self.assertEqual(queue.next_command(q, 1, 0), ("case", 1))
 
     def test_stop_wins_over_a_waiting_case(self):
         with tempfile.TemporaryDirectory() as q:
-            queue.write_atomically(os.path.join(q, "case-1.json"), "{}")
-            queue.write_atomically(os.path.join(q, "stop"), "")
+            write_atomically("{}", os.path.join(q, "case-1.json"))
+            write_atomically("", os.path.join(q, "stop"))
             self.assertEqual(queue.next_command(q, 1, 0), ("stop",))
 
     def test_the_gradients_are_read_by_name_and_shape(self):
@@ -319,11 +316,11 @@ class Queue(unittest.TestCase):
 
             with open(os.path.join(q, "case-1.gradients.f32"), "wb") as f:
                 f.write(struct.pack("<6f", 1, 2, 3, 4, 5, 6))
-            queue.write_atomically(os.path.join(q, "case-1.gradients.json"), json.dumps({
+            write_atomically(json.dumps({
                 "elements": 6, "params": [{"name": "a", "shape": [2, 2], "offset": 0},
-                                          {"name": "b", "shape": [2], "offset": 4}]}))
+                                          {"name": "b", "shape": [2], "offset": 4}]}), os.path.join(q, "case-1.gradients.json"))
             try:
-                tensors = queue.load_gradients(q, 1)
+                tensors = queue.Request(q, 1, {}).gradients()
             except ImportError:
                 self.skipTest("numpy is not installed")
             self.assertEqual(tensors["a"].tolist(), [[1, 2], [3, 4]])
@@ -339,12 +336,12 @@ class TheEngineConfigurationComesFromTally(unittest.TestCase):
             config = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}, "bf16": {"enabled": True}}
             with open(os.path.join(queue, "case-4.engine.json"), "w") as f:
                 json.dump(config, f)
-            self.assertEqual(worker.load_engine_config(queue, 4), config)
+            self.assertEqual(worker_queue.Request(queue, 4, {}).engine_config(), config)
 
     def test_a_case_without_its_configuration_is_refused_naming_the_file(self):
         with tempfile.TemporaryDirectory() as queue:
-            with self.assertRaisesRegex(FileNotFoundError, r"case-2\.engine\.json is missing"):
-                worker.load_engine_config(queue, 2)
+            with self.assertRaisesRegex(FileNotFoundError, r"case-2\.engine\.json: tally sent no engine configuration"):
+                worker_queue.Request(queue, 2, {}).engine_config()
 
     def test_show_prints_the_configuration_with_every_key(self):
         import subprocess

@@ -3,16 +3,15 @@ torch, no Megatron, no GPU. Run: python3 -m unittest discover -s tests/adapters 
 
 import json
 import os
-import sys
 import stat
 import tempfile
 import unittest
 from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters", "megatron"))
 
-import tally_megatron as tm  # noqa: E402
+import tally_adapters.manifest as fmt  # noqa: E402
+import tally_adapters.megatron.manifest as tm  # noqa: E402
 
 
 def moe_modules(layer_numbers, local_expert_indices, experts_per_rank=2):
@@ -129,7 +128,7 @@ class BoxTest(unittest.TestCase):
 class FileTest(unittest.TestCase):
     def test_atomic_write_with_final_newline(self):
         with tempfile.TemporaryDirectory() as d:
-            path = tm.write_manifest({"tally_manifest": 2, "rank": 3, "x": [1, 2]}, d)
+            path = fmt.write_manifest({"tally_manifest": 2, "rank": 3, "x": [1, 2]}, d)
             self.assertEqual(os.path.basename(path), "rank-3.json")
             with open(path) as f:
                 text = f.read()
@@ -139,7 +138,7 @@ class FileTest(unittest.TestCase):
 
     def test_non_finite_values_are_refused(self):
         with self.assertRaises(ValueError):
-            tm.manifest_text({"reported": {"norm": float("inf")}})
+            fmt.manifest_text({"reported": {"norm": float("inf")}})
 
 
 def v1_manifest(rank, world, groups, optimizers):
@@ -171,36 +170,36 @@ def optimizer(stats_group, tp_group, expert_tp_group):
 def gather(led_per_rank):
     """What all_gather_object hands every rank in dump_manifest: each rank's led lists, sent as
     runs and read back."""
-    sent = [[tm.rank_runs(ranks) for ranks in led] for led in led_per_rank]
-    return [[tm.ranks_from_runs(runs) for runs in led_runs] for led_runs in sent]
+    sent = [[fmt.rank_runs(ranks) for ranks in led] for led in led_per_rank]
+    return [[fmt.ranks_from_runs(runs) for runs in led_runs] for led_runs in sent]
 
 
 class GroupTableTest(unittest.TestCase):
     def test_led_groups_picks_lists_the_rank_leads_and_dedups(self):
         lists = [[2, 3], [0, 1, 2, 3], [2, 3], [2], [1, 2], [2, 5, 7], [2], []]
-        self.assertEqual(tm.led_groups(2, lists), [[2], [2, 3], [2, 5, 7]])
-        self.assertEqual(tm.led_groups(0, lists), [[0, 1, 2, 3]])
-        self.assertEqual(tm.led_groups(4, lists), [])
+        self.assertEqual(fmt.led_groups(2, lists), [[2], [2, 3], [2, 5, 7]])
+        self.assertEqual(fmt.led_groups(0, lists), [[0, 1, 2, 3]])
+        self.assertEqual(fmt.led_groups(4, lists), [])
 
     def test_group_table_is_the_same_whatever_order_contributions_come_in(self):
         led = [[[0, 1], [0, 1, 2, 3]], [[1]], [[2, 3], [2]], [[3]]]
         expected = [[0, 1], [0, 1, 2, 3], [1], [2], [2, 3], [3]]
-        self.assertEqual(tm.group_table(led), expected)
-        self.assertEqual(tm.group_table(list(reversed(led))), expected)
+        self.assertEqual(fmt.group_table(led), expected)
+        self.assertEqual(fmt.group_table(list(reversed(led))), expected)
         shuffled = [[[3]], [[2], [2, 3]], [[0, 1, 2, 3], [0, 1]], [[1]], [[0, 1]]]
-        self.assertEqual(tm.group_table(shuffled), expected)
+        self.assertEqual(fmt.group_table(shuffled), expected)
 
     def test_group_table_rejects_an_unsorted_list(self):
         with self.assertRaisesRegex(ValueError, r"gathered\[1\]\[0\] \[1, 0\]: not sorted ascending"):
-            tm.group_table([[[0]], [[1, 0]]])
+            fmt.group_table([[[0]], [[1, 0]]])
 
     def test_group_table_rejects_a_repeated_rank(self):
         with self.assertRaisesRegex(ValueError, r"gathered\[0\]\[1\] \[0, 2, 2\]: rank 2 appears twice"):
-            tm.group_table([[[0], [0, 2, 2]]])
+            fmt.group_table([[[0], [0, 2, 2]]])
 
     def test_group_table_rejects_an_empty_list(self):
         with self.assertRaisesRegex(ValueError, r"gathered\[2\]\[0\]: the rank list is empty"):
-            tm.group_table([[[0]], [], [[]]])
+            fmt.group_table([[[0]], [], [[]]])
 
     def test_refer_to_groups_maps_every_group_field(self):
         table = [[0], [0, 1], [0, 1, 2, 3], [0, 2]]
@@ -211,7 +210,7 @@ class GroupTableTest(unittest.TestCase):
             [optimizer([0, 1, 2, 3], [0, 1], None), optimizer([0, 2], None, [0])],
         )
         before = json.dumps(manifest)
-        out = tm.refer_to_groups(manifest, table)
+        out = fmt.refer_to_groups(manifest, table)
         self.assertEqual(out["tally_manifest"], 2)
         self.assertEqual(out["groups"], {"tp": 1, "expt_tp": 0, "dp_cp": 3, "world": 2})
         self.assertEqual(list(out["groups"]), ["tp", "expt_tp", "dp_cp", "world"])
@@ -232,7 +231,7 @@ class GroupTableTest(unittest.TestCase):
         ]:
             with self.subTest(field=field):
                 with self.assertRaisesRegex(ValueError, f"rank 0: {field} .* is not in the group table"):
-                    tm.refer_to_groups(v1_manifest(0, 4, groups, [opt]), table)
+                    fmt.refer_to_groups(v1_manifest(0, 4, groups, [opt]), table)
 
     def test_simulated_tp2_dp2_run_with_a_world_stats_group(self):
         # ranks 0..3: TP groups [0, 1], [2, 3]; DP groups [0, 2], [1, 3]; ETP 1; a distributed
@@ -245,17 +244,17 @@ class GroupTableTest(unittest.TestCase):
             groups = {"tp": tp, "expt_tp": [r], "dp_cp": dp, "world": list(range(world))}
             opts = [optimizer(list(range(world)), tp, [r]), optimizer(dp, tp, None)]
             manifests.append(v1_manifest(r, world, groups, opts))
-        led = [tm.led_groups(m["rank"], tm.manifest_rank_lists(m)) for m in manifests]
+        led = [fmt.led_groups(m["rank"], fmt.manifest_rank_lists(m)) for m in manifests]
         self.assertEqual(led[0], [[0], [0, 1], [0, 1, 2, 3], [0, 2]])
         self.assertEqual(led[3], [[3]])
         gathered = gather(led)
         # every distinct group crosses the wire once: the sum of their sizes, not world squared
-        table = tm.group_table(gathered)
+        table = fmt.group_table(gathered)
         self.assertEqual(table, [[0], [0, 1], [0, 1, 2, 3], [0, 2], [1], [1, 3], [2], [2, 3], [3]])
         self.assertEqual(sum(len(g) for led_r in gathered for g in led_r), sum(len(g) for g in table))
         for m in manifests:
             # each rank builds the table on its own, from the same gathered lists
-            out = tm.refer_to_groups(m, tm.group_table(gathered))
+            out = fmt.refer_to_groups(m, fmt.group_table(gathered))
             self.assertEqual(out["tally_manifest"], 2)
             for name, ranks in m["groups"].items():
                 self.assertEqual(table[out["groups"][name]], ranks, f"rank {m['rank']} {name}")
@@ -268,14 +267,14 @@ class GroupTableTest(unittest.TestCase):
     def test_rank_runs_round_trip_and_a_world_list_is_one_run(self):
         for ranks in ([], [3], [0, 1, 4, 5], [0, 4, 8, 12, 13], [1, 0, 1, 1], [5, 2, 9, 9, 0]):
             with self.subTest(ranks=ranks):
-                self.assertEqual(tm.ranks_from_runs(tm.rank_runs(ranks)), ranks)
-        self.assertEqual(tm.rank_runs(list(range(65536))), [[0, 1, 65536]])
-        self.assertEqual(tm.rank_runs(list(range(3, 4096, 8))), [[3, 8, 512]])
+                self.assertEqual(fmt.ranks_from_runs(fmt.rank_runs(ranks)), ranks)
+        self.assertEqual(fmt.rank_runs(list(range(65536))), [[0, 1, 65536]])
+        self.assertEqual(fmt.rank_runs(list(range(3, 4096, 8))), [[3, 8, 512]])
 
     def test_groups_file_and_write_groups(self):
         table = [[0, 1], [0, 1, 2, 3], [2, 3]]
         self.assertEqual(
-            tm.groups_file(4, table), {"tally_groups": 2, "world": 4, "groups": table}
+            fmt.groups_file(4, table), {"tally_groups": 2, "world": 4, "groups": table}
         )
         expected = json.dumps(
             {"tally_groups": 2, "world": 4, "groups": table}, indent=2, allow_nan=False
@@ -286,16 +285,16 @@ class GroupTableTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "groups.json"), "w") as f:
                 f.write("old")
-            path = tm.write_groups(4, table, d)
+            path = fmt.write_groups(4, table, d)
             self.assertEqual(path, os.path.join(d, "groups.json"))
             with open(path) as f:
                 self.assertEqual(f.read(), expected)
             self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o666 & ~umask)
             self.assertEqual(os.listdir(d), ["groups.json"])
             # a failed replace leaves the old file and no temporary one
-            with mock.patch.object(tm.os, "replace", side_effect=OSError("disk full")):
+            with mock.patch.object(fmt.os, "replace", side_effect=OSError("disk full")):
                 with self.assertRaises(OSError):
-                    tm.write_groups(4, [[0, 1, 2, 3]], d)
+                    fmt.write_groups(4, [[0, 1, 2, 3]], d)
             self.assertEqual(os.listdir(d), ["groups.json"])
             with open(path) as f:
                 self.assertEqual(f.read(), expected)
@@ -310,10 +309,10 @@ class GroupTableTest(unittest.TestCase):
         ]:
             with self.subTest(message=message):
                 with self.assertRaisesRegex(ValueError, "groups_file: " + message):
-                    tm.groups_file(world, table)
+                    fmt.groups_file(world, table)
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaises(ValueError):
-                tm.write_groups(2, [[0, 2]], d)
+                fmt.write_groups(2, [[0, 2]], d)
             self.assertEqual(os.listdir(d), [])
 
 

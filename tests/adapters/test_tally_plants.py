@@ -7,11 +7,9 @@ import types
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters", "megatron"))
-
-import tally_plants  # noqa: E402
 
 import fault_catalog  # noqa: E402
+import tally_adapters.plants as tally_plants  # noqa: E402
 
 
 def rule(x):
@@ -79,7 +77,7 @@ class Patches(unittest.TestCase):
 
 class MegatronPlants(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason_by_name(self):
-        import tally_megatron_worker as worker
+        import tally_adapters.megatron.worker as worker
 
         fault_catalog.assert_plants_answer_the_catalog(self, worker.PLANTS, worker.NOT_PLANTED)
 

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""A stand-in worker on the queue loop the real workers share (adapters/megatron/
-tally_worker_queue.py), with a torch.distributed of one process (tests/run/fake_torch), for tests
+"""A stand-in worker on the queue loop the real workers share (tally_adapters.queue), with a torch.distributed of one process (tests/run/fake_torch), for tests
 of that loop where torch is not installed. Every case hangs, as a rank stuck in the framework or in
 a collective does, after writing `case-<K>.started` (its pid), so a test can end tally in the
 middle of a case.
@@ -14,9 +13,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "fake_torch"), os.path.join(HERE, "..", "..", "adapters", "megatron")]
+sys.path[:0] = [os.path.join(HERE, "fake_torch"), os.path.join(HERE, "..", "..", "adapters")]
 
-import tally_worker_queue as queue_loop  # noqa: E402
+from tally_adapters import queue as queue_loop  # noqa: E402
+from tally_adapters.manifest import write_atomically  # noqa: E402
 
 
 def main():
@@ -28,8 +28,8 @@ def main():
     hello = {"framework": "megatron-core", "version": "0.19.2", "world": args.world,
              "producer": "tests/run/queue_worker.py"}
 
-    def execute(queue, k, case):
-        queue_loop.write_atomically(os.path.join(queue, f"case-{k}.started"), f"{os.getpid()}\n")
+    def execute(request):
+        write_atomically(f"{os.getpid()}\n", request.path(".started"))
         while True:
             time.sleep(3600)
 

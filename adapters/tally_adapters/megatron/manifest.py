@@ -1,4 +1,4 @@
-"""tally_megatron: write what a Megatron-core optimizer counted in its gradient norm, as the
+"""tally_adapters.megatron: write what a Megatron-core optimizer counted in its gradient norm, as the
 per-rank manifest that `tally check DIR` judges (docs/manifest.md).
 
 Call order (on EVERY rank: the function runs collectives through the optimizer):
@@ -84,15 +84,12 @@ other child optimizer type.
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import re
-import subprocess
-import tempfile
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-MANIFEST_VERSION = 2  # the format dump_manifest writes (rank files and groups.json)
-ADAPTER_VERSION = 1
+from .. import __version__ as ADAPTER_VERSION
+from ..check import GradNormMiscount, judge_run  # noqa: F401  (GradNormMiscount: part of this API)
+from ..manifest import MANIFEST_VERSION, RANK_LISTS_VERSION, write_run  # noqa: F401
 
 ATTRIBUTE_DEFAULTS = {
     "tensor_model_parallel": False,
@@ -200,189 +197,6 @@ def _join(a: str, b: str) -> str:
     return f"{a}.{b}" if a else b
 
 
-def manifest_text(manifest: Dict[str, Any]) -> str:
-    """The file's text: json.dump(indent=2), strict (no NaN/inf), and a final newline."""
-    return json.dumps(manifest, indent=2, allow_nan=False) + "\n"
-
-
-def write_manifest(manifest: Dict[str, Any], out_dir: str) -> str:
-    """Writes out_dir/rank-<R>.json atomically (a temporary file, then os.replace)."""
-    path = os.path.join(out_dir, f"rank-{int(manifest['rank'])}.json")
-    return _write_atomically(manifest_text(manifest), path)
-
-
-def _write_atomically(text: str, path: str) -> str:
-    """Writes `text` to `path` through a temporary file in the same folder and os.replace, so
-    that a reader sees the old file or the whole new one, never part of one."""
-    out_dir = os.path.dirname(path) or "."
-    os.makedirs(out_dir, exist_ok=True)
-    # a hidden name that no reader takes for a manifest, should a crash leave it behind
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have made
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure helpers (no torch): the run's group table (format version 2).
-# ---------------------------------------------------------------------------------------------
-
-
-def _ranks_text(ranks: Sequence[Any]) -> str:
-    """A rank list for a message: a world-sized one elided in the middle."""
-    if len(ranks) <= 12:
-        return "[" + ", ".join(repr(r) for r in ranks) + "]"
-    head = ", ".join(repr(r) for r in ranks[:6])
-    tail = ", ".join(repr(r) for r in ranks[-3:])
-    return f"[{head}, ... {len(ranks) - 9} more ..., {tail}]"
-
-
-def _check_rank_list(what: str, ranks: Any, world: Optional[int] = None) -> None:
-    """Raises ValueError naming `what` unless `ranks` is a non-empty list of integers in strictly
-    ascending order (sorted, no repeats), each in [0, world) when `world` is given."""
-    if not isinstance(ranks, (list, tuple)):
-        raise ValueError(f"{what}: {ranks!r} is not a rank list")
-    if not ranks:
-        raise ValueError(f"{what}: the rank list is empty")
-    text = _ranks_text(ranks)
-    for r in ranks:
-        if not isinstance(r, int) or isinstance(r, bool):
-            raise ValueError(f"{what} {text}: rank {r!r} is not an integer")
-    for a, b in zip(ranks, ranks[1:]):
-        if b == a:
-            raise ValueError(f"{what} {text}: rank {a} appears twice")
-        if b < a:
-            raise ValueError(f"{what} {text}: not sorted ascending ({a} before {b})")
-    if world is not None and (ranks[0] < 0 or ranks[-1] >= world):
-        bad = ranks[0] if ranks[0] < 0 else ranks[-1]
-        raise ValueError(f"{what} {text}: rank {bad} is outside [0, {world})")
-
-
-def manifest_rank_lists(manifest: Dict[str, Any]) -> List[List[int]]:
-    """Every rank list a manifest built by build_manifest refers to: its `groups`, and each
-    optimizer's `stats_group` and non-null `tp_group` / `expert_tp_group` (repeats kept)."""
-    lists = [list(ranks) for ranks in manifest["groups"].values()]
-    for o in manifest["optimizers"]:
-        lists.append(list(o["stats_group"]))
-        for key in ("tp_group", "expert_tp_group"):
-            if o[key] is not None:
-                lists.append(list(o[key]))
-    return lists
-
-
-def led_groups(rank: int, lists: Iterable[Sequence[int]]) -> List[List[int]]:
-    """The distinct lists among `lists` whose smallest rank is `rank`, sorted: what this rank
-    contributes to the gather (each group is sent by one rank only, its leader).
-
-    Lists are passed on as given, not sorted or checked: a bad list then reaches every rank and
-    group_table raises the same error everywhere, rather than this rank raising alone before the
-    collective and leaving the others waiting in it. An empty list has no leader; refer_to_groups
-    names it."""
-    led = {tuple(ranks) for ranks in lists if len(ranks) > 0 and min(ranks) == rank}
-    return [list(ranks) for ranks in sorted(led)]
-
-
-def rank_runs(ranks: Sequence[int]) -> List[List[int]]:
-    """`ranks` as arithmetic runs [first, step, count], in order; ranks_from_runs inverts it
-    exactly (whatever the list). dump_manifest gathers runs, not lists: all_gather_object pads
-    every rank's bytes to the largest rank's, so the rank leading the world group would make
-    every rank receive world x world ranks; Megatron's groups (contiguous or strided blocks) are
-    a few runs each."""
-    runs: List[List[int]] = []
-    i, n = 0, len(ranks)
-    while i < n:
-        step = ranks[i + 1] - ranks[i] if i + 1 < n else 1
-        j = i + 1
-        while j < n and ranks[j] - ranks[j - 1] == step:
-            j += 1
-        runs.append([int(ranks[i]), int(step), j - i])
-        i = j
-    return runs
-
-
-def ranks_from_runs(runs: Sequence[Sequence[int]]) -> List[int]:
-    """The rank list of rank_runs' runs."""
-    return [first + k * step for first, step, count in runs for k in range(count)]
-
-
-def group_table(gathered: Sequence[Sequence[Sequence[int]]]) -> List[List[int]]:
-    """The run's group table from every rank's led lists (`gathered[i]`: the lists rank i
-    leads): each distinct list once, in sorted() order, so that every rank that sees the same
-    lists builds the same table whatever order they came in. Raises ValueError naming the list if
-    one is empty, not sorted ascending or repeats a rank."""
-    distinct = set()
-    for i, led in enumerate(gathered):
-        if not isinstance(led, (list, tuple)):
-            raise ValueError(f"group_table: gathered[{i}] is {led!r}, not a list of rank lists")
-        for j, ranks in enumerate(led):
-            _check_rank_list(f"group_table: gathered[{i}][{j}]", ranks)
-            distinct.add(tuple(ranks))
-    return [list(ranks) for ranks in sorted(distinct)]
-
-
-def refer_to_groups(manifest: Dict[str, Any], table: Sequence[Sequence[int]]) -> Dict[str, Any]:
-    """The version-2 manifest of `manifest` (as build_manifest builds it: rank lists): the same
-    dict with `tally_manifest` MANIFEST_VERSION and every group (`groups`, each optimizer's
-    `stats_group`, `tp_group`, `expert_tp_group`; null stays null) an index into `table`. The
-    input is left unchanged. Raises ValueError naming the field if a list is not in the table."""
-    index = {tuple(ranks): i for i, ranks in enumerate(table)}
-    where = f"refer_to_groups: rank {manifest.get('rank')}"
-
-    def ref(field: str, ranks: Any) -> int:
-        if not isinstance(ranks, (list, tuple)):
-            raise ValueError(f"{where}: {field} is {ranks!r}, not a rank list")
-        i = index.get(tuple(ranks))
-        if i is None:
-            raise ValueError(f"{where}: {field} {_ranks_text(ranks)} is not in the group table")
-        return i
-
-    out = dict(manifest)
-    out["tally_manifest"] = MANIFEST_VERSION
-    out["groups"] = {name: ref(f"groups.{name}", ranks) for name, ranks in manifest["groups"].items()}
-    optimizers = []
-    for k, o in enumerate(manifest["optimizers"]):
-        o = dict(o)
-        o["stats_group"] = ref(f"optimizers[{k}].stats_group", o["stats_group"])
-        for key in ("tp_group", "expert_tp_group"):
-            if o[key] is not None:
-                o[key] = ref(f"optimizers[{k}].{key}", o[key])
-        optimizers.append(o)
-    out["optimizers"] = optimizers
-    return out
-
-
-def groups_file(world: int, table: Sequence[Sequence[int]]) -> Dict[str, Any]:
-    """The content of groups.json. Raises ValueError naming the entry unless every list is
-    sorted, without repeats, in [0, world), and the table is in sorted() order without a list
-    twice (what group_table builds)."""
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-        raise ValueError(f"groups_file: world {world!r} is not a positive integer")
-    for i, ranks in enumerate(table):
-        _check_rank_list(f"groups_file: groups[{i}]", ranks, world)
-    for i in range(1, len(table)):
-        a, b = list(table[i - 1]), list(table[i])
-        if a == b:
-            raise ValueError(f"groups_file: groups[{i}] {_ranks_text(b)} appears twice")
-        if b < a:
-            raise ValueError(f"groups_file: groups[{i}] {_ranks_text(b)} is not in sorted order")
-    return {"tally_groups": MANIFEST_VERSION, "world": world, "groups": [list(r) for r in table]}
-
-
-def write_groups(world: int, table: Sequence[Sequence[int]], out_dir: str) -> str:
-    """Writes out_dir/groups.json atomically, as write_manifest writes a rank file."""
-    text = manifest_text(groups_file(world, table))
-    return _write_atomically(text, os.path.join(out_dir, "groups.json"))
-
-
 # ---------------------------------------------------------------------------------------------
 # The Megatron side.
 # ---------------------------------------------------------------------------------------------
@@ -403,27 +217,13 @@ def dump_manifest(
     out_dir/groups.json; returns the rank file's path. See the module docstring for the call
     order. `model`: one module or the list of model chunks, wrapped or not. `logical_names`, when
     given, renames every logical name (tally's worker writes tally's names of the params)."""
-    import torch.distributed as dist
-
     manifest = build_manifest(
         optimizer, model, producer=producer, grad_norm=grad_norm, num_zeros=num_zeros, clip=clip
     )
     if logical_names is not None:
         for record in manifest["params"]:
             record["logical_name"] = logical_names(record["logical_name"])
-    rank, world = manifest["rank"], manifest["world"]
-    led = led_groups(rank, manifest_rank_lists(manifest))
-    gathered: List[Any] = [None] * world
-    dist.all_gather_object(gathered, [rank_runs(ranks) for ranks in led])
-    table = group_table([[ranks_from_runs(runs) for runs in led_runs] for led_runs in gathered])
-    # Every rank checks the table (the same everywhere), not only rank 0: a bad one then stops
-    # every rank alike, before any file is written.
-    groups_file(world, table)
-    referred = refer_to_groups(manifest, table)
-    if rank == 0:
-        # before rank 0's own file: once every rank file is there, so is groups.json
-        write_groups(world, table, out_dir)
-    return write_manifest(referred, out_dir)
+    return write_run(manifest, out_dir)
 
 
 class ClipCall:
@@ -489,7 +289,6 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
     which dump_manifest turns into version 2 (refer_to_groups). It is the one place that reads
     Megatron's parallel_state; runs the collectives get_grad_norm / count_zeros when those
     values are not given. `clip`: see the module docstring."""
-    import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -515,7 +314,7 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
         _record_clip(optimizers, after, calls)
 
     manifest = {
-        "tally_manifest": 1,  # rank lists, as in version 1; refer_to_groups makes it version 2
+        "tally_manifest": RANK_LISTS_VERSION,  # refer_to_groups makes it MANIFEST_VERSION
         "producer": producer or _default_producer(),
         "rank": rank,
         "world": world,
@@ -539,7 +338,7 @@ def _default_producer() -> str:
         version = package_info.__version__
     except Exception:  # pragma: no cover - version lookup only
         version = "unknown"
-    return f"tally_megatron {ADAPTER_VERSION} / megatron-core {version}"
+    return f"tally_adapters.megatron {ADAPTER_VERSION} / megatron-core {version}"
 
 
 def _to_float(x) -> Optional[float]:
@@ -879,7 +678,7 @@ def _check_child(child, C):
     )
     if not isinstance(child, known):
         raise NotImplementedError(
-            f"child optimizer type {type(child).__name__} is not supported by tally_megatron"
+            f"child optimizer type {type(child).__name__} is not supported by tally_adapters.megatron"
         )
 
 
@@ -1044,7 +843,7 @@ def _fill_stats(params, optimizers):
                 pi, b, e = m["fallback"]
                 jobs.append((m["record"], params[pi]["grad"], (b, e)))
     rows = []
-    for record, g, rng in jobs:
+    for _record, g, rng in jobs:
         if g is None:
             rows.append(None)
             continue
@@ -1063,7 +862,7 @@ def _fill_stats(params, optimizers):
             )
         )
     values = [r.cpu().tolist() if r is not None else None for r in rows]
-    for (record, g, rng), v in zip(jobs, values):
+    for (record, _g, _rng), v in zip(jobs, values):
         if v is None:
             # no gradient at all: nothing was read; an all-zero gradient stands in
             n = 1
@@ -1081,10 +880,6 @@ def _fill_stats(params, optimizers):
 # ---------------------------------------------------------------------------------------------
 
 
-class GradNormMiscount(AssertionError):
-    """`tally check` found the run's grad norm or zero count wrong; the message is its report."""
-
-
 def check_grad_norm(
     optimizer,
     model,
@@ -1096,27 +891,9 @@ def check_grad_norm(
     timeout: float = 600.0,
 ) -> str:
     """Writes this rank's manifest (dump_manifest, same call order), then rank 0 judges the run
-    with `TALLY check OUT_DIR` and every rank gets its verdict: returns tally's report when every
-    element was counted exactly once, raises GradNormMiscount with the report (the miscounted
-    params, the ranks, the rule) when not, and RuntimeError when tally could not judge (bad
-    manifests: exit 2; tally missing). Call on every rank."""
-    import torch.distributed as dist
-
+    with `TALLY check OUT_DIR` and every rank gets its verdict (tally_adapters.check.judge_run):
+    returns tally's report when every element was counted exactly once, raises GradNormMiscount
+    with the report (the miscounted params, the ranks, the rule) when not, and TallyCannotJudge
+    when tally could not judge (bad manifests: exit 2; tally missing). Call on every rank."""
     dump_manifest(optimizer, model, out_dir, grad_norm=grad_norm, num_zeros=num_zeros)
-    dist.barrier()  # every rank's file is written before rank 0 reads them
-    outcome: List[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            r = subprocess.run(
-                [tally, "check", out_dir], capture_output=True, text=True, timeout=timeout
-            )
-            outcome[0] = (r.returncode, r.stdout + r.stderr)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            outcome[0] = (None, f"{tally} check {out_dir}: {error}")
-    dist.broadcast_object_list(outcome, src=0)
-    code, report = outcome[0]
-    if code == 0:
-        return report
-    if code == 1:
-        raise GradNormMiscount(report)
-    raise RuntimeError(f"tally could not judge {out_dir} (exit {code}):\n{report}")
+    return judge_run(out_dir, tally=tally, timeout=timeout)

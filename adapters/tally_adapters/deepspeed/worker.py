@@ -4,10 +4,10 @@ and optimizers and writes the manifests `tally` judges (`tally fuzz|run|replay -
 
 Started by tally, once per world size, under torchrun (one process per rank):
 
-    torchrun --standalone --nproc-per-node WORLD -m tally_deepspeed_worker \\
+    torchrun --standalone --nproc-per-node WORLD -m tally_adapters.deepspeed.worker \\
         --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
 
-It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per case, on every rank:
+It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per case, on every rank:
 
 1. Process groups for the case's topology, as a Megatron-style `mpu` DeepSpeed is given: TP
    groups of consecutive ranks, DP groups strided by TP (tally's order tp-cp-ep-dp-pp with CP
@@ -33,7 +33,7 @@ It speaks the queue protocol of tally_worker_queue (docs/real-targets.md). Per c
    group (DP, or expert-DP for experts) and divides by the DP size: only the group's first rank
    gives the gradient, times the DP size (a power of two), the others 0, so no 16-bit sum rounds.
    A step DeepSpeed skips (an fp16 overflow) is reported as an error, not judged.
-4. `engine.step()` inside `tally_deepspeed.Recording`, which records what DeepSpeed's norm code
+4. `engine.step()` inside `recording.Recording`, which records what DeepSpeed's norm code
    kept, and the manifests of `engine.get_global_grad_norm()` into `case-<K>/`.
 
 With `deepspeed.autotp` and `deepspeed.autoep` DeepSpeed shards the model itself instead, as it
@@ -45,39 +45,20 @@ At ZeRO 3 the loss is the module's forward (weighted_sum_model), which makes ZeR
 param.
 """
 
-import argparse
 import contextlib
-import datetime
 import gc
-import json
 import math
 import os
 import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-for path in (HERE, os.path.join(HERE, "..", "megatron")):
-    if os.path.isdir(path) and path not in sys.path:
-        sys.path.insert(0, path)
-
-import tally_deepspeed  # noqa: E402
-from tally_plants import Planted  # noqa: E402
-from tally_worker_queue import gradient_index, load_gradients, serve  # noqa: E402
-
-WORKER_VERSION = 1
+from .. import worker as base
+from ..plants import Patches
+from . import recording as tally_deepspeed
 
 SPLIT_DIM = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1,
              "expert-column": 0, "expert-column-bias": 0, "expert-row": 1}
 _EXPERT = re.compile(r"^(.*\.mlp\.)experts\.local_experts\.(\d+)\.(.+)$")
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--queue", required=True, help="the queue folder tally writes cases into")
-    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
-    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                   help="torch.distributed backend; auto: nccl when every rank has its own GPU, else gloo")
-    return p.parse_args(argv)
 
 
 # --- planted faults (the real mutation score) -------------------------------------------------
@@ -85,7 +66,7 @@ def parse_args(argv=None):
 # A catalog fault (`tally run --list-faults`) with a counterpart in DeepSpeed is planted for one case
 # by replacing the function that decides its rule, in every loaded deepspeed module that imported it
 # (or on the class that defines it); the originals are put back after the case. DeepSpeed's files
-# are never touched. tally_deepspeed.Recording reads the replaced predicates too, so the manifests
+# are never touched. recording.Recording reads the replaced predicates too, so the manifests
 # show a planted filter; a planted reduction shows in the reported norm.
 
 
@@ -797,17 +778,6 @@ def pipeline_groups(grid, expert_tp=False):
             "expert_tp": expert_tp}
 
 
-def load_engine_config(queue, k):
-    """The configuration tally sends with case K for deepspeed.initialize (`case-<K>.engine.json`,
-    written by tally's run/deepspeed/engine.cpp, the one author of it: `tally show` prints the same)."""
-    path = os.path.join(queue, f"case-{k}.engine.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: tally sends the DeepSpeed configuration with every case "
-                                "(a tally older than this worker does not)")
-    with open(path) as f:
-        return json.load(f)
-
-
 def autotp_groups(mpu):
     """This rank's groups as AutoTP made them (deepspeed.utils.groups, the engine's mpu)."""
     import torch.distributed as dist
@@ -848,7 +818,6 @@ class CaseGroups:
 
     def __enter__(self):
         import torch.distributed as dist
-        from tally_plants import Patches
 
         self.patches = Patches()
         original = dist.new_group
@@ -970,12 +939,14 @@ def client_optimizer(module, layers, fused_adam):
     return torch.optim.AdamW(groups, lr=0.0, weight_decay=0.0)
 
 
-def execute(queue, k, case):
-    """Runs case K on this rank; returns (status, message)."""
+def execute(request, planted, producer):
+    """Runs the request's case on this rank, its faults planted by `planted`, and writes its
+    manifests."""
     import deepspeed
     import torch
     import torch.distributed as dist
 
+    case = request.case
     t = case["topology"]
     world = dist.get_world_size()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
@@ -985,14 +956,15 @@ def execute(queue, k, case):
     autoep = case.get("deepspeed", {}).get("autoep", False)
     fused_adam = case.get("deepspeed", {}).get("fused_adam", False)
     engine = None
-    planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "deepspeed")
     made = CaseGroups()
     try:
         planted.__enter__()
         made.__enter__()
-        tensors = load_gradients(queue, k)
-        index = gradient_index(queue, k)
-        config = load_engine_config(queue, k)
+        tensors = request.gradients()
+        index = request.gradient_index()
+        # The configuration for deepspeed.initialize, as tally's run/deepspeed/engine.cpp wrote it
+        # (the one author of it: `tally show` prints the same).
+        config = request.engine_config()
         local_error = None
         moe = moe_settings(case)
         expert_tp = moe["expert_tp"]
@@ -1145,11 +1117,10 @@ def execute(queue, k, case):
             groups_by_rank=dict(enumerate(gathered)),
             parallel={"tp": tp, "cp": 1, "pp": pp, "dp": world // (tp * pp), "ep": t.get("ep", 1),
                       "etp": t.get("etp", tp)},
-            producer=f"tally_deepspeed_worker {WORKER_VERSION} / deepspeed {deepspeed.__version__}",
+            producer=producer,
             reported_norm=norm,
         )
-        tally_deepspeed.dump_manifest(manifest, os.path.join(queue, f"case-{k}"))
-        return "ok", ""
+        tally_deepspeed.dump_manifest(manifest, request.manifests_dir)
     finally:
         engines = [engine] if engine is not None else []
         engine = None
@@ -1161,65 +1132,60 @@ def execute(queue, k, case):
             cleanup.callback(planted.__exit__, None, None, None)
 
 
+class DeepSpeedWorker(base.Worker):
+    """tally's worker for DeepSpeed: executes tally's cases with DeepSpeed's own, unmodified engine."""
+
+    framework = "deepspeed"
+    package = "deepspeed"
+    plants = PLANTS
+    not_planted = NOT_PLANTED
+
+    def framework_version(self):
+        import deepspeed
+
+        return deepspeed.__version__
+
+    def before_process_group(self):
+        if self.devices == 0:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        else:
+            # DeepSpeed's engine takes its device from LOCAL_RANK: with more ranks than GPUs,
+            # each rank's LOCAL_RANK becomes the GPU it shares.
+            os.environ["LOCAL_RANK"] = str(int(os.environ.get("LOCAL_RANK", "0")) % self.devices)
+        import deepspeed  # noqa: F401
+
+        # Every module that imports a replaced function is loaded before any fault is planted.
+        import deepspeed.runtime.bf16_optimizer  # noqa: F401
+        import deepspeed.runtime.fp16.fused_optimizer  # noqa: F401
+        import deepspeed.runtime.fp16.unfused_optimizer  # noqa: F401
+        import deepspeed.runtime.pipe.module  # noqa: F401
+        import deepspeed.runtime.pipe.topology  # noqa: F401
+        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
+
+    def start(self):
+        # torch's own init ran (DeepSpeed's passes device_id=cuda:LOCAL_RANK, which one shared GPU
+        # refuses); deepspeed.init_distributed adopts the default group.
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=self.backend)
+        if self.backend == "gloo" and self.devices:
+            import deepspeed.runtime.pipe.p2p as p2p
+
+            stage_pipeline_p2p_through_host(p2p)
+
+    def dtypes(self):
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        return ["fp32"] + [name for name, supported in (("bf16", accelerator.is_bf16_supported),
+                                                         ("fp16", accelerator.is_fp16_supported)) if supported()]
+
+    def execute(self, request):
+        execute(request, self.planted(request), self.producer())
+
+
 def main(argv=None):
-    args = parse_args(argv)
-    import torch
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if devices == 0:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if 0 < devices and world <= devices else "gloo"
-    if devices:
-        torch.cuda.set_device(local_rank % devices)
-        # DeepSpeed's engine takes its device from LOCAL_RANK: with more ranks than GPUs, each
-        # rank's LOCAL_RANK becomes the GPU it shares.
-        os.environ["LOCAL_RANK"] = str(local_rank % devices)
-    import deepspeed
-    import torch.distributed as dist
-
-    # Every module that imports a replaced function is loaded before any fault is planted.
-    import deepspeed.runtime.bf16_optimizer  # noqa: F401
-    import deepspeed.runtime.fp16.fused_optimizer  # noqa: F401
-    import deepspeed.runtime.fp16.unfused_optimizer  # noqa: F401
-    import deepspeed.runtime.pipe.module  # noqa: F401
-    import deepspeed.runtime.pipe.topology  # noqa: F401
-    import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
-    # torch's own init (DeepSpeed's passes device_id=cuda:LOCAL_RANK, which one shared GPU refuses);
-    # deepspeed.init_distributed then adopts the default group.
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    deepspeed.init_distributed(dist_backend=backend)
-    if backend == "gloo" and devices:
-        import deepspeed.runtime.pipe.p2p as p2p
-
-        stage_pipeline_p2p_through_host(p2p)
-    rank = dist.get_rank()
-    version = deepspeed.__version__
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    dtypes = ["fp32"] + [name for name, supported in (("bf16", accelerator.is_bf16_supported),
-                                                        ("fp16", accelerator.is_fp16_supported)) if supported()]
-    hello = {
-        "framework": "deepspeed",
-        "version": version,
-        "world": world,
-        "producer": f"tally_deepspeed_worker {WORKER_VERSION} / deepspeed {version}",
-        "backend": backend,
-        "devices": devices,
-        "dtypes": dtypes,
-        "plants": {fault: why for fault, (_, why) in PLANTS.items()},
-        "cannot_plant": NOT_PLANTED,
-    }
-    if rank == 0:
-        where = f"{devices} GPU(s)" if devices else "CPU"
-        print(f"tally_deepspeed_worker: world {world} on {where}, {backend}, deepspeed {version}", flush=True)
-    serve(args.queue, args.parent_pid, hello, execute)
-    dist.destroy_process_group()
-    return 0
+    return base.run(DeepSpeedWorker, argv)
 
 
 if __name__ == "__main__":

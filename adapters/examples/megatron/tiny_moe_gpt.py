@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """A tiny MoE GPT on Megatron-core (0.16.1), its optimizer's grad norm and zero count, and the
-tally manifests of that step (adapters/megatron/tally_megatron.py).
+tally manifests of that step (tally_adapters.megatron, `pip install ./adapters`).
 
 Run with torchrun, one process per GPU, e.g. on 2 GPUs:
 
-    torchrun --nproc-per-node 2 adapters/megatron/examples/tiny_moe_gpt.py \\
+    torchrun --nproc-per-node 2 adapters/examples/megatron/tiny_moe_gpt.py \\
         --tp 2 --ep 2 --etp 1 --optimizer muon --layer-wise --gradients expert-fc2-bias \\
         --out /tmp/manifests [--tally build/cli/tally]
 
@@ -39,11 +39,8 @@ import zlib
 import numpy as np
 import torch
 import torch.distributed as dist
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
-import tally_megatron  # noqa: E402
+from tally_adapters import megatron as tally_megatron
+from tally_adapters.megatron.muon_compat import emerging_optimizers_compat
 
 
 def parse_args(argv=None):
@@ -79,32 +76,6 @@ def parse_args(argv=None):
 
 
 # --- emerging_optimizers compatibility ---------------------------------------------------------
-
-
-def emerging_optimizers_compat():
-    """megatron-core 0.16.1's TensorParallelMuon calls
-    OrthogonalizedOptimizer.__init__(params, lr, momentum_beta, use_nesterov=..., ...);
-    emerging_optimizers 0.3.0 (the only release on PyPI) names that keyword `nesterov` and
-    rejects the call with a TypeError. Translate the keyword (construction only; this script
-    never steps). Returns whether the shim was needed."""
-    try:
-        from emerging_optimizers.orthogonalized_optimizers import OrthogonalizedOptimizer
-    except ImportError:
-        return False
-    import inspect
-
-    params = inspect.signature(OrthogonalizedOptimizer.__init__).parameters
-    if "use_nesterov" in params or "nesterov" not in params:
-        return False
-    original = OrthogonalizedOptimizer.__init__
-
-    def __init__(self, *args, **kwargs):
-        if "use_nesterov" in kwargs:
-            kwargs["nesterov"] = kwargs.pop("use_nesterov")
-        return original(self, *args, **kwargs)
-
-    OrthogonalizedOptimizer.__init__ = __init__
-    return True
 
 
 # --- gradients ------------------------------------------------------------------------------------

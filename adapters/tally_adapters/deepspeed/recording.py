@@ -1,4 +1,4 @@
-"""tally_deepspeed: what DeepSpeed counted in one gradient-norm step, as the manifests `tally check`
+"""tally_adapters.deepspeed: what DeepSpeed counted in one gradient-norm step, as the manifests `tally check`
 judges (docs/manifest.md, format version 2).
 
 DeepSpeed computes the norm in one of several places, chosen by the ZeRO stage and the precision.
@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-ADAPTER_VERSION = 1
-
+from .. import __version__ as ADAPTER_VERSION  # noqa: F401
+from ..manifest import RANK_LISTS_VERSION, write_run
 
 # --- the groups ---------------------------------------------------------------------------------
 
@@ -98,13 +98,14 @@ class Recording:
 
     def __enter__(self):
         import deepspeed.runtime.engine as engine_module
-        from tally_plants import Patches
         import deepspeed.runtime.fp16.fused_optimizer as fused
         import deepspeed.runtime.fp16.unfused_optimizer as unfused
         from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
         from deepspeed.runtime.utils import is_model_parallel_parameter
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
         from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+        from ..plants import Patches
 
         rec = self
         self.patches = Patches()
@@ -334,7 +335,7 @@ class Recording:
                         or isinstance(grad_groups_flat[0], list):
                     return out
                 flat, pieces, clipped, at = grad_groups_flat[0], rec.children[child][2], [], 0
-                for p, begin, end, kept, held in pieces:
+                for _p, begin, end, _kept, _held in pieces:
                     clipped.append(rec.held(flat, at, at + (end - begin)))  # unscaled by now
                     at += end - begin
                 # It multiplies by 1 / max(1, (norm / loss scale + 1e-6) / clip_grad).
@@ -498,7 +499,7 @@ def build_manifest(
     if norm is not None and not math.isfinite(norm):
         norm = None
     return {
-        "tally_manifest": 2,
+        "tally_manifest": RANK_LISTS_VERSION,  # write_run makes it MANIFEST_VERSION
         "producer": producer,
         "rank": rank,
         "world": world,
@@ -514,18 +515,6 @@ def build_manifest(
 
 
 def dump_manifest(manifest: Dict[str, Any], out_dir: str) -> str:
-    """Writes this rank's file and, on rank 0, groups.json (the run's group table, the same on
-    every rank), with the format helpers of tally_megatron (which need no Megatron)."""
-    import torch.distributed as dist
-    import tally_megatron as fmt
-
-    rank, world = manifest["rank"], manifest["world"]
-    led = fmt.led_groups(rank, fmt.manifest_rank_lists(manifest))
-    gathered: List[Any] = [None] * world
-    dist.all_gather_object(gathered, [fmt.rank_runs(r) for r in led])
-    table = fmt.group_table([[fmt.ranks_from_runs(runs) for runs in led_runs] for led_runs in gathered])
-    fmt.groups_file(world, table)
-    referred = fmt.refer_to_groups(manifest, table)
-    if rank == 0:
-        fmt.write_groups(world, table, out_dir)
-    return fmt.write_manifest(referred, out_dir)
+    """Collective: writes this rank's file and, on rank 0, groups.json (the run's group table, the
+    same on every rank)."""
+    return write_run(manifest, out_dir)

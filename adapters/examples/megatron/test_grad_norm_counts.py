@@ -19,8 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import tiny_moe_gpt  # noqa: E402
 import tally_megatron  # noqa: E402
+import tiny_moe_gpt  # noqa: E402
 
 BACKEND = "gloo" if "--backend" in sys.argv and sys.argv[-1] == "gloo" else "nccl"
 TALLY = os.environ.get("TALLY", "tally")

@@ -1,9 +1,10 @@
 """The worker side of tally's queue protocol (docs/real-targets.md), shared by every framework's
-worker (tally_megatron_worker, tally_deepspeed_worker). Needs torch.distributed, nothing else.
+worker (tally_adapters.worker). Needs torch.distributed when serving, nothing at import.
 
 A worker is WORLD ranks that stay up across cases. Rank 0 watches the queue folder for
 `case-<K>.json` and tells the others (a broadcast at least every IDLE_SECONDS, so no collective
-waits longer); every rank runs the case with the framework's `execute(queue, k, case)`; rank 0
+waits longer); every rank runs the case with the framework's `execute(request)` (a Request: the case and the
+files that came with it); rank 0
 gathers each rank's outcome and writes `case-<K>.result.json`. The worker exits when tally writes
 `stop` or tally's process is gone; every rank also watches tally's process from a thread, so a
 rank stuck in the middle of a case (in the framework, or in a collective another rank never
@@ -17,15 +18,10 @@ import threading
 import time
 import traceback
 
+from .manifest import write_atomically
+
 IDLE_SECONDS = 5.0
 PARENT_CHECK_SECONDS = 1.0
-
-
-def write_atomically(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def parent_alive(pid):
@@ -68,40 +64,71 @@ def next_command(queue, k, parent_pid):
     return ("idle",)
 
 
-def gradient_index(queue, k):
-    """case-K.gradients.json's params: each logical param's name, class, shape and offset."""
-    with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
-        return json.load(f)["params"]
+class Request:
+    """Case K of a queue, as tally sent it: the case (docs/case-files.md), the gradient index and
+    values (every logical param: name, class, shape, offset into the float32 values), and the
+    framework's configuration where tally writes one (`case-<K>.engine.json`). The worker executes
+    what the request says; it names nothing tally has not named."""
 
+    def __init__(self, queue, k, case):
+        self.queue = queue
+        self.k = k
+        self.case = case
 
-def load_gradients(queue, k):
-    """tally's values of every logical param for case K: name -> numpy array of its shape."""
-    import numpy as np
+    def path(self, suffix):
+        return os.path.join(self.queue, f"case-{self.k}{suffix}")
 
-    with open(os.path.join(queue, f"case-{k}.gradients.json")) as f:
-        index = json.load(f)
-    values = np.fromfile(os.path.join(queue, f"case-{k}.gradients.f32"), dtype="<f4")
-    if values.size != index["elements"]:
-        raise ValueError(f"case-{k}.gradients.f32 holds {values.size} values, its index says {index['elements']}")
-    tensors = {}
-    for p in index["params"]:
-        n = 1
-        for d in p["shape"]:
-            n *= d
-        tensors[p["name"]] = values[p["offset"] : p["offset"] + n].reshape(p["shape"])
-    return tensors
+    @property
+    def manifests_dir(self):
+        """Where the worker writes the run's manifests."""
+        return self.path("")
+
+    @property
+    def faults(self):
+        return list(self.case.get("faults", []))
+
+    def gradient_index(self):
+        """case-K.gradients.json's params: each logical param's name, class, shape and offset."""
+        with open(self.path(".gradients.json")) as f:
+            return json.load(f)["params"]
+
+    def gradients(self):
+        """tally's values of every logical param: name -> numpy array of its shape."""
+        import numpy as np
+
+        with open(self.path(".gradients.json")) as f:
+            index = json.load(f)
+        values = np.fromfile(self.path(".gradients.f32"), dtype="<f4")
+        if values.size != index["elements"]:
+            raise ValueError(f"case-{self.k}.gradients.f32 holds {values.size} values, its index says {index['elements']}")
+        tensors = {}
+        for p in index["params"]:
+            n = 1
+            for d in p["shape"]:
+                n *= d
+            tensors[p["name"]] = values[p["offset"] : p["offset"] + n].reshape(p["shape"])
+        return tensors
+
+    def engine_config(self):
+        """The framework's configuration tally sent with the case; raises FileNotFoundError naming
+        the file when tally sent none (a case of another framework)."""
+        path = self.path(".engine.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: tally sent no engine configuration with case {self.k}")
+        with open(path) as f:
+            return json.load(f)
 
 
 def serve(queue, parent_pid, hello, execute):
-    """Writes hello.json (rank 0), then runs cases until told to stop. `execute(queue, k, case)`
-    runs case K on this rank and returns ("ok", "") or raises; an exception on any rank makes the
+    """Writes hello.json (rank 0), then runs cases until told to stop. `execute(request)` runs
+    case K on this rank (a Request) and returns, or raises; an exception on any rank makes the
     case's result an error carrying the first failing rank's message."""
     import torch.distributed as dist
 
     watch_parent(parent_pid)
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
-        write_atomically(os.path.join(queue, "hello.json"), json.dumps(hello) + "\n")
+        write_atomically(json.dumps(hello) + "\n", os.path.join(queue, "hello.json"))
     k = 1
     while True:
         command = [next_command(queue, k, parent_pid) if rank == 0 else None]
@@ -116,7 +143,7 @@ def serve(queue, parent_pid, hello, execute):
         try:
             with open(os.path.join(queue, f"case-{k}.json")) as f:
                 case = json.load(f)
-            status, message = execute(queue, k, case)
+            execute(Request(queue, k, case))
         except Exception as e:  # the framework refused the case, or the worker failed on it
             status = "error"
             message = f"rank {rank}: {type(e).__name__}: {e}"
@@ -127,6 +154,6 @@ def serve(queue, parent_pid, hello, execute):
             failed = [m for s, m in results if s != "ok"]
             result = {"status": "error" if failed else "ok", "message": failed[0] if failed else "",
                       "seconds": time.monotonic() - start}
-            write_atomically(os.path.join(queue, f"case-{k}.result.json"), json.dumps(result) + "\n")
+            write_atomically(json.dumps(result) + "\n", os.path.join(queue, f"case-{k}.result.json"))
             print(f"case {k}: {result['status']} in {result['seconds']:.2f} s {result['message']}", flush=True)
         k += 1

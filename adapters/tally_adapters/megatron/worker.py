@@ -4,7 +4,7 @@ and writes the manifests `tally` judges (`tally fuzz|run|replay --target megatro
 
 Started by tally, once per world size, under torchrun (one process per rank):
 
-    torchrun --standalone --nproc-per-node WORLD -m tally_megatron_worker \\
+    torchrun --standalone --nproc-per-node WORLD -m tally_adapters.megatron.worker \\
         --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
 
 The ranks stay up across cases. Per case (the files of the queue folder are described in
@@ -19,7 +19,7 @@ chained Adam; distributed: the DistributedOptimizer; layerwise: Muon with the la
 distributed optimizer; muon: Muon without it), sets every param's gradient buffer (`main_grad`)
 to the values tally's generator gives the logical element it holds (`case-<K>.gradients.*`),
 runs `prepare_grads`, `get_grad_norm` and `count_zeros`, and writes the manifests with
-`tally_megatron.dump_manifest` into `case-<K>/`. Rank 0 then writes `case-<K>.result.json`.
+`tally_adapters.megatron.dump_manifest` into `case-<K>/`. Rank 0 then writes `case-<K>.result.json`.
 
 What the worker changes around Megatron, and why (never a Megatron file):
 - No forward or backward pass runs: the gradients are set, as after Megatron's own gradient
@@ -35,39 +35,17 @@ What the worker changes around Megatron, and why (never a Megatron file):
 - Between cases the worker destroys Megatron's process groups, so hundreds of cases do not
   exhaust sockets or file descriptors.
 - megatron-core 0.16.1's Muon calls emerging_optimizers with a keyword 0.3.0 renamed
-  (`use_nesterov`): translated at construction (tiny_moe_gpt.py's shim).
+  (`use_nesterov`): translated at construction (muon_compat.py).
 """
 
-import argparse
-import datetime
+import functools
 import gc
-import os
 import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import tally_megatron  # noqa: E402
-from tally_plants import Planted  # noqa: E402
-from tally_worker_queue import load_gradients, serve  # noqa: E402
-
-WORKER_VERSION = 1
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--queue", required=True, help="the queue folder tally writes cases into")
-    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
-    p.add_argument(
-        "--backend",
-        choices=["auto", "nccl", "gloo"],
-        default="auto",
-        help="torch.distributed backend; auto: nccl when every rank has its own GPU, else gloo",
-    )
-    return p.parse_args(argv)
-
+from .. import worker as base
+from . import manifest as tally_megatron
+from .muon_compat import emerging_optimizers_compat
 
 # --- names ----------------------------------------------------------------------------------------
 
@@ -189,15 +167,6 @@ NOT_PLANTED = {
 
 
 # --- building the case ----------------------------------------------------------------------------
-
-
-def emerging_optimizers_compat():
-    sys.path.insert(0, os.path.join(HERE, "examples"))
-    try:
-        from tiny_moe_gpt import emerging_optimizers_compat as shim
-    finally:
-        sys.path.pop(0)
-    return shim()
 
 
 def destroy_parallel_state():
@@ -401,102 +370,81 @@ def set_gradients(chunks, tensors):
     return held
 
 
-def execute(queue, k, case):
-    """Runs case K on this rank; returns (status, message)."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+class MegatronCoreWorker(base.Worker):
+    """tally's worker for megatron-core: executes tally's cases with Megatron's own, unmodified code."""
 
-    chunks = optimizer = None
-    planted = Planted(case.get("faults", []), PLANTS, NOT_PLANTED, "megatron.")
-    try:
-        planted.__enter__()
-        initialize_parallel_state(case["topology"])
-        model_parallel_cuda_manual_seed(1234)
-        config = transformer_config(case)
-        chunks = build_model(case, config)
-        optimizer = build_optimizer(case, chunks)
-        tensors = load_gradients(queue, k)
-        held = set_gradients(chunks, tensors)
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, sorted(held))
-        missing = set(tensors) - set().union(*map(set, everyone))
-        if missing:
-            raise LookupError(
-                f"model mismatch: no rank of megatron-core's model holds {sorted(missing)[:5]} "
-                f"({len(missing)} of tally's params)"
+    framework = "megatron-core"
+    package = "megatron."
+    plants = PLANTS
+    not_planted = NOT_PLANTED
+    needs_gpu = True
+
+    def framework_version(self):
+        try:
+            from megatron.core import package_info
+
+            return package_info.__version__
+        except Exception:
+            return "unknown"
+
+    def start(self):
+        # Every module that imports a function a fault replaces is loaded before any fault is
+        # planted, so none keeps a replacement past its case.
+        import megatron.core.distributed  # noqa: F401
+        import megatron.core.models.gpt  # noqa: F401
+        import megatron.core.optimizer  # noqa: F401
+        import megatron.core.optimizer.clip_grads  # noqa: F401
+
+    def execute(self, request):
+        """Runs the request's case on this rank and writes its manifests."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        case = request.case
+        chunks = optimizer = None
+        planted = self.planted(request)
+        try:
+            planted.__enter__()
+            initialize_parallel_state(case["topology"])
+            model_parallel_cuda_manual_seed(1234)
+            config = transformer_config(case)
+            chunks = build_model(case, config)
+            optimizer = build_optimizer(case, chunks)
+            tensors = request.gradients()
+            held = set_gradients(chunks, tensors)
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, sorted(held))
+            missing = set(tensors) - set().union(*map(set, everyone))
+            if missing:
+                raise LookupError(
+                    f"model mismatch: no rank of megatron-core's model holds {sorted(missing)[:5]} "
+                    f"({len(missing)} of tally's params)"
+                )
+            max_norm = float(case.get("statistics", {}).get("max_norm", 0.0) or 0.0)
+            optimizer.prepare_grads()
+            norm = optimizer.get_grad_norm()
+            zeros = optimizer.count_zeros()
+            tally_megatron.dump_manifest(
+                optimizer,
+                chunks,
+                request.manifests_dir,
+                producer=self.producer(),
+                grad_norm=norm,
+                num_zeros=zeros,
+                logical_names=tally_name,
+                clip=functools.partial(tally_megatron.release_clip, optimizer) if max_norm > 0 else None,
             )
-        max_norm = float(case.get("statistics", {}).get("max_norm", 0.0) or 0.0)
-        optimizer.prepare_grads()
-        norm = optimizer.get_grad_norm()
-        zeros = optimizer.count_zeros()
-        tally_megatron.dump_manifest(
-            optimizer,
-            chunks,
-            os.path.join(queue, f"case-{k}"),
-            grad_norm=norm,
-            num_zeros=zeros,
-            logical_names=tally_name,
-            clip=(lambda: tally_megatron.release_clip(optimizer)) if max_norm > 0 else None,
-        )
-        return "ok", ""
-    finally:
-        planted.__exit__(None, None, None)
-        del optimizer, chunks
-        gc.collect()
-        torch.cuda.empty_cache()
-        destroy_parallel_state()
-
-
-def framework_version():
-    try:
-        from megatron.core import package_info
-
-        return package_info.__version__
-    except Exception:
-        return "unknown"
+        finally:
+            planted.__exit__(None, None, None)
+            del optimizer, chunks
+            gc.collect()
+            torch.cuda.empty_cache()
+            destroy_parallel_state()
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    devices = torch.cuda.device_count()
-    if devices == 0:
-        print("tally_megatron_worker: no CUDA device (megatron-core's models are built on one)", file=sys.stderr)
-        return 2
-    torch.cuda.set_device(local_rank % devices)
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if world <= devices else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    # Every module that imports a function a fault replaces is loaded before any fault is planted,
-    # so none keeps a replacement past its case.
-    import megatron.core.distributed  # noqa: F401
-    import megatron.core.models.gpt  # noqa: F401
-    import megatron.core.optimizer  # noqa: F401
-    import megatron.core.optimizer.clip_grads  # noqa: F401
-    rank = dist.get_rank()
-    version = framework_version()
-    hello = {
-        "framework": "megatron-core",
-        "version": version,
-        "world": world,
-        "producer": f"tally_megatron_worker {WORKER_VERSION} / megatron-core {version}",
-        "backend": backend,
-        "devices": devices,
-        "plants": {fault: why for fault, (_, why) in PLANTS.items()},
-        "cannot_plant": NOT_PLANTED,
-    }
-    if rank == 0:
-        print(f"tally_megatron_worker: world {world} on {devices} GPU(s), {backend}, megatron-core {version}", flush=True)
-    serve(args.queue, args.parent_pid, hello, execute)
-    dist.destroy_process_group()
-    return 0
+    return base.run(MegatronCoreWorker, argv)
 
 
 if __name__ == "__main__":
