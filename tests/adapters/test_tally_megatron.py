@@ -38,11 +38,11 @@ class NameTest(unittest.TestCase):
         names = tm.logical_module_names(moe_modules([1], [2, 3]))
         self.assertEqual(
             tm.logical_param_name("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.bias", names),
-            "decoder.layers.0.mlp.experts.2.linear_fc2.bias",
+            "decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.bias",
         )
         self.assertEqual(
             tm.logical_param_name("decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight", names),
-            "decoder.layers.0.mlp.experts.3.linear_fc2.weight",
+            "decoder.layers.0.mlp.experts.local_experts.3.linear_fc2.weight",
         )
 
     def test_layer_ids_carry_the_pipeline_offset(self):
@@ -50,7 +50,7 @@ class NameTest(unittest.TestCase):
         names = tm.logical_module_names(moe_modules([3, 4], [0, 1]))
         self.assertEqual(
             tm.logical_param_name("decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.bias", names),
-            "decoder.layers.3.mlp.experts.1.linear_fc2.bias",
+            "decoder.layers.3.mlp.experts.local_experts.1.linear_fc2.bias",
         )
         self.assertEqual(
             tm.logical_param_name("decoder.layers.0.mlp.router.weight", names),
@@ -94,7 +94,7 @@ class NameTest(unittest.TestCase):
         grouped = {"decoder.layers.0.mlp.experts.linear_fc1": [4, 5]}
         self.assertEqual(
             tm.logical_param_name("decoder.layers.0.mlp.experts.linear_fc1.weight1", names, expert_ids=grouped),
-            "decoder.layers.1.mlp.experts.5.linear_fc1.weight",
+            "decoder.layers.1.mlp.experts.local_experts.5.linear_fc1.weight",
         )
 
     def test_routed_expert_names(self):

@@ -33,10 +33,12 @@ noted):
 
 * `params`: every parameter of every model chunk (DDP / Float16Module wrappers unwrapped), in
   `named_parameters()` order. The logical name replaces `...layers.<i>` of a TransformerLayer by
-  its global index (`layer_number - 1`: the pipeline offset included) and
-  `experts.local_experts.<i>` (SequentialMLP) or a TE grouped linear's `weight<i>`/`bias<i>` by
-  the global expert id (`MoELayer.local_expert_indices[i]`). A `shared` tied output-layer copy
-  names the word embedding. The box of a `tensor_model_parallel` param runs along
+  its global index (`layer_number - 1`: the pipeline offset included), the local expert index of
+  `experts.local_experts.<i>` (SequentialMLP) by the global expert id
+  (`MoELayer.local_expert_indices[i]`), and a TE grouped linear's `linear_fc1.weight<i>` by
+  `local_experts.<global id>.linear_fc1.weight`: the names of tally's logical model
+  (topologies/logical_model.h), so the worker writes the names tally sent, renaming none. A
+  `shared` tied output-layer copy names the word embedding. The box of a `tensor_model_parallel` param runs along
   `partition_dim` at (rank in the sharding group) * (local extent), the group being the owning
   layer's `tp_group` (the expert-TP group for routed experts, the TP group otherwise); any other
   param holds the whole tensor. (A `partition_stride` != 1 shard is not contiguous in the
@@ -137,8 +139,8 @@ def logical_module_names(entries: Iterable[Tuple[str, Dict[str, Any]]]) -> Dict[
             i = int(leaf)
             if i >= len(ids):
                 raise ValueError(f"{name}: local expert {i} but only {len(ids)} local experts")
-            # `experts.local_experts.<i>` -> `experts.<global id>`
-            logical[name] = _join(logical.get(grand, grand), str(ids[i]))
+            # `experts.local_experts.<i>` -> `experts.local_experts.<global id>`
+            logical[name] = _join(_join(logical.get(grand, grand), "local_experts"), str(ids[i]))
         else:
             logical[name] = _join(base, new_leaf)
         if info.get("local_expert_indices") is not None:
@@ -159,10 +161,10 @@ def logical_param_name(
     base = module_names.get(module, module)
     m = _TE_GROUPED_LEAF_RE.match(leaf)
     if m and expert_ids is not None and module in expert_ids:
-        # TE grouped linear: `experts.linear_fc1.weight<i>` -> `experts.<gid>.linear_fc1.weight`
+        # TE grouped linear: `experts.linear_fc1.weight<i>` -> `experts.local_experts.<gid>.linear_fc1.weight`
         experts_mod, _, linear = base.rpartition(".")
         ids = expert_ids[module]
-        return _join(_join(experts_mod, str(ids[int(m.group(2))])), f"{linear}.{m.group(1)}")
+        return _join(_join(_join(experts_mod, "local_experts"), str(ids[int(m.group(2))])), f"{linear}.{m.group(1)}")
     name = _join(base, leaf)
     if shared and name.endswith("output_layer.weight"):
         # the tied output-layer copy of the last stage names the word embedding it copies
@@ -210,19 +212,14 @@ def dump_manifest(
     producer: Optional[str] = None,
     grad_norm: Optional[float] = None,
     num_zeros: Optional[float] = None,
-    logical_names: Optional[Callable[[str], str]] = None,
     clip: Optional[Callable[[], List[Any]]] = None,
 ) -> str:
     """Writes out_dir/rank-<R>.json for this rank (format version 2), and on rank 0 also
     out_dir/groups.json; returns the rank file's path. See the module docstring for the call
-    order. `model`: one module or the list of model chunks, wrapped or not. `logical_names`, when
-    given, renames every logical name (tally's worker writes tally's names of the params)."""
+    order. `model`: one module or the list of model chunks, wrapped or not."""
     manifest = build_manifest(
         optimizer, model, producer=producer, grad_norm=grad_norm, num_zeros=num_zeros, clip=clip
     )
-    if logical_names is not None:
-        for record in manifest["params"]:
-            record["logical_name"] = logical_names(record["logical_name"])
     return write_run(manifest, out_dir)
 
 

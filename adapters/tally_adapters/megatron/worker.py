@@ -40,23 +40,11 @@ What the worker changes around Megatron, and why (never a Megatron file):
 
 import functools
 import gc
-import re
 import sys
 
 from .. import worker as base
 from . import manifest as tally_megatron
 from .muon_compat import emerging_optimizers_compat
-
-# --- names ----------------------------------------------------------------------------------------
-
-_ADAPTER_EXPERT = re.compile(r"\.experts\.(\d+)\.")
-
-
-def tally_name(adapter_logical_name):
-    """tally's logical name of a param (topologies/logical_model.h): the adapter writes a routed
-    expert as `experts.<global id>.`, tally as `experts.local_experts.<global id>.`."""
-    return _ADAPTER_EXPERT.sub(r".experts.local_experts.\1.", adapter_logical_name)
-
 
 # --- planted faults (the real mutation score) ---------------------------------------------------------
 #
@@ -348,7 +336,7 @@ def set_gradients(chunks, tensors):
     held = set()
     for entry, p in zip(params, objs):
         r = entry["record"]
-        name = tally_name(r["logical_name"])
+        name = r["logical_name"]
         if name not in tensors:
             raise LookupError(
                 f"model mismatch: megatron-core built {r['name']} (logical {name}, shape "
@@ -432,7 +420,6 @@ class MegatronCoreWorker(base.Worker):
                 producer=self.producer(),
                 grad_norm=norm,
                 num_zeros=zeros,
-                logical_names=tally_name,
                 clip=functools.partial(tally_megatron.release_clip, optimizer) if max_norm > 0 else None,
             )
         finally:
