@@ -61,9 +61,8 @@ constexpr double kTerminateSeconds = 2.0;
 // launcher leaves behind is found only through a record made while the launcher lived.
 constexpr double kTrackSeconds = 0.25;
 
-// What a worker's files may hold: a hello and a result are small; a log is read only in part.
-constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;
-constexpr std::size_t kMaxResultBytes = std::size_t{4} << 20;
+// What a worker's files may hold: a hello and a result are small (run/worker_files.h); a log is
+// read only in part.
 constexpr std::size_t kMaxMessageShown = 4000;  // of a result's message
 constexpr std::size_t kLogTailBytes = 32 << 10;  // the end of a log that is shown
 constexpr std::size_t kLogScanBytes = 1 << 20;   // the start of a log searched for its first exception
@@ -435,27 +434,10 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
   }
   w.track(/*now=*/true);
   try {
-    const nlohmann::json j = nlohmann::json::parse(read_worker_file(hello, kMaxHelloBytes));
-    w.hello.framework = j.at("framework").get<std::string>();
-    w.hello.version = j.at("version").get<std::string>();
-    w.hello.producer = j.value("producer", std::string());
-    w.hello.world = j.at("world").get<int>();
-    w.hello.plants = {};
-    if (j.contains("plants")) w.hello.plants.planted = j.at("plants").get<std::map<std::string, std::string>>();
-    w.hello.dtypes.clear();
-    if (j.contains("dtypes")) w.hello.dtypes = j.at("dtypes").get<std::vector<std::string>>();
-    w.hello.megatron_model_rules = false;
-    if (j.contains("model_rules")) {
-      if (j.at("model_rules") != "megatron")
-        throw std::runtime_error("model_rules must be \"megatron\" (or absent: the framework's own), got " +
-                                 j.at("model_rules").dump());
-      w.hello.megatron_model_rules = true;
-    }
-    if (j.contains("cannot_plant"))
-      w.hello.plants.not_planted = j.at("cannot_plant").get<std::map<std::string, std::string>>();
+    w.hello = read_hello(read_worker_file(hello, kMaxHelloBytes));
   } catch (const std::exception& e) {
     stop(w, /*ask=*/false);
-    throw std::runtime_error(who + "'s " + hello.string() + " is not a hello (framework, version, world): " +
+    throw std::runtime_error(who + "'s " + hello.string() + " is not a valid hello (docs/schemas/hello.schema.json): " +
                              shown_line(e.what(), kMaxLineShown));
   }
   if (w.hello.world != world) {
@@ -534,11 +516,9 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   out.seconds = seconds_since(start);
   clean_request();
 
-  std::string status, message;
+  WorkerResult result;
   try {
-    const nlohmann::json j = nlohmann::json::parse(read_worker_file(result_file, kMaxResultBytes));
-    status = j.at("status").get<std::string>();
-    message = j.value("message", std::string());
+    result = read_result(read_worker_file(result_file, kMaxResultBytes));
   } catch (const std::exception& e) {
     // A worker that writes no result it should is not trusted with the next case: restarted.
     const std::string tail = kept_log_tail(log);
@@ -548,10 +528,11 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
                                                tail);
     return out;
   }
-  if (status != "ok") {
+  if (!result.ok) {
     // The framework refused the case or failed on it; the log holds its traceback.
     out.verdict = infra_error(w.hello.framework + " " + w.hello.version,
-                              shown_line(message.empty() ? status : message, kMaxMessageShown) + kept_log_tail(log));
+                              shown_line(result.message.empty() ? "error" : result.message, kMaxMessageShown) +
+                                  kept_log_tail(log));
   } else {
     try {
       out.verdict = judge_target_run(c, manifests.string(), options_.rtol);

@@ -13,6 +13,7 @@
 //                                              exactly the gradients the truth is made of
 //                     stop                     the worker exits
 //   worker -> tally   hello.json               framework, version, world, once it is up
+//                                              (run/worker_files.h reads it and the result)
 //                     case-<K>/                the manifests of case K (docs/manifest.md)
 //                     case-<K>.result.json     {"status": "ok" | "error", "message": ...}, last
 // A case's faults are planted in the framework at run time by the worker, for that case only
@@ -37,6 +38,7 @@
 #include "casefile/case.h"
 #include "oracle/judge.h"
 #include "oracle/verdict.h"
+#include "run/worker_files.h"
 
 namespace tally::run {
 
@@ -55,29 +57,6 @@ struct WorkerOptions {
   // The configuration sent with each case as case-<K>.engine.json (run/target.h); none when it
   // returns nullopt or is empty.
   std::function<std::optional<std::string>(const casefile::Case&)> engine_config;
-};
-
-// The catalog faults a worker can plant in its framework at run time (the real mutation score),
-// each with how; and the others with why not.
-struct FaultPlants {
-  std::map<std::string, std::string> planted;      // fault name -> what the worker replaces
-  std::map<std::string, std::string> not_planted;  // fault name -> why it has no counterpart
-};
-
-// What a worker says once it is up.
-struct WorkerHello {
-  std::string framework;  // "megatron-core"
-  std::string version;    // "0.19.2"
-  std::string producer;   // the manifests' producer line
-  int world = 0;
-  FaultPlants plants;
-  // The gradient dtypes the framework computes in on this machine ("fp32", "bf16", "fp16");
-  // empty: every one (DeepSpeed's CPU accelerator has no fp16 on CPUs without it).
-  std::vector<std::string> dtypes;
-  // The worker builds models under Megatron-LM's build-time rules (hello "model_rules":
-  // "megatron"): a stand-in executing cases with tally's own model. A real DeepSpeed worker takes
-  // models Megatron refuses (expert biases with expert TP).
-  bool megatron_model_rules = false;
 };
 
 // One case executed by a worker and judged.

@@ -284,6 +284,65 @@ TEST(WorkerPool, AFifoAsHelloIsRefusedWithoutWaitingOnIt) {
   EXPECT_LT(seconds_since(start), 5.0);
 }
 
+// The error of a world-2 stand-in whose hello is bad in the way `mode` says; empty when none.
+std::string hello_error(const char* mode, WorkerOptions o = stand_in_options()) {
+  const WorkerEnvironment env("TALLY_TEST_WORKER_MODE", mode);
+  WorkerPool pool(o);
+  try {
+    pool.hello(2);
+  } catch (const std::runtime_error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// A hello tally cannot take is one line naming the file, the field and the rule
+// (docs/schemas/hello.schema.json), never read as something near it.
+void expect_hello_refused(const std::string& message, const std::string& field_and_rule) {
+  EXPECT_NE(message.find("hello.json is not a valid hello (docs/schemas/hello.schema.json): " + field_and_rule),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+TEST(WorkerPool, AHelloWhoseWorldIsAFractionIsRefusedNotTruncated) {
+  expect_hello_refused(hello_error("hello-world-2.5"), "hello.world: expected a positive integer, got 2.5");
+}
+
+TEST(WorkerPool, AHelloWhoseWorldIsBeyondTheLargestWorldIsRefusedNotWrappedAround) {
+  // 2^40 + 2 read into an int was 2, the world the pool started the worker for.
+  expect_hello_refused(hello_error("hello-world-2^40+2"),
+                       "hello.world: expected a positive integer at most 1048576, got 1099511627778");
+}
+
+TEST(WorkerPool, AHelloPlantingAFaultTheCatalogLacksIsRefusedNamingIt) {
+  expect_hello_refused(hello_error("hello-plants-no-such-fault"),
+                       "hello.plants.no-such-fault: not a fault of tally's catalog (tally run --list-faults)");
+}
+
+TEST(WorkerPool, AHelloWithAKeyTallyDoesNotKnowIsRefusedNamingItAndTheWorkerIsStopped) {
+  const WorkerEnvironment detached("TALLY_TEST_WORKER_DETACHED", "1");
+  WorkerOptions o = stand_in_options();
+  o.work_dir = (fs::temp_directory_path() / ("tally-worker-bad-hello-" + std::to_string(::getpid()))).string();
+  expect_hello_refused(hello_error("hello-unknown-key", o), "hello.gpu_name: unknown key for a hello");
+  const pid_t child = detached_child(fs::path(o.work_dir) / "world-2");
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(ends_within(child, 2.0)) << "the worker whose hello was refused lingers";
+  fs::remove_all(o.work_dir);
+}
+
+TEST(WorkerPool, AResultWithAKeyTallyDoesNotKnowIsAnInfraErrorNamingIt) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "result-unknown-key");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_NE(run.verdict.infra_message.find(
+                "case-1.result.json is not a result (result.gpu_seconds: unknown key for a case result; the worker "
+                "was stopped)"),
+            std::string::npos)
+      << run.verdict.infra_message;
+}
+
 TEST(WorkerPool, AFifoAsACaseResultIsAnInfraErrorWithoutWaitingOnIt) {
   const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "fifo-result");
   WorkerPool pool(stand_in_options());  // case timeout 30 s

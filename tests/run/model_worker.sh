@@ -12,7 +12,10 @@
 # miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =error reports an error for
 # every case, =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
-# =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Modes whose
+# =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Hellos tally
+# must refuse (docs/schemas/hello.schema.json): =hello-world-2.5 and =hello-world-2^40+2 say so as
+# their world, =hello-plants-no-such-fault plants a fault the catalog lacks, =hello-unknown-key adds
+# "gpu_name"; =result-unknown-key answers each case with a result holding "gpu_seconds". Modes whose
 # manifests are self-consistent but not of the gradients tally sent: =other-seed runs each case with
 # the next gradient seed, =stale answers each case after the first with the previous case's
 # manifests, =unclipped-param records the first clipped piece of each rank as left unclipped (the
@@ -57,10 +60,17 @@ atomically() {  # atomically FILE TEXT
 }
 # It "plants" a case's faults by running tally's model with them; two it declines, as a real
 # worker declines faults without a counterpart.
+hello_world=$world plants= extra=
+case $mode in
+  hello-world-2.5) hello_world=2.5 ;;
+  hello-world-2^40+2) hello_world=1099511627778 ;;
+  hello-plants-no-such-fault) plants=', "no-such-fault": "a name the catalog lacks"' ;;
+  hello-unknown-key) extra=', "gpu_name": "NVIDIA H200"' ;;
+esac
 atomically "$queue/hello.json" \
-  "{\"framework\": \"$framework\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-$version}\", \"world\": $world, \"producer\": \"tally model_worker.sh\"$dtypes,
-    \"plants\": {\"average-rank-norms\": \"tally's model\", \"missing-pp-reduction\": \"tally's model\", \"no-dedup-filter\": \"tally's model\"},
-    \"cannot_plant\": {\"zero-count-in-float32\": \"too big for the stand-in\"}}"
+  "{\"framework\": \"$framework\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-$version}\", \"world\": $hello_world, \"producer\": \"tally model_worker.sh\"$dtypes,
+    \"plants\": {\"average-rank-norms\": \"tally's model\", \"missing-pp-reduction\": \"tally's model\", \"no-dedup-filter\": \"tally's model\"$plants},
+    \"cannot_plant\": {\"zero-count-in-float32\": \"too big for the stand-in\"}$extra}"
 echo "model_worker.sh: world $world up"
 
 k=1
@@ -128,7 +138,9 @@ for f in glob.glob(sys.argv[1] + "/rank-*.json"):
     if pieces:
         pieces[0]["clipped_stats"] = pieces[0]["stats"]
         json.dump(m, open(f, "w"))' "$queue/case-$k"
-  if [ $rc -le 1 ]; then
+  if [ "$mode" = result-unknown-key ]; then
+    atomically "$queue/case-$k.result.json" '{"status": "ok", "gpu_seconds": 1.5}'
+  elif [ $rc -le 1 ]; then
     atomically "$queue/case-$k.result.json" '{"status": "ok"}'
   else
     atomically "$queue/case-$k.result.json" "{\"status\": \"error\", \"message\": \"tally run exited $rc\"}"

@@ -1,0 +1,124 @@
+#include "run/worker_files.h"
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "io/json_read.h"
+#include "kernels/gradient_generator.h"
+#include "topologies/parallel_config.h"
+#include "vocab/faults.h"
+
+namespace tally::run {
+
+namespace {
+
+using nlohmann::json;
+
+// The longest name or explanation a hello holds; a hello is at most kMaxHelloBytes anyway.
+constexpr std::size_t kMaxTextBytes = 4096;
+
+// A name tally prints in one-line messages and saves in case files (framework, version, producer).
+std::string read_text(const json& value, const std::string& path) {
+  std::string text = io::read_string(value, path, kMaxTextBytes);
+  if (text.empty()) io::fail(path, "expected a non-empty string");
+  for (unsigned char c : text)
+    if (c < 0x20 || c == 0x7f) io::fail(path, "may not hold control characters (newlines, tabs, ...)");
+  return text;
+}
+
+// plants and cannot_plant: catalog fault name -> how (or why not). A name tally's catalog lacks is
+// a fault renamed or removed on one side only: tally would never ask for it, and the worker's
+// tables are checked against the catalog by name (tests/adapters).
+std::map<std::string, std::string> read_fault_table(const json& value, const std::string& path) {
+  if (!value.is_object())
+    io::fail(path, std::string("expected an object of catalog fault names and explanations, got ") +
+                       io::type_word(value));
+  std::map<std::string, std::string> table;
+  for (const auto& [name, how] : value.items()) {
+    const std::string at = io::key_path(path, name);
+    if (!vocab::fault_from_name(name)) io::fail(at, "not a fault of tally's catalog (tally run --list-faults)");
+    std::string text = io::read_string(how, at, kMaxTextBytes);
+    if (text.empty()) io::fail(at, "expected a non-empty explanation");
+    table[name] = std::move(text);
+  }
+  return table;
+}
+
+// Each at most once; an empty list would compute in no dtype (absent means every one).
+std::vector<std::string> read_dtypes(const json& value, const std::string& path) {
+  std::vector<std::string_view> names;
+  for (kernels::Dtype dtype : kernels::kAllDtypes) names.push_back(kernels::dtype_name(dtype));
+  io::read_array(value, path, names.size());
+  if (value.empty()) io::fail(path, "expected at least one dtype (absent: every one)");
+  std::vector<std::string> dtypes;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    std::string name(names[static_cast<std::size_t>(io::read_choice(value[i], at, names))]);
+    if (std::find(dtypes.begin(), dtypes.end(), name) != dtypes.end()) io::fail(at, "repeats " + name);
+    dtypes.push_back(std::move(name));
+  }
+  return dtypes;
+}
+
+}  // namespace
+
+WorkerHello read_hello(std::string_view text) {
+  const json j = io::parse_json(text, "hello.json");
+  WorkerHello h;
+  const auto text_field = [](std::string_view key, std::string& target) {
+    return io::Field{key, [&target](const json& v, const std::string& p) { target = read_text(v, p); }};
+  };
+  io::read_object(
+      j, "hello",
+      {text_field("framework", h.framework),
+       text_field("version", h.version),
+       {"world",
+        [&](const json& v, const std::string& p) {
+          h.world = static_cast<int>(io::read_integer(v, p, 1, topologies::kMaxWorld));
+        }},
+       text_field("producer", h.producer),
+       {"backend",
+        [&](const json& v, const std::string& p) {
+          h.backend = io::read_choice(v, p, {"nccl", "gloo"}) == 0 ? "nccl" : "gloo";
+        }},
+       {"devices",
+        [&](const json& v, const std::string& p) {
+          h.devices = static_cast<int>(io::read_integer(v, p, 0, topologies::kMaxWorld));
+        }},
+       {"dtypes", [&](const json& v, const std::string& p) { h.dtypes = read_dtypes(v, p); }},
+       {"plants", [&](const json& v, const std::string& p) { h.plants.planted = read_fault_table(v, p); }},
+       {"cannot_plant",
+        [&](const json& v, const std::string& p) { h.plants.not_planted = read_fault_table(v, p); }},
+       {"model_rules",
+        [&](const json& v, const std::string& p) {
+          if (!v.is_string() || v.get_ref<const std::string&>() != "megatron")
+            io::fail(p, "expected \"megatron\" (or no key: the framework's own rules), got " + io::shown(v));
+          h.megatron_model_rules = true;
+        }}},
+      "a hello", {"framework", "version", "world", "producer"});
+  return h;
+}
+
+WorkerResult read_result(std::string_view text) {
+  const json j = io::parse_json(text, "result.json");
+  WorkerResult r;
+  io::read_object(
+      j, "result",
+      {{"status", [&](const json& v, const std::string& p) { r.ok = io::read_choice(v, p, {"ok", "error"}) == 0; }},
+       // Bounded by the file (kMaxResultBytes); the pool shows the start of a long message.
+       {"message",
+        [&](const json& v, const std::string& p) {
+          r.message = io::read_string(v, p, std::numeric_limits<std::size_t>::max());
+        }},
+       {"seconds",
+        [&](const json& v, const std::string& p) {
+          const double seconds = io::read_number(v, p);
+          if (seconds < 0) io::fail(p, "expected a number >= 0, got " + io::shown(v));
+          r.seconds = seconds;
+        }}},
+      "a case result", {"status"});
+  return r;
+}
+
+}  // namespace tally::run

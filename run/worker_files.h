@@ -1,0 +1,64 @@
+// The documents a framework's worker writes and tally reads (docs/real-targets.md, "The queue
+// folder"): hello.json and case-<K>.result.json. Read as strictly as every other input of tally:
+// an unknown key, a wrong type or a value out of range is an error naming the field and the rule,
+// so a field one side adds that the other does not know fails at once instead of being ignored.
+// docs/schemas/hello.schema.json and result.schema.json describe the same documents; the tests
+// (tests/run/border_schemas_test.cpp) hold these readers and the schemas to each other.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tally::run {
+
+// The catalog faults a worker can plant in its framework at run time (the real mutation score),
+// each with how; and the others with why not.
+struct FaultPlants {
+  std::map<std::string, std::string> planted;      // fault name -> what the worker replaces
+  std::map<std::string, std::string> not_planted;  // fault name -> why it has no counterpart
+};
+
+// What a worker says once it is up.
+struct WorkerHello {
+  std::string framework;  // "megatron-core"
+  std::string version;    // "0.19.2"
+  std::string producer;   // the manifests' producer line
+  int world = 0;
+  FaultPlants plants;
+  // The gradient dtypes the framework computes in on this machine ("fp32", "bf16", "fp16");
+  // empty: every one (DeepSpeed's CPU accelerator has no fp16 on CPUs without it).
+  std::vector<std::string> dtypes;
+  // The worker builds models under Megatron-LM's build-time rules (hello "model_rules":
+  // "megatron"): a stand-in executing cases with tally's own model. A real DeepSpeed worker takes
+  // models Megatron refuses (expert biases with expert TP).
+  bool megatron_model_rules = false;
+  // Where the worker runs, for the log: its torch.distributed backend ("nccl", "gloo") and the
+  // GPUs its ranks see; empty and absent when it does not say.
+  std::string backend;
+  std::optional<int> devices;
+};
+
+// A worker's outcome of one case.
+struct WorkerResult {
+  bool ok = false;                // "status": "ok"; else "error"
+  std::string message;            // the first failing rank's message; empty when ok
+  std::optional<double> seconds;  // the worker's own measure of the case
+};
+
+// The largest hello.json and case-<K>.result.json read.
+inline constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kMaxResultBytes = std::size_t{4} << 20;
+
+// hello.json's text. Throws std::invalid_argument, one line naming the field and the rule
+// ("hello.world: expected a positive integer, got 2.5").
+WorkerHello read_hello(std::string_view text);
+
+// case-<K>.result.json's text. Throws std::invalid_argument, one line naming the field and the
+// rule ("result.status: expected one of ok, error, got \"done\"").
+WorkerResult read_result(std::string_view text);
+
+}  // namespace tally::run
