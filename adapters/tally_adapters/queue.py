@@ -119,6 +119,13 @@ class Request:
             return json.load(f)
 
 
+def result_document(outcomes, seconds):
+    """case-<K>.result.json (docs/schemas/result.schema.json) from every rank's (status, message):
+    "error" with the first failing rank's message when one failed, else "ok"."""
+    failed = [m for s, m in outcomes if s != "ok"]
+    return {"status": "error" if failed else "ok", "message": failed[0] if failed else "", "seconds": seconds}
+
+
 def serve(queue, parent_pid, hello, execute):
     """Writes hello.json (rank 0), then runs cases until told to stop. `execute(request)` runs
     case K on this rank (a Request) and returns, or raises; an exception on any rank makes the
@@ -151,9 +158,7 @@ def serve(queue, parent_pid, hello, execute):
         results = [None] * world
         dist.all_gather_object(results, (status, message))
         if rank == 0:
-            failed = [m for s, m in results if s != "ok"]
-            result = {"status": "error" if failed else "ok", "message": failed[0] if failed else "",
-                      "seconds": time.monotonic() - start}
+            result = result_document(results, time.monotonic() - start)
             write_atomically(json.dumps(result) + "\n", os.path.join(queue, f"case-{k}.result.json"))
             print(f"case {k}: {result['status']} in {result['seconds']:.2f} s {result['message']}", flush=True)
         k += 1
