@@ -10,7 +10,7 @@
 #include <array>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
+#include <utility>
 #include <set>
 #include <stdexcept>
 #include <string>
