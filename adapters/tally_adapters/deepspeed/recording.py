@@ -43,6 +43,18 @@ def ranks_of(group) -> List[int]:
     return sorted(dist.get_process_group_ranks(group))
 
 
+def expert_groups_by_name(mine: Dict[str, Any], names) -> Dict[str, Any]:
+    """`mine` (this rank's groups by name) with the expert-parallel (`ep:<name>`) and
+    expert-data-parallel (`edp:<name>`) groups of each of DeepSpeed's expert group names, as
+    build_manifest reads them (the names: the `group_name` of each expert param)."""
+    from deepspeed.utils import groups
+
+    for name in sorted(names):
+        mine[f"ep:{name}"] = sorted(groups._get_expert_parallel_group_ranks(name))
+        mine[f"edp:{name}"] = sorted(groups._get_expert_data_parallel_group_ranks(name))
+    return mine
+
+
 def chained(first_by_rank: Dict[int, Sequence[int]], then: Sequence[int]) -> List[int]:
     """The ranks whose values reach a rank's sum when it is all-reduced over each rank's group of
     `first_by_rank` (a rank -> its group), then over the rank's own group `then`."""

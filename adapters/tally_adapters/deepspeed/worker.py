@@ -55,6 +55,7 @@ import sys
 from .. import worker as base
 from ..plants import Patches
 from . import recording as tally_deepspeed
+from .recording import expert_groups_by_name
 
 SPLIT_DIM = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1,
              "expert-column": 0, "expert-column-bias": 0, "expert-row": 1}
@@ -796,16 +797,6 @@ def groups_of_rank(layers, mpu, expert_tp):
 def expert_groups(mine, layers):
     """`mine` with each MoE layer's expert-parallel and expert-data-parallel groups added."""
     return expert_groups_by_name(mine, {layer.expert_group_name for layer in layers.values()})
-
-
-def expert_groups_by_name(mine, names):
-    """`mine` with the expert-parallel and expert-data-parallel groups of each expert group name."""
-    from deepspeed.utils import groups
-
-    for name in sorted(names):
-        mine[f"ep:{name}"] = sorted(groups._get_expert_parallel_group_ranks(name))
-        mine[f"edp:{name}"] = sorted(groups._get_expert_data_parallel_group_ranks(name))
-    return mine
 
 
 class CaseGroups:
