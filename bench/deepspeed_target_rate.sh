@@ -14,7 +14,7 @@ seconds=${2:?seconds per campaign}
 out=${3:?output folder}
 shift 3
 here=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH="$here/adapters/deepspeed:$here/adapters/megatron${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$here/adapters${PYTHONPATH:+:$PYTHONPATH}"  # tally_adapters from the checkout
 version=$(python3 -c 'import deepspeed; print(deepspeed.__version__)' 2>/dev/null | tail -1)
 mkdir -p "$out"
 rows=()

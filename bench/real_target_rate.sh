@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Real cases per minute: `tally fuzz --target megatron-core` (one persistent worker per world, its
 # ranks kept up across cases) side by side with one torchrun per case
-# (adapters/megatron/examples/tiny_moe_gpt.py, the way real runs were checked before), at each world.
+# (adapters/examples/megatron/tiny_moe_gpt.py, the way real runs were checked before), at each world.
 #
 #   bench/real_target_rate.sh TALLY SECONDS OUT WORLD...
 #
@@ -14,7 +14,7 @@ seconds=${2:?seconds per campaign}
 out=${3:?output folder}
 shift 3
 here=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH="$here/adapters/megatron${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$here/adapters${PYTHONPATH:+:$PYTHONPATH}"  # tally_adapters from the checkout
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 version=$(python3 -c 'from megatron.core import package_info; print(package_info.__version__)')
 mkdir -p "$out"
@@ -24,7 +24,7 @@ for world in "$@"; do
   [ "$world" -gt "$gpus" ] && backend=gloo
   start=$(date +%s.%N)
   python3 -m torch.distributed.run --standalone --nproc-per-node "$world" \
-    "$here/adapters/megatron/examples/tiny_moe_gpt.py" --backend "$backend" --tp 2 --ep 2 --etp 1 \
+    "$here/adapters/examples/megatron/tiny_moe_gpt.py" --backend "$backend" --tp 2 --ep 2 --etp 1 \
     --optimizer adam --gradients hashed --out "$out/torchrun-w$world" >"$out/torchrun-w$world.log" 2>&1
   torchrun_rc=$?
   torchrun_s=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")

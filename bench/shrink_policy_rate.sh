@@ -14,7 +14,7 @@ out=${3:?output folder}
 world=${4:?world}
 target=${5:-deepspeed}
 here=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH="$here/adapters/deepspeed:$here/adapters/megatron${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$here/adapters${PYTHONPATH:+:$PYTHONPATH}"  # tally_adapters from the checkout
 mkdir -p "$out"
 echo "target $target, world $world, seed $world, ${seconds} s per campaign, --max-failures 0 (no bound)"
 echo "shrink  generated  failures  signatures  shrunk  executed/min"

@@ -2,7 +2,7 @@
 // (tests/run/model_worker.sh) whose "framework" is tally's own model of the path, so the protocol,
 // the judging of the worker's manifests and every way a worker can fail are tested where no real
 // framework is installed. The real megatron-core worker runs on the GPU machine
-// (adapters/megatron/README.md).
+// (adapters/README.md).
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <stdlib.h>
