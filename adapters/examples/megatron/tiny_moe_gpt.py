@@ -39,7 +39,7 @@ import zlib
 import numpy as np
 import torch
 import torch.distributed as dist
-from tally_adapters import megatron as tally_megatron
+from tally_adapters.megatron import manifest as tally_megatron
 from tally_adapters.megatron.muon_compat import emerging_optimizers_compat
 
 
