@@ -249,10 +249,14 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.world = o.world;
   // Each case switches on one of the faults: "all" is every fault the target plants; a fault named
   // that it cannot plant is an error.
-  if (o.faults == "all")
+  if (o.faults == "all") {
     std::erase_if(asked, [&](vocab::Fault f) {
       return run::why_not_planted(std::string(vocab::fault_info(f).name), opened->plants).has_value();
     });
+    if (asked.empty())
+      throw UsageError("--faults all: the " + opened->name + " " + opened->version +
+                       " target plants none of the catalog's faults (use --faults none for a fault-free campaign)");
+  }
   vocab::FaultSet asked_set;
   for (vocab::Fault f : asked) asked_set = asked_set.with(f);
   if (std::string why = run::unplantable(asked_set, opened->plants); !why.empty())
@@ -372,7 +376,8 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
       ->check(whole_number(1, topologies::kMaxWorld))
       ->capture_default_str();
   command->add_option("--faults", options->faults,
-                      "none, all, or fault names (comma-separated): each case switches on one")
+                      "none, all (every catalog fault the target can switch on), or fault names "
+                      "(comma-separated; each must be one the target plants): each case switches on one")
       ->capture_default_str();
   command->add_option("--corpus", options->corpus, "Folder for the case files of failures")
       ->check(output_folder())

@@ -82,7 +82,9 @@ std::vector<Input> expand(const std::vector<std::string>& paths) {
 }
 
 // not_runnable: the case's world does not fit this job (an mpi or nccl job of another size).
-enum class Result { ok, mismatch, error, not_runnable };
+// unavailable: the target's machinery failed (a worker that cannot be restarted): no verdict, and
+// the replay stops there (exit 3).
+enum class Result { ok, mismatch, error, not_runnable, unavailable };
 
 struct Outcome {
   std::string file;
@@ -116,8 +118,7 @@ std::vector<std::string> pages_of(const std::string& folder, const std::vector<I
 }
 
 // Replays one input on `target` (a real target's case without --target: judged from the manifests
-// its file saved). `html_page`: where a failing case's report goes; "" writes none. Throws
-// run::TargetUnavailable (the replay then stops: exit 3).
+// its file saved). `html_page`: where a failing case's report goes; "" writes none.
 Outcome replay_one(const Input& input, run::Target& target, const std::string& html_page) {
   Outcome o;
   o.file = input.file;
@@ -126,21 +127,26 @@ Outcome replay_one(const Input& input, run::Target& target, const std::string& h
     o.message = input.error;
     return o;
   }
+  const auto start = std::chrono::steady_clock::now();
+  const auto timed = [&]() -> Outcome& {
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return o;
+  };
   try {
     run::CaseJob job;
     job.c = casefile::load_case_file(input.file);
     job.source = input.file;
     job.judge_saved_runs = true;
+    job.more_cases_follow = true;
     // A case without an expectation must pass.
     if (!job.c.expect) job.c.expect = casefile::Expectation{};
     o.expected = casefile::outcome_name(job.c.expect->outcome);
     if (job.c.target) o.rerun_flags = " --target " + job.c.target->framework;
     const run::CaseJobResult r = run::run_case_job(target, std::move(job));
-    o.seconds = r.seconds;
     if (r.refused) {
       o.result = Result::not_runnable;
       o.message = *r.refused;
-      return o;
+      return timed();
     }
     o.how = r.how;
     o.verdict = oracle::kind_name(r.verdict.kind);
@@ -156,14 +162,15 @@ Outcome replay_one(const Input& input, run::Target& target, const std::string& h
   } catch (const run::NotRunnableHere& error) {
     o.result = Result::not_runnable;
     o.message = error.what();
-  } catch (const run::TargetUnavailable&) {
-    throw;
+  } catch (const run::TargetUnavailable& error) {
+    o.result = Result::unavailable;
+    o.message = error.what();
   } catch (const std::exception& error) {
     // CaseFileError (an invalid file), InvalidCase, or anything else the run threw.
     o.result = Result::error;
     o.message = error.what();
   }
-  return o;
+  return timed();
 }
 
 std::string seconds_text(double seconds) {
@@ -185,6 +192,9 @@ void print_line(std::ostream& out, const Outcome& o) {
     case Result::error: out << "ERROR     " << o.message << '\n'; break;
     case Result::not_runnable:
       out << "SKIP      " << o.file << "  (not runnable on this job: " << o.message << ")\n";
+      break;
+    case Result::unavailable:
+      out << "NO RUN    " << o.file << "  (the target is unavailable: " << o.message << ")\n";
       break;
   }
   out.flush();
@@ -228,35 +238,32 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         options->html.empty() ? std::vector<std::string>(inputs.size()) : pages_of(options->html, inputs);
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Input& input = inputs[i];
-      try {
-        outcomes.push_back(replay_one(input, *target, pages[i]));
-      } catch (const run::TargetUnavailable& error) {
-        context.err << "tally: error: " << error.what() << " (at " << input.file << "; " << outcomes.size() << " of "
-                    << inputs.size() << " replayed)\n";
-        context.exit_code = kExitInfra;
-        return;
-      }
+      outcomes.push_back(replay_one(input, *target, pages[i]));
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;
       skipped += o.result == Result::not_runnable;
       errors += o.result == Result::error;
+      // No verdict is true while the target is broken: the cases after it are not replayed.
+      if (o.result == Result::unavailable) break;
     }
+    const Outcome* unavailable =
+        !outcomes.empty() && outcomes.back().result == Result::unavailable ? &outcomes.back() : nullptr;
     for (const Outcome& o : outcomes)
       if (o.result == Result::error) {
         first_error = &o;
         break;
       }
-    const std::size_t failed = outcomes.size() - passed - skipped;
+    const std::size_t failed = outcomes.size() - passed - skipped - (unavailable ? 1 : 0);
     if (options->json) {
       nlohmann::ordered_json cases = nlohmann::ordered_json::array();
       for (const Outcome& o : outcomes) {
         nlohmann::ordered_json j = {{"file", o.file},
                                     {"result", o.result == Result::ok         ? "ok"
                                                : o.result == Result::mismatch ? "mismatch"
-                                               : o.result == Result::not_runnable
-                                                   ? "not-runnable"
-                                                   : "error"}};
+                                               : o.result == Result::not_runnable ? "not-runnable"
+                                               : o.result == Result::unavailable  ? "unavailable"
+                                                                                  : "error"}};
         if (!o.verdict.empty()) j["verdict"] = o.verdict;
         if (!o.expected.empty()) j["expected"] = o.expected;
         if (!o.message.empty()) j["message"] = o.message;
@@ -266,6 +273,10 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         cases.push_back(std::move(j));
       }
       nlohmann::ordered_json j = {{"cases", std::move(cases)}, {"passed", passed}, {"failed", failed}};
+      if (unavailable) {
+        j["unavailable"] = unavailable->message;
+        j["not_replayed"] = inputs.size() - outcomes.size();
+      }
       if (skipped > 0) j["not_runnable"] = skipped;
       context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     } else {
@@ -273,6 +284,9 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
       context.out << passed << " passed, " << failed << " failed";
       if (skipped > 0) context.out << ", " << skipped << " skipped";
       context.out << '\n';
+      if (unavailable)
+        context.out << "(stopped at " << unavailable->file << ": the target is unavailable; "
+                    << inputs.size() - outcomes.size() << " inputs after it not replayed)\n";
       if (skipped > 0)
         context.out << "(skipped: " << skipped << " not runnable on this "
                     << (target->framework() ? options->target.target : std::string(context.backend.name())) << " job)\n";
@@ -287,7 +301,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         j.seconds = o.seconds;
         if (o.result == Result::mismatch)
           j.failure = o.message + "\nreplay: tally run " + shell_quote(o.file);
-        if (o.result == Result::error) {
+        if (o.result == Result::error || o.result == Result::unavailable) {
           j.failure = o.message;
           j.error = true;
         }
@@ -300,6 +314,11 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
       } catch (const std::exception& error) {
         throw UsageError(error.what());
       }
+    }
+    if (unavailable) {
+      context.err << "tally: error: " << unavailable->message << " (at " << unavailable->file << ")\n";
+      context.exit_code = kExitInfra;
+      return;
     }
     if (errors > 0) {
       // One line for bad input; the ERROR lines above name every bad path.

@@ -341,8 +341,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       throw UsageError("--megatron-release runs tally's model of a release's rules; with --target " +
                        o.target.target + " the installed release itself runs (leave one out)");
     if (!o.manifests.empty())
-      if (std::optional<std::string> why = target->manifests_refusal())
-        throw UsageError("--manifests needs --backend sim (" + *why + ")");
+      if (std::optional<std::string> why = target->manifests_refusal()) throw UsageError("--manifests " + *why);
     run::CaseJob job;
     job.c = input_case(o);
     job.source = o.case_file;

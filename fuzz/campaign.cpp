@@ -43,6 +43,12 @@ std::string_view stop_name(CampaignResult::Stop stop) {
   return "?";
 }
 
+namespace {
+
+// The generator `options` pointed at what `opened` (the target `target` opened) runs: its world,
+// and for a real framework its release's limits, the faults it plants and Megatron's layout
+// corners (finding miscounts there is what a real campaign is for); GPT models only. Its
+// restriction holds `target`: the options live no longer than the campaign.
 CaseGenOptions aimed_at(CaseGenOptions options, run::Target& target, const run::TargetAbilities& opened) {
   if (opened.world > 0) options.topology.exact_world = opened.world;
   if (!opened.framework) return options;
@@ -52,8 +58,6 @@ CaseGenOptions aimed_at(CaseGenOptions options, run::Target& target, const run::
   options.restrict_to = [&target](casefile::Case c) { return target.within(std::move(c)); };
   return options;
 }
-
-namespace {
 
 // Runs `c` on `target`. A case the target refuses is an infra-error: the generator's restriction
 // (aimed_at) should have kept it out, so it is a bug of tally.
@@ -65,7 +69,7 @@ oracle::Verdict run_on(run::Target& target, const casefile::Case& c) {
     refused.infra_message = *why;
     return refused;
   }
-  return target.execute(c).verdict;
+  return target.execute(c, /*keep_record=*/false).verdict;
 }
 
 CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& target, const CaseRunner& run_one,

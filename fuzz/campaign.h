@@ -100,11 +100,6 @@ class CampaignObserver {
   virtual void infra_error(const InfraStop& /*stop*/) {}
 };
 
-// The generator `options` pointed at what `opened` (the target `target` opened) runs: its world,
-// and for a real framework its release's limits, the faults it plants and Megatron's layout
-// corners (finding miscounts there is what a real campaign is for); GPT models only.
-CaseGenOptions aimed_at(CaseGenOptions options, run::Target& target, const run::TargetAbilities& opened);
-
 // Runs the campaign on `target` (opened for options.world, its generator aimed at it) until a
 // bound is reached, a real framework's case (or a shrink candidate) gives an infrastructure error,
 // which stops it, or `stop` becomes true (checked between cases and between shrink candidates; the

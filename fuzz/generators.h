@@ -83,7 +83,7 @@ struct CaseGenOptions {
   // The picks are made all the same, so a campaign's other choices do not move.
   bool gpt_only = false;
   // Applied to every generated case and to every shrink of it: a real target's limits
-  // (run/megatron_core/rules.h). Empty: none.
+  // (run::Target::within). Empty: none.
   std::function<casefile::Case(casefile::Case)> restrict_to;
 };
 

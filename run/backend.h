@@ -35,8 +35,11 @@ class Backend {
   // The one world this backend runs (a job's process count times its ranks per process), or
   // 0 when every case brings its own (sim).
   virtual int world() const { return 0; }
+  // Why `c` does not fit this backend (an mpi job whose size is not the case's world); nullopt
+  // when it does.
+  virtual std::optional<std::string> misfit(const casefile::Case& /*c*/) const { return std::nullopt; }
   // Runs `c` on every rank of its topology and judges it. Throws casefile::InvalidCase when the case is
-  // invalid or does not fit the backend (an mpi job whose size is not the case's world).
+  // invalid, and NotRunnableHere when it does not fit the backend (misfit).
   virtual oracle::Verdict run(const casefile::Case& c, const oracle::JudgeOptions& judge) = 0;
 };
 
@@ -94,6 +97,7 @@ class MpiBackend final : public Backend {
   ~MpiBackend() override;
   std::string_view name() const override;
   int world() const override;
+  std::optional<std::string> misfit(const casefile::Case& c) const override;
   oracle::Verdict run(const casefile::Case& c, const oracle::JudgeOptions& judge) override;
   // Tells the other ranks to stop serving and to exit with `exit_code` (a failure ends the job).
   void finish(int exit_code);

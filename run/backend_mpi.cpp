@@ -119,20 +119,21 @@ std::string_view MpiBackend::name() const { return engine_->name(); }
 
 int MpiBackend::world() const { return session_.size() * engine_->ranks_per_process(); }
 
+std::optional<std::string> MpiBackend::misfit(const casefile::Case& c) const {
+  const int k = engine_->ranks_per_process();
+  if (c.topology.world == session_.size() * k) return std::nullopt;
+  if (k == 1)
+    return "the case has world " + std::to_string(c.topology.world) + " but the " + std::string(name()) +
+           " job has " + std::to_string(session_.size()) + " processes (mpirun -np must equal the case's world)";
+  return "the case has world " + std::to_string(c.topology.world) + " but the " + std::string(name()) +
+         " job runs " + std::to_string(session_.size()) + " processes x " + std::to_string(k) +
+         " ranks per GPU = " + std::to_string(session_.size() * k) +
+         " ranks (mpirun -np G with --ranks-per-gpu k must give G * k = world)";
+}
+
 oracle::Verdict MpiBackend::run(const casefile::Case& c, const oracle::JudgeOptions& judge) {
   if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
-  const int k = engine_->ranks_per_process();
-  if (c.topology.world != session_.size() * k) {
-    if (k == 1)
-      throw NotRunnableHere("the case has world " + std::to_string(c.topology.world) + " but the " +
-                            std::string(name()) + " job has " + std::to_string(session_.size()) +
-                            " processes (mpirun -np must equal the case's world)");
-    throw NotRunnableHere("the case has world " + std::to_string(c.topology.world) + " but the " +
-                          std::string(name()) + " job runs " + std::to_string(session_.size()) +
-                          " processes x " + std::to_string(k) + " ranks per GPU = " +
-                          std::to_string(session_.size() * k) +
-                          " ranks (mpirun -np G with --ranks-per-gpu k must give G * k = world)");
-  }
+  if (std::optional<std::string> why = misfit(c)) throw NotRunnableHere(*why);
   std::string message = "run\n" + casefile::case_to_text(c);
   gradnorm::PathResult result;
   std::vector<std::string> parts;

@@ -125,6 +125,13 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
     out.refused = (target.framework() ? who + " " + opened.version : who) + " cannot run this case: " + *why;
     return finish();
   }
+  if (job.more_cases_follow && target.hang_ends_the_job() && c.expect &&
+      c.expect->outcome == casefile::Expectation::Outcome::infra_error) {
+    out.refused = "it expects a hang, which ends this job instead of giving a verdict (and the cases after it)";
+    return finish();
+  }
+  if (!job.manifests.empty())
+    if (std::optional<std::string> why = target.manifests_refusal()) throw JobOutputError("--manifests " + *why);
   if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
   if (job.expect == CaseJob::Expect::pass) c.expect = casefile::Expectation{};
   if (job.expect == CaseJob::Expect::fail)
@@ -150,6 +157,8 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
           changed = changed || *section != c.target;
           c.target = *section;
         }
+      } catch (const TargetUnavailable&) {
+        throw;
       } catch (const std::exception& error) {
         throw JobOutputError(error.what());
       }

@@ -1,5 +1,5 @@
-// A case job: one case through a target, in the one order every command that runs a case uses
-// (`tally run`, `tally replay`; a campaign's failures follow the same order in fuzz/campaign.h):
+// A case job: one case through a target, in the one order the commands that run a given case use
+// (`tally run`, `tally replay`):
 //
 //   1. the case's framework against the target's (a case of another framework is refused, or,
 //      for a replay without a framework, judged from the manifests its file saved);
@@ -44,6 +44,9 @@ struct CaseJob {
   // A case of a framework, given to a target that is none: judge the manifests its case file
   // saved (next to `source`) instead of refusing it (`tally replay` without --target).
   bool judge_saved_runs = false;
+  // More cases follow this one in the same job (`tally replay`): a case expecting a hang is refused
+  // where a hang ends the whole job (Target::hang_ends_the_job), since it would end them too.
+  bool more_cases_follow = false;
 };
 
 struct CaseJobResult {
@@ -60,7 +63,9 @@ struct CaseJobResult {
 
 // Runs `job` on `target`. Throws casefile::InvalidCase for a case that breaks its own rules (and
 // NotRunnableHere where it does not fit a job's world), JobOutputError when `save` or `manifests`
-// cannot be written, and TargetUnavailable when the target cannot be opened.
+// cannot be written (or the target writes no manifests), and TargetUnavailable when the target
+// cannot be opened or its machinery fails. Nothing is written for a case that is refused or throws
+// before its run.
 CaseJobResult run_case_job(Target& target, CaseJob job);
 
 // The expectation a run showed: its outcome, the statistics it failed and the params it

@@ -31,13 +31,14 @@ class ModelTarget final : public Target {
   bool framework() const override { return false; }
   const TargetAbilities& open(int /*world*/) override { return abilities_; }
   std::optional<std::string> refusal_before_open(const casefile::Case&) const override { return std::nullopt; }
-  // On sim a hang is a verdict; on a process-per-rank backend it ends the whole job (exit 3), so a
-  // case that expects one would stop every case after it.
+  // A case of another world than an mpi or nccl job's is no case of this job: NotRunnableHere,
+  // before anything is saved.
   std::optional<std::string> refusal(const casefile::Case& c) override {
-    if (backend_.world() == 0 || !c.expect || c.expect->outcome != casefile::Expectation::Outcome::infra_error)
-      return std::nullopt;
-    return "it expects a hang, which ends a " + std::string(backend_.name()) + " job instead of giving a verdict";
+    if (std::optional<std::string> why = backend_.misfit(c)) throw NotRunnableHere(*why);
+    return std::nullopt;
   }
+  // On sim a hang is a verdict; on a process-per-rank backend the watchdog ends the whole job.
+  bool hang_ends_the_job() const override { return backend_.world() > 0; }
   casefile::Case within(casefile::Case c) override { return c; }
   casefile::Case from_flags(casefile::Case c) const override { return c; }
 
@@ -45,7 +46,8 @@ class ModelTarget final : public Target {
   // result on every rank that the manifests are made from.
   std::optional<std::string> manifests_refusal() const override {
     if (backend_.name() == "sim") return std::nullopt;
-    return "the " + std::string(backend_.name()) + " backend returns only the verdict, not each rank's decisions";
+    return "needs --backend sim (the " + std::string(backend_.name()) +
+           " backend returns only the verdict, not each rank's decisions)";
   }
 
   TargetRun execute(const casefile::Case& c, bool keep_record) override {

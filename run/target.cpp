@@ -14,8 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
-
 // A real framework through its workers, one per world (run/framework_worker.h).
 class WorkerTarget final : public Target {
  public:
@@ -32,7 +30,6 @@ class WorkerTarget final : public Target {
     abilities.version = hello.version;
     abilities.world = world;
     abilities.plants = hello.plants;
-    abilities.dtypes = hello.dtypes;
     abilities.framework = true;
     return opened_.emplace(world, std::move(abilities)).first->second;
   }
@@ -59,12 +56,20 @@ class WorkerTarget final : public Target {
   TargetRun execute(const casefile::Case& c, bool /*keep_record*/) override {
     const WorkerHello& hello = hello_of(c.topology.world);
     const std::string how = "re-executed by " + hello.framework + " " + hello.version;
-    WorkerRun r = pool_.execute(c);
+    WorkerRun r;
+    try {
+      r = pool_.execute(c);
+    } catch (const casefile::InvalidCase&) {
+      throw;
+    } catch (const std::exception& error) {
+      // A worker that died is restarted for the next case; one that cannot be is the machinery's
+      // failure, as is a request that cannot be written.
+      throw TargetUnavailable(error.what());
+    }
     TargetRun out;
     out.verdict = std::move(r.verdict);
     out.manifests = std::move(r.manifests);
     out.how = how;
-    out.seconds = r.seconds;
     return out;
   }
 

@@ -16,7 +16,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,8 +45,6 @@ struct TargetAbilities {
   int world = 0;
   // The catalog faults it can switch on, each with how, and the others with why not.
   FaultPlants plants;
-  // The gradient dtypes it computes in here ("fp32", "bf16", "fp16"); empty: every one.
-  std::vector<std::string> dtypes;
   // A real framework, unmodified: it may miscount with no fault planted, a run costs seconds,
   // and a run that gives no verdict is its machinery failing (a worker), not what the case does.
   bool framework = false;
@@ -59,7 +56,6 @@ struct TargetRun {
   std::optional<record::RunRecord> record;  // the model target's, when execute was asked to keep it
   std::string manifests;  // a real target's manifest folder; "" when it wrote none
   std::string how;        // how the verdict came about, where not by tally's model ("re-executed by ...")
-  double seconds = 0.0;   // from the request to the result
 };
 
 class Target {
@@ -81,8 +77,14 @@ class Target {
   virtual std::optional<std::string> refusal_before_open(const casefile::Case& c) const = 0;
 
   // Why the target, opened for c's world (opening it), does not run `c`: its release's rules and
-  // the faults it plants. Throws TargetUnavailable.
+  // the faults it plants. Throws TargetUnavailable, and NotRunnableHere where `c` does not fit an
+  // mpi or nccl job's world.
   virtual std::optional<std::string> refusal(const casefile::Case& c) = 0;
+
+  // Whether a run that hangs ends the whole job rather than giving a verdict (tally's model on an
+  // mpi or nccl job: the watchdog ends every process), so a case expecting a hang would end the
+  // cases after it too.
+  virtual bool hang_ends_the_job() const { return false; }
 
   // `c` within what the target, opened for c's world, runs: each generated case and each shrink
   // candidate. Throws TargetUnavailable.
@@ -91,14 +93,14 @@ class Target {
   // A case given by flags, as the target runs it (DeepSpeed: its section with its defaults).
   virtual casefile::Case from_flags(casefile::Case c) const = 0;
 
-  // Why a run's manifests cannot be written out (`tally run --manifests`); nullopt when they can.
+  // Why a run's manifests cannot be written out (`tally run --manifests`: "needs ..."); nullopt
+  // when they can.
   virtual std::optional<std::string> manifests_refusal() const = 0;
 
   // Runs `c`, which the target opened for its world does not refuse. `keep_record`: the model
   // target keeps the run's record (what its manifests are written from). Throws
-  // casefile::InvalidCase (NotRunnableHere where the case does not fit a job) and
-  // TargetUnavailable.
-  virtual TargetRun execute(const casefile::Case& c, bool keep_record = false) = 0;
+  // casefile::InvalidCase and TargetUnavailable (a worker that could not be restarted).
+  virtual TargetRun execute(const casefile::Case& c, bool keep_record) = 0;
 
   // The target section of `c` saved as a case file at `case_path` ("" when it is not saved):
   // the framework and release, and the manifests of its most recent failing (or kept) run copied

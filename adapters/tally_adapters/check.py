@@ -61,8 +61,8 @@ def judge_run(out_dir: str, *, tally: Optional[str] = None, timeout: float = 600
             outcome[0] = ("ok", judge_dir(out_dir, tally=tally, timeout=timeout))
         except GradNormMiscount as error:
             outcome[0] = ("miscount", str(error))
-        except TallyCannotJudge as error:
-            outcome[0] = ("cannot", str(error))
+        except Exception as error:  # noqa: BLE001 (every rank must reach the broadcast with a verdict)
+            outcome[0] = ("cannot", f"{type(error).__name__}: {error}")
     dist.broadcast_object_list(outcome, src=0)
     kind, report = outcome[0]
     if kind == "ok":

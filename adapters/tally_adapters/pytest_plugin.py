@@ -12,7 +12,10 @@ exactly once.
 
 In a distributed test (torchrun starting pytest on every rank, as Megatron's and DeepSpeed's
 suites run) every rank calls the fixture; rank 0 names one folder for the run's manifests and the
-others receive it, rank 0 judges, and every rank gets the same verdict. The tally binary is
+others receive it, rank 0 judges, and every rank gets the same verdict. A rank whose writer raises
+fails the test on every rank (the others are told, not left waiting in a collective). The folder
+is made under rank 0's temporary folder, so every rank must see rank 0's file system: one node,
+or `--basetemp` on a shared file system. The tally binary is
 `--tally PATH`, else $TALLY, else `tally` on the PATH; a missing binary fails the test with a
 message saying so, unless `--tally-skip-missing` asks to skip it instead.
 
@@ -47,6 +50,31 @@ def _distributed():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def _is_rank_zero() -> bool:
+    dist = _distributed()
+    return dist is None or dist.get_rank() == 0
+
+
+def _from_rank_zero(value):
+    """Rank 0's `value`, on every rank."""
+    dist = _distributed()
+    if dist is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _failed_ranks(failed_here: bool):
+    """The ranks that say they failed (every rank calls it)."""
+    dist = _distributed()
+    if dist is None:
+        return [0] if failed_here else []
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, failed_here)
+    return [rank for rank, failed in enumerate(everyone) if failed]
+
+
 class TallyGradNorm:
     """What the fixture gives a test: one call per checked step."""
 
@@ -72,14 +100,31 @@ class TallyGradNorm:
         then judges the run with `tally check`. Returns tally's report when every element was
         counted exactly once; raises GradNormMiscount (an AssertionError: the test fails with
         tally's diagnosis) when not, and fails the test when tally could not judge."""
-        try:
-            binary = find_tally(self.tally)
-        except TallyCannotJudge as error:
+        # Rank 0 runs tally: its lookup decides for every rank.
+        missing = None
+        if _is_rank_zero():
+            try:
+                self.tally = find_tally(self.tally)
+            except TallyCannotJudge as error:
+                missing = str(error)
+        missing = _from_rank_zero(missing)
+        if missing is not None:
             if self.skip_missing:
-                pytest.skip(str(error))
-            pytest.fail(str(error), pytrace=False)
+                pytest.skip(missing)
+            pytest.fail(missing, pytrace=False)
         out_dir = self._folder()
-        write(out_dir)
+        failure = None
+        try:
+            write(out_dir)
+        except Exception as error:  # noqa: BLE001 (reported on every rank below)
+            failure = error
+        failed = _failed_ranks(failure is not None)
+        if failure is not None:
+            raise failure
+        if failed:
+            pytest.fail(f"rank(s) {failed} failed to write their manifests into {out_dir} (see their output)",
+                        pytrace=False)
+        binary = self.tally
         try:
             if _distributed() is None:
                 return judge_dir(out_dir, tally=binary, timeout=timeout)

@@ -57,10 +57,6 @@ class Worker:
         """The gradient dtypes the framework computes in on this machine; None: every one."""
         return None
 
-    def hello_extra(self) -> Dict[str, object]:
-        """More of the hello (docs/real-targets.md), where the framework has more to say."""
-        return {}
-
     def execute(self, request: Request) -> None:
         """Runs the case on this rank and writes its manifests to request.manifests_dir; raises
         when the framework refuses the case or the worker fails on it."""
@@ -89,7 +85,6 @@ class Worker:
         dtypes = self.dtypes()
         if dtypes is not None:
             hello["dtypes"] = dtypes
-        hello.update(self.hello_extra())
         return hello
 
 
@@ -123,7 +118,7 @@ def run(worker_class, argv=None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    name = worker_class.__module__
+    name = f"tally's {worker_class.framework} worker"
     if devices == 0 and worker_class.needs_gpu:
         print(f"{name}: no CUDA device ({worker_class.framework} builds its models on one)", file=sys.stderr)
         return 2

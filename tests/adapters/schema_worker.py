@@ -14,7 +14,11 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "run", "fake_torch"), os.path.join(HERE, "..", "..", "adapters")]
+sys.path.insert(0, os.path.join(HERE, "..", "run", "fake_torch"))
+try:  # the installed package (ci/python-test), else the checkout's
+    import tally_adapters  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters"))
 
 from tally_adapters.queue import serve  # noqa: E402
 from tally_adapters.worker import Worker, parse_args  # noqa: E402

@@ -104,8 +104,8 @@ class HelloTest(SchemaTest):
 
     def test_a_field_the_schema_does_not_name_fails(self):
         class Chatty(StandIn):
-            def hello_extra(self):
-                return {"gpu_name": "NVIDIA H200"}
+            def hello(self):
+                return dict(super().hello(), gpu_name="NVIDIA H200")
 
         self.assertInvalidNaming("hello", Chatty("gloo", 0, 2).hello(), "gpu_name")
 

@@ -11,7 +11,6 @@ import fault_catalog  # noqa: E402
 import tally_adapters.deepspeed.recording as td  # noqa: E402
 import tally_adapters.deepspeed.worker as worker  # noqa: E402
 import tally_adapters.queue as queue  # noqa: E402
-import tally_adapters.queue as worker_queue  # noqa: E402
 from tally_adapters.manifest import write_atomically  # noqa: E402
 
 
@@ -332,16 +331,16 @@ class TheEngineConfigurationComesFromTally(unittest.TestCase):
     by run/deepspeed/engine.cpp, the same function `tally show` prints): it has none of its own."""
 
     def test_the_worker_reads_the_configuration_tally_sent(self):
-        with tempfile.TemporaryDirectory() as queue:
+        with tempfile.TemporaryDirectory() as q:
             config = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}, "bf16": {"enabled": True}}
-            with open(os.path.join(queue, "case-4.engine.json"), "w") as f:
+            with open(os.path.join(q, "case-4.engine.json"), "w") as f:
                 json.dump(config, f)
-            self.assertEqual(worker_queue.Request(queue, 4, {}).engine_config(), config)
+            self.assertEqual(queue.Request(q, 4, {}).engine_config(), config)
 
     def test_a_case_without_its_configuration_is_refused_naming_the_file(self):
-        with tempfile.TemporaryDirectory() as queue:
+        with tempfile.TemporaryDirectory() as q:
             with self.assertRaisesRegex(FileNotFoundError, r"case-2\.engine\.json: tally sent no engine configuration"):
-                worker_queue.Request(queue, 2, {}).engine_config()
+                queue.Request(q, 2, {}).engine_config()
 
     def test_show_prints_the_configuration_with_every_key(self):
         import subprocess

@@ -216,6 +216,43 @@ TEST(CaseJob, TheModelTargetWritesTheManifestsOfItsRun) {
   EXPECT_FALSE(r.c.target) << "tally's model names no framework";
 }
 
+TEST(CaseJob, ACaseExpectingAHangIsRefusedOnlyWhereItWouldEndTheCasesAfterIt) {
+  RunnerTarget target(fails, 2);
+  target.hang_ends_job = true;  // tally's model on an mpi job
+  CaseJob job;
+  job.c = founding_case();
+  job.c.expect = casefile::Expectation{casefile::Expectation::Outcome::infra_error, {}, {}};
+  job.more_cases_follow = true;  // tally replay
+  const CaseJobResult replayed = run_case_job(target, job);
+  ASSERT_TRUE(replayed.refused);
+  EXPECT_NE(replayed.refused->find("it expects a hang"), std::string::npos) << *replayed.refused;
+  EXPECT_TRUE(target.executed.empty());
+
+  job.more_cases_follow = false;  // tally run: nothing after it to lose
+  EXPECT_FALSE(run_case_job(target, job).refused);
+  target.hang_ends_job = false;  // sim: a hang is a verdict
+  job.more_cases_follow = true;
+  EXPECT_FALSE(run_case_job(target, job).refused);
+}
+
+TEST(CaseJob, ManifestsOfATargetThatWritesNoneAreAnOutputErrorBeforeAnythingIsSaved) {
+  const std::string file = fresh_dir("no-manifests") + "/case.json";
+  RunnerTarget target(passes, 2);
+  target.no_manifests = "needs --backend sim (the mpi backend returns only the verdict)";
+  CaseJob job;
+  job.c = founding_case();
+  job.save = file;
+  job.manifests = fresh_dir("no-manifests") + "/run";
+  try {
+    run_case_job(target, job);
+    FAIL() << "manifests asked of a target that writes none";
+  } catch (const JobOutputError& error) {
+    EXPECT_EQ(std::string(error.what()), "--manifests needs --backend sim (the mpi backend returns only the verdict)");
+  }
+  EXPECT_FALSE(fs::exists(file));
+  EXPECT_TRUE(target.executed.empty());
+}
+
 TEST(CaseJob, AFileThatCannotBeWrittenIsAnOutputErrorNamingIt) {
   RunnerTarget target(passes, 2);
   const std::string blocked = fresh_dir("blocked") + "/a-file";

@@ -180,6 +180,22 @@ TEST(WorkerPool, AWorkerThatDiesIsAnInfraErrorAndIsRestartedForTheNextCase) {
   EXPECT_NE(second.verdict.infra_message.find("during case-1"), std::string::npos) << second.verdict.infra_message;
 }
 
+// Through the target (run/target.h): a worker that dies is an infra-error verdict; one that then
+// cannot be restarted leaves the target unavailable (exit 3), not a verdict or bad input.
+TEST(WorkerTarget, AWorkerThatCannotBeRestartedLeavesTheTargetUnavailable) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "die-for-good");
+  const std::unique_ptr<Target> target = framework_target(*framework_target("megatron-core"), stand_in_options());
+  EXPECT_EQ(target->open(2).version, "0.19.2");
+  const TargetRun first = target->execute(founding_case(), false);
+  EXPECT_EQ(first.verdict.kind, oracle::Verdict::Kind::infra_error);
+  try {
+    target->execute(founding_case(), false);
+    FAIL() << "a worker that never came back gave a verdict";
+  } catch (const TargetUnavailable& error) {
+    EXPECT_NE(std::string(error.what()).find("exited before it was up"), std::string::npos) << error.what();
+  }
+}
+
 TEST(WorkerPool, ACaseThatTakesTooLongIsAnInfraErrorNamingTheTimeout) {
   const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "hang");
   WorkerOptions o = stand_in_options();

@@ -9,7 +9,8 @@
 #   model_worker.sh TALLY WORLD --queue DIR --parent-pid PID
 #
 # TALLY_TEST_WORKER_FAULT=NAME plants that catalog fault in every case (the "framework"
-# miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =error reports an error for
+# miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =die-for-good does so and never
+# comes up again (a later start exits before hello), =error reports an error for
 # every case, =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
 # =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Hellos tally
@@ -48,6 +49,11 @@ case $mode in
   slow-start) exec sleep 3600 ;;
   fifo-hello) mkfifo "$queue/hello.json"; exec sleep 3600 ;;
 esac
+# The pool's folder holds every start's queue: a mark there outlives this start.
+if [ "$mode" = die-for-good ] && [ -e "$(dirname "$queue")/died" ]; then
+  echo "model_worker.sh: died for good, as asked"
+  exit 4
+fi
 if [ "$mode" = no-hello ]; then
   echo "model_worker.sh: leaving before hello, as asked"
   echo "ValueError: device_id cuda:1 is out of range (as a rank's own error)"
@@ -92,6 +98,7 @@ while :; do
   done
   case $mode in
     die) exit 5 ;;
+    die-for-good) : >"$(dirname "$queue")/died"; exit 5 ;;
     long-line)
       # A progress bar without newlines, then a Python error as long.
       head -c 100000 /dev/zero | tr '\0' '#'

@@ -41,7 +41,8 @@ class RunnerTarget final : public run::Target {
   }
   casefile::Case within(casefile::Case c) override { return c; }
   casefile::Case from_flags(casefile::Case c) const override { return c; }
-  std::optional<std::string> manifests_refusal() const override { return std::nullopt; }
+  bool hang_ends_the_job() const override { return hang_ends_job; }
+  std::optional<std::string> manifests_refusal() const override { return no_manifests; }
   run::TargetRun execute(const casefile::Case& c, bool) override {
     executed.push_back(c);
     run::TargetRun out;
@@ -55,6 +56,8 @@ class RunnerTarget final : public run::Target {
   }
 
   std::function<std::optional<std::string>(const casefile::Case&)> refuses_before_open, refuses;
+  bool hang_ends_job = false;
+  std::optional<std::string> no_manifests;  // manifests_refusal's answer
   int opened = 0;
   std::vector<casefile::Case> executed;
   std::vector<std::string> saved_at;  // each saved_section's path
