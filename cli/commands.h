@@ -26,6 +26,7 @@ void add_show_command(CLI::App& app, CommandContext& context);
 void add_replay_command(CLI::App& app, CommandContext& context);
 void add_fuzz_command(CLI::App& app, CommandContext& context);
 void add_mutants_command(CLI::App& app, CommandContext& context);
+void add_sweep_command(CLI::App& app, CommandContext& context);
 void add_check_command(CLI::App& app, CommandContext& context);
 
 // `word` as a shell reads it back: as it is when it is plain, else single-quoted.

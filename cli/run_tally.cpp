@@ -44,6 +44,7 @@ int dispatch_command(int argc, const char* const* argv, std::ostream& out, std::
   add_replay_command(app, context);
   add_fuzz_command(app, context);
   add_mutants_command(app, context);
+  add_sweep_command(app, context);
   add_check_command(app, context);
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;

@@ -41,6 +41,9 @@ class ModelTarget final : public Target {
   bool hang_ends_the_job() const override { return backend_.world() > 0; }
   casefile::Case within(casefile::Case c) override { return c; }
   casefile::Case from_flags(casefile::Case c) const override { return c; }
+  std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const override {
+    return optimizer_variants(base);
+  }
 
   // The mpi and nccl backends bring back only the verdict to this process, not the path's
   // result on every rank that the manifests are made from.

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "run/deepspeed/target_row.h"
+#include "vocab/optimizer_models.h"
 #include "run/megatron_core/target_row.h"
 
 namespace tally::run {
@@ -50,6 +51,9 @@ class WorkerTarget final : public Target {
   }
 
   casefile::Case from_flags(casefile::Case c) const override { return row_.from_flags(std::move(c)); }
+  std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const override {
+    return row_.sweep_variants(base);
+  }
 
   std::optional<std::string> manifests_refusal() const override { return std::nullopt; }
 
@@ -151,6 +155,16 @@ std::string framework_names(std::string_view separator) {
 
 std::unique_ptr<Target> framework_target(const FrameworkTarget& row, WorkerOptions options) {
   return std::make_unique<WorkerTarget>(row, std::move(options));
+}
+
+std::vector<std::pair<std::string, casefile::Case>> optimizer_variants(const casefile::Case& base) {
+  std::vector<std::pair<std::string, casefile::Case>> out;
+  for (const vocab::OptimizerModelInfo& info : vocab::optimizer_models()) {
+    casefile::Case c = base;
+    c.path.optimizer = info.model;
+    out.emplace_back(std::string(info.name), std::move(c));
+  }
+  return out;
 }
 
 std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants) {

@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -93,6 +95,10 @@ class Target {
   // A case given by flags, as the target runs it (DeepSpeed: its section with its defaults).
   virtual casefile::Case from_flags(casefile::Case c) const = 0;
 
+  // The cases a sweep runs for one layout and model (`base`: the plain optimizer, fp32 gradients,
+  // clipping at 1): one per value of the target's own axis, each named ("layerwise", "zero2-bf16").
+  virtual std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const = 0;
+
   // Why a run's manifests cannot be written out (`tally run --manifests`: "needs ..."); nullopt
   // when they can.
   virtual std::optional<std::string> manifests_refusal() const = 0;
@@ -134,6 +140,11 @@ struct FrameworkTarget {
   std::optional<nlohmann::ordered_json> (*engine_config)(const casefile::Case& c);
   // One line of what the worker gives the framework, for `tally show` ("" for none).
   std::string (*model_description)(const casefile::Case& c);
+  // A sweep's cases of one layout and model (Target::sweep_variants).
+  std::vector<std::pair<std::string, casefile::Case>> (*sweep_variants)(const casefile::Case& base);
+  // The framework's code that computes `c`'s norm ("layerwise", "DeepSpeedZeroOptimizer"): what a
+  // known finding is tied to (fuzz/known.h), so a defect found again on that code is known.
+  std::string (*norm_code)(const casefile::Case& c);
 };
 
 // Every real target, in the order --help lists them: each row is defined in its framework's folder
@@ -154,6 +165,10 @@ std::string framework_names(std::string_view separator = ", ");
 // engine configuration is the row's). Throws std::runtime_error when the work folder cannot be
 // made.
 std::unique_ptr<Target> framework_target(const FrameworkTarget& row, WorkerOptions options);
+
+// `base` under each of tally's optimizer models, named by them ("plain", "distributed", ...): the
+// sweep axis of tally's model and of megatron-core.
+std::vector<std::pair<std::string, casefile::Case>> optimizer_variants(const casefile::Case& base);
 
 // Why a worker cannot plant fault `name` (its own reason, where it gives one); nullopt when it can.
 std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants);

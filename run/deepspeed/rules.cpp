@@ -345,4 +345,34 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   return c;
 }
 
+std::string deepspeed_norm_code(const casefile::Case& c) {
+  const casefile::DeepSpeedConfig d = c.deepspeed.value_or(casefile::DeepSpeedConfig{});
+  const bool sixteen = c.path.gradients.generator.dtype != Dtype::fp32;
+  // With pipeline parallelism, bf16 at ZeRO 0 is BF16_Optimizer too (DeepSpeed's sanity check).
+  const bool pipelined_bf16 = c.topology.pp > 1 && d.zero_stage == 0 && c.path.gradients.generator.dtype == Dtype::bf16;
+  std::string code = (d.zero_stage == 1 && d.grad_accum_fp32 && sixteen) || pipelined_bf16 ? "BF16_Optimizer"
+                     : d.zero_stage == 0 ? (!sixteen ? "clip_grad_norm_" : d.fused_adam ? "FP16_Optimizer" : "FP16_UnfusedOptimizer")
+                     : d.zero_stage == 3 ? "DeepSpeedZeroOptimizer_Stage3"
+                     : d.offload_optimizer ? "DeepSpeedZeroOptimizer CPU offload"
+                                           : "DeepSpeedZeroOptimizer";
+  // AutoTP and AutoEP shard the model with DeepSpeed's own code: a defect there is theirs.
+  if (d.autotp) code += " with AutoTP";
+  if (d.autoep) code += d.autotp ? " and AutoEP" : " with AutoEP";
+  return code;
+}
+
+std::vector<std::pair<std::string, casefile::Case>> deepspeed_sweep_variants(const casefile::Case& base) {
+  std::vector<std::pair<std::string, casefile::Case>> out;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (kernels::Dtype dtype : {kernels::Dtype::fp32, kernels::Dtype::bf16}) {
+      casefile::Case c = base;
+      c.path.optimizer = vocab::OptimizerModel::plain;
+      c.path.gradients.generator.dtype = dtype;
+      c.deepspeed = casefile::DeepSpeedConfig{};
+      c.deepspeed->zero_stage = stage;
+      out.emplace_back("zero" + std::to_string(stage) + "-" + std::string(kernels::dtype_name(dtype)), std::move(c));
+    }
+  return out;
+}
+
 }  // namespace tally::run

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "casefile/case.h"
@@ -44,5 +45,16 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
 casefile::Case within_deepspeed(casefile::Case c, std::string_view version, const FaultPlants& plants,
                                 std::uint64_t draw, const std::vector<std::string>& dtypes = {},
                                 bool megatron_model_rules = false);
+
+// The DeepSpeed code that computes the norm of `c` (which has a deepspeed section):
+// "clip_grad_norm_", "FP16_UnfusedOptimizer", "FP16_Optimizer", "BF16_Optimizer",
+// "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer CPU offload" or "DeepSpeedZeroOptimizer_Stage3",
+// then " with AutoTP", " with AutoEP" or " with AutoTP and AutoEP" where DeepSpeed shards the model.
+std::string deepspeed_norm_code(const casefile::Case& c);
+
+// `base` on each of DeepSpeed's engine paths a sweep covers: ZeRO 0 to 3, each in fp32 and bf16
+// ("zero0-fp32", ..., "zero3-bf16"), the plain optimizer model; the worker's refusals decide
+// which run.
+std::vector<std::pair<std::string, casefile::Case>> deepspeed_sweep_variants(const casefile::Case& base);
 
 }  // namespace tally::run

@@ -32,6 +32,8 @@ constexpr FrameworkTarget kDeepSpeed{
       return deepspeed_engine_config(c);
     },
     [](const casefile::Case& c) { return c.deepspeed ? deepspeed_model_description(c) : std::string(); },
+    deepspeed_sweep_variants,
+    deepspeed_norm_code,
 };
 
 }  // namespace

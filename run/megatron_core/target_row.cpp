@@ -1,6 +1,7 @@
 #include "run/megatron_core/target_row.h"
 
 #include "run/megatron_core/rules.h"
+#include "vocab/optimizer_models.h"
 
 namespace tally::run {
 
@@ -22,6 +23,8 @@ constexpr FrameworkTarget kMegatronCore{
     [](const casefile::Case&) { return false; },
     [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
     [](const casefile::Case&) { return std::string(); },
+    optimizer_variants,
+    [](const casefile::Case& c) { return std::string(vocab::optimizer_model_name(c.path.optimizer)); },
 };
 
 }  // namespace

@@ -41,6 +41,9 @@ class RunnerTarget final : public run::Target {
   }
   casefile::Case within(casefile::Case c) override { return c; }
   casefile::Case from_flags(casefile::Case c) const override { return c; }
+  std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const override {
+    return run::optimizer_variants(base);
+  }
   bool hang_ends_the_job() const override { return hang_ends_job; }
   std::optional<std::string> manifests_refusal() const override { return no_manifests; }
   run::TargetRun execute(const casefile::Case& c, bool) override {

@@ -1,0 +1,429 @@
+// tally sweep: every layout of one world on a target, one case per layout, feature and target
+// axis (fuzz/sweep.h); resumable, shardable, with a JUnit file, an HTML index and known findings.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "casefile/case_file.h"
+#include "cli/backend_flags.h"
+#include "cli/campaign_output.h"
+#include "cli/commands.h"
+#include "cli/html_report.h"
+#include "cli/number_flags.h"
+#include "cli/path_flags.h"
+#include "cli/target_flags.h"
+#include "cli/usage_error.h"
+#include "fuzz/junit.h"
+#include "fuzz/known.h"
+#include "fuzz/sweep.h"
+#include "io/atomic_file.h"
+#include "io/json_read.h"
+#include "topologies/parallel_config.h"
+
+namespace tally::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using fuzz::SweepResult;
+
+struct SweepOptions {
+  int world = 0;
+  std::vector<std::string> features;
+  std::string shard;  // "I/N"
+  std::string corpus = "tally-sweep";
+  std::string state;  // default: <corpus>/sweep-state[-shard-I-of-N].json
+  bool fresh = false;
+  std::string junit;
+  std::string html;
+  std::string known;  // "": seeds/real where it exists
+  bool no_known = false;
+  bool json = false;
+  std::vector<std::string> merge;
+  TargetOptions target;
+};
+
+// "2/8" -> {2, 8}. Throws UsageError naming --shard.
+std::pair<int, int> parse_shard(const std::string& text) {
+  const std::size_t slash = text.find('/');
+  const auto number = [&](const std::string& part) {
+    if (whole_number_error(part, 0, 1 << 20)) throw UsageError("--shard '" + text + "': expected I/N with 0 <= I < N, e.g. 0/4");
+    return std::stoi(part);
+  };
+  if (slash == std::string::npos) throw UsageError("--shard '" + text + "': expected I/N with 0 <= I < N, e.g. 0/4");
+  const int i = number(text.substr(0, slash)), n = number(text.substr(slash + 1));
+  if (n < 1 || i >= n) throw UsageError("--shard '" + text + "': expected I/N with 0 <= I < N, e.g. 0/4");
+  return {i, n};
+}
+
+std::vector<fuzz::SweepFeature> parse_features(const std::vector<std::string>& names) {
+  std::vector<fuzz::SweepFeature> out;
+  std::string all;
+  for (fuzz::SweepFeature f : fuzz::kAllSweepFeatures) all += (all.empty() ? "" : ", ") + std::string(fuzz::sweep_feature_name(f));
+  for (const std::string& name : names) {
+    const auto it = std::find_if(std::begin(fuzz::kAllSweepFeatures), std::end(fuzz::kAllSweepFeatures),
+                                 [&](fuzz::SweepFeature f) { return fuzz::sweep_feature_name(f) == name; });
+    if (it == std::end(fuzz::kAllSweepFeatures)) throw UsageError("--features '" + name + "' is not a feature (" + all + ")");
+    out.push_back(*it);
+  }
+  return out;
+}
+
+std::string minutes_text(double seconds) {
+  const long s = static_cast<long>(seconds + 0.5);
+  return s >= 60 ? std::to_string(s / 60) + "m" + (s % 60 < 10 ? "0" : "") + std::to_string(s % 60) + "s"
+                 : std::to_string(s) + "s";
+}
+
+struct Counts {
+  std::int64_t pass = 0, fail_new = 0, fail_known = 0, refused = 0, infra = 0;
+  std::map<std::string, std::int64_t> known_by_name, refused_by_reason;
+};
+
+Counts count(const std::vector<SweepResult>& results) {
+  Counts c;
+  for (const SweepResult& r : results) switch (r.outcome) {
+      case SweepResult::Outcome::pass: ++c.pass; break;
+      case SweepResult::Outcome::fail:
+        if (r.known.empty()) {
+          ++c.fail_new;
+        } else {
+          ++c.fail_known;
+          ++c.known_by_name[r.known];
+        }
+        break;
+      case SweepResult::Outcome::refused: ++c.refused; ++c.refused_by_reason[r.detail]; break;
+      case SweepResult::Outcome::infra_error: ++c.infra; break;
+    }
+  return c;
+}
+
+void print_summary(std::ostream& out, const fuzz::SweepReport& report, double seconds) {
+  const Counts c = count(report.results);
+  out << "summary: world " << report.world << ", " << report.target << " " << report.version << ": "
+      << report.configurations << " configurations, " << report.layouts << " layouts, " << report.results.size()
+      << " cases";
+  if (report.shards > 1) out << " (shard " << report.shard << "/" << report.shards << " of " << report.total_cases << ")";
+  if (seconds > 0) out << " in " << minutes_text(seconds);
+  out << "\n  passed " << c.pass << ", failed " << c.fail_new + c.fail_known << " (new " << c.fail_new << ", known "
+      << c.fail_known << "), refused " << c.refused << ", infrastructure errors " << c.infra << '\n';
+  for (const auto& [name, n] : c.known_by_name) out << "  known " << name << ": " << n << '\n';
+  std::vector<std::pair<std::int64_t, std::string>> reasons;
+  for (const auto& [reason, n] : c.refused_by_reason) reasons.emplace_back(n, reason);
+  std::sort(reasons.rbegin(), reasons.rend());
+  for (std::size_t i = 0; i < reasons.size() && i < 8; ++i)
+    out << "  refused " << reasons[i].first << "x: " << reasons[i].second << '\n';
+  if (reasons.size() > 8) out << "  refused for " << reasons.size() - 8 << " more reasons (the JSON report lists each)\n";
+  for (const SweepResult& r : report.results)
+    if ((r.outcome == SweepResult::Outcome::fail && r.known.empty()) || r.outcome == SweepResult::Outcome::infra_error)
+      out << "  " << (r.outcome == SweepResult::Outcome::fail ? "NEW " : "INFRA ") << r.id << ": " << r.detail
+          << (r.case_file.empty() ? "" : "; tally replay " + shell_quote(r.case_file)) << '\n';
+}
+
+std::vector<fuzz::JunitCase> junit_cases(const fuzz::SweepReport& report) {
+  std::vector<fuzz::JunitCase> out;
+  for (const SweepResult& r : report.results) {
+    fuzz::JunitCase j;
+    j.name = r.id;
+    j.classname = "tally.sweep." + report.target + ".world" + std::to_string(report.world);
+    j.seconds = r.seconds;
+    switch (r.outcome) {
+      case SweepResult::Outcome::pass: break;
+      case SweepResult::Outcome::refused: j.name += " (refused: " + r.detail + ")"; break;  // JUnit has no skip here
+      case SweepResult::Outcome::fail:
+        if (!r.known.empty()) {
+          j.name += " (known finding " + r.known + ")";
+          break;
+        }
+        j.failure = r.detail + (r.case_file.empty() ? "" : "\nreplay: tally replay " + r.case_file);
+        break;
+      case SweepResult::Outcome::infra_error:
+        j.failure = r.detail;
+        j.error = true;
+        break;
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// index.html: the sweep's summary, its failures (new first) with links to their pages, and every
+// case's outcome.
+void write_html_index(const std::string& dir, const fuzz::SweepReport& report) {
+  std::ostringstream summary;
+  print_summary(summary, report, 0.0);
+  std::ostringstream page;
+  page << "<!doctype html><html><head><meta charset=\"utf-8\"><title>tally sweep: world " << report.world << ", "
+       << html_escape(report.target) << " " << html_escape(report.version) << "</title><style>"
+       << "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+          "padding:2px 6px;text-align:left}.fail{background:#fdd}.known{background:#ffd}.infra-error{background:#fcf}"
+          ".refused{color:#777}</style></head><body><h1>tally sweep: world "
+       << report.world << ", " << html_escape(report.target) << " " << html_escape(report.version) << "</h1><pre>"
+       << html_escape(summary.str()) << "</pre><table><tr><th>case</th><th>outcome</th><th>detail</th><th>s</th></tr>";
+  for (const SweepResult& r : report.results) {
+    const std::string css = r.outcome == SweepResult::Outcome::fail && !r.known.empty()
+                                ? "known"
+                                : std::string(fuzz::sweep_outcome_name(r.outcome));
+    const bool has_page = fs::exists(fs::path(dir) / (r.id + ".html"));
+    page << "<tr class=\"" << css << "\"><td>"
+         << (has_page ? "<a href=\"" + html_escape(r.id) + ".html\">" + html_escape(r.id) + "</a>" : html_escape(r.id))
+         << "</td><td>" << html_escape(css) << "</td><td>" << html_escape(r.known.empty() ? r.detail : r.detail + " (known: " + r.known + ")")
+         << "</td><td>" << static_cast<long>(r.seconds * 100 + 0.5) / 100.0 << "</td></tr>";
+  }
+  page << "</table></body></html>\n";
+  io::write_file_atomically((fs::path(dir) / "index.html").string(), page.str(), "HTML index");
+}
+
+fuzz::SweepReport read_report_file(const std::string& file) {
+  try {
+    return fuzz::read_sweep_report(io::read_bounded_file(file, std::size_t{1} << 30, "sweep report"), file);
+  } catch (const std::exception& error) {
+    throw UsageError(error.what());
+  }
+}
+
+void write_outputs(const SweepOptions& o, const fuzz::SweepReport& report) {
+  if (!o.junit.empty()) fuzz::write_junit(o.junit, "tally sweep", junit_cases(report));
+  if (!o.html.empty()) write_html_index(o.html, report);
+}
+
+int exit_code_of(const fuzz::SweepReport& report) {
+  const Counts c = count(report.results);
+  return c.infra > 0 ? kExitInfra : c.fail_new > 0 ? kExitFail : kExitPass;
+}
+
+void run_merge(const SweepOptions& o, CommandContext& context) {
+  std::vector<fuzz::SweepReport> shards;
+  for (const std::string& file : o.merge) shards.push_back(read_report_file(file));
+  fuzz::SweepReport merged;
+  try {
+    merged = fuzz::merge_sweep_reports(shards);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(std::string("--merge: ") + error.what());
+  }
+  write_outputs(o, merged);
+  if (o.json) context.out << fuzz::sweep_report_json(merged).dump() << '\n';
+  else print_summary(context.out, merged, 0.0);
+  context.exit_code = exit_code_of(merged);
+}
+
+void run_sweep(const SweepOptions& o, CommandContext& context) {
+  if (!o.merge.empty()) return run_merge(o, context);
+  if (o.world < 1) throw UsageError("--world is required: the world whose every layout is swept");
+  const auto [shard, shards] = o.shard.empty() ? std::pair<int, int>{0, 1} : parse_shard(o.shard);
+  if (std::optional<std::string> error = output_folder_error(o.corpus)) throw UsageError("--corpus: " + *error);
+  if (!o.html.empty()) {
+    if (std::optional<std::string> error = output_folder_error(o.html)) throw UsageError("--html: " + *error);
+    std::error_code error;
+    fs::create_directories(o.html, error);
+    if (error) throw UsageError("--html " + o.html + ": cannot create the folder (" + error.message() + ")");
+  }
+  const std::vector<fuzz::SweepFeature> features = parse_features(o.features);
+
+  std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err);
+  const run::TargetAbilities* opened = open_or_report(*target, o.world, context.err);
+  if (!opened) {
+    context.exit_code = kExitInfra;
+    return;
+  }
+  std::vector<fuzz::KnownFinding> known;
+  if (opened->framework && !o.no_known) {
+    const std::string dir = !o.known.empty() ? o.known : fs::is_directory("seeds/real") ? "seeds/real" : "";
+    if (!dir.empty()) {
+      try {
+        known = fuzz::load_known(dir, opened->name, opened->version);
+      } catch (const std::exception& error) {
+        throw UsageError(error.what());
+      }
+      if (!o.json) context.out << "known findings: " << known.size() << " of " << opened->name << " " << opened->version
+                               << " in " << dir << '\n';
+    }
+  }
+
+  fuzz::SweepOptions plan_options;
+  plan_options.world = o.world;
+  plan_options.features = features;
+  plan_options.shard = shard;
+  plan_options.shards = shards;
+  const fuzz::SweepPlan plan = fuzz::plan_sweep(plan_options, *target);
+
+  fuzz::SweepReport report;
+  report.world = o.world;
+  report.target = opened->name;
+  report.version = opened->version;
+  for (fuzz::SweepFeature f : features.empty() ? std::vector<fuzz::SweepFeature>(std::begin(fuzz::kAllSweepFeatures),
+                                                                                 std::end(fuzz::kAllSweepFeatures))
+                                               : features)
+    report.features.emplace_back(fuzz::sweep_feature_name(f));
+  report.shard = shard;
+  report.shards = shards;
+  report.configurations = plan.layouts.configurations;
+  report.layouts = static_cast<std::int64_t>(plan.layouts.layouts.size());
+  report.total_cases = plan.total_cases;
+  report.features_not_applicable = plan.features_not_applicable;
+
+  // The state: resumed when it is of this sweep, refused when it is of another.
+  const std::string state = !o.state.empty() ? o.state
+                            : (fs::path(o.corpus) / (shards > 1 ? "sweep-state-shard-" + std::to_string(shard) + "-of-" +
+                                                                      std::to_string(shards) + ".json"
+                                                                : std::string("sweep-state.json")))
+                                  .string();
+  std::map<std::int64_t, SweepResult> done;
+  if (!o.fresh && fs::exists(state)) {
+    const fuzz::SweepReport previous = read_report_file(state);
+    if (previous.world != report.world || previous.target != report.target || previous.version != report.version ||
+        previous.features != report.features || previous.shard != shard || previous.shards != shards)
+      throw UsageError("--state " + state + " is of another sweep (" + previous.target + " " + previous.version +
+                       ", world " + std::to_string(previous.world) + ", shard " + std::to_string(previous.shard) + "/" +
+                       std::to_string(previous.shards) + "): use --fresh to start over, or another --state");
+    for (const SweepResult& r : previous.results) done.emplace(r.index, r);
+  }
+  // Rewritten after a failure and at most every two seconds otherwise: a kill loses little, and a
+  // sweep of thousands of fast cases does not rewrite its state thousands of times.
+  auto last_save = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  const auto save_state = [&] {
+    last_save = std::chrono::steady_clock::now();
+    report.results.clear();
+    for (const auto& [index, r] : done) report.results.push_back(r);
+    fs::create_directories(fs::path(state).parent_path().empty() ? fs::path(".") : fs::path(state).parent_path());
+    io::write_file_atomically(state, fuzz::sweep_report_json(report).dump(1) + "\n", "sweep state");
+  };
+
+  std::ostream& out = context.out;
+  const bool terminal = &out == &std::cout && ::isatty(STDOUT_FILENO) == 1;
+  const std::int64_t to_run = std::count_if(plan.cases.begin(), plan.cases.end(),
+                                            [&](const fuzz::SweepCase& sc) { return !done.contains(sc.index); });
+  if (!o.json)
+    out << "tally sweep: world " << o.world << ", target " << opened->name << " " << opened->version << ": "
+        << plan.layouts.configurations << " configurations, " << plan.layouts.layouts.size() << " layouts, "
+        << plan.total_cases << " cases" << (shards > 1 ? " (this shard " + std::to_string(plan.cases.size()) + ")" : "")
+        << ", " << to_run << " to run" << (done.empty() ? "" : " (" + std::to_string(done.size()) + " done before, from " + state + ")")
+        << "\nstate: " << state << "\nrepeat: tally sweep --world " << o.world << target_flags_text(o.target, 0)
+        << (o.shard.empty() ? "" : " --shard " + o.shard) << '\n' << std::flush;
+
+  fuzz::SweepRunOptions run_options;
+  run_options.corpus_dir = o.corpus;
+  run_options.known = [&known, framework = opened->framework](const casefile::Case& c, const oracle::Verdict& v) {
+    return fuzz::known_finding_of(known, framework, c, v);
+  };
+  if (!o.html.empty())
+    run_options.on_failure = [&](const fuzz::SweepCase& sc, const casefile::Case& c, const oracle::Verdict& verdict,
+                                 const std::string& case_file) {
+      write_case_html((fs::path(o.html) / (sc.id + ".html")).string(), "tally sweep: " + sc.id, c, verdict,
+                      case_file.empty() ? std::vector<std::string>{} : std::vector<std::string>{"tally replay " + shell_quote(case_file)});
+    };
+  InterruptScope interrupt;
+  const auto start = std::chrono::steady_clock::now();
+  std::int64_t ran = 0, consecutive_infra = 0;
+  double last_progress = -10.0;
+  bool stopped = false;
+  for (const fuzz::SweepCase& sc : plan.cases) {
+    if (done.contains(sc.index)) continue;
+    if (interrupt.interrupted()) {
+      stopped = true;
+      break;
+    }
+    SweepResult r;
+    try {
+      r = fuzz::run_sweep_case(sc, *target, run_options);
+    } catch (const run::TargetUnavailable& error) {
+      save_state();
+      write_outputs(o, report);
+      context.err << "tally: error: " << error.what() << " (at " << sc.id << "; the sweep resumes from " << state << ")\n";
+      context.exit_code = kExitInfra;
+      return;
+    }
+    done.emplace(sc.index, r);
+    ++ran;
+    consecutive_infra = r.outcome == SweepResult::Outcome::infra_error ? consecutive_infra + 1 : 0;
+    if (r.outcome != SweepResult::Outcome::pass && r.outcome != SweepResult::Outcome::refused) save_state();
+    else if (std::chrono::steady_clock::now() - last_save >= std::chrono::seconds(2)) save_state();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // New failures and infrastructure errors as they come; known ones in the summary.
+    if (!o.json && ((r.outcome == SweepResult::Outcome::fail && r.known.empty()) ||
+                    r.outcome == SweepResult::Outcome::infra_error)) {
+      if (terminal) out << '\n';
+      out << (r.outcome == SweepResult::Outcome::infra_error ? "INFRA " : "NEW   ") << sc.id << ": " << r.detail << '\n'
+          << std::flush;
+    }
+    if (!o.json && (terminal ? elapsed - last_progress >= 0.2 : elapsed - last_progress >= 10.0)) {
+      last_progress = elapsed;
+      const double eta = elapsed / static_cast<double>(ran) * static_cast<double>(to_run - ran);
+      const std::string line = "case " + std::to_string(done.size()) + "/" + std::to_string(plan.cases.size()) + " (" + sc.id +
+                               ")  elapsed " + minutes_text(elapsed) + "  ETA " + minutes_text(eta);
+      if (terminal) out << '\r' << line << "   " << std::flush;
+      else out << "progress: " << line << '\n' << std::flush;
+    }
+    // A target whose machinery fails case after case gives no true count: stop, resumable.
+    if (consecutive_infra >= 3) {
+      stopped = true;
+      if (!o.json) out << "\nthree infrastructure errors in a row: the sweep stops (it resumes from " << state << ")\n";
+      break;
+    }
+  }
+  if (terminal && !o.json) out << '\n';
+  save_state();
+  write_outputs(o, report);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.json) {
+    out << fuzz::sweep_report_json(report).dump() << '\n';
+  } else {
+    print_summary(out, report, seconds);
+    if (stopped) out << "  stopped before the end: " << plan.cases.size() - done.size() << " cases not run (run again to resume)\n";
+    if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
+    if (!o.html.empty()) out << "html: " << (fs::path(o.html) / "index.html").string() << '\n';
+  }
+  context.exit_code = exit_code_of(report);
+}
+
+}  // namespace
+
+void add_sweep_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<SweepOptions>();
+  CLI::App* command = app.add_subcommand(
+      "sweep",
+      "Every layout of one world on a target: each valid configuration (every axis and order) "
+      "collapsed to its distinct process groups, crossed with the model features that change what "
+      "is counted and the target's own axis (the optimizer models; DeepSpeed's ZeRO stages and "
+      "precisions), one case each. Resumable (the state file after a kill), shardable (--shard I/N, "
+      "then --merge), with JUnit, an HTML index, and failures that repeat a known finding counted "
+      "apart. Exit 0 no new failure, 1 new failures, 2 bad input, 3 infrastructure errors.");
+  command->add_option("--world", options->world, "The world whose every layout is swept")
+      ->check(whole_number(1, topologies::kMaxWorld));
+  command->add_option("--features", options->features,
+                      "Model features (comma-separated; default all): dense, moe, moe-expert-biases, "
+                      "moe-shared-untied")
+      ->delimiter(',');
+  command->add_option("--shard", options->shard,
+                      "I/N: run only the cases whose number mod N is I (CI matrices, Slurm arrays); merge the "
+                      "shards' state files with --merge");
+  command->add_option("--corpus", options->corpus, "Folder for failing cases (with a real target's manifests) and the state")
+      ->check(output_folder())
+      ->capture_default_str();
+  command->add_option("--state", options->state,
+                      "The state file the sweep rewrites after each case and resumes from (default: "
+                      "CORPUS/sweep-state.json, or sweep-state-shard-I-of-N.json)");
+  command->add_flag("--fresh", options->fresh, "Start over, ignoring the state file");
+  command->add_option("--junit", options->junit, "Write a JUnit XML report here")->check(output_file());
+  command->add_option("--html", options->html, "Write an HTML index of the sweep into this folder");
+  command->add_option("--known", options->known,
+                      "Folder of known findings (case files with their manifests) for a real target; default "
+                      "seeds/real where it exists: a failure repeating one is counted as known, not new");
+  command->add_flag("--no-known", options->no_known, "Count every failure as new");
+  command->add_flag("--json", options->json, "Machine-readable report (no progress lines)");
+  command->add_option("--merge", options->merge,
+                      "Merge the state files of a sharded sweep's shards into one report (with --junit, --html, --json)");
+  add_backend_flags(*command);
+  add_target_flags(*command, options->target);
+  command->callback([options, &context] { run_sweep(*options, context); });
+}
+
+}  // namespace tally::cli

@@ -1,0 +1,64 @@
+#include "fuzz/known.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+#include "casefile/case_file.h"
+#include "run/target.h"
+#include "run/target_run.h"
+#include "vocab/optimizer_models.h"
+
+namespace tally::fuzz {
+
+namespace fs = std::filesystem;
+
+std::string known_path(const casefile::Case& c) {
+  if (const run::FrameworkTarget* row = run::framework_of(c)) return row->norm_code(c);
+  return std::string(vocab::optimizer_model_name(c.path.optimizer));
+}
+
+std::vector<KnownFinding> load_known(const std::string& dir, std::string_view framework, std::string_view version) {
+  std::vector<std::string> files;
+  std::error_code error;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::none, error), end;
+  for (; !error && it != end; it.increment(error)) {
+    std::error_code ignored;
+    if (it->is_directory(ignored) && it->path().extension() == ".manifests") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file(ignored) && it->path().extension() == ".json") files.push_back(it->path().string());
+  }
+  if (error) throw std::runtime_error("--known " + dir + ": cannot list the folder: " + error.message());
+  std::sort(files.begin(), files.end());
+  std::vector<KnownFinding> known;
+  for (const std::string& file : files) {
+    casefile::Case c;
+    try {
+      c = casefile::load_case_file(file);
+    } catch (const std::exception&) {
+      continue;  // not a case file
+    }
+    if (!c.target || c.target->framework != framework || c.target->version != version) continue;
+    if (!c.expect || c.expect->outcome != casefile::Expectation::Outcome::fail || c.target->manifests.empty()) continue;
+    const oracle::Verdict verdict = run::judge_target_run(
+        c, (fs::path(file).parent_path() / c.target->manifests).string(), oracle::kFrameworkRtol);
+    if (verdict.kind != oracle::Verdict::Kind::fail) continue;
+    known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict)});
+  }
+  return known;
+}
+
+const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
+                             const oracle::Verdict& verdict) {
+  if (verdict.kind != oracle::Verdict::Kind::fail) return nullptr;
+  const FailureSignature signature = failure_signature(verdict);
+  const std::string path = known_path(c);
+  for (const KnownFinding& k : known)
+    if (k.path == path && k.signature == signature) return &k;
+  return nullptr;
+}
+
+}  // namespace tally::fuzz

@@ -1,0 +1,41 @@
+// Known findings: the failing cases of a framework's release saved with their manifests
+// (seeds/real holds the written-up ones), so a campaign or a sweep counts a failure that repeats
+// one as known, not new: a nightly that pages only for what is new.
+//
+// A failure repeats a known finding when it is of the same framework and release, on the same
+// code of the framework's norm (run::FrameworkTarget::norm_code: the optimizer model; DeepSpeed's
+// norm code), and fails the same way (the same failure signature, fuzz/shrink.h), the known
+// finding's signature being that of its saved run, judged again.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "casefile/case.h"
+#include "fuzz/shrink.h"
+#include "oracle/verdict.h"
+
+namespace tally::fuzz {
+
+struct KnownFinding {
+  std::string file;         // the case file
+  std::string name;         // its file name without the folder and ".json": how reports name it
+  std::string path;         // the framework's norm code it fails in (known_path)
+  FailureSignature signature;
+};
+
+// The norm code of `c`'s framework that a finding is tied to ("layerwise", "BF16_Optimizer"); the
+// optimizer model for a case of tally's model.
+std::string known_path(const casefile::Case& c);
+
+// The findings of `framework` at `version` under `dir` (recursively): case files of that target
+// whose expectation is a failure and whose saved manifests, judged again, fail. Throws
+// std::runtime_error naming the folder when it cannot be read.
+std::vector<KnownFinding> load_known(const std::string& dir, std::string_view framework, std::string_view version);
+
+// The finding among `known` that the failing `verdict` of `c` repeats; nullptr when it is new.
+const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
+                             const oracle::Verdict& verdict);
+
+}  // namespace tally::fuzz

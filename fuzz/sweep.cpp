@@ -1,0 +1,309 @@
+#include "fuzz/sweep.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+#include <system_error>
+
+#include "casefile/case.h"
+#include "casefile/case_file.h"
+#include "fuzz/generators.h"
+#include "io/json_read.h"
+#include "run/case_job.h"
+#include "topologies/enumerate.h"
+#include "topologies/model_spec.h"
+#include "topologies/rank_layout.h"
+
+namespace tally::fuzz {
+
+std::string_view sweep_feature_name(SweepFeature feature) {
+  switch (feature) {
+    case SweepFeature::dense: return "dense";
+    case SweepFeature::moe: return "moe";
+    case SweepFeature::moe_expert_biases: return "moe-expert-biases";
+    case SweepFeature::moe_shared_untied: return "moe-shared-untied";
+  }
+  return "?";
+}
+
+std::string_view sweep_outcome_name(SweepResult::Outcome outcome) {
+  switch (outcome) {
+    case SweepResult::Outcome::pass: return "pass";
+    case SweepResult::Outcome::fail: return "fail";
+    case SweepResult::Outcome::refused: return "refused";
+    case SweepResult::Outcome::infra_error: return "infra-error";
+  }
+  return "?";
+}
+
+std::optional<SweepResult::Outcome> sweep_outcome_from_name(std::string_view name) {
+  for (SweepResult::Outcome o : {SweepResult::Outcome::pass, SweepResult::Outcome::fail, SweepResult::Outcome::refused,
+                                 SweepResult::Outcome::infra_error})
+    if (sweep_outcome_name(o) == name) return o;
+  return std::nullopt;
+}
+
+SweepModel sweep_model(const topologies::ParallelConfig& config, SweepFeature feature) {
+  topologies::ModelSpec m;
+  m.kind = topologies::ModelKind::gpt;
+  // Every size a multiple of what divides it: heads and vocab by TP, the FFNs by TP and ETP, the
+  // experts by EP; one decoder layer per pipeline stage.
+  m.num_layers = config.pp * config.vpp;
+  m.num_attention_heads = 2 * config.tp;
+  m.hidden_size = 2 * m.num_attention_heads;
+  m.ffn_hidden_size = 2 * config.tp;
+  m.vocab_size = 4 * config.tp;
+  m.max_position_embeddings = 4;
+  m.add_bias_linear = feature == SweepFeature::dense || feature == SweepFeature::moe_expert_biases;
+  if (feature != SweepFeature::dense) {
+    m.num_experts = 2 * config.ep;
+    m.moe_ffn_hidden_size = 2 * config.etp;
+  }
+  if (feature == SweepFeature::moe_shared_untied) {
+    m.moe_shared_expert_intermediate_size = 2 * config.tp;
+    m.untie_embeddings_and_output_weights = true;
+  }
+  if (std::optional<std::string> why = topologies::check_model(m, config)) return {std::nullopt, *why};
+  if (std::optional<std::string> why = topologies::check_megatron_expert_bias(m, config)) return {std::nullopt, *why};
+  return {m, ""};
+}
+
+namespace {
+
+// Every group of every family, as one string: equal for two configurations exactly when their
+// process groups are.
+std::string groups_key(const topologies::RankLayout& layout) {
+  std::string key;
+  for (topologies::Family family : topologies::kAllFamilies) {
+    key += std::to_string(static_cast<int>(family)) + ':';
+    for (int g = 0; g < layout.group_count(family); ++g) {
+      for (int rank : layout.ranks({family, g})) key += std::to_string(rank) + ',';
+      key += ';';
+    }
+    key += '|';
+  }
+  return key;
+}
+
+std::string case_id(int layout, SweepFeature feature, const std::string& axis) {
+  char head[16];
+  std::snprintf(head, sizeof head, "L%03d", layout);
+  return std::string(head) + "-" + std::string(sweep_feature_name(feature)) + "-" + axis;
+}
+
+}  // namespace
+
+SweepLayouts sweep_layouts(int world) {
+  SweepLayouts out;
+  std::map<std::string, std::size_t> index;  // groups key -> its layout
+  out.configurations = topologies::for_each_config(world, {}, [&](const topologies::ParallelConfig& config) {
+    const std::string key = groups_key(topologies::RankLayout(config));
+    auto [it, added] = index.emplace(key, out.layouts.size());
+    if (added) out.layouts.push_back({config, 0});
+    ++out.layouts[it->second].configurations;
+  });
+  return out;
+}
+
+SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
+  SweepPlan plan;
+  plan.layouts = sweep_layouts(options.world);
+  const std::vector<SweepFeature> features =
+      options.features.empty() ? std::vector<SweepFeature>(std::begin(kAllSweepFeatures), std::end(kAllSweepFeatures))
+                               : options.features;
+  std::int64_t index = 0;
+  for (std::size_t l = 0; l < plan.layouts.layouts.size(); ++l) {
+    const topologies::ParallelConfig& config = plan.layouts.layouts[l].config;
+    for (SweepFeature feature : features) {
+      const SweepModel model = sweep_model(config, feature);
+      if (!model.model) {
+        ++plan.features_not_applicable;
+        continue;
+      }
+      casefile::Case base;
+      base.topology = config;
+      base.model = *model.model;
+      base.path.gradients.generator.mode = kernels::GradientMode::dyadic;
+      base.path.gradients.generator.dtype = kernels::Dtype::fp32;
+      base.path.max_norm = 1.0;
+      for (auto& [axis, c] : target.sweep_variants(base)) {
+        SweepCase sc;
+        sc.index = index++;
+        sc.id = case_id(static_cast<int>(l), feature, axis);
+        sc.layout = static_cast<int>(l);
+        sc.c = std::move(c);
+        // A gradient seed of its own, from its number: reproducible, and different per case.
+        sc.c.path.gradients.generator.seed = 1000 + static_cast<std::uint64_t>(sc.index);
+        sc.c.description = "tally sweep --world " + std::to_string(options.world) + ": " + sc.id;
+        if (sc.index % options.shards == options.shard) plan.cases.push_back(std::move(sc));
+      }
+    }
+  }
+  plan.total_cases = index;
+  return plan;
+}
+
+std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
+                             const oracle::Verdict& verdict) {
+  if (!framework) return megatron_layout_assumptions_hold(c.topology) ? "" : std::string(kMegatronLayoutCorner);
+  const KnownFinding* k = known_as(known, c, verdict);
+  return k ? k->name : "";
+}
+
+SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const SweepRunOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  SweepResult r;
+  r.index = sc.index;
+  r.id = sc.id;
+  auto finish = [&]() -> SweepResult {
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return r;
+  };
+  if (std::optional<std::string> why = target.refusal_before_open(sc.c)) {
+    r.outcome = SweepResult::Outcome::refused;
+    r.detail = *why;
+    return finish();
+  }
+  target.open(sc.c.topology.world);
+  if (std::optional<std::string> why = target.refusal(sc.c)) {
+    r.outcome = SweepResult::Outcome::refused;
+    r.detail = *why;
+    return finish();
+  }
+  casefile::Case c = sc.c;
+  if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
+  const oracle::Verdict verdict = target.execute(c, /*keep_record=*/false).verdict;
+  if (verdict.kind == oracle::Verdict::Kind::pass) return finish();
+  r.outcome = verdict.kind == oracle::Verdict::Kind::fail ? SweepResult::Outcome::fail : SweepResult::Outcome::infra_error;
+  r.detail = verdict.kind == oracle::Verdict::Kind::fail ? describe(failure_signature(verdict))
+                                                          : verdict.infra_call + ": " + verdict.infra_message;
+  if (options.known && verdict.kind == oracle::Verdict::Kind::fail) r.known = options.known(c, verdict);
+  if (!options.corpus_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(options.corpus_dir, error);
+    if (error) throw std::runtime_error("cannot create the corpus folder " + options.corpus_dir + ": " + error.message());
+    r.case_file = (std::filesystem::path(options.corpus_dir) / (sc.id + ".json")).string();
+    c.expect = run::observed_expectation(verdict);
+    if (std::optional<casefile::RealTarget> section = target.saved_section(c, r.case_file)) c.target = *section;
+    casefile::write_case_file(r.case_file, c);
+  }
+  if (options.on_failure) options.on_failure(sc, c, verdict, r.case_file);
+  return finish();
+}
+
+nlohmann::ordered_json sweep_report_json(const SweepReport& report) {
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  for (const SweepResult& r : report.results) {
+    nlohmann::ordered_json j = {{"index", r.index}, {"id", r.id}, {"outcome", sweep_outcome_name(r.outcome)}};
+    if (!r.detail.empty()) j["detail"] = r.detail;
+    if (!r.case_file.empty()) j["case_file"] = r.case_file;
+    if (!r.known.empty()) j["known"] = r.known;
+    j["seconds"] = r.seconds;
+    results.push_back(std::move(j));
+  }
+  return {{"tally_sweep", 1},
+          {"world", report.world},
+          {"target", report.target},
+          {"version", report.version},
+          {"features", report.features},
+          {"shard", report.shard},
+          {"shards", report.shards},
+          {"configurations", report.configurations},
+          {"layouts", report.layouts},
+          {"total_cases", report.total_cases},
+          {"features_not_applicable", report.features_not_applicable},
+          {"results", std::move(results)}};
+}
+
+SweepReport read_sweep_report(std::string_view text, std::string_view source) {
+  using nlohmann::json;
+  SweepReport r;
+  try {
+    const json j = io::parse_json(text, source);
+    const auto count = [](std::int64_t& target) {
+      return [&target](const json& v, const std::string& p) { target = io::read_integer(v, p, 0, std::int64_t{1} << 50); };
+    };
+    io::read_object(
+        j, "sweep",
+        {{"tally_sweep", [](const json& v, const std::string& p) { io::read_integer(v, p, 1, 1); }},
+         {"world", [&](const json& v, const std::string& p) { r.world = static_cast<int>(io::read_integer(v, p, 1, topologies::kMaxWorld)); }},
+         {"target", [&](const json& v, const std::string& p) { r.target = io::read_string(v, p, 256); }},
+         {"version", [&](const json& v, const std::string& p) { r.version = io::read_string(v, p, 256); }},
+         {"features",
+          [&](const json& v, const std::string& p) {
+            const json& list = io::read_array(v, p, 64);
+            for (std::size_t i = 0; i < list.size(); ++i) r.features.push_back(io::read_string(list[i], p + "[" + std::to_string(i) + "]", 64));
+          }},
+         {"shard", [&](const json& v, const std::string& p) { r.shard = static_cast<int>(io::read_integer(v, p, 0, 1 << 20)); }},
+         {"shards", [&](const json& v, const std::string& p) { r.shards = static_cast<int>(io::read_integer(v, p, 1, 1 << 20)); }},
+         {"configurations", count(r.configurations)},
+         {"layouts", count(r.layouts)},
+         {"total_cases", count(r.total_cases)},
+         {"features_not_applicable", count(r.features_not_applicable)},
+         {"results",
+          [&](const json& v, const std::string& p) {
+            const json& list = io::read_array(v, p, std::size_t{1} << 24);
+            for (std::size_t i = 0; i < list.size(); ++i) {
+              const std::string at = p + "[" + std::to_string(i) + "]";
+              SweepResult result;
+              io::read_object(
+                  list[i], at,
+                  {{"index", [&](const json& x, const std::string& q) { result.index = io::read_integer(x, q, 0, std::int64_t{1} << 50); }},
+                   {"id", [&](const json& x, const std::string& q) { result.id = io::read_string(x, q, 256); }},
+                   {"outcome",
+                    [&](const json& x, const std::string& q) {
+                      const std::string name = io::read_string(x, q, 64);
+                      const std::optional<SweepResult::Outcome> o = sweep_outcome_from_name(name);
+                      if (!o) io::fail(q, "expected pass, fail, refused or infra-error, got " + io::shown(x));
+                      result.outcome = *o;
+                    }},
+                   {"detail", [&](const json& x, const std::string& q) { result.detail = io::read_string(x, q); }},
+                   {"case_file", [&](const json& x, const std::string& q) { result.case_file = io::read_string(x, q, 4096); }},
+                   {"known", [&](const json& x, const std::string& q) { result.known = io::read_string(x, q, 4096); }},
+                   {"seconds", [&](const json& x, const std::string& q) { result.seconds = io::read_number(x, q); }}},
+                  "a sweep result", {"index", "id", "outcome"});
+              r.results.push_back(std::move(result));
+            }
+          }}},
+        "a sweep report", {"tally_sweep", "world", "target", "version", "shard", "shards", "results"});
+  } catch (const io::JsonReadError& error) {
+    throw std::runtime_error(std::string(source) + ": " + error.what());
+  }
+  if (r.shard >= r.shards)
+    throw std::runtime_error(std::string(source) + ": sweep.shard " + std::to_string(r.shard) + " is not below sweep.shards " +
+                             std::to_string(r.shards));
+  return r;
+}
+
+SweepReport merge_sweep_reports(const std::vector<SweepReport>& shards) {
+  if (shards.empty()) throw std::invalid_argument("no sweep reports to merge");
+  const SweepReport& first = shards.front();
+  std::vector<bool> seen(static_cast<std::size_t>(first.shards), false);
+  SweepReport merged = first;
+  merged.shard = 0;
+  merged.shards = 1;
+  merged.results.clear();
+  std::map<std::int64_t, SweepResult> by_index;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const SweepReport& s = shards[i];
+    const std::string which = "report " + std::to_string(i + 1) + " (shard " + std::to_string(s.shard) + "/" +
+                              std::to_string(s.shards) + ")";
+    if (s.world != first.world || s.target != first.target || s.version != first.version ||
+        s.features != first.features || s.shards != first.shards)
+      throw std::invalid_argument(which + " is of another sweep than report 1 (world, target, release, features and "
+                                  "shard count must agree)");
+    if (seen[static_cast<std::size_t>(s.shard)]) throw std::invalid_argument(which + ": that shard is given twice");
+    seen[static_cast<std::size_t>(s.shard)] = true;
+    for (const SweepResult& r : s.results) by_index.emplace(r.index, r);
+  }
+  for (std::size_t k = 0; k < seen.size(); ++k)
+    if (!seen[k])
+      throw std::invalid_argument("shard " + std::to_string(k) + "/" + std::to_string(first.shards) +
+                                  " is missing: merge every shard's report");
+  for (auto& [index, r] : by_index) merged.results.push_back(std::move(r));
+  return merged;
+}
+
+}  // namespace tally::fuzz

@@ -1,0 +1,148 @@
+// A sweep: every valid configuration of one world, collapsed to its distinct layouts, each crossed
+// with the model features that change what is counted and with the target's own axes (the
+// optimizer models, or a framework's engine paths), one case each, run on a target. Where a
+// campaign samples, a sweep covers: it says how many configurations, layouts and cases it ran,
+// which the target refused and why, and what failed.
+//
+// Two configurations are one layout when they give the same process groups in every family
+// (topologies/rank_layout.h): the path, and a framework built from the same groups, cannot tell
+// them apart. Cases are numbered in a fixed order (layout, feature, the target's axis), so a sweep
+// is split across machines by `shard` (case k belongs to shard k mod N) and resumed by skipping
+// the cases a state already holds.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "casefile/case.h"
+#include "fuzz/known.h"
+#include "fuzz/shrink.h"
+#include "oracle/verdict.h"
+#include "run/target.h"
+#include "topologies/parallel_config.h"
+
+namespace tally::fuzz {
+
+// A model feature that changes what is counted (the sweep's models are small GPTs).
+enum class SweepFeature : std::uint8_t {
+  dense,               // no experts; linear biases; the output layer tied to the embedding
+  moe,                 // experts (2 per EP rank); no biases; tied output
+  moe_expert_biases,   // experts with biases (Megatron-LM allows them only with ETP 1)
+  moe_shared_untied,   // experts, a shared expert, an untied output layer; no biases
+};
+inline constexpr SweepFeature kAllSweepFeatures[] = {SweepFeature::dense, SweepFeature::moe,
+                                                     SweepFeature::moe_expert_biases,
+                                                     SweepFeature::moe_shared_untied};
+std::string_view sweep_feature_name(SweepFeature feature);  // "dense", "moe", "moe-expert-biases", ...
+
+// The small GPT of `feature` on `config`, or why it has none there (one line).
+struct SweepModel {
+  std::optional<topologies::ModelSpec> model;
+  std::string why_none;
+};
+SweepModel sweep_model(const topologies::ParallelConfig& config, SweepFeature feature);
+
+struct SweepLayout {
+  topologies::ParallelConfig config;  // the first configuration of the layout, in enumeration order
+  std::int64_t configurations = 0;    // how many configurations share its groups
+};
+
+// The distinct layouts of every valid configuration of `world` (vpp 1, one optimizer instance,
+// every full axis order), in enumeration order of their first configuration.
+struct SweepLayouts {
+  std::int64_t configurations = 0;
+  std::vector<SweepLayout> layouts;
+};
+SweepLayouts sweep_layouts(int world);
+
+struct SweepCase {
+  std::int64_t index = 0;  // its number in the whole sweep (shards number alike)
+  std::string id;          // "L007-moe-expert-biases-layerwise": layout, feature, the target's axis
+  int layout = 0;          // index into SweepLayouts::layouts
+  casefile::Case c;        // its expectation unset
+};
+
+struct SweepOptions {
+  int world = 0;
+  std::vector<SweepFeature> features;  // empty: every feature
+  int shard = 0, shards = 1;           // this shard's cases: index mod shards == shard
+};
+
+// Every case of the sweep of `options` on `target` (its axes: Target::sweep_variants), in order,
+// this shard's only. Cases of a feature with no model on a layout are left out (counted by the
+// plan's `features_not_applicable`).
+struct SweepPlan {
+  SweepLayouts layouts;
+  std::vector<SweepCase> cases;
+  std::int64_t total_cases = 0;               // of every shard
+  std::int64_t features_not_applicable = 0;   // (layout, feature) pairs without a model
+};
+SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target);
+
+// What one case of a sweep gave.
+struct SweepResult {
+  std::int64_t index = 0;  // the case's number in the sweep
+  std::string id;
+  enum class Outcome { pass, fail, refused, infra_error };
+  Outcome outcome = Outcome::pass;
+  std::string detail;     // fail: the signature ("fail: ledger (expert-row-bias), l2"); refused or
+                          // infra-error: why
+  std::string case_file;  // fail or infra-error: where the case was saved ("" without a corpus)
+  std::string known;      // fail: the known finding it repeats ("" when new)
+  double seconds = 0.0;
+};
+std::string_view sweep_outcome_name(SweepResult::Outcome outcome);  // "pass", "fail", "refused", "infra-error"
+std::optional<SweepResult::Outcome> sweep_outcome_from_name(std::string_view name);
+
+// A sweep's report, which is also its state: rewritten after each case, so a sweep killed on the
+// way resumes from it, and the reports of a sweep's shards merge into the whole sweep's.
+struct SweepReport {
+  int world = 0;
+  std::string target;   // "model", "megatron-core", ...
+  std::string version;  // the release (tally's own for its model)
+  std::vector<std::string> features;  // the features swept, by name
+  int shard = 0, shards = 1;          // merged: shards 1
+  std::int64_t configurations = 0;
+  std::int64_t layouts = 0;
+  std::int64_t total_cases = 0;  // of every shard
+  std::int64_t features_not_applicable = 0;
+  std::vector<SweepResult> results;  // the cases run so far, in case order
+};
+nlohmann::ordered_json sweep_report_json(const SweepReport& report);
+// Throws std::runtime_error, one line naming `source`, the field and the rule.
+SweepReport read_sweep_report(std::string_view text, std::string_view source);
+// The shards' reports as the report of the whole sweep. Throws std::invalid_argument naming the
+// report that is of another sweep, a shard given twice, or a shard missing.
+SweepReport merge_sweep_reports(const std::vector<SweepReport>& shards);
+
+struct SweepRunOptions {
+  std::string corpus_dir;  // each failure and infrastructure error saved here as <id>.json; "": nowhere
+  // The known finding a failure repeats ("" when it is new): known_finding_of below.
+  std::function<std::string(const casefile::Case&, const oracle::Verdict&)> known;
+  // Hears of each failure and infrastructure error: the case as saved, its verdict, its file.
+  std::function<void(const SweepCase&, const casefile::Case&, const oracle::Verdict&, const std::string& case_file)>
+      on_failure;
+};
+
+// The known finding a failure of `c` repeats, "" when it is new: on a real framework one of
+// `known` (fuzz/known.h); on tally's model (`framework` false) Megatron-LM's own layout corner,
+// where Megatron's rules miscount with no fault (megatron_layout_assumptions_hold,
+// fuzz/generators.h; written up in docs/findings/megatron-core-0.19.2-experts-as-dense-cp-before-tp.md).
+inline constexpr std::string_view kMegatronLayoutCorner = "megatron-layout-corner (experts as dense with ETP groups unlike TP groups)";
+std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
+                             const oracle::Verdict& verdict);
+
+// Runs one case of a sweep on `target`: what no release runs, then, opened for its world, what its
+// release does not run (refused, with the reason), then the run. A failure is saved with the
+// expectation it showed and, for a real target, the run's manifests next to it (a case file
+// `tally replay` judges where the framework is absent); an infrastructure error is saved too.
+// Throws run::TargetUnavailable (the sweep stops; its state lets it resume) and std::runtime_error
+// when the corpus cannot be written.
+SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const SweepRunOptions& options);
+
+}  // namespace tally::fuzz

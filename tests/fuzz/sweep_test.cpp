@@ -1,0 +1,160 @@
+// Sweeps (fuzz/sweep.h) and known findings (fuzz/known.h).
+#include "fuzz/sweep.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "casefile/case_file.h"
+#include "fuzz/generators.h"
+#include "fuzz/known.h"
+#include "run/backend.h"
+#include "run/target_run.h"
+#include "topologies/rank_layout.h"
+
+namespace tally::fuzz {
+namespace {
+
+TEST(Sweep, ConfigurationsWithTheSameGroupsAreOneLayout) {
+  const SweepLayouts world4 = sweep_layouts(4);
+  EXPECT_EQ(world4.configurations, 5016);
+  EXPECT_EQ(world4.layouts.size(), 94u);
+  std::int64_t covered = 0;
+  for (const SweepLayout& l : world4.layouts) covered += l.configurations;
+  EXPECT_EQ(covered, world4.configurations) << "every configuration belongs to one layout";
+  // Pure data parallelism: all 120 orders give the same groups.
+  EXPECT_GE(world4.layouts.front().configurations, 120);
+  EXPECT_EQ(world4.layouts.front().config.tp * world4.layouts.front().config.ep * world4.layouts.front().config.pp, 1);
+  // Layouts differ in some group of some family.
+  const topologies::RankLayout a(world4.layouts[0].config), b(world4.layouts[1].config);
+  bool differ = false;
+  for (topologies::Family f : topologies::kAllFamilies)
+    for (int r = 0; r < 4 && !differ; ++r)
+      differ = std::vector<int>(a.group_ranks(f, r).begin(), a.group_ranks(f, r).end()) !=
+               std::vector<int>(b.group_ranks(f, r).begin(), b.group_ranks(f, r).end());
+  EXPECT_TRUE(differ);
+}
+
+TEST(Sweep, AFeatureWithoutAModelOnALayoutSaysWhy) {
+  topologies::ParallelConfig c;
+  c.world = 4;
+  c.tp = 2;
+  c.etp = 2;
+  const SweepModel biases = sweep_model(c, SweepFeature::moe_expert_biases);
+  EXPECT_FALSE(biases.model);
+  EXPECT_NE(biases.why_none.find("bias"), std::string::npos) << biases.why_none;
+  for (SweepFeature f : {SweepFeature::dense, SweepFeature::moe, SweepFeature::moe_shared_untied}) {
+    const SweepModel m = sweep_model(c, f);
+    ASSERT_TRUE(m.model) << sweep_feature_name(f) << ": " << m.why_none;
+  }
+}
+
+TEST(Sweep, ShardsPartitionTheCasesAndTheirReportsMergeIntoTheWholeSweep) {
+  run::SimBackend backend;
+  const std::unique_ptr<run::Target> model = run::model_target(backend);
+  SweepOptions whole;
+  whole.world = 2;
+  const SweepPlan all = plan_sweep(whole, *model);
+  ASSERT_EQ(static_cast<std::int64_t>(all.cases.size()), all.total_cases);
+  std::vector<SweepReport> reports;
+  std::set<std::int64_t> seen;
+  for (int shard = 0; shard < 3; ++shard) {
+    SweepOptions part = whole;
+    part.shard = shard;
+    part.shards = 3;
+    const SweepPlan plan = plan_sweep(part, *model);
+    EXPECT_EQ(plan.total_cases, all.total_cases);
+    SweepReport report;
+    report.world = 2;
+    report.target = "model";
+    report.shard = shard;
+    report.shards = 3;
+    for (const SweepCase& sc : plan.cases) {
+      EXPECT_TRUE(seen.insert(sc.index).second) << sc.id << " is in two shards";
+      report.results.push_back(run_sweep_case(sc, *model, {}));
+    }
+    reports.push_back(report);
+  }
+  EXPECT_EQ(static_cast<std::int64_t>(seen.size()), all.total_cases);
+  const SweepReport merged = merge_sweep_reports(reports);
+  ASSERT_EQ(merged.results.size(), all.cases.size());
+  for (std::size_t i = 0; i < all.cases.size(); ++i) EXPECT_EQ(merged.results[i].id, all.cases[i].id);
+
+  reports.pop_back();
+  EXPECT_THROW(merge_sweep_reports(reports), std::invalid_argument) << "a shard missing";
+  reports.push_back(reports.front());
+  EXPECT_THROW(merge_sweep_reports(reports), std::invalid_argument) << "a shard given twice";
+}
+
+TEST(Sweep, OnTallysModelOnlyMegatronsOwnLayoutCornerFails) {
+  run::SimBackend backend;
+  const std::unique_ptr<run::Target> model = run::model_target(backend);
+  SweepOptions o;
+  o.world = 4;
+  SweepRunOptions run;
+  run.known = [](const casefile::Case& c, const oracle::Verdict& v) { return known_finding_of({}, false, c, v); };
+  const SweepPlan plan = plan_sweep(o, *model);
+  int corner = 0;
+  for (const SweepCase& sc : plan.cases) {
+    const SweepResult r = run_sweep_case(sc, *model, run);
+    if (r.outcome == SweepResult::Outcome::pass) continue;
+    ASSERT_EQ(r.outcome, SweepResult::Outcome::fail) << sc.id << ": " << r.detail;
+    EXPECT_EQ(r.known, kMegatronLayoutCorner) << sc.id << " fails outside Megatron's layout corner: " << r.detail;
+    EXPECT_FALSE(megatron_layout_assumptions_hold(sc.c.topology)) << sc.id;
+    ++corner;
+  }
+  EXPECT_GT(corner, 0) << "world 4 has layouts of the corner (experts as dense, ETP groups unlike TP groups)";
+}
+
+TEST(Sweep, AReportReadsBackAsItWasWrittenAndABadOneNamesTheField) {
+  SweepReport r;
+  r.world = 4;
+  r.target = "deepspeed";
+  r.version = "0.19.8";
+  r.features = {"moe"};
+  r.shard = 1;
+  r.shards = 2;
+  r.configurations = 5016;
+  r.layouts = 94;
+  r.total_cases = 10;
+  r.results.push_back({3, "L001-moe-zero1-bf16", SweepResult::Outcome::fail, "fail: l2", "c/L001.json", "x.fail", 1.5});
+  r.results.push_back({5, "L002-moe-zero3-bf16", SweepResult::Outcome::refused, "deepspeed.zero_stage 3 ...", "", "", 0.0});
+  const SweepReport back = read_sweep_report(sweep_report_json(r).dump(), "state.json");
+  EXPECT_EQ(back.world, 4);
+  EXPECT_EQ(back.shard, 1);
+  ASSERT_EQ(back.results.size(), 2u);
+  EXPECT_EQ(back.results[0].known, "x.fail");
+  EXPECT_EQ(back.results[1].outcome, SweepResult::Outcome::refused);
+  nlohmann::ordered_json bad = sweep_report_json(r);
+  bad["results"][0]["outcome"] = "flaky";
+  try {
+    read_sweep_report(bad.dump(), "state.json");
+    FAIL() << "read an outcome that is none";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("state.json: sweep.results[0].outcome"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Known, AFindingIsKnownOnItsOwnNormCodeWhenItFailsTheSameWay) {
+  const std::vector<KnownFinding> known = load_known(TALLY_SOURCE_DIR "/seeds/real", "deepspeed", "0.19.8");
+  ASSERT_FALSE(known.empty());
+  EXPECT_TRUE(load_known(TALLY_SOURCE_DIR "/seeds/real", "deepspeed", "0.19.7").empty()) << "another release";
+  const std::string file = TALLY_SOURCE_DIR "/seeds/real/deepspeed-0.19.8-zero-drops-expert-partitions-of-tp-ranks.fail.json";
+  casefile::Case c = casefile::load_case_file(file);
+  const oracle::Verdict verdict = run::judge_target_run(
+      c, TALLY_SOURCE_DIR "/seeds/real/deepspeed-0.19.8-zero-drops-expert-partitions-of-tp-ranks.fail.manifests",
+      oracle::kFrameworkRtol);
+  const KnownFinding* k = known_as(known, c, verdict);
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(known_path(c), k->path);
+  // The same failure in another of DeepSpeed's norm codes is not that finding.
+  c.deepspeed->zero_stage = 0;
+  c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+  EXPECT_EQ(known_path(c), "clip_grad_norm_");
+  const KnownFinding* elsewhere = known_as(known, c, verdict);
+  EXPECT_TRUE(elsewhere == nullptr || elsewhere->path == "clip_grad_norm_");
+  EXPECT_EQ(known_as(known, c, oracle::Verdict{}), nullptr) << "a pass repeats no finding";
+}
+
+}  // namespace
+}  // namespace tally::fuzz
