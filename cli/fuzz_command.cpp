@@ -1,7 +1,10 @@
 // tally fuzz: a campaign (generate, run, save and shrink each failure).
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -17,6 +20,8 @@
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
+#include "fuzz/known.h"
+#include "fuzz/sweep.h"
 #include "vocab/faults.h"
 #include "run/target.h"
 
@@ -31,8 +36,9 @@ nlohmann::ordered_json failure_json(const fuzz::Failure& f) {
   j["faults"] = vocab::fault_list(f.original.path.faults);
   j["original"] = f.original_path;
   j["original_world"] = f.original.topology.world;
-  if (f.same_as) {  // not shrunk (--shrink new): the earlier failure's case number
-    j["same_as"] = *f.same_as;
+  if (!f.known.empty()) j["known"] = f.known;
+  if (f.same_as || !f.known.empty()) {  // not shrunk: the earlier failure's case number, or a known finding
+    j["same_as"] = f.same_as ? nlohmann::ordered_json(*f.same_as) : nlohmann::ordered_json(nullptr);
     j["shrunk"] = nullptr;
     j["shrink_steps"] = 0;
     j["shrink_runs"] = 0;
@@ -78,6 +84,8 @@ struct FuzzOptions {
   bool json = false;
   TargetOptions target;
   int world = 2;  // --target: every case's world
+  std::string known;  // --known; "": seeds/real where it exists
+  bool no_known = false;
 };
 
 // One testcase per failure (its shrunk case once shrunk), or one passing testcase for a
@@ -156,12 +164,13 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
          << vocab::fault_list(f.original.path.faults) << ")\n"
          << indent(case_summary(f.original), "  ") << '\n';
     if (!f.original_path.empty()) out_ << "  saved " << f.original_path << '\n';
-    if (!f.same_as) out_ << "  shrinking..." << std::flush;
+    if (!f.same_as && f.known.empty()) out_ << "  shrinking..." << std::flush;
   }
 
   void failure_not_shrunk(const fuzz::Failure& f) override {
     if (quiet_) return;
-    out_ << "  not shrunk: fails the same way as case " << *f.same_as << " (--shrink new)\n" << std::flush;
+    if (!f.known.empty()) out_ << "  not shrunk: a known finding, " << f.known << " (--known)\n" << std::flush;
+    else out_ << "  not shrunk: fails the same way as case " << *f.same_as << " (--shrink new)\n" << std::flush;
   }
 
   void shrink_step(const fuzz::Failure&, const fuzz::ShrinkOutcome&) override {
@@ -247,6 +256,24 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     return;
   }
   campaign.world = o.world;
+  // Known findings of a real framework's release: counted apart, not shrunk again.
+  std::vector<fuzz::KnownFinding> known;
+  if (opened->framework && !o.no_known) {
+    const std::string dir = !o.known.empty() ? o.known : std::filesystem::is_directory("seeds/real") ? "seeds/real" : "";
+    if (!dir.empty()) {
+      try {
+        known = fuzz::load_known(dir, opened->name, opened->version);
+      } catch (const std::exception& error) {
+        throw UsageError(error.what());
+      }
+      if (!o.json) context.out << "known findings: " << known.size() << " of " << opened->name << " " << opened->version
+                               << " in " << dir << '\n';
+    }
+  }
+  if (!known.empty())
+    campaign.known = [&known](const casefile::Case& c, const oracle::Verdict& v) {
+      return fuzz::known_finding_of(known, /*framework=*/true, c, v);
+    };
   // Each case switches on one of the faults: "all" is every fault the target plants; a fault named
   // that it cannot plant is an error.
   if (o.faults == "all") {
@@ -308,6 +335,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     return;
   }
   printer.end_live_line();
+  const std::size_t new_failures = static_cast<std::size_t>(std::count_if(
+      result.failures.begin(), result.failures.end(), [](const fuzz::Failure& f) { return f.known.empty(); }));
 
   if (o.json) {
     nlohmann::ordered_json j;
@@ -320,13 +349,18 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["faults"] = faults_text(asked, o.faults == "all");
     j["failures"] = nlohmann::ordered_json::array();
     for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
+    j["new"] = new_failures;
+    j["known"] = result.failures.size() - new_failures;
     j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
     out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
   } else {
     const std::size_t failures = result.failures.size();
     out << "summary: " << result.cases << " cases in " << seconds_text(result.seconds) << " ("
         << rate_text(result.cases, result.seconds) << " cases/s), " << failures
-        << (failures == 1 ? " failure" : " failures") << ", seed " << result.seed;
+        << (failures == 1 ? " failure" : " failures");
+    if (!known.empty() || new_failures != failures)
+      out << " (new " << new_failures << ", known " << failures - new_failures << ")";
+    out << ", seed " << result.seed;
     switch (result.stopped_by) {
       case fuzz::CampaignResult::Stop::interrupted: out << ", interrupted"; break;
       case fuzz::CampaignResult::Stop::max_failures:
@@ -337,7 +371,12 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     }
     out << '\n';
     if (result.infra_error) out << infra_stop_text(*result.infra_error);
+    std::map<std::string, int> known_counts;
+    for (const fuzz::Failure& f : result.failures)
+      if (!f.known.empty()) ++known_counts[f.known];
+    for (const auto& [name, n] : known_counts) out << "  known " << name << ": " << n << '\n';
     for (const fuzz::Failure& f : result.failures) {
+      if (!f.known.empty()) continue;
       out << "  case " << f.index << ": " << fuzz::describe(f.signature);
       if (f.same_as)
         out << "; as case " << *f.same_as << ", not shrunk"
@@ -348,8 +387,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     }
     if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
   }
-  // No count of failures is true while the target is broken.
-  context.exit_code = result.infra_error ? kExitInfra : result.failures.empty() ? kExitPass : kExitFail;
+  // No count of failures is true while the target is broken; known findings alone are no news.
+  context.exit_code = result.infra_error ? kExitInfra : new_failures == 0 ? kExitPass : kExitFail;
 }
 
 }  // namespace
@@ -401,6 +440,11 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
                           "), all on tally's model")
       ->check(CLI::IsMember({"all", "new"}));
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
+  command->add_option("--known", options->known,
+                      "--target: a folder of known findings (case files with their manifests; default "
+                      "seeds/real where it exists): a failure repeating one of the release's is counted as "
+                      "known, not shrunk, not counted towards --max-failures, and exits 0");
+  command->add_flag("--no-known", options->no_known, "--target: count every failure as new");
   add_backend_flags(*command);
   add_target_flags(*command, options->target);
   command->add_option("--world", options->world,

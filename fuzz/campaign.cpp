@@ -139,7 +139,7 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       break;
     }
     const auto counted = std::count_if(result.failures.begin(), result.failures.end(),
-                                       [](const Failure& f) { return !f.same_as; });
+                                       [](const Failure& f) { return !f.same_as && f.known.empty(); });
     if (options.max_failures > 0 && counted >= options.max_failures) {
       result.stopped_by = CampaignResult::Stop::max_failures;
       break;
@@ -188,8 +188,9 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
                                         });
       if (earlier != result.failures.end()) failure.same_as = earlier->index;
     }
+    if (options.known && verdict.kind == oracle::Verdict::Kind::fail) failure.known = options.known(failure.original, verdict);
     observer.failure_found(failure);
-    if (failure.same_as) {
+    if (failure.same_as || !failure.known.empty()) {
       result.failures.push_back(failure);
       observer.failure_not_shrunk(result.failures.back());
       observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());

@@ -38,6 +38,9 @@ struct CampaignOptions {
   // towards max_failures.
   bool shrink_repeated_signatures = true;
   int max_failures = 0;  // stop after this many failures (shrunk ones); 0: no bound
+  // The known finding a failure repeats, "" when it is new (fuzz/known.h): a known one is saved
+  // but not shrunk, and does not count towards max_failures. Empty: every failure is new.
+  std::function<std::string(const casefile::Case& c, const oracle::Verdict& verdict)> known;
   // A target of one world per worker (a real framework) is opened for this world and every case
   // has it; tally's model runs each case's own world (on an mpi or nccl job, the job's).
   int world = 0;
@@ -51,6 +54,7 @@ struct Failure {
   std::string original_path;  // empty without a corpus
   // Not shrunk: the campaign's earlier failure (its case number) with the same signature and faults.
   std::optional<std::int64_t> same_as;
+  std::string known;  // not shrunk either: the known finding it repeats (CampaignOptions::known)
   bool shrunk_done = false;   // the fields below are set (failure_found comes before)
   casefile::Case shrunk;                // with its expectation
   oracle::Verdict shrunk_verdict;
@@ -93,7 +97,7 @@ class CampaignObserver {
   virtual void shrink_step(const Failure& /*failure*/, const ShrinkOutcome& /*outcome*/) {}
   // The shrunk case is on disk (when there is a corpus).
   virtual void failure_shrunk(const Failure& /*failure*/) {}
-  // A failure not shrunk (Failure::same_as): its original is on disk, and nothing follows.
+  // A failure not shrunk (Failure::same_as, Failure::known): its original is on disk, and nothing follows.
   virtual void failure_not_shrunk(const Failure& /*failure*/) {}
   // The campaign stops at an infrastructure error; its case and message are on disk (when there is
   // a corpus).

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "casefile/case_file.h"
+#include "fuzz/generators.h"
 #include "run/target.h"
 #include "run/target_run.h"
 #include "vocab/optimizer_models.h"
@@ -59,6 +60,13 @@ const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casef
   for (const KnownFinding& k : known)
     if (k.path == path && k.signature == signature) return &k;
   return nullptr;
+}
+
+std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
+                             const oracle::Verdict& verdict) {
+  if (!framework) return megatron_layout_assumptions_hold(c.topology) ? "" : std::string(kMegatronLayoutCorner);
+  const KnownFinding* k = known_as(known, c, verdict);
+  return k ? k->name : "";
 }
 
 }  // namespace tally::fuzz

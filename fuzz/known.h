@@ -38,4 +38,12 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
 const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
                              const oracle::Verdict& verdict);
 
+// The known finding a failure of `c` repeats, "" when it is new: on a real framework one of
+// `known` (fuzz/known.h); on tally's model (`framework` false) Megatron-LM's own layout corner,
+// where Megatron's rules miscount with no fault (megatron_layout_assumptions_hold,
+// fuzz/generators.h; written up in docs/findings/megatron-core-0.19.2-experts-as-dense-cp-before-tp.md).
+inline constexpr std::string_view kMegatronLayoutCorner = "megatron-layout-corner (experts as dense with ETP groups unlike TP groups)";
+std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
+                             const oracle::Verdict& verdict);
+
 }  // namespace tally::fuzz

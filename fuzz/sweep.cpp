@@ -9,7 +9,6 @@
 
 #include "casefile/case.h"
 #include "casefile/case_file.h"
-#include "fuzz/generators.h"
 #include "io/json_read.h"
 #include "run/case_job.h"
 #include "topologies/enumerate.h"
@@ -143,13 +142,6 @@ SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
   }
   plan.total_cases = index;
   return plan;
-}
-
-std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
-                             const oracle::Verdict& verdict) {
-  if (!framework) return megatron_layout_assumptions_hold(c.topology) ? "" : std::string(kMegatronLayoutCorner);
-  const KnownFinding* k = known_as(known, c, verdict);
-  return k ? k->name : "";
 }
 
 SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const SweepRunOptions& options) {

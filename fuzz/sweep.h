@@ -129,14 +129,6 @@ struct SweepRunOptions {
       on_failure;
 };
 
-// The known finding a failure of `c` repeats, "" when it is new: on a real framework one of
-// `known` (fuzz/known.h); on tally's model (`framework` false) Megatron-LM's own layout corner,
-// where Megatron's rules miscount with no fault (megatron_layout_assumptions_hold,
-// fuzz/generators.h; written up in docs/findings/megatron-core-0.19.2-experts-as-dense-cp-before-tp.md).
-inline constexpr std::string_view kMegatronLayoutCorner = "megatron-layout-corner (experts as dense with ETP groups unlike TP groups)";
-std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
-                             const oracle::Verdict& verdict);
-
 // Runs one case of a sweep on `target`: what no release runs, then, opened for its world, what its
 // release does not run (refused, with the reason), then the run. A failure is saved with the
 // expectation it showed and, for a real target, the run's manifests next to it (a case file

@@ -410,6 +410,35 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
   EXPECT_NE(shrinking.infra_error->path.find(".shrinking.infra-error.json"), std::string::npos);
 }
 
+// A failure repeating a known finding is saved, not shrunk, and does not count towards
+// --max-failures: a campaign against a release with known miscounts is not spent on them.
+TEST(Campaign, AKnownFindingIsSavedButNotShrunkNorCounted) {
+  CampaignOptions o;
+  o.seed = 11;
+  o.max_cases = 200;
+  o.max_failures = 1;
+  o.generator.faults = {Fault::no_dedup_filter};
+  o.corpus_dir = fresh_dir("known");
+  o.known = [](const casefile::Case&, const oracle::Verdict&) { return std::string("a-known-finding"); };
+  int runs = 0;
+  testing::RunnerTarget target(
+      [&runs](const casefile::Case& c) {
+        ++runs;
+        return sim(c);
+      },
+      0);
+  CampaignObserver quiet;
+  const CampaignResult result = run_campaign(o, target, quiet);
+  EXPECT_EQ(result.cases, 200) << "known failures do not stop it at --max-failures 1";
+  EXPECT_EQ(runs, 200) << "nothing shrunk";
+  ASSERT_GT(result.failures.size(), 1u);
+  for (const Failure& f : result.failures) {
+    EXPECT_EQ(f.known, "a-known-finding");
+    EXPECT_FALSE(f.shrunk_done);
+    EXPECT_TRUE(fs::exists(f.original_path)) << "a known failure is saved all the same";
+  }
+}
+
 // The mutation score: every fault is found within the default budget.
 TEST(Mutants, EveryApplicableFaultIsFoundWithinTheDefaultBudget) {
   MutantOptions o;  // budget 1000, seed 1, worlds up to 64
