@@ -101,7 +101,12 @@ SweepLayouts sweep_layouts(int world) {
     const std::string key = groups_key(topologies::RankLayout(config));
     auto [it, added] = index.emplace(key, out.layouts.size());
     if (added) out.layouts.push_back({config, 0});
-    ++out.layouts[it->second].configurations;
+    SweepLayout& layout = out.layouts[it->second];
+    // Stands for the layout in tally's default order where one of its configurations has it: a
+    // framework that builds its groups in that order only (DeepSpeed) then runs the layout.
+    if (layout.config.order != topologies::kDefaultOrder && config.order == topologies::kDefaultOrder)
+      layout.config = config;
+    ++layout.configurations;
   });
   return out;
 }

@@ -48,7 +48,9 @@ struct SweepModel {
 SweepModel sweep_model(const topologies::ParallelConfig& config, SweepFeature feature);
 
 struct SweepLayout {
-  topologies::ParallelConfig config;  // the first configuration of the layout, in enumeration order
+  // The first configuration of the layout in enumeration order, or its first in tally's default
+  // order where it has one.
+  topologies::ParallelConfig config;
   std::int64_t configurations = 0;    // how many configurations share its groups
 };
 
