@@ -40,7 +40,7 @@ TALLY_TEST_WORKER_MODE=die "$tally" fuzz --target megatron-core --worker "$stand
   --seed 3 --corpus "$dir/json" --json >"$dir/json.out" 2>"$dir/json.err"
 rc=$?
 [ $rc = 3 ] || fail "json: exit code $rc, expected 3"
-grep -q '"stopped_by":"infra-error",.*"failures":\[\],"infra_error":{"case":0,"while_shrinking":false,"call":"megatron-core worker (world 2)","message":"the worker exited during case-1; the end of its log .*model_worker.sh: case 1","saved":"[^"]*3-0.infra-error.json","message_file":"[^"]*3-0.infra-error.txt"}' "$dir/json.out" ||
+grep -q '"stopped_by":"infra-error",.*"failures":\[\],"new":0,"known":0,"infra_error":{"case":0,"while_shrinking":false,"call":"megatron-core worker (world 2)","message":"the worker exited during case-1; the end of its log .*model_worker.sh: case 1","saved":"[^"]*3-0.infra-error.json","message_file":"[^"]*3-0.infra-error.txt"}' "$dir/json.out" ||
   fail "json: no infra_error with the message, its log tail and the saved files"
 
 # The detached children (one per worker start) are gone: each mode wrote its pid in its queue,
