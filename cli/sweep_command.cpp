@@ -26,6 +26,8 @@
 #include "fuzz/sweep.h"
 #include "io/atomic_file.h"
 #include "io/json_read.h"
+#include "run/run_case.h"
+#include "run/target.h"
 #include "topologies/parallel_config.h"
 
 namespace tally::cli {
@@ -85,11 +87,16 @@ std::string minutes_text(double seconds) {
 
 struct Counts {
   std::int64_t pass = 0, fail_new = 0, fail_known = 0, refused = 0, infra = 0;
+  std::int64_t model_checked = 0, model_disagrees = 0;
   std::map<std::string, std::int64_t> known_by_name, refused_by_reason;
 };
 
 Counts count(const std::vector<SweepResult>& results) {
   Counts c;
+  for (const SweepResult& r : results) {
+    c.model_checked += r.model_checked ? 1 : 0;
+    c.model_disagrees += r.model_disagrees.empty() ? 0 : 1;
+  }
   for (const SweepResult& r : results) switch (r.outcome) {
       case SweepResult::Outcome::pass: ++c.pass; break;
       case SweepResult::Outcome::fail:
@@ -126,6 +133,14 @@ void print_summary(std::ostream& out, const fuzz::SweepReport& report, double se
     if ((r.outcome == SweepResult::Outcome::fail && r.known.empty()) || r.outcome == SweepResult::Outcome::infra_error)
       out << "  " << (r.outcome == SweepResult::Outcome::fail ? "NEW " : "INFRA ") << r.id << ": " << r.detail
           << (r.case_file.empty() ? "" : "; tally replay " + shell_quote(r.case_file)) << '\n';
+  if (c.model_checked == 0) return;
+  out << "  tally's model of " << report.target << " " << report.version << " (gradnorm/releases.h): held against "
+      << c.model_checked << " cases, " << (c.model_disagrees == 0 ? "agrees on every one" : "disagrees on " + std::to_string(c.model_disagrees))
+      << '\n';
+  int listed = 0;
+  for (const SweepResult& r : report.results)
+    if (!r.model_disagrees.empty() && listed++ < 20) out << "  MODEL " << r.id << ": " << r.model_disagrees << '\n';
+  if (listed > 20) out << "  and " << listed - 20 << " more disagreements (the JSON report lists each)\n";
 }
 
 std::vector<fuzz::JunitCase> junit_cases(const fuzz::SweepReport& report) {
@@ -165,7 +180,7 @@ void write_html_index(const std::string& dir, const fuzz::SweepReport& report) {
        << html_escape(report.target) << " " << html_escape(report.version) << "</title><style>"
        << "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
           "padding:2px 6px;text-align:left}.fail{background:#fdd}.known{background:#ffd}.infra-error{background:#fcf}"
-          ".refused{color:#777}</style></head><body><h1>tally sweep: world "
+          ".refused{color:#777}.model{outline:2px solid #c60}</style></head><body><h1>tally sweep: world "
        << report.world << ", " << html_escape(report.target) << " " << html_escape(report.version) << "</h1><pre>"
        << html_escape(summary.str()) << "</pre><table><tr><th>case</th><th>outcome</th><th>detail</th><th>s</th></tr>";
   for (const SweepResult& r : report.results) {
@@ -173,9 +188,11 @@ void write_html_index(const std::string& dir, const fuzz::SweepReport& report) {
                                 ? "known"
                                 : std::string(fuzz::sweep_outcome_name(r.outcome));
     const bool has_page = fs::exists(fs::path(dir) / (r.id + ".html"));
-    page << "<tr class=\"" << css << "\"><td>"
+    std::string detail = r.known.empty() ? r.detail : r.detail + " (known: " + r.known + ")";
+    if (!r.model_disagrees.empty()) detail += (detail.empty() ? "" : "; ") + std::string("model disagrees: ") + r.model_disagrees;
+    page << "<tr class=\"" << css << (r.model_disagrees.empty() ? "" : " model") << "\"><td>"
          << (has_page ? "<a href=\"" + html_escape(r.id) + ".html\">" + html_escape(r.id) + "</a>" : html_escape(r.id))
-         << "</td><td>" << html_escape(css) << "</td><td>" << html_escape(r.known.empty() ? r.detail : r.detail + " (known: " + r.known + ")")
+         << "</td><td>" << html_escape(css) << "</td><td>" << html_escape(detail)
          << "</td><td>" << static_cast<long>(r.seconds * 100 + 0.5) / 100.0 << "</td></tr>";
   }
   page << "</table></body></html>\n";
@@ -314,6 +331,17 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
   run_options.known = [&known, framework = opened->framework](const casefile::Case& c, const oracle::Verdict& v) {
     return fuzz::known_finding_of(known, framework, c, v);
   };
+  // A release tally models is held against that model, case by case (docs/real-targets.md).
+  if (const run::FrameworkTarget* row = opened->framework ? run::framework_target(opened->name) : nullptr)
+    run_options.release_model = [row, version = opened->version](const casefile::Case& c) -> std::optional<oracle::Verdict> {
+      const std::optional<casefile::Case> model_case = row->release_model_case(c, version);
+      if (!model_case) return std::nullopt;
+      try {
+        return run::run_case(*model_case);
+      } catch (const casefile::InvalidCase&) {
+        return std::nullopt;  // a case the release runs that tally's model does not build
+      }
+    };
   if (!o.html.empty())
     run_options.on_failure = [&](const fuzz::SweepCase& sc, const casefile::Case& c, const oracle::Verdict& verdict,
                                  const std::string& case_file) {
@@ -353,6 +381,10 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       if (terminal) out << '\n';
       out << (r.outcome == SweepResult::Outcome::infra_error ? "INFRA " : "NEW   ") << sc.id << ": " << r.detail << '\n'
           << std::flush;
+    }
+    if (!o.json && !r.model_disagrees.empty()) {
+      if (terminal) out << '\n';
+      out << "MODEL " << sc.id << ": " << r.model_disagrees << '\n' << std::flush;
     }
     if (!o.json && (terminal ? elapsed - last_progress >= 0.2 : elapsed - last_progress >= 10.0)) {
       last_progress = elapsed;
@@ -395,7 +427,8 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
       "is counted and the target's own axis (the optimizer models; DeepSpeed's ZeRO stages and "
       "precisions), one case each. Resumable (the state file after a kill), shardable (--shard I/N, "
       "then --merge), with JUnit, an HTML index, and failures that repeat a known finding counted "
-      "apart. Exit 0 no new failure, 1 new failures, 2 bad input, 3 infrastructure errors.");
+      "apart. A megatron-core release tally models is held against that model case by case: the "
+      "summary lists each case where they disagree (MODEL lines; the exit code stays the release's). Exit 0 no new failure, 1 new failures, 2 bad input, 3 infrastructure errors.");
   command->add_option("--world", options->world, "The world whose every layout is swept")
       ->check(whole_number(1, topologies::kMaxWorld));
   command->add_option("--features", options->features,

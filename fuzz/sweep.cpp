@@ -149,6 +149,32 @@ SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
   return plan;
 }
 
+std::optional<std::string> model_disagreement(const oracle::Verdict& predicted, const oracle::Verdict& observed) {
+  using Kind = oracle::Verdict::Kind;
+  const auto said = [](const oracle::Verdict& v) {
+    std::string out = describe(failure_signature(v));
+    if (v.kind == Kind::fail && v.miscounted_total > 0) {
+      out += " (" + std::to_string(v.miscounted_total) + " params miscounted";
+      for (std::size_t i = 0; i < v.miscounted.size() && i < 3; ++i)
+        out += std::string(i == 0 ? ": " : ", ") + v.miscounted[i].name + " counted " +
+               std::to_string(v.miscounted[i].counted) + " of " + std::to_string(v.miscounted[i].numel);
+      out += ")";
+    }
+    return out;
+  };
+  const auto line = [&] { return "tally's model: " + said(predicted) + "; the release: " + said(observed); };
+  if (predicted.kind != observed.kind) return line();
+  if (predicted.kind != Kind::fail) return std::nullopt;
+  if (predicted.miscounted_total != observed.miscounted_total) return line();
+  // The miscounts, which the one judge lists in tensor order for both runs.
+  const std::size_t n = std::min(predicted.miscounted.size(), observed.miscounted.size());
+  for (std::size_t i = 0; i < n; ++i)
+    if (predicted.miscounted[i].name != observed.miscounted[i].name ||
+        predicted.miscounted[i].counted != observed.miscounted[i].counted)
+      return line();
+  return std::nullopt;
+}
+
 SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const SweepRunOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   SweepResult r;
@@ -172,6 +198,12 @@ SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const Sweep
   casefile::Case c = sc.c;
   if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
   const oracle::Verdict verdict = target.execute(c, /*keep_record=*/false).verdict;
+  if (options.release_model && verdict.kind != oracle::Verdict::Kind::infra_error) {
+    if (const std::optional<oracle::Verdict> predicted = options.release_model(c)) {
+      r.model_checked = true;
+      r.model_disagrees = model_disagreement(*predicted, verdict).value_or("");
+    }
+  }
   if (verdict.kind == oracle::Verdict::Kind::pass) return finish();
   r.outcome = verdict.kind == oracle::Verdict::Kind::fail ? SweepResult::Outcome::fail : SweepResult::Outcome::infra_error;
   r.detail = verdict.kind == oracle::Verdict::Kind::fail ? describe(failure_signature(verdict))
@@ -197,6 +229,8 @@ nlohmann::ordered_json sweep_report_json(const SweepReport& report) {
     if (!r.detail.empty()) j["detail"] = r.detail;
     if (!r.case_file.empty()) j["case_file"] = r.case_file;
     if (!r.known.empty()) j["known"] = r.known;
+    if (r.model_checked) j["model_checked"] = true;
+    if (!r.model_disagrees.empty()) j["model_disagrees"] = r.model_disagrees;
     j["seconds"] = r.seconds;
     results.push_back(std::move(j));
   }
@@ -259,6 +293,9 @@ SweepReport read_sweep_report(std::string_view text, std::string_view source) {
                    {"detail", [&](const json& x, const std::string& q) { result.detail = io::read_string(x, q); }},
                    {"case_file", [&](const json& x, const std::string& q) { result.case_file = io::read_string(x, q, 4096); }},
                    {"known", [&](const json& x, const std::string& q) { result.known = io::read_string(x, q, 4096); }},
+                   {"model_checked", [&](const json& x, const std::string& q) { result.model_checked = io::read_bool(x, q); }},
+                   {"model_disagrees",
+                    [&](const json& x, const std::string& q) { result.model_disagrees = io::read_string(x, q, 4096); }},
                    {"seconds", [&](const json& x, const std::string& q) { result.seconds = io::read_number(x, q); }}},
                   "a sweep result", {"index", "id", "outcome"});
               r.results.push_back(std::move(result));

@@ -97,6 +97,11 @@ struct SweepResult {
   std::string case_file;  // fail or infra-error: where the case was saved ("" without a corpus)
   std::string known;      // fail: the known finding it repeats ("" when new)
   double seconds = 0.0;
+  // A real target whose release tally models (SweepRunOptions::release_model): whether the case
+  // was held against that model, and where the model's verdict is another, what it gave ("pass",
+  // or a failure's signature with its miscount); "" when they agree or it was not held.
+  bool model_checked = false;
+  std::string model_disagrees;
 };
 std::string_view sweep_outcome_name(SweepResult::Outcome outcome);  // "pass", "fail", "refused", "infra-error"
 std::optional<SweepResult::Outcome> sweep_outcome_from_name(std::string_view name);
@@ -126,10 +131,22 @@ struct SweepRunOptions {
   std::string corpus_dir;  // each failure and infrastructure error saved here as <id>.json; "": nowhere
   // The known finding a failure repeats ("" when it is new): known_finding_of below.
   std::function<std::string(const casefile::Case&, const oracle::Verdict&)> known;
+  // tally's model of the target's release, where there is one: its verdict of a case, or nullopt
+  // for a case it does not model. Each case the release runs to a verdict is run on it too, and a
+  // different verdict is reported (model_disagreement below).
+  std::function<std::optional<oracle::Verdict>(const casefile::Case&)> release_model;
   // Hears of each failure and infrastructure error: the case as saved, its verdict, its file.
   std::function<void(const SweepCase&, const casefile::Case&, const oracle::Verdict&, const std::string& case_file)>
       on_failure;
 };
+
+// Where tally's model of a release (`predicted`) and the release (`observed`) disagree on a case:
+// a different kind of verdict, or failures that miscount other params or another number of
+// elements of them, or one failing on its ledger and the other not. One line ("the model: pass;
+// the release: fail: ledger (expert-row-bias) ...") or nullopt when they agree. Statistics that
+// fail beside the ledger are left out: a real run's are judged from its manifests and may fail
+// more of them than tally's model does for one miscount.
+std::optional<std::string> model_disagreement(const oracle::Verdict& predicted, const oracle::Verdict& observed);
 
 // Runs one case of a sweep on `target`: what no release runs, then, opened for its world, what its
 // release does not run (refused, with the reason), then the run. A failure is saved with the

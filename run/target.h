@@ -145,6 +145,10 @@ struct FrameworkTarget {
   // The framework's code that computes `c`'s norm ("layerwise", "DeepSpeedZeroOptimizer"): what a
   // known finding is tied to (fuzz/known.h), so a defect found again on that code is known.
   std::string (*norm_code)(const casefile::Case& c);
+  // `c` as tally's model of the release `version` runs it (the release's own rules as catalog
+  // faults, gradnorm/releases.h), without its target section; nullopt where tally has no model of
+  // that release. A sweep holds the release's verdict against it.
+  std::optional<casefile::Case> (*release_model_case)(const casefile::Case& c, std::string_view version);
 };
 
 // Every real target, in the order --help lists them: each row is defined in its framework's folder

@@ -34,6 +34,8 @@ constexpr FrameworkTarget kDeepSpeed{
     [](const casefile::Case& c) { return c.deepspeed ? deepspeed_model_description(c) : std::string(); },
     deepspeed_sweep_variants,
     deepspeed_norm_code,
+    // tally models Megatron's path, not DeepSpeed's: no release model to hold it against.
+    [](const casefile::Case&, std::string_view) -> std::optional<casefile::Case> { return std::nullopt; },
 };
 
 }  // namespace

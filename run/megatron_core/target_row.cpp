@@ -1,6 +1,7 @@
 #include "run/megatron_core/target_row.h"
 
 #include "run/megatron_core/rules.h"
+#include "gradnorm/releases.h"
 #include "vocab/optimizer_models.h"
 
 namespace tally::run {
@@ -25,6 +26,15 @@ constexpr FrameworkTarget kMegatronCore{
     [](const casefile::Case&) { return std::string(); },
     optimizer_variants,
     [](const casefile::Case& c) { return std::string(vocab::optimizer_model_name(c.path.optimizer)); },
+    [](const casefile::Case& c, std::string_view version) -> std::optional<casefile::Case> {
+      const std::optional<gradnorm::MegatronRelease> release = gradnorm::release_from_name(version);
+      if (!release || gradnorm::check_release_config(*release, c.topology)) return std::nullopt;
+      casefile::Case model = c;
+      model.target.reset();
+      model.expect.reset();
+      model.path.faults = model.path.faults.with(gradnorm::release_faults(*release, c.path.optimizer));
+      return model;
+    },
 };
 
 }  // namespace

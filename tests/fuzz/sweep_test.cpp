@@ -9,6 +9,7 @@
 #include "fuzz/generators.h"
 #include "fuzz/known.h"
 #include "run/backend.h"
+#include "run/run_case.h"
 #include "run/target_run.h"
 #include "topologies/rank_layout.h"
 
@@ -117,14 +118,19 @@ TEST(Sweep, AReportReadsBackAsItWasWrittenAndABadOneNamesTheField) {
   r.configurations = 5016;
   r.layouts = 94;
   r.total_cases = 10;
-  r.results.push_back({3, "L001-moe-zero1-bf16", SweepResult::Outcome::fail, "fail: l2", "c/L001.json", "x.fail", 1.5});
-  r.results.push_back({5, "L002-moe-zero3-bf16", SweepResult::Outcome::refused, "deepspeed.zero_stage 3 ...", "", "", 0.0});
+  r.results.push_back({3, "L001-moe-zero1-bf16", SweepResult::Outcome::fail, "fail: l2", "c/L001.json", "x.fail", 1.5,
+                       true, "tally's model: pass; the release: fail: l2"});
+  r.results.push_back({5, "L002-moe-zero3-bf16", SweepResult::Outcome::refused, "deepspeed.zero_stage 3 ...", "", "", 0.0,
+                       false, ""});
   const SweepReport back = read_sweep_report(sweep_report_json(r).dump(), "state.json");
   EXPECT_EQ(back.world, 4);
   EXPECT_EQ(back.shard, 1);
   ASSERT_EQ(back.results.size(), 2u);
   EXPECT_EQ(back.results[0].known, "x.fail");
   EXPECT_EQ(back.results[1].outcome, SweepResult::Outcome::refused);
+  EXPECT_TRUE(back.results[0].model_checked);
+  EXPECT_EQ(back.results[0].model_disagrees, r.results[0].model_disagrees);
+  EXPECT_FALSE(back.results[1].model_checked);
   nlohmann::ordered_json bad = sweep_report_json(r);
   bad["results"][0]["outcome"] = "flaky";
   try {
@@ -133,6 +139,62 @@ TEST(Sweep, AReportReadsBackAsItWasWrittenAndABadOneNamesTheField) {
   } catch (const std::runtime_error& error) {
     EXPECT_NE(std::string(error.what()).find("state.json: sweep.results[0].outcome"), std::string::npos) << error.what();
   }
+}
+
+// The release is played by tally's model without faults; its model by the same case with faults.
+TEST(Sweep, TallysModelOfTheReleaseIsHeldAgainstEachCaseTheReleaseRuns) {
+  run::SimBackend backend;
+  const std::unique_ptr<run::Target> release = run::model_target(backend);
+  SweepCase sc;
+  sc.id = "founding-6099";
+  sc.c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.fail.json");
+  sc.c.expect.reset();
+  sc.c.path.faults = {};
+  const auto model_with = [](std::vector<vocab::Fault> faults) {
+    return [faults](const casefile::Case& c) -> std::optional<oracle::Verdict> {
+      casefile::Case m = c;
+      for (vocab::Fault f : faults) m.path.faults = m.path.faults.with(f);
+      return run::run_case(m);
+    };
+  };
+  SweepRunOptions options;
+  options.release_model = model_with({});
+  SweepResult r = run_sweep_case(sc, *release, options);
+  EXPECT_EQ(r.outcome, SweepResult::Outcome::pass);
+  EXPECT_TRUE(r.model_checked);
+  EXPECT_EQ(r.model_disagrees, "") << "the same verdict";
+
+  options.release_model = model_with({vocab::Fault::expert_dedup_on_dense_tp});
+  r = run_sweep_case(sc, *release, options);
+  EXPECT_TRUE(r.model_checked);
+  EXPECT_TRUE(r.model_disagrees.starts_with("tally's model: fail: ledger")) << r.model_disagrees;
+  EXPECT_TRUE(r.model_disagrees.ends_with("; the release: pass")) << r.model_disagrees;
+
+  options.release_model = [](const casefile::Case&) -> std::optional<oracle::Verdict> { return std::nullopt; };
+  r = run_sweep_case(sc, *release, options);
+  EXPECT_FALSE(r.model_checked) << "a case the model does not model is not held against it";
+}
+
+TEST(Sweep, TwoFailuresDisagreeWhenTheyMiscountOtherParamsOrOtherElements) {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.fail.json");
+  c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
+  const oracle::Verdict dedup = run::run_case(c);
+  ASSERT_EQ(dedup.kind, oracle::Verdict::Kind::fail);
+  EXPECT_EQ(model_disagreement(dedup, dedup), std::nullopt);
+  oracle::Verdict fewer = dedup;
+  ASSERT_FALSE(fewer.miscounted.empty());
+  fewer.miscounted.front().counted += 1;
+  const std::optional<std::string> line = model_disagreement(dedup, fewer);
+  ASSERT_TRUE(line.has_value()) << "the same param counted another number of times";
+  EXPECT_NE(line->find(" params miscounted: "), std::string::npos) << *line;
+  oracle::Verdict other = dedup;
+  other.miscounted_total += 1;
+  EXPECT_TRUE(model_disagreement(dedup, other).has_value()) << "another number of params miscounted";
+  oracle::Verdict stats_only = dedup;
+  stats_only.miscounted.clear();
+  stats_only.miscounted_total = 0;
+  EXPECT_TRUE(model_disagreement(dedup, stats_only).has_value()) << "one fails its ledger, the other does not";
+  EXPECT_TRUE(model_disagreement(dedup, oracle::Verdict{}).has_value());
 }
 
 TEST(Known, AFindingIsKnownOnItsOwnNormCodeWhenItFailsTheSameWay) {
