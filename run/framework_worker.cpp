@@ -446,9 +446,14 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
                              std::to_string(w.hello.world) + ": its command must start {world} ranks (" +
                              options_.command + ")");
   }
-  if (options_.progress)
+  if (options_.progress) {
     *options_.progress << "world-" << world << " worker up in " << static_cast<int>(seconds_since(start) + 0.5)
-                       << " s: " << w.hello.framework << " " << w.hello.version << "\n" << std::flush;
+                       << " s: " << w.hello.framework << " " << w.hello.version << "\n";
+    // Said once, not once per refused case: what its cases will not ask for on this machine.
+    for (const auto& [setting, why] : w.hello.cannot_run)
+      *options_.progress << "  it cannot run " << setting << " here: " << shown_line(why, kMaxLineShown) << "\n";
+    *options_.progress << std::flush;
+  }
   return w;
 }
 

@@ -36,6 +36,9 @@ struct WorkerHello {
   // "megatron"): a stand-in executing cases with tally's own model. A real DeepSpeed worker takes
   // models Megatron refuses (expert biases with expert TP).
   bool megatron_model_rules = false;
+  // Case settings the framework cannot run on this machine (hello "cannot_run", e.g.
+  // "deepspeed.fused_adam" when DeepSpeed's FusedAdam op did not build), each with why.
+  std::map<std::string, std::string> cannot_run;
   // Where the worker runs, for the log: its torch.distributed backend ("nccl", "gloo") and the
   // GPUs its ranks see; empty and absent when it does not say.
   std::string backend;
@@ -48,6 +51,9 @@ struct WorkerResult {
   std::string message;            // the first failing rank's message; empty when ok
   std::optional<double> seconds;  // the worker's own measure of the case
 };
+
+// The settings a hello's "cannot_run" may name.
+inline constexpr std::string_view kCannotRunSettings[] = {"deepspeed.fused_adam"};
 
 // The largest hello.json and case-<K>.result.json read.
 inline constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;

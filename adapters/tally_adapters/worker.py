@@ -57,6 +57,11 @@ class Worker:
         """The gradient dtypes the framework computes in on this machine; None: every one."""
         return None
 
+    def cannot_run(self) -> Dict[str, str]:
+        """Case fields (docs/schemas/hello.schema.json names them) whose setting the framework
+        cannot run on this machine, each with why; tally refuses such cases with that reason."""
+        return {}
+
     def execute(self, request: Request) -> None:
         """Runs the case on this rank and writes its manifests to request.manifests_dir; raises
         when the framework refuses the case or the worker fails on it."""
@@ -85,6 +90,9 @@ class Worker:
         dtypes = self.dtypes()
         if dtypes is not None:
             hello["dtypes"] = dtypes
+        cannot_run = self.cannot_run()
+        if cannot_run:
+            hello["cannot_run"] = dict(cannot_run)
         return hello
 
 

@@ -180,7 +180,8 @@ bool shows(const vocab::FaultSet& faults, const EnginePath& path, bool pipelined
 
 std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view,
                                                  const FaultPlants& plants, const std::vector<std::string>& dtypes,
-                                                 bool megatron_model_rules) {
+                                                 bool megatron_model_rules,
+                                                 const std::map<std::string, std::string>& cannot_run) {
   const topologies::ModelSpec& m = c.model;
   const topologies::ParallelConfig& t = c.topology;
   const vocab::PathOptions& o = c.path;
@@ -218,6 +219,8 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
            ": the worker's DeepSpeed accelerator does not support it on this machine";
   if (!c.deepspeed) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
+  if (const auto it = cannot_run.find("deepspeed.fused_adam"); c.deepspeed->fused_adam && it != cannot_run.end())
+    return "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (" + it->second + ")";
   if (megatron_model_rules)
     if (auto why = topologies::check_megatron_expert_bias(m, t))
       return "model: this worker builds models under Megatron-LM's rules (its hello's model_rules): " + *why;
@@ -234,7 +237,8 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
 }
 
 casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw,
-                                const std::vector<std::string>& dtypes, bool megatron_model_rules) {
+                                const std::vector<std::string>& dtypes, bool megatron_model_rules,
+                                const std::map<std::string, std::string>& cannot_run) {
   topologies::ModelSpec& m = c.model;
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
@@ -271,11 +275,13 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   }
   casefile::drop_stated_gradients_without_a_param(c, stages);
   const bool pipelined = t.pp > 1;
+  const bool fused_adam_runs = !cannot_run.contains("deepspeed.fused_adam");
   std::uint64_t path_draws = 1;  // how many engine paths `draw` chose among (its later bits draw the rest)
   if (!c.deepspeed) {
     std::vector<EnginePath> paths;
     for (const EnginePath& path : kEnginePaths)
-      if (computes_in(dtypes, path.dtype) && (!pipelined || pipelines(path)) && shows(o.faults, path, pipelined))
+      if (computes_in(dtypes, path.dtype) && (fused_adam_runs || !path.fused_adam) && (!pipelined || pipelines(path)) &&
+          shows(o.faults, path, pipelined))
         paths.push_back(path);
     if (paths.empty()) paths.push_back(kEnginePaths[0]);  // fp32 at ZeRO 0 runs everywhere
     path_draws = paths.size();
@@ -315,6 +321,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     casefile::drop_stated_gradients_without_a_param(c, stages);
   }
   casefile::DeepSpeedConfig& d = *c.deepspeed;
+  if (!fused_adam_runs) d.fused_adam = false;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
   // DeepSpeed runs experts at ZeRO 3 only with AutoEP. AutoEP's experts are SwiGLU without
   // biases: a model it would take but for those becomes one. With TP it folds over AutoTP.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,10 +28,13 @@ namespace tally::run {
 // `dtypes`: the precisions the worker's machine computes in (WorkerHello::dtypes; empty: all).
 // `megatron_model_rules`: the worker builds models under Megatron-LM's rules
 // (WorkerHello::megatron_model_rules), which refuse expert biases with expert TP.
+// `cannot_run`: the settings the worker cannot run on its machine, with why (WorkerHello::cannot_run:
+// "deepspeed.fused_adam" where DeepSpeed's FusedAdam op did not build).
 std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view version,
                                                  const FaultPlants& plants = {},
                                                  const std::vector<std::string>& dtypes = {},
-                                                 bool megatron_model_rules = false);
+                                                 bool megatron_model_rules = false,
+                                                 const std::map<std::string, std::string>& cannot_run = {});
 
 // `c` within the worker's space: CP and VPP become 1, the order tally's default, ETP 1 or TP, EP a
 // divisor of the experts and of the ranks DeepSpeed makes its expert groups from, one optimizer
@@ -40,11 +44,12 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
 // DeepSpeed runs only AutoEP's experts), gets AutoEP's experts (SwiGLU without biases) where its
 // TP and PP allow AutoEP, and ZeRO 3 becomes 2 where they do not. Half the models with expert TP
 // get expert biases (Megatron refuses them; DeepSpeed does not), unless `megatron_model_rules`. A
-// case with a section keeps it, made valid. A custom layout has no DeepSpeed counterpart and is
-// returned as it is.
+// case with a section keeps it, made valid (FusedAdam dropped where `cannot_run` names it). A custom
+// layout has no DeepSpeed counterpart and is returned as it is.
 casefile::Case within_deepspeed(casefile::Case c, std::string_view version, const FaultPlants& plants,
                                 std::uint64_t draw, const std::vector<std::string>& dtypes = {},
-                                bool megatron_model_rules = false);
+                                bool megatron_model_rules = false,
+                                const std::map<std::string, std::string>& cannot_run = {});
 
 // The DeepSpeed code that computes the norm of `c` (which has a deepspeed section):
 // "clip_grad_norm_", "FP16_UnfusedOptimizer", "FP16_Optimizer", "BF16_Optimizer",

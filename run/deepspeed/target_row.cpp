@@ -11,7 +11,8 @@ constexpr FrameworkTarget kDeepSpeed{
     "deepspeed",
     "torchrun --standalone --nproc-per-node {world} -m tally_adapters.deepspeed.worker",
     [](const casefile::Case& c, const WorkerHello& hello) {
-      return deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules);
+      return deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules,
+                                   hello.cannot_run);
     },
     [](const casefile::Case& c, std::string_view version) { return deepspeed_unsupported(c, version); },
     [](casefile::Case c, const WorkerHello& hello) {
@@ -19,7 +20,7 @@ constexpr FrameworkTarget kDeepSpeed{
       // stream of cases, and a shrink's, stay reproducible from the campaign seed.
       const std::uint64_t draw = c.path.gradients.generator.seed;
       return within_deepspeed(std::move(c), hello.version, hello.plants, draw, hello.dtypes,
-                              hello.megatron_model_rules);
+                              hello.megatron_model_rules, hello.cannot_run);
     },
     // A case the flags describe has DeepSpeed's defaults: ZeRO 0, the precision of --grad-dtype.
     [](casefile::Case c) {

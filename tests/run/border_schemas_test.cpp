@@ -277,6 +277,22 @@ TEST(BorderSchemas, TheHellosDtypesAreTallysDtypes) {
   EXPECT_EQ(schema("hello")["properties"]["dtypes"]["items"]["enum"], json(dtypes));
 }
 
+TEST(BorderSchemas, TheHellosCannotRunSettingsAreTheOnesTallyReads) {
+  const json hello = schema("hello");
+  std::vector<std::string> listed;
+  for (const auto& [name, ignored] : hello["properties"]["cannot_run"]["properties"].items()) listed.push_back(name);
+  EXPECT_EQ(listed, std::vector<std::string>(std::begin(kCannotRunSettings), std::end(kCannotRunSettings)));
+  try {
+    read_hello(R"({"framework": "deepspeed", "version": "0.19.8", "world": 2, "producer": "p",
+                  "cannot_run": {"deepspeed.cpu_adam": "no"}})");
+    ADD_FAILURE() << "a setting tally does not know must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("hello.cannot_run[\"deepspeed.cpu_adam\"]: not a case setting a worker may decline"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // --- what tally reads: the schema and the reader name the same fields ---------------------------
 
 // `read` takes the full document of `schema`, refuses it with a property more naming that
@@ -336,6 +352,8 @@ TEST(BorderSchemas, TheFullHelloIsReadFieldByField) {
   EXPECT_EQ(h.devices, 0);
   EXPECT_EQ(h.dtypes, std::vector<std::string>{"fp32"});
   EXPECT_TRUE(h.megatron_model_rules);
+  ASSERT_EQ(h.cannot_run.size(), 1u);
+  EXPECT_EQ(h.cannot_run.begin()->first, "deepspeed.fused_adam");
   EXPECT_EQ(h.plants.planted.size(), vocab::fault_catalog().size());
   EXPECT_EQ(h.plants.not_planted.size(), vocab::fault_catalog().size());
 }

@@ -739,6 +739,23 @@ TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
   EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
 }
 
+TEST(DeepSpeedTarget, AWorkerWhoseFusedAdamDidNotBuildIsAskedForNoneAndRefusesItWithItsReason) {
+  const std::map<std::string, std::string> cannot_run = {
+      {"deepspeed.fused_adam", "DeepSpeed's FusedAdam op did not build on rank 0: RuntimeError: nvcc failed"}};
+  casefile::Case c = plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 1}, 2);
+  for (std::uint64_t draw = 0; draw < 64; ++draw) {
+    const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, cannot_run);
+    EXPECT_FALSE(within.deepspeed->fused_adam) << "draw " << draw;
+    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8", {}, {}, false, cannot_run)) << "draw " << draw;
+  }
+  c.deepspeed = casefile::DeepSpeedConfig{.fused_adam = true};
+  EXPECT_FALSE(within_deepspeed(c, "0.19.8", {}, 0, {}, false, cannot_run).deepspeed->fused_adam)
+      << "a shrink keeps within what the worker runs";
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8", {}, {}, false, cannot_run),
+            "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (DeepSpeed's FusedAdam "
+            "op did not build on rank 0: RuntimeError: nvcc failed)");
+}
+
 TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
   casefile::Case c = plain_case({.world = 4, .ep = 2, .etp = 1}, 2);
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);

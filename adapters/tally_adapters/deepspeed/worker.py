@@ -909,6 +909,42 @@ def print_gradient_distance(engine, box_of):
             print(f"rank {dist.get_rank()} {path}: max|grad - tally's value| {distance}", flush=True)
 
 
+def prepare_fused_adam(devices):
+    """Builds DeepSpeed's FusedAdam op (or loads it from torch's extension cache) before the hello,
+    so no case pays for the build or fails on it; returns why it cannot run here, or None.
+
+    Rank 0 builds first while the others wait (the build is once per machine), then each loads it;
+    every rank learns the first rank's failure. On a GPU with TORCH_CUDA_ARCH_LIST unset, the op
+    builder would read torch's own architecture list, whose "9.0a" it cannot parse
+    (`invalid literal for int() with base 10: '0a'`): the list is set to this device's."""
+    import torch
+    import torch.distributed as dist
+
+    if devices and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+
+    def load():
+        try:
+            from deepspeed.ops.op_builder import FusedAdamBuilder
+
+            FusedAdamBuilder().load(verbose=False)
+        except Exception as error:  # the compiler's or the loader's error, whatever its class
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "unset")
+            return (f"DeepSpeed's FusedAdam op did not build on rank {dist.get_rank()} "
+                    f"(TORCH_CUDA_ARCH_LIST {arch}): {type(error).__name__}: {first}")
+        return None
+
+    reason = load() if dist.get_rank() == 0 else None
+    dist.barrier()
+    if dist.get_rank() != 0:
+        reason = load()
+    reasons = [None] * dist.get_world_size()
+    dist.all_gather_object(reasons, reason)
+    return next((r for r in reasons if r), None)
+
+
 def client_optimizer(module, layers, fused_adam):
     """The AdamW at lr 0 the worker gives DeepSpeed, with DeepSpeed's MoE param groups where the
     module has MoE layers (DeepSpeed requires them): torch's, or with `fused_adam` DeepSpeed's
@@ -1130,6 +1166,7 @@ class DeepSpeedWorker(base.Worker):
     package = "deepspeed"
     plants = PLANTS
     not_planted = NOT_PLANTED
+    fused_adam_unavailable = None  # why DeepSpeed's FusedAdam cannot run here (start() finds out)
 
     def framework_version(self):
         import deepspeed
@@ -1163,6 +1200,12 @@ class DeepSpeedWorker(base.Worker):
             import deepspeed.runtime.pipe.p2p as p2p
 
             stage_pipeline_p2p_through_host(p2p)
+        self.fused_adam_unavailable = prepare_fused_adam(self.devices)
+
+    def cannot_run(self):
+        if self.fused_adam_unavailable:
+            return {"deepspeed.fused_adam": self.fused_adam_unavailable}
+        return {}
 
     def dtypes(self):
         from deepspeed.accelerator import get_accelerator
