@@ -64,6 +64,19 @@ void own_distributed(const std::vector<MainParam>& params, const topologies::Ran
             [](const OwnedPiece& a, const OwnedPiece& b) { return a.local_index < b.local_index; });
 }
 
+// Where a param stands in the param groups the layer-wise optimizer deals from: its children's
+// groups in order, Muon's (the 2-D weights but embeddings and output layer), then Adam's with weight
+// decay (those), then Adam's without (1-D params: biases, norms). megatron-core 0.16.1 and 0.19.2
+// route params so (_is_nonlinear_or_embedding; the standard overrides' wd_mult 0) and order groups
+// so (_get_param_groups: no override first).
+int layer_wise_group(const MainParam& p) {
+  if (p.attrs.slice.rank == 2) return p.attrs.param_class == topologies::ParamClass::vocab ? 1 : 0;
+  return p.attrs.slice.rank == 1 ? 2 : 1;
+}
+
+// LayerWiseDistributedOptimizer._shard_params_ping_pong: the params of the groups in order, sorted
+// by local size, smallest first (stable), dealt to the data-parallel ranks along 0..n-1, n-1..0,
+// 0..n-1, ...; dense and expert params each over their own group (DP x CP, EDP).
 void own_layer_wise(const std::vector<MainParam>& params, const topologies::RankLayout& layout,
                     int rank, Ownership& out) {
   for (bool expert : {false, true}) {
@@ -76,8 +89,10 @@ void own_layer_wise(const std::vector<MainParam>& params, const topologies::Rank
     std::vector<int> order;
     for (int i = 0; i < static_cast<int>(params.size()); ++i)
       if (params[i].expert_label == expert) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return layer_wise_group(params[a]) < layer_wise_group(params[b]); });
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      return params[a].attrs.slice.numel() > params[b].attrs.slice.numel();
+      return params[a].attrs.slice.numel() < params[b].attrs.slice.numel();
     });
     for (std::size_t k = 0; k < order.size(); ++k) {
       const std::size_t round = k / slot.size, within = k % slot.size;
