@@ -47,7 +47,8 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
     const oracle::Verdict verdict = run::judge_target_run(
         c, (fs::path(file).parent_path() / c.target->manifests).string(), oracle::kFrameworkRtol);
     if (verdict.kind != oracle::Verdict::Kind::fail) continue;
-    known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict)});
+    known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict),
+                     !megatron_layout_assumptions_hold(c.topology)});
   }
   return known;
 }
@@ -57,8 +58,9 @@ const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casef
   if (verdict.kind != oracle::Verdict::Kind::fail) return nullptr;
   const FailureSignature signature = failure_signature(verdict);
   const std::string path = known_path(c);
+  const bool corner = !megatron_layout_assumptions_hold(c.topology);
   for (const KnownFinding& k : known)
-    if (k.path == path && k.signature == signature) return &k;
+    if ((k.path == path || (k.layout_corner && corner)) && k.signature == signature) return &k;
   return nullptr;
 }
 

@@ -218,5 +218,26 @@ TEST(Known, AFindingIsKnownOnItsOwnNormCodeWhenItFailsTheSameWay) {
   EXPECT_EQ(known_as(known, c, oracle::Verdict{}), nullptr) << "a pass repeats no finding";
 }
 
+// The world-4 sweep of megatron-core 0.19.2 on one H200 (bench/RESULTS.md): the written-up layout
+// corner (saved with the plain optimizer) failing the same way under the distributed optimizer.
+TEST(Known, AFindingOfMegatronsLayoutCornerIsKnownUnderEveryOptimizer) {
+  const std::vector<KnownFinding> known = load_known(TALLY_SOURCE_DIR "/seeds/real", "megatron-core", "0.19.2");
+  const std::string file = TALLY_SOURCE_DIR "/tests/fixtures/sweeps/megatron-core-0.19.2/L070-moe-distributed.json";
+  casefile::Case c = casefile::load_case_file(file);
+  ASSERT_FALSE(megatron_layout_assumptions_hold(c.topology));
+  const oracle::Verdict verdict = run::judge_target_run(
+      c, TALLY_SOURCE_DIR "/tests/fixtures/sweeps/megatron-core-0.19.2/L070-moe-distributed.manifests",
+      oracle::kFrameworkRtol);
+  ASSERT_EQ(verdict.kind, oracle::Verdict::Kind::fail);
+  const KnownFinding* k = known_as(known, c, verdict);
+  ASSERT_NE(k, nullptr) << "the corner's finding, saved with the plain optimizer, is this one too";
+  EXPECT_EQ(k->name, "megatron-core-0.19.2-experts-as-dense-cp-before-tp.fail");
+  EXPECT_NE(k->path, known_path(c)) << "another norm code";
+  // Outside the corner a finding stays tied to its norm code.
+  std::vector<KnownFinding> not_corner = known;
+  for (KnownFinding& f : not_corner) f.layout_corner = false;
+  EXPECT_EQ(known_as(not_corner, c, verdict), nullptr);
+}
+
 }  // namespace
 }  // namespace tally::fuzz
