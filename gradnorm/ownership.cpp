@@ -78,7 +78,13 @@ int layer_wise_group(const MainParam& p) {
 // by local size, smallest first (stable), dealt to the data-parallel ranks along 0..n-1, n-1..0,
 // 0..n-1, ...; dense and expert params each over their own group (DP x CP, EDP).
 void own_layer_wise(const std::vector<MainParam>& params, const topologies::RankLayout& layout,
-                    int rank, Ownership& out) {
+                    int rank, const vocab::FaultSet& faults, Ownership& out) {
+  // layer-wise-unsharded-at-dp-cp-1: the releases return before sharding, experts included.
+  if (faults.has(vocab::Fault::layer_wise_unsharded_at_dp_cp_1) && layout.group_ranks(Family::dp_cp, rank).size() == 1) {
+    for (int i = 0; i < static_cast<int>(params.size()); ++i)
+      out.pieces.push_back({i, {0, params[i].attrs.slice.numel()}});
+    return;
+  }
   for (bool expert : {false, true}) {
     const DataParallelSlot slot = [&] {
       // Layer-wise ownership spans the full data-parallel group.
@@ -122,7 +128,7 @@ void own_elements(vocab::OptimizerModel model, const std::vector<MainParam>& par
       own_distributed(params, layout, rank, options, faults, out);
       return;
     case vocab::OptimizerModel::layerwise:
-      own_layer_wise(params, layout, rank, out);
+      own_layer_wise(params, layout, rank, faults, out);
       return;
   }
 }

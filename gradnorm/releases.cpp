@@ -36,8 +36,10 @@ vocab::FaultSet release_faults(MegatronRelease release, vocab::OptimizerModel op
       if (optimizer == vocab::OptimizerModel::muon) faults = faults.with(vocab::Fault::muon_expert_stats_without_egtp);
       break;
   }
-  // #6099: in both releases the layer-wise optimizer's children receive no TP groups.
-  if (optimizer == vocab::OptimizerModel::layerwise) faults = faults.with(vocab::Fault::expert_dedup_on_dense_tp);
+  // #6099: in both releases the layer-wise optimizer's children receive no TP groups; and neither
+  // shards anything when DP x CP is 1 (radixark/Megatron-LM #82).
+  if (optimizer == vocab::OptimizerModel::layerwise)
+    faults = faults.with(vocab::Fault::expert_dedup_on_dense_tp).with(vocab::Fault::layer_wise_unsharded_at_dp_cp_1);
   return faults;
 }
 

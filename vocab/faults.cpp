@@ -134,6 +134,14 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "the reported norm is taken of the gradients before they are unscaled: the true norm times the "
      "loss scale (2^16); clipping unscales it and stays right",
      "any gradient not zero"},
+    {Fault::layer_wise_unsharded_at_dp_cp_1, "layer-wise-unsharded-at-dp-cp-1",
+     "megatron-core 0.16.1 and 0.19.2 LayerWiseDistributedOptimizer.shard_params (returns before "
+     "sharding when the dp_cp group has one rank); radixark/Megatron-LM PR #82; "
+     "docs/findings/megatron-core-0.19.2-layerwise-expert-weights-dp1.md",
+     "with DP x CP = 1 the layer-wise optimizer shards nothing, expert params included: every rank "
+     "of an expert-DP group owns and counts the expert params it holds",
+     "the layer-wise optimizer with DP x CP = 1 and experts whose expert-DP size, TP / (EP x ETP), "
+     "is above 1"},
 }};
 
 }  // namespace

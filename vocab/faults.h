@@ -39,8 +39,9 @@ enum class Fault : std::uint8_t {
   muon_expert_stats_without_egtp,
   tp_marking_unseen_by_filter,
   norm_of_scaled_gradients,
+  layer_wise_unsharded_at_dp_cp_1,
 };
-inline constexpr int kFaultCount = 27;
+inline constexpr int kFaultCount = 28;
 // norm-of-scaled-gradients: the loss scale the reported norm is still multiplied by (DeepSpeed's
 // first dynamic fp16 loss scale, 2^16, a power of two: the product is exact).
 inline constexpr double kFaultLossScale = 65536.0;

@@ -185,6 +185,9 @@ inline std::vector<FaultCase> fault_cases() {
       "megatron-core 0.19.2 muon chain: EGTP 2, expert statistics over tp-ep-pp",
       with_gtp(config_of(2, 1, 1, 1, 1), 1, 2), small_moe(2), ones(OptimizerModel::muon),
       ParamClass::expert_column);
+  add(Fault::layer_wise_unsharded_at_dp_cp_1,
+      "megatron-core 0.19.2 / radixark #82: layer-wise, TP 2, EP 1, ETP 1, DP 1: expert weights owned twice",
+      config_of(2, 2, 1, 1, 1), small_moe(2), ones(OptimizerModel::layerwise), ParamClass::expert_column);
   add(Fault::norm_of_scaled_gradients, "DeepSpeed #8588: DP 2, the norm of gradients still times 2^16",
       config_of(2, 1, 1, 1, 1), dense_model(), ones(OptimizerModel::plain), ParamClass::replicated, false);
   add(Fault::distopt_overlapping_shards, "distributed optimizer, DP 2, four elements",

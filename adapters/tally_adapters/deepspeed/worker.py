@@ -188,6 +188,7 @@ NOT_PLANTED = {
     "average-local-norms-over-dp": "DeepSpeed's clip_grad_norm_ does it already (DeepSpeed #8475)",
     "norm-of-scaled-gradients": "DeepSpeed 0.19.8 never scales an fp16 loss at ZeRO 0 (docs/findings), so "
                                 "FP16_UnfusedOptimizer's norm is of unscaled gradients: #8588 shows once it does",
+    "layer-wise-unsharded-at-dp-cp-1": "Megatron's layer-wise optimizer",
 }
 
 

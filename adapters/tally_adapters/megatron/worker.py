@@ -151,6 +151,8 @@ NOT_PLANTED = {
     "tp-marking-unseen-by-filter": "param_is_not_tensor_parallel_duplicate reads the param's own mark, which "
     "the adapter reads too to describe its box",
     "norm-of-scaled-gradients": "the worker runs Megatron in bf16, without a loss scale",
+    "layer-wise-unsharded-at-dp-cp-1": "megatron-core 0.16.1 and 0.19.2 do it already "
+    "(LayerWiseDistributedOptimizer.shard_params returns early at DP x CP 1)",
 }
 
 
