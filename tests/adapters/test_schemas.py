@@ -216,16 +216,6 @@ class ManifestTest(SchemaTest):
     def test_a_version_1_manifest_is_not_described(self):
         self.assertInvalidNaming("manifest", rank_list_manifest(0), "2 was expected")
 
-    def test_a_deepspeed_worker_whose_fused_adam_did_not_build_says_why_in_its_hello(self):
-        real = type("Real", (WithTheFrameworksVersion, deepspeed_worker.DeepSpeedWorker), {"dtypes": lambda self: None})
-        self.assertNotIn("cannot_run", real("nccl", 1, 4).hello(), "FusedAdam built: nothing to say")
-        worker = real("nccl", 1, 4)
-        worker.fused_adam_unavailable = "DeepSpeed's FusedAdam op did not build on rank 0: RuntimeError: nvcc failed"
-        hello = worker.hello()
-        self.assertEqual(hello["cannot_run"], {"deepspeed.fused_adam": worker.fused_adam_unavailable})
-        self.assertValid("hello", hello)
-        self.assertInvalidNaming("hello", dict(hello, cannot_run={"deepspeed.cpu_adam": "no"}), "deepspeed.cpu_adam")
-
     def test_a_field_the_schema_does_not_name_fails(self):
         ranks, _ = self.run_of()
         m = json.loads(json.dumps(ranks[0]))
