@@ -257,19 +257,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   }
   campaign.world = o.world;
   // Known findings of a real framework's release: counted apart, not shrunk again.
-  std::vector<fuzz::KnownFinding> known;
-  if (opened->framework && !o.no_known) {
-    const std::string dir = !o.known.empty() ? o.known : std::filesystem::is_directory("seeds/real") ? "seeds/real" : "";
-    if (!dir.empty()) {
-      try {
-        known = fuzz::load_known(dir, opened->name, opened->version);
-      } catch (const std::exception& error) {
-        throw UsageError(error.what());
-      }
-      if (!o.json) context.out << "known findings: " << known.size() << " of " << opened->name << " " << opened->version
-                               << " in " << dir << '\n';
-    }
-  }
+  const std::vector<fuzz::KnownFinding> known =
+      known_findings(*opened, o.known, o.no_known, o.json ? nullptr : &context.out);
   if (!known.empty())
     campaign.known = [&known](const casefile::Case& c, const oracle::Verdict& v) {
       return fuzz::known_finding_of(known, /*framework=*/true, c, v);

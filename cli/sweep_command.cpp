@@ -251,19 +251,8 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     context.exit_code = kExitInfra;
     return;
   }
-  std::vector<fuzz::KnownFinding> known;
-  if (opened->framework && !o.no_known) {
-    const std::string dir = !o.known.empty() ? o.known : fs::is_directory("seeds/real") ? "seeds/real" : "";
-    if (!dir.empty()) {
-      try {
-        known = fuzz::load_known(dir, opened->name, opened->version);
-      } catch (const std::exception& error) {
-        throw UsageError(error.what());
-      }
-      if (!o.json) context.out << "known findings: " << known.size() << " of " << opened->name << " " << opened->version
-                               << " in " << dir << '\n';
-    }
-  }
+  const std::vector<fuzz::KnownFinding> known =
+      known_findings(*opened, o.known, o.no_known, o.json ? nullptr : &context.out);
 
   fuzz::SweepOptions plan_options;
   plan_options.world = o.world;

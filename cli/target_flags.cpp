@@ -1,5 +1,7 @@
 #include "cli/target_flags.h"
 
+#include <filesystem>
+
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/usage_error.h"
@@ -89,6 +91,23 @@ std::string target_flags_text(const TargetOptions& options, int world) {
   if (options.case_timeout != defaults.case_timeout) out += " --case-timeout " + shell_quote(options.case_timeout);
   if (options.start_timeout != defaults.start_timeout) out += " --start-timeout " + shell_quote(options.start_timeout);
   return out;
+}
+
+std::vector<fuzz::KnownFinding> known_findings(const run::TargetAbilities& opened, const std::string& dir, bool none,
+                                               std::ostream* progress) {
+  if (!opened.framework || none) return {};
+  const std::string folder = !dir.empty() ? dir : std::filesystem::is_directory("seeds/real") ? "seeds/real" : "";
+  if (folder.empty()) return {};
+  std::vector<fuzz::KnownFinding> known;
+  try {
+    known = fuzz::load_known(folder, opened.name, opened.version);
+  } catch (const std::exception& error) {
+    throw UsageError(error.what());
+  }
+  if (progress)
+    *progress << "known findings: " << known.size() << " of " << opened.name << " " << opened.version << " in "
+              << folder << '\n';
+  return known;
 }
 
 }  // namespace tally::cli

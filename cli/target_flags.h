@@ -7,7 +7,9 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
+#include "fuzz/known.h"
 #include "run/backend.h"
 #include "run/target.h"
 
@@ -37,5 +39,11 @@ const run::TargetAbilities* open_or_report(run::Target& target, int world, std::
 // The flags that repeat `options` where they are not the defaults (" --target deepspeed --world 4
 // --worker ..."; `world` 0: no --world), for a campaign's repeat line.
 std::string target_flags_text(const TargetOptions& options, int world);
+
+// The known findings (fuzz/known.h) of the opened target's release, for --known DIR and --no-known:
+// none for tally's model or with `none`; from `dir`, or seeds/real where it exists when `dir` is
+// "". Says how many on `progress` unless it is nullptr. Throws UsageError naming the folder.
+std::vector<fuzz::KnownFinding> known_findings(const run::TargetAbilities& opened, const std::string& dir, bool none,
+                                               std::ostream* progress);
 
 }  // namespace tally::cli
