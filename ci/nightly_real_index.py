@@ -81,7 +81,7 @@ def campaign_row(night, part):
             continue
         case = f.get("shrunk") or f.get("original", "")
         rows.append((f"case {f['case']}", "fail", f.get("failure", ""), link(night, case, "case file")
-                     + html.escape(f"; tally replay {os.path.relpath(case, night) if case else ''}")))
+                     + html.escape(f"; tally replay {os.path.abspath(case)}" if case else "")))
     if report.get("infra_error"):
         e = report["infra_error"]
         rows.append((f"case {e['case']}", "infra-error", e.get("message", "").split("\n")[0],

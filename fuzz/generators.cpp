@@ -390,15 +390,17 @@ vocab::PathOptions pick_path_options() {
 
 }  // namespace
 
+bool experts_as_dense_with_other_groups(const ParallelConfig& c) {
+  if (c.ep > 1 || c.etp != c.tp || c.egtp != c.gtp) return false;
+  // Both families split ranks into runs {base + i * stride} of one size: equal iff the strides are.
+  using topologies::Axis;
+  return (c.tp > 1 && axis_stride(c, Axis::tp, false) != axis_stride(c, Axis::tp, true)) ||
+         (c.gtp > 1 && axis_stride(c, Axis::gtp, false) != axis_stride(c, Axis::gtp, true));
+}
+
 bool megatron_layout_assumptions_hold(const ParallelConfig& c) {
   if (c.dist_opt_instances > 1 && c.order != topologies::kDefaultOrder) return false;
-  if (c.ep > 1 || c.etp != c.tp || c.egtp != c.gtp) return true;
-  // Experts treated as dense: their ETP (EGTP) groups must be the TP (GTP) groups. Both families
-  // split ranks into runs {base + i * stride} of one size: equal iff the strides are.
-  using topologies::Axis;
-  if (c.tp > 1 && axis_stride(c, Axis::tp, false) != axis_stride(c, Axis::tp, true)) return false;
-  if (c.gtp > 1 && axis_stride(c, Axis::gtp, false) != axis_stride(c, Axis::gtp, true)) return false;
-  return true;
+  return !experts_as_dense_with_other_groups(c);
 }
 
 rc::Gen<ParallelConfig> gen_config(const TopologyGenOptions& options) {

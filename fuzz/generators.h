@@ -51,6 +51,9 @@ struct TopologyGenOptions {
 // pass: the ETP groups equal the TP groups whenever experts are treated as dense (EP 1, ETP =
 // TP), and several distributed-optimizer instances only in the default order.
 bool megatron_layout_assumptions_hold(const topologies::ParallelConfig& config);
+// The first of those corners alone: experts treated as dense (EP 1, ETP = TP, EGTP = GTP) whose
+// ETP (EGTP) groups are not the TP (GTP) groups.
+bool experts_as_dense_with_other_groups(const topologies::ParallelConfig& config);
 
 // A configuration that passes check_config.
 rc::Gen<topologies::ParallelConfig> gen_config(const TopologyGenOptions& options = {});

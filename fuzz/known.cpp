@@ -48,7 +48,7 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
         c, (fs::path(file).parent_path() / c.target->manifests).string(), oracle::kFrameworkRtol);
     if (verdict.kind != oracle::Verdict::Kind::fail) continue;
     known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict),
-                     !megatron_layout_assumptions_hold(c.topology)});
+                     framework == "megatron-core" && experts_as_dense_with_other_groups(c.topology)});
   }
   return known;
 }
@@ -58,7 +58,7 @@ const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casef
   if (verdict.kind != oracle::Verdict::Kind::fail) return nullptr;
   const FailureSignature signature = failure_signature(verdict);
   const std::string path = known_path(c);
-  const bool corner = !megatron_layout_assumptions_hold(c.topology);
+  const bool corner = experts_as_dense_with_other_groups(c.topology);
   for (const KnownFinding& k : known)
     if ((k.path == path || (k.layout_corner && corner)) && k.signature == signature) return &k;
   return nullptr;

@@ -5,8 +5,8 @@
 // A failure repeats a known finding when it is of the same framework and release, on the same
 // code of the framework's norm (run::FrameworkTarget::norm_code: the optimizer model; DeepSpeed's
 // norm code), and fails the same way (the same failure signature, fuzz/shrink.h), the known
-// finding's signature being that of its saved run, judged again. A finding whose own case lies in
-// Megatron-LM's layout corner (megatron_layout_assumptions_hold false: experts as dense with ETP
+// finding's signature being that of its saved run, judged again. A megatron-core finding whose own
+// case lies in Megatron-LM's experts-as-dense corner (experts_as_dense_with_other_groups: ETP
 // groups unlike the TP groups) is a defect of the groups, not of a norm code: any norm code's
 // failure in that corner that fails the same way repeats it.
 #pragma once
@@ -26,7 +26,7 @@ struct KnownFinding {
   std::string name;         // its file name without the folder and ".json": how reports name it
   std::string path;         // the framework's norm code it fails in (known_path)
   FailureSignature signature;
-  bool layout_corner = false;  // its case breaks Megatron-LM's layout assumptions
+  bool layout_corner = false;  // a megatron-core finding in the experts-as-dense corner
 };
 
 // The norm code of `c`'s framework that a finding is tied to ("layerwise", "BF16_Optimizer"); the

@@ -70,7 +70,7 @@ void own_distributed(const std::vector<MainParam>& params, const topologies::Ran
 // route params so (_is_nonlinear_or_embedding; the standard overrides' wd_mult 0) and order groups
 // so (_get_param_groups: no override first).
 int layer_wise_group(const MainParam& p) {
-  if (p.attrs.slice.rank == 2) return p.attrs.param_class == topologies::ParamClass::vocab ? 1 : 0;
+  if (p.attrs.slice.rank == 2) return p.attrs.embedding_or_output ? 1 : 0;
   return p.attrs.slice.rank == 1 ? 2 : 1;
 }
 

@@ -67,8 +67,11 @@ class GptWalker {
     }
     draft_.mtp_group = false;
 
-    if (s_.untie_embeddings_and_output_weights)
+    if (s_.untie_embeddings_and_output_weights) {
+      draft_.output_layer = true;
       emit({"", "output_layer.weight"}, ParamClass::column, {s_.vocab_size, h});
+      draft_.output_layer = false;
+    }
   }
 
  private:
@@ -279,6 +282,7 @@ LogicalModel::LogicalModel(ModelSpec spec, const ParallelConfig& config) : spec_
     p.expert = d.expert;
     p.grad_norm_group = d.mtp_group ? GradNormGroup::mtp : GradNormGroup::main;
     p.tied = d.tied;
+    p.embedding_or_output = p.param_class == ParamClass::vocab || d.output_layer;
     if (p.tied) tied_id_ = p.id;
     total_ += p.numel;
 

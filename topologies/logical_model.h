@@ -34,6 +34,9 @@ struct LogicalParam {
   // The word embedding the output layer shares: with pp > 1 the last stage holds a `shared`
   // copy of it; with pp == 1 it is one parameter, counted once.
   bool tied = false;
+  // Megatron-LM's is_embedding_or_output_parameter: the word embedding (and any vocab-parallel
+  // param) and the untied output layer. Emerging optimizers leave these to Adam.
+  bool embedding_or_output = false;
 };
 
 // The sizes a LogicalModel was validated for; the sharding checks a RankLayout against them.

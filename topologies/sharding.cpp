@@ -88,6 +88,7 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     LocalParam local;
     local.logical_id = p.id;
     local.param_class = p.param_class;
+    local.embedding_or_output = p.embedding_or_output;
     local.vpp_chunk = p.chunk;
     local.local_expert = local_expert;
     const int dim = partition_dim(p.param_class);
@@ -114,6 +115,7 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     copy.copy = model.last_stage_copy();
     copy.param_class =
         copy.copy == SharedCopy::output_layer ? ParamClass::column : ParamClass::vocab;
+    copy.embedding_or_output = true;  // the tied output layer: an embedding-or-output param too
     copy.vpp_chunk = m.vpp - 1;
     copy.slice = block_of(embedding.shape, 0, at.tp, m.tp);
     apply_gtp(copy.slice, copy.gtp_weight_remat, copy.param_class, at.gtp, m.gtp);

@@ -39,6 +39,7 @@ struct LocalParam {
   bool allreduce = true;   // false: expert topology (EP > 1 or ETP != TP); absent means true
   bool shared = false;     // a duplicate copy, never counted
   bool gtp_weight_remat = false;  // is_gtp_weight_remat: a distinct GTP shard
+  bool embedding_or_output = false;  // LogicalParam::embedding_or_output
   GradNormGroup grad_norm_group = GradNormGroup::main;
   SharedCopy copy = SharedCopy::none;
   friend bool operator==(const LocalParam&, const LocalParam&) = default;

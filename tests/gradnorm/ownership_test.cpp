@@ -122,24 +122,25 @@ TEST(Ownership, LayerWiseDealsWholeParamsSmallestFirstPingPongFromTheReleasesGro
     }
     return names;
   };
-  // By size: a (1) -> rank 0, d (2) -> rank 1, c (3) -> rank 1, b (4) -> rank 0.
+  // Smallest first: a (1) -> rank 0, c (2) -> rank 1, b (3) -> rank 1 (largest first would give
+  // b -> 0, c -> 1, a -> 1).
   const topologies::LogicalModel sizes(
       testing::custom_model({testing::custom_param("a", ParamClass::replicated, {1}),
-                             testing::custom_param("b", ParamClass::replicated, {4}),
-                             testing::custom_param("c", ParamClass::replicated, {3}),
-                             testing::custom_param("d", ParamClass::replicated, {2})}),
+                             testing::custom_param("b", ParamClass::replicated, {3}),
+                             testing::custom_param("c", ParamClass::replicated, {2})}),
       config);
-  EXPECT_EQ(owned_names(sizes, 0), (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(owned_names(sizes, 1), (std::vector<std::string>{"c", "d"}));
-  // Of equal sizes, Muon's 2-D weight comes before Adam's 1-D param that precedes it in the model:
-  // c (1) -> rank 0, w (2) -> rank 1, bias (2) -> rank 1.
+  EXPECT_EQ(owned_names(sizes, 0), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(owned_names(sizes, 1), (std::vector<std::string>{"b", "c"}));
+  // Of equal sizes, the groups in order: Muon's 2-D weight w, Adam's embedding, Adam's 1-D norm:
+  // w -> rank 0, emb -> rank 1, norm -> rank 1 (model order would give norm -> 0; the embedding
+  // among Muon's, emb -> 0).
   const topologies::LogicalModel groups(
-      testing::custom_model({testing::custom_param("bias", ParamClass::replicated, {2}),
-                             testing::custom_param("w", ParamClass::column, {1, 2}),
-                             testing::custom_param("c", ParamClass::replicated, {1})}),
+      testing::custom_model({testing::custom_param("norm", ParamClass::replicated, {2}),
+                             testing::custom_param("emb", ParamClass::vocab, {2, 1}),
+                             testing::custom_param("w", ParamClass::column, {1, 2})}),
       config);
-  EXPECT_EQ(owned_names(groups, 0), (std::vector<std::string>{"c"}));
-  EXPECT_EQ(owned_names(groups, 1), (std::vector<std::string>{"bias", "w"}));
+  EXPECT_EQ(owned_names(groups, 0), (std::vector<std::string>{"w"}));
+  EXPECT_EQ(owned_names(groups, 1), (std::vector<std::string>{"norm", "emb"}));
 }
 
 }  // namespace

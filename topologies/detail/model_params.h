@@ -31,6 +31,7 @@ struct ParamDraft {
   int stage = 0;    // explicit_stage only
   int chunk = 0;
   bool mtp_group = false;  // in the separate `mtp` grad-norm group
+  bool output_layer = false;  // the untied output layer
   bool tied = false;       // the word embedding the output layer shares
   // The parameters of one expert are consecutive; expert_block_size > 0 on the first one says
   // how many there are (the sharding uses it to skip whole blocks of remote experts).
