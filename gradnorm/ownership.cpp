@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 namespace tally::gradnorm {
 
@@ -95,10 +96,10 @@ void own_layer_wise(const std::vector<MainParam>& params, const topologies::Rank
     std::vector<int> order;
     for (int i = 0; i < static_cast<int>(params.size()); ++i)
       if (params[i].expert_label == expert) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return layer_wise_group(params[a]) < layer_wise_group(params[b]); });
+    // By size, then by group; model order among equals (a stable sort).
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      return params[a].attrs.slice.numel() < params[b].attrs.slice.numel();
+      return std::pair(params[a].attrs.slice.numel(), layer_wise_group(params[a])) <
+             std::pair(params[b].attrs.slice.numel(), layer_wise_group(params[b]));
     });
     for (std::size_t k = 0; k < order.size(); ++k) {
       const std::size_t round = k / slot.size, within = k % slot.size;
