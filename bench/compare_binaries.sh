@@ -13,6 +13,8 @@
 #
 # Two binaries of different versions generate different cases from one seed when their generators
 # differ: the ratio then compares the campaigns each would run, which is what a nightly sees.
+# TALLY_BENCH_BASELINE_ARGS and TALLY_BENCH_CANDIDATE_ARGS add flags to one side's campaigns (e.g.
+# "--jobs 1": one core each, where a binary runs cases side by side by default).
 set -euo pipefail
 baseline=${1:?usage: compare_binaries.sh BASELINE CANDIDATE [SEED] [CASES] [ROUNDS]}
 candidate=${2:?usage: compare_binaries.sh BASELINE CANDIDATE [SEED] [CASES] [ROUNDS]}
@@ -26,16 +28,21 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 # One campaign's cases per second, from the JSON summary (cases / seconds).
+read -r -a baseline_args <<<"${TALLY_BENCH_BASELINE_ARGS:-}"
+read -r -a candidate_args <<<"${TALLY_BENCH_CANDIDATE_ARGS:-}"
 rate() {
-  "$1" fuzz --seed "$seed" --cases "$cases" --corpus "$scratch/corpus" --json >"$scratch/out.json"
+  local binary=$1
+  shift
+  "$binary" fuzz --seed "$seed" --cases "$cases" --corpus "$scratch/corpus" --json "$@" >"$scratch/out.json"
   python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(round(j["cases"] / j["seconds"]))' "$scratch/out.json"
 }
 
-echo "tally fuzz --seed $seed --cases $cases, $rounds rounds, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "tally fuzz --seed $seed --cases $cases, $rounds rounds, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" \
+  "${TALLY_BENCH_BASELINE_ARGS:+, baseline $TALLY_BENCH_BASELINE_ARGS}${TALLY_BENCH_CANDIDATE_ARGS:+, candidate $TALLY_BENCH_CANDIDATE_ARGS}"
 declare -a base_rates cand_rates
 for ((round = 1; round <= rounds; ++round)); do
-  b=$(rate "$baseline")
-  c=$(rate "$candidate")
+  b=$(rate "$baseline" "${baseline_args[@]}")
+  c=$(rate "$candidate" "${candidate_args[@]}")
   base_rates+=("$b")
   cand_rates+=("$c")
   echo "round $round: baseline $b cases/s, candidate $c cases/s"

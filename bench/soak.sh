@@ -26,7 +26,8 @@ for ((i = 0; i < campaigns; ++i)); do
   seed=$((first_seed + i))
   world=${worlds[$((i % ${#worlds[@]}))]}
   # --max-failures 0: a false FAIL does not end the campaign; each is shrunk (30 s at most).
-  "$tally" fuzz --seed "$seed" --max-world "$world" --time "${seconds}s" --max-failures 0 \
+  # --jobs 1: the campaigns share the cores, one each.
+  "$tally" fuzz --seed "$seed" --max-world "$world" --time "${seconds}s" --max-failures 0 --jobs 1 \
     --shrink-time 30s --corpus "$out/corpus-$seed-$world" --json >"$out/soak-$seed-$world.json" \
     2>"$out/soak-$seed-$world.err" || true &
   while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done

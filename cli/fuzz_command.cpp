@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "cli/backend_flags.h"
 #include "cli/campaign_output.h"
@@ -86,6 +87,7 @@ struct FuzzOptions {
   int world = 2;  // --target: every case's world
   std::string known;  // --known; "": seeds/real where it exists
   bool no_known = false;
+  unsigned jobs = 0;  // 0: one per core where the target runs cases side by side, else 1
 };
 
 // One testcase per failure (its shrunk case once shrunk), or one passing testcase for a
@@ -250,12 +252,18 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   // The target opens first: a real framework's worker for --world (its release decides what it
   // builds and plants).
   std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err);
+  if (o.jobs > 1 && !target->runs_cases_side_by_side())
+    throw UsageError("--jobs " + std::to_string(o.jobs) + ": " +
+                     (target->framework() ? "the " + o.target.target + " worker runs one case at a time"
+                                          : "the " + std::string(context.backend.name()) +
+                                                " backend's processes run one case at a time (--backend sim runs them side by side)"));
   const run::TargetAbilities* opened = open_or_report(*target, o.world, context.err);
   if (!opened) {
     context.exit_code = kExitInfra;
     return;
   }
   campaign.world = o.world;
+  campaign.jobs = o.jobs > 0 ? o.jobs : target->runs_cases_side_by_side() ? std::max(1u, std::thread::hardware_concurrency()) : 1;
   // Known findings of a real framework's release: counted apart, not shrunk again.
   const std::vector<fuzz::KnownFinding> known =
       known_findings(*opened, o.known, o.no_known, o.json ? nullptr : &context.out);
@@ -429,6 +437,12 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
                           "), all on tally's model")
       ->check(CLI::IsMember({"all", "new"}));
   command->add_flag("--json", options->json, "Machine-readable summary (no progress lines)");
+  command->add_option("--jobs", options->jobs,
+                      "Threads running cases side by side on tally's model (--backend sim); the same cases, "
+                      "failures and files whatever the number (0: one per core; a real framework and the mpi "
+                      "and nccl backends run one at a time)")
+      ->check(whole_number(0, 1024))
+      ->capture_default_str();
   command->add_option("--known", options->known,
                       "--target: a folder of known findings (case files with their manifests; default "
                       "seeds/real where it exists): a failure repeating one of the release's is counted as "

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <system_error>
 
 #include "io/atomic_file.h"
 #include "casefile/case_file.h"
 #include "run/case_job.h"
+#include "fuzz/run_ahead.h"
 
 namespace tally::fuzz {
 
@@ -125,6 +128,31 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
     result.infra_error = std::move(s);
     observer.infra_error(*result.infra_error);
   };
+  // RapidCheck keeps a generator's state in statics: one thread generates (or shrinks) at a time.
+  std::mutex generation;
+  auto generate_checked = [&](std::int64_t index) {
+    casefile::Case c;
+    {
+      std::lock_guard lock(generation);
+      c = generate_case(generator, options.seed, index).value();
+    }
+    if (std::optional<std::string> error = casefile::check_case(c))
+      throw std::logic_error("the generator made an invalid case (seed " + std::to_string(options.seed) +
+                             ", case " + std::to_string(index) + "): " + *error);
+    return c;
+  };
+  if (options.jobs > 1 && !target.runs_cases_side_by_side())
+    throw std::invalid_argument("a campaign of " + std::to_string(options.jobs) + " jobs needs a target that runs cases "
+                                "side by side; the " + std::string(target.name()) + " target runs one at a time");
+  std::optional<RunAhead> ahead;
+  if (options.jobs > 1)
+    ahead.emplace(options.jobs, options.max_cases > 0 ? options.max_cases : std::numeric_limits<std::int64_t>::max(),
+                  static_cast<int>(8 * options.jobs), [&](std::int64_t index) {
+                    RanCase ran;
+                    ran.c = generate_checked(index);
+                    ran.verdict = run(ran.c);
+                    return ran;
+                  });
   for (std::int64_t index = 0;; ++index) {
     if (options.max_cases > 0 && result.cases >= options.max_cases) {
       result.stopped_by = CampaignResult::Stop::cases;
@@ -145,13 +173,16 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       break;
     }
 
-    const rc::Shrinkable<casefile::Case> generated = generate_case(generator, options.seed, index);
-    casefile::Case c = generated.value();
-    if (std::optional<std::string> error = casefile::check_case(c))
-      throw std::logic_error("the generator made an invalid case (seed " +
-                             std::to_string(options.seed) + ", case " + std::to_string(index) +
-                             "): " + *error);
-    const oracle::Verdict verdict = run(c);
+    casefile::Case c;
+    oracle::Verdict verdict;
+    if (ahead) {
+      RanCase ran = ahead->take(index);
+      c = std::move(ran.c);
+      verdict = std::move(ran.verdict);
+    } else {
+      c = generate_checked(index);
+      verdict = run(c);
+    }
     ++result.cases;
     if (broken) {
       stop_at_infra_error(index, /*while_shrinking=*/false);
@@ -197,9 +228,15 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       continue;
     }
 
-    const ShrinkOutcome shrunk = shrink_failure(
-        generated, verdict, run, options.shrink, stopping,
-        [&](const ShrinkOutcome& step) { observer.shrink_step(failure, step); });
+    // Shrinking walks the case's RapidCheck shrinks, generated as it goes: no thread generates
+    // meanwhile, and the shrinks are gone before one does.
+    ShrinkOutcome shrunk;
+    {
+      std::lock_guard shrinking(generation);
+      const rc::Shrinkable<casefile::Case> generated = generate_case(generator, options.seed, index);
+      shrunk = shrink_failure(generated, verdict, run, options.shrink, stopping,
+                              [&](const ShrinkOutcome& step) { observer.shrink_step(failure, step); });
+    }
     failure.shrunk_done = true;
     failure.shrunk = shrunk.shrunk;
     failure.shrunk_verdict = shrunk.verdict;

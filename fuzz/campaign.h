@@ -44,6 +44,10 @@ struct CampaignOptions {
   // A target of one world per worker (a real framework) is opened for this world and every case
   // has it; tally's model runs each case's own world (on an mpi or nccl job, the job's).
   int world = 0;
+  // Threads generating and running cases side by side, ahead of the loop that takes their verdicts
+  // in order (fuzz/run_ahead.h): the same cases, failures and files as one thread. More than one
+  // needs a target that runs cases side by side (run::Target::runs_cases_side_by_side).
+  unsigned jobs = 1;
 };
 
 struct Failure {

@@ -38,6 +38,9 @@ class Backend {
   // Why `c` does not fit this backend (an mpi job whose size is not the case's world); nullopt
   // when it does.
   virtual std::optional<std::string> misfit(const casefile::Case& /*c*/) const { return std::nullopt; }
+  // Whether `run` may be called from several threads at once (sim: a case is a pure function of
+  // itself; mpi and nccl: every process serves the cases in one order).
+  virtual bool runs_cases_side_by_side() const { return false; }
   // Runs `c` on every rank of its topology and judges it. Throws casefile::InvalidCase when the case is
   // invalid, and NotRunnableHere when it does not fit the backend (misfit).
   virtual oracle::Verdict run(const casefile::Case& c, const oracle::JudgeOptions& judge) = 0;
@@ -46,6 +49,7 @@ class Backend {
 class SimBackend final : public Backend {
  public:
   std::string_view name() const override { return "sim"; }
+  bool runs_cases_side_by_side() const override { return true; }
   oracle::Verdict run(const casefile::Case& c, const oracle::JudgeOptions& judge) override;
 };
 

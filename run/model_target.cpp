@@ -39,6 +39,7 @@ class ModelTarget final : public Target {
   }
   // On sim a hang is a verdict; on a process-per-rank backend the watchdog ends the whole job.
   bool hang_ends_the_job() const override { return backend_.world() > 0; }
+  bool runs_cases_side_by_side() const override { return backend_.runs_cases_side_by_side(); }
   casefile::Case within(casefile::Case c) override { return c; }
   casefile::Case from_flags(casefile::Case c) const override { return c; }
   std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const override {

@@ -88,6 +88,10 @@ class Target {
   // cases after it too.
   virtual bool hang_ends_the_job() const { return false; }
 
+  // Whether `refusal` and `execute` may be called from several threads at once (tally's model on
+  // sim); a real framework's worker runs one case at a time.
+  virtual bool runs_cases_side_by_side() const { return false; }
+
   // `c` within what the target, opened for c's world, runs: each generated case and each shrink
   // candidate. Throws TargetUnavailable.
   virtual casefile::Case within(casefile::Case c) = 0;

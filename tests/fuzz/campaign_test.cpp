@@ -292,6 +292,61 @@ TEST(Campaign, SameSeedSameFailuresAndFiles) {
   }
 }
 
+// Cases run side by side (`tally fuzz --jobs`) give the campaign of one thread: the same cases,
+// failures at the same case numbers, the same files, shrunk the same way.
+TEST(Campaign, JobsSideBySideFindWhatOneThreadFinds) {
+  CampaignOptions o;
+  o.seed = 9;
+  o.max_cases = 400;
+  o.generator.faults = {Fault::average_rank_norms, Fault::missing_ep_reduction, Fault::tied_copy_not_shared};
+  o.max_failures = 4;
+  o.corpus_dir = fresh_dir("jobs");  // one folder, since the files name it
+  Recorder one_recorder;
+  const CampaignResult one = run_on_model(o, one_recorder);
+  ASSERT_GE(one.failures.size(), 2u);
+  std::vector<std::string> files;
+  for (const Failure& f : one.failures) {
+    files.push_back(read_file(f.original_path));
+    files.push_back(read_file(f.shrunk_path));
+  }
+  for (unsigned jobs : {2u, 5u}) {
+    CampaignOptions side_by_side = o;
+    side_by_side.jobs = jobs;
+    fresh_dir("jobs");
+    Recorder recorder;
+    const CampaignResult many = run_on_model(side_by_side, recorder);
+    EXPECT_EQ(many.cases, one.cases) << jobs << " jobs";
+    EXPECT_EQ(many.stopped_by, one.stopped_by);
+    EXPECT_EQ(recorder.events, one_recorder.events) << "the same failures, found and shrunk in the same order";
+    ASSERT_EQ(many.failures.size(), one.failures.size());
+    for (std::size_t i = 0; i < one.failures.size(); ++i) {
+      EXPECT_EQ(many.failures[i].index, one.failures[i].index);
+      EXPECT_EQ(read_file(many.failures[i].original_path), files[2 * i]);
+      EXPECT_EQ(read_file(many.failures[i].shrunk_path), files[2 * i + 1]);
+    }
+  }
+  // A fault-free campaign of a fixed count runs exactly that many cases.
+  CampaignOptions clean;
+  clean.seed = 12;
+  clean.max_cases = 300;
+  clean.jobs = 3;
+  CampaignObserver quiet;
+  const CampaignResult result = run_on_model(clean, quiet);
+  EXPECT_EQ(result.cases, 300);
+  EXPECT_TRUE(result.failures.empty());
+}
+
+// A real framework's worker runs one case at a time: a campaign of several jobs on it is refused.
+TEST(Campaign, JobsNeedATargetThatRunsCasesSideBySide) {
+  CampaignOptions o;
+  o.max_cases = 3;
+  o.jobs = 2;
+  testing::RunnerTarget framework([](const casefile::Case&) { return oracle::Verdict{}; }, 0);
+  CampaignObserver quiet;
+  EXPECT_THROW(run_campaign(o, framework, quiet), std::invalid_argument);
+  EXPECT_TRUE(framework.executed.empty());
+}
+
 TEST(Campaign, FaultFreeCampaignPasses) {
   CampaignOptions o;
   o.seed = 12;
