@@ -53,6 +53,19 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
   return known;
 }
 
+namespace {
+
+// A ledger failure is its miscounted params: which statistic shows them depends on the gradients
+// (all-zero gradients show a dropped param only in the zero count, normal ones only in the norm).
+// Any other failure is the statistic it fails.
+bool same_defect(const FailureSignature& known, const FailureSignature& failure) {
+  if (known.ledger && failure.ledger)
+    return known.kind == failure.kind && known.miscounted_class == failure.miscounted_class;
+  return known == failure;
+}
+
+}  // namespace
+
 const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
                              const oracle::Verdict& verdict) {
   if (verdict.kind != oracle::Verdict::Kind::fail) return nullptr;
@@ -60,7 +73,7 @@ const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casef
   const std::string path = known_path(c);
   const bool corner = experts_as_dense_with_other_groups(c.topology);
   for (const KnownFinding& k : known)
-    if ((k.path == path || (k.layout_corner && corner)) && k.signature == signature) return &k;
+    if ((k.path == path || (k.layout_corner && corner)) && same_defect(k.signature, signature)) return &k;
   return nullptr;
 }
 

@@ -5,7 +5,9 @@
 // A failure repeats a known finding when it is of the same framework and release, on the same
 // code of the framework's norm (run::FrameworkTarget::norm_code: the optimizer model; DeepSpeed's
 // norm code), and fails the same way (the same failure signature, fuzz/shrink.h), the known
-// finding's signature being that of its saved run, judged again. A megatron-core finding whose own
+// finding's signature being that of its saved run, judged again; a ledger failure the same way
+// whichever statistic shows it (the same miscounted class: all-zero gradients show a dropped param
+// in the zero count only, where the finding's saved run showed it in the norm). A megatron-core finding whose own
 // case lies in Megatron-LM's experts-as-dense corner (experts_as_dense_with_other_groups: ETP
 // groups unlike the TP groups) is a defect of the groups, not of a norm code: any norm code's
 // failure in that corner that fails the same way repeats it.

@@ -239,5 +239,38 @@ TEST(Known, AFindingOfMegatronsLayoutCornerIsKnownUnderEveryOptimizer) {
   EXPECT_EQ(known_as(not_corner, c, verdict), nullptr);
 }
 
+// A campaign of megatron-core 0.19.2 on one H200 (bench/RESULTS.md): the layer-wise optimizer's
+// dropped expert bias (saved with normal gradients, seen in the norm), here with all-zero
+// gradients, seen in the zero count only. The same miscounted params are the same finding.
+TEST(Known, ALedgerFindingIsKnownWhicheverStatisticShowsIt) {
+  const std::vector<KnownFinding> known = load_known(TALLY_SOURCE_DIR "/seeds/real", "megatron-core", "0.19.2");
+  const std::string folder = TALLY_SOURCE_DIR "/tests/fixtures/campaigns/megatron-core-0.19.2/";
+  const casefile::Case c = casefile::load_case_file(folder + "layerwise-expert-bias-zeros-gradients.json");
+  const oracle::Verdict verdict = run::judge_target_run(
+      c, folder + "layerwise-expert-bias-zeros-gradients.manifests", oracle::kFrameworkRtol);
+  ASSERT_EQ(verdict.kind, oracle::Verdict::Kind::fail);
+  const FailureSignature signature = failure_signature(verdict);
+  ASSERT_TRUE(signature.ledger);
+  ASSERT_EQ(signature.statistic, "zeros");
+  const KnownFinding* k = known_as(known, c, verdict);
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->name, "megatron-core-0.19.2-layerwise-clips-with-the-miscounted-norm.fail");
+  EXPECT_EQ(k->signature.statistic, "l2") << "the finding's saved run showed it in the norm";
+  // Another miscounted class is another defect, whatever the statistic.
+  std::vector<KnownFinding> other_class = known;
+  for (KnownFinding& f : other_class) f.signature.miscounted_class = "tensor-parallel shard (dim 0)";
+  EXPECT_EQ(known_as(other_class, c, verdict), nullptr);
+  // A failure without a ledger miscount is still matched by its statistic.
+  std::vector<KnownFinding> stats_only = known;
+  for (KnownFinding& f : stats_only) f.signature.ledger = false;
+  oracle::Verdict no_ledger = verdict;
+  no_ledger.miscounted.clear();
+  no_ledger.miscounted_total = 0;
+  const FailureSignature unledgered = failure_signature(no_ledger);
+  for (KnownFinding& f : stats_only) f.signature.miscounted_class = unledgered.miscounted_class;
+  for (KnownFinding& f : stats_only) f.signature.statistic = "l2";
+  EXPECT_EQ(known_as(stats_only, c, no_ledger), nullptr) << "zeros is not l2 without a ledger to say why";
+}
+
 }  // namespace
 }  // namespace tally::fuzz
