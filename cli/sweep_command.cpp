@@ -425,8 +425,9 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
                       "moe-shared-untied")
       ->delimiter(',');
   command->add_option("--shard", options->shard,
-                      "I/N: run only the cases whose number mod N is I (CI matrices, Slurm arrays); merge the "
-                      "shards' state files with --merge");
+                      "I/N: run only the cases of the layouts whose number mod N is I (CI matrices, Slurm arrays; "
+                      "a layout's cases stay together, so a framework's worker keeps its parallel state "
+                      "across them); merge the shards' state files with --merge");
   command->add_option("--corpus", options->corpus, "Folder for failing cases (with a real target's manifests) and the state")
       ->check(output_folder())
       ->capture_default_str();

@@ -141,7 +141,7 @@ SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
         // A gradient seed of its own, from its number: reproducible, and different per case.
         sc.c.path.gradients.generator.seed = 1000 + static_cast<std::uint64_t>(sc.index);
         sc.c.description = "tally sweep --world " + std::to_string(options.world) + ": " + sc.id;
-        if (sc.index % options.shards == options.shard) plan.cases.push_back(std::move(sc));
+        if (sc.layout % options.shards == options.shard) plan.cases.push_back(std::move(sc));
       }
     }
   }

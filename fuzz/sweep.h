@@ -7,8 +7,9 @@
 // Two configurations are one layout when they give the same process groups in every family
 // (topologies/rank_layout.h): the path, and a framework built from the same groups, cannot tell
 // them apart. Cases are numbered in a fixed order (layout, feature, the target's axis), so a sweep
-// is split across machines by `shard` (case k belongs to shard k mod N) and resumed by skipping
-// the cases a state already holds.
+// is split across machines by `shard` (the cases of layout l belong to shard l mod N: a layout's
+// cases stay together, one after another, so a framework's worker keeps its parallel state across
+// them) and resumed by skipping the cases a state already holds.
 #pragma once
 
 #include <cstdint>
@@ -72,7 +73,7 @@ struct SweepCase {
 struct SweepOptions {
   int world = 0;
   std::vector<SweepFeature> features;  // empty: every feature
-  int shard = 0, shards = 1;           // this shard's cases: index mod shards == shard
+  int shard = 0, shards = 1;           // this shard's cases: those of layouts l with l mod shards == shard
 };
 
 // Every case of the sweep of `options` on `target` (its axes: Target::sweep_variants), in order,

@@ -50,7 +50,7 @@ TEST(Sweep, AFeatureWithoutAModelOnALayoutSaysWhy) {
   }
 }
 
-TEST(Sweep, ShardsPartitionTheCasesAndTheirReportsMergeIntoTheWholeSweep) {
+TEST(Sweep, ShardsPartitionTheLayoutsAndTheirReportsMergeIntoTheWholeSweep) {
   run::SimBackend backend;
   const std::unique_ptr<run::Target> model = run::model_target(backend);
   SweepOptions whole;
@@ -72,6 +72,7 @@ TEST(Sweep, ShardsPartitionTheCasesAndTheirReportsMergeIntoTheWholeSweep) {
     report.shards = 3;
     for (const SweepCase& sc : plan.cases) {
       EXPECT_TRUE(seen.insert(sc.index).second) << sc.id << " is in two shards";
+      EXPECT_EQ(sc.layout % 3, shard) << sc.id << ": a layout's cases stay in one shard";
       report.results.push_back(run_sweep_case(sc, *model, {}));
     }
     reports.push_back(report);
