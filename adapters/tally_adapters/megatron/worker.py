@@ -32,8 +32,11 @@ What the worker changes around Megatron, and why (never a Megatron file):
 - With more ranks than GPUs the default process group is gloo (NCCL refuses two ranks of one
   communicator on one GPU); Megatron's groups then use gloo too. No collective of a training step
   is run, so none of gloo's gaps (coalesced all-reduce on CUDA tensors) is reached.
-- Between cases the worker destroys Megatron's process groups, so hundreds of cases do not
-  exhaust sockets or file descriptors.
+- Megatron's parallel state is kept from one case to the next while the topology is the same (a
+  sweep runs a layout's cases one after another; a shrink keeps the topology of the case it
+  shrinks): making the groups is most of a case's time on gloo. Another topology, or a case that
+  raised, destroys the groups first, so hundreds of cases do not exhaust sockets or file
+  descriptors.
 - megatron-core 0.16.1's Muon calls emerging_optimizers with a keyword 0.3.0 renamed
   (`use_nesterov`): translated at construction (muon_compat.py).
 """
@@ -181,11 +184,11 @@ def destroy_parallel_state():
             pass
 
 
-def initialize_parallel_state(topology):
-    from megatron.core import parallel_state as ps
-
+def parallel_state_arguments(topology):
+    """initialize_model_parallel's arguments for the case's topology: two cases with equal ones
+    share Megatron's parallel state."""
     vpp = topology.get("vpp", 1)
-    kwargs = dict(
+    return dict(
         tensor_model_parallel_size=topology.get("tp", 1),
         pipeline_model_parallel_size=topology.get("pp", 1),
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
@@ -195,7 +198,6 @@ def initialize_parallel_state(topology):
         order=topology.get("order", "tp-cp-ep-dp-pp"),
         num_distributed_optimizer_instances=topology.get("dist_opt_instances", 1),
     )
-    ps.initialize_model_parallel(**kwargs)
 
 
 def transformer_config(case):
@@ -368,6 +370,8 @@ class MegatronCoreWorker(base.Worker):
     plants = PLANTS
     not_planted = NOT_PLANTED
     needs_gpu = True
+    # initialize_model_parallel's arguments of the parallel state in place; None: none is.
+    parallel_state_of = None
 
     def framework_version(self):
         try:
@@ -385,6 +389,23 @@ class MegatronCoreWorker(base.Worker):
         import megatron.core.optimizer  # noqa: F401
         import megatron.core.optimizer.clip_grads  # noqa: F401
 
+    def use_parallel_state(self, topology):
+        """Megatron's parallel state for `topology`: the one in place when every rank has that
+        topology's (a rank whose last case raised has none), else made anew on every rank."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        arguments = parallel_state_arguments(topology)
+        in_place = [None] * dist.get_world_size()
+        dist.all_gather_object(in_place, arguments == self.parallel_state_of)
+        if all(in_place):
+            return
+        if self.parallel_state_of is not None:
+            self.parallel_state_of = None
+            destroy_parallel_state()
+        ps.initialize_model_parallel(**arguments)
+        self.parallel_state_of = arguments
+
     def execute(self, request):
         """Runs the request's case on this rank and writes its manifests."""
         import torch
@@ -394,9 +415,10 @@ class MegatronCoreWorker(base.Worker):
         case = request.case
         chunks = optimizer = None
         planted = self.planted(request)
+        failed = True
         try:
             planted.__enter__()
-            initialize_parallel_state(case["topology"])
+            self.use_parallel_state(case["topology"])
             model_parallel_cuda_manual_seed(1234)
             config = transformer_config(case)
             chunks = build_model(case, config)
@@ -424,12 +446,15 @@ class MegatronCoreWorker(base.Worker):
                 num_zeros=zeros,
                 clip=functools.partial(tally_megatron.release_clip, optimizer) if max_norm > 0 else None,
             )
+            failed = False
         finally:
             planted.__exit__(None, None, None)
             del optimizer, chunks
             gc.collect()
             torch.cuda.empty_cache()
-            destroy_parallel_state()
+            if failed and self.parallel_state_of is not None:  # no state a failed case leaves is reused
+                self.parallel_state_of = None
+                destroy_parallel_state()
 
 
 def main(argv=None):
