@@ -8,7 +8,8 @@
 #
 # Runs JOBS campaigns at a time (default: the cores), each `tally fuzz --seed S --max-world W
 # --time SECONDS`, cycling W through TALLY_SOAK_WORLDS (default "8 64 512 4096") and S upward from
-# FIRST_SEED (default 1), until JOBS campaigns of each entry have run. Each writes OUT/soak-S-W.json (its summary) and, for a
+# FIRST_SEED (default 1), until JOBS campaigns of each entry have run (TALLY_SOAK_CAMPAIGNS: that
+# many campaigns in all instead, e.g. one round of JOBS over a mix of worlds). Each writes OUT/soak-S-W.json (its summary) and, for a
 # failure, OUT/corpus-S-W/ (the case and its shrunk copy). Then one line per max-world and a total:
 # campaigns, cases, cases per second, failures. Exit 0 when no case failed, 1 otherwise.
 set -euo pipefail
@@ -20,7 +21,7 @@ first_seed=${5:-1}
 [ -x "$tally" ] || { echo "soak.sh: $tally is not an executable file" >&2; exit 2; }
 mkdir -p "$out"
 read -r -a worlds <<<"${TALLY_SOAK_WORLDS:-8 64 512 4096}"
-campaigns=$((${#worlds[@]} * jobs))
+campaigns=${TALLY_SOAK_CAMPAIGNS:-$((${#worlds[@]} * jobs))}
 echo "soak: $campaigns campaigns of ${seconds}s, $jobs at a time, seeds $first_seed.., max worlds ${worlds[*]}"
 for ((i = 0; i < campaigns; ++i)); do
   seed=$((first_seed + i))
