@@ -273,5 +273,25 @@ TEST(Known, ALedgerFindingIsKnownWhicheverStatisticShowsIt) {
   EXPECT_EQ(known_as(stats_only, c, no_ledger), nullptr) << "zeros is not l2 without a ledger to say why";
 }
 
+// ci/nightly-real's DeepSpeed campaign on one H200 (bench/RESULTS.md) called two failures new, each a
+// written-up finding in a form no saved case showed; with those saved in seeds/real, the
+// campaign's own (unshrunk) runs are known.
+TEST(Known, TheNightlysDeepSpeedFailuresAreKnownFindings) {
+  const std::vector<KnownFinding> known = load_known(TALLY_SOURCE_DIR "/seeds/real", "deepspeed", "0.19.8");
+  const std::string folder = TALLY_SOURCE_DIR "/tests/fixtures/campaigns/deepspeed-0.19.8/";
+  const std::pair<std::string, std::string> runs[] = {
+      {"expert-tp-expert-bias-fused-adam", "deepspeed-0.19.8-expert-tp-counts-replicated-expert-bias-per-tp-rank-fused-adam.fail"},
+      {"unfused-tp2-pp2-tied-fp16", "deepspeed-0.19.8-unfused-optimizer-drops-tp-shards-tp2-pp2-tied-twice-fp16.fail"},
+  };
+  for (const auto& [run, finding] : runs) {
+    const casefile::Case c = casefile::load_case_file(folder + run + ".json");
+    const oracle::Verdict verdict = run::judge_target_run(c, folder + run + ".manifests", oracle::kFrameworkRtol);
+    ASSERT_EQ(verdict.kind, oracle::Verdict::Kind::fail) << run;
+    const KnownFinding* k = known_as(known, c, verdict);
+    ASSERT_NE(k, nullptr) << run;
+    EXPECT_EQ(k->name, finding);
+  }
+}
+
 }  // namespace
 }  // namespace tally::fuzz
