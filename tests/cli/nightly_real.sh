@@ -26,6 +26,15 @@ grep -Eq "<h2>tally's model and the release disagree: [1-9][0-9]*</h2>" "$index"
 grep -o 'href="[^"]*"' "$index" | sed 's/href="//; s/"$//' | while read -r target; do
   [ -e "$dir/night/$target" ] || { echo "FAIL: the index links $target, which is not there"; exit 1; }
 done || exit 1
+# Where a Chromium is installed, the browser opens the index and builds the same tables.
+browser=$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)
+if [ -n "$browser" ]; then
+  timeout 120 "$browser" --headless --no-sandbox --disable-gpu --user-data-dir="$dir/profile" \
+    --dump-dom "file://$index" 2>/dev/null >"$dir/dom.html"
+  grep -Eq '<h2>New: [1-9][0-9]*</h2>' "$dir/dom.html" || fail "Chromium's page of the index lists no new failure"
+  [ "$(grep -o '<tr' "$dir/dom.html" | wc -l)" = "$(grep -o '<tr' "$index" | wc -l)" ] ||
+    fail "Chromium built another number of table rows than the index has"
+fi
 TALLY=$tally TALLY_NIGHT_WORLDS="2 x" TALLY_NIGHT_TARGETS=megatron-core "$root/ci/nightly-real" >"$dir/bad.out" 2>&1
 [ $? = 2 ] && grep -q "TALLY_NIGHT_WORLDS '2 x': 'x' is not a world" "$dir/bad.out" || fail "a bad world was not refused: $(cat "$dir/bad.out")"
-echo "ok: the night's failures and disagreements, linked from one index"
+echo "ok: the night's failures and disagreements, linked from one index${browser:+, opened in $($browser --version 2>/dev/null | head -1)}"
