@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 
@@ -290,7 +291,11 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       throw UsageError("--state " + state + " is of another sweep (" + previous.target + " " + previous.version +
                        ", world " + std::to_string(previous.world) + ", shard " + std::to_string(previous.shard) + "/" +
                        std::to_string(previous.shards) + "): use --fresh to start over, or another --state");
-    for (const SweepResult& r : previous.results) done.emplace(r.index, r);
+    // Only this shard's cases: a state written before shards dealt whole layouts holds others.
+    std::set<std::int64_t> planned;
+    for (const fuzz::SweepCase& sc : plan.cases) planned.insert(sc.index);
+    for (const SweepResult& r : previous.results)
+      if (planned.count(r.index)) done.emplace(r.index, r);
   }
   // Rewritten after a failure and at most every two seconds otherwise: a kill loses little, and a
   // sweep of thousands of fast cases does not rewrite its state thousands of times.

@@ -141,7 +141,9 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
                              ", case " + std::to_string(index) + "): " + *error);
     return c;
   };
-  if (options.jobs > 1 && !target.runs_cases_side_by_side())
+  // (A target that runs cases side by side gives no infrastructure error that stops a campaign:
+  // `broken` is the loop's alone.)
+  if (options.jobs > 1 && (!target.runs_cases_side_by_side() || infra_errors_stop))
     throw std::invalid_argument("a campaign of " + std::to_string(options.jobs) + " jobs needs a target that runs cases "
                                 "side by side; the " + std::string(target.name()) + " target runs one at a time");
   std::optional<RunAhead> ahead;

@@ -8,12 +8,40 @@
 #include "casefile/case_file.h"
 #include "fuzz/generators.h"
 #include "run/target.h"
+#include "run/run_case.h"
 #include "run/target_run.h"
 #include "vocab/optimizer_models.h"
 
 namespace tally::fuzz {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Whether every statistic `verdict` fails is one the counted params make (the norm, the zero
+// count, the clip and the clipped values) and the ranks reported what their ledger implies (no
+// "-ledger" check fails, the ranks agree, the held gradients are tally's): the miscount alone
+// explains the failure.
+bool miscount_explains(const oracle::Verdict& verdict) {
+  if (verdict.miscounted_total == 0) return false;
+  static constexpr std::string_view kMadeByTheCount[] = {"l2", "zeros", "clip", "clipped", "ledger"};
+  const std::vector<std::string> failed = run::failed_statistics(verdict);
+  return std::all_of(failed.begin(), failed.end(), [](const std::string& name) {
+    return std::find(std::begin(kMadeByTheCount), std::end(kMadeByTheCount), name) != std::end(kMadeByTheCount);
+  });
+}
+
+// A failure that its miscount explains is its miscounted params: which statistic shows them
+// depends on the gradients (all-zero gradients show a dropped param only in the zero count, normal
+// ones only in the norm). Any other failure is also the statistic it fails first.
+bool same_defect(const KnownFinding& known, const FailureSignature& failure, bool explained) {
+  if (known.miscount_explains && explained)
+    return known.signature.kind == failure.kind && known.signature.ledger == failure.ledger &&
+           known.signature.miscounted_class == failure.miscounted_class;
+  return known.signature == failure;
+}
+
+}  // namespace
 
 std::string known_path(const casefile::Case& c) {
   if (const run::FrameworkTarget* row = run::framework_of(c)) return row->norm_code(c);
@@ -48,23 +76,12 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
         c, (fs::path(file).parent_path() / c.target->manifests).string(), oracle::kFrameworkRtol);
     if (verdict.kind != oracle::Verdict::Kind::fail) continue;
     known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict),
-                     framework == "megatron-core" && experts_as_dense_with_other_groups(c.topology)});
+                     framework == "megatron-core" && experts_as_dense_with_other_groups(c.topology),
+                     miscount_explains(verdict)});
   }
   return known;
 }
 
-namespace {
-
-// A ledger failure is its miscounted params: which statistic shows them depends on the gradients
-// (all-zero gradients show a dropped param only in the zero count, normal ones only in the norm).
-// Any other failure is the statistic it fails.
-bool same_defect(const FailureSignature& known, const FailureSignature& failure) {
-  if (known.ledger && failure.ledger)
-    return known.kind == failure.kind && known.miscounted_class == failure.miscounted_class;
-  return known == failure;
-}
-
-}  // namespace
 
 const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
                              const oracle::Verdict& verdict) {
@@ -72,8 +89,9 @@ const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casef
   const FailureSignature signature = failure_signature(verdict);
   const std::string path = known_path(c);
   const bool corner = experts_as_dense_with_other_groups(c.topology);
+  const bool explained = miscount_explains(verdict);
   for (const KnownFinding& k : known)
-    if ((k.path == path || (k.layout_corner && corner)) && same_defect(k.signature, signature)) return &k;
+    if ((k.path == path || (k.layout_corner && corner)) && same_defect(k, signature, explained)) return &k;
   return nullptr;
 }
 

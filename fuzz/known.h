@@ -5,9 +5,11 @@
 // A failure repeats a known finding when it is of the same framework and release, on the same
 // code of the framework's norm (run::FrameworkTarget::norm_code: the optimizer model; DeepSpeed's
 // norm code), and fails the same way (the same failure signature, fuzz/shrink.h), the known
-// finding's signature being that of its saved run, judged again; a ledger failure the same way
-// whichever statistic shows it (the same miscounted class: all-zero gradients show a dropped param
-// in the zero count only, where the finding's saved run showed it in the norm). A megatron-core finding whose own
+// finding's signature being that of its saved run, judged again. Where the miscount alone explains
+// both failures (each fails only the norm, the zero count, the clip or the clipped values, and
+// every rank reported what its ledger implies), the same miscounted class is the same defect
+// whichever statistic shows it: all-zero gradients show a dropped param in the zero count only,
+// where the finding's saved run showed it in the norm. A megatron-core finding whose own
 // case lies in Megatron-LM's experts-as-dense corner (experts_as_dense_with_other_groups: ETP
 // groups unlike the TP groups) is a defect of the groups, not of a norm code: any norm code's
 // failure in that corner that fails the same way repeats it.
@@ -29,6 +31,7 @@ struct KnownFinding {
   std::string path;         // the framework's norm code it fails in (known_path)
   FailureSignature signature;
   bool layout_corner = false;  // a megatron-core finding in the experts-as-dense corner
+  bool miscount_explains = false;  // its saved run fails only what its miscounted params make
 };
 
 // The norm code of `c`'s framework that a finding is tied to ("layerwise", "BF16_Optimizer"); the

@@ -11,16 +11,24 @@ RunAhead::RunAhead(unsigned threads, std::int64_t end, int window, Work work)
     throw std::invalid_argument("RunAhead needs at least one thread and a window of one case per thread (threads " +
                                 std::to_string(threads) + ", window " + std::to_string(window) + ")");
   threads_.reserve(threads - 1);
-  for (unsigned t = 1; t < threads; ++t) threads_.emplace_back([this] { helper_loop(); });
+  try {
+    for (unsigned t = 1; t < threads; ++t) threads_.emplace_back([this] { helper_loop(); });
+  } catch (...) {  // no thread to be had: the ones started end before the error goes on
+    stop_helpers();
+    throw;
+  }
 }
 
-RunAhead::~RunAhead() {
+RunAhead::~RunAhead() { stop_helpers(); }
+
+void RunAhead::stop_helpers() {
   {
     std::lock_guard lock(mutex_);
     quitting_ = true;
   }
   room_.notify_all();
   for (std::thread& t : threads_) t.join();
+  threads_.clear();
 }
 
 void RunAhead::run_next(std::unique_lock<std::mutex>& lock) {

@@ -44,6 +44,7 @@ class RunAhead {
 
  private:
   void helper_loop();
+  void stop_helpers();  // each finishes the case it runs; joined
   // Claims the next index, runs it unlocked and stores its result; `lock` holds mutex_.
   void run_next(std::unique_lock<std::mutex>& lock);
   bool claimable() const { return next_claim_ < end_ && next_claim_ < taken_ + window_; }

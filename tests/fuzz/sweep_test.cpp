@@ -257,6 +257,15 @@ TEST(Known, ALedgerFindingIsKnownWhicheverStatisticShowsIt) {
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->name, "megatron-core-0.19.2-layerwise-clips-with-the-miscounted-norm.fail");
   EXPECT_EQ(k->signature.statistic, "l2") << "the finding's saved run showed it in the norm";
+  // A failure the miscount does not explain alone (a rank reported other than its ledger implies)
+  // is also the statistic it fails.
+  oracle::Verdict unexplained = verdict;
+  oracle::StatisticCheck off_its_ledger;
+  off_its_ledger.name = "zeros-ledger";
+  off_its_ledger.ok = false;
+  unexplained.stats.push_back(off_its_ledger);
+  ASSERT_EQ(failure_signature(unexplained), signature);
+  EXPECT_EQ(known_as(known, c, unexplained), nullptr);
   // Another miscounted class is another defect, whatever the statistic.
   std::vector<KnownFinding> other_class = known;
   for (KnownFinding& f : other_class) f.signature.miscounted_class = "tensor-parallel shard (dim 0)";

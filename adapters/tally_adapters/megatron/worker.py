@@ -35,8 +35,8 @@ What the worker changes around Megatron, and why (never a Megatron file):
 - Megatron's parallel state is kept from one case to the next while the topology is the same (a
   sweep runs a layout's cases one after another; a shrink keeps the topology of the case it
   shrinks): making the groups is most of a case's time on gloo. Another topology, or a case that
-  raised, destroys the groups first, so hundreds of cases do not exhaust sockets or file
-  descriptors.
+  raised on any rank, has every rank destroy its groups and make them anew, so hundreds of cases
+  do not exhaust sockets or file descriptors.
 - megatron-core 0.16.1's Muon calls emerging_optimizers with a keyword 0.3.0 renamed
   (`use_nesterov`): translated at construction (muon_compat.py).
 """
@@ -392,17 +392,26 @@ class MegatronCoreWorker(base.Worker):
     def use_parallel_state(self, topology):
         """Megatron's parallel state for `topology`: the one in place when every rank has that
         topology's (a rank whose last case raised has none), else made anew on every rank."""
+        import os
+
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
         arguments = parallel_state_arguments(topology)
         in_place = [None] * dist.get_world_size()
-        dist.all_gather_object(in_place, arguments == self.parallel_state_of)
-        if all(in_place):
+        dist.all_gather_object(in_place, ("parallel state in place", arguments == self.parallel_state_of))
+        if any(not isinstance(answer, tuple) or answer[0] != "parallel state in place" for answer in in_place):
+            # A rank is at another collective: the ranks are out of step, and no later case would
+            # be true. The worker ends, and tally starts another.
+            print(f"tally's megatron-core worker: ranks out of step at the parallel state's check ({in_place})",
+                  file=sys.stderr, flush=True)
+            os._exit(3)
+        if all(answer[1] for answer in in_place):
             return
-        if self.parallel_state_of is not None:
-            self.parallel_state_of = None
-            destroy_parallel_state()
+        # Every rank destroys what it has (nothing, after a case that raised) and makes it anew,
+        # so the ranks make their groups at the same point.
+        self.parallel_state_of = None
+        destroy_parallel_state()
         ps.initialize_model_parallel(**arguments)
         self.parallel_state_of = arguments
 
@@ -452,9 +461,8 @@ class MegatronCoreWorker(base.Worker):
             del optimizer, chunks
             gc.collect()
             torch.cuda.empty_cache()
-            if failed and self.parallel_state_of is not None:  # no state a failed case leaves is reused
+            if failed:  # no state a failed case leaves is reused: the next case makes it anew
                 self.parallel_state_of = None
-                destroy_parallel_state()
 
 
 def main(argv=None):
