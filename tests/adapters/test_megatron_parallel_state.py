@@ -1,0 +1,95 @@
+"""The megatron-core worker keeps Megatron's parallel state across cases of one topology
+(adapters/tally_adapters/megatron/worker.py: use_parallel_state), with stand-ins for
+torch.distributed and megatron.core.parallel_state: no torch, no Megatron, no GPU."""
+
+import sys
+import types
+import unittest
+from unittest import mock
+
+from tally_adapters.megatron import worker as megatron_worker
+
+
+class FakeDistributed(types.ModuleType):
+    """torch.distributed for one rank whose peers answer what the test scripts."""
+
+    class ProcessGroup:
+        pass
+
+    def __init__(self, world, peers_answer):
+        super().__init__("torch.distributed")
+        self.world = world
+        self.peers_answer = peers_answer  # (this rank's answer) -> what each other rank answers
+        self.group = types.SimpleNamespace(WORLD=object())
+
+    def get_world_size(self, group=None):
+        return self.world
+
+    def all_gather_object(self, out, mine):
+        out[0] = mine
+        for i in range(1, self.world):
+            out[i] = self.peers_answer(mine)
+
+    def destroy_process_group(self, group):
+        pass
+
+
+class FakeParallelState(types.ModuleType):
+    def __init__(self):
+        super().__init__("megatron.core.parallel_state")
+        self.calls = []
+
+    def initialize_model_parallel(self, **arguments):
+        self.calls.append(("initialize", arguments["tensor_model_parallel_size"]))
+
+    def destroy_model_parallel(self):
+        self.calls.append(("destroy",))
+
+
+def worker_with(peers_answer, world=2):
+    torch = types.ModuleType("torch")
+    dist = FakeDistributed(world, peers_answer)
+    torch.distributed = dist
+    megatron = types.ModuleType("megatron")
+    core = types.ModuleType("megatron.core")
+    ps = FakeParallelState()
+    megatron.core = core
+    core.parallel_state = ps
+    modules = {"torch": torch, "torch.distributed": dist, "megatron": megatron, "megatron.core": core,
+               "megatron.core.parallel_state": ps}
+    return megatron_worker.MegatronCoreWorker("gloo", 1, world), ps, modules
+
+
+TP2 = {"tp": 2, "pp": 1}
+TP1 = {"tp": 1, "pp": 1}
+
+
+class ParallelStateTest(unittest.TestCase):
+    def test_kept_while_every_rank_holds_the_topologys(self):
+        worker, ps, modules = worker_with(lambda mine: mine)  # the peers answer as this rank does
+        with mock.patch.dict(sys.modules, modules):
+            worker.use_parallel_state(TP2)
+            worker.use_parallel_state(TP2)
+            worker.use_parallel_state(TP1)
+        self.assertEqual(ps.calls, [("destroy",), ("initialize", 2), ("destroy",), ("initialize", 1)])
+
+    def test_made_anew_when_a_rank_holds_none(self):
+        # The peer's last case raised: it holds no state, so every rank makes it anew.
+        worker, ps, modules = worker_with(lambda mine: ("parallel state in place", False))
+        with mock.patch.dict(sys.modules, modules):
+            worker.use_parallel_state(TP2)
+            worker.use_parallel_state(TP2)
+        self.assertEqual(ps.calls, [("destroy",), ("initialize", 2), ("destroy",), ("initialize", 2)])
+
+    def test_the_worker_ends_when_the_ranks_are_out_of_step(self):
+        # The peer is at the queue's result gather, not this check.
+        worker, ps, modules = worker_with(lambda mine: ("error", "a message"))
+        with mock.patch.dict(sys.modules, modules), mock.patch("os._exit", side_effect=SystemExit(3)) as ended:
+            with self.assertRaises(SystemExit):
+                worker.use_parallel_state(TP2)
+        ended.assert_called_once_with(3)
+        self.assertEqual(ps.calls, [])
+
+
+if __name__ == "__main__":
+    unittest.main()
