@@ -33,11 +33,10 @@ bool miscount_explains(const oracle::Verdict& verdict) {
 
 // A failure that its miscount explains is its miscounted params: which statistic shows them
 // depends on the gradients (all-zero gradients show a dropped param only in the zero count, normal
-// ones only in the norm). Any other failure is also the statistic it fails first.
+// ones only in the norm). Any other failure is also the statistic it fails first. (Both are fails
+// with a ledger where both are explained.)
 bool same_defect(const KnownFinding& known, const FailureSignature& failure, bool explained) {
-  if (known.miscount_explains && explained)
-    return known.signature.kind == failure.kind && known.signature.ledger == failure.ledger &&
-           known.signature.miscounted_class == failure.miscounted_class;
+  if (known.miscount_explains && explained) return known.signature.miscounted_class == failure.miscounted_class;
   return known.signature == failure;
 }
 
@@ -81,7 +80,6 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
   }
   return known;
 }
-
 
 const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
                              const oracle::Verdict& verdict) {

@@ -424,7 +424,6 @@ class MegatronCoreWorker(base.Worker):
         case = request.case
         chunks = optimizer = None
         planted = self.planted(request)
-        failed = True
         try:
             planted.__enter__()
             self.use_parallel_state(case["topology"])
@@ -455,14 +454,14 @@ class MegatronCoreWorker(base.Worker):
                 num_zeros=zeros,
                 clip=functools.partial(tally_megatron.release_clip, optimizer) if max_norm > 0 else None,
             )
-            failed = False
+        except BaseException:
+            self.parallel_state_of = None  # no state a failed case leaves is reused: the next case makes it anew
+            raise
         finally:
             planted.__exit__(None, None, None)
             del optimizer, chunks
             gc.collect()
             torch.cuda.empty_cache()
-            if failed:  # no state a failed case leaves is reused: the next case makes it anew
-                self.parallel_state_of = None
 
 
 def main(argv=None):
