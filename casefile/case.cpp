@@ -17,6 +17,14 @@ std::string_view outcome_name(Expectation::Outcome outcome) {
   return "?";
 }
 
+std::string_view dtensor_clip_name(DTensorClip clip) {
+  return clip == DTensorClip::torch ? "torch" : "torchtitan";
+}
+
+std::string_view spmd_backend_name(SpmdBackend backend) {
+  return backend == SpmdBackend::partial_dtensor ? "partial_dtensor" : "full_dtensor";
+}
+
 std::optional<std::string> check_case(const Case& c) {
   if (std::optional<std::string> error = topologies::check_config(c.topology)) return error;
   if (std::optional<std::string> error = topologies::check_model(c.model, c.topology)) return error;

@@ -30,12 +30,12 @@ std::string_view outcome_name(Expectation::Outcome outcome);  // "pass", "fail",
 // its name and the version its worker reported, and the manifests the run that found the case
 // wrote, saved next to the case file, so replay can judge them where the framework is absent.
 struct RealTarget {
-  std::string framework;  // "megatron-core", "deepspeed"
+  std::string framework;  // "megatron-core", "deepspeed", "torchtitan"
   std::string version;    // "0.19.2"
   std::string manifests;  // folder, relative to the case file's folder; "" when none was saved
   friend bool operator==(const RealTarget&, const RealTarget&) = default;
 };
-inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepspeed"};
+inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepspeed", "torchtitan"};
 
 // DeepSpeed's engine configuration, read only by the deepspeed target (adapters/tally_adapters/deepspeed). With
 // the gradient dtype (the engine's precision) it picks the code that computes DeepSpeed's norm:
@@ -53,12 +53,33 @@ struct DeepSpeedConfig {
   friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
 };
 
+// How a PyTorch-native trainer counts, read only by the torchtitan target
+// (adapters/tally_adapters/torchtitan): whose clip runs over the DTensor params, the SPMD backend
+// torchtitan lays them out with, and the HSDP replicate degree (DP = dp_replicate x dp_shard).
+enum class DTensorClip : std::uint8_t {
+  torchtitan,  // torchtitan.distributed.utils.clip_grad_norm_: the EP and non-EP halves, then PP
+  torch,       // torch.nn.utils.clip_grad_norm_ over every param, as most FSDP2 users call it
+};
+enum class SpmdBackend : std::uint8_t {
+  full_dtensor,     // every param a DTensor of the dense (or sparse) mesh, FSDP over its DP dims
+  partial_dtensor,  // DTensor for the model-parallel dims; fully_shard over (dp_replicate, fsdp)
+};
+std::string_view dtensor_clip_name(DTensorClip clip);         // "torchtitan" | "torch"
+std::string_view spmd_backend_name(SpmdBackend backend);     // "full_dtensor" | "partial_dtensor"
+struct TorchTitanConfig {
+  DTensorClip clip = DTensorClip::torchtitan;
+  SpmdBackend spmd_backend = SpmdBackend::full_dtensor;
+  int dp_replicate = 1;  // HSDP's replicate degree; divides DP, the rest is dp_shard
+  friend bool operator==(const TorchTitanConfig&, const TorchTitanConfig&) = default;
+};
+
 struct Case {
   std::string description;
   topologies::ParallelConfig topology;
   topologies::ModelSpec model;
   vocab::PathOptions path;
   std::optional<DeepSpeedConfig> deepspeed;  // only for the deepspeed target
+  std::optional<TorchTitanConfig> torchtitan;  // only for the torchtitan target
   std::optional<RealTarget> target;  // absent: tally's model of the path (the model target)
   std::optional<Expectation> expect;
   friend bool operator==(const Case&, const Case&) = default;

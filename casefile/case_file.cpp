@@ -284,7 +284,7 @@ RealTarget read_target(const json& value, const std::string& path) {
           t.framework = read_string(v, p, 64);
           if (std::find(std::begin(kKnownFrameworks), std::end(kKnownFrameworks), t.framework) ==
               std::end(kKnownFrameworks))
-            fail(p, "expected a framework tally has a worker for (megatron-core, deepspeed), got " +
+            fail(p, "expected a framework tally has a worker for (megatron-core, deepspeed, torchtitan), got " +
                         message_quote(t.framework));
         }},
        {"version",
@@ -315,6 +315,32 @@ DeepSpeedConfig read_deepspeed(const json& value, const std::string& path) {
                         std::to_string(d.loss_scale));
         }}},
       "the DeepSpeed configuration");
+  return d;
+}
+
+TorchTitanConfig read_torchtitan(const json& value, const std::string& path) {
+  TorchTitanConfig d;
+  read_object(
+      value, path,
+      {{"clip",
+        [&](const json& v, const std::string& p) {
+          const std::string name = read_string(v, p, 64);
+          if (name == "torchtitan") d.clip = DTensorClip::torchtitan;
+          else if (name == "torch") d.clip = DTensorClip::torch;
+          else fail(p, "expected \"torchtitan\" (torchtitan's clip_grad_norm_) or \"torch\" "
+                       "(torch.nn.utils.clip_grad_norm_), got " + message_quote(name));
+        }},
+       {"spmd_backend",
+        [&](const json& v, const std::string& p) {
+          const std::string name = read_string(v, p, 64);
+          if (name == "full_dtensor") d.spmd_backend = SpmdBackend::full_dtensor;
+          else if (name == "partial_dtensor") d.spmd_backend = SpmdBackend::partial_dtensor;
+          else fail(p, "expected \"full_dtensor\" or \"partial_dtensor\" (the torchtitan SPMD backends "
+                       "tally runs), got " + message_quote(name));
+        }},
+       {"dp_replicate",
+        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }}},
+      "the torchtitan configuration");
   return d;
 }
 
@@ -398,6 +424,7 @@ Case read_case(const json& value, const std::string& path) {
        {"statistics", [&](const json& v, const std::string& p) { read_statistics(v, p, o); }},
        {"faults", [&](const json& v, const std::string& p) { o.faults = read_faults(v, p); }},
        {"deepspeed", [&](const json& v, const std::string& p) { c.deepspeed = read_deepspeed(v, p); }},
+       {"torchtitan", [&](const json& v, const std::string& p) { c.torchtitan = read_torchtitan(v, p); }},
        {"target", [&](const json& v, const std::string& p) { c.target = read_target(v, p); }},
        {"expect", [&](const json& v, const std::string& p) { c.expect = read_expect(v, p); }},
        {"tool", [&](const json& v, const std::string& p) { read_tool(v, p); }}},
@@ -473,6 +500,10 @@ ordered_json case_to_json(const Case& c) {
     if (c.deepspeed->fused_adam) j["deepspeed"]["fused_adam"] = true;
     if (c.deepspeed->offload_optimizer) j["deepspeed"]["offload_optimizer"] = true;
   }
+  if (c.torchtitan)
+    j["torchtitan"] = {{"clip", dtensor_clip_name(c.torchtitan->clip)},
+                       {"spmd_backend", spmd_backend_name(c.torchtitan->spmd_backend)},
+                       {"dp_replicate", c.torchtitan->dp_replicate}};
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};
     if (!c.target->manifests.empty()) j["target"]["manifests"] = c.target->manifests;

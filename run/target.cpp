@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "run/deepspeed/target_row.h"
+#include "run/torchtitan/target_row.h"
 #include "vocab/optimizer_models.h"
 #include "run/megatron_core/target_row.h"
 
@@ -130,7 +131,8 @@ class WorkerTarget final : public Target {
 
 std::span<const FrameworkTarget* const> framework_targets() {
   // Every framework's row, from its folder, in the order --help lists them.
-  static const std::array<const FrameworkTarget*, 2> rows{&megatron_core_target(), &deepspeed_target()};
+  static const std::array<const FrameworkTarget*, 3> rows{&megatron_core_target(), &deepspeed_target(),
+                                                          &torchtitan_target()};
   return rows;
 }
 

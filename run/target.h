@@ -166,7 +166,7 @@ const FrameworkTarget* framework_target(std::string_view name);
 // nullptr for a case of tally's model.
 const FrameworkTarget* framework_of(const casefile::Case& c);
 
-// "megatron-core, deepspeed": the names, for messages and --help.
+// "megatron-core, deepspeed, torchtitan": the names, for messages and --help.
 std::string framework_names(std::string_view separator = ", ");
 
 // The framework of `row` through the workers of `options` (its command, timeouts, folder; the

@@ -188,6 +188,9 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (m.kind != topologies::ModelKind::gpt)
     return "model.kind custom: the DeepSpeed worker builds tally's GPT/MoE family; a custom layout has no "
            "module";
+  if (c.torchtitan)
+    return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
+           "with --target torchtitan";
   if (m.mtp_num_layers > 0) return "model.mtp_num_layers: DeepSpeed has no multi-token-prediction block";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: the worker's model has no attention sinks";
@@ -243,6 +246,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
+  c.torchtitan.reset();
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

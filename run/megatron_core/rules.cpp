@@ -45,6 +45,9 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   if (c.deepspeed)
     return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); "
            "run it with --target deepspeed";
+  if (c.torchtitan)
+    return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
+           "with --target torchtitan";
   if (m.mtp_num_layers > 0)
     return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
            ": the worker's local layer spec builds no multi-token-prediction block";
@@ -77,6 +80,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   c.deepspeed.reset();
+  c.torchtitan.reset();
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

@@ -1,0 +1,549 @@
+#!/usr/bin/env python3
+"""tally's worker for torchtitan: executes tally's cases with torchtitan's own meshes, FSDP2 wrapping
+and gradient clipping, unmodified, and writes the manifests `tally` judges (`tally fuzz|run|replay
+--target torchtitan`).
+
+Started by tally, once per world size, under torchrun (one process per rank):
+
+    torchrun --standalone --nproc-per-node WORLD -m tally_adapters.torchtitan.worker \\
+        --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
+
+It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per case, on every rank:
+
+1. torchtitan's `ParallelDims` for the case (dp_replicate from the case's `torchtitan` section,
+   dp_shard the rest of DP, CP, TP, PP, EP; its `spmd_backend`) builds the meshes: the dense one
+   (pp, dp_replicate, dp_shard, cp, tp) and the sparse one (pp, dp_replicate, efsdp, ep). Kept
+   across cases of one layout: making them is most of a case's time on gloo.
+2. The case's model as a torchtitan decoder on this rank's pipeline stage: `tok_embeddings` (the
+   embeddings), `layers` (each decoder layer; a MoE layer's routed experts stacked into one tensor
+   per weight under `moe.routed_experts.inner_experts`, as torchtitan's grouped experts are),
+   `norm` and `lm_head`; `enable_weight_tying` where the output is the embedding. Each param is a
+   DTensor placed as torchtitan's sharding places its kind: column-parallel weights and the
+   embedding Shard(0) over TP, row-parallel Shard(1), the rest Replicate; experts Shard(0) over EP
+   on the sparse mesh, or, without EP, split over TP (Shard(1) column, Shard(2) row). With
+   `full_dtensor` every param lives on the whole dense (or sparse) mesh; with `partial_dtensor` on
+   the TP (or EP) mesh only, as torchtitan's two backends lay them out.
+3. torchtitan's own `apply_fsdp_to_decoder`, with the FSDP meshes its model parallelizers choose
+   (`resolve_fsdp_mesh` and `resolve_sparse_fsdp_mesh`; for `partial_dtensor` the `fsdp` /
+   `efsdp` meshes, with `dp_replicate` for HSDP).
+4. Every param's gradient set to tally's values, placed as the param is (`distribute_tensor` of
+   the logical gradient), and each rank's shard checked against the box its placements describe.
+5. The clip the case names: torchtitan's `clip_grad_norm_` (`pp_mesh`, `ep_enabled` as its
+   trainer passes them) or `torch.nn.utils.clip_grad_norm_`, with the case's max_norm (infinity
+   where the case does not clip), and the manifests (tally_adapters.dtensor) of what it returned
+   and of the gradients after it.
+
+On a machine without GPUs it runs on the CPUs with gloo (torchtitan's module `device_type` is set to
+"cpu", which torchtitan would otherwise take to be "cuda"); with GPUs, several ranks share one.
+"""
+
+import math
+import re
+import sys
+
+from .. import dtensor as tally_dtensor
+from .. import worker as base
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^(decoder\.layers\.(\d+)\.mlp\.)experts\.local_experts\.(\d+)\.(.+)$")
+# The TP dim of each class (tally's class table, docs/megatron-reference.md §3); None: replicated.
+DENSE_SPLIT = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1, "replicated": None}
+# Of a stacked expert tensor [E, ...] without EP: the expert's own dim plus one.
+EXPERT_SPLIT = {"expert-column": 1, "expert-column-bias": 1, "expert-row": 2, "expert-row-bias": None}
+
+
+# --- planted faults (the real mutation score) -------------------------------------------------
+#
+# A catalog fault with a counterpart in torchtitan's clip is planted for one case by replacing
+# torchtitan.distributed.utils' function that decides it (tally_adapters.plants); the original is
+# put back after the case. Each replacement is the function with one rule changed.
+
+
+def _total_norm(grads, norm_type=2.0, foreach=None):
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    total = torch.nn.utils.get_total_norm(grads, norm_type, False, foreach)
+    return total.full_tensor() if isinstance(total, DTensor) else total
+
+
+def _over_pipeline(total, pp_mesh, op="sum"):
+    import torch.distributed as dist
+
+    if pp_mesh is None:
+        return total
+    total = total ** 2
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
+    if op == "mean":
+        total = total / pp_mesh.size()
+    return total ** 0.5
+
+
+def _halves(parameters):
+    ep, dense = [], []
+    for p in parameters:
+        if p.grad is None:
+            continue
+        (ep if "ep" in (p.device_mesh.mesh_dim_names or ()) else dense).append(p)
+    return ep, dense
+
+
+def _pipeline_not_reduced(orig):
+    def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
+                        pp_mesh=None, ep_enabled=False):
+        return orig(parameters, max_norm, norm_type, error_if_nonfinite, foreach, None, ep_enabled)
+
+    return clip_grad_norm_
+
+
+def _pipeline_averaged(orig):
+    def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
+                        pp_mesh=None, ep_enabled=False):
+        import torch
+
+        parameters = list(parameters)
+        stage = orig(parameters, math.inf, norm_type, error_if_nonfinite, foreach, None, ep_enabled)
+        total = _over_pipeline(stage, pp_mesh, op="mean")
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach)
+        return total
+
+    return clip_grad_norm_
+
+
+def _clip_by_stage_norm(orig):
+    def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
+                        pp_mesh=None, ep_enabled=False):
+        parameters = list(parameters)
+        stage = orig(parameters, max_norm, norm_type, error_if_nonfinite, foreach, None, ep_enabled)
+        return _over_pipeline(stage.clone(), pp_mesh)
+
+    return clip_grad_norm_
+
+
+def _expert_half_dropped(orig):
+    def _clip_grad_norm_with_ep(parameters, max_norm, norm_type, error_if_nonfinite, foreach, pp_mesh):
+        import torch
+
+        ep, dense = _halves(parameters)
+        total = _over_pipeline(_total_norm([p.grad for p in dense], norm_type, foreach), pp_mesh)
+        torch.nn.utils.clip_grads_with_norm_(ep, max_norm, total, foreach)
+        torch.nn.utils.clip_grads_with_norm_(dense, max_norm, total, foreach)
+        return total
+
+    return _clip_grad_norm_with_ep
+
+
+def _expert_norm_not_over_ep(orig):
+    def _clip_grad_norm_with_ep(parameters, max_norm, norm_type, error_if_nonfinite, foreach, pp_mesh):
+        import torch
+        from torch.distributed.tensor import DTensor, Replicate
+
+        ep, dense = _halves(parameters)
+        # The expert gradients as if each EP rank held them all: no sum over EP (NeMo-Automodel #3816).
+        local = [DTensor.from_local(p.grad.to_local(), p.grad.device_mesh,
+                                    [Replicate() if n == "ep" else pl
+                                     for n, pl in zip(p.grad.device_mesh.mesh_dim_names, p.grad.placements)],
+                                    run_check=False)
+                 for p in ep]
+        total = (_total_norm(local, norm_type, foreach) ** 2 +
+                 _total_norm([p.grad for p in dense], norm_type, foreach) ** 2) ** 0.5
+        total = _over_pipeline(total, pp_mesh)
+        torch.nn.utils.clip_grads_with_norm_(ep, max_norm, total, foreach)
+        torch.nn.utils.clip_grads_with_norm_(dense, max_norm, total, foreach)
+        return total
+
+    return _clip_grad_norm_with_ep
+
+
+def _each_half_by_its_norm(orig):
+    def _clip_grad_norm_with_ep(parameters, max_norm, norm_type, error_if_nonfinite, foreach, pp_mesh):
+        import torch
+
+        ep, dense = _halves(parameters)
+        ep_norm = _over_pipeline(_total_norm([p.grad for p in ep], norm_type, foreach), pp_mesh)
+        dense_norm = _over_pipeline(_total_norm([p.grad for p in dense], norm_type, foreach), pp_mesh)
+        torch.nn.utils.clip_grads_with_norm_(ep, max_norm, ep_norm, foreach)
+        torch.nn.utils.clip_grads_with_norm_(dense, max_norm, dense_norm, foreach)
+        return (ep_norm ** 2 + dense_norm ** 2) ** 0.5
+
+    return _clip_grad_norm_with_ep
+
+
+_UTILS = "torchtitan.distributed.utils"
+# fault -> ([(module, the function, how to make the replacement)], how)
+PLANTS = {
+    "missing-pp-reduction": (
+        [(_UTILS, "clip_grad_norm_", _pipeline_not_reduced)],
+        "clip_grad_norm_ ignores pp_mesh: each stage's norm is its own (torchtitan #596, before its fix)",
+    ),
+    "average-rank-norms": (
+        [(_UTILS, "clip_grad_norm_", _pipeline_averaged)],
+        "clip_grad_norm_ averages the stages' squared norms over the pipeline group instead of summing them",
+    ),
+    "clip-per-stage-norm": (
+        [(_UTILS, "clip_grad_norm_", _clip_by_stage_norm)],
+        "clip_grad_norm_ clips each stage by its own norm, then reports the pipeline's",
+    ),
+    "expert-norm-dropped": (
+        [(_UTILS, "_clip_grad_norm_with_ep", _expert_half_dropped)],
+        "_clip_grad_norm_with_ep leaves the EP half out of the total norm",
+    ),
+    "missing-ep-reduction": (
+        [(_UTILS, "_clip_grad_norm_with_ep", _expert_norm_not_over_ep)],
+        "_clip_grad_norm_with_ep takes the EP half's norm without its sum over EP (each EP rank's own experts)",
+    ),
+    "clip-per-child-norm": (
+        [(_UTILS, "_clip_grad_norm_with_ep", _each_half_by_its_norm)],
+        "_clip_grad_norm_with_ep clips the EP and non-EP halves each by its own norm",
+    ),
+}
+
+_NO_ATTRIBUTES = "DTensor counts through placements: torchtitan's path reads no Megatron attribute"
+NOT_PLANTED = {
+    "expert-dedup-on-dense-tp": _NO_ATTRIBUTES,
+    "allreduce-flag-lost-on-main-params": _NO_ATTRIBUTES,
+    "expert-weights-not-tp-marked": _NO_ATTRIBUTES,
+    "expert-label-from-ep-only": _NO_ATTRIBUTES,
+    "expert-label-ignores-gtp": "no generalized TP",
+    "expert-stats-over-dense-mp": "no separate expert stats group: an expert's norm is reduced over its own mesh",
+    "tied-copy-not-shared": "torchtitan ties the output only without PP, where it is one param",
+    "tp-sharded-param-unmarked": _NO_ATTRIBUTES,
+    "replicated-marked-tp": _NO_ATTRIBUTES,
+    "no-dedup-filter": _NO_ATTRIBUTES,
+    "zero-count-in-float32": "torch reports no zero count",
+    "empty-rank-skips-collective": "not planted: a rank that skips a collective hangs the worker",
+    "inf-norm-combined-by-l2": "the worker records the L2 norm only",
+    "distopt-padding-counted": "no distributed optimizer",
+    "distopt-overlapping-shards": "no distributed optimizer",
+    "stats-over-replicas": "DTensor reduces over the sharded mesh dims its placements name",
+    "clip-per-ep-group-norm": "not planted: clip-per-child-norm is torchtitan's counterpart",
+    "average-local-norms-over-dp": "FSDP's shards are summed by DTensor; no per-rank norms to average",
+    "muon-expert-stats-without-egtp": "no Muon",
+    "tp-marking-unseen-by-filter": _NO_ATTRIBUTES,
+    "norm-of-scaled-gradients": "no loss scale: FSDP2 holds fp32 gradients",
+    "layer-wise-unsharded-at-dp-cp-1": "no layer-wise optimizer",
+}
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def holder(named):
+    """A module holding `named` params (name -> tensor) under names without dots."""
+    import torch.nn as nn
+
+    module = nn.Module()
+    for name, tensor in named.items():
+        module.register_parameter(name.replace(".", "__"), nn.Parameter(tensor))
+    return module
+
+
+def placements(mesh, split_dim, over):
+    """Shard(split_dim) on the mesh dim named `over`, Replicate on every other (all where split_dim
+    is None)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Shard(split_dim) if name == over and split_dim is not None else Replicate()
+            for name in mesh.mesh_dim_names]
+
+
+def placed(full, mesh, split_dim, over):
+    """`full` (the whole logical tensor) as a param: a DTensor on `mesh` where there is one."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if mesh is None:
+        return full.clone()
+    return distribute_tensor(full, mesh, placements(mesh, split_dim, over), src_data_rank=None)
+
+
+class StageModel:
+    """This rank's stage of tally's model as a torchtitan decoder, and what each of its params holds:
+    `logical[id(param)]` is (full logical tensor, the logical params it holds: [(name, class, shape)],
+    stacked: whether its dim 0 is experts)."""
+
+    def __init__(self, index, tensors, stage, meshes, ep, tied, device):
+        import torch
+        import torch.nn as nn
+
+        dense_mesh, sparse_mesh = meshes
+        self.logical = {}
+        blocks, experts, tok, norm, head = {}, {}, {}, {}, {}
+        classes = {p["name"]: p["class"] for p in index}
+        shapes = {p["name"]: list(p["shape"]) for p in index}
+
+        def make(name, values, cls):
+            full = torch.from_numpy(values.copy()).to(device)
+            if cls.startswith("expert-"):
+                if ep > 1:
+                    return placed(full, sparse_mesh, 0, "ep")
+                return placed(full, dense_mesh, EXPERT_SPLIT[cls], "tp")
+            return placed(full, dense_mesh, DENSE_SPLIT[cls], "tp")
+
+        for p in index:
+            if p.get("stage", 0) != stage:
+                continue
+            name = p["name"]
+            expert = _EXPERT.match(name)
+            if expert:
+                prefix, layer, e, suffix = expert.group(1), int(expert.group(2)), int(expert.group(3)), expert.group(4)
+                experts.setdefault(layer, {}).setdefault(suffix, {})[e] = name
+                continue
+            layer = _LAYER.match(name)
+            if layer:
+                blocks.setdefault(int(layer.group(1)), {})[layer.group(2)] = name
+            elif name.startswith("embedding."):
+                tok[name[len("embedding."):]] = name
+            elif name.startswith("decoder.final_layernorm."):
+                norm[name[len("decoder.final_layernorm."):]] = name
+            elif name.startswith("output_layer."):
+                head[name[len("output_layer."):]] = name
+            else:
+                raise ValueError(f"model mismatch: the worker has no place in a torchtitan decoder for {name}")
+
+        def module_of(entries):
+            if not entries:
+                return None
+            named = {}
+            for local, name in entries.items():
+                named[local] = make(name, tensors[name], classes[name])
+            module = holder(named)
+            for local, name in entries.items():
+                param = getattr(module, local.replace(".", "__"))
+                self.logical[id(param)] = (tensors[name], [(name, classes[name], shapes[name])], False)
+            return module
+
+        self.model = nn.Module()
+        self.model.enable_weight_tying = tied
+        self.model.tok_embeddings = module_of(tok)
+        self.model.norm = module_of(norm)
+        self.model.lm_head = module_of(head)
+        self.model.layers = nn.ModuleDict()
+        for layer in sorted(set(blocks) | set(experts)):
+            block = module_of(blocks.get(layer, {})) or nn.Module()
+            block.moe_enabled = layer in experts
+            if layer in experts:
+                stacked = {}
+                for suffix, by_expert in experts[layer].items():
+                    names = [by_expert[e] for e in sorted(by_expert)]
+                    if sorted(by_expert) != list(range(len(names))):
+                        raise ValueError(f"model mismatch: layer {layer}'s experts of {suffix} are {sorted(by_expert)}")
+                    import numpy as np
+
+                    full = np.stack([tensors[n] for n in names])
+                    param = nn.Parameter(make(names[0], full, classes[names[0]]))
+                    stacked[suffix] = (param, full, [(n, classes[n], shapes[n]) for n in names])
+                inner = nn.Module()
+                inner.num_experts = len(next(iter(experts[layer].values())))
+                for suffix, (param, full, logical) in stacked.items():
+                    inner.register_parameter(suffix.replace(".", "__"), param)
+                    self.logical[id(param)] = (full, logical, True)
+                block.moe = nn.Module()
+                block.moe.routed_experts = nn.Module()
+                block.moe.routed_experts.inner_experts = inner
+            self.model.layers[str(layer)] = block
+        # FSDP replaces every param by its sharded DTensor under the same name.
+        self.by_name = {name: self.logical[id(p)] for name, p in self.model.named_parameters()}
+
+
+# --- one case ------------------------------------------------------------------------------------
+
+
+def build_parallel_dims(parallelism, world, cache):
+    """torchtitan's ParallelDims of the job config's `parallelism` (tally's run/torchtitan/rules.h
+    writes it), its meshes built once per layout (`cache`)."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    key = tuple(sorted(parallelism.items()))
+    if key not in cache:
+        dims = ParallelDims(dp_replicate=parallelism["data_parallel_replicate_degree"],
+                            dp_shard=parallelism["data_parallel_shard_degree"],
+                            cp=parallelism["context_parallel_degree"], tp=parallelism["tensor_parallel_degree"],
+                            pp=parallelism["pipeline_parallel_degree"], ep=parallelism["expert_parallel_degree"],
+                            world_size=world, spmd_backend=parallelism["spmd_backend"])
+        dims.build_mesh()
+        cache[key] = dims
+    return cache[key]
+
+
+def layout_meshes(dims, backend):
+    """The meshes torchtitan places params on before FSDP (dense, sparse) and the FSDP meshes its
+    parallelizers choose (torchtitan/models/qwen3/parallelize.py)."""
+    from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh, resolve_sparse_fsdp_mesh
+
+    if backend == "full_dtensor":
+        dense = dims.get_activated_mesh(["dp_replicate", "dp_shard", "cp", "tp"])
+        sparse = dims.get_activated_mesh(["dp_replicate", "efsdp", "ep"]) if dims.ep_enabled else None
+        dp_mesh, dp_dims = resolve_fsdp_mesh(dims)
+        edp_mesh, edp_dims = resolve_sparse_fsdp_mesh(dims)
+    else:
+        dense = dims.get_optional_mesh("tp")
+        sparse = dims.get_optional_mesh("ep") if dims.ep_enabled else None
+        dp_mesh = dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"])
+        dp_dims = None
+        edp_mesh = None
+        if dims.ep_enabled:
+            edp_mesh = dims.get_optional_mesh(["dp_replicate", "efsdp"] if dims.dp_replicate_enabled else ["efsdp"])
+        edp_dims = None
+    return (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims)
+
+
+def pieces_of(named_params, logical):
+    """The manifest pieces of every param: its local box, split per expert where it is a stack."""
+    pieces = []
+    for local_name, p in named_params:
+        full, held, stacked = logical[id(p)]
+        offsets, extents = tally_dtensor.local_box(p)
+        if 0 in extents:  # FSDP left this rank no element of it (fewer rows than ranks)
+            continue
+        if not stacked:
+            name, cls, shape = held[0]
+            piece = tally_dtensor.Piece(p, local_name, 0, int(math.prod(extents)), name, shape, offsets, extents,
+                                        tally_dtensor.attributes_of(p))
+            pieces.append(piece)
+            continue
+        per_expert = int(math.prod(extents[1:]))
+        for k in range(extents[0]):
+            name, cls, shape = held[offsets[0] + k]
+            piece = tally_dtensor.Piece(p, f"{local_name}[{offsets[0] + k}]", k * per_expert, (k + 1) * per_expert,
+                                        name, shape, offsets[1:], extents[1:],
+                                        tally_dtensor.attributes_of(p, expert=True, dim_offset=1))
+            pieces.append(piece)
+    return pieces
+
+
+def execute(request, planted, producer, dims_cache, device):
+    """Runs the request's case on this rank, its faults planted by `planted`, and writes its
+    manifests."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    case = request.case
+    # The configuration as tally's run/torchtitan/rules.cpp wrote it (the one author of it: `tally
+    # show` prints the same).
+    config = request.engine_config()
+    parallelism = config["parallelism"]
+    t = case["topology"]
+    world = dist.get_world_size()
+    tp, cp, pp, ep = t.get("tp", 1), t.get("cp", 1), t.get("pp", 1), t.get("ep", 1)
+    backend = parallelism["spmd_backend"]
+    clip = config["clip"]
+    max_norm = float(config["training"]["max_norm"])
+    with planted:
+        dims = build_parallel_dims(parallelism, world, dims_cache)
+        pp_mesh = dims.get_optional_mesh("pp")
+        stage = pp_mesh.get_local_rank() if pp_mesh is not None else 0
+        (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims) = layout_meshes(dims, backend)
+        index = request.gradient_index()
+        tensors = request.gradients()
+        tied = not case["model"].get("untie_embeddings_and_output_weights", False)
+        built = StageModel(index, tensors, stage, (dense, sparse), ep, tied, device)
+        model = built.model
+        apply_fsdp_to_decoder(model, dp_mesh, torch.float32, torch.float32, pp > 1, ep_degree=ep, edp_mesh=edp_mesh,
+                              dp_mesh_dims=dp_dims, edp_mesh_dims=edp_dims)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        logical = {id(p): built.by_name[name] for name, p in named}
+        before = {}
+        for name, p in named:
+            full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(device)
+            grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) \
+                if isinstance(p, DTensor) else full.clone()
+            p.grad = grad
+            local = (grad.to_local() if isinstance(grad, DTensor) else grad).detach().cpu().numpy().reshape(-1).copy()
+            offsets, extents = tally_dtensor.local_box(p)
+            box = logical[id(p)][0][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
+            if not np.array_equal(box.reshape(-1), local):
+                raise ValueError(f"rank {dist.get_rank()}: {name}'s gradient shard is not the box "
+                                 f"{offsets}+{extents} its placements {p.placements} describe")
+            before[id(p)] = local
+        pieces = pieces_of(named, logical)
+        clipping = max_norm > 0
+        params = [p for _, p in named]
+        if clip == "torchtitan":
+            total = dist_utils.clip_grad_norm_(params, max_norm if clipping else math.inf, foreach=True,
+                                               pp_mesh=pp_mesh, ep_enabled=dims.ep_enabled)
+        else:
+            total = torch.nn.utils.clip_grad_norm_(params, max_norm if clipping else math.inf, foreach=True)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        norm = float(total)
+        after = {id(p): (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).detach().cpu().numpy()
+                 .reshape(-1).copy() for p in params}
+
+    def child_of(p):
+        half = "ep" if clip == "torchtitan" and dims.ep_enabled and \
+            "ep" in (getattr(getattr(p, "device_mesh", None), "mesh_dim_names", None) or ()) else "dense"
+        return (half,) + tally_dtensor.signature(p)
+
+    children = tally_dtensor.canonical_children([child_of(p) for p in params], world)
+    clips = None
+    if clipping:
+        formula = min(1.0, max_norm / (norm + 1.0e-6))
+        clips = {}
+        for key in children:
+            mine = [p for p in params if child_of(p) == key]
+            squares = sum(float(np.dot(before[id(p)].astype(np.float64), before[id(p)])) for p in mine)
+            clipped = sum(float(np.dot(after[id(p)].astype(np.float64), after[id(p)])) for p in mine)
+            # What the clip multiplied this child's gradients by, where they tell; else its rule.
+            clips[key] = (max_norm, math.sqrt(clipped / squares) if squares > 0 else formula)
+    tp_group = sorted(dims.get_optional_mesh("tp").mesh.flatten().tolist()) if tp > 1 else [dist.get_rank()]
+    half_names = {"ep": "EP half", "dense": "non-EP half"}
+    code = "torch.nn.utils.clip_grad_norm_" if clip == "torch" else "torchtitan clip_grad_norm_"
+    manifest = tally_dtensor.build_manifest(
+        pieces, child_of, children, lambda p: before[id(p)],
+        child_names=lambda key: f"{code} {half_names[key[0]] if dims.ep_enabled else 'params'} on "
+                                f"({', '.join(key[1:])})",
+        groups={"tp": tp_group, "expt_tp": tp_group if ep == 1 else [dist.get_rank()]},
+        parallel={"tp": tp, "cp": cp, "pp": pp, "dp": world // (tp * cp * pp), "ep": ep,
+                  "etp": t.get("etp", 1)},
+        producer=producer,
+        reported_norm=norm,
+        clips=clips,
+        clipped_of=lambda p: after[id(p)],
+    )
+    tally_dtensor.dump_manifest(manifest, request.manifests_dir)
+
+
+class TorchTitanWorker(base.Worker):
+    """tally's worker for torchtitan: executes tally's cases with torchtitan's meshes, FSDP2 wrapping and clip."""
+
+    framework = "torchtitan"
+    package = "torchtitan"
+    plants = PLANTS
+    not_planted = NOT_PLANTED
+
+    def __init__(self, backend, devices, world):
+        super().__init__(backend, devices, world)
+        self.dims_cache = {}  # the meshes of each layout this worker has run
+
+    def framework_version(self):
+        import torchtitan
+
+        return torchtitan.__version__
+
+    def start(self):
+        import torchtitan.distributed.parallel_dims as parallel_dims
+        import torchtitan.distributed.utils  # noqa: F401  (planted faults replace its functions)
+
+        if self.devices == 0:
+            parallel_dims.device_type = "cpu"
+
+    def dtypes(self):
+        return ["fp32"]
+
+    def execute(self, request):
+        import torch
+
+        device = torch.device("cuda", torch.cuda.current_device()) if self.devices else torch.device("cpu")
+        execute(request, self.planted(request), self.producer(), self.dims_cache, device)
+
+
+def main(argv=None):
+    return base.run(TorchTitanWorker, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

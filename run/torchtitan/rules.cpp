@@ -1,0 +1,298 @@
+#include "run/torchtitan/rules.h"
+
+#include <algorithm>
+
+#include "run/target.h"
+#include "topologies/logical_model.h"
+#include "topologies/model_spec.h"
+#include "vocab/faults.h"
+
+namespace tally::run {
+
+namespace {
+
+using casefile::DTensorClip;
+using casefile::SpmdBackend;
+
+// torchtitan's meshes unflatten the world as (pp, dp_replicate, dp_shard, cp, tp): TP fastest,
+// then CP, then DP, then PP, which is tally's default order.
+bool default_grid(const topologies::ParallelConfig& t) {
+  std::string error;
+  const std::optional<topologies::AxisOrder> order = topologies::parse_order(t.order, &error);
+  return order && order == topologies::parse_order(topologies::kDefaultOrder, &error);
+}
+
+int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp * t.cp * t.pp); }
+
+// The ranks torchtitan's sparse mesh splits into EP x efsdp: dp_shard x cp x tp (ParallelDims:
+// efsdp = dp_shard * cp * tp / ep); dp_replicate stays outside.
+int expert_ranks(const topologies::ParallelConfig& t, int dp_replicate) {
+  return data_parallel(t) / std::max(1, dp_replicate) * t.cp * t.tp;
+}
+
+bool ep_fits(const topologies::ParallelConfig& t, const topologies::ModelSpec& m, int dp_replicate) {
+  if (m.num_experts == 0) return t.ep == 1;
+  return m.num_experts % t.ep == 0 && expert_ranks(t, dp_replicate) % t.ep == 0;
+}
+
+// FSDP2 shards routed experts on dim 1 where the ranks of their FSDP and EP meshes outnumber the
+// experts (torchtitan/distributed/fsdp.py, apply_fsdp_to_decoder), and fully_shard refuses a dim
+// other than 0 that its shard ranks do not divide. The first expert param that would be split so,
+// as one line; nullopt when none.
+std::optional<std::string> fsdp_refuses_experts(const casefile::Case& c) {
+  const topologies::ModelSpec& m = c.model;
+  const topologies::ParallelConfig& t = c.topology;
+  if (m.num_experts == 0 || !c.torchtitan) return std::nullopt;
+  const int dp_replicate = c.torchtitan->dp_replicate;
+  const int dp_shard = data_parallel(t) / std::max(1, dp_replicate);
+  const bool full = c.torchtitan->spmd_backend == casefile::SpmdBackend::full_dtensor;
+  // The FSDP-and-EP ranks torchtitan compares with the experts, and the ranks FSDP shards over.
+  const int efsdp_ep = t.ep > 1 ? dp_shard * t.cp * t.tp : dp_replicate * dp_shard * t.cp * (full ? t.tp : 1);
+  const int shard = t.ep > 1 ? dp_shard * t.cp * t.tp / t.ep : dp_shard * t.cp;
+  if (efsdp_ep <= m.num_experts || shard == 1) return std::nullopt;
+  const topologies::LogicalModel model(m, topologies::ParallelConfig{.world = t.pp, .pp = t.pp});
+  for (const topologies::LogicalParam& p : model.params()) {
+    if (p.expert != 0) continue;
+    // Each expert's first dim in the stacked tensor, as this rank holds it: split over TP without EP.
+    const bool tp_split_rows = t.ep == 1 && (p.param_class == topologies::ParamClass::expert_column ||
+                                             p.param_class == topologies::ParamClass::expert_column_bias);
+    const std::int64_t rows = p.shape[0] / (tp_split_rows ? t.tp : 1);
+    if (rows % shard != 0)
+      return "model: " + p.name + " (" + std::to_string(rows) + " rows per expert on each rank): torchtitan has FSDP2 "
+             "shard the routed experts on dim 1 where the FSDP and EP ranks (" + std::to_string(efsdp_ep) +
+             ") outnumber the experts (" + std::to_string(m.num_experts) + "), and fully_shard raises "
+             "NotImplementedError (\"FSDP does not support uneven sharding on dim 1\") where its " +
+             std::to_string(shard) + " shard ranks do not divide them";
+  }
+  return std::nullopt;
+}
+
+bool pipeline_fault(vocab::Fault f) {
+  using vocab::Fault;
+  return f == Fault::missing_pp_reduction || f == Fault::average_rank_norms || f == Fault::clip_per_stage_norm;
+}
+
+bool expert_fault(vocab::Fault f) {
+  using vocab::Fault;
+  return f == Fault::expert_norm_dropped || f == Fault::missing_ep_reduction || f == Fault::clip_per_child_norm;
+}
+
+template <typename Pred>
+bool any_fault(const vocab::FaultSet& faults, Pred pred) {
+  for (const vocab::FaultInfo& info : vocab::fault_catalog())
+    if (faults.has(info.fault) && pred(info.fault)) return true;
+  return false;
+}
+
+// What torch.nn.utils.clip_grad_norm_ cannot do that torchtitan's clip does.
+std::optional<std::string> torch_clip_refuses(const casefile::Case& c) {
+  if (!c.torchtitan || c.torchtitan->clip != DTensorClip::torch) return std::nullopt;
+  if (c.topology.pp > 1)
+    return "torchtitan.clip torch with topology.pp " + std::to_string(c.topology.pp) +
+           ": torch.nn.utils.clip_grad_norm_ has no pipeline group, so each stage would clip by its own "
+           "norm (torchtitan #596, the reason torchtitan has its own clip_grad_norm_); use clip torchtitan";
+  if (c.topology.ep > 1)
+    return "torchtitan.clip torch with topology.ep " + std::to_string(c.topology.ep) +
+           ": torch.nn.utils.clip_grad_norm_ stacks the norms of DTensors on two meshes (the experts' "
+           "sparse mesh and the dense one), which DTensor refuses; torchtitan splits them (clip torchtitan)";
+  if (!c.path.faults.empty())
+    return "faults with torchtitan.clip torch: the worker plants them in torchtitan's clip_grad_norm_";
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> torchtitan_unsupported(const casefile::Case& c, std::string_view,
+                                                  const FaultPlants& plants) {
+  const topologies::ModelSpec& m = c.model;
+  const topologies::ParallelConfig& t = c.topology;
+  const vocab::PathOptions& o = c.path;
+  if (m.kind != topologies::ModelKind::gpt)
+    return "model.kind custom: the torchtitan worker builds tally's GPT/MoE family as a torchtitan decoder; a "
+           "custom layout has no module";
+  if (c.deepspeed)
+    return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); run it "
+           "with --target deepspeed";
+  if (m.mtp_num_layers > 0) return "model.mtp_num_layers: the worker's torchtitan decoder has no multi-token-prediction block";
+  if (m.softmax_type != topologies::SoftmaxType::vanilla)
+    return "model.softmax_type learnable: the worker's torchtitan decoder has no attention sinks";
+  if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not torchtitan's";
+  if (t.vpp > 1)
+    return "topology.vpp: the worker builds one model part per pipeline rank (torchtitan's looped schedules, "
+           "which hold several, are not run)";
+  if (!default_grid(t))
+    return "topology.order " + t.order + ": torchtitan's meshes unflatten the world as (pp, dp_replicate, "
+           "dp_shard, cp, tp), TP fastest: tally's default order";
+  if (t.dist_opt_instances > 1)
+    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances; HSDP's replicate degree is "
+           "torchtitan.dp_replicate";
+  if (o.optimizer != vocab::OptimizerModel::plain)
+    return "optimizer.model " + std::string(vocab::optimizer_model_name(o.optimizer)) +
+           ": Megatron's optimizers; the norm is torchtitan's or torch's clip over the DTensor params (leave plain)";
+  if (!o.p_values.empty()) return "statistics.p_norms: the worker records the L2 norm only";
+  if (o.gradients.generator.dtype != kernels::Dtype::fp32)
+    return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
+           ": torchtitan's FSDP2 reduces and holds gradients in fp32 (mixed_precision_reduce float32), the "
+           "precision the worker runs; torch computes a 16-bit gradient's norm in 16 bits, a rounding "
+           "tally's relative tolerance does not model";
+  if (std::string why = unplantable(o.faults, plants); !why.empty())
+    return "faults: the worker plants no counterpart of " + why;
+  if (!c.torchtitan) return "torchtitan: the case has no torchtitan configuration (clip, spmd_backend, dp_replicate)";
+  const int dp_replicate = c.torchtitan->dp_replicate;
+  if (data_parallel(t) % dp_replicate != 0)
+    return "torchtitan.dp_replicate " + std::to_string(dp_replicate) + ": must divide the data-parallel size " +
+           std::to_string(data_parallel(t)) + " (HSDP: dp_replicate x dp_shard)";
+  if (m.num_experts > 0 && t.ep > 1 && t.etp != 1)
+    return "topology.etp " + std::to_string(t.etp) + " with ep " + std::to_string(t.ep) +
+           ": torchtitan 0.3 keeps each expert whole on its EP rank (EP borrows the ranks of dp_shard x cp x tp); "
+           "set etp 1";
+  if (m.num_experts > 0 && t.ep == 1 && t.etp != t.tp)
+    return "topology.etp " + std::to_string(t.etp) + " with ep 1 and tp " + std::to_string(t.tp) +
+           ": without EP torchtitan shards the experts over TP as the dense MLP (etp = tp)";
+  if (m.num_experts > 0 && !ep_fits(t, m, dp_replicate))
+    return "topology.ep " + std::to_string(t.ep) + ": torchtitan needs EP to divide the experts (" +
+           std::to_string(m.num_experts) + ") and dp_shard x cp x tp (" + std::to_string(expert_ranks(t, dp_replicate)) +
+           ", the ranks its sparse mesh splits into efsdp x ep)";
+  if (t.pp > 1 && !m.untie_embeddings_and_output_weights)
+    return "model.untie_embeddings_and_output_weights false with topology.pp " + std::to_string(t.pp) +
+           ": torchtitan raises NotImplementedError (\"Weight tying is not supported with Pipeline Parallel\", "
+           "torchtitan/models/common/decoder.py)";
+  if (auto why = fsdp_refuses_experts(c)) return why;
+  return torch_clip_refuses(c);
+}
+
+casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, std::uint64_t draw) {
+  topologies::ModelSpec& m = c.model;
+  topologies::ParallelConfig& t = c.topology;
+  vocab::PathOptions& o = c.path;
+  if (m.kind != topologies::ModelKind::gpt) return c;
+  c.deepspeed.reset();
+  m.mtp_num_layers = 0;
+  m.mtp_detach_heads = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+  t.gtp = t.egtp = 1;
+  t.vpp = 1;
+  t.order = std::string(topologies::kDefaultOrder);
+  t.dist_opt_instances = 1;
+  o.optimizer = vocab::OptimizerModel::plain;
+  o.p_values.clear();
+  o.gradients.generator.dtype = kernels::Dtype::fp32;
+  if (!unplantable(o.faults, plants).empty()) o.faults = {};
+  // A planted pipeline fault shows only across stages: two where the world and the layers allow.
+  if (t.pp == 1 && any_fault(o.faults, pipeline_fault) && t.world % 2 == 0 && t.tp * t.cp * 2 <= t.world) {
+    topologies::ParallelConfig piped = t;
+    piped.pp = 2;
+    if (!topologies::check_model(m, topologies::ParallelConfig{.world = 2, .pp = 2})) t = piped;
+  }
+  // Named on the stages alone: logical names do not depend on the sharding.
+  topologies::ParallelConfig stages{.world = t.pp, .pp = t.pp};
+  if (topologies::check_model(m, stages)) {
+    t.pp = 1;
+    m.first_stage_layers.reset();
+    m.last_stage_layers.reset();
+    stages = {};
+  }
+  if (t.pp > 1) m.untie_embeddings_and_output_weights = true;
+  casefile::drop_stated_gradients_without_a_param(c, stages);
+  std::uint64_t rest = draw;
+  const bool drawn = !c.torchtitan;
+  if (drawn) {
+    c.torchtitan = casefile::TorchTitanConfig{};
+    // A quarter of the cases torch's clip runs, as most FSDP2 users call it.
+    c.torchtitan->clip = rest % 4 == 3 ? DTensorClip::torch : DTensorClip::torchtitan;
+    rest /= 4;
+    c.torchtitan->spmd_backend = rest % 2 == 1 ? SpmdBackend::partial_dtensor : SpmdBackend::full_dtensor;
+    rest /= 2;
+  }
+  casefile::TorchTitanConfig& d = *c.torchtitan;
+  // A planted expert fault shows only across EP ranks.
+  if (m.num_experts > 0 && t.ep == 1 && any_fault(o.faults, expert_fault)) t.ep = 2;
+  // TP must divide the model's split dims, EP the experts and the ranks its mesh splits; torchtitan's
+  // experts are whole per EP rank with EP, and split over TP without it.
+  const auto settle = [&]() {
+    if (data_parallel(t) % d.dp_replicate != 0) d.dp_replicate = 1;
+    if (m.num_experts == 0) t.ep = 1;
+    while (t.ep > 1 && !ep_fits(t, m, d.dp_replicate)) t.ep /= 2;
+    t.etp = t.ep > 1 || m.num_experts == 0 ? 1 : t.tp;
+    return !casefile::check_case(c);
+  };
+  while (!settle() && t.tp > 1) t.tp /= 2;
+  // HSDP: a drawn section replicates over a divisor of DP, where EP keeps the ranks a fault needs.
+  if (drawn) {
+    const int dp = data_parallel(t);
+    std::vector<int> divisors;
+    for (int r = 1; r <= dp; ++r)
+      if (dp % r == 0) divisors.push_back(r);
+    const int replicate = divisors[rest % divisors.size()];
+    if (ep_fits(t, m, replicate) || !any_fault(o.faults, expert_fault)) {
+      d.dp_replicate = replicate;
+      settle();
+    }
+  }
+  // Experts FSDP would split unevenly on dim 1: replicate over more of DP (HSDP), which shards over
+  // fewer ranks, until it divides them.
+  while (fsdp_refuses_experts(c) && d.dp_replicate < data_parallel(t)) {
+    d.dp_replicate *= 2;
+    if (data_parallel(t) % d.dp_replicate != 0) d.dp_replicate = data_parallel(t);
+    settle();
+  }
+  // Else as many experts as those ranks: FSDP then shards them on dim 0, which may be uneven.
+  if (fsdp_refuses_experts(c)) {
+    const int dp_shard = data_parallel(t) / d.dp_replicate;
+    m.num_experts = t.ep > 1 ? dp_shard * t.cp * t.tp : d.dp_replicate * dp_shard * t.cp *
+                    (d.spmd_backend == SpmdBackend::full_dtensor ? t.tp : 1);
+  }
+  if (torch_clip_refuses(c)) d.clip = DTensorClip::torchtitan;
+  return c;
+}
+
+std::string torchtitan_norm_code(const casefile::Case& c) {
+  const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
+  const std::string code = d.clip == DTensorClip::torch ? "torch.nn.utils.clip_grad_norm_"
+                           : c.topology.ep > 1          ? "torchtitan _clip_grad_norm_with_ep"
+                                                        : "torchtitan clip_grad_norm_";
+  return code + " on " + std::string(casefile::spmd_backend_name(d.spmd_backend));
+}
+
+std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(const casefile::Case& base) {
+  std::vector<std::pair<std::string, casefile::Case>> out;
+  for (DTensorClip clip : {DTensorClip::torchtitan, DTensorClip::torch})
+    for (SpmdBackend backend : {SpmdBackend::full_dtensor, SpmdBackend::partial_dtensor}) {
+      casefile::Case c = base;
+      c.path.optimizer = vocab::OptimizerModel::plain;
+      c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+      c.torchtitan = casefile::TorchTitanConfig{.clip = clip, .spmd_backend = backend};
+      out.emplace_back(std::string(casefile::dtensor_clip_name(clip)) + "-" +
+                           std::string(casefile::spmd_backend_name(backend)),
+                       std::move(c));
+    }
+  return out;
+}
+
+nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
+  const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
+  const topologies::ParallelConfig& t = c.topology;
+  const int dp = data_parallel(t);
+  return {{"parallelism",
+           {{"data_parallel_replicate_degree", d.dp_replicate},
+            {"data_parallel_shard_degree", dp / std::max(1, d.dp_replicate)},
+            {"context_parallel_degree", t.cp},
+            {"tensor_parallel_degree", t.tp},
+            {"pipeline_parallel_degree", t.pp},
+            {"expert_parallel_degree", t.ep},
+            {"spmd_backend", std::string(casefile::spmd_backend_name(d.spmd_backend))}}},
+          {"training", {{"max_norm", c.path.max_norm}}},
+          {"clip", std::string(casefile::dtensor_clip_name(d.clip))}};
+}
+
+std::string torchtitan_model_description(const casefile::Case& c) {
+  const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
+  const int dp = data_parallel(c.topology);
+  return "tally's GPT/MoE as a torchtitan decoder on " + std::string(casefile::spmd_backend_name(d.spmd_backend)) +
+         " meshes (dp_replicate " + std::to_string(d.dp_replicate) + ", dp_shard " +
+         std::to_string(dp / std::max(1, d.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +
+         std::to_string(c.topology.tp) + ", pp " + std::to_string(c.topology.pp) + ", ep " +
+         std::to_string(c.topology.ep) + "), FSDP2 by apply_fsdp_to_decoder, the norm by " + torchtitan_norm_code(c);
+}
+
+}  // namespace tally::run

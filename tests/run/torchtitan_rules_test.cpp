@@ -1,0 +1,147 @@
+// What the torchtitan worker runs (run/torchtitan/rules.h): every generated case is one it builds,
+// and each case it cannot build is refused in one line naming the field and the rule.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "casefile/case_file.h"
+#include "fuzz/generators.h"
+#include "run/target.h"
+#include "run/torchtitan/rules.h"
+#include "vocab/faults.h"
+
+namespace tally::run {
+namespace {
+
+// TP 1, DP 2, two experts on EP 2: a case the worker runs as it stands.
+casefile::Case moe_case() {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  c.expect.reset();
+  c.topology.tp = c.topology.etp = 1;
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.torchtitan = casefile::TorchTitanConfig{};
+  return c;
+}
+
+bool starts_with(const std::optional<std::string>& text, std::string_view prefix) {
+  return text && text->rfind(prefix, 0) == 0;
+}
+
+FaultPlants every_plant() {
+  FaultPlants plants;
+  for (const char* name : {"missing-pp-reduction", "average-rank-norms", "clip-per-stage-norm", "expert-norm-dropped",
+                           "missing-ep-reduction", "clip-per-child-norm"})
+    plants.planted[name] = "planted";
+  return plants;
+}
+
+RC_GTEST_PROP(TorchTitanTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
+  const int world = *rc::gen::element(2, 4, 8);
+  const bool with_fault = *rc::gen::arbitrary<bool>();
+  fuzz::CaseGenOptions options;
+  options.topology.exact_world = world;
+  options.topology.max_world = world;
+  options.topology.avoid_megatron_corners = false;
+  options.gpt_only = true;
+  const FaultPlants plants = every_plant();
+  options.restrict_to = [plants](casefile::Case c) {
+    const std::uint64_t draw = c.path.gradients.generator.seed;
+    return within_torchtitan(std::move(c), plants, draw);
+  };
+  casefile::Case c = *fuzz::gen_case(options);
+  if (with_fault) {
+    c.path.faults = vocab::FaultSet::of({*rc::gen::element(vocab::Fault::missing_pp_reduction, vocab::Fault::expert_norm_dropped,
+                                                           vocab::Fault::clip_per_child_norm)});
+    c = within_torchtitan(std::move(c), plants, c.path.gradients.generator.seed);
+  }
+  RC_ASSERT(!casefile::check_case(c));
+  RC_ASSERT(c.topology.world == world);
+  RC_ASSERT(c.torchtitan.has_value());
+  const std::optional<std::string> unsupported = torchtitan_unsupported(c, "0.3.0", plants);
+  RC_ASSERT(!unsupported);
+}
+
+TEST(TorchTitanTarget, NamesWhatTheWorkerCannotBuild) {
+  casefile::Case c = moe_case();
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(torchtitan_unsupported(c, "0.3.0"));
+  c.torchtitan.reset();
+  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "torchtitan: the case has no torchtitan configuration"));
+  c = moe_case();
+  c.path.gradients.generator.dtype = kernels::Dtype::bf16;
+  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "gradients.dtype bf16:"));
+  c = moe_case();
+  c.torchtitan->clip = casefile::DTensorClip::torch;
+  EXPECT_NE(torchtitan_unsupported(c, "0.3.0").value_or("").find("two meshes"), std::string::npos)
+      << "torch's clip cannot stack the expert mesh's norms with the dense mesh's";
+  c = moe_case();
+  c.torchtitan->dp_replicate = 2;  // EP 2 needs dp_shard x cp x tp = 1 rank to hold 2
+  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "topology.ep 2:"));
+  c.torchtitan->dp_replicate = 3;
+  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "torchtitan.dp_replicate 3:"));
+  c = moe_case();
+  c.path.optimizer = vocab::OptimizerModel::layerwise;
+  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "optimizer.model layerwise:"));
+  c = moe_case();
+  c.path.faults = c.path.faults.with(vocab::Fault::missing_pp_reduction);
+  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "faults: the worker plants no counterpart"));
+  EXPECT_FALSE(torchtitan_unsupported(c, "0.3.0", every_plant()));
+  c = moe_case();
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "deepspeed: a DeepSpeed case"));
+}
+
+TEST(TorchTitanTarget, RefusesTyingWithPipelineAsTorchTitanDoes) {
+  casefile::Case c = moe_case();
+  c.topology = {.world = 4, .pp = 2};
+  c.model = {};
+  c.model.num_layers = 2;
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_NE(torchtitan_unsupported(c, "0.3.0").value_or("").find("Weight tying is not supported with Pipeline Parallel"),
+            std::string::npos);
+  c.model.untie_embeddings_and_output_weights = true;
+  EXPECT_FALSE(torchtitan_unsupported(c, "0.3.0"));
+  c.torchtitan->clip = casefile::DTensorClip::torch;
+  EXPECT_NE(torchtitan_unsupported(c, "0.3.0").value_or("").find("torchtitan #596"), std::string::npos);
+  const casefile::Case within = within_torchtitan(c, {}, 0);
+  EXPECT_EQ(within.torchtitan->clip, casefile::DTensorClip::torchtitan) << "torch's clip has no pipeline group";
+  EXPECT_FALSE(torchtitan_unsupported(within, "0.3.0"));
+}
+
+TEST(TorchTitanTarget, APlantedFaultGetsTheAxisItShowsOn) {
+  casefile::Case c = moe_case();
+  c.topology = {.world = 4, .tp = 1};
+  c.model = {};
+  c.model.num_layers = 2;
+  c.model.num_experts = 4;
+  c.path.faults = c.path.faults.with(vocab::Fault::missing_pp_reduction);
+  casefile::Case within = within_torchtitan(c, every_plant(), 0);
+  EXPECT_EQ(within.topology.pp, 2);
+  EXPECT_FALSE(torchtitan_unsupported(within, "0.3.0", every_plant()));
+  c.path.faults = {};
+  c.path.faults = c.path.faults.with(vocab::Fault::expert_norm_dropped);
+  within = within_torchtitan(c, every_plant(), 0);
+  EXPECT_GT(within.topology.ep, 1);
+  EXPECT_FALSE(torchtitan_unsupported(within, "0.3.0", every_plant()));
+  within = within_torchtitan(c, {}, 0);
+  EXPECT_TRUE(within.path.faults.empty()) << "a fault the worker does not plant is dropped";
+}
+
+TEST(TorchTitanTarget, SweepsEachClipOnEachBackend) {
+  const std::vector<std::pair<std::string, casefile::Case>> variants = torchtitan_sweep_variants(moe_case());
+  ASSERT_EQ(variants.size(), 4u);
+  EXPECT_EQ(variants[0].first, "torchtitan-full_dtensor");
+  EXPECT_EQ(variants[3].first, "torch-partial_dtensor");
+  EXPECT_EQ(torchtitan_norm_code(variants[0].second), "torchtitan _clip_grad_norm_with_ep on full_dtensor");
+  EXPECT_EQ(torchtitan_norm_code(variants[3].second), "torch.nn.utils.clip_grad_norm_ on partial_dtensor");
+}
+
+TEST(TorchTitanTarget, ACaseFileKeepsItsSection) {
+  casefile::Case c = moe_case();
+  c.torchtitan = casefile::TorchTitanConfig{casefile::DTensorClip::torch, casefile::SpmdBackend::partial_dtensor, 2};
+  const casefile::Case back = casefile::case_from_json(nlohmann::json::parse(casefile::case_to_json(c).dump()), "case.json");
+  EXPECT_EQ(back.torchtitan, c.torchtitan);
+  EXPECT_EQ(framework_of(back)->name, "torchtitan");
+}
+
+}  // namespace
+}  // namespace tally::run
