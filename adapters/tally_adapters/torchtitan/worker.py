@@ -354,6 +354,14 @@ def build_parallel_dims(parallelism, world, cache):
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     key = tuple(sorted(parallelism.items()))
+    if cache.get("last") != key:
+        # DTensor's sharding propagation caches output specs by value: an op on an earlier layout's
+        # mesh would hand back that mesh object for this layout's equal one, which fully_shard
+        # (checking identity) refuses. torchtitan builds one layout per process; this worker many.
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()
+        cache["last"] = key
     if key not in cache:
         dims = ParallelDims(dp_replicate=parallelism["data_parallel_replicate_degree"],
                             dp_shard=parallelism["data_parallel_shard_degree"],
@@ -371,10 +379,9 @@ def layout_meshes(dims, backend):
     from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh, resolve_sparse_fsdp_mesh
 
     if backend == "full_dtensor":
-        dense = dims.get_activated_mesh(["dp_replicate", "dp_shard", "cp", "tp"])
-        sparse = dims.get_activated_mesh(["dp_replicate", "efsdp", "ep"]) if dims.ep_enabled else None
         dp_mesh, dp_dims = resolve_fsdp_mesh(dims)
         edp_mesh, edp_dims = resolve_sparse_fsdp_mesh(dims)
+        dense, sparse = dp_mesh, edp_mesh  # the storage meshes: every param lives on one
     else:
         dense = dims.get_optional_mesh("tp")
         sparse = dims.get_optional_mesh("ep") if dims.ep_enabled else None
