@@ -45,7 +45,7 @@ from .. import dtensor as tally_dtensor
 from .. import worker as base
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"^(decoder\.layers\.(\d+)\.mlp\.)experts\.local_experts\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(.+)$")
 # The TP dim of each class (tally's class table, docs/megatron-reference.md §3); None: replicated.
 DENSE_SPLIT = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1, "replicated": None}
 # Of a stacked expert tensor [E, ...] without EP: the expert's own dim plus one.
@@ -88,6 +88,15 @@ def _halves(parameters):
     return ep, dense
 
 
+def _clip_halves(parameters, max_norm, total, foreach):
+    """Clips by `total` as torchtitan does: the EP and non-EP halves apart (one foreach call may not
+    mix meshes)."""
+    import torch
+
+    for half in _halves(parameters):
+        torch.nn.utils.clip_grads_with_norm_(half, max_norm, total, foreach)
+
+
 def _pipeline_not_reduced(orig):
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
                         pp_mesh=None, ep_enabled=False):
@@ -99,12 +108,11 @@ def _pipeline_not_reduced(orig):
 def _pipeline_averaged(orig):
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
                         pp_mesh=None, ep_enabled=False):
-        import torch
 
         parameters = list(parameters)
         stage = orig(parameters, math.inf, norm_type, error_if_nonfinite, foreach, None, ep_enabled)
         total = _over_pipeline(stage, pp_mesh, op="mean")
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach)
+        _clip_halves(parameters, max_norm, total, foreach)
         return total
 
     return clip_grad_norm_
@@ -122,12 +130,11 @@ def _clip_by_stage_norm(orig):
 
 def _expert_half_dropped(orig):
     def _clip_grad_norm_with_ep(parameters, max_norm, norm_type, error_if_nonfinite, foreach, pp_mesh):
-        import torch
 
+        parameters = list(parameters)
         ep, dense = _halves(parameters)
         total = _over_pipeline(_total_norm([p.grad for p in dense], norm_type, foreach), pp_mesh)
-        torch.nn.utils.clip_grads_with_norm_(ep, max_norm, total, foreach)
-        torch.nn.utils.clip_grads_with_norm_(dense, max_norm, total, foreach)
+        _clip_halves(parameters, max_norm, total, foreach)
         return total
 
     return _clip_grad_norm_with_ep
@@ -135,7 +142,6 @@ def _expert_half_dropped(orig):
 
 def _expert_norm_not_over_ep(orig):
     def _clip_grad_norm_with_ep(parameters, max_norm, norm_type, error_if_nonfinite, foreach, pp_mesh):
-        import torch
         from torch.distributed.tensor import DTensor, Replicate
 
         ep, dense = _halves(parameters)
@@ -148,8 +154,7 @@ def _expert_norm_not_over_ep(orig):
         total = (_total_norm(local, norm_type, foreach) ** 2 +
                  _total_norm([p.grad for p in dense], norm_type, foreach) ** 2) ** 0.5
         total = _over_pipeline(total, pp_mesh)
-        torch.nn.utils.clip_grads_with_norm_(ep, max_norm, total, foreach)
-        torch.nn.utils.clip_grads_with_norm_(dense, max_norm, total, foreach)
+        _clip_halves(ep + dense, max_norm, total, foreach)
         return total
 
     return _clip_grad_norm_with_ep
@@ -285,7 +290,7 @@ class StageModel:
             name = p["name"]
             expert = _EXPERT.match(name)
             if expert:
-                prefix, layer, e, suffix = expert.group(1), int(expert.group(2)), int(expert.group(3)), expert.group(4)
+                layer, e, suffix = int(expert.group(1)), int(expert.group(2)), expert.group(3)
                 experts.setdefault(layer, {}).setdefault(suffix, {})[e] = name
                 continue
             layer = _LAYER.match(name)
