@@ -1,0 +1,48 @@
+"""Unit tests of the torchtitan worker's tables and the DTensor manifest writer's rules that need no
+torch: the plant table answers the catalog, placements map to how DTensor reduces. The worker
+itself runs on torchtitan in ci/real-torchtitan."""
+
+import unittest
+
+import fault_catalog
+import tally_adapters.dtensor as tally_dtensor
+import tally_adapters.torchtitan.worker as torchtitan_worker
+
+
+class Placement:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def is_replicate(self):
+        return self.kind == "R"
+
+    def is_partial(self):
+        return self.kind == "P"
+
+
+class PlantTable(unittest.TestCase):
+    def test_every_catalog_fault_is_planted_or_has_a_reason(self):
+        fault_catalog.assert_plants_answer_the_catalog(self, torchtitan_worker.PLANTS, torchtitan_worker.NOT_PLANTED)
+
+    def test_every_plant_replaces_a_function_of_torchtitans_clip(self):
+        for fault, (targets, how) in torchtitan_worker.PLANTS.items():
+            self.assertTrue(how, fault)
+            for where, attr, make in targets:
+                self.assertEqual(where, "torchtitan.distributed.utils", fault)
+                self.assertIn(attr, ("clip_grad_norm_", "_clip_grad_norm_with_ep"), fault)
+                self.assertTrue(callable(make(lambda *args: None)), fault)
+
+
+class Placements(unittest.TestCase):
+    def test_a_strided_shard_is_a_shard_a_partial_sum_is_neither(self):
+        self.assertEqual(tally_dtensor.placement_kind(Placement("R")), "R")
+        self.assertEqual(tally_dtensor.placement_kind(Placement("S")), "S")
+        self.assertEqual(tally_dtensor.placement_kind(Placement("P")), "P")
+
+    def test_the_statistics_are_of_the_values(self):
+        self.assertEqual(tally_dtensor.stats([3.0, 0.0, -4.0]), {"sum_squares": 25.0, "abs_max": 4.0, "zeros": 1})
+        self.assertEqual(tally_dtensor.stats([]), {"sum_squares": 0.0, "abs_max": 0.0, "zeros": 0})
+
+
+if __name__ == "__main__":
+    unittest.main()
