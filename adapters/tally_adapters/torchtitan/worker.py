@@ -353,29 +353,35 @@ class StageModel:
 # --- one case ------------------------------------------------------------------------------------
 
 
-def build_parallel_dims(parallelism, world, cache):
-    """torchtitan's ParallelDims of the job config's `parallelism` (tally's run/torchtitan/rules.h
-    writes it), its meshes built once per layout (`cache`)."""
-    from torchtitan.distributed.parallel_dims import ParallelDims
+class Layouts:
+    """torchtitan's ParallelDims of each layout this worker has run, its meshes built once (most of a
+    case's time on gloo is making their process groups)."""
 
-    key = tuple(sorted(parallelism.items()))
-    if cache.get("last") != key:
-        # DTensor's sharding propagation caches output specs by value: an op on an earlier layout's
-        # mesh would hand back that mesh object for this layout's equal one, which fully_shard
-        # (checking identity) refuses. torchtitan builds one layout per process; this worker many.
+    def __init__(self):
+        self.dims = {}
+        self.current = None
+
+    def parallel_dims(self, parallelism, world):
+        """The ParallelDims of the job config's `parallelism` (tally's run/torchtitan/rules.h writes it)."""
         from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+        from torchtitan.distributed.parallel_dims import ParallelDims
 
-        _clear_sharding_prop_cache()
-        cache["last"] = key
-    if key not in cache:
-        dims = ParallelDims(dp_replicate=parallelism["data_parallel_replicate_degree"],
-                            dp_shard=parallelism["data_parallel_shard_degree"],
-                            cp=parallelism["context_parallel_degree"], tp=parallelism["tensor_parallel_degree"],
-                            pp=parallelism["pipeline_parallel_degree"], ep=parallelism["expert_parallel_degree"],
-                            world_size=world, spmd_backend=parallelism["spmd_backend"])
-        dims.build_mesh()
-        cache[key] = dims
-    return cache[key]
+        key = tuple(sorted(parallelism.items()))
+        if key != self.current:
+            # DTensor's sharding propagation caches output specs by value: an op on an earlier
+            # layout's mesh would hand back that mesh object for this layout's equal one, which
+            # fully_shard (checking identity) refuses. torchtitan builds one layout per process.
+            _clear_sharding_prop_cache()
+            self.current = key
+        if key not in self.dims:
+            dims = ParallelDims(dp_replicate=parallelism["data_parallel_replicate_degree"],
+                                dp_shard=parallelism["data_parallel_shard_degree"],
+                                cp=parallelism["context_parallel_degree"], tp=parallelism["tensor_parallel_degree"],
+                                pp=parallelism["pipeline_parallel_degree"], ep=parallelism["expert_parallel_degree"],
+                                world_size=world, spmd_backend=parallelism["spmd_backend"])
+            dims.build_mesh()
+            self.dims[key] = dims
+        return self.dims[key]
 
 
 def layout_meshes(dims, backend):
@@ -423,7 +429,7 @@ def pieces_of(named_params, logical):
     return pieces
 
 
-def execute(request, planted, producer, dims_cache, device):
+def execute(request, planted, producer, layouts, device):
     """Runs the request's case on this rank, its faults planted by `planted`, and writes its
     manifests."""
     import numpy as np
@@ -445,7 +451,7 @@ def execute(request, planted, producer, dims_cache, device):
     clip = config["clip"]
     max_norm = float(config["training"]["max_norm"])
     with planted:
-        dims = build_parallel_dims(parallelism, world, dims_cache)
+        dims = layouts.parallel_dims(parallelism, world)
         pp_mesh = dims.get_optional_mesh("pp")
         stage = pp_mesh.get_local_rank() if pp_mesh is not None else 0
         (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims) = layout_meshes(dims, backend)
@@ -529,7 +535,7 @@ class TorchTitanWorker(base.Worker):
 
     def __init__(self, backend, devices, world):
         super().__init__(backend, devices, world)
-        self.dims_cache = {}  # the meshes of each layout this worker has run
+        self.layouts = Layouts()
 
     def framework_version(self):
         import torchtitan
@@ -550,7 +556,7 @@ class TorchTitanWorker(base.Worker):
         import torch
 
         device = torch.device("cuda", torch.cuda.current_device()) if self.devices else torch.device("cpu")
-        execute(request, self.planted(request), self.producer(), self.dims_cache, device)
+        execute(request, self.planted(request), self.producer(), self.layouts, device)
 
 
 def main(argv=None):
