@@ -257,15 +257,16 @@ std::string torchtitan_norm_code(const casefile::Case& c) {
 std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out;
   for (DTensorClip clip : {DTensorClip::torchtitan, DTensorClip::torch})
-    for (SpmdBackend backend : {SpmdBackend::full_dtensor, SpmdBackend::partial_dtensor}) {
-      casefile::Case c = base;
-      c.path.optimizer = vocab::OptimizerModel::plain;
-      c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-      c.torchtitan = casefile::TorchTitanConfig{.clip = clip, .spmd_backend = backend};
-      out.emplace_back(std::string(casefile::dtensor_clip_name(clip)) + "-" +
-                           std::string(casefile::spmd_backend_name(backend)),
-                       std::move(c));
-    }
+    for (SpmdBackend backend : {SpmdBackend::full_dtensor, SpmdBackend::partial_dtensor})
+      for (int dp_replicate : {1, 2}) {  // FSDP, and HSDP replicating over two (refused where DP is odd)
+        casefile::Case c = base;
+        c.path.optimizer = vocab::OptimizerModel::plain;
+        c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+        c.torchtitan = casefile::TorchTitanConfig{.clip = clip, .spmd_backend = backend, .dp_replicate = dp_replicate};
+        out.emplace_back(std::string(casefile::dtensor_clip_name(clip)) + "-" +
+                             std::string(casefile::spmd_backend_name(backend)) + (dp_replicate > 1 ? "-hsdp" : ""),
+                         std::move(c));
+      }
   return out;
 }
 

@@ -43,8 +43,9 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
 // (" on full_dtensor").
 std::string torchtitan_norm_code(const casefile::Case& c);
 
-// `base` under each clip and SPMD backend ("torchtitan-full_dtensor", ..., "torch-partial_dtensor");
-// the worker's refusals decide which run.
+// `base` under each clip and SPMD backend, with FSDP and with HSDP replicating over two
+// ("torchtitan-full_dtensor", "torchtitan-full_dtensor-hsdp", ..., "torch-partial_dtensor-hsdp"); the
+// worker's refusals decide which run.
 std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(const casefile::Case& base);
 
 // The configuration the worker builds torchtitan with (`case-<K>.engine.json`, and `tally show`), in

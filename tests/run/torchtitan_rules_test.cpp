@@ -128,11 +128,13 @@ TEST(TorchTitanTarget, APlantedFaultGetsTheAxisItShowsOn) {
 
 TEST(TorchTitanTarget, SweepsEachClipOnEachBackend) {
   const std::vector<std::pair<std::string, casefile::Case>> variants = torchtitan_sweep_variants(moe_case());
-  ASSERT_EQ(variants.size(), 4u);
+  ASSERT_EQ(variants.size(), 8u);
   EXPECT_EQ(variants[0].first, "torchtitan-full_dtensor");
-  EXPECT_EQ(variants[3].first, "torch-partial_dtensor");
+  EXPECT_EQ(variants[1].first, "torchtitan-full_dtensor-hsdp");
+  EXPECT_EQ(variants[1].second.torchtitan->dp_replicate, 2);
+  EXPECT_EQ(variants[7].first, "torch-partial_dtensor-hsdp");
   EXPECT_EQ(torchtitan_norm_code(variants[0].second), "torchtitan _clip_grad_norm_with_ep on full_dtensor");
-  EXPECT_EQ(torchtitan_norm_code(variants[3].second), "torch.nn.utils.clip_grad_norm_ on partial_dtensor");
+  EXPECT_EQ(torchtitan_norm_code(variants[7].second), "torch.nn.utils.clip_grad_norm_ on partial_dtensor");
 }
 
 TEST(TorchTitanTarget, ACaseFileKeepsItsSection) {
