@@ -2,6 +2,7 @@
 torch: the plant table answers the catalog, placements map to how DTensor reduces. The worker
 itself runs on torchtitan in ci/real-torchtitan."""
 
+import importlib.util
 import unittest
 
 import fault_catalog
@@ -39,6 +40,7 @@ class Placements(unittest.TestCase):
         self.assertEqual(tally_dtensor.placement_kind(Placement("S")), "S")
         self.assertEqual(tally_dtensor.placement_kind(Placement("P")), "P")
 
+    @unittest.skipUnless(importlib.util.find_spec("numpy"), "the statistics are numpy's")
     def test_the_statistics_are_of_the_values(self):
         self.assertEqual(tally_dtensor.stats([3.0, 0.0, -4.0]), {"sum_squares": 25.0, "abs_max": 4.0, "zeros": 1})
         self.assertEqual(tally_dtensor.stats([]), {"sum_squares": 0.0, "abs_max": 0.0, "zeros": 0})
