@@ -324,19 +324,12 @@ TorchTitanConfig read_torchtitan(const json& value, const std::string& path) {
       value, path,
       {{"clip",
         [&](const json& v, const std::string& p) {
-          const std::string name = read_string(v, p, 64);
-          if (name == "torchtitan") d.clip = DTensorClip::torchtitan;
-          else if (name == "torch") d.clip = DTensorClip::torch;
-          else fail(p, "expected \"torchtitan\" (torchtitan's clip_grad_norm_) or \"torch\" "
-                       "(torch.nn.utils.clip_grad_norm_), got " + message_quote(name));
+          d.clip = read_choice(v, p, {"torchtitan", "torch"}) == 0 ? DTensorClip::torchtitan : DTensorClip::torch;
         }},
        {"spmd_backend",
         [&](const json& v, const std::string& p) {
-          const std::string name = read_string(v, p, 64);
-          if (name == "full_dtensor") d.spmd_backend = SpmdBackend::full_dtensor;
-          else if (name == "partial_dtensor") d.spmd_backend = SpmdBackend::partial_dtensor;
-          else fail(p, "expected \"full_dtensor\" or \"partial_dtensor\" (the torchtitan SPMD backends "
-                       "tally runs), got " + message_quote(name));
+          d.spmd_backend = read_choice(v, p, {"full_dtensor", "partial_dtensor"}) == 0 ? SpmdBackend::full_dtensor
+                                                                                      : SpmdBackend::partial_dtensor;
         }},
        {"dp_replicate",
         [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }}},

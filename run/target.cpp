@@ -149,6 +149,16 @@ const FrameworkTarget* framework_of(const casefile::Case& c) {
   return nullptr;
 }
 
+std::optional<std::string> other_frameworks_section(const casefile::Case& c, std::string_view framework) {
+  if (c.deepspeed && framework != "deepspeed")
+    return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); run it with "
+           "--target deepspeed";
+  if (c.torchtitan && framework != "torchtitan")
+    return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
+           "with --target torchtitan";
+  return std::nullopt;
+}
+
 std::string framework_names(std::string_view separator) {
   std::string out;
   for (const FrameworkTarget* t : framework_targets()) out += (out.empty() ? "" : std::string(separator)) + std::string(t->name);

@@ -22,6 +22,12 @@ std::string_view axis_token(Axis axis) {
 
 int dp(const ParallelConfig& c) { return c.world / (c.tp * c.gtp * c.cp * c.pp); }
 int edp(const ParallelConfig& c) { return c.world / (c.etp * c.ep * c.egtp * c.pp); }
+bool has_default_order(const ParallelConfig& c) {
+  std::string error;
+  const std::optional<AxisOrder> order = parse_order(c.order, &error);
+  return order && order == parse_order(kDefaultOrder, &error);
+}
+
 bool uses_gtp(const ParallelConfig& c) { return c.gtp > 1 || c.egtp > 1; }
 
 namespace {

@@ -52,7 +52,9 @@ struct ParallelConfig {
 };
 
 // Derived sizes. Only meaningful for a configuration that passes check_config.
-int dp(const ParallelConfig& config);   // world / (tp * gtp * cp * pp): the replicate degree
+int dp(const ParallelConfig& config);
+// Whether `config.order` is tally's default order in any spelling ("tp-cp-ep-dp-pp", "tp-dp").
+bool has_default_order(const ParallelConfig& config);   // world / (tp * gtp * cp * pp): the replicate degree
 int edp(const ParallelConfig& config);  // world / (etp * ep * egtp * pp)
 bool uses_gtp(const ParallelConfig& config);  // gtp > 1 or egtp > 1
 

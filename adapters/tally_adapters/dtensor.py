@@ -26,18 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .manifest import RANK_LISTS_VERSION, write_run
-
-
-def stats(values) -> Dict[str, Any]:
-    import numpy as np
-
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    return {
-        "sum_squares": float(np.dot(v, v)),
-        "abs_max": float(np.abs(v).max()) if v.size else 0.0,
-        "zeros": int(v.size - np.count_nonzero(v)),
-    }
+from .manifest import RANK_LISTS_VERSION, stats, write_run
 
 
 def is_dtensor(t) -> bool:
@@ -159,6 +148,7 @@ def build_manifest(
     params, main_params = [], {key: [] for key in children}
     for piece in pieces:
         values = gradient_of(piece.param)[piece.begin:piece.end]
+        piece_stats = stats(values)  # the param's and its main param's: the same elements
         entry = len(params)
         params.append({
             "name": piece.name,
@@ -167,7 +157,7 @@ def build_manifest(
             "offsets": piece.offsets,
             "extents": piece.extents,
             "attributes": piece.attributes,
-            "stats": stats(values),
+            "stats": piece_stats,
         })
         record = {
             "param": entry,
@@ -176,7 +166,7 @@ def build_manifest(
             "attributes": piece.attributes,
             "kept": first_replica(piece.param),
             "kept_zeros": False,
-            "stats": stats(values),
+            "stats": piece_stats,
         }
         key = child_of(piece.param)
         if clips is not None and key in clips and clipped_of is not None:

@@ -24,6 +24,18 @@ MANIFEST_VERSION = 2  # the format write_run writes (rank files and groups.json)
 RANK_LISTS_VERSION = 1
 
 
+def stats(values) -> Dict[str, Any]:
+    """The statistics of a piece's gradient values, in fp64: sum of squares, largest magnitude, zeros."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    return {
+        "sum_squares": float(np.dot(v, v)),
+        "abs_max": float(np.abs(v).max()) if v.size else 0.0,
+        "zeros": int(v.size - np.count_nonzero(v)),
+    }
+
+
 def manifest_text(manifest: Dict[str, Any]) -> str:
     """The file's text: json.dump(indent=2), strict (no NaN/inf), and a final newline."""
     return json.dumps(manifest, indent=2, allow_nan=False) + "\n"

@@ -17,15 +17,6 @@ namespace {
 
 using kernels::Dtype;
 
-// The DeepSpeed worker's rank grid: TP fastest, then DP, then PP (DeepSpeed's
-// PipeModelDataParallelTopology), DeepSpeed's expert groups consecutive ranks of a DP group.
-// tally's default order with CP 1 is that grid.
-bool default_grid(const topologies::ParallelConfig& t) {
-  std::string error;
-  const std::optional<topologies::AxisOrder> order = topologies::parse_order(t.order, &error);
-  return order && order == topologies::parse_order(topologies::kDefaultOrder, &error);
-}
-
 int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp * t.pp); }
 
 bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
@@ -188,16 +179,16 @@ std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::s
   if (m.kind != topologies::ModelKind::gpt)
     return "model.kind custom: the DeepSpeed worker builds tally's GPT/MoE family; a custom layout has no "
            "module";
-  if (c.torchtitan)
-    return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
-           "with --target torchtitan";
+  if (auto why = other_frameworks_section(c, "deepspeed")) return why;
   if (m.mtp_num_layers > 0) return "model.mtp_num_layers: DeepSpeed has no multi-token-prediction block";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: the worker's model has no attention sinks";
   if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not DeepSpeed's";
   if (t.cp > 1) return "topology.cp: the DeepSpeed worker runs TP x DP x EP and PP (no sequence parallelism)";
   if (t.vpp > 1) return "topology.vpp: DeepSpeed's PipelineEngine has one model chunk per stage";
-  if (!default_grid(t))
+  // DeepSpeed's grid is TP fastest, then DP, then PP (PipeModelDataParallelTopology), its expert
+  // groups consecutive ranks of a DP group: tally's default order with CP 1.
+  if (!topologies::has_default_order(t))
     return "topology.order " + t.order + ": the worker's groups are TP fastest, then DP (tally's "
            "default order); DeepSpeed makes its expert groups from them";
   if (t.dist_opt_instances > 1)

@@ -42,12 +42,7 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   if (m.kind != topologies::ModelKind::gpt)
     return "model.kind custom: the megatron-core worker builds Megatron's GPTModel; a custom layout has "
            "no Megatron module";
-  if (c.deepspeed)
-    return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); "
-           "run it with --target deepspeed";
-  if (c.torchtitan)
-    return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
-           "with --target torchtitan";
+  if (auto why = other_frameworks_section(c, "megatron-core")) return why;
   if (m.mtp_num_layers > 0)
     return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
            ": the worker's local layer spec builds no multi-token-prediction block";

@@ -14,20 +14,10 @@ namespace {
 using casefile::DTensorClip;
 using casefile::SpmdBackend;
 
-// torchtitan's meshes unflatten the world as (pp, dp_replicate, dp_shard, cp, tp): TP fastest,
-// then CP, then DP, then PP, which is tally's default order.
-bool default_grid(const topologies::ParallelConfig& t) {
-  std::string error;
-  const std::optional<topologies::AxisOrder> order = topologies::parse_order(t.order, &error);
-  return order && order == topologies::parse_order(topologies::kDefaultOrder, &error);
-}
-
-int data_parallel(const topologies::ParallelConfig& t) { return t.world / std::max(1, t.tp * t.cp * t.pp); }
-
 // The ranks torchtitan's sparse mesh splits into EP x efsdp: dp_shard x cp x tp (ParallelDims:
 // efsdp = dp_shard * cp * tp / ep); dp_replicate stays outside.
 int expert_ranks(const topologies::ParallelConfig& t, int dp_replicate) {
-  return data_parallel(t) / std::max(1, dp_replicate) * t.cp * t.tp;
+  return topologies::dp(t) / std::max(1, dp_replicate) * t.cp * t.tp;
 }
 
 bool ep_fits(const topologies::ParallelConfig& t, const topologies::ModelSpec& m, int dp_replicate) {
@@ -44,7 +34,7 @@ std::optional<std::string> fsdp_refuses_experts(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
   if (m.num_experts == 0 || !c.torchtitan) return std::nullopt;
   const int dp_replicate = c.torchtitan->dp_replicate;
-  const int dp_shard = data_parallel(t) / std::max(1, dp_replicate);
+  const int dp_shard = topologies::dp(t) / std::max(1, dp_replicate);
   const bool full = c.torchtitan->spmd_backend == casefile::SpmdBackend::full_dtensor;
   // The FSDP-and-EP ranks torchtitan compares with the experts, and the ranks FSDP shards over.
   const int efsdp_ep = t.ep > 1 ? dp_shard * t.cp * t.tp : dp_replicate * dp_shard * t.cp * (full ? t.tp : 1);
@@ -110,9 +100,7 @@ std::optional<std::string> torchtitan_unsupported(const casefile::Case& c, std::
   if (m.kind != topologies::ModelKind::gpt)
     return "model.kind custom: the torchtitan worker builds tally's GPT/MoE family as a torchtitan decoder; a "
            "custom layout has no module";
-  if (c.deepspeed)
-    return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); run it "
-           "with --target deepspeed";
+  if (auto why = other_frameworks_section(c, "torchtitan")) return why;
   if (m.mtp_num_layers > 0) return "model.mtp_num_layers: the worker's torchtitan decoder has no multi-token-prediction block";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: the worker's torchtitan decoder has no attention sinks";
@@ -120,7 +108,8 @@ std::optional<std::string> torchtitan_unsupported(const casefile::Case& c, std::
   if (t.vpp > 1)
     return "topology.vpp: the worker builds one model part per pipeline rank (torchtitan's looped schedules, "
            "which hold several, are not run)";
-  if (!default_grid(t))
+  // torchtitan's meshes unflatten the world as (pp, dp_replicate, dp_shard, cp, tp): tally's default order.
+  if (!topologies::has_default_order(t))
     return "topology.order " + t.order + ": torchtitan's meshes unflatten the world as (pp, dp_replicate, "
            "dp_shard, cp, tp), TP fastest: tally's default order";
   if (t.dist_opt_instances > 1)
@@ -139,9 +128,9 @@ std::optional<std::string> torchtitan_unsupported(const casefile::Case& c, std::
     return "faults: the worker plants no counterpart of " + why;
   if (!c.torchtitan) return "torchtitan: the case has no torchtitan configuration (clip, spmd_backend, dp_replicate)";
   const int dp_replicate = c.torchtitan->dp_replicate;
-  if (data_parallel(t) % dp_replicate != 0)
+  if (topologies::dp(t) % dp_replicate != 0)
     return "torchtitan.dp_replicate " + std::to_string(dp_replicate) + ": must divide the data-parallel size " +
-           std::to_string(data_parallel(t)) + " (HSDP: dp_replicate x dp_shard)";
+           std::to_string(topologies::dp(t)) + " (HSDP: dp_replicate x dp_shard)";
   if (m.num_experts > 0 && t.ep > 1 && t.etp != 1)
     return "topology.etp " + std::to_string(t.etp) + " with ep " + std::to_string(t.ep) +
            ": torchtitan 0.3 keeps each expert whole on its EP rank (EP borrows the ranks of dp_shard x cp x tp); "
@@ -210,7 +199,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   // TP must divide the model's split dims, EP the experts and the ranks its mesh splits; torchtitan's
   // experts are whole per EP rank with EP, and split over TP without it.
   const auto settle = [&]() {
-    if (data_parallel(t) % d.dp_replicate != 0) d.dp_replicate = 1;
+    if (topologies::dp(t) % d.dp_replicate != 0) d.dp_replicate = 1;
     if (m.num_experts == 0) t.ep = 1;
     while (t.ep > 1 && !ep_fits(t, m, d.dp_replicate)) t.ep /= 2;
     t.etp = t.ep > 1 || m.num_experts == 0 ? 1 : t.tp;
@@ -219,7 +208,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   while (!settle() && t.tp > 1) t.tp /= 2;
   // HSDP: a drawn section replicates over a divisor of DP, where EP keeps the ranks a fault needs.
   if (drawn) {
-    const int dp = data_parallel(t);
+    const int dp = topologies::dp(t);
     std::vector<int> divisors;
     for (int r = 1; r <= dp; ++r)
       if (dp % r == 0) divisors.push_back(r);
@@ -231,14 +220,14 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   }
   // Experts FSDP would split unevenly on dim 1: replicate over more of DP (HSDP), which shards over
   // fewer ranks, until it divides them.
-  while (fsdp_refuses_experts(c) && d.dp_replicate < data_parallel(t)) {
+  while (fsdp_refuses_experts(c) && d.dp_replicate < topologies::dp(t)) {
     d.dp_replicate *= 2;
-    if (data_parallel(t) % d.dp_replicate != 0) d.dp_replicate = data_parallel(t);
+    if (topologies::dp(t) % d.dp_replicate != 0) d.dp_replicate = topologies::dp(t);
     settle();
   }
   // Else as many experts as those ranks: FSDP then shards them on dim 0, which may be uneven.
   if (fsdp_refuses_experts(c)) {
-    const int dp_shard = data_parallel(t) / d.dp_replicate;
+    const int dp_shard = topologies::dp(t) / d.dp_replicate;
     m.num_experts = t.ep > 1 ? dp_shard * t.cp * t.tp : d.dp_replicate * dp_shard * t.cp *
                     (d.spmd_backend == SpmdBackend::full_dtensor ? t.tp : 1);
   }
@@ -273,7 +262,7 @@ std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(co
 nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
   const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
   const topologies::ParallelConfig& t = c.topology;
-  const int dp = data_parallel(t);
+  const int dp = topologies::dp(t);
   return {{"parallelism",
            {{"data_parallel_replicate_degree", d.dp_replicate},
             {"data_parallel_shard_degree", dp / std::max(1, d.dp_replicate)},
@@ -288,7 +277,7 @@ nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
 
 std::string torchtitan_model_description(const casefile::Case& c) {
   const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
-  const int dp = data_parallel(c.topology);
+  const int dp = topologies::dp(c.topology);
   return "tally's GPT/MoE as a torchtitan decoder on " + std::string(casefile::spmd_backend_name(d.spmd_backend)) +
          " meshes (dp_replicate " + std::to_string(d.dp_replicate) + ", dp_shard " +
          std::to_string(dp / std::max(1, d.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__ as ADAPTER_VERSION  # noqa: F401
 from ..manifest import RANK_LISTS_VERSION, write_run
+from ..manifest import stats as _stats
 
 # --- the groups ---------------------------------------------------------------------------------
 
@@ -376,17 +377,6 @@ class Recording:
 
 
 # --- the manifest -----------------------------------------------------------------------------
-
-
-def _stats(values) -> Dict[str, Any]:
-    import numpy as np
-
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    return {
-        "sum_squares": float(np.dot(v, v)),
-        "abs_max": float(np.abs(v).max()) if v.size else 0.0,
-        "zeros": int(v.size - np.count_nonzero(v)),
-    }
 
 
 def attributes_of(p) -> Dict[str, Any]:

@@ -267,6 +267,7 @@ class StageModel:
     stacked: whether its dim 0 is experts)."""
 
     def __init__(self, index, tensors, stage, meshes, ep, tied, device):
+        import numpy as np
         import torch
         import torch.nn as nn
 
@@ -332,8 +333,6 @@ class StageModel:
                     names = [by_expert[e] for e in sorted(by_expert)]
                     if sorted(by_expert) != list(range(len(names))):
                         raise ValueError(f"model mismatch: layer {layer}'s experts of {suffix} are {sorted(by_expert)}")
-                    import numpy as np
-
                     full = np.stack([tensors[n] for n in names])
                     param = nn.Parameter(make(names[0], full, classes[names[0]]))
                     stacked[suffix] = (param, full, [(n, classes[n], shapes[n]) for n in names])
@@ -405,12 +404,12 @@ def layout_meshes(dims, backend):
     return (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims)
 
 
-def pieces_of(named_params, logical):
-    """The manifest pieces of every param: its local box, split per expert where it is a stack."""
+def pieces_of(named_params, logical, boxes):
+    """The manifest pieces of every param: its local box (`boxes`), split per expert where it is a stack."""
     pieces = []
     for local_name, p in named_params:
         full, held, stacked = logical[id(p)]
-        offsets, extents = tally_dtensor.local_box(p)
+        offsets, extents = boxes[id(p)]
         if 0 in extents:  # FSDP left this rank no element of it (fewer rows than ranks)
             continue
         if not stacked:
@@ -464,20 +463,20 @@ def execute(request, planted, producer, layouts, device):
                               dp_mesh_dims=dp_dims, edp_mesh_dims=edp_dims)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         logical = {id(p): built.by_name[name] for name, p in named}
-        before = {}
+        before, boxes = {}, {}
         for name, p in named:
             full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(device)
             grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) \
                 if isinstance(p, DTensor) else full.clone()
             p.grad = grad
             local = (grad.to_local() if isinstance(grad, DTensor) else grad).detach().cpu().numpy().reshape(-1).copy()
-            offsets, extents = tally_dtensor.local_box(p)
+            offsets, extents = boxes[id(p)] = tally_dtensor.local_box(p)
             box = logical[id(p)][0][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
             if not np.array_equal(box.reshape(-1), local):
                 raise ValueError(f"rank {dist.get_rank()}: {name}'s gradient shard is not the box "
                                  f"{offsets}+{extents} its placements {p.placements} describe")
             before[id(p)] = local
-        pieces = pieces_of(named, logical)
+        pieces = pieces_of(named, logical, boxes)
         clipping = max_norm > 0
         params = [p for _, p in named]
         if clip == "torchtitan":
