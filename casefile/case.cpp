@@ -25,6 +25,20 @@ std::string_view spmd_backend_name(SpmdBackend backend) {
   return backend == SpmdBackend::partial_dtensor ? "partial_dtensor" : "full_dtensor";
 }
 
+std::string_view fsdp_sharding_name(FsdpSharding sharding) {
+  switch (sharding) {
+    case FsdpSharding::no_shard: return "no_shard";
+    case FsdpSharding::optim: return "optim";
+    case FsdpSharding::optim_grads: return "optim_grads";
+    case FsdpSharding::optim_grads_params: return "optim_grads_params";
+  }
+  return "?";
+}
+
+std::string_view fsdp_outer_sharding_name(FsdpOuterSharding sharding) {
+  return sharding == FsdpOuterSharding::optim ? "optim" : "no_shard";
+}
+
 std::optional<std::string> check_case(const Case& c) {
   if (std::optional<std::string> error = topologies::check_config(c.topology)) return error;
   if (std::optional<std::string> error = topologies::check_model(c.model, c.topology)) return error;

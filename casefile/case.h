@@ -73,6 +73,22 @@ struct TorchTitanConfig {
   friend bool operator==(const TorchTitanConfig&, const TorchTitanConfig&) = default;
 };
 
+// Megatron-FSDP (DistributedDataParallelConfig.use_megatron_fsdp), read only by the megatron-core
+// target (adapters/tally_adapters/megatron): how its buffers shard over DP
+// (data_parallel_sharding_strategy), and, with several optimizer instances
+// (topology.dist_opt_instances, hybrid FSDP), across them (outer_dp_sharding_strategy).
+enum class FsdpSharding : std::uint8_t { no_shard, optim, optim_grads, optim_grads_params };
+inline constexpr FsdpSharding kFsdpShardings[] = {FsdpSharding::no_shard, FsdpSharding::optim,
+                                                  FsdpSharding::optim_grads, FsdpSharding::optim_grads_params};
+enum class FsdpOuterSharding : std::uint8_t { no_shard, optim };
+std::string_view fsdp_sharding_name(FsdpSharding sharding);              // "no_shard", ..., "optim_grads_params"
+std::string_view fsdp_outer_sharding_name(FsdpOuterSharding sharding);  // "no_shard" | "optim"
+struct MegatronFsdpConfig {
+  FsdpSharding sharding = FsdpSharding::optim_grads_params;  // Megatron-LM's default
+  FsdpOuterSharding outer_sharding = FsdpOuterSharding::no_shard;
+  friend bool operator==(const MegatronFsdpConfig&, const MegatronFsdpConfig&) = default;
+};
+
 struct Case {
   std::string description;
   topologies::ParallelConfig topology;
@@ -80,6 +96,7 @@ struct Case {
   vocab::PathOptions path;
   std::optional<DeepSpeedConfig> deepspeed;  // only for the deepspeed target
   std::optional<TorchTitanConfig> torchtitan;  // only for the torchtitan target
+  std::optional<MegatronFsdpConfig> megatron_fsdp;  // only for the megatron-core target
   std::optional<RealTarget> target;  // absent: tally's model of the path (the model target)
   std::optional<Expectation> expect;
   friend bool operator==(const Case&, const Case&) = default;

@@ -337,6 +337,23 @@ TorchTitanConfig read_torchtitan(const json& value, const std::string& path) {
   return d;
 }
 
+MegatronFsdpConfig read_megatron_fsdp(const json& value, const std::string& path) {
+  MegatronFsdpConfig d;
+  read_object(
+      value, path,
+      {{"data_parallel_sharding_strategy",
+        [&](const json& v, const std::string& p) {
+          d.sharding = kFsdpShardings[read_choice(v, p, {"no_shard", "optim", "optim_grads", "optim_grads_params"})];
+        }},
+       {"outer_dp_sharding_strategy",
+        [&](const json& v, const std::string& p) {
+          d.outer_sharding = read_choice(v, p, {"no_shard", "optim"}) == 0 ? FsdpOuterSharding::no_shard
+                                                                           : FsdpOuterSharding::optim;
+        }}},
+      "the Megatron-FSDP configuration");
+  return d;
+}
+
 void read_tool(const json& value, const std::string& path) {
   // Written for the record; read only as far as its types go.
   if (!value.is_object()) fail(path, std::string("expected an object, got ") + type_word(value));
@@ -418,6 +435,7 @@ Case read_case(const json& value, const std::string& path) {
        {"faults", [&](const json& v, const std::string& p) { o.faults = read_faults(v, p); }},
        {"deepspeed", [&](const json& v, const std::string& p) { c.deepspeed = read_deepspeed(v, p); }},
        {"torchtitan", [&](const json& v, const std::string& p) { c.torchtitan = read_torchtitan(v, p); }},
+       {"megatron_fsdp", [&](const json& v, const std::string& p) { c.megatron_fsdp = read_megatron_fsdp(v, p); }},
        {"target", [&](const json& v, const std::string& p) { c.target = read_target(v, p); }},
        {"expect", [&](const json& v, const std::string& p) { c.expect = read_expect(v, p); }},
        {"tool", [&](const json& v, const std::string& p) { read_tool(v, p); }}},
@@ -497,6 +515,9 @@ ordered_json case_to_json(const Case& c) {
     j["torchtitan"] = {{"clip", dtensor_clip_name(c.torchtitan->clip)},
                        {"spmd_backend", spmd_backend_name(c.torchtitan->spmd_backend)},
                        {"dp_replicate", c.torchtitan->dp_replicate}};
+  if (c.megatron_fsdp)
+    j["megatron_fsdp"] = {{"data_parallel_sharding_strategy", fsdp_sharding_name(c.megatron_fsdp->sharding)},
+                          {"outer_dp_sharding_strategy", fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)}};
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};
     if (!c.target->manifests.empty()) j["target"]["manifests"] = c.target->manifests;

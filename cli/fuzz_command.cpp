@@ -349,6 +349,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["new"] = new_failures;
     j["known"] = result.failures.size() - new_failures;
     j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
+    if (!result.cases_by_norm_code.empty()) j["cases_by_norm_code"] = result.cases_by_norm_code;
     out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
   } else {
     const std::size_t failures = result.failures.size();
@@ -367,6 +368,15 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
       default: break;
     }
     out << '\n';
+    if (!result.cases_by_norm_code.empty()) {
+      out << "  cases by norm code:";
+      const char* separator = " ";
+      for (const auto& [code, n] : result.cases_by_norm_code) {
+        out << separator << code << ' ' << n;
+        separator = ", ";
+      }
+      out << '\n';
+    }
     if (result.infra_error) out << infra_stop_text(*result.infra_error);
     std::map<std::string, int> known_counts;
     for (const fuzz::Failure& f : result.failures)

@@ -111,6 +111,14 @@ MegatronArgs megatron_args(const casefile::Case& c) {
       break;
     case vocab::OptimizerModel::muon: value("--optimizer", "muon"); break;
   }
+  if (c.megatron_fsdp) {
+    flag("--use-megatron-fsdp");
+    value("--data-parallel-sharding-strategy", std::string(casefile::fsdp_sharding_name(c.megatron_fsdp->sharding)));
+    if (c.topology.dist_opt_instances > 1)
+      value("--outer-dp-sharding-strategy",
+            std::string(casefile::fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)));
+    value("--megatron-fsdp-main-grads-dtype", "fp32");  // as tally's worker builds it: the values it gives stay exact
+  }
   value("--clip-grad", number_text(o.max_norm));
 
   std::string gradients = "gradients " + std::string(kernels::mode_name(o.gradients.generator.mode)) +

@@ -60,8 +60,8 @@ void add_show_command(CLI::App& app, CommandContext& context) {
     const run::FrameworkTarget* framework = run::framework_of(c);
     const std::optional<nlohmann::ordered_json> engine =
         framework ? framework->engine_config(c) : std::optional<nlohmann::ordered_json>();
-    // A real target's case re-executes on its framework.
-    const std::string rerun_flags = c.target ? " --target " + c.target->framework : std::string();
+    // A real target's case, or one holding a framework's section, re-executes on its framework.
+    const std::string rerun_flags = framework ? " --target " + std::string(framework->name) : std::string();
     if (options->json) {
       nlohmann::ordered_json j;
       j["file"] = options->case_file;

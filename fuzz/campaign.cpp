@@ -11,6 +11,7 @@
 #include "io/atomic_file.h"
 #include "casefile/case_file.h"
 #include "run/case_job.h"
+#include "fuzz/known.h"
 #include "fuzz/run_ahead.h"
 
 namespace tally::fuzz {
@@ -188,6 +189,7 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       verdict = run(c);
     }
     ++result.cases;
+    if (target.framework()) ++result.cases_by_norm_code[known_path(c)];
     if (broken) {
       stop_at_infra_error(index, /*while_shrinking=*/false);
       break;

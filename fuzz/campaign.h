@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,6 +89,10 @@ struct CampaignResult {
   Stop stopped_by = Stop::cases;
   std::vector<Failure> failures;
   std::optional<InfraStop> infra_error;  // set when stopped_by is infra_error
+  // A real framework's cases by the code that computes their norm (known_path: the optimizer
+  // model, Megatron-FSDP's strategy, DeepSpeed's optimizer): what a campaign drew of each. Empty on
+  // tally's model.
+  std::map<std::string, std::int64_t> cases_by_norm_code;
 };
 std::string_view stop_name(CampaignResult::Stop stop);  // "cases", "time", ..., "infra-error"
 

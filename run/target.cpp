@@ -156,6 +156,9 @@ std::optional<std::string> other_frameworks_section(const casefile::Case& c, std
   if (c.torchtitan && framework != "torchtitan")
     return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
            "with --target torchtitan";
+  if (c.megatron_fsdp && framework != "megatron-core")
+    return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
+           "run it with --target megatron-core";
   return std::nullopt;
 }
 

@@ -166,8 +166,8 @@ const FrameworkTarget* framework_target(std::string_view name);
 // nullptr for a case of tally's model.
 const FrameworkTarget* framework_of(const casefile::Case& c);
 
-// Why `framework` does not run `c`: it holds another framework's section (its `deepspeed` or
-// `torchtitan` configuration), as one line naming the target that does; nullopt when none.
+// Why `framework` does not run `c`: it holds another framework's section (its `deepspeed`,
+// `torchtitan` or `megatron_fsdp` configuration), as one line naming the target that does; nullopt when none.
 std::optional<std::string> other_frameworks_section(const casefile::Case& c, std::string_view framework);
 
 // "megatron-core, deepspeed, torchtitan": the names, for messages and --help.

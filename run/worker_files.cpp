@@ -69,7 +69,7 @@ std::map<std::string, std::string> read_cannot_run(const json& value, const std:
   for (const auto& [name, why] : value.items()) {
     const std::string at = io::key_path(path, name);
     if (std::find(std::begin(kCannotRunSettings), std::end(kCannotRunSettings), name) == std::end(kCannotRunSettings))
-      io::fail(at, "not a case setting a worker may decline (deepspeed.fused_adam)");
+      io::fail(at, "not a case setting a worker may decline (deepspeed.fused_adam, megatron_fsdp)");
     std::string text = io::read_string(why, at, kMaxTextBytes);
     if (text.empty()) io::fail(at, "expected a non-empty reason");
     table[name] = std::move(text);

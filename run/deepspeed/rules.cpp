@@ -238,6 +238,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   c.torchtitan.reset();
+  c.megatron_fsdp.reset();
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

@@ -32,10 +32,47 @@ bool uneven_without_middle_chunks(const casefile::Case& c) {
   return c.model.first_stage_layers && c.model.last_stage_layers && c.topology.pp == 2 && c.topology.vpp > 1;
 }
 
+// Megatron-FSDP: tally's worker records it from 0.19's buffers (param_and_grad_buffer's
+// optimizer_named_parameters and the DataParallelBuffer shard of each item).
+bool fsdp_not_recorded(std::string_view version) { return megatron_core_older_than(version, 0, 19); }
+
+std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, std::string_view version) {
+  const casefile::MegatronFsdpConfig& f = *c.megatron_fsdp;
+  const topologies::ParallelConfig& t = c.topology;
+  const std::string strategy(casefile::fsdp_sharding_name(f.sharding));
+  if (fsdp_not_recorded(version))
+    return "megatron_fsdp: tally's worker records Megatron-FSDP from megatron-core 0.19's buffers "
+           "(each param's shard of its main-grad buffer); megatron-core " + std::string(version) + "'s are not read";
+  if (t.pp > 1)
+    return "topology.pp " + std::to_string(t.pp) + " with megatron_fsdp: Megatron-FSDP's adapter lays the world out "
+           "as (dp_cp ep tp) with no pipeline axis (mcore_fsdp_adapter.py _get_dp_tp_mesh: einops fails)";
+  if (!topologies::has_default_order(t))
+    return "topology.order " + t.order + " with megatron_fsdp: Megatron-FSDP's device meshes take TP innermost, "
+           "then EP, then DP x CP (mcore_fsdp_adapter.py _get_dp_tp_mesh), which is the order " +
+           std::string(topologies::kDefaultOrder);
+  if (c.path.optimizer != vocab::OptimizerModel::distributed)
+    return "optimizer.model " + std::string(vocab::optimizer_model_name(c.path.optimizer)) +
+           " with megatron_fsdp: Megatron-FSDP builds the distributed optimizer (Megatron-LM's arguments switch "
+           "it on) and supports only adam and sgd, so optimizer.model distributed";
+  if (c.path.bucket_elements > 0)
+    return "optimizer.bucket_elements " + std::to_string(c.path.bucket_elements) +
+           " with megatron_fsdp: Megatron-FSDP buckets by its own units, not DDP's bucket size";
+  if (f.outer_sharding == casefile::FsdpOuterSharding::optim && t.dist_opt_instances == 1)
+    return "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1: the outer strategy "
+           "shards across optimizer instances (hybrid FSDP), so it needs several";
+  if (f.outer_sharding == casefile::FsdpOuterSharding::optim && f.sharding != casefile::FsdpSharding::optim_grads_params)
+    return "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy " + strategy +
+           ": megatron-core " + std::string(version) +
+           " shards the optimizer across instances only with optim_grads_params (NotImplementedError in "
+           "ParamAndGradBuffer)";
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
-                                                     const FaultPlants& plants) {
+                                                     const FaultPlants& plants,
+                                                     const std::map<std::string, std::string>& cannot_run) {
   const topologies::ModelSpec& m = c.model;
   const vocab::PathOptions& o = c.path;
   const std::string release = "megatron-core " + std::string(version);
@@ -63,6 +100,10 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
            std::to_string(c.topology.vpp) +
            ": megatron-core's get_transformer_layer_offset divides by the layers of the middle stages' "
            "chunks, which are none (ZeroDivisionError)";
+  if (const auto it = cannot_run.find("megatron_fsdp"); c.megatron_fsdp && it != cannot_run.end())
+    return "megatron_fsdp: the worker cannot run Megatron-FSDP on this machine: " + it->second;
+  if (c.megatron_fsdp)
+    if (auto why = megatron_fsdp_unsupported(c, version)) return why;
   if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     return "optimizer.model muon with experts: " + release +
            "'s Muon without LayerWise fails on expert params (get_megatron_muon_optimizer's "
@@ -70,12 +111,39 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   return std::nullopt;
 }
 
-casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants) {
+namespace {
+
+// `c` laid out as Megatron-FSDP runs it: one pipeline stage (its PP folded into DP, so the world
+// stays), the default order, the distributed optimizer, no DDP buckets, an outer strategy only
+// over several instances and only where the release shards across them. nullopt where the model
+// does not fit one stage.
+std::optional<casefile::Case> as_megatron_fsdp(casefile::Case c) {
+  topologies::ParallelConfig& t = c.topology;
+  t.pp = 1;
+  t.vpp = 1;
+  t.order = std::string(topologies::kDefaultOrder);
+  c.model.first_stage_layers.reset();
+  c.model.last_stage_layers.reset();
+  if (topologies::check_config(t) || topologies::check_model(c.model, t)) return std::nullopt;
+  c.path.optimizer = vocab::OptimizerModel::distributed;
+  c.path.bucket_elements = 0;
+  casefile::MegatronFsdpConfig& f = *c.megatron_fsdp;
+  if (t.dist_opt_instances == 1 || f.sharding != casefile::FsdpSharding::optim_grads_params)
+    f.outer_sharding = casefile::FsdpOuterSharding::no_shard;
+  return c;
+}
+
+}  // namespace
+
+casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants,
+                                    std::uint64_t draw, const std::map<std::string, std::string>& cannot_run) {
   topologies::ModelSpec& m = c.model;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   c.deepspeed.reset();
   c.torchtitan.reset();
+  const bool fsdp_runs = !fsdp_not_recorded(version) && !cannot_run.contains("megatron_fsdp");
+  if (!fsdp_runs) c.megatron_fsdp.reset();
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
@@ -90,6 +158,17 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   }
   if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     o.optimizer = vocab::OptimizerModel::layerwise;
+  // A fifth of the drawn cases are Megatron-FSDP, about as often as each optimizer model; each
+  // strategy as often as the others, and the outer one where instances allow it.
+  if (!c.megatron_fsdp && fsdp_runs && draw % 5 == 0) {
+    casefile::Case fsdp = c;
+    fsdp.megatron_fsdp = casefile::MegatronFsdpConfig{
+        .sharding = casefile::kFsdpShardings[(draw / 5) % 4],
+        .outer_sharding = (draw / 20) % 2 ? casefile::FsdpOuterSharding::optim : casefile::FsdpOuterSharding::no_shard};
+    if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(std::move(fsdp))) c = std::move(*laid_out);
+  } else if (c.megatron_fsdp) {
+    if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(c)) c = std::move(*laid_out);
+  }
   casefile::drop_stated_gradients_without_a_param(c, c.topology);
   return c;
 }

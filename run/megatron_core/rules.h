@@ -5,6 +5,8 @@
 // run --target megatron-core` refuses such a case in one line and the fuzzer never generates it.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,13 +19,21 @@ namespace tally::run {
 // Why the megatron-core worker at `version` ("0.16.1", "0.19.2", ...; "" for the rules of every
 // release) cannot execute `c`, as one line naming the field and the rule; nullopt when it can.
 // Faults must be among those the worker plants (`plants`, from its hello).
+// `cannot_run`: the settings the worker cannot run on its machine, with why (WorkerHello::cannot_run:
+// "megatron_fsdp" where einops is missing, or a stand-in that models DDP's path only).
 std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
-                                                     const FaultPlants& plants = {});
+                                                     const FaultPlants& plants = {},
+                                                     const std::map<std::string, std::string>& cannot_run = {});
 
 // `c` with every unsupported choice switched to its simplest supported one (no MTP, no attention
 // sinks, no GTP, no p-norms, only plantable faults, ...), for generated cases. A GPT model stays a
 // GPT model of the same shape; a custom layout has no Megatron counterpart and is returned as it is.
-casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants = {});
+// A case without a `megatron_fsdp` section gets one, a fifth of the time, drawn from `draw` (a
+// release whose Megatron-FSDP tally records, on a worker that can run it): its strategy, and the
+// layout Megatron-FSDP runs. A worker that cannot run it has the section dropped.
+casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants = {},
+                                    std::uint64_t draw = 1,
+                                    const std::map<std::string, std::string>& cannot_run = {});
 
 // Whether `version` is older than major.minor (an unparsable version counts as the newest).
 bool megatron_core_older_than(std::string_view version, int major, int minor);

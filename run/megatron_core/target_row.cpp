@@ -2,11 +2,40 @@
 
 #include "run/megatron_core/rules.h"
 #include "gradnorm/releases.h"
+#include "topologies/parallel_config.h"
 #include "vocab/optimizer_models.h"
 
 namespace tally::run {
 
 namespace {
+
+// tally's optimizer models, then, on a layout Megatron-FSDP runs (one stage, the default order),
+// each of its strategies (and the hybrid one, over several instances).
+std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants(const casefile::Case& base) {
+  std::vector<std::pair<std::string, casefile::Case>> out = optimizer_variants(base);
+  if (base.topology.pp > 1 || !topologies::has_default_order(base.topology)) return out;
+  for (casefile::FsdpSharding sharding : casefile::kFsdpShardings) {
+    casefile::Case c = base;
+    c.path.optimizer = vocab::OptimizerModel::distributed;
+    c.path.bucket_elements = 0;
+    c.megatron_fsdp = casefile::MegatronFsdpConfig{.sharding = sharding};
+    out.emplace_back("fsdp-" + std::string(casefile::fsdp_sharding_name(sharding)), c);
+    if (sharding == casefile::FsdpSharding::optim_grads_params && base.topology.dist_opt_instances > 1) {
+      c.megatron_fsdp->outer_sharding = casefile::FsdpOuterSharding::optim;
+      out.emplace_back("fsdp-optim_grads_params-outer-optim", std::move(c));
+    }
+  }
+  return out;
+}
+
+// What computes the norm: the optimizer model's children, or Megatron-FSDP's one distributed
+// optimizer over its strategy's shards.
+std::string megatron_core_norm_code(const casefile::Case& c) {
+  if (!c.megatron_fsdp) return std::string(vocab::optimizer_model_name(c.path.optimizer));
+  std::string code = "megatron-fsdp " + std::string(casefile::fsdp_sharding_name(c.megatron_fsdp->sharding));
+  if (c.megatron_fsdp->outer_sharding == casefile::FsdpOuterSharding::optim) code += " outer optim";
+  return code;
+}
 
 // torchrun starts one rank per process; the worker picks gloo or NCCL for the world
 // (adapters/README.md).
@@ -14,19 +43,24 @@ constexpr FrameworkTarget kMegatronCore{
     "megatron-core",
     "torchrun --standalone --nproc-per-node {world} -m tally_adapters.megatron.worker",
     [](const casefile::Case& c, const WorkerHello& hello) {
-      return megatron_core_unsupported(c, hello.version, hello.plants);
+      return megatron_core_unsupported(c, hello.version, hello.plants, hello.cannot_run);
     },
     [](const casefile::Case& c, std::string_view version) { return megatron_core_unsupported(c, version); },
     [](casefile::Case c, const WorkerHello& hello) {
-      return within_megatron_core(std::move(c), hello.version, hello.plants);
+      // Drawn from the case's own gradient seed, so a campaign's stream of cases, and a shrink's,
+      // stay reproducible from the campaign seed.
+      const std::uint64_t draw = c.path.gradients.generator.seed;
+      return within_megatron_core(std::move(c), hello.version, hello.plants, draw, hello.cannot_run);
     },
     [](casefile::Case c) { return c; },
-    [](const casefile::Case&) { return false; },
+    [](const casefile::Case& c) { return c.megatron_fsdp.has_value(); },
     [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
     [](const casefile::Case&) { return std::string(); },
-    optimizer_variants,
-    [](const casefile::Case& c) { return std::string(vocab::optimizer_model_name(c.path.optimizer)); },
+    megatron_core_sweep_variants,
+    megatron_core_norm_code,
     [](const casefile::Case& c, std::string_view version) -> std::optional<casefile::Case> {
+      // tally models Megatron's DDP path, not Megatron-FSDP's buffers.
+      if (c.megatron_fsdp) return std::nullopt;
       const std::optional<gradnorm::MegatronRelease> release = gradnorm::release_from_name(version);
       if (!release || gradnorm::check_release_config(*release, c.topology)) return std::nullopt;
       casefile::Case model = c;

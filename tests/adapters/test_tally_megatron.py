@@ -125,6 +125,29 @@ class BoxTest(unittest.TestCase):
             tm.shard_box([8], True, 3, 0, 2)
 
 
+class HeldBoxTest(unittest.TestCase):
+    # Megatron-FSDP holds a flat range of each TP-local box: whole rows of a matrix, any run of a vector.
+    def test_whole_rows_of_a_tp_shard_are_a_box_inside_it(self):
+        self.assertEqual(tm.held_box([0, 8], [6, 8], 16, 40), ([2, 8], [3, 8]))
+
+    def test_a_vector_holds_any_run(self):
+        self.assertEqual(tm.held_box([4], [8], 3, 5), ([7], [2]))
+
+    def test_the_whole_box(self):
+        self.assertEqual(tm.held_box([0, 0], [2, 3], 0, 6), ([0, 0], [2, 3]))
+
+    def test_an_empty_range_holds_nothing(self):
+        self.assertIsNone(tm.held_box([0, 0], [2, 3], 6, 6))
+
+    def test_part_of_a_row_is_refused_naming_the_param(self):
+        with self.assertRaisesRegex(ValueError, "^w: held range \\[2, 6\\) of shape \\[2, 3\\] is not whole rows"):
+            tm.held_box([0, 0], [2, 3], 2, 6, "w")
+
+    def test_a_range_outside_the_box_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "outside its 6 elements"):
+            tm.held_box([0, 0], [2, 3], 0, 7)
+
+
 class FileTest(unittest.TestCase):
     def test_atomic_write_with_final_newline(self):
         with tempfile.TemporaryDirectory() as d:

@@ -38,6 +38,9 @@ done
 mode=${TALLY_TEST_WORKER_MODE:-}
 framework=${TALLY_TEST_WORKER_FRAMEWORK:-megatron-core}
 version=0.19.2 dtypes=
+# As megatron-core it runs tally's model, which models DDP's path, so it declines Megatron-FSDP.
+declines=
+[ "$framework" = megatron-core ] && declines=', "cannot_run": {"megatron_fsdp": "the stand-in runs tally'"'"'s model of DDP'"'"'s path"}'
 # As DeepSpeed it still builds what tally's model of Megatron builds: no expert biases with expert TP.
 if [ "$framework" = deepspeed ]; then version=0.19.8 dtypes=', "dtypes": ["fp32", "bf16"], "model_rules": "megatron"'; fi
 fault=${TALLY_TEST_WORKER_FAULT:-}
@@ -74,7 +77,7 @@ case $mode in
   hello-unknown-key) extra=', "gpu_name": "NVIDIA H200"' ;;
 esac
 atomically "$queue/hello.json" \
-  "{\"framework\": \"$framework\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-$version}\", \"world\": $hello_world, \"producer\": \"tally model_worker.sh\"$dtypes,
+  "{\"framework\": \"$framework\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-$version}\", \"world\": $hello_world, \"producer\": \"tally model_worker.sh\"$dtypes$declines,
     \"plants\": {\"average-rank-norms\": \"tally's model\", \"missing-pp-reduction\": \"tally's model\", \"no-dedup-filter\": \"tally's model\"$plants},
     \"cannot_plant\": {\"zero-count-in-float32\": \"too big for the stand-in\"}$extra}"
 echo "model_worker.sh: world $world up"

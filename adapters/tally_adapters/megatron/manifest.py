@@ -78,7 +78,16 @@ noted):
   scaled its main params (the coefficient it applied: min(1, max_norm / (norm + 1e-6))), null
   where no call did.
 
-Not supported (NotImplementedError naming what): Megatron-FSDP params, ChainedOptimizers nested
+Megatron-FSDP (megatron-core 0.19's `use_megatron_fsdp`): the module's params are DTensors, which
+are also the one DistributedOptimizer's params. A rank's `params` entry of one is the box of what it
+holds: the flat range of the raw TP-local param in its shard of Megatron-FSDP's main-grad buffer
+(whole rows; all of it for no_shard; no entry where the range is empty), with the raw param's
+attributes and the statistics of that range of the buffer. Its main param is the DTensor param
+itself, with the attributes found on it (Megatron-FSDP copies some of the raw param's, not
+`allreduce`), `kept` as the filter decided on it, `kept_zeros` as count_zeros_fp32 counts a
+Megatron-FSDP gradient (every one that is not None) and the statistics of its local gradient.
+
+Not supported (NotImplementedError naming what): ChainedOptimizers nested
 inside a ChainedOptimizer, the legacy GroupedMLP (all local experts in one tensor), and any
 other child optimizer type.
 """
@@ -195,6 +204,32 @@ def shard_box(
     return logical, offsets, list(shape)
 
 
+def held_box(
+    offsets: Sequence[int], extents: Sequence[int], begin: int, end: int, name: str = "a param"
+) -> Optional[Tuple[List[int], List[int]]]:
+    """(offsets, extents) of the elements [begin, end) of a box flattened row-major, which a
+    Megatron-FSDP shard holds: a run along the one axis of a 1-D box, else whole rows (the first
+    axis), as Megatron-FSDP cuts a param of two or more axes. None when the range is empty.
+    Raises ValueError naming `name` for a range that is not whole rows, or outside the box."""
+    offsets, extents = [int(o) for o in offsets], [int(e) for e in extents]
+    numel = 1
+    for e in extents:
+        numel *= e
+    if not 0 <= begin <= end <= numel:
+        raise ValueError(f"{name}: held range [{begin}, {end}) is outside its {numel} elements")
+    if begin == end:
+        return None
+    row = numel // extents[0] if extents and extents[0] else 1
+    if begin % row or end % row:
+        raise ValueError(
+            f"{name}: held range [{begin}, {end}) of shape {extents} is not whole rows of {row} elements; "
+            "a manifest holds boxes"
+        )
+    offsets[0] += begin // row
+    extents[0] = (end - begin) // row
+    return offsets, extents
+
+
 def _join(a: str, b: str) -> str:
     return f"{a}.{b}" if a else b
 
@@ -300,13 +335,15 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
 
     chunks = _model_chunks(model)
     params, param_index, param_objs = _describe_params(chunks)
+    held_numel = {id(p): _numel(params[i]["record"]["extents"]) for p, i in
+                  ((p, param_index[id(p)]) for p in param_objs)}
 
-    optimizers = _describe_optimizers(optimizer, param_index, param_objs, world)
+    optimizers = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel)
 
     _fill_stats(params, optimizers)
     if clip is not None:
         calls = clip()
-        after = _describe_optimizers(optimizer, param_index, param_objs, world)
+        after = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel)
         _fill_stats([], after)
         _record_clip(optimizers, after, calls)
 
@@ -326,6 +363,13 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
         },
     }
     return manifest
+
+
+def _numel(extents: Sequence[int]) -> int:
+    n = 1
+    for e in extents:
+        n *= int(e)
+    return n
 
 
 def _default_producer() -> str:
@@ -420,6 +464,7 @@ _WRAPPER_NAMES = {
     "DistributedDataParallel",
     "Float16Module",
     "FullyShardedDataParallel",
+    "MegatronFSDP",
     "TorchFullyShardedDataParallel",
 }
 
@@ -498,9 +543,11 @@ def _describe_params(chunks):
                 if name.startswith(ename + ".") and name.count(".") == ename.count(".") + 1:
                     grouped_ids[name] = ids
         for name, p in chunk.named_parameters():
-            if getattr(p, "__fsdp_param__", False):
-                raise NotImplementedError(f"{name}: Megatron-FSDP params are not supported")
-            if getattr(p, "is_gtp_weight_remat", False):
+            fsdp = fsdp_shard(p) if getattr(p, "__fsdp_param__", False) else None
+            # A Megatron-FSDP param is a DTensor over its shards: its own TP-local tensor (the box)
+            # is the raw param it replaced, with every attribute Megatron set.
+            model_p = fsdp.raw if fsdp is not None else p
+            if getattr(model_p, "is_gtp_weight_remat", False):
                 # The format carries GTP shards (docs/manifest.md); mapping one to its box needs
                 # its GTP rank and padding, which this adapter does not read yet.
                 raise NotImplementedError(
@@ -511,7 +558,7 @@ def _describe_params(chunks):
             if not p.requires_grad:
                 # Frozen: no optimizer holds it and no norm counts it, so the truth leaves it out.
                 continue
-            attrs = _attributes(p)
+            attrs = _attributes(model_p)
             module_name = name.rpartition(".")[0]
             logical = logical_param_name(
                 name, module_names, shared=attrs["shared"], expert_ids=grouped_ids
@@ -527,8 +574,15 @@ def _describe_params(chunks):
             else:
                 grank, gsize = 0, 1
             shape, offsets, extents = shard_box(
-                list(p.shape), attrs["tensor_model_parallel"], attrs["partition_dim"], grank, gsize
+                list(model_p.shape), attrs["tensor_model_parallel"], attrs["partition_dim"], grank, gsize
             )
+            grad = None if fsdp is not None else _model_grad(p)
+            if fsdp is not None:
+                held = held_box(offsets, extents, fsdp.begin, fsdp.end, name)
+                if held is None:
+                    continue  # this rank's shard holds none of it
+                offsets, extents = held
+                grad = fsdp.view
             local = name if len(chunks) == 1 else f"chunk{k}.{name}"
             record = {
                 "name": local,
@@ -542,9 +596,39 @@ def _describe_params(chunks):
             if id(p) in index:
                 continue  # the same Parameter object reached twice (tied within a chunk)
             index[id(p)] = len(params)
-            params.append({"record": record, "grad": _model_grad(p)})
+            params.append({"record": record, "grad": grad})
             objs.append(p)
     return params, index, objs
+
+
+class FsdpShard(NamedTuple):
+    """What one rank holds of a Megatron-FSDP param: the raw (TP-local) param it replaced, the
+    flat range [begin, end) of it in this rank's shard of the main-grad buffer (all of it for
+    no_shard), and that range in the buffer."""
+
+    raw: Any
+    begin: int
+    end: int
+    view: Any
+
+
+def fsdp_shard(p) -> FsdpShard:
+    """The shard of Megatron-FSDP param `p` (the DTensor param the module and its optimizer hold),
+    read from Megatron-FSDP's own buffer: the item's slice in this rank's shard, as the optimizer's
+    gradient of it is made (ParamAndGradBuffer.update_main_grads)."""
+    raw = p.orig_param
+    buffers = p._megatron_fsdp_model.param_and_grad_buffer
+    grads = buffers.parameter_groups[buffers.param_to_param_group[raw]].main_grad_buffer
+    item = grads.param_idx[raw]
+    whole = buffers.ddp_config.data_parallel_sharding_strategy == "no_shard"
+    begin, end = (0, raw.numel()) if whole else grads._get_item_slice_in_shard(item)
+    view = grads.get_item(item, only_shard=not whole)
+    if view.numel() != end - begin:
+        raise RuntimeError(
+            f"Megatron-FSDP's buffer gives {view.numel()} elements of a param of shape {list(raw.shape)} "
+            f"for its held range [{begin}, {end})"
+        )
+    return FsdpShard(raw, int(begin), int(end), view)
 
 
 def _model_grad(p):
@@ -687,7 +771,7 @@ def _main_to_model(child, C) -> Dict[int, Tuple[Any, Optional[Tuple[int, int]]]]
     DO = C.get("DistributedOptimizer")
     if DO is not None and isinstance(child, DO):
         if getattr(child.ddp_config, "use_megatron_fsdp", False):
-            raise NotImplementedError("DistributedOptimizer over Megatron-FSDP is not supported")
+            return out  # its main params are the model's DTensor params (held ranges: _describe_optimizers)
         precision_aware = child.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
         f16_main = child.shard_float16_groups if precision_aware else child.shard_fp32_from_float16_groups
         pairs = [(child.model_float16_groups, f16_main), (child.model_fp32_groups, child.shard_fp32_groups)]
@@ -760,7 +844,8 @@ def _zero_predicate():
     return kept
 
 
-def _describe_optimizers(optimizer, param_index, param_objs, world):
+def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel=None):
+    """`held_numel`: id(Megatron-FSDP param) -> the elements this rank holds of it."""
     C = _megatron_classes()
     zero_kept = _zero_predicate()
     out = []
@@ -774,8 +859,15 @@ def _describe_optimizers(optimizer, param_index, param_objs, world):
         mapping = _main_to_model(child, C)
         mains = []
         for main in child.get_parameters():
+            fsdp = getattr(main, "__fsdp_param__", False)
+            if fsdp and id(main) not in param_index:
+                if main.grad is not None:
+                    raise RuntimeError(f"{label}: a Megatron-FSDP param this rank holds none of has a gradient")
+                continue  # an empty shard: no gradient, nothing counted
             if id(main) in mapping:
                 model_param, rng = mapping[id(main)]
+            elif fsdp:
+                model_param, rng = main, (0, held_numel[id(main)])
             elif id(main) in param_index:
                 model_param, rng = main, None
             else:

@@ -14,7 +14,8 @@ rebuilds Megatron's parallel state for the case's topology (`initialize_model_pa
 TP, PP, VPP, CP, EP, ETP, rank order and distributed-optimizer instances), builds the case's GPT
 model from Megatron's local layer spec (`get_gpt_decoder_block_spec(use_transformer_engine=
 False)`: no Transformer Engine, no Apex), wraps each model chunk in Megatron's
-DistributedDataParallel, builds the case's optimizer with `get_megatron_optimizer` (plain:
+DistributedDataParallel (or, for a case with a `megatron_fsdp` section, in Megatron-FSDP's
+FullyShardedDataParallel with its strategies), builds the case's optimizer with `get_megatron_optimizer` (plain:
 chained Adam; distributed: the DistributedOptimizer; layerwise: Muon with the layer-wise
 distributed optimizer; muon: Muon without it), sets every param's gradient buffer (`main_grad`)
 to the values tally's generator gives the logical element it holds (`case-<K>.gradients.*`),
@@ -37,6 +38,10 @@ What the worker changes around Megatron, and why (never a Megatron file):
   shrinks): making the groups is most of a case's time on gloo. Another topology, or a case that
   raised on any rank, has every rank destroy its groups and make them anew, so hundreds of cases
   do not exhaust sockets or file descriptors.
+- Megatron-FSDP: its main gradients are fp32 (`megatron_fsdp_main_grads_dtype`; Megatron-LM's
+  default is the params' bf16), each rank writes the range of each param its buffer shard holds,
+  and the optimizer gets them through Megatron-FSDP's own `update_main_grads`; its gradient
+  reduction (`finish_grad_sync`, a reduce-scatter gloo lacks) is not run, as DDP's is not.
 - megatron-core 0.16.1's Muon calls emerging_optimizers with a keyword 0.3.0 renamed
   (`use_nesterov`): translated at construction (muon_compat.py).
 """
@@ -268,13 +273,26 @@ def build_model(case, config):
     vpp = t.get("vpp", 1)
     distributed = o.get("model", "plain") == "distributed"
     bucket = o.get("bucket_elements", 0)
-    ddp_config = DistributedDataParallelConfig(
-        use_distributed_optimizer=distributed,
-        overlap_grad_reduce=False,
-        grad_reduce_in_fp32=True,
-        bucket_size=bucket if bucket > 0 else None,
-        num_distributed_optimizer_instances=t.get("dist_opt_instances", 1),
-    )
+    fsdp = case.get("megatron_fsdp")
+    if fsdp is not None:
+        # Megatron-FSDP, as Megatron-LM's training sets it up (one stage: tally's rules keep PP 1),
+        # its main gradients in fp32 so the values tally gives stay exact.
+        ddp_config = DistributedDataParallelConfig(
+            use_megatron_fsdp=True,
+            use_distributed_optimizer=True,
+            data_parallel_sharding_strategy=fsdp["data_parallel_sharding_strategy"],
+            outer_dp_sharding_strategy=fsdp.get("outer_dp_sharding_strategy", "no_shard"),
+            num_distributed_optimizer_instances=t.get("dist_opt_instances", 1),
+            megatron_fsdp_main_grads_dtype=torch.float32,
+        )
+    else:
+        ddp_config = DistributedDataParallelConfig(
+            use_distributed_optimizer=distributed,
+            overlap_grad_reduce=False,
+            grad_reduce_in_fp32=True,
+            bucket_size=bucket if bucket > 0 else None,
+            num_distributed_optimizer_instances=t.get("dist_opt_instances", 1),
+        )
     chunks = []
     for i in range(vpp):
         vp_stage = i if vpp > 1 else None
@@ -292,6 +310,11 @@ def build_model(case, config):
         )
         model.cuda(torch.cuda.current_device())
         model = Float16Module(config, model)
+        if fsdp is not None:
+            from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+            chunks.append(FullyShardedDataParallel(config=config, ddp_config=ddp_config, module=model))
+            continue
         # As Megatron's training loop wraps chunks: only the first chunk's buffers are bucketed.
         chunks.append(
             DistributedDataParallel(
@@ -338,6 +361,7 @@ def set_gradients(chunks, tensors):
 
     params, _, objs = tally_megatron._describe_params(tally_megatron._model_chunks(chunks))
     held = set()
+    fsdp_modules = {}
     for entry, p in zip(params, objs):
         r = entry["record"]
         name = r["logical_name"]
@@ -353,12 +377,25 @@ def set_gradients(chunks, tensors):
                 f"{list(logical.shape)} in tally's model"
             )
         box = tuple(slice(o, o + e) for o, e in zip(r["offsets"], r["extents"]))
-        values = torch.from_numpy(logical[box].copy()).reshape(p.shape)
+        values = torch.from_numpy(logical[box].copy())
+        if getattr(p, "__fsdp_param__", False):
+            # The range this rank holds, in Megatron-FSDP's main-grad buffer.
+            with torch.no_grad():
+                entry["grad"].copy_(values.reshape(-1).to(entry["grad"].device))
+            fsdp_modules[id(p._megatron_fsdp_model)] = p._megatron_fsdp_model
+            held.add(name)
+            continue
+        values = values.reshape(p.shape)
         if getattr(p, "main_grad", None) is None:
             p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         with torch.no_grad():
             p.main_grad.copy_(values.to(p.main_grad.device))
         held.add(name)
+    # Megatron-FSDP hands its optimizer the buffer's shards as the DTensor params' gradients, as after
+    # a backward (attach_grad_to_optimizer_state); its reduction (finish_grad_sync) is not run: the
+    # values are already those after it.
+    for module in fsdp_modules.values():
+        module.param_and_grad_buffer.update_main_grads()
     return held
 
 
@@ -380,6 +417,15 @@ class MegatronCoreWorker(base.Worker):
             return package_info.__version__
         except Exception:
             return "unknown"
+
+    def cannot_run(self):
+        # Megatron-FSDP's adapter lays out its device meshes with einops, which megatron-core's
+        # wheel does not require.
+        try:
+            import einops  # noqa: F401
+        except ImportError:
+            return {"megatron_fsdp": "einops is not installed, and Megatron-FSDP's adapter needs it (pip install einops)"}
+        return {}
 
     def start(self):
         # Every module that imports a function a fault replaces is loaded before any fault is

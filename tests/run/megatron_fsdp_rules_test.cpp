@@ -1,0 +1,162 @@
+// What the megatron-core worker runs of Megatron-FSDP (run/megatron_core/rules.h): generated cases
+// draw every strategy, each is one the worker builds, and each case Megatron-FSDP cannot run is
+// refused in one line naming the field and the rule.
+#include <map>
+
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "casefile/case_file.h"
+#include "fuzz/generators.h"
+#include "run/megatron_core/rules.h"
+#include "run/target.h"
+
+namespace tally::run {
+namespace {
+
+// TP 2, EP 2, ETP 1 on world 2 (the founding case), as Megatron-FSDP with the distributed optimizer.
+casefile::Case fsdp_case(casefile::FsdpSharding sharding = casefile::FsdpSharding::optim_grads_params) {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  c.expect.reset();
+  c.path.optimizer = vocab::OptimizerModel::distributed;
+  c.megatron_fsdp = casefile::MegatronFsdpConfig{.sharding = sharding};
+  return c;
+}
+
+bool starts_with(const std::optional<std::string>& text, std::string_view prefix) {
+  return text && text->rfind(prefix, 0) == 0;
+}
+
+RC_GTEST_PROP(MegatronFsdpTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
+  const int world = *rc::gen::element(2, 4, 8);
+  fuzz::CaseGenOptions options;
+  options.topology.exact_world = world;
+  options.topology.max_world = world;
+  options.topology.avoid_megatron_corners = false;
+  options.gpt_only = true;
+  options.restrict_to = [](casefile::Case c) {
+    const std::uint64_t draw = c.path.gradients.generator.seed;
+    return within_megatron_core(std::move(c), "0.19.2", {}, draw);
+  };
+  const casefile::Case c = *fuzz::gen_case(options);
+  RC_ASSERT(!casefile::check_case(c));
+  RC_ASSERT(c.topology.world == world);
+  const std::optional<std::string> unsupported = megatron_core_unsupported(c, "0.19.2");
+  RC_ASSERT(!unsupported);
+  if (c.megatron_fsdp) {
+    RC_ASSERT(c.topology.pp == 1);
+    RC_ASSERT(c.path.optimizer == vocab::OptimizerModel::distributed);
+  }
+}
+
+TEST(MegatronFsdpTarget, GeneratedCasesDrawEveryStrategyAboutAsOftenAsAnOptimizer) {
+  std::map<std::string, int> drawn;
+  for (std::uint64_t draw = 0; draw < 400; ++draw) {
+    casefile::Case c = fsdp_case();
+    c.megatron_fsdp.reset();
+    c.path.optimizer = vocab::OptimizerModel::plain;
+    c = within_megatron_core(std::move(c), "0.19.2", {}, draw);
+    drawn[c.megatron_fsdp ? std::string(casefile::fsdp_sharding_name(c.megatron_fsdp->sharding)) : "ddp"] += 1;
+  }
+  EXPECT_EQ(drawn["ddp"], 320);
+  for (casefile::FsdpSharding sharding : casefile::kFsdpShardings)
+    EXPECT_EQ(drawn[std::string(casefile::fsdp_sharding_name(sharding))], 20) << casefile::fsdp_sharding_name(sharding);
+}
+
+TEST(MegatronFsdpTarget, ReleasesItsWorkerDoesNotReadDrawNone) {
+  casefile::Case c = fsdp_case();
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.16.1"), "megatron_fsdp: tally's worker records"));
+  EXPECT_FALSE(within_megatron_core(c, "0.16.1", {}, 0).megatron_fsdp);
+  c.megatron_fsdp.reset();
+  EXPECT_FALSE(within_megatron_core(c, "0.16.1", {}, 0).megatron_fsdp);
+}
+
+TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
+  casefile::Case c = fsdp_case();
+  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+
+  c.topology = {.world = 2, .pp = 2};
+  c.model.num_layers = 2;
+  c.model.num_experts = 0;
+  c.model.moe_ffn_hidden_size.reset();
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "topology.pp 2 with megatron_fsdp:"));
+  const casefile::Case one_stage = within_megatron_core(c, "0.19.2");
+  EXPECT_EQ(one_stage.topology.pp, 1);
+  EXPECT_EQ(one_stage.topology.world, 2) << "the stages fold into DP";
+  EXPECT_FALSE(megatron_core_unsupported(one_stage, "0.19.2"));
+
+  c = fsdp_case();
+  c.topology.order = "tp-pp-cp-ep-dp";
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "topology.order tp-pp-cp-ep-dp with megatron_fsdp:"));
+  EXPECT_FALSE(megatron_core_unsupported(within_megatron_core(c, "0.19.2"), "0.19.2"));
+
+  c = fsdp_case();
+  c.path.optimizer = vocab::OptimizerModel::layerwise;
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "optimizer.model layerwise with megatron_fsdp:"));
+  EXPECT_EQ(within_megatron_core(c, "0.19.2").path.optimizer, vocab::OptimizerModel::distributed);
+
+  c = fsdp_case();
+  c.path.bucket_elements = 64;
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "optimizer.bucket_elements 64 with megatron_fsdp:"));
+
+  c = fsdp_case();
+  c.megatron_fsdp->outer_sharding = casefile::FsdpOuterSharding::optim;
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+                          "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1:"));
+  c.topology = {.world = 4, .tp = 2, .etp = 2, .dist_opt_instances = 2};
+  c.model.num_experts = 0;
+  c.model.moe_ffn_hidden_size.reset();
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  c.megatron_fsdp->sharding = casefile::FsdpSharding::optim_grads;
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+                          "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy "
+                          "optim_grads:"));
+  EXPECT_EQ(within_megatron_core(c, "0.19.2").megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::no_shard);
+}
+
+TEST(MegatronFsdpTarget, ItsSectionIsMegatronCoresAlone) {
+  const casefile::Case c = fsdp_case();
+  ASSERT_NE(framework_of(c), nullptr);
+  EXPECT_EQ(framework_of(c)->name, "megatron-core");
+  EXPECT_TRUE(starts_with(other_frameworks_section(c, "deepspeed"), "megatron_fsdp: a Megatron-FSDP case"));
+  EXPECT_FALSE(other_frameworks_section(c, "megatron-core"));
+  EXPECT_FALSE(framework_of(c)->release_model_case(c, "0.19.2")) << "tally models DDP's path, not Megatron-FSDP's";
+  EXPECT_EQ(framework_of(c)->norm_code(c), "megatron-fsdp optim_grads_params");
+}
+
+TEST(MegatronFsdpTarget, SweepsEveryStrategyOnALayoutItRuns) {
+  casefile::Case base = fsdp_case();
+  base.megatron_fsdp.reset();
+  base.path.optimizer = vocab::OptimizerModel::plain;
+  const FrameworkTarget& row = *framework_target("megatron-core");
+  std::vector<std::string> names;
+  for (const auto& [name, c] : row.sweep_variants(base)) {
+    names.push_back(name);
+    EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2")) << name;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"plain", "distributed", "layerwise", "muon", "fsdp-no_shard", "fsdp-optim",
+                                             "fsdp-optim_grads", "fsdp-optim_grads_params"}));
+  base.topology = {.world = 2, .pp = 2};
+  base.model.num_layers = 2;
+  EXPECT_EQ(row.sweep_variants(base).size(), 4u) << "no Megatron-FSDP variant across stages";
+}
+
+TEST(MegatronFsdpTarget, ItsSectionRoundTripsThroughACaseFile) {
+  casefile::Case c = fsdp_case(casefile::FsdpSharding::no_shard);
+  EXPECT_EQ(casefile::case_from_text(casefile::case_to_text(c), "fsdp.json"), c);
+  std::string text = casefile::case_to_text(c);
+  text.replace(text.find("\"no_shard\""), 10, "\"zero3\"");
+  try {
+    casefile::case_from_text(text, "fsdp.json");
+    ADD_FAILURE() << "an unknown strategy was read";
+  } catch (const casefile::CaseFileError& error) {
+    EXPECT_NE(std::string(error.what()).find("case.megatron_fsdp.data_parallel_sharding_strategy"), std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace tally::run
