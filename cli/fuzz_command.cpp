@@ -83,6 +83,7 @@ struct FuzzOptions {
   std::string shrink_time = "60s";
   std::string shrink;  // "all" or "new"; empty: new on a real target, all on tally's model
   bool json = false;
+  std::string norm_code;  // only cases of this norm code (prefix); "": all
   TargetOptions target;
   int world = 2;  // --target: every case's world
   std::string known;  // --known; "": seeds/real where it exists
@@ -242,6 +243,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.max_seconds = o.time.empty() ? (o.cases > 0 ? 0.0 : 60.0) : parse_duration(o.time, "--time");
   campaign.generator.topology.max_world = o.max_world;
   campaign.generator.topology.exact_world = context.backend.world();
+  if (!o.norm_code.empty()) campaign.generator.keep_only = fuzz::norm_code_filter(o.norm_code);
   campaign.corpus_dir = o.corpus;
   campaign.max_failures = o.max_failures;
   campaign.shrink.max_runs = o.shrink_runs;
@@ -305,6 +307,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (o.faults != "none") repeat += " --faults " + o.faults;
   if (o.max_failures != 20) repeat += " --max-failures " + std::to_string(o.max_failures);
   if (!o.shrink.empty()) repeat += " --shrink " + o.shrink;
+  if (!o.norm_code.empty()) repeat += " --norm-code " + shell_quote(o.norm_code);
   if (context.backend.world() > 0)  // the same job size, the same cases
     repeat = "mpirun -np <the same> " + repeat + " --backend " + std::string(context.backend.name());
   repeat += target_flags_text(o.target, opened->framework ? opened->world : 0);
@@ -325,6 +328,14 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   try {
     result = fuzz::run_campaign(campaign, *target, printer, interrupt.flag());
     printer.write_junit(result.cases, result.seconds);
+  } catch (const rc::GenerationFailure&) {
+    printer.end_live_line();
+    // Only --norm-code drops generated cases; 100 dropped in a row is a code the target never draws.
+    context.err << "tally: error: --norm-code '" << o.norm_code
+                << "': no case of that norm code in 100 generated in a row; the codes a real campaign draws are in "
+                   "its summary's `cases by norm code` (the optimizer model on tally's model)\n";
+    context.exit_code = kExitBadInput;
+    return;
   } catch (const std::exception& error) {
     printer.end_live_line();
     context.err << "tally: error: " << error.what() << '\n';
@@ -425,6 +436,11 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
                       "none, all (every catalog fault the target can switch on), or fault names "
                       "(comma-separated; each must be one the target plants): each case switches on one")
       ->capture_default_str();
+  command->add_option("--norm-code", options->norm_code,
+                      "Only cases whose norm is computed by code starting with this, as the summary's "
+                      "`cases by norm code` names them: megatron-fsdp, megatron-fsdp no_shard, layerwise, "
+                      "distributed ... (the optimizer model on tally's model); the generator gives up on "
+                      "one it never draws");
   command->add_option("--corpus", options->corpus, "Folder for the case files of failures")
       ->check(output_folder())
       ->capture_default_str();

@@ -17,6 +17,7 @@
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
+#include "fuzz/known.h"
 #include "vocab/faults.h"
 #include "run/target.h"
 
@@ -33,6 +34,7 @@ struct MutantsOptions {
   int shrink_runs = 1000;
   std::string shrink_time = "60s";
   bool json = false;
+  std::string norm_code;  // only cases of this norm code (prefix); "": all
   TargetOptions target;
   int world = 2;  // --target: every case's world
 };
@@ -47,6 +49,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   m.seed = o.seed;
   m.generator.topology.max_world = o.max_world;
   m.generator.topology.exact_world = context.backend.world();
+  if (!o.norm_code.empty()) m.generator.keep_only = fuzz::norm_code_filter(o.norm_code);
   m.shrink.max_runs = o.shrink_runs;
   m.corpus_dir = o.corpus;
   m.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
@@ -96,6 +99,13 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   std::vector<fuzz::MutantResult> results;
   try {
     results = fuzz::run_mutants(m, *target, on_result, interrupt.flag());
+  } catch (const rc::GenerationFailure&) {
+    // Only --norm-code drops generated cases; 100 dropped in a row is a code the target never draws.
+    context.err << "tally: error: --norm-code '" << o.norm_code
+                << "': no case of that norm code in 100 generated in a row; the codes a real campaign draws are in "
+                   "its summary's `cases by norm code` (the optimizer model on tally's model)\n";
+    context.exit_code = kExitBadInput;
+    return;
   } catch (const std::exception& error) {
     context.err << "tally: error: " << error.what() << '\n';
     context.exit_code = kExitInfra;
@@ -185,6 +195,9 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
       ->capture_default_str();
+  command->add_option("--norm-code", options->norm_code,
+                      "Only cases whose norm is computed by code starting with this (megatron-fsdp, "
+                      "layerwise, distributed ...): the score on that code alone");
   command->add_option("--corpus", options->corpus, "Write each finding's case files here")
       ->check(output_folder());
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")

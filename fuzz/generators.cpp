@@ -431,7 +431,9 @@ rc::Gen<vocab::PathOptions> gen_path_options() {
   return rc::gen::exec([] { return pick_path_options(); });
 }
 
-rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
+namespace {
+
+rc::Gen<casefile::Case> gen_any_case(const CaseGenOptions& options) {
   return rc::Gen<casefile::Case>([options](const rc::Random& random, int size) {
     return rc::gen::exec([options] {
       casefile::Case c;
@@ -480,6 +482,13 @@ rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
       return options.restrict_to ? options.restrict_to(std::move(c)) : c;
     })(random, size);
   });
+}
+
+}  // namespace
+
+rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
+  if (!options.keep_only) return gen_any_case(options);
+  return rc::gen::suchThat(gen_any_case(options), options.keep_only);
 }
 
 std::uint64_t case_seed(std::uint64_t campaign_seed, std::int64_t index) {

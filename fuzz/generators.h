@@ -88,6 +88,10 @@ struct CaseGenOptions {
   // Applied to every generated case and to every shrink of it: a real target's limits
   // (run::Target::within). Empty: none.
   std::function<casefile::Case(casefile::Case)> restrict_to;
+  // Only the cases it keeps, and only such shrinks (after restrict_to): `--norm-code`, a campaign
+  // of one norm code of a real target. It must keep some of the cases: the generator gives up
+  // (rc::GenerationFailure) after 100 draws in a row it drops. Empty: every case.
+  std::function<bool(const casefile::Case&)> keep_only;
 };
 
 // A whole case (topology, model, path options with its fault); passes casefile::check_case. Its

@@ -47,6 +47,10 @@ std::string known_path(const casefile::Case& c) {
   return std::string(vocab::optimizer_model_name(c.path.optimizer));
 }
 
+std::function<bool(const casefile::Case&)> norm_code_filter(std::string prefix) {
+  return [prefix = std::move(prefix)](const casefile::Case& c) { return known_path(c).starts_with(prefix); };
+}
+
 std::vector<KnownFinding> load_known(const std::string& dir, std::string_view framework, std::string_view version) {
   std::vector<std::string> files;
   std::error_code error;

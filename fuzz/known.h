@@ -15,6 +15,7 @@
 // failure in that corner that fails the same way repeats it.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,10 @@ struct KnownFinding {
 // The norm code of `c`'s framework that a finding is tied to ("layerwise", "BF16_Optimizer"); the
 // optimizer model for a case of tally's model.
 std::string known_path(const casefile::Case& c);
+
+// Keeps the cases whose norm code (known_path) starts with `prefix` ("megatron-fsdp",
+// "megatron-fsdp no_shard", "layerwise"): `--norm-code`, for CaseGenOptions::keep_only.
+std::function<bool(const casefile::Case&)> norm_code_filter(std::string prefix);
 
 // The findings of `framework` at `version` under `dir` (recursively): case files of that target
 // whose expectation is a failure and whose saved manifests, judged again, fail. Throws

@@ -8,6 +8,7 @@
 
 #include "casefile/case_file.h"
 #include "fuzz/generators.h"
+#include "fuzz/known.h"
 #include "run/megatron_core/rules.h"
 #include "run/target.h"
 
@@ -47,6 +48,22 @@ RC_GTEST_PROP(MegatronFsdpTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
     RC_ASSERT(c.topology.pp == 1);
     RC_ASSERT(c.path.optimizer == vocab::OptimizerModel::distributed);
   }
+}
+
+RC_GTEST_PROP(MegatronFsdpTarget, ANormCodeCampaignDrawsOnlyThatCode, ()) {
+  fuzz::CaseGenOptions options;
+  options.topology.exact_world = 4;
+  options.topology.max_world = 4;
+  options.topology.avoid_megatron_corners = false;
+  options.gpt_only = true;
+  options.restrict_to = [](casefile::Case c) {
+    const std::uint64_t draw = c.path.gradients.generator.seed;
+    return within_megatron_core(std::move(c), "0.19.2", {}, draw);
+  };
+  options.keep_only = fuzz::norm_code_filter("megatron-fsdp");
+  const casefile::Case c = *fuzz::gen_case(options);
+  RC_ASSERT(c.megatron_fsdp.has_value());
+  RC_ASSERT(!megatron_core_unsupported(c, "0.19.2"));
 }
 
 TEST(MegatronFsdpTarget, GeneratedCasesDrawEveryStrategyAboutAsOftenAsAnOptimizer) {
