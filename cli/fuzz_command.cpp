@@ -328,11 +328,16 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   try {
     result = fuzz::run_campaign(campaign, *target, printer, interrupt.flag());
     printer.write_junit(result.cases, result.seconds);
-  } catch (const rc::GenerationFailure&) {
+  } catch (const rc::GenerationFailure& failure) {
     printer.end_live_line();
-    // Only --norm-code drops generated cases; 100 dropped in a row is a code the target never draws.
-    context.err << "tally: error: --norm-code '" << o.norm_code
-                << "': no case of that norm code in 100 generated in a row; the codes a real campaign draws are in "
+    // Only --norm-code drops generated cases: a code the target never (or hardly ever) draws.
+    if (o.norm_code.empty()) {
+      context.err << "tally: error: " << failure.what() << '\n';
+      context.exit_code = kExitInfra;
+      return;
+    }
+    context.err << "tally: error: --norm-code '" << o.norm_code << "': no case of that norm code in "
+                << fuzz::kKeepOnlyDraws << " generated in a row; the codes a real campaign draws are in "
                    "its summary's `cases by norm code` (the optimizer model on tally's model)\n";
     context.exit_code = kExitBadInput;
     return;

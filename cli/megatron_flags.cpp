@@ -117,7 +117,8 @@ MegatronArgs megatron_args(const casefile::Case& c) {
     if (c.topology.dist_opt_instances > 1)
       value("--outer-dp-sharding-strategy",
             std::string(casefile::fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)));
-    value("--megatron-fsdp-main-grads-dtype", "fp32");  // as tally's worker builds it: the values it gives stay exact
+    value("--megatron-fsdp-main-grads-dtype", "fp32");
+    value("--ckpt-format", "fsdp_dtensor");  // Megatron-LM requires it with --use-megatron-fsdp  // as tally's worker builds it: the values it gives stay exact
   }
   value("--clip-grad", number_text(o.max_norm));
 

@@ -99,10 +99,15 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   std::vector<fuzz::MutantResult> results;
   try {
     results = fuzz::run_mutants(m, *target, on_result, interrupt.flag());
-  } catch (const rc::GenerationFailure&) {
-    // Only --norm-code drops generated cases; 100 dropped in a row is a code the target never draws.
-    context.err << "tally: error: --norm-code '" << o.norm_code
-                << "': no case of that norm code in 100 generated in a row; the codes a real campaign draws are in "
+  } catch (const rc::GenerationFailure& failure) {
+    // Only --norm-code drops generated cases: a code the target never (or hardly ever) draws.
+    if (o.norm_code.empty()) {
+      context.err << "tally: error: " << failure.what() << '\n';
+      context.exit_code = kExitInfra;
+      return;
+    }
+    context.err << "tally: error: --norm-code '" << o.norm_code << "': no case of that norm code in "
+                << fuzz::kKeepOnlyDraws << " generated in a row; the codes a real campaign draws are in "
                    "its summary's `cases by norm code` (the optimizer model on tally's model)\n";
     context.exit_code = kExitBadInput;
     return;

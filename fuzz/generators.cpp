@@ -488,7 +488,17 @@ rc::Gen<casefile::Case> gen_any_case(const CaseGenOptions& options) {
 
 rc::Gen<casefile::Case> gen_case(const CaseGenOptions& options) {
   if (!options.keep_only) return gen_any_case(options);
-  return rc::gen::suchThat(gen_any_case(options), options.keep_only);
+  // As rc::gen::suchThat, with room for a code drawn rarely (one Megatron-FSDP strategy is one
+  // case in 20, hybrid FSDP one in hundreds): suchThat gives up after 100 draws.
+  return rc::Gen<casefile::Case>([any = gen_any_case(options), keep = options.keep_only](const rc::Random& random,
+                                                                                            int size) {
+    rc::Random r = random;
+    for (int attempt = 0; attempt < kKeepOnlyDraws; ++attempt) {
+      if (rc::Maybe<rc::Shrinkable<casefile::Case>> kept = rc::shrinkable::filter(any(r.split(), size), keep))
+        return std::move(*kept);
+    }
+    throw rc::GenerationFailure("no case kept in " + std::to_string(kKeepOnlyDraws) + " draws in a row");
+  });
 }
 
 std::uint64_t case_seed(std::uint64_t campaign_seed, std::int64_t index) {

@@ -90,9 +90,11 @@ struct CaseGenOptions {
   std::function<casefile::Case(casefile::Case)> restrict_to;
   // Only the cases it keeps, and only such shrinks (after restrict_to): `--norm-code`, a campaign
   // of one norm code of a real target. It must keep some of the cases: the generator gives up
-  // (rc::GenerationFailure) after 100 draws in a row it drops. Empty: every case.
+  // (rc::GenerationFailure) after kKeepOnlyDraws draws in a row it drops. Empty: every case.
   std::function<bool(const casefile::Case&)> keep_only;
 };
+// How many draws in a row keep_only may drop before the generator gives up.
+inline constexpr int kKeepOnlyDraws = 20000;
 
 // A whole case (topology, model, path options with its fault); passes casefile::check_case. Its
 // description is empty (the campaign names it). Its expectation is unset.

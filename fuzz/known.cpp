@@ -48,7 +48,11 @@ std::string known_path(const casefile::Case& c) {
 }
 
 std::function<bool(const casefile::Case&)> norm_code_filter(std::string prefix) {
-  return [prefix = std::move(prefix)](const casefile::Case& c) { return known_path(c).starts_with(prefix); };
+  // Whole words: "megatron-fsdp optim" is not "megatron-fsdp optim_grads".
+  return [prefix = std::move(prefix)](const casefile::Case& c) {
+    const std::string code = known_path(c);
+    return code == prefix || code.starts_with(prefix + " ");
+  };
 }
 
 std::vector<KnownFinding> load_known(const std::string& dir, std::string_view framework, std::string_view version) {

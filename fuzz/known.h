@@ -39,8 +39,9 @@ struct KnownFinding {
 // optimizer model for a case of tally's model.
 std::string known_path(const casefile::Case& c);
 
-// Keeps the cases whose norm code (known_path) starts with `prefix` ("megatron-fsdp",
-// "megatron-fsdp no_shard", "layerwise"): `--norm-code`, for CaseGenOptions::keep_only.
+// Keeps the cases whose norm code (known_path) is `prefix` or starts with its words ("megatron-fsdp",
+// "megatron-fsdp optim" but not its optim_grads, "layerwise"): `--norm-code`, for
+// CaseGenOptions::keep_only.
 std::function<bool(const casefile::Case&)> norm_code_filter(std::string prefix);
 
 // The findings of `framework` at `version` under `dir` (recursively): case files of that target

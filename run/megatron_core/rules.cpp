@@ -56,7 +56,8 @@ std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, st
            "it on) and supports only adam and sgd, so optimizer.model distributed";
   if (c.path.bucket_elements > 0)
     return "optimizer.bucket_elements " + std::to_string(c.path.bucket_elements) +
-           " with megatron_fsdp: Megatron-FSDP buckets by its own units, not DDP's bucket size";
+           " with megatron_fsdp: tally's worker leaves Megatron-FSDP's bucketing at its default (its FSDP "
+           "units, with DDP's bucket size only a suggestion for the params outside them)";
   if (f.outer_sharding == casefile::FsdpOuterSharding::optim && t.dist_opt_instances == 1)
     return "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1: the outer strategy "
            "shards across optimizer instances (hybrid FSDP), so it needs several";
@@ -151,15 +152,9 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   c.topology.egtp = 1;
   o.p_values.clear();
   if (!unplantable(o.faults, plants).empty()) o.faults = {};
-  if (o.optimizer != vocab::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
-  if (uneven_without_middle_chunks(c)) {
-    // The last stage keeps its layers, now as "the rest" (a multiple of vpp, as it was).
-    m.last_stage_layers.reset();
-  }
-  if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
-    o.optimizer = vocab::OptimizerModel::layerwise;
   // A fifth of the drawn cases are Megatron-FSDP, about as often as each optimizer model; each
-  // strategy as often as the others, and the outer one where instances allow it.
+  // strategy as often as the others, and the outer one where instances allow it. Drawn before the
+  // instances of other optimizer models are dropped, so hybrid FSDP keeps the drawn instances.
   if (!c.megatron_fsdp && fsdp_runs && draw % 5 == 0) {
     casefile::Case fsdp = c;
     fsdp.megatron_fsdp = casefile::MegatronFsdpConfig{
@@ -167,8 +162,17 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
         .outer_sharding = (draw / 20) % 2 ? casefile::FsdpOuterSharding::optim : casefile::FsdpOuterSharding::no_shard};
     if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(std::move(fsdp))) c = std::move(*laid_out);
   } else if (c.megatron_fsdp) {
+    // A shrink whose model no longer fits one stage runs on DDP instead.
     if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(c)) c = std::move(*laid_out);
+    else c.megatron_fsdp.reset();
   }
+  if (o.optimizer != vocab::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
+  if (uneven_without_middle_chunks(c)) {
+    // The last stage keeps its layers, now as "the rest" (a multiple of vpp, as it was).
+    m.last_stage_layers.reset();
+  }
+  if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
+    o.optimizer = vocab::OptimizerModel::layerwise;
   casefile::drop_stated_gradients_without_a_param(c, c.topology);
   return c;
 }

@@ -80,6 +80,31 @@ TEST(MegatronFsdpTarget, GeneratedCasesDrawEveryStrategyAboutAsOftenAsAnOptimize
     EXPECT_EQ(drawn[std::string(casefile::fsdp_sharding_name(sharding))], 20) << casefile::fsdp_sharding_name(sharding);
 }
 
+TEST(MegatronFsdpTarget, HybridFsdpKeepsTheInstancesDrawnForAnotherOptimizer) {
+  casefile::Case c = fsdp_case();
+  c.megatron_fsdp.reset();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 4, .dist_opt_instances = 2};
+  c.model.num_experts = 0;
+  c.model.moe_ffn_hidden_size.reset();
+  ASSERT_FALSE(casefile::check_case(c));
+  // 35: a fifth (35 % 5), optim_grads_params (7 % 4), the outer strategy (35 / 20 odd).
+  const casefile::Case hybrid = within_megatron_core(c, "0.19.2", {}, 35);
+  ASSERT_TRUE(hybrid.megatron_fsdp);
+  EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
+  EXPECT_EQ(hybrid.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::optim);
+  EXPECT_FALSE(megatron_core_unsupported(hybrid, "0.19.2"));
+  EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 36).topology.dist_opt_instances, 1) << "plain Adam: one instance";
+}
+
+TEST(MegatronFsdpTarget, ANormCodeMatchesWholeWords) {
+  casefile::Case c = fsdp_case(casefile::FsdpSharding::optim_grads);
+  EXPECT_TRUE(fuzz::norm_code_filter("megatron-fsdp")(c));
+  EXPECT_TRUE(fuzz::norm_code_filter("megatron-fsdp optim_grads")(c));
+  EXPECT_FALSE(fuzz::norm_code_filter("megatron-fsdp optim")(c));
+  EXPECT_FALSE(fuzz::norm_code_filter("megatron")(c));
+}
+
 TEST(MegatronFsdpTarget, ReleasesItsWorkerDoesNotReadDrawNone) {
   casefile::Case c = fsdp_case();
   EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.16.1"), "megatron_fsdp: tally's worker records"));

@@ -543,6 +543,9 @@ def _describe_params(chunks):
                 if name.startswith(ename + ".") and name.count(".") == ename.count(".") + 1:
                     grouped_ids[name] = ids
         for name, p in chunk.named_parameters():
+            if not p.requires_grad:
+                # Frozen: no optimizer holds it and no norm counts it, so the truth leaves it out.
+                continue
             fsdp = fsdp_shard(p) if getattr(p, "__fsdp_param__", False) else None
             # A Megatron-FSDP param is a DTensor over its shards: its own TP-local tensor (the box)
             # is the raw param it replaced, with every attribute Megatron set.
@@ -555,9 +558,6 @@ def _describe_params(chunks):
                     "TP shards only: run with gtp_weight_remat_size = "
                     "expert_gtp_weight_remat_size = 1"
                 )
-            if not p.requires_grad:
-                # Frozen: no optimizer holds it and no norm counts it, so the truth leaves it out.
-                continue
             attrs = _attributes(model_p)
             module_name = name.rpartition(".")[0]
             logical = logical_param_name(
