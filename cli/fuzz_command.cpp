@@ -442,7 +442,7 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
                       "(comma-separated; each must be one the target plants): each case switches on one")
       ->capture_default_str();
   command->add_option("--norm-code", options->norm_code,
-                      "Only cases whose norm is computed by code starting with this, as the summary's "
+                      "Only cases whose norm is computed by code named this or starting with its words, as the summary's "
                       "`cases by norm code` names them: megatron-fsdp, megatron-fsdp no_shard, layerwise, "
                       "distributed ... (the optimizer model on tally's model); the generator gives up on "
                       "one it never draws");

@@ -201,7 +201,7 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
   command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
       ->capture_default_str();
   command->add_option("--norm-code", options->norm_code,
-                      "Only cases whose norm is computed by code starting with this (megatron-fsdp, "
+                      "Only cases whose norm is computed by code named this or starting with its words (megatron-fsdp, "
                       "layerwise, distributed ...): the score on that code alone");
   command->add_option("--corpus", options->corpus, "Write each finding's case files here")
       ->check(output_folder());
