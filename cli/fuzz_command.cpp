@@ -330,16 +330,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     printer.write_junit(result.cases, result.seconds);
   } catch (const rc::GenerationFailure& failure) {
     printer.end_live_line();
-    // Only --norm-code drops generated cases: a code the target never (or hardly ever) draws.
-    if (o.norm_code.empty()) {
-      context.err << "tally: error: " << failure.what() << '\n';
-      context.exit_code = kExitInfra;
-      return;
-    }
-    context.err << "tally: error: --norm-code '" << o.norm_code << "': no case of that norm code in "
-                << fuzz::kKeepOnlyDraws << " generated in a row; the codes a real campaign draws are in "
-                   "its summary's `cases by norm code` (the optimizer model on tally's model)\n";
-    context.exit_code = kExitBadInput;
+    context.exit_code = report_generation_failure(failure, o.norm_code, context.err);
     return;
   } catch (const std::exception& error) {
     printer.end_live_line();
@@ -441,11 +432,7 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
                       "none, all (every catalog fault the target can switch on), or fault names "
                       "(comma-separated; each must be one the target plants): each case switches on one")
       ->capture_default_str();
-  command->add_option("--norm-code", options->norm_code,
-                      "Only cases whose norm is computed by code named this or starting with its words, as the summary's "
-                      "`cases by norm code` names them: megatron-fsdp, megatron-fsdp no_shard, layerwise, "
-                      "distributed ... (the optimizer model on tally's model); the generator gives up on "
-                      "one it never draws");
+  add_norm_code_flag(*command, options->norm_code);
   command->add_option("--corpus", options->corpus, "Folder for the case files of failures")
       ->check(output_folder())
       ->capture_default_str();

@@ -100,16 +100,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   try {
     results = fuzz::run_mutants(m, *target, on_result, interrupt.flag());
   } catch (const rc::GenerationFailure& failure) {
-    // Only --norm-code drops generated cases: a code the target never (or hardly ever) draws.
-    if (o.norm_code.empty()) {
-      context.err << "tally: error: " << failure.what() << '\n';
-      context.exit_code = kExitInfra;
-      return;
-    }
-    context.err << "tally: error: --norm-code '" << o.norm_code << "': no case of that norm code in "
-                << fuzz::kKeepOnlyDraws << " generated in a row; the codes a real campaign draws are in "
-                   "its summary's `cases by norm code` (the optimizer model on tally's model)\n";
-    context.exit_code = kExitBadInput;
+    context.exit_code = report_generation_failure(failure, o.norm_code, context.err);
     return;
   } catch (const std::exception& error) {
     context.err << "tally: error: " << error.what() << '\n';
@@ -200,9 +191,7 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
       ->capture_default_str();
-  command->add_option("--norm-code", options->norm_code,
-                      "Only cases whose norm is computed by code named this or starting with its words (megatron-fsdp, "
-                      "layerwise, distributed ...): the score on that code alone");
+  add_norm_code_flag(*command, options->norm_code);
   command->add_option("--corpus", options->corpus, "Write each finding's case files here")
       ->check(output_folder());
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")

@@ -5,6 +5,7 @@
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/usage_error.h"
+#include "fuzz/generators.h"
 
 namespace tally::cli {
 
@@ -108,6 +109,25 @@ std::vector<fuzz::KnownFinding> known_findings(const run::TargetAbilities& opene
     *progress << "known findings: " << known.size() << " of " << opened.name << " " << opened.version << " in "
               << folder << '\n';
   return known;
+}
+
+void add_norm_code_flag(CLI::App& command, std::string& norm_code) {
+  command.add_option("--norm-code", norm_code,
+                     "Only cases whose norm is computed by code named this or starting with its words, as a "
+                     "campaign's `cases by norm code` names them: megatron-fsdp, megatron-fsdp no_shard, "
+                     "layerwise, distributed ... (the optimizer model on tally's model); the generator gives up "
+                     "on one it never draws");
+}
+
+int report_generation_failure(const rc::GenerationFailure& failure, const std::string& norm_code, std::ostream& err) {
+  if (norm_code.empty()) {
+    err << "tally: error: " << failure.what() << '\n';
+    return kExitInfra;
+  }
+  err << "tally: error: --norm-code '" << norm_code << "': no case of that norm code in " << fuzz::kKeepOnlyDraws
+      << " generated in a row; the codes a real campaign draws are in its summary's `cases by norm code` (the "
+         "optimizer model on tally's model)\n";
+  return kExitBadInput;
 }
 
 }  // namespace tally::cli

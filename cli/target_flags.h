@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <rapidcheck.h>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -45,5 +46,13 @@ std::string target_flags_text(const TargetOptions& options, int world);
 // "". Says how many on `progress` unless it is nullptr. Throws UsageError naming the folder.
 std::vector<fuzz::KnownFinding> known_findings(const run::TargetAbilities& opened, const std::string& dir, bool none,
                                                std::ostream* progress);
+
+// --norm-code, for fuzz and mutants: only the cases of one norm code (fuzz::norm_code_filter).
+void add_norm_code_flag(CLI::App& command, std::string& norm_code);
+
+// A campaign's generator that gave up (rc::GenerationFailure), written to `err`: with a
+// --norm-code, a code the target never (or hardly ever) draws, exit 2; else the generator's own
+// error, exit 3. Returns the exit code.
+int report_generation_failure(const rc::GenerationFailure& failure, const std::string& norm_code, std::ostream& err);
 
 }  // namespace tally::cli

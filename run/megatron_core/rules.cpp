@@ -39,7 +39,6 @@ bool fsdp_not_recorded(std::string_view version) { return megatron_core_older_th
 std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, std::string_view version) {
   const casefile::MegatronFsdpConfig& f = *c.megatron_fsdp;
   const topologies::ParallelConfig& t = c.topology;
-  const std::string strategy(casefile::fsdp_sharding_name(f.sharding));
   if (fsdp_not_recorded(version))
     return "megatron_fsdp: tally's worker records Megatron-FSDP from megatron-core 0.19's buffers "
            "(each param's shard of its main-grad buffer); megatron-core " + std::string(version) + "'s are not read";
@@ -62,7 +61,8 @@ std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, st
     return "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1: the outer strategy "
            "shards across optimizer instances (hybrid FSDP), so it needs several";
   if (f.outer_sharding == casefile::FsdpOuterSharding::optim && f.sharding != casefile::FsdpSharding::optim_grads_params)
-    return "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy " + strategy +
+    return "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy " +
+           std::string(casefile::fsdp_sharding_name(f.sharding)) +
            ": megatron-core " + std::string(version) +
            " shards the optimizer across instances only with optim_grads_params (NotImplementedError in "
            "ParamAndGradBuffer)";

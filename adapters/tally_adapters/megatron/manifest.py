@@ -95,6 +95,7 @@ other child optimizer type.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -212,9 +213,7 @@ def held_box(
     axis), as Megatron-FSDP cuts a param of two or more axes. None when the range is empty.
     Raises ValueError naming `name` for a range that is not whole rows, or outside the box."""
     offsets, extents = [int(o) for o in offsets], [int(e) for e in extents]
-    numel = 1
-    for e in extents:
-        numel *= e
+    numel = math.prod(extents)
     if not 0 <= begin <= end <= numel:
         raise ValueError(f"{name}: held range [{begin}, {end}) is outside its {numel} elements")
     if begin == end:
@@ -335,8 +334,7 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
 
     chunks = _model_chunks(model)
     params, param_index, param_objs = _describe_params(chunks)
-    held_numel = {id(p): _numel(params[i]["record"]["extents"]) for p, i in
-                  ((p, param_index[id(p)]) for p in param_objs)}
+    held_numel = {id(p): math.prod(entry["record"]["extents"]) for p, entry in zip(param_objs, params)}
 
     optimizers = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel)
 
@@ -363,13 +361,6 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
         },
     }
     return manifest
-
-
-def _numel(extents: Sequence[int]) -> int:
-    n = 1
-    for e in extents:
-        n *= int(e)
-    return n
 
 
 def _default_producer() -> str:
@@ -763,15 +754,17 @@ def _check_child(child, C):
         )
 
 
-def _main_to_model(child, C) -> Dict[int, Tuple[Any, Optional[Tuple[int, int]]]]:
-    """id(main param) -> (model param, (begin, end) or None for the whole box)."""
+def _main_to_model(child, C, held_numel) -> Dict[int, Tuple[Any, Optional[Tuple[int, int]]]]:
+    """id(main param) -> (model param, (begin, end) or None for the whole box). `held_numel`:
+    id(Megatron-FSDP param) -> the elements this rank holds of it."""
     out: Dict[int, Tuple[Any, Optional[Tuple[int, int]]]] = {}
     if getattr(child, "is_stub_optimizer", False) or getattr(child, "optimizer", None) is None:
         return out
     DO = C.get("DistributedOptimizer")
     if DO is not None and isinstance(child, DO):
         if getattr(child.ddp_config, "use_megatron_fsdp", False):
-            return out  # its main params are the model's DTensor params (held ranges: _describe_optimizers)
+            # Its main params are the model's DTensor params, each the whole range this rank holds.
+            return {id(p): (p, (0, held_numel[id(p)])) for p in child.get_parameters() if id(p) in held_numel}
         precision_aware = child.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
         f16_main = child.shard_float16_groups if precision_aware else child.shard_fp32_from_float16_groups
         pairs = [(child.model_float16_groups, f16_main), (child.model_fp32_groups, child.shard_fp32_groups)]
@@ -844,7 +837,7 @@ def _zero_predicate():
     return kept
 
 
-def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel=None):
+def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel):
     """`held_numel`: id(Megatron-FSDP param) -> the elements this rank holds of it."""
     C = _megatron_classes()
     zero_kept = _zero_predicate()
@@ -856,18 +849,15 @@ def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel=N
         use_decoupled = bool(getattr(config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False))
         kept_grads = _norm_filter(child)()
         kept_ids = {id(g) for g in kept_grads}
-        mapping = _main_to_model(child, C)
+        mapping = _main_to_model(child, C, held_numel)
         mains = []
         for main in child.get_parameters():
-            fsdp = getattr(main, "__fsdp_param__", False)
-            if fsdp and id(main) not in param_index:
+            if getattr(main, "__fsdp_param__", False) and id(main) not in param_index:
                 if main.grad is not None:
                     raise RuntimeError(f"{label}: a Megatron-FSDP param this rank holds none of has a gradient")
                 continue  # an empty shard: no gradient, nothing counted
             if id(main) in mapping:
                 model_param, rng = mapping[id(main)]
-            elif fsdp:
-                model_param, rng = main, (0, held_numel[id(main)])
             elif id(main) in param_index:
                 model_param, rng = main, None
             else:
