@@ -52,6 +52,9 @@ std::optional<std::string> check_case(const Case& c) {
   if (!std::isfinite(o.max_norm) || o.max_norm < 0.0)
     return "max_norm must be finite and >= 0 (0: no clipping)";
   if (o.bucket_elements < 0) return "bucket_elements must be >= 0 (0: one bucket per buffer)";
+  if (o.layer_wise_param_layout && o.optimizer != vocab::OptimizerModel::layerwise)
+    return "optimizer.layer_wise_param_layout belongs to optimizer.model layerwise (the layer-wise optimizer's "
+           "parameter layout), not " + std::string(vocab::optimizer_model_name(o.optimizer));
   if (vocab::states_gradients(o.gradients, c.model)) return vocab::check_stated(o.gradients, topologies::LogicalModel(c.model, c.topology));
   return std::nullopt;
 }

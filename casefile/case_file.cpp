@@ -131,7 +131,9 @@ void read_optimizer(const json& value, const std::string& path, vocab::PathOptio
                 [&](const json& v, const std::string& p) {
                   o.bucket_elements =
                       read_integer(v, p, 0, std::numeric_limits<std::int64_t>::max());
-                }}},
+                }},
+               {"layer_wise_param_layout",
+                [&](const json& v, const std::string& p) { o.layer_wise_param_layout = read_bool(v, p); }}},
               "the optimizer");
 }
 
@@ -469,6 +471,7 @@ ordered_json case_to_json(const Case& c) {
   j["model"] = model_spec_to_json(c.model);
   j["optimizer"] = {{"model", vocab::optimizer_model_name(o.optimizer)},
                     {"bucket_elements", o.bucket_elements}};
+  if (o.layer_wise_param_layout) j["optimizer"]["layer_wise_param_layout"] = true;  // megatron-core 0.19's
   ordered_json gradients = {{"mode", kernels::mode_name(o.gradients.generator.mode)},
                             {"dtype", kernels::dtype_name(o.gradients.generator.dtype)},
                             {"seed", o.gradients.generator.seed}};

@@ -106,8 +106,10 @@ MegatronArgs megatron_args(const casefile::Case& c) {
       if (o.bucket_elements > 0) integer("--ddp-bucket-size", o.bucket_elements);
       break;
     case vocab::OptimizerModel::layerwise:
+      // Megatron-LM 0.19 spells the layer-wise optimizer this way; its parameter layout is the default.
       value("--optimizer", "muon");
-      flag("--use-layer-wise-distributed-optimizer");
+      flag("--use-distributed-optimizer");
+      if (!o.layer_wise_param_layout) flag("--no-use-layer-wise-param-layout");
       break;
     case vocab::OptimizerModel::muon: value("--optimizer", "muon"); break;
   }
@@ -117,8 +119,8 @@ MegatronArgs megatron_args(const casefile::Case& c) {
     if (c.topology.dist_opt_instances > 1)
       value("--outer-dp-sharding-strategy",
             std::string(casefile::fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)));
-    value("--megatron-fsdp-main-grads-dtype", "fp32");
-    value("--ckpt-format", "fsdp_dtensor");  // Megatron-LM requires it with --use-megatron-fsdp  // as tally's worker builds it: the values it gives stay exact
+    value("--megatron-fsdp-main-grads-dtype", "fp32");  // as tally's worker builds it: the values it gives stay exact
+    value("--ckpt-format", "fsdp_dtensor");  // Megatron-LM requires it with --use-megatron-fsdp
   }
   value("--clip-grad", number_text(o.max_norm));
 

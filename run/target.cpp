@@ -159,6 +159,9 @@ std::optional<std::string> other_frameworks_section(const casefile::Case& c, std
   if (c.megatron_fsdp && framework != "megatron-core")
     return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
            "run it with --target megatron-core";
+  if (c.path.layer_wise_param_layout && framework != "megatron-core")
+    return "optimizer.layer_wise_param_layout: megatron-core 0.19's layer-wise parameter layout; run it with "
+           "--target megatron-core";
   return std::nullopt;
 }
 

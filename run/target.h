@@ -167,7 +167,7 @@ const FrameworkTarget* framework_target(std::string_view name);
 const FrameworkTarget* framework_of(const casefile::Case& c);
 
 // Why `framework` does not run `c`: it holds another framework's section (its `deepspeed`,
-// `torchtitan` or `megatron_fsdp` configuration), as one line naming the target that does; nullopt when none.
+// `torchtitan` or `megatron_fsdp` configuration, megatron-core's layer-wise parameter layout), as one line naming the target that does; nullopt when none.
 std::optional<std::string> other_frameworks_section(const casefile::Case& c, std::string_view framework);
 
 // "megatron-core, deepspeed, torchtitan": the names, for messages and --help.

@@ -53,7 +53,8 @@ struct WorkerResult {
 };
 
 // The settings a hello's "cannot_run" may name.
-inline constexpr std::string_view kCannotRunSettings[] = {"deepspeed.fused_adam", "megatron_fsdp"};
+inline constexpr std::string_view kCannotRunSettings[] = {"deepspeed.fused_adam", "megatron_fsdp",
+                                                          "optimizer.layer_wise_param_layout"};
 
 // The largest hello.json and case-<K>.result.json read.
 inline constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;

@@ -46,6 +46,10 @@ struct PathOptions {
   std::vector<double> p_values;  // extra p-norms of the main group (finite p > 0)
   double max_norm = 0.0;         // Megatron-LM's clip_grad; 0 never clips
   std::int64_t bucket_elements = 0;  // distributed optimizer; 0: one bucket per buffer
+  // layerwise on megatron-core 0.19 and later: Megatron-LM's default parameter layout
+  // (use_layer_wise_param_layout), where the layer-wise optimizer keeps Muon's matrices and a
+  // DistributedOptimizer the rest, chained. Only the megatron-core target builds it.
+  bool layer_wise_param_layout = false;
   FaultSet faults;
   friend bool operator==(const PathOptions&, const PathOptions&) = default;
 };

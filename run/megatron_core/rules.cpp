@@ -69,6 +69,26 @@ std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, st
   return std::nullopt;
 }
 
+// The layer-wise optimizer over Megatron-LM 0.19's parameter layout: LayerWise keeps Muon's
+// matrices, a DistributedOptimizer the rest (get_megatron_optimizer's
+// use_separate_distributed_optimizer path).
+bool layer_wise_layout_missing(std::string_view version) { return megatron_core_older_than(version, 0, 19); }
+
+std::optional<std::string> layer_wise_layout_unsupported(const casefile::Case& c, std::string_view version) {
+  if (layer_wise_layout_missing(version))
+    return "optimizer.layer_wise_param_layout: megatron-core " + std::string(version) +
+           " has no layer-wise parameter layout (LayerWiseDistributedOptimizer.compute_full_param_layout came "
+           "with 0.19)";
+  // Its expert biases are Adam's, so the DistributedOptimizer's, which has no expert-DP group there.
+  if (c.model.num_experts > 0 && c.model.add_bias_linear)
+    return "optimizer.layer_wise_param_layout with expert biases (model.add_bias_linear, num_experts " +
+           std::to_string(c.model.num_experts) +
+           "): megatron-core asserts that no non-Muon expert-parallel param goes to the chained "
+           "DistributedOptimizer (get_megatron_optimizer: \"Non-emerging expert-parallel param groups are not "
+           "yet supported\")";
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
@@ -105,6 +125,12 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
     return "megatron_fsdp: the worker cannot run Megatron-FSDP on this machine: " + it->second;
   if (c.megatron_fsdp)
     if (auto why = megatron_fsdp_unsupported(c, version)) return why;
+  if (const auto it = cannot_run.find("optimizer.layer_wise_param_layout");
+      o.layer_wise_param_layout && it != cannot_run.end())
+    return "optimizer.layer_wise_param_layout: the worker cannot run the layer-wise parameter layout on this "
+           "machine: " + it->second;
+  if (o.layer_wise_param_layout)
+    if (auto why = layer_wise_layout_unsupported(c, version)) return why;
   if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     return "optimizer.model muon with experts: " + release +
            "'s Muon without LayerWise fails on expert params (get_megatron_muon_optimizer's "
@@ -167,6 +193,15 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
     else c.megatron_fsdp.reset();
   }
   if (o.optimizer != vocab::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
+  // Half the layer-wise cases take Megatron-LM 0.19's default parameter layout, where it runs; a
+  // shrink keeps it only while it still may.
+  const bool layout_runs = !layer_wise_layout_missing(version) && !cannot_run.contains("optimizer.layer_wise_param_layout");
+  if (o.optimizer == vocab::OptimizerModel::layerwise && !c.path.layer_wise_param_layout && layout_runs &&
+      (draw / 40) % 2 == 1)
+    o.layer_wise_param_layout = true;
+  if (o.layer_wise_param_layout &&
+      (o.optimizer != vocab::OptimizerModel::layerwise || !layout_runs || layer_wise_layout_unsupported(c, version)))
+    o.layer_wise_param_layout = false;
   if (uneven_without_middle_chunks(c)) {
     // The last stage keeps its layers, now as "the rest" (a multiple of vpp, as it was).
     m.last_stage_layers.reset();

@@ -9,10 +9,17 @@ namespace tally::run {
 
 namespace {
 
-// tally's optimizer models, then, on a layout Megatron-FSDP runs (one stage, the default order),
-// each of its strategies (and the hybrid one, over several instances).
+// tally's optimizer models and the layer-wise one over Megatron-LM 0.19's parameter layout, then,
+// on a layout Megatron-FSDP runs (one stage, the default order), each of its strategies (and the
+// hybrid one, over several instances). The worker refuses what its release lacks.
 std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out = optimizer_variants(base);
+  {
+    casefile::Case c = base;
+    c.path.optimizer = vocab::OptimizerModel::layerwise;
+    c.path.layer_wise_param_layout = true;
+    out.emplace_back("layerwise-layout", std::move(c));
+  }
   if (base.topology.pp > 1 || !topologies::has_default_order(base.topology)) return out;
   for (casefile::FsdpSharding sharding : casefile::kFsdpShardings) {
     casefile::Case c = base;
@@ -28,9 +35,11 @@ std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants
   return out;
 }
 
-// What computes the norm: the optimizer model's children, or Megatron-FSDP's one distributed
-// optimizer over its strategy's shards.
+// What computes the norm: the optimizer model's children, the layer-wise optimizer chained with a
+// DistributedOptimizer over the parameter layout, or Megatron-FSDP's one distributed optimizer over
+// its strategy's shards.
 std::string megatron_core_norm_code(const casefile::Case& c) {
+  if (c.path.layer_wise_param_layout) return "layerwise layout";
   if (!c.megatron_fsdp) return std::string(vocab::optimizer_model_name(c.path.optimizer));
   std::string code = "megatron-fsdp " + std::string(casefile::fsdp_sharding_name(c.megatron_fsdp->sharding));
   if (c.megatron_fsdp->outer_sharding == casefile::FsdpOuterSharding::optim) code += " outer optim";
@@ -53,14 +62,14 @@ constexpr FrameworkTarget kMegatronCore{
       return within_megatron_core(std::move(c), hello.version, hello.plants, draw, hello.cannot_run);
     },
     [](casefile::Case c) { return c; },
-    [](const casefile::Case& c) { return c.megatron_fsdp.has_value(); },
+    [](const casefile::Case& c) { return c.megatron_fsdp.has_value() || c.path.layer_wise_param_layout; },
     [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
     [](const casefile::Case&) { return std::string(); },
     megatron_core_sweep_variants,
     megatron_core_norm_code,
     [](const casefile::Case& c, std::string_view version) -> std::optional<casefile::Case> {
-      // tally models Megatron's DDP path, not Megatron-FSDP's buffers.
-      if (c.megatron_fsdp) return std::nullopt;
+      // tally models Megatron's DDP path, not Megatron-FSDP's buffers nor the layer-wise parameter layout.
+      if (c.megatron_fsdp || c.path.layer_wise_param_layout) return std::nullopt;
       const std::optional<gradnorm::MegatronRelease> release = gradnorm::release_from_name(version);
       if (!release || gradnorm::check_release_config(*release, c.topology)) return std::nullopt;
       casefile::Case model = c;

@@ -341,3 +341,88 @@ class GroupTableTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _Config:
+    log_num_zeros_in_grad = True
+
+
+class _Float16:  # stands for Float16OptimizerWithFloat16Params
+    config = _Config()
+
+    def get_grad_stats_parallel_group(self):
+        return "mp"
+
+    def count_zeros(self):  # as 0.19.2's MegatronOptimizer.count_zeros
+        return count_zeros_fp32(self.params, tp_group=self.tp_group, expert_tp_group=self.expert_tp_group)  # noqa: F821
+
+
+class _DistOpt(_Float16):  # stands for DistributedOptimizer
+    tp_group = "tp"
+
+    def get_grad_stats_parallel_group(self):
+        return "intra-dist-opt"
+
+
+class _Chained:  # stands for ChainedOptimizer
+    config = _Config()
+
+    def __init__(self, children, shared=False):
+        self.chained_optimizers = children
+        self.shared = shared
+
+    def grads_states_parallel_group_is_shared(self):
+        return self.shared
+
+    def get_grad_stats_parallel_group(self):
+        return self.chained_optimizers[0].get_grad_stats_parallel_group()
+
+    def count_zeros(self):  # as 0.19.2's shared path: the first child's groups
+        return count_zeros_fp32(self.params, tp_group=self.chained_optimizers[0].tp_group)  # noqa: F821 (never run)
+
+
+class _LayerWise(_Chained):  # stands for 0.19.2's LayerWiseDistributedOptimizer
+    def count_zeros(self):
+        return count_zeros_fp32(self.params, grad_stats_parallel_group=None)  # noqa: F821 (never run)
+
+
+class ChainedLayerWisePlanTest(unittest.TestCase):
+    """megatron-core 0.19's parameter layout chains the layer-wise optimizer with a
+    DistributedOptimizer: the recorder takes the layer-wise optimizer's children as children over
+    WORLD, with its zero count, and the DistributedOptimizer as it is."""
+
+    CLASSES = {
+        "ChainedOptimizer": _Chained,
+        "Float16OptimizerWithFloat16Params": _Float16,
+        "FP32Optimizer": _Float16,
+        "LayerWiseDistributedOptimizer": _LayerWise,
+        "DistributedOptimizer": _DistOpt,
+    }
+
+    def plan(self, optimizer):
+        with mock.patch.object(tm, "_megatron_classes", return_value=self.CLASSES):
+            return tm._plan(optimizer, 4)
+
+    def test_the_layer_wise_children_reduce_over_the_world_beside_the_distributed_optimizer(self):
+        muon, adam, distopt = _Float16(), _Float16(), _DistOpt()
+        plan = self.plan(_Chained([_LayerWise([muon, adam]), distopt]))
+        self.assertEqual(
+            [p.name for p in plan],
+            [
+                "_Chained.chained_optimizers[0].chained_optimizers[0]",
+                "_Chained.chained_optimizers[0].chained_optimizers[1]",
+                "_Chained.chained_optimizers[1]",
+            ],
+        )
+        self.assertEqual([p.child for p in plan], [muon, adam, distopt])
+        self.assertEqual([p.stats_group for p in plan], [None, None, "intra-dist-opt"])
+        self.assertEqual([p.zeros_counted for p in plan], [True, True, True])
+        self.assertEqual([(p.zeros_tp_group, p.zeros_expert_tp_group) for p in plan[:2]], [(None, None)] * 2)
+
+    def test_a_chain_sharing_one_group_with_the_layer_wise_optimizer_is_not_recorded(self):
+        with self.assertRaisesRegex(NotImplementedError, r"chained_optimizers\[0\] \(_LayerWise\) shares one"):
+            self.plan(_Chained([_LayerWise([_Float16()]), _DistOpt()], shared=True))
+
+    def test_any_other_chain_inside_a_chain_is_refused(self):
+        with self.assertRaisesRegex(NotImplementedError, "_Chained nested inside a ChainedOptimizer"):
+            self.plan(_Chained([_Chained([_Float16()]), _DistOpt()]))

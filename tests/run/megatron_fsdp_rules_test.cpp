@@ -173,17 +173,19 @@ TEST(MegatronFsdpTarget, SweepsEveryStrategyOnALayoutItRuns) {
   casefile::Case base = fsdp_case();
   base.megatron_fsdp.reset();
   base.path.optimizer = vocab::OptimizerModel::plain;
+  base.model.add_bias_linear = false;  // the layer-wise parameter layout refuses expert biases
   const FrameworkTarget& row = *framework_target("megatron-core");
   std::vector<std::string> names;
   for (const auto& [name, c] : row.sweep_variants(base)) {
     names.push_back(name);
     EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2")) << name;
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"plain", "distributed", "layerwise", "muon", "fsdp-no_shard", "fsdp-optim",
-                                             "fsdp-optim_grads", "fsdp-optim_grads_params"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"plain", "distributed", "layerwise", "muon", "layerwise-layout",
+                                             "fsdp-no_shard", "fsdp-optim", "fsdp-optim_grads",
+                                             "fsdp-optim_grads_params"}));
   base.topology = {.world = 2, .pp = 2};
   base.model.num_layers = 2;
-  EXPECT_EQ(row.sweep_variants(base).size(), 4u) << "no Megatron-FSDP variant across stages";
+  EXPECT_EQ(row.sweep_variants(base).size(), 5u) << "no Megatron-FSDP variant across stages";
 }
 
 TEST(MegatronFsdpTarget, ItsSectionRoundTripsThroughACaseFile) {

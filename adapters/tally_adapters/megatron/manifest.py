@@ -703,13 +703,17 @@ def _plan(optimizer, world: int) -> List[ChildPlan]:
         return [ChildPlan(top, optimizer, optimizer.get_grad_stats_parallel_group(), True, ztp, zetp)]
     children = optimizer.chained_optimizers
     for child in children:
-        _check_child(child, C)
+        if not (LW is not None and isinstance(child, LW)):
+            _check_child(child, C)
     # Shared group: one count_zeros_fp32 over every child's params with the first child's
     # groups; else each child counts its own zeros, when its config logs them.
     shared = optimizer.grads_states_parallel_group_is_shared() if children else True
     shared_groups = _groups_count_zeros_passes(optimizer, children[0]) if children else (None, None)
     plan = []
     for i, child in enumerate(children):
+        if LW is not None and isinstance(child, LW):
+            plan += _layer_wise_in_chain(child, f"{top}.chained_optimizers[{i}]", shared, C)
+            continue
         if shared:
             counted, (ztp, zetp) = True, shared_groups
         else:
@@ -725,6 +729,26 @@ def _plan(optimizer, world: int) -> List[ChildPlan]:
                 zetp,
             )
         )
+    return plan
+
+
+def _layer_wise_in_chain(layer_wise, name: str, shared: bool, C) -> List[ChildPlan]:
+    """A LayerWiseDistributedOptimizer chained with a DistributedOptimizer (megatron-core 0.19's
+    parameter layout): the chain takes its norm (get_grad_norm) and zero count (count_zeros), each
+    over WORLD, as one child; its own children hold the params."""
+    if shared:
+        # The chain would reduce its children's grads together over one group, which the layer-wise
+        # optimizer's own statistics never are: not recorded rather than recorded wrong.
+        raise NotImplementedError(
+            f"{name} ({type(layer_wise).__name__}) shares one grad-stats group with the other children of "
+            "its chain; tally_adapters.megatron records a chained layer-wise optimizer only with its own statistics"
+        )
+    counted = bool(getattr(layer_wise.config, "log_num_zeros_in_grad", False))
+    ztp, zetp = _groups_count_zeros_passes(layer_wise, layer_wise)
+    plan = []
+    for j, leaf in enumerate(layer_wise.chained_optimizers):
+        _check_child(leaf, C)
+        plan.append(ChildPlan(f"{name}.chained_optimizers[{j}]", leaf, None, counted, ztp, zetp))
     return plan
 
 

@@ -17,7 +17,8 @@ False)`: no Transformer Engine, no Apex), wraps each model chunk in Megatron's
 DistributedDataParallel (or, for a case with a `megatron_fsdp` section, in Megatron-FSDP's
 FullyShardedDataParallel with its strategies), builds the case's optimizer with `get_megatron_optimizer` (plain:
 chained Adam; distributed: the DistributedOptimizer; layerwise: Muon with the layer-wise
-distributed optimizer; muon: Muon without it), sets every param's gradient buffer (`main_grad`)
+distributed optimizer, over megatron-core 0.19's parameter layout where the case's
+`optimizer.layer_wise_param_layout` asks for it; muon: Muon without it), sets every param's gradient buffer (`main_grad`)
 to the values tally's generator gives the logical element it holds (`case-<K>.gradients.*`),
 runs `prepare_grads`, `get_grad_norm` and `count_zeros`, and writes the manifests with
 `tally_adapters.megatron.dump_manifest` into `case-<K>/`. Rank 0 then writes `case-<K>.result.json`.
@@ -272,6 +273,7 @@ def build_model(case, config):
     t, m, o = case["topology"], case["model"], case["optimizer"]
     vpp = t.get("vpp", 1)
     distributed = o.get("model", "plain") == "distributed"
+    layer_wise_layout = o.get("layer_wise_param_layout", False)
     bucket = o.get("bucket_elements", 0)
     fsdp = case.get("megatron_fsdp")
     if fsdp is not None:
@@ -287,13 +289,14 @@ def build_model(case, config):
         )
     else:
         ddp_config = DistributedDataParallelConfig(
-            use_distributed_optimizer=distributed,
+            # The parameter layout's buffers are the distributed optimizer's (reduce-scattered).
+            use_distributed_optimizer=distributed or layer_wise_layout,
             overlap_grad_reduce=False,
             grad_reduce_in_fp32=True,
             bucket_size=bucket if bucket > 0 else None,
             num_distributed_optimizer_instances=t.get("dist_opt_instances", 1),
         )
-    chunks = []
+    models = []
     for i in range(vpp):
         vp_stage = i if vpp > 1 else None
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage)
@@ -309,19 +312,58 @@ def build_model(case, config):
             vp_stage=vp_stage,
         )
         model.cuda(torch.cuda.current_device())
-        model = Float16Module(config, model)
-        if fsdp is not None:
-            from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+        models.append(Float16Module(config, model))
+    if fsdp is not None:
+        from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
 
-            chunks.append(FullyShardedDataParallel(config=config, ddp_config=ddp_config, module=model))
-            continue
-        # As Megatron's training loop wraps chunks: only the first chunk's buffers are bucketed.
+        return [FullyShardedDataParallel(config=config, ddp_config=ddp_config, module=model) for model in models]
+    layouts = layer_wise_param_layouts(models, ddp_config) if layer_wise_layout else [None] * len(models)
+    # As Megatron's training loop wraps chunks: only the first chunk's buffers are bucketed.
+    chunks = []
+    for i, (model, layout) in enumerate(zip(models, layouts)):
+        extra = {} if layout is None else {"full_param_layout": layout}
         chunks.append(
             DistributedDataParallel(
-                config=config, ddp_config=ddp_config, module=model, disable_bucketing=(i > 0)
+                config=config, ddp_config=ddp_config, module=model, disable_bucketing=(i > 0), **extra
             )
         )
     return chunks
+
+
+def layer_wise_param_layouts(models, ddp_config):
+    """Each model chunk's parameter layout, as megatron-core 0.19's training gives its DDP buffers
+    for the layer-wise optimizer (megatron/training/training.py, wrap_model_chunks_with_ddp with
+    use_layer_wise_param_layout): the params tagged for buffer routing (Muon's matrices to
+    shard-aligned buffers, the rest to the distributed optimizer's), each chunk laid out by
+    LayerWiseDistributedOptimizer.compute_full_param_layout, over the intra-instance DP sizes, with
+    the bucket size only on the first chunk of the first stage."""
+    from megatron.core.optimizer.layer_wise_optimizer import (
+        LayerWiseDistributedOptimizer,
+        tag_params_for_buffer_routing,
+    )
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.utils import get_pg_rank, get_pg_size
+
+    tag_params_for_buffer_routing(models)
+    groups = ProcessGroupCollection.use_mpu_process_groups()
+    dense_dp = getattr(groups, "intra_dp_cp", None)
+    dense_dp = groups.dp_cp if dense_dp is None else dense_dp
+    expert_dp = getattr(groups, "intra_expt_dp", None)
+    expert_dp = getattr(groups, "expt_dp", None) if expert_dp is None else expert_dp
+    first_stage = get_pg_rank(groups.pp) == 0
+    layouts = []
+    for i, model in enumerate(models):
+        bucket_size = ddp_config.bucket_size if i == 0 and first_stage else None
+        layouts.append(
+            LayerWiseDistributedOptimizer.compute_full_param_layout(
+                [p for p in model.parameters() if p.requires_grad],
+                bucket_size,
+                get_pg_size(dense_dp),
+                ddp_config,
+                expert_data_parallel_world_size=get_pg_size(expert_dp),
+            )
+        )
+    return layouts
 
 
 def build_optimizer(case, chunks):
@@ -347,6 +389,8 @@ def build_optimizer(case, chunks):
     if "use_layer_wise_distributed_optimizer" in {f.name for f in dataclasses.fields(OptimizerConfig)}:
         config.optimizer = "muon"
         config.use_layer_wise_distributed_optimizer = layer_wise
+        # Over the parameter layout (DDP's use_distributed_optimizer) megatron-core 0.19 chains the
+        # layer-wise optimizer with a DistributedOptimizer of the non-Muon params.
         return get_megatron_optimizer(config, chunks)
     from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 
