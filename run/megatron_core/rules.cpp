@@ -69,6 +69,26 @@ std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, st
   return std::nullopt;
 }
 
+// Multi-token prediction: the worker builds 0.19's MTP block from the local spec on one stage, and
+// reports its separate grad-norm group (mtp_detach_heads) as 0.19 computes it.
+std::optional<std::string> mtp_unsupported(const casefile::Case& c, std::string_view version) {
+  const int layers = c.model.mtp_num_layers;
+  if (layers == 0) return std::nullopt;
+  const std::string field = "model.mtp_num_layers " + std::to_string(layers);
+  if (megatron_core_older_than(version, 0, 19))
+    return field + ": tally's worker builds multi-token prediction from megatron-core 0.19's MTP layer "
+           "(mtp_model_layer) and reads its grad-norm group (grad_norms_by_group); megatron-core " +
+           std::string(version) + "'s is not recorded";
+  if (c.topology.pp > 1)
+    return field + " with topology.pp " + std::to_string(c.topology.pp) +
+           ": the MTP stage builds embeddings of its own (a word embedding and, with learned_absolute, a "
+           "position embedding) that tally's worker does not map to tally's params; it runs MTP on one stage";
+  if (c.megatron_fsdp)
+    return field + " with megatron_fsdp: tally's worker records a separate grad-norm group (MTP) on "
+           "DistributedDataParallel's buffers only";
+  return std::nullopt;
+}
+
 // The layer-wise optimizer over Megatron-LM 0.19's parameter layout: LayerWise keeps Muon's
 // matrices, a DistributedOptimizer the rest (get_megatron_optimizer's
 // use_separate_distributed_optimizer path).
@@ -101,9 +121,7 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
     return "model.kind custom: the megatron-core worker builds Megatron's GPTModel; a custom layout has "
            "no Megatron module";
   if (auto why = other_frameworks_section(c, "megatron-core")) return why;
-  if (m.mtp_num_layers > 0)
-    return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
-           ": the worker's local layer spec builds no multi-token-prediction block";
+  if (auto why = mtp_unsupported(c, version)) return why;
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: attention sinks need Transformer Engine's attention, which "
            "the worker does not use";
@@ -171,8 +189,6 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   c.torchtitan.reset();
   const bool fsdp_runs = !fsdp_not_recorded(version) && !cannot_run.contains("megatron_fsdp");
   if (!fsdp_runs) c.megatron_fsdp.reset();
-  m.mtp_num_layers = 0;
-  m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
   c.topology.gtp = 1;
   c.topology.egtp = 1;
@@ -193,6 +209,10 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
     else c.megatron_fsdp.reset();
   }
   if (o.optimizer != vocab::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
+  if (mtp_unsupported(c, version)) {
+    m.mtp_num_layers = 0;
+    m.mtp_detach_heads = false;
+  }
   // Half the layer-wise cases take Megatron-LM 0.19's default parameter layout, where it runs; a
   // shrink keeps it only while it still may.
   const bool layout_runs = !layer_wise_layout_missing(version) && !cannot_run.contains("optimizer.layer_wise_param_layout");

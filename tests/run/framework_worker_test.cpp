@@ -528,7 +528,9 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   casefile::Case c = founding_case();
   EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
   c.model.mtp_num_layers = 1;
-  EXPECT_EQ(megatron_core_unsupported(c, "0.19.2").value_or("").rfind("model.mtp_num_layers 1:", 0), 0u);
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2")) << "0.19's MTP block, on one stage";
+  EXPECT_EQ(megatron_core_unsupported(c, "0.16.1").value_or("").rfind("model.mtp_num_layers 1:", 0), 0u);
   c = founding_case();
   c.path.optimizer = vocab::OptimizerModel::muon;
   EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));

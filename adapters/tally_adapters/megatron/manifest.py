@@ -140,7 +140,9 @@ def logical_module_names(entries: Iterable[Tuple[str, Dict[str, Any]]]) -> Dict[
             continue
         parent, _, leaf = name.rpartition(".")
         base = logical.get(parent, parent)
-        new_leaf = leaf
+        # megatron-core 0.19 names an MTP layer's inner layer `mtp_model_layer`; tally (and 0.16)
+        # `transformer_layer`.
+        new_leaf = "transformer_layer" if leaf == "mtp_model_layer" else leaf
         if "layer_number" in info and info["layer_number"] is not None and leaf.isdigit():
             new_leaf = str(int(info["layer_number"]) - 1)
         grand, _, parent_leaf = parent.rpartition(".")
@@ -247,12 +249,21 @@ def dump_manifest(
     grad_norm: Optional[float] = None,
     num_zeros: Optional[float] = None,
     clip: Optional[Callable[[], List[Any]]] = None,
+    group_norms: Optional[Dict[str, float]] = None,
 ) -> str:
     """Writes out_dir/rank-<R>.json for this rank (format version 2), and on rank 0 also
     out_dir/groups.json; returns the rank file's path. See the module docstring for the call
-    order. `model`: one module or the list of model chunks, wrapped or not."""
+    order. `model`: one module or the list of model chunks, wrapped or not. `group_norms`: the
+    norm of each separate grad-norm group the release computed (megatron-core 0.19's
+    `grad_norms_by_group`, {"mtp": N}), reported beside the main norm."""
     manifest = build_manifest(
-        optimizer, model, producer=producer, grad_norm=grad_norm, num_zeros=num_zeros, clip=clip
+        optimizer,
+        model,
+        producer=producer,
+        grad_norm=grad_norm,
+        num_zeros=num_zeros,
+        clip=clip,
+        group_norms=group_norms,
     )
     return write_run(manifest, out_dir)
 
@@ -308,14 +319,17 @@ def _record_clip(optimizers, after, calls: List[ClipCall]) -> None:
             if (r["param"], r["begin"], r["end"]) != (q["param"], q["begin"], q["end"]):
                 raise RuntimeError(f"{before['record']['name']}: its main params changed in the clip")
             r["clipped_stats"] = q["stats"]
-            ids.add(id(m["main"]))
+            # The child's clip is the main norm's: megatron-core 0.19 clips a separate grad-norm
+            # group (MTP) with that group's norm, which the judge holds each param's values to.
+            if r["attributes"]["grad_norm_group"] is None:
+                ids.add(id(m["main"]))
         scaled = [(len(ids & c.param_ids), c) for c in calls if ids & c.param_ids]
         if scaled:
             call = max(scaled, key=lambda x: x[0])[1]  # the main norm's call covers most of them
             before["record"]["clip"] = {"max_norm": call.max_norm, "coefficient": call.coefficient()}
 
 
-def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros=None, clip=None):
+def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros=None, clip=None, group_norms=None):
     """This rank's manifest with every group written as its rank list: a version 1 manifest,
     which dump_manifest turns into version 2 (refer_to_groups). It is the one place that reads
     Megatron's parallel_state; runs the collectives get_grad_norm / count_zeros when those
@@ -335,13 +349,14 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
     chunks = _model_chunks(model)
     params, param_index, param_objs = _describe_params(chunks)
     held_numel = {id(p): math.prod(entry["record"]["extents"]) for p, entry in zip(param_objs, params)}
+    norm_groups = [entry["record"]["attributes"]["grad_norm_group"] for entry in params]
 
-    optimizers = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel)
+    optimizers = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel, norm_groups)
 
     _fill_stats(params, optimizers)
     if clip is not None:
         calls = clip()
-        after = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel)
+        after = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel, norm_groups)
         _fill_stats([], after)
         _record_clip(optimizers, after, calls)
 
@@ -360,6 +375,8 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
             "zeros": _to_count(num_zeros),
         },
     }
+    if group_norms:
+        manifest["reported"]["group_norms"] = {str(k): _to_float(v) for k, v in group_norms.items()}
     return manifest
 
 
@@ -823,6 +840,26 @@ def _grad_the_filter_reads(param, config):
     return param.grad
 
 
+def _kept_by_norm_group(child):
+    """group -> ids of the gradients `child`'s filter keeps for that group's norm (None: the main
+    norm, which leaves out megatron-core 0.19's separate groups), each filter run once."""
+    norm_filter = _norm_filter(child)
+    kept: Dict[Optional[str], set] = {}
+
+    def of(group: Optional[str]) -> set:
+        if group not in kept:
+            if group is not None and "grad_norm_group" not in inspect.signature(norm_filter).parameters:
+                raise NotImplementedError(
+                    f"{type(child).__name__}'s grad-norm filter takes no grad_norm_group, and a param "
+                    f"is in grad_norm_group '{group}'"
+                )
+            grads = norm_filter() if group is None else norm_filter(grad_norm_group=group)
+            kept[group] = {id(g) for g in grads}
+        return kept[group]
+
+    return of
+
+
 def _norm_filter(child):
     for name in ("get_main_grads_for_grad_norm", "get_grads_for_grad_norm", "_filter_grads_for_norm"):
         fn = getattr(child, name, None)
@@ -861,8 +898,9 @@ def _zero_predicate():
     return kept
 
 
-def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel):
-    """`held_numel`: id(Megatron-FSDP param) -> the elements this rank holds of it."""
+def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel, norm_groups):
+    """`held_numel`: id(Megatron-FSDP param) -> the elements this rank holds of it; `norm_groups`:
+    each model param's grad_norm_group (None: the main norm), by index."""
     C = _megatron_classes()
     zero_kept = _zero_predicate()
     out = []
@@ -871,8 +909,7 @@ def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel):
         label = f"{name} ({type(child).__name__}: {type(inner).__name__})"
         config = child.config
         use_decoupled = bool(getattr(config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False))
-        kept_grads = _norm_filter(child)()
-        kept_ids = {id(g) for g in kept_grads}
+        kept_ids = _kept_by_norm_group(child)
         mapping = _main_to_model(child, C, held_numel)
         mains = []
         for main in child.get_parameters():
@@ -897,7 +934,9 @@ def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel):
             numel = model_param.numel()
             begin, end = (0, numel) if rng is None else rng
             g = _grad_the_filter_reads(main, config)
-            kept = g is not None and id(g) in kept_ids
+            # Kept for the norm of the model param's own grad-norm group (the main norm for None).
+            own_group = norm_groups[pi]
+            kept = g is not None and id(g) in kept_ids(own_group)
             kz = bool(zeros_counted) and zero_kept(main, use_decoupled, ztp, zetp)
             zg = getattr(main, "decoupled_grad" if use_decoupled else "grad", None)
             stat_grad = g if g is not None else zg

@@ -240,6 +240,11 @@ def transformer_config(case):
     if m.get("swiglu", False):
         kw["gated_linear_unit"] = True
         kw["activation_func"] = F.silu
+    if m.get("mtp_num_layers", 0):
+        kw["mtp_num_layers"] = m["mtp_num_layers"]
+        # megatron-core 0.19: the MTP params carry grad_norm_group "mtp", a norm of their own.
+        if m.get("mtp_detach_heads", False):
+            kw["mtp_detach_heads"] = True
     if m.get("decoder_first_pipeline_num_layers") is not None:
         kw["num_layers_in_first_pipeline_stage"] = m["decoder_first_pipeline_num_layers"]
     if m.get("decoder_last_pipeline_num_layers") is not None:
@@ -267,7 +272,7 @@ def build_model(case, config):
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
     from megatron.core.transformer.module import Float16Module
 
     t, m, o = case["topology"], case["model"], case["optimizer"]
@@ -300,6 +305,9 @@ def build_model(case, config):
     for i in range(vpp):
         vp_stage = i if vpp > 1 else None
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage)
+        mtp = None
+        if m.get("mtp_num_layers", 0):
+            mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False, vp_stage=vp_stage)
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
@@ -310,6 +318,7 @@ def build_model(case, config):
             share_embeddings_and_output_weights=not m.get("untie_embeddings_and_output_weights", False),
             position_embedding_type=m.get("position_embedding_type", "learned_absolute"),
             vp_stage=vp_stage,
+            mtp_block_spec=mtp,
         )
         model.cuda(torch.cuda.current_device())
         models.append(Float16Module(config, model))
@@ -535,6 +544,11 @@ class MegatronCoreWorker(base.Worker):
             optimizer.prepare_grads()
             norm = optimizer.get_grad_norm()
             zeros = optimizer.count_zeros()
+            # megatron-core 0.19's separate grad-norm groups (MTP with detached heads), as its step
+            # computes them to clip each group by its own norm.
+            group_norms = None
+            if case["model"].get("mtp_detach_heads", False):
+                group_norms = optimizer._compute_grad_norms_by_group()
             tally_megatron.dump_manifest(
                 optimizer,
                 chunks,
@@ -542,6 +556,7 @@ class MegatronCoreWorker(base.Worker):
                 producer=self.producer(),
                 grad_norm=norm,
                 num_zeros=zeros,
+                group_norms=group_norms,
                 clip=functools.partial(tally_megatron.release_clip, optimizer) if max_norm > 0 else None,
             )
         except BaseException:

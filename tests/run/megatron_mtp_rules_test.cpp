@@ -1,0 +1,58 @@
+// What the megatron-core worker runs of multi-token prediction (run/megatron_core/rules.h): 0.19's
+// MTP block on one stage, its separate grad-norm group reported; every other MTP case refused in
+// one line naming the field and the rule, and generated cases drop MTP where it would be refused.
+#include <gtest/gtest.h>
+
+#include "casefile/case_file.h"
+#include "run/megatron_core/rules.h"
+
+namespace tally::run {
+namespace {
+
+// A dense GPT of two layers with one MTP layer whose params have a grad-norm group of their own.
+casefile::Case mtp_case(int world, int pp) {
+  casefile::Case c;
+  c.topology = {.world = world, .pp = pp};
+  c.model.num_layers = 2;
+  c.model.mtp_num_layers = 1;
+  c.model.mtp_detach_heads = true;
+  return c;
+}
+
+bool starts_with(const std::optional<std::string>& text, std::string_view prefix) {
+  return text && text->rfind(prefix, 0) == 0;
+}
+
+TEST(MegatronMtp, RunsOnOneStageOfRelease0_19) {
+  const casefile::Case c = mtp_case(2, 1);
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  const casefile::Case within = within_megatron_core(c, "0.19.2", {}, 1);
+  EXPECT_EQ(within.model.mtp_num_layers, 1);
+  EXPECT_TRUE(within.model.mtp_detach_heads);
+}
+
+TEST(MegatronMtp, NamesWhatTheWorkerDoesNotRecord) {
+  casefile::Case c = mtp_case(2, 1);
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.16.1"),
+                          "model.mtp_num_layers 1: tally's worker builds multi-token prediction from megatron-core 0.19"));
+  c = mtp_case(2, 2);
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "model.mtp_num_layers 1 with topology.pp 2:"));
+  c = mtp_case(2, 1);
+  c.path.optimizer = vocab::OptimizerModel::distributed;
+  c.megatron_fsdp = casefile::MegatronFsdpConfig{};
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "model.mtp_num_layers 1 with megatron_fsdp:"));
+}
+
+TEST(MegatronMtp, GeneratedCasesDropItWhereItWouldBeRefused) {
+  for (const auto& [c, version] : {std::pair{mtp_case(2, 2), "0.19.2"}, std::pair{mtp_case(2, 1), "0.16.1"}}) {
+    const casefile::Case within = within_megatron_core(c, version, {}, 1);
+    EXPECT_EQ(within.model.mtp_num_layers, 0) << version;
+    EXPECT_FALSE(within.model.mtp_detach_heads) << version;
+    EXPECT_FALSE(megatron_core_unsupported(within, version)) << version;
+  }
+}
+
+}  // namespace
+}  // namespace tally::run
