@@ -58,7 +58,9 @@ std::string case_summary(const casefile::Case& c) {
   if (t.vpp != 1) out << ", vpp " << t.vpp;
   if (t.dist_opt_instances != 1) out << ", " << t.dist_opt_instances << " dist-opt instances";
   out << ")\nmodel: " << topologies::describe(c.model) << "\noptimizer "
-      << vocab::optimizer_model_name(c.path.optimizer) << ", gradients "
+      << vocab::optimizer_model_name(c.path.optimizer)
+      << (c.path.layer_wise_param_layout ? " (megatron-core 0.19's parameter layout: chained with a DistributedOptimizer)" : "")
+      << ", gradients "
       << kernels::mode_name(c.path.gradients.generator.mode) << " "
       << kernels::dtype_name(c.path.gradients.generator.dtype) << " seed "
       << c.path.gradients.generator.seed << classes_text(c.path.gradients.class_mask)
