@@ -86,6 +86,16 @@ std::optional<std::string> mtp_unsupported(const casefile::Case& c, std::string_
   if (c.megatron_fsdp)
     return field + " with megatron_fsdp: tally's worker records a separate grad-norm group (MTP) on "
            "DistributedDataParallel's buffers only";
+  const topologies::ModelSpec& m = c.model;
+  if (m.num_experts > 0 && !topologies::is_moe_layer(m, m.num_layers - 1))
+    return field + " with model.moe_layer_freq " + std::to_string(m.moe_layer_freq) +
+           ": megatron-core builds the MTP layer from the last decoder layer's spec, which is dense here, and "
+           "tally's model gives it experts";
+  if (m.mtp_detach_heads && c.path.layer_wise_param_layout)
+    return "model.mtp_detach_heads with optimizer.layer_wise_param_layout: megatron-core reduces the chained "
+           "layer-wise optimizer's MTP norm over the model-parallel group but its main norm over the world "
+           "(ChainedOptimizer._get_grad_norm_for_group), and tally's manifests give a child one stats group; "
+           "docs/findings/megatron-core-0.19.2-layerwise-layout-mtp-norm.md shows the miscount";
   return std::nullopt;
 }
 
@@ -100,6 +110,10 @@ std::optional<std::string> layer_wise_layout_unsupported(const casefile::Case& c
            " has no layer-wise parameter layout (LayerWiseDistributedOptimizer.compute_full_param_layout came "
            "with 0.19)";
   // Its expert biases are Adam's, so the DistributedOptimizer's, which has no expert-DP group there.
+  if (c.path.bucket_elements > 0)
+    return "optimizer.bucket_elements " + std::to_string(c.path.bucket_elements) +
+           " with optimizer.layer_wise_param_layout: Megatron-LM lays out one bucket per buffer without "
+           "--overlap-grad-reduce (resolve_ddp_bucket_size), and tally's worker does not overlap";
   if (c.model.num_experts > 0 && c.model.add_bias_linear)
     return "optimizer.layer_wise_param_layout with expert biases (model.add_bias_linear, num_experts " +
            std::to_string(c.model.num_experts) +
@@ -209,19 +223,23 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
     else c.megatron_fsdp.reset();
   }
   if (o.optimizer != vocab::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
-  if (mtp_unsupported(c, version)) {
-    m.mtp_num_layers = 0;
-    m.mtp_detach_heads = false;
-  }
   // Half the layer-wise cases take Megatron-LM 0.19's default parameter layout, where it runs; a
   // shrink keeps it only while it still may.
   const bool layout_runs = !layer_wise_layout_missing(version) && !cannot_run.contains("optimizer.layer_wise_param_layout");
   if (o.optimizer == vocab::OptimizerModel::layerwise && !c.path.layer_wise_param_layout && layout_runs &&
       (draw / 40) % 2 == 1)
     o.layer_wise_param_layout = true;
+  if (o.layer_wise_param_layout) o.bucket_elements = 0;  // one bucket per buffer, as Megatron-LM lays it out
   if (o.layer_wise_param_layout &&
       (o.optimizer != vocab::OptimizerModel::layerwise || !layout_runs || layer_wise_layout_unsupported(c, version)))
     o.layer_wise_param_layout = false;
+  // MTP's own norm is not recorded under the parameter layout (mtp_unsupported): its heads stay
+  // attached there, counted in the main norm.
+  if (o.layer_wise_param_layout) m.mtp_detach_heads = false;
+  if (mtp_unsupported(c, version)) {
+    m.mtp_num_layers = 0;
+    m.mtp_detach_heads = false;
+  }
   if (uneven_without_middle_chunks(c)) {
     // The last stage keeps its layers, now as "the rest" (a multiple of vpp, as it was).
     m.last_stage_layers.reset();

@@ -84,6 +84,11 @@ TEST(LayerWiseLayout, NamesWhatTheWorkerCannotRun) {
                           "optimizer.layer_wise_param_layout: megatron-core 0.16.1 has no layer-wise parameter layout"));
   EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2", {}, {{"optimizer.layer_wise_param_layout", "why"}}),
                           "optimizer.layer_wise_param_layout: the worker cannot run"));
+  c.path.bucket_elements = 64;
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+                          "optimizer.bucket_elements 64 with optimizer.layer_wise_param_layout:"));
+  EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 41).path.bucket_elements, 0);
+  c.path.bucket_elements = 0;
   c.model.add_bias_linear = true;
   EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
                           "optimizer.layer_wise_param_layout with expert biases (model.add_bias_linear, num_experts 2)"));

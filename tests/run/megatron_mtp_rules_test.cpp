@@ -45,6 +45,32 @@ TEST(MegatronMtp, NamesWhatTheWorkerDoesNotRecord) {
   EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "model.mtp_num_layers 1 with megatron_fsdp:"));
 }
 
+TEST(MegatronMtp, NamesWhereMegatronAndTallysModelBuildItDifferently) {
+  casefile::Case c = mtp_case(2, 1);
+  c.topology.ep = 2;
+  c.topology.etp = 1;
+  c.model.num_experts = 2;
+  c.model.moe_layer_freq = 2;  // layer 1, the last, is dense
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "model.mtp_num_layers 1 with model.moe_layer_freq 2:"));
+  EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 1).model.mtp_num_layers, 0);
+  c.model.num_layers = 3;  // layer 2 is MoE
+  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+}
+
+TEST(MegatronMtp, ItsOwnNormUnderTheLayerWiseParameterLayoutIsRefusedAndLeftAttachedWhenDrawn) {
+  casefile::Case c = mtp_case(2, 1);
+  c.path.optimizer = vocab::OptimizerModel::layerwise;
+  c.path.layer_wise_param_layout = true;
+  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+                          "model.mtp_detach_heads with optimizer.layer_wise_param_layout:"));
+  const casefile::Case within = within_megatron_core(c, "0.19.2", {}, 1);
+  EXPECT_TRUE(within.path.layer_wise_param_layout);
+  EXPECT_EQ(within.model.mtp_num_layers, 1);
+  EXPECT_FALSE(within.model.mtp_detach_heads);
+  EXPECT_FALSE(megatron_core_unsupported(within, "0.19.2"));
+}
+
 TEST(MegatronMtp, GeneratedCasesDropItWhereItWouldBeRefused) {
   for (const auto& [c, version] : {std::pair{mtp_case(2, 2), "0.19.2"}, std::pair{mtp_case(2, 1), "0.16.1"}}) {
     const casefile::Case within = within_megatron_core(c, version, {}, 1);

@@ -87,7 +87,13 @@ itself, with the attributes found on it (Megatron-FSDP copies some of the raw pa
 `allreduce`), `kept` as the filter decided on it, `kept_zeros` as count_zeros_fp32 counts a
 Megatron-FSDP gradient (every one that is not None) and the statistics of its local gradient.
 
-Not supported (NotImplementedError naming what): ChainedOptimizers nested
+megatron-core 0.19's parameter layout chains a LayerWiseDistributedOptimizer with a
+DistributedOptimizer: the layer-wise optimizer's own children are recorded as children over WORLD
+(its get_grad_norm and count_zeros), with its zero count. Its separate grad-norm groups are reduced
+over the model-parallel group instead (ChainedOptimizer._get_grad_norm_for_group), which a child's
+one stats group cannot say: tally's rules refuse that case.
+
+Not supported (NotImplementedError naming what): any other ChainedOptimizer nested
 inside a ChainedOptimizer, the legacy GroupedMLP (all local experts in one tensor), and any
 other child optimizer type.
 """

@@ -345,7 +345,8 @@ def layer_wise_param_layouts(models, ddp_config):
     use_layer_wise_param_layout): the params tagged for buffer routing (Muon's matrices to
     shard-aligned buffers, the rest to the distributed optimizer's), each chunk laid out by
     LayerWiseDistributedOptimizer.compute_full_param_layout, over the intra-instance DP sizes, with
-    the bucket size only on the first chunk of the first stage."""
+    the bucket size only on the first chunk of the first stage, and none without overlapped
+    gradient reduction (resolve_ddp_bucket_size; the worker does not overlap)."""
     from megatron.core.optimizer.layer_wise_optimizer import (
         LayerWiseDistributedOptimizer,
         tag_params_for_buffer_routing,
@@ -362,7 +363,7 @@ def layer_wise_param_layouts(models, ddp_config):
     first_stage = get_pg_rank(groups.pp) == 0
     layouts = []
     for i, model in enumerate(models):
-        bucket_size = ddp_config.bucket_size if i == 0 and first_stage else None
+        bucket_size = ddp_config.bucket_size if i == 0 and first_stage and ddp_config.overlap_grad_reduce else None
         layouts.append(
             LayerWiseDistributedOptimizer.compute_full_param_layout(
                 [p for p in model.parameters() if p.requires_grad],
