@@ -712,14 +712,7 @@ def _plan(optimizer, world: int) -> List[ChildPlan]:
     Chained = C["ChainedOptimizer"]
     top = type(optimizer).__name__
     if LW is not None and isinstance(optimizer, LW):
-        # 0.16.1: get_grad_norm_fp32(..., grad_stats_parallel_group=None) and
-        # count_zeros_fp32(params, grad_stats_parallel_group=None): WORLD.
-        ztp, zetp = _groups_count_zeros_passes(optimizer, optimizer)
-        plan = []
-        for i, child in enumerate(optimizer.chained_optimizers):
-            _check_child(child, C)
-            plan.append(ChildPlan(f"{top}.chained_optimizers[{i}]", child, None, True, ztp, zetp))
-        return plan
+        return _layer_wise_children(optimizer, top, True, C)
     if not isinstance(optimizer, Chained):
         _check_child(optimizer, C)
         ztp, zetp = _own_zero_groups(optimizer)
@@ -735,7 +728,17 @@ def _plan(optimizer, world: int) -> List[ChildPlan]:
     plan = []
     for i, child in enumerate(children):
         if LW is not None and isinstance(child, LW):
-            plan += _layer_wise_in_chain(child, f"{top}.chained_optimizers[{i}]", shared, C)
+            if shared:
+                # The chain would reduce its children's grads together over one group, which the
+                # layer-wise optimizer's own statistics never are: not recorded rather than recorded wrong.
+                raise NotImplementedError(
+                    f"{top}.chained_optimizers[{i}] ({type(child).__name__}) shares one grad-stats group with "
+                    "the other children of its chain; tally_adapters.megatron records a chained layer-wise "
+                    "optimizer only with its own statistics"
+                )
+            # Chained (0.19's parameter layout): the chain counts its zeros when its config logs them.
+            counted = bool(getattr(child.config, "log_num_zeros_in_grad", False))
+            plan += _layer_wise_children(child, f"{top}.chained_optimizers[{i}]", counted, C)
             continue
         if shared:
             counted, (ztp, zetp) = True, shared_groups
@@ -755,18 +758,10 @@ def _plan(optimizer, world: int) -> List[ChildPlan]:
     return plan
 
 
-def _layer_wise_in_chain(layer_wise, name: str, shared: bool, C) -> List[ChildPlan]:
-    """A LayerWiseDistributedOptimizer chained with a DistributedOptimizer (megatron-core 0.19's
-    parameter layout): the chain takes its norm (get_grad_norm) and zero count (count_zeros), each
-    over WORLD, as one child; its own children hold the params."""
-    if shared:
-        # The chain would reduce its children's grads together over one group, which the layer-wise
-        # optimizer's own statistics never are: not recorded rather than recorded wrong.
-        raise NotImplementedError(
-            f"{name} ({type(layer_wise).__name__}) shares one grad-stats group with the other children of "
-            "its chain; tally_adapters.megatron records a chained layer-wise optimizer only with its own statistics"
-        )
-    counted = bool(getattr(layer_wise.config, "log_num_zeros_in_grad", False))
+def _layer_wise_children(layer_wise, name: str, counted: bool, C) -> List[ChildPlan]:
+    """A LayerWiseDistributedOptimizer's own children, which hold its params: its norm and zero
+    count (get_grad_norm_fp32 and count_zeros_fp32 with grad_stats_parallel_group=None) are over
+    WORLD, alone or chained with a DistributedOptimizer (megatron-core 0.19's parameter layout)."""
     ztp, zetp = _groups_count_zeros_passes(layer_wise, layer_wise)
     plan = []
     for j, leaf in enumerate(layer_wise.chained_optimizers):
