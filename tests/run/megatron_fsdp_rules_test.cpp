@@ -97,6 +97,30 @@ TEST(MegatronFsdpTarget, HybridFsdpKeepsTheInstancesDrawnForAnotherOptimizer) {
   EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 36).topology.dist_opt_instances, 1) << "plain Adam: one instance";
 }
 
+TEST(MegatronFsdpTarget, HybridFsdpTakesTwoInstancesWhereTheLayoutAllowsThem) {
+  casefile::Case c = fsdp_case();
+  c.megatron_fsdp.reset();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 4, .pp = 2};
+  c.model.num_layers = 2;
+  c.model.num_experts = 0;
+  c.model.moe_ffn_hidden_size.reset();
+  ASSERT_FALSE(casefile::check_case(c));
+  // 35: a fifth, optim_grads_params, the outer strategy; the stages fold into DP 4.
+  const casefile::Case hybrid = within_megatron_core(c, "0.19.2", {}, 35);
+  ASSERT_TRUE(hybrid.megatron_fsdp);
+  EXPECT_EQ(hybrid.topology.pp, 1);
+  EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
+  EXPECT_EQ(hybrid.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::optim);
+  EXPECT_FALSE(megatron_core_unsupported(hybrid, "0.19.2"));
+  c.topology = {.world = 2, .tp = 2, .etp = 2};  // DP 1: one instance, so the outer strategy goes
+  ASSERT_FALSE(casefile::check_case(c));
+  const casefile::Case one = within_megatron_core(c, "0.19.2", {}, 35);
+  ASSERT_TRUE(one.megatron_fsdp);
+  EXPECT_EQ(one.topology.dist_opt_instances, 1);
+  EXPECT_EQ(one.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::no_shard);
+}
+
 TEST(MegatronFsdpTarget, ANormCodeMatchesWholeWords) {
   casefile::Case c = fsdp_case(casefile::FsdpSharding::optim_grads);
   EXPECT_TRUE(fuzz::norm_code_filter("megatron-fsdp")(c));
