@@ -20,7 +20,8 @@ chained Adam; distributed: the DistributedOptimizer; layerwise: Muon with the la
 distributed optimizer, over megatron-core 0.19's parameter layout where the case's
 `optimizer.layer_wise_param_layout` asks for it; muon: Muon without it), sets every param's gradient buffer (`main_grad`)
 to the values tally's generator gives the logical element it holds (`case-<K>.gradients.*`),
-runs `prepare_grads`, `get_grad_norm` and `count_zeros`, and writes the manifests with
+runs `prepare_grads`, `get_grad_norm` and `count_zeros` (and, for MTP heads with a norm of their
+own, megatron-core 0.19's `_compute_grad_norms_by_group`), and writes the manifests with
 `tally_adapters.megatron.dump_manifest` into `case-<K>/`. Rank 0 then writes `case-<K>.result.json`.
 
 What the worker changes around Megatron, and why (never a Megatron file):
