@@ -109,11 +109,11 @@ std::optional<std::string> layer_wise_layout_unsupported(const casefile::Case& c
     return "optimizer.layer_wise_param_layout: megatron-core " + std::string(version) +
            " has no layer-wise parameter layout (LayerWiseDistributedOptimizer.compute_full_param_layout came "
            "with 0.19)";
-  // Its expert biases are Adam's, so the DistributedOptimizer's, which has no expert-DP group there.
   if (c.path.bucket_elements > 0)
     return "optimizer.bucket_elements " + std::to_string(c.path.bucket_elements) +
            " with optimizer.layer_wise_param_layout: Megatron-LM lays out one bucket per buffer without "
            "--overlap-grad-reduce (resolve_ddp_bucket_size), and tally's worker does not overlap";
+  // Its expert biases are Adam's, so the DistributedOptimizer's, which has no expert-DP group there.
   if (c.model.num_experts > 0 && c.model.add_bias_linear)
     return "optimizer.layer_wise_param_layout with expert biases (model.add_bias_linear, num_experts " +
            std::to_string(c.model.num_experts) +
