@@ -354,15 +354,12 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
 
     chunks = _model_chunks(model)
     params, param_index, param_objs = _describe_params(chunks)
-    held_numel = {id(p): math.prod(entry["record"]["extents"]) for p, entry in zip(param_objs, params)}
-    norm_groups = [entry["record"]["attributes"]["grad_norm_group"] for entry in params]
-
-    optimizers = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel, norm_groups)
+    optimizers = _describe_optimizers(optimizer, params, param_index, param_objs, world)
 
     _fill_stats(params, optimizers)
     if clip is not None:
         calls = clip()
-        after = _describe_optimizers(optimizer, param_index, param_objs, world, held_numel, norm_groups)
+        after = _describe_optimizers(optimizer, params, param_index, param_objs, world)
         _fill_stats([], after)
         _record_clip(optimizers, after, calls)
 
@@ -899,9 +896,11 @@ def _zero_predicate():
     return kept
 
 
-def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel, norm_groups):
-    """`held_numel`: id(Megatron-FSDP param) -> the elements this rank holds of it; `norm_groups`:
-    each model param's grad_norm_group (None: the main norm), by index."""
+def _describe_optimizers(optimizer, params, param_index, param_objs, world):
+    """Each child of `optimizer`'s plan with its main params, mapped onto `params` (the model
+    params' records, as _describe_params gives them)."""
+    # id(model param) -> the elements this rank holds of it (a Megatron-FSDP param's held range).
+    held_numel = {id(p): math.prod(entry["record"]["extents"]) for p, entry in zip(param_objs, params)}
     C = _megatron_classes()
     zero_kept = _zero_predicate()
     out = []
@@ -936,7 +935,7 @@ def _describe_optimizers(optimizer, param_index, param_objs, world, held_numel, 
             begin, end = (0, numel) if rng is None else rng
             g = _grad_the_filter_reads(main, config)
             # Kept for the norm of the model param's own grad-norm group (the main norm for None).
-            own_group = norm_groups[pi]
+            own_group = params[pi]["record"]["attributes"]["grad_norm_group"]
             kept = g is not None and id(g) in kept_ids(own_group)
             kz = bool(zeros_counted) and zero_kept(main, use_decoupled, ztp, zetp)
             zg = getattr(main, "decoupled_grad" if use_decoupled else "grad", None)

@@ -345,15 +345,15 @@ def layer_wise_param_layouts(models, ddp_config):
     for the layer-wise optimizer (megatron/training/training.py, wrap_model_chunks_with_ddp with
     use_layer_wise_param_layout): the params tagged for buffer routing (Muon's matrices to
     shard-aligned buffers, the rest to the distributed optimizer's), each chunk laid out by
-    LayerWiseDistributedOptimizer.compute_full_param_layout, over the intra-instance DP sizes, with
-    the bucket size only on the first chunk of the first stage, and none without overlapped
-    gradient reduction (resolve_ddp_bucket_size; the worker does not overlap)."""
+    LayerWiseDistributedOptimizer.compute_full_param_layout, over the intra-instance DP sizes, one
+    bucket per buffer: without overlapped gradient reduction resolve_ddp_bucket_size gives no bucket
+    size, and the worker does not overlap."""
     from megatron.core.optimizer.layer_wise_optimizer import (
         LayerWiseDistributedOptimizer,
         tag_params_for_buffer_routing,
     )
     from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.utils import get_pg_rank, get_pg_size
+    from megatron.core.utils import get_pg_size
 
     tag_params_for_buffer_routing(models)
     groups = ProcessGroupCollection.use_mpu_process_groups()
@@ -361,20 +361,16 @@ def layer_wise_param_layouts(models, ddp_config):
     dense_dp = groups.dp_cp if dense_dp is None else dense_dp
     expert_dp = getattr(groups, "intra_expt_dp", None)
     expert_dp = getattr(groups, "expt_dp", None) if expert_dp is None else expert_dp
-    first_stage = get_pg_rank(groups.pp) == 0
-    layouts = []
-    for i, model in enumerate(models):
-        bucket_size = ddp_config.bucket_size if i == 0 and first_stage and ddp_config.overlap_grad_reduce else None
-        layouts.append(
-            LayerWiseDistributedOptimizer.compute_full_param_layout(
-                [p for p in model.parameters() if p.requires_grad],
-                bucket_size,
-                get_pg_size(dense_dp),
-                ddp_config,
-                expert_data_parallel_world_size=get_pg_size(expert_dp),
-            )
+    return [
+        LayerWiseDistributedOptimizer.compute_full_param_layout(
+            [p for p in model.parameters() if p.requires_grad],
+            None,
+            get_pg_size(dense_dp),
+            ddp_config,
+            expert_data_parallel_world_size=get_pg_size(expert_dp),
         )
-    return layouts
+        for model in models
+    ]
 
 
 def build_optimizer(case, chunks):
