@@ -418,7 +418,7 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
       "sweep",
       "Every layout of one world on a target: each valid configuration (every axis and order) "
       "collapsed to its distinct process groups, crossed with the model features that change what "
-      "is counted and the target's own axis (the optimizer models, and for megatron-core Megatron-FSDP's strategies, which releases before 0.19 refuse; DeepSpeed's ZeRO stages and "
+      "is counted and the target's own axis (the optimizer models, and for megatron-core the layer-wise parameter layout and Megatron-FSDP's strategies, which releases before 0.19 refuse; DeepSpeed's ZeRO stages and "
       "precisions; torchtitan's clips, SPMD backends and HSDP), one case each. Resumable (the state file after a kill), shardable (--shard I/N, "
       "then --merge), with JUnit, an HTML index, and failures that repeat a known finding counted "
       "apart. A megatron-core release tally models is held against that model case by case: the "

@@ -216,18 +216,20 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
     fsdp.megatron_fsdp = casefile::MegatronFsdpConfig{
         .sharding = casefile::kFsdpShardings[(draw / 5) % 4],
         .outer_sharding = (draw / 20) % 2 ? casefile::FsdpOuterSharding::optim : casefile::FsdpOuterSharding::no_shard};
-    // Hybrid FSDP needs several optimizer instances, which the topology draws rarely: a drawn
-    // outer `optim` takes two where DP x CP and expert DP allow them.
-    if (fsdp.megatron_fsdp->outer_sharding == casefile::FsdpOuterSharding::optim &&
-        fsdp.megatron_fsdp->sharding == casefile::FsdpSharding::optim_grads_params && fsdp.topology.dist_opt_instances == 1) {
-      topologies::ParallelConfig two = fsdp.topology;
-      two.pp = 1;  // as as_megatron_fsdp lays it out
-      two.vpp = 1;
-      two.order = std::string(topologies::kDefaultOrder);
+    const casefile::MegatronFsdpConfig drawn = *fsdp.megatron_fsdp;
+    if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(std::move(fsdp))) {
+      c = std::move(*laid_out);
+      // Hybrid FSDP needs several optimizer instances, which the topology draws rarely: a drawn
+      // outer `optim` takes two where the laid-out DP x CP and expert DP allow them.
+      topologies::ParallelConfig two = c.topology;
       two.dist_opt_instances = 2;
-      if (!topologies::check_config(two)) fsdp.topology.dist_opt_instances = 2;
+      if (drawn.outer_sharding == casefile::FsdpOuterSharding::optim &&
+          drawn.sharding == casefile::FsdpSharding::optim_grads_params && c.topology.dist_opt_instances == 1 &&
+          !topologies::check_config(two)) {
+        c.topology = two;
+        c.megatron_fsdp->outer_sharding = casefile::FsdpOuterSharding::optim;
+      }
     }
-    if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(std::move(fsdp))) c = std::move(*laid_out);
   } else if (c.megatron_fsdp) {
     // A shrink whose model no longer fits one stage runs on DDP instead.
     if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(c)) c = std::move(*laid_out);

@@ -9,6 +9,10 @@ namespace tally::run {
 
 namespace {
 
+// Settings only megatron-core runs, which tally's model does not model: Megatron-FSDP's buffers and
+// the layer-wise parameter layout.
+bool megatron_core_alone(const casefile::Case& c) { return c.megatron_fsdp.has_value() || c.path.layer_wise_param_layout; }
+
 // tally's optimizer models and the layer-wise one over Megatron-LM 0.19's parameter layout, then,
 // on a layout Megatron-FSDP runs (one stage, the default order), each of its strategies (and the
 // hybrid one, over several instances). The worker refuses what its release lacks.
@@ -62,14 +66,13 @@ constexpr FrameworkTarget kMegatronCore{
       return within_megatron_core(std::move(c), hello.version, hello.plants, draw, hello.cannot_run);
     },
     [](casefile::Case c) { return c; },
-    [](const casefile::Case& c) { return c.megatron_fsdp.has_value() || c.path.layer_wise_param_layout; },
+    megatron_core_alone,
     [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
     [](const casefile::Case&) { return std::string(); },
     megatron_core_sweep_variants,
     megatron_core_norm_code,
     [](const casefile::Case& c, std::string_view version) -> std::optional<casefile::Case> {
-      // tally models Megatron's DDP path, not Megatron-FSDP's buffers nor the layer-wise parameter layout.
-      if (c.megatron_fsdp || c.path.layer_wise_param_layout) return std::nullopt;
+      if (megatron_core_alone(c)) return std::nullopt;
       const std::optional<gradnorm::MegatronRelease> release = gradnorm::release_from_name(version);
       if (!release || gradnorm::check_release_config(*release, c.topology)) return std::nullopt;
       casefile::Case model = c;
