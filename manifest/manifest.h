@@ -94,6 +94,10 @@ struct ParallelSizes {
 
 struct RankManifest {
   std::string producer;
+  // The request's case_digest (case-<K>.gradients.json), echoed by a worker so that tally knows the
+  // manifests are of the case it sent (docs/real-targets.md); absent in manifests of runs tally did
+  // not request.
+  std::optional<std::string> case_digest;
   int rank = 0;
   int world = 1;
   ParallelSizes parallel;

@@ -62,6 +62,16 @@ std::string read_name(const json& value, const std::string& path) {
   return name;
 }
 
+// A case digest: 16 lowercase hex digits (run/framework_worker.h writes them).
+std::string read_case_digest(const json& value, const std::string& path) {
+  std::string digest = read_string(value, path, 64);
+  const bool hex = digest.size() == 16 && std::all_of(digest.begin(), digest.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  if (!hex) fail(path, "a case digest is 16 lowercase hex digits, got " + shown(value));
+  return digest;
+}
+
 // A non-negative finite number.
 double read_magnitude(const json& value, const std::string& path) {
   const double x = read_number(value, path);
@@ -333,6 +343,7 @@ RankManifest read_manifest(const json& value, const std::string& path, RunGroups
       {{"tally_manifest", [](const json&, const std::string&) {}},
        {"producer",
         [&](const json& v, const std::string& p) { m.producer = read_name(v, p); }},
+       {"case_digest", [&](const json& v, const std::string& p) { m.case_digest = read_case_digest(v, p); }},
        {"rank", [](const json&, const std::string&) {}},
        {"world", [](const json&, const std::string&) {}},
        {"parallel",
@@ -432,6 +443,7 @@ ordered_json manifest_to_json(const RankManifest& m, const std::vector<std::vect
   ordered_json j;
   j["tally_manifest"] = version;
   j["producer"] = m.producer;
+  if (m.case_digest) j["case_digest"] = *m.case_digest;
   j["rank"] = m.rank;
   j["world"] = m.world;
   j["parallel"] = {{"tp", m.parallel.tp}, {"cp", m.parallel.cp}, {"pp", m.parallel.pp},

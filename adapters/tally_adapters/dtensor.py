@@ -201,6 +201,7 @@ def build_manifest(
     }
 
 
-def dump_manifest(manifest: Dict[str, Any], out_dir: str) -> str:
-    """Collective: writes this rank's file and, on rank 0, groups.json (tally_adapters.manifest.write_run)."""
-    return write_run(manifest, out_dir)
+def dump_manifest(manifest: Dict[str, Any], out_dir: str, case_digest: Optional[str] = None) -> str:
+    """Collective: writes this rank's file and, on rank 0, groups.json (tally_adapters.manifest.write_run),
+    each echoing `case_digest` where the run answers a request."""
+    return write_run(manifest, out_dir, case_digest)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -213,16 +214,31 @@ def groups_file(world: int, table: Sequence[Sequence[int]]) -> Dict[str, Any]:
     return {"tally_groups": MANIFEST_VERSION, "world": world, "groups": [list(r) for r in table]}
 
 
+def with_case_digest(manifest: Dict[str, Any], case_digest: str) -> Dict[str, Any]:
+    """`manifest` echoing a request's case_digest (after its producer line). Raises ValueError unless
+    the digest is 16 lowercase hex digits, as tally writes it."""
+    if not isinstance(case_digest, str) or re.fullmatch(r"[0-9a-f]{16}", case_digest) is None:
+        raise ValueError(f"case_digest {case_digest!r} is not 16 lowercase hex digits")
+    out: Dict[str, Any] = {}
+    for key, value in manifest.items():
+        if key != "case_digest":
+            out[key] = value
+        if key == "producer":
+            out["case_digest"] = case_digest
+    return out
+
+
 def write_groups(world: int, table: Sequence[Sequence[int]], out_dir: str) -> str:
     """Writes out_dir/groups.json atomically, as write_manifest writes a rank file."""
     text = manifest_text(groups_file(world, table))
     return write_atomically(text, os.path.join(out_dir, "groups.json"))
 
 
-def write_run(manifest: Dict[str, Any], out_dir: str) -> str:
+def write_run(manifest: Dict[str, Any], out_dir: str, case_digest: Optional[str] = None) -> str:
     """Collective: every rank calls it with its manifest (groups as rank lists). Writes
     out_dir/rank-<R>.json (format MANIFEST_VERSION) and, on rank 0, out_dir/groups.json; returns
-    the rank file's path."""
+    the rank file's path. `case_digest`: the request's (Request.case_digest) when the run answers one
+    of tally's requests; every rank's file echoes it, so tally knows the run is of the case it sent."""
     import torch.distributed as dist
 
     rank, world = manifest["rank"], manifest["world"]
@@ -234,6 +250,8 @@ def write_run(manifest: Dict[str, Any], out_dir: str) -> str:
     # every rank alike, before any file is written.
     groups_file(world, table)
     referred = refer_to_groups(manifest, table)
+    if case_digest is not None:
+        referred = with_case_digest(referred, case_digest)
     if rank == 0:
         # before rank 0's own file: once every rank file is there, so is groups.json
         write_groups(world, table, out_dir)

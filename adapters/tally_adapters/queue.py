@@ -87,6 +87,13 @@ class Request:
     def faults(self):
         return list(self.case.get("faults", []))
 
+    @property
+    def case_digest(self):
+        """The request's identity (case-K.gradients.json's case_digest), which every manifest of the
+        run echoes (manifest.write_run's case_digest): tally refuses manifests of another case."""
+        with open(self.path(".gradients.json")) as f:
+            return json.load(f)["case_digest"]
+
     def gradient_index(self):
         """case-K.gradients.json's params: each logical param's name, class, shape and offset."""
         with open(self.path(".gradients.json")) as f:

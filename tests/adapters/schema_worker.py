@@ -8,6 +8,7 @@ case-<K>.seen.json (the request) and case-<K>.gradients.seen.json (the gradient 
     schema_worker.py TALLY WORLD --queue DIR --parent-pid PID
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ try:  # the installed package (ci/python-test), else the checkout's
 except ImportError:
     sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters"))
 
+from tally_adapters.manifest import manifest_text, with_case_digest, write_atomically  # noqa: E402
 from tally_adapters.queue import serve  # noqa: E402
 from tally_adapters.worker import Worker, parse_args  # noqa: E402
 
@@ -50,6 +52,13 @@ class ModelWorker(Worker):
                              capture_output=True, text=True)
         if run.returncode > 1:
             raise RuntimeError(f"tally run exited {run.returncode}: {run.stderr.strip()}")
+        # Each rank's file echoes the request's case_digest, as write_run(..., case_digest) writes it.
+        for name in os.listdir(request.manifests_dir):
+            if name.startswith("rank-"):
+                path = os.path.join(request.manifests_dir, name)
+                with open(path) as f:
+                    manifest = json.load(f)
+                write_atomically(manifest_text(with_case_digest(manifest, request.case_digest)), path)
 
 
 def main():

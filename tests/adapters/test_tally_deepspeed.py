@@ -316,8 +316,10 @@ class Queue(unittest.TestCase):
             with open(os.path.join(q, "case-1.gradients.f32"), "wb") as f:
                 f.write(struct.pack("<6f", 1, 2, 3, 4, 5, 6))
             write_atomically(json.dumps({
+                "case_digest": "00112233aabbccdd",
                 "elements": 6, "params": [{"name": "a", "shape": [2, 2], "offset": 0},
                                           {"name": "b", "shape": [2], "offset": 4}]}), os.path.join(q, "case-1.gradients.json"))
+            self.assertEqual(queue.Request(q, 1, {}).case_digest, "00112233aabbccdd")
             try:
                 tensors = queue.Request(q, 1, {}).gradients()
             except ImportError:

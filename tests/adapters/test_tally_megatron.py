@@ -244,6 +244,20 @@ class GroupTableTest(unittest.TestCase):
         self.assertEqual(out["reported"], manifest["reported"])
         self.assertEqual(json.dumps(manifest), before)  # the input is left as it was
 
+    def test_a_manifest_echoes_the_requests_digest_after_its_producer(self):
+        manifest = fmt.refer_to_groups(
+            v1_manifest(0, 2, {"tp": [0, 1], "expt_tp": [0]}, [optimizer([0, 1], None, None)]), [[0], [0, 1]])
+        out = fmt.with_case_digest(manifest, "0123456789abcdef")
+        self.assertEqual(out["case_digest"], "0123456789abcdef")
+        keys = list(out)
+        self.assertEqual(keys[keys.index("producer") + 1], "case_digest")
+        self.assertNotIn("case_digest", manifest)  # the input is left as it was
+        again = fmt.with_case_digest(out, "fedcba9876543210")
+        self.assertEqual((again["case_digest"], list(again)), ("fedcba9876543210", keys))
+        for bad in ("0123456789ABCDEF", "0123", None, 12):
+            with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, "is not 16 lowercase hex digits"):
+                fmt.with_case_digest(manifest, bad)
+
     def test_refer_to_groups_rejects_a_list_missing_from_the_table(self):
         table = [[0], [0, 1], [0, 1, 2, 3]]
         for groups, opt, field in [

@@ -4,8 +4,9 @@
 //   type (a name or a list), properties, patternProperties, additionalProperties (false or a
 //   schema), required, maxProperties, items, minItems, maxItems, uniqueItems, enum, const,
 //   minimum, exclusiveMinimum, maximum, minLength, maxLength (in characters), pattern
-//   (ECMAScript, unanchored), anyOf, $ref ("#/$defs/<name>"); $schema, $id, title, description
-//   and $comment are ignored.
+//   (ECMAScript, unanchored), anyOf, $ref ("#/$defs/<name>"); $schema, $id, title, description,
+//   $comment and examples are ignored (full_instance takes a string's first example, where a
+//   pattern would refuse its "x").
 // One difference from the standard, on purpose: "integer" is an integer literal (2.0 is not one),
 // as tally's readers take it (io::read_integer).
 #pragma once
@@ -67,7 +68,7 @@ class Checker {
     if (!schema.is_object()) throw std::invalid_argument("schema at " + at + ": not an object");
     for (const auto& [keyword, argument] : schema.items()) {
       if (keyword == "$schema" || keyword == "$id" || keyword == "title" || keyword == "description" ||
-          keyword == "$comment" || keyword == "$defs") {
+          keyword == "$comment" || keyword == "$defs" || keyword == "examples") {
         continue;
       } else if (keyword == "$ref") {
         check(resolve(argument.get<std::string>()), value, at, errors);
@@ -211,6 +212,7 @@ inline SchemaJson full_instance(const SchemaJson& root, const SchemaJson& schema
     return full_instance(root, root["$defs"][ref.substr(std::string("#/$defs/").size())]);
   }
   if (schema.contains("const")) return schema["const"];
+  if (schema.contains("examples")) return schema["examples"].front();
   if (schema.contains("enum")) return schema["enum"].front();
   if (schema.contains("anyOf")) {
     for (const SchemaJson& option : schema["anyOf"])

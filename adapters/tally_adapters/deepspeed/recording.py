@@ -516,7 +516,7 @@ def build_manifest(
     }
 
 
-def dump_manifest(manifest: Dict[str, Any], out_dir: str) -> str:
+def dump_manifest(manifest: Dict[str, Any], out_dir: str, case_digest: Optional[str] = None) -> str:
     """Collective: writes this rank's file and, on rank 0, groups.json (the run's group table, the
-    same on every rank)."""
-    return write_run(manifest, out_dir)
+    same on every rank), each echoing `case_digest` where the run answers a request."""
+    return write_run(manifest, out_dir, case_digest)

@@ -1148,7 +1148,7 @@ def execute(request, planted, producer):
             producer=producer,
             reported_norm=norm,
         )
-        tally_deepspeed.dump_manifest(manifest, request.manifests_dir)
+        tally_deepspeed.dump_manifest(manifest, request.manifests_dir, request.case_digest)
     finally:
         engines = [engine] if engine is not None else []
         engine = None

@@ -256,12 +256,14 @@ def dump_manifest(
     num_zeros: Optional[float] = None,
     clip: Optional[Callable[[], List[Any]]] = None,
     group_norms: Optional[Dict[str, float]] = None,
+    case_digest: Optional[str] = None,
 ) -> str:
     """Writes out_dir/rank-<R>.json for this rank (format version 2), and on rank 0 also
     out_dir/groups.json; returns the rank file's path. See the module docstring for the call
     order. `model`: one module or the list of model chunks, wrapped or not. `group_norms`: the
     norm of each separate grad-norm group the release computed (megatron-core 0.19's
-    `grad_norms_by_group`, {"mtp": N}), reported beside the main norm."""
+    `grad_norms_by_group`, {"mtp": N}), reported beside the main norm. `case_digest`: the request's,
+    where the run answers one of tally's (every file echoes it)."""
     manifest = build_manifest(
         optimizer,
         model,
@@ -271,7 +273,7 @@ def dump_manifest(
         clip=clip,
         group_norms=group_norms,
     )
-    return write_run(manifest, out_dir)
+    return write_run(manifest, out_dir, case_digest)
 
 
 class ClipCall:

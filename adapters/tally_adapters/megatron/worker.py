@@ -555,6 +555,7 @@ class MegatronCoreWorker(base.Worker):
                 grad_norm=norm,
                 num_zeros=zeros,
                 group_norms=group_norms,
+                case_digest=request.case_digest,
                 clip=functools.partial(tally_megatron.release_clip, optimizer) if max_norm > 0 else None,
             )
         except BaseException:

@@ -521,7 +521,7 @@ def execute(request, planted, producer, layouts, device):
         clips=clips,
         clipped_of=lambda p: after[id(p)],
     )
-    tally_dtensor.dump_manifest(manifest, request.manifests_dir)
+    tally_dtensor.dump_manifest(manifest, request.manifests_dir, request.case_digest)
 
 
 class TorchTitanWorker(base.Worker):
