@@ -344,7 +344,8 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     };
   InterruptScope interrupt;
   const auto start = std::chrono::steady_clock::now();
-  std::int64_t ran = 0, consecutive_infra = 0;
+  std::int64_t ran = 0;
+  std::vector<bool> machinery;  // of each case that ran, whether it was an infrastructure error
   double last_progress = -10.0;
   bool stopped = false;
   for (const fuzz::SweepCase& sc : plan.cases) {
@@ -365,7 +366,7 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     }
     done.emplace(sc.index, r);
     ++ran;
-    consecutive_infra = r.outcome == SweepResult::Outcome::infra_error ? consecutive_infra + 1 : 0;
+    if (r.outcome != SweepResult::Outcome::refused) machinery.push_back(r.outcome == SweepResult::Outcome::infra_error);
     if (r.outcome != SweepResult::Outcome::pass && r.outcome != SweepResult::Outcome::refused) save_state();
     else if (std::chrono::steady_clock::now() - last_save >= std::chrono::seconds(2)) save_state();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -388,10 +389,10 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       if (terminal) out << '\r' << line << "   " << std::flush;
       else out << "progress: " << line << '\n' << std::flush;
     }
-    // A target whose machinery fails case after case gives no true count: stop, resumable.
-    if (consecutive_infra >= 3) {
+    // A target whose machinery keeps failing gives no true count: stop, resumable.
+    if (const std::optional<std::string> why = fuzz::machinery_failing(machinery)) {
       stopped = true;
-      if (!o.json) out << "\nthree infrastructure errors in a row: the sweep stops (it resumes from " << state << ")\n";
+      if (!o.json) out << "\n" << *why << ": the sweep stops (it resumes from " << state << ")\n";
       break;
     }
   }

@@ -1,5 +1,6 @@
 #include "fuzz/sweep.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,7 @@
 
 #include "casefile/case.h"
 #include "casefile/case_file.h"
+#include "io/atomic_file.h"
 #include "io/json_read.h"
 #include "run/case_job.h"
 #include "topologies/enumerate.h"
@@ -175,6 +177,17 @@ std::optional<std::string> model_disagreement(const oracle::Verdict& predicted, 
   return std::nullopt;
 }
 
+std::optional<std::string> machinery_failing(const std::vector<bool>& ran) {
+  std::size_t in_a_row = 0;
+  for (auto it = ran.rbegin(); it != ran.rend() && *it; ++it) ++in_a_row;
+  if (in_a_row >= 3) return "three infrastructure errors in a row";
+  const std::size_t window = std::min(ran.size(), kMachineryWindow);
+  const auto errors = std::count(ran.end() - static_cast<std::ptrdiff_t>(window), ran.end(), true);
+  if (window == kMachineryWindow && 2 * static_cast<std::size_t>(errors) >= kMachineryWindow)
+    return std::to_string(errors) + " infrastructure errors in the last " + std::to_string(kMachineryWindow) + " cases";
+  return std::nullopt;
+}
+
 SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const SweepRunOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   SweepResult r;
@@ -217,6 +230,9 @@ SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const Sweep
     c.expect = run::observed_expectation(verdict);
     if (std::optional<casefile::RealTarget> section = target.saved_section(c, r.case_file)) c.target = *section;
     casefile::write_case_file(r.case_file, c);
+    if (verdict.kind == oracle::Verdict::Kind::infra_error)
+      io::write_file_atomically((std::filesystem::path(options.corpus_dir) / (sc.id + ".infra-error.txt")).string(),
+                                r.detail + "\n", "infrastructure error's message");
   }
   if (options.on_failure) options.on_failure(sc, c, verdict, r.case_file);
   return finish();
@@ -251,8 +267,13 @@ nlohmann::ordered_json sweep_report_json(const SweepReport& report) {
 SweepReport read_sweep_report(std::string_view text, std::string_view source) {
   using nlohmann::json;
   SweepReport r;
+  json j;
   try {
-    const json j = io::parse_json(text, source);
+    j = io::parse_json(text, source);  // its messages name `source` already
+  } catch (const io::JsonReadError& error) {
+    throw std::runtime_error(error.what());
+  }
+  try {
     const auto count = [](std::int64_t& target) {
       return [&target](const json& v, const std::string& p) { target = io::read_integer(v, p, 0, std::int64_t{1} << 50); };
     };

@@ -149,6 +149,13 @@ struct SweepRunOptions {
 // more of them than tally's model does for one miscount.
 std::optional<std::string> model_disagreement(const oracle::Verdict& predicted, const oracle::Verdict& observed);
 
+// Whether a sweep stops because its target's machinery fails: `ran` holds, oldest first, whether each
+// case that ran (refused ones left out) was an infrastructure error. Three in a row, or half of the
+// last ten: a worker that breaks every other case gives no true count either. One line saying
+// which, or nullopt to go on.
+inline constexpr std::size_t kMachineryWindow = 10;
+std::optional<std::string> machinery_failing(const std::vector<bool>& ran);
+
 // Runs one case of a sweep on `target`: what no release runs, then, opened for its world, what its
 // release does not run (refused, with the reason), then the run. A failure is saved with the
 // expectation it showed and, for a real target, the run's manifests next to it (a case file

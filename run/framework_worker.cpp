@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <string_view>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,7 @@
 #include "oracle/ground_truth.h"
 #include "oracle/judge.h"
 #include "run/process_tree.h"
+#include "run/worker_log.h"
 #include "run/target_run.h"
 #include "topologies/logical_model.h"
 
@@ -60,6 +62,12 @@ constexpr double kTerminateSeconds = 2.0;
 // How often the pool records the processes of a running worker (run/process_tree.h): a rank its
 // launcher leaves behind is found only through a record made while the launcher lived.
 constexpr double kTrackSeconds = 0.25;
+// How long tally waits for the processes of a killed worker to die, to reap those it took in.
+constexpr double kReapSeconds = 2.0;
+// The environment variable every process of a worker inherits: its queue folder.
+constexpr const char* kWorkerTagVariable = "TALLY_WORKER_QUEUE";
+// How many earlier cases of a queue are named when their manifests come back for a later one.
+constexpr std::size_t kRememberedCases = 256;
 
 // What a worker's files may hold: a hello and a result are small (run/worker_files.h); a log is
 // read only in part.
@@ -219,6 +227,20 @@ casefile::Case request_case(casefile::Case c) {
   return c;
 }
 
+// FNV-1a, 64 bits: a request's identity against accidents (a stale answer), not against an adversary.
+struct Fnv1a {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  void add(std::string_view bytes) {
+    for (unsigned char b : bytes) hash = (hash ^ b) * 0x100000001b3ull;
+    hash = (hash ^ 0xff) * 0x100000001b3ull;  // a separator: ("ab", "c") is not ("a", "bc")
+  }
+  std::string hex() const {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+    return text;
+  }
+};
+
 std::string case_key(const casefile::Case& c) {
   return casefile::case_to_json(request_case(c)).dump();
 }
@@ -247,7 +269,16 @@ LogicalGradients logical_gradients(const casefile::Case& c) {
     for (std::int64_t e = 0; e < p.numel; ++e)
       out.values.push_back(kernels::stored_value(spec, key, static_cast<std::uint64_t>(e)));
   }
+  // The request's identity: what the worker is asked to run and with which values. A worker echoes
+  // it in every manifest, so manifests of another case (a queue loop one case behind) are told apart
+  // from a framework's miscount.
+  Fnv1a digest;
+  digest.add(casefile::case_to_text(request_case(c)));
+  digest.add(params.dump());
+  digest.add(std::string_view(reinterpret_cast<const char*>(out.values.data()), out.values.size() * sizeof(float)));
+  out.case_digest = digest.hex();
   nlohmann::ordered_json index = {{"tally_gradients", 1},
+                                  {"case_digest", out.case_digest},
                                   {"dtype", "float32"},
                                   {"elements", out.values.size()},
                                   {"params", std::move(params)}};
@@ -274,27 +305,53 @@ struct WorkerPool::Worker {
   int world = 0;
   fs::path queue;
   pid_t pid = -1;  // the launcher (/bin/sh exec'ing the command), not yet reaped; -1: not running
+  // In the environment of every process the worker starts (kWorkerTagVariable=<queue>): a
+  // descendant that detached and was re-parented to tally (the subreaper) is known by it.
+  std::string tag;
+  std::unique_ptr<WorkerLog> log;
   // Every process of the worker seen so far: ranks in sessions of their own (torchrun's) are
   // found only through their parents, so the tree is recorded while the launcher lives.
   std::vector<ProcessId> tree;
   Clock::time_point tracked{};
   WorkerHello hello;
   std::int64_t next_case = 1;
+  // The digests of the cases sent to this start's queue, newest last (at most kRememberedCases), so
+  // that manifests of an earlier case are named as that case's.
+  std::deque<std::pair<std::string, std::string>> sent;
+  void remember(const std::string& digest, const std::string& name) {
+    sent.emplace_back(digest, name);
+    if (sent.size() > kRememberedCases) sent.pop_front();
+  }
   int starts = 0;  // each start has its own queue folder
 
   // Records the worker's processes, at most every kTrackSeconds unless `now`.
   void track(bool now = false) {
     if (pid <= 0 || (!now && seconds_since(tracked) < kTrackSeconds)) return;
-    tree = merge_trees(tree, process_tree(pid, process_table()));
+    const std::vector<ProcessEntry> table = process_table();
+    tree = merge_trees(tree, process_tree(pid, table));
+    adopt(table);
     tracked = Clock::now();
+  }
+
+  // The worker's orphans that tally, their subreaper, took in: children of tally carrying its tag.
+  void adopt(const std::vector<ProcessEntry>& table) {
+    const pid_t self = ::getpid();
+    for (const ProcessEntry& e : table)
+      if (e.parent == self && e.id.pid != pid && !e.zombie && environment_holds(e.id.pid, tag))
+        tree = merge_trees(tree, process_tree(e.id.pid, table));
   }
 
   // Whether the launcher has exited (then reaped, its `status` set).
   bool exited(int& status) { return pid > 0 && ::waitpid(pid, &status, WNOHANG) == pid; }
 
-  // The launcher has exited and is reaped: kills what it left behind.
-  void end_leftovers() {
-    kill_tree(0, tree);
+  // The launcher has exited and is reaped: kills what it left behind (also what `killed` names,
+  // already killed), and reaps those re-parented to tally.
+  void end_leftovers(std::vector<ProcessId> killed = {}) {
+    adopt(process_table());
+    const std::vector<ProcessId> now_killed = kill_tree(0, tree);
+    killed.insert(killed.end(), now_killed.begin(), now_killed.end());
+    killed.insert(killed.end(), tree.begin(), tree.end());
+    reap_children(std::move(killed), kReapSeconds);
     pid = -1;
     tree.clear();
   }
@@ -302,6 +359,8 @@ struct WorkerPool::Worker {
 
 WorkerPool::WorkerPool(WorkerOptions options) : options_(std::move(options)) {
   if (options_.command.empty()) throw std::invalid_argument("WorkerPool: no worker command");
+  // Orphans of a worker (a rank that detached, a daemon) come back to tally, to be ended with it.
+  become_subreaper();
   if (options_.work_dir.empty()) {
     std::string pattern = (fs::temp_directory_path() / "tally-worker-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr)
@@ -325,9 +384,9 @@ WorkerPool::~WorkerPool() {
   }
 }
 
-std::string WorkerPool::kept_log_tail(const fs::path& log) {
+std::string WorkerPool::kept_log_tail(const Worker& w) {
   keep_root_ = true;  // the message names this log: it must still be there to be read
-  return log_tail(log);
+  return log_tail(w.queue / "worker.log");
 }
 
 void WorkerPool::stop(Worker& w, bool ask) {
@@ -359,11 +418,12 @@ void WorkerPool::stop(Worker& w, bool ask) {
     ::kill(w.pid, SIGTERM);
     exited = wait_exit(kTerminateSeconds);
   }
+  std::vector<ProcessId> killed;
   if (!exited) {
-    kill_tree(w.pid, w.tree);
+    killed = kill_tree(w.pid, w.tree);
     ::waitpid(w.pid, &status, 0);
   }
-  w.end_leftovers();
+  w.end_leftovers(std::move(killed));
 }
 
 WorkerPool::Worker& WorkerPool::worker(int world) {
@@ -387,6 +447,7 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
   fs::create_directories(w.queue, error);
   if (error) throw std::runtime_error("cannot create the worker queue " + w.queue.string() + ": " + error.message());
   w.next_case = 1;
+  w.sent.clear();
   const fs::path log = w.queue / "worker.log";
   const std::string command = "exec " + worker_command_for(options_.command, world) + " --queue '" +
                               w.queue.string() + "' --parent-pid " + std::to_string(::getpid());
@@ -394,18 +455,28 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
     *options_.progress << "starting the world-" << world << " worker: " << command.substr(5) << " (log "
                        << log.string() << ")\n" << std::flush;
 
+  w.log.reset();  // the previous start's
+  w.log = std::make_unique<WorkerLog>(log);
+  w.tag = std::string(kWorkerTagVariable) + "=" + w.queue.string();
+  std::vector<char*> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry)
+    if (!std::string_view(*entry).starts_with(std::string(kWorkerTagVariable) + "=")) environment.push_back(*entry);
+  environment.push_back(w.tag.data());
+  environment.push_back(nullptr);
   posix_spawn_file_actions_t files;
   posix_spawn_file_actions_init(&files);
   posix_spawn_file_actions_addopen(&files, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&files, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&files, w.log->fd(), STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&files, w.log->fd(), STDERR_FILENO);
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);  // its own group: stopping it reaches every rank
+  // A session (and process group) of its own: no signal of tally's terminal reaches it, and stopping
+  // it reaches every rank that stays in it.
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID);
   const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
   pid_t pid = -1;
-  const int spawned = ::posix_spawn(&pid, "/bin/sh", &files, &attributes, const_cast<char**>(argv), environ);
+  const int spawned =
+      ::posix_spawn(&pid, "/bin/sh", &files, &attributes, const_cast<char**>(argv), environment.data());
   posix_spawn_file_actions_destroy(&files);
   posix_spawnattr_destroy(&attributes);
   if (spawned != 0) throw std::runtime_error("cannot start the worker (/bin/sh): " + std::string(std::strerror(spawned)));
@@ -421,13 +492,13 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
       throw std::runtime_error(who + " exited before it was up (" +
                                (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
                                                   : "signal " + std::to_string(WTERMSIG(status))) +
-                               ")" + kept_log_tail(log));
+                               ")" + kept_log_tail(w));
     }
     if (seconds_since(start) > options_.start_seconds) {
       // Not up, so not reading its queue: a stop file would go unread.
       stop(w, /*ask=*/false);
       throw std::runtime_error(who + " was not up after " + seconds_text(options_.start_seconds) +
-                               " s (--start-timeout; it was stopped)" + kept_log_tail(log));
+                               " s (--start-timeout; it was stopped)" + kept_log_tail(w));
     }
     w.track();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -476,6 +547,9 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   const fs::path engine_file = w.queue / (name + ".engine.json");
 
   const LogicalGradients gradients = logical_gradients(c);
+  SentRequest sent{name, gradients.case_digest, {}};
+  for (const auto& [digest, earlier] : w.sent) sent.earlier.emplace(digest, earlier);
+  w.remember(gradients.case_digest, name);
   io::write_file_atomically(
       gradients_values.string(),
       std::string_view(reinterpret_cast<const char*>(gradients.values.data()), gradients.values.size() * sizeof(float)),
@@ -496,18 +570,17 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     fs::remove(engine_file, ignored);
   };
   const std::string worker_call = w.hello.framework + " worker (world " + std::to_string(w.world) + ")";
-  const fs::path log = w.queue / "worker.log";
   while (!fs::exists(fs::symlink_status(result_file))) {
     int status = 0;
     if (w.exited(status)) {
       w.end_leftovers();  // ranks the launcher left behind
       clean_request();
       out.seconds = seconds_since(start);
-      out.verdict = infra_error(worker_call, "the worker exited during " + name + kept_log_tail(log));
+      out.verdict = infra_error(worker_call, "the worker exited during " + name + kept_log_tail(w));
       return out;
     }
     if (seconds_since(start) > options_.case_seconds) {
-      const std::string tail = kept_log_tail(log);
+      const std::string tail = kept_log_tail(w);
       stop(w, /*ask=*/false);  // it is busy with the case: a stop file would go unread
       clean_request();
       out.seconds = seconds_since(start);
@@ -526,7 +599,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     result = read_result(read_worker_file(result_file, kMaxResultBytes));
   } catch (const std::exception& e) {
     // A worker that writes no result it should is not trusted with the next case: restarted.
-    const std::string tail = kept_log_tail(log);
+    const std::string tail = kept_log_tail(w);
     stop(w, /*ask=*/false);
     out.verdict = infra_error(worker_call, result_file.string() + " is not a result (" +
                                                shown_line(e.what(), kMaxLineShown) + "; the worker was stopped)" +
@@ -537,14 +610,19 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     // The framework refused the case or failed on it; the log holds its traceback.
     out.verdict = infra_error(w.hello.framework + " " + w.hello.version,
                               shown_line(result.message.empty() ? "error" : result.message, kMaxMessageShown) +
-                                  kept_log_tail(log));
+                                  kept_log_tail(w));
+  } else if (std::error_code error; fs::symlink_status(manifests, error).type() != fs::file_type::directory) {
+    const fs::file_type type = fs::symlink_status(manifests, error).type();
+    out.verdict = infra_error(worker_call, "the worker answered \"ok\" to " + name + " but left no folder of manifests: " +
+                                               manifests.string() + " is " +
+                                               (type == fs::file_type::not_found ? "missing" : "not a folder") + kept_log_tail(w));
   } else {
     try {
-      out.verdict = judge_target_run(c, manifests.string(), options_.rtol);
-      out.manifests = manifests.string();
+      out.verdict = judge_target_run(c, manifests.string(), options_.rtol, &sent);
     } catch (const std::exception& e) {
       out.verdict = infra_error("reading the manifests of " + name, e.what());
     }
+    out.manifests = manifests.string();  // the evidence of the verdict
   }
   if (out.verdict.kind == oracle::Verdict::Kind::pass && !options_.keep_passing) {
     std::error_code ignored;
@@ -552,9 +630,11 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     fs::remove(result_file, ignored);
     fs::remove(request, ignored);
     out.manifests.clear();
-  } else if (!out.manifests.empty()) {
-    failing_runs_[case_key(c)] = out.manifests;
   }
+  // The most recent run of the case is its evidence: an earlier run's manifests never stand for a
+  // later run that left none.
+  if (!out.manifests.empty()) failing_runs_[case_key(c)] = out.manifests;
+  else failing_runs_.erase(case_key(c));
   return out;
 }
 

@@ -68,6 +68,9 @@ struct WorkerRun {
 
 // The logical gradients of a case, as the request files hold them.
 struct LogicalGradients {
+  // The request's identity (16 hex digits): a digest of the case as sent, the index and the values.
+  // It is in the index, and every rank's manifest of the run must echo it.
+  std::string case_digest;
   std::string index_json;     // case-<K>.gradients.json
   std::vector<float> values;  // case-<K>.gradients.f32, in the index's order
 };
@@ -104,9 +107,9 @@ class WorkerPool {
   // tells its launcher to terminate, and after a short grace kills every process left of it
   // (run/process_tree.h: ranks in sessions of their own too).
   void stop(Worker& w, bool ask = true);
-  // The end of a worker's log for an infrastructure error's message; the pool then keeps its
-  // temporary folder, so the log the message names outlives tally.
-  std::string kept_log_tail(const std::filesystem::path& log);
+  // The end of a worker's log for an infrastructure error's message;
+  // the pool then keeps its temporary folder, so the log the message names outlives tally.
+  std::string kept_log_tail(const Worker& w);
 
   WorkerOptions options_;
   std::string root_;

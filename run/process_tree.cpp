@@ -3,13 +3,18 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace tally::run {
 
@@ -36,6 +41,7 @@ std::optional<StatLine> read_stat(pid_t pid) {
   StatLine line;
   line.entry.id.pid = pid;
   line.state = close[2];
+  line.entry.zombie = line.state == 'Z' || line.state == 'X';
   const char* field = close + 2;  // field 3, the state
   for (int number = 3; number <= 22 && *field != '\0'; ++number) {
     if (number == 4) line.entry.parent = static_cast<pid_t>(std::strtol(field, nullptr, 10));
@@ -99,7 +105,7 @@ std::vector<ProcessId> merge_trees(const std::vector<ProcessId>& known, const st
   return out;
 }
 
-void kill_tree(pid_t root, const std::vector<ProcessId>& known) {
+std::vector<ProcessId> kill_tree(pid_t root, const std::vector<ProcessId>& known) {
   std::vector<ProcessId> victims;
   std::vector<ProcessEntry> table = process_table();
   if (root > 0) victims = process_tree(root, table);
@@ -113,6 +119,58 @@ void kill_tree(pid_t root, const std::vector<ProcessId>& known) {
       if (contains(victims, e.parent) && !contains(victims, e.id.pid)) victims.push_back(e.id);
   }
   for (const ProcessId& p : victims) ::kill(p.pid, SIGKILL);
+  return victims;
+}
+
+bool become_subreaper() {
+#ifdef PR_SET_CHILD_SUBREAPER
+  return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
+#else
+  return false;
+#endif
+}
+
+bool environment_holds(pid_t pid, std::string_view entry) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/environ";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  // Entries are NUL-terminated; an environment is read up to 4 MiB (far more than a shell passes on).
+  std::string text;
+  char buffer[1 << 15];
+  for (ssize_t n; text.size() < (std::size_t{4} << 20) && (n = ::read(fd, buffer, sizeof buffer)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\0', at), text.size());
+    if (std::string_view(text).substr(at, end - at) == entry) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+void reap_children(std::vector<ProcessId> ended, double seconds) {
+  const pid_t self = ::getpid();
+  const auto start = std::chrono::steady_clock::now();
+  while (!ended.empty()) {
+    std::vector<ProcessId> left;
+    for (const ProcessId& p : ended) {
+      const std::optional<StatLine> line = read_stat(p.pid);
+      if (!line || line->entry.id.start_time != p.start_time) continue;  // gone (reaped by its parent)
+      if (line->entry.parent == self) {
+        if (::waitpid(p.pid, nullptr, WNOHANG) != p.pid) left.push_back(p);  // still dying
+      } else if (contains(ended, line->entry.parent)) {
+        left.push_back(p);  // ours once its parent, one of `ended`, is reaped
+      }
+    }
+    ended = std::move(left);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= seconds) break;
+    if (!ended.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace tally::run

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <string_view>
 #include <vector>
 
 namespace tally::run {
@@ -21,6 +22,7 @@ struct ProcessId {
 struct ProcessEntry {
   ProcessId id;
   pid_t parent = 0;
+  bool zombie = false;  // ended, not yet reaped by its parent
 };
 
 // Every process now in /proc (zombies included), with its parent.
@@ -39,7 +41,23 @@ bool still_running(const ProcessId& p);
 // Kills the tree of `root` (no root when 0) and `known` (collected earlier; each only while it is
 // still the process it was) with every descendant they have now. Each is stopped first, and the
 // table read again until no new descendant appears, so none escapes by starting another; then all
-// get SIGKILL. A zombie is left to its parent to reap (the root's, to the caller).
-void kill_tree(pid_t root, const std::vector<ProcessId>& known);
+// get SIGKILL. Returns them. A zombie is left to its parent to reap (the root's, to the caller;
+// reap_children for those re-parented to this process).
+std::vector<ProcessId> kill_tree(pid_t root, const std::vector<ProcessId>& known);
+
+// Makes this process the reaper of the orphans below it (Linux's PR_SET_CHILD_SUBREAPER): a
+// worker's descendant that detaches (a session of its own, a double fork) and outlives its parent is
+// re-parented to this process instead of init, so it is still found, and ended, with its worker.
+// false where the system has no such thing.
+bool become_subreaper();
+
+// Whether `pid`'s environment (as it was started) holds the entry `entry` ("NAME=value") exactly;
+// false when it cannot be read (another user's process, a zombie).
+bool environment_holds(pid_t pid, std::string_view entry);
+
+// Reaps each of `ended` that is, or becomes within `seconds` (its own parent reaped first), a child
+// of this process, leaving no zombie of a killed tree behind. Never waits for a process that is
+// not one of `ended`.
+void reap_children(std::vector<ProcessId> ended, double seconds);
 
 }  // namespace tally::run

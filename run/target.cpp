@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "run/deepspeed/target_row.h"
+#include "run/evidence.h"
 #include "run/torchtitan/target_row.h"
 #include "vocab/optimizer_models.h"
 #include "run/megatron_core/target_row.h"
@@ -85,13 +86,11 @@ class WorkerTarget final : public Target {
     if (case_path.empty() || !manifests) return target;
     fs::path saved(case_path);
     saved.replace_extension(".manifests");
-    std::error_code error;
-    fs::remove_all(saved, error);
-    fs::create_directories(saved, error);
-    if (!error) fs::copy(*manifests, saved, fs::copy_options::recursive | fs::copy_options::overwrite_existing, error);
-    if (error)
-      throw std::runtime_error("cannot save the manifests of " + case_path + " in " + saved.string() + ": " +
-                               error.message());
+    try {
+      copy_evidence(*manifests, saved);  // what it cannot copy of a worker's folder, it lists there
+    } catch (const std::exception& error) {
+      throw std::runtime_error("cannot save the manifests of " + case_path + ": " + error.what());
+    }
     target.manifests = saved.filename().string();
     return target;
   }

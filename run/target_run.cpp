@@ -147,13 +147,35 @@ oracle::Verdict judge_target_manifests(const casefile::Case& c, const manifest::
   return oracle::judge(run, truth_of(model, c.path), bounds, &gradients);
 }
 
-oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir, double rtol) {
+std::optional<std::string> manifests_not_of_request(const manifest::RunManifests& manifests,
+                                                    const SentRequest& request) {
+  for (const manifest::RankManifest& m : manifests.ranks) {
+    const std::string rank = "rank " + std::to_string(m.rank) + "'s manifest";
+    if (!m.case_digest)
+      return rank + " does not echo " + request.name + "'s case_digest " + request.digest + " (from " + request.name +
+             ".gradients.json): a worker writes it into every manifest, so that tally knows they answer the case it "
+             "sent (docs/real-targets.md)";
+    if (*m.case_digest == request.digest) continue;
+    const auto earlier = request.earlier.find(*m.case_digest);
+    return rank + " is of another case: it echoes case_digest " + *m.case_digest +
+           (earlier != request.earlier.end() ? " (" + earlier->second + "'s)" : " (of no case tally sent this worker)") +
+           ", not " + request.name + "'s " + request.digest + ": the worker answered " + request.name +
+           " with the manifests of " + (earlier != request.earlier.end() ? earlier->second : "another case");
+  }
+  return std::nullopt;
+}
+
+oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir, double rtol,
+                                 const SentRequest* request) {
   manifest::RunManifests manifests;
   try {
     manifests = manifest::load_run(dir, 1);
   } catch (const std::exception& e) {
     return oracle::infra_error_verdict("reading the manifests in " + dir, e.what());
   }
+  if (request)
+    if (std::optional<std::string> why = manifests_not_of_request(manifests, *request))
+      return oracle::infra_error_verdict("the manifests in " + dir, *why);
   try {
     return judge_target_manifests(c, manifests, rtol);
   } catch (const manifest::ManifestError& e) {  // the run as a whole (manifest/to_record.h)

@@ -6,6 +6,7 @@
 // verdict: they say nothing about how the framework counts the case.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -27,9 +28,25 @@ std::optional<std::string> manifests_not_of_case(const casefile::Case& c, const 
 record::RunRecord record_in_model_order(const manifest::RunManifests& manifests,
                                         const topologies::LogicalModel& model);
 
+// The request a worker's run answers (run/framework_worker.h): its case's name on the queue and
+// the digest every manifest must echo, and the cases sent before it on that queue by digest, so
+// that manifests of one of them are named as that case's.
+struct SentRequest {
+  std::string name;    // "case-4"
+  std::string digest;  // case-4.gradients.json's case_digest
+  std::map<std::string, std::string> earlier;  // digest -> name
+};
+
+// Why `manifests` do not answer `request`: a rank whose manifest echoes no digest, or another
+// case's (named where it was sent before); nullopt when every rank echoes the request's.
+std::optional<std::string> manifests_not_of_request(const manifest::RunManifests& manifests,
+                                                    const SentRequest& request);
+
 // Judges the manifests in `dir` as a run of `c` with relative tolerance `rtol`. A folder that
-// cannot be read, or manifests of another case, give an infra-error verdict naming `dir`.
-oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir, double rtol);
+// cannot be read, manifests that do not answer `request` (where given: a worker's run), or
+// manifests of another case, give an infra-error verdict naming `dir`.
+oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir, double rtol,
+                                 const SentRequest* request = nullptr);
 
 // The same for manifests already read.
 oracle::Verdict judge_target_manifests(const casefile::Case& c, const manifest::RunManifests& manifests,

@@ -27,6 +27,30 @@ std::string read_text(const json& value, const std::string& path) {
   return text;
 }
 
+// A release as the framework's package states it: numbers for major and minor (and more), then
+// optionally a local or pre-release tail ("0.19.2", "0.19.2rc1", "2.11.0+cu130"). The targets' rules
+// compare major and minor (megatron-core 0.19 or later), so anything else is refused, never read
+// as some release.
+std::string read_version(const json& value, const std::string& path) {
+  std::string version = read_text(value, path);
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  std::size_t at = 0;
+  int numbers = 0;
+  while (at < version.size() && digit(version[at])) {
+    while (at < version.size() && digit(version[at])) ++at;
+    ++numbers;
+    if (at + 1 < version.size() && version[at] == '.' && digit(version[at + 1])) ++at;
+    else break;
+  }
+  const bool tail_ok = std::all_of(version.begin() + static_cast<std::ptrdiff_t>(at), version.end(), [&](char c) {
+    return digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' || c == '+' || c == '-' || c == '_';
+  });
+  if (numbers < 2 || !tail_ok)
+    io::fail(path, "expected a release such as \"0.19.2\" (numbers for major and minor, then letters, digits, "
+                   "'.', '+', '-' or '_'), got " + io::shown(value));
+  return version;
+}
+
 // plants and cannot_plant: catalog fault name -> how (or why not). A name tally's catalog lacks is
 // a fault renamed or removed on one side only: tally would never ask for it, and the worker's
 // tables are checked against the catalog by name (tests/adapters).
@@ -88,7 +112,7 @@ WorkerHello read_hello(std::string_view text) {
   io::read_object(
       j, "hello",
       {text_field("framework", h.framework),
-       text_field("version", h.version),
+       {"version", [&](const json& v, const std::string& p) { h.version = read_version(v, p); }},
        {"world",
         [&](const json& v, const std::string& p) {
           h.world = static_cast<int>(io::read_integer(v, p, 1, topologies::kMaxWorld));

@@ -24,6 +24,7 @@
 #include "run/run_case.h"
 #include "run/target.h"
 #include "topologies/logical_model.h"
+#include "vocab/optimizer_models.h"
 
 namespace tally::run {
 namespace {
@@ -122,15 +123,94 @@ TEST(WorkerPool, AFrameworkHoldingGradientsOtherThanTallysFailsNamingTheParamRan
   EXPECT_GT(run.verdict.gradient_mismatches, 8) << "every param's gradient differs";
 }
 
-TEST(WorkerPool, AnAnswerWithThePreviousCasesManifestsFails) {
+// A queue loop one case behind answers case 2 with case 1's manifests: of the same world, topology
+// and model, so only the request's digest tells them apart. Never a verdict on the framework.
+TEST(WorkerPool, AnAnswerWithThePreviousCasesManifestsIsAnInfraErrorNamingBothCases) {
   const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "stale");
   WorkerPool pool(stand_in_options());
   casefile::Case next = clipped_case();
+  next.path.optimizer = vocab::OptimizerModel::distributed;
   next.path.gradients.generator.seed += 7;
   EXPECT_EQ(pool.execute(clipped_case()).verdict.kind, oracle::Verdict::Kind::pass);
   const WorkerRun run = pool.execute(next);
-  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::fail) << run.verdict.infra_message;
-  EXPECT_TRUE(failed_on(run.verdict, "held-gradients"));
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error) << "not a verdict";
+  EXPECT_NE(run.verdict.infra_message.find("rank 0's manifest is of another case: it echoes case_digest "),
+            std::string::npos)
+      << run.verdict.infra_message;
+  EXPECT_NE(run.verdict.infra_message.find("(case-1's), not case-2's "), std::string::npos) << run.verdict.infra_message;
+  EXPECT_NE(run.verdict.infra_message.find("the worker answered case-2 with the manifests of case-1"), std::string::npos)
+      << run.verdict.infra_message;
+  EXPECT_FALSE(run.manifests.empty()) << "what the worker answered is the evidence of its error";
+}
+
+TEST(WorkerPool, ManifestsThatDoNotEchoTheRequestAreAnInfraErrorNotAVerdict) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "no-digest");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_NE(run.verdict.infra_message.find("rank 0's manifest does not echo case-1's case_digest "), std::string::npos)
+      << run.verdict.infra_message;
+}
+
+TEST(WorkerPool, EachRequestCarriesTheDigestItsManifestsEcho) {
+  const LogicalGradients a = logical_gradients(founding_case());
+  casefile::Case other = founding_case();
+  other.path.optimizer = vocab::OptimizerModel::distributed;
+  const LogicalGradients b = logical_gradients(other);
+  casefile::Case other_values = founding_case();
+  other_values.path.gradients.generator.seed += 1;
+  EXPECT_EQ(a.case_digest.size(), 16u);
+  EXPECT_EQ(a.case_digest, logical_gradients(founding_case()).case_digest) << "the same request, the same digest";
+  EXPECT_NE(a.case_digest, b.case_digest) << "another optimizer model";
+  EXPECT_NE(a.case_digest, logical_gradients(other_values).case_digest) << "other gradients";
+  casefile::Case described = founding_case();
+  described.description = "a case file's own words";
+  EXPECT_EQ(a.case_digest, logical_gradients(described).case_digest) << "what the worker is not sent is not in it";
+  EXPECT_NE(a.index_json.find("\"case_digest\": \"" + a.case_digest + "\""), std::string::npos) << a.index_json;
+}
+
+TEST(WorkerPool, AnOkWithoutAFolderOfManifestsIsAnInfraErrorWithNoEvidence) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "no-manifests");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_EQ(run.verdict.infra_message.rfind("the worker answered \"ok\" to case-1 but left no folder of manifests: ", 0), 0u)
+      << run.verdict.infra_message;
+  EXPECT_TRUE(run.manifests.empty());
+  EXPECT_FALSE(pool.manifests_of(founding_case())) << "no earlier run's manifests stand for this one";
+  EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass) << "the next case runs";
+}
+
+// What a worker left in place of its manifests (a FIFO, a link to a device) is part of its error:
+// the case is saved with what could be copied, and the rest listed, never a second failure.
+void expect_saved_with_what_it_left(const char* mode, const std::string& listed) {
+  const WorkerEnvironment env("TALLY_TEST_WORKER_MODE", mode);
+  const fs::path dir = fs::temp_directory_path() / ("tally-evidence-" + std::string(mode) + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::unique_ptr<Target> target = framework_target(*framework_target("megatron-core"), stand_in_options());
+  const TargetRun run = target->execute(founding_case(), false);
+  ASSERT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error) << mode;
+  EXPECT_NE(run.verdict.infra_message.find(listed), std::string::npos) << run.verdict.infra_message;
+  const std::string saved = (dir / "case.json").string();
+  std::optional<casefile::RealTarget> section;
+  ASSERT_NO_THROW(section = target->saved_section(founding_case(), saved)) << mode;
+  ASSERT_TRUE(section);
+  EXPECT_EQ(section->manifests, "case.manifests");
+  EXPECT_TRUE(fs::is_regular_file(dir / "case.manifests" / "rank-1.json")) << "what could be copied is";
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir / "case.manifests" / "rank-0.json"))) << "never a FIFO or a device";
+  std::ifstream listing(dir / "case.manifests" / "NOT-COPIED.txt");
+  const std::string text((std::istreambuf_iterator<char>(listing)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("rank-0.json: "), std::string::npos) << text;
+  fs::remove_all(dir);
+}
+
+TEST(WorkerTarget, AFifoAsAManifestIsAnInfraErrorSavedWithTheOtherRanksManifests) {
+  expect_saved_with_what_it_left("fifo-manifest", "rank-0.json: is a FIFO");
+}
+
+TEST(WorkerTarget, ALinkToADeviceAsAManifestIsAnInfraErrorSavedWithTheOtherRanksManifests) {
+  expect_saved_with_what_it_left("dev-zero-manifest", "rank-0.json: is a character device");
 }
 
 TEST(WorkerPool, AParamTheFrameworkLeftUnclippedFailsThoughItsCoefficientIsRight) {
@@ -414,6 +494,68 @@ TEST(WorkerPool, AChildInASessionOfItsOwnEndsWithAWorkerThatDies) {
   ASSERT_GT(child, 0);
   EXPECT_TRUE(ends_within(child, 2.0)) << "the dead launcher's child in its own session lingers";
   fs::remove_all(o.work_dir);
+}
+
+// A child started in a session of its own just before the worker dies is never seen in the worker's
+// tree (its parent is gone before tally looks): tally, their subreaper, takes it in, and its
+// environment says whose it is.
+TEST(WorkerPool, AChildDetachedJustBeforeTheWorkerDiesEndsWithIt) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "detach-and-die");
+  WorkerOptions o = stand_in_options();
+  o.work_dir = (fs::temp_directory_path() / ("tally-worker-late-" + std::to_string(::getpid()))).string();
+  WorkerPool pool(o);
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_NE(run.verdict.infra_message.find("the worker exited during case-1"), std::string::npos) << run.verdict.infra_message;
+  std::ifstream in(fs::path(o.work_dir) / "world-2" / "late.pid");
+  pid_t child = 0;
+  in >> child;
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(ends_within(child, 2.0)) << "the child detached before the worker died lingers";
+  EXPECT_FALSE(fs::exists("/proc/" + std::to_string(child))) << "and is reaped, not left a zombie";
+  fs::remove_all(o.work_dir);
+}
+
+TEST(WorkerPool, ADoubleForkedDaemonEndsWithThePool) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "daemon");
+  WorkerOptions o = stand_in_options();
+  o.work_dir = (fs::temp_directory_path() / ("tally-worker-daemon-" + std::to_string(::getpid()))).string();
+  std::vector<pid_t> daemons;
+  {
+    WorkerPool pool(o);
+    EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+    EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+    std::ifstream in(fs::path(o.work_dir) / "daemon.pids");
+    for (pid_t pid = 0; in >> pid;) daemons.push_back(pid);
+    ASSERT_EQ(daemons.size(), 2u);
+    EXPECT_TRUE(running(daemons.front())) << "a daemon runs while its worker does";
+  }
+  for (pid_t daemon : daemons) EXPECT_TRUE(ends_within(daemon, 2.0)) << "daemon " << daemon << " outlived the pool";
+  fs::remove_all(o.work_dir);
+}
+
+TEST(WorkerPool, AFloodingWorkersLogStaysWithinItsBound) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "flood");  // 160 MB a case
+  WorkerOptions o = stand_in_options();
+  o.work_dir = (fs::temp_directory_path() / ("tally-worker-flood-" + std::to_string(::getpid()))).string();
+  {
+    WorkerPool pool(o);
+    EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+    EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+  }
+  const fs::path log = fs::path(o.work_dir) / "world-2" / "worker.log";
+  // The bound, and what a worker printing at full speed adds in the 10 ms between two looks.
+  EXPECT_LE(fs::file_size(log), std::uintmax_t{96} << 20);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("model_worker.sh: world 2 up", 0), 0u) << "the log keeps its start";
+  EXPECT_NE(text.find(" bytes of the worker's output left out here; the newest follow]"), std::string::npos);
+  EXPECT_NE(text.find("model_worker.sh: flooded at case 2", text.size() - (1 << 20)), std::string::npos) << "and its newest lines";
+  fs::remove_all(o.work_dir);
+}
+
+TEST(WorkerPool, AHelloWhoseVersionIsNotAReleaseIsRefusedNotReadAsOne) {
+  expect_hello_refused(hello_error("hello-version-not-a-version"),
+                       "hello.version: expected a release such as \"0.19.2\"");
 }
 
 TEST(WorkerPool, TheWorkDirHoldsOneQueuePerWorld) {

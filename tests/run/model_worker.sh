@@ -11,16 +11,22 @@
 # TALLY_TEST_WORKER_FAULT=NAME plants that catalog fault in every case (the "framework"
 # miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =die-for-good does so and never
 # comes up again (a later start exits before hello), =error reports an error for
-# every case, =hang never answers, =no-hello exits before saying hello, =slow-start never says
+# every case, =error-every-other for every odd case, =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
 # =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Hellos tally
 # must refuse (docs/schemas/hello.schema.json): =hello-world-2.5 and =hello-world-2^40+2 say so as
 # their world, =hello-plants-no-such-fault plants a fault the catalog lacks, =hello-unknown-key adds
-# "gpu_name"; =result-unknown-key answers each case with a result holding "gpu_seconds". Modes whose
+# "gpu_name", =hello-version-not-a-version says its version is "not-a-versioné"; =result-unknown-key answers each case with a result holding "gpu_seconds". Modes whose
 # manifests are self-consistent but not of the gradients tally sent: =other-seed runs each case with
 # the next gradient seed, =stale answers each case after the first with the previous case's
 # manifests, =unclipped-param records the first clipped piece of each rank as left unclipped (the
-# reported coefficient stays right). With
+# reported coefficient stays right); =no-digest leaves out the case_digest every manifest echoes.
+# At case TALLY_TEST_WORKER_AT (default 1) only, and otherwise as asked: =no-manifests answers "ok"
+# without a case-K folder, =fifo-manifest leaves a FIFO as rank 0's manifest, =dev-zero-manifest a
+# symbolic link to /dev/zero, =detach-and-die starts a child in a session of its own and exits at
+# once (its pid in $queue/late.pid); =daemon leaves a double-forked daemon at every case (its pid
+# added to daemon.pids in the pool's folder) and runs the case; =flood prints 160 MB of output at
+# every case and runs it. With
 # TALLY_TEST_WORKER_DETACHED=1 it first starts a child in a session of its own (as torchrun starts
 # its ranks), writing the child's pid to $queue/detached.pid.
 set -u
@@ -36,6 +42,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 mode=${TALLY_TEST_WORKER_MODE:-}
+at=${TALLY_TEST_WORKER_AT:-1}
 framework=${TALLY_TEST_WORKER_FRAMEWORK:-megatron-core}
 version=0.19.2 dtypes=
 # As megatron-core it runs tally's model, which models DDP's path, so it declines Megatron-FSDP and
@@ -76,6 +83,7 @@ case $mode in
   hello-world-2^40+2) hello_world=1099511627778 ;;
   hello-plants-no-such-fault) plants=', "no-such-fault": "a name the catalog lacks"' ;;
   hello-unknown-key) extra=', "gpu_name": "NVIDIA H200"' ;;
+  hello-version-not-a-version) version='not-a-version\u00e9' ;;
 esac
 atomically "$queue/hello.json" \
   "{\"framework\": \"$framework\", \"version\": \"${TALLY_TEST_WORKER_VERSION:-$version}\", \"world\": $hello_world, \"producer\": \"tally model_worker.sh\"$dtypes$declines,
@@ -101,6 +109,22 @@ while :; do
     fi
   done
   case $mode in
+    daemon) sh -c 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! >>"$1"' sh "$(dirname "$queue")/daemon.pids" ;;
+    flood) head -c 160000000 /dev/zero | tr '\0' 'x'; printf '\nmodel_worker.sh: flooded at case %s\n' "$k" ;;
+  esac
+  if [ "$k" = "$at" ]; then
+    case $mode in
+      detach-and-die)
+        setsid sleep 300 </dev/null >/dev/null 2>&1 &
+        echo $! >"$queue/late.pid"
+        exit 5 ;;
+      no-manifests)
+        atomically "$queue/case-$k.result.json" '{"status": "ok"}'
+        k=$((k + 1))
+        continue ;;
+    esac
+  fi
+  case $mode in
     die) exit 5 ;;
     die-for-good) : >"$(dirname "$queue")/died"; exit 5 ;;
     long-line)
@@ -116,6 +140,12 @@ while :; do
       atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework refused the case (as asked)"}'
       k=$((k + 1))
       continue ;;
+    error-every-other)
+      if [ $((k % 2)) = 1 ]; then
+        atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework failed on an odd case (as asked)"}'
+        k=$((k + 1))
+        continue
+      fi ;;
   esac
   # What tally sent besides the case, kept for tests (the pool removes the request's files).
   [ -e "$queue/case-$k.engine.json" ] && cp "$queue/case-$k.engine.json" "$queue/case-$k.engine.seen.json"
@@ -137,6 +167,17 @@ while :; do
 c = json.load(open(sys.argv[1])); c["gradients"]["seed"] += 1; json.dump(c, open(sys.argv[1], "w"))' "$planted"
   "$tally" run "$planted" --manifests "$queue/case-$k" >"$queue/case-$k.log" 2>&1
   rc=$?
+  # Every manifest echoes the request's case_digest (docs/real-targets.md).
+  digest=$(sed -n 's/^ *"case_digest": "\([0-9a-f]*\)",$/\1/p' "$queue/case-$k.gradients.json")
+  [ "$mode" = no-digest ] ||
+    sed -i "s/^  \"tally_manifest\": \([0-9]\),\$/  \"tally_manifest\": \1,\n  \"case_digest\": \"$digest\",/" \
+      "$queue/case-$k"/rank-*.json
+  if [ "$k" = "$at" ]; then
+    case $mode in
+      fifo-manifest) rm -f "$queue/case-$k/rank-0.json" && mkfifo "$queue/case-$k/rank-0.json" ;;
+      dev-zero-manifest) rm -f "$queue/case-$k/rank-0.json" && ln -s /dev/zero "$queue/case-$k/rank-0.json" ;;
+    esac
+  fi
   if [ "$mode" = stale ]; then
     rm -rf "$queue/next-stale" && cp -r "$queue/case-$k" "$queue/next-stale"
     if [ -d "$queue/stale" ]; then rm -rf "$queue/case-$k" && cp -r "$queue/stale" "$queue/case-$k"; fi

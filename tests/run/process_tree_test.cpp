@@ -103,5 +103,44 @@ TEST(ProcessTree, KillingTheKnownReachesAnOrphan) {
   EXPECT_FALSE(running(grandchild)) << "the orphan was found through the tree recorded before";
 }
 
+TEST(ProcessTree, AnOrphanComesBackToItsSubreaperAndIsReapedOnceKilled) {
+  ASSERT_TRUE(become_subreaper());
+  pid_t grandchild = 0;
+  const pid_t child = start_tree_and_read(grandchild);
+  ASSERT_GT(grandchild, 0);
+  ::kill(child, SIGKILL);  // its parent dies before anyone recorded it: a detached orphan
+  ::waitpid(child, nullptr, 0);
+  pid_t parent = 0;
+  for (int i = 0; i < 200; ++i) {
+    for (const ProcessEntry& e : process_table())
+      if (e.id.pid == grandchild) parent = e.parent;
+    if (parent == ::getpid()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(parent, ::getpid()) << "re-parented to this process, not to init";
+  reap_children(kill_tree(grandchild, {}), 2.0);
+  EXPECT_FALSE(running(grandchild));
+  EXPECT_EQ(::kill(grandchild, 0), -1) << "reaped: no zombie left";
+}
+
+TEST(ProcessTree, AProcesssEnvironmentSaysWhoseItIs) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    char entry[] = "TALLY_WORKER_QUEUE=/tmp/q/world-2";
+    char* environment[] = {entry, nullptr};
+    ::execle("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr), environment);
+    ::_exit(127);
+  }
+  bool holds = false;
+  for (int i = 0; i < 200 && !(holds = environment_holds(child, "TALLY_WORKER_QUEUE=/tmp/q/world-2")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // until it has exec'd
+  EXPECT_TRUE(holds);
+  EXPECT_FALSE(environment_holds(child, "TALLY_WORKER_QUEUE=/tmp/q/world-2-2")) << "a whole entry, not a prefix";
+  EXPECT_FALSE(environment_holds(child, "TALLY_WORKER_QUEUE=/tmp/q/world")) << "a whole entry, not a prefix";
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_FALSE(environment_holds(child, "TALLY_WORKER_QUEUE=/tmp/q/world-2")) << "a process that is gone holds nothing";
+}
+
 }  // namespace
 }  // namespace tally::run
