@@ -8,14 +8,15 @@ Needs torch, megatron-core and einops (Megatron-FSDP builds its device mesh with
 4 GPUs or on one GPU with --backend gloo (all ranks share it):
 
     torchrun --standalone --nproc-per-node 4 megatron_0_19_2_fsdp_no_shard_drops_other_ep_experts.py \\
-        [--strategy no_shard|optim|optim_grads|optim_grads_params] [--ep 2] [--backend gloo]
+        [--strategy no_shard|optim|optim_grads|optim_grads_params] [--tp 1] [--ep 2] [--backend gloo]
 
-A GPT of 2 MoE layers (4 experts, hidden 16, linear biases), TP 1, PP 1, wrapped in Megatron-FSDP's
-FullyShardedDataParallel, with the distributed optimizer. The gradients are written straight into
-Megatron-FSDP's gradient buffer (no backward, and no finish_grad_sync: gloo has no reduce_scatter),
-in two passes:
+A GPT of 2 MoE layers (4 experts, hidden 16, linear biases), TP from --tp, EP from --ep, ETP 1,
+PP 1, wrapped in Megatron-FSDP's FullyShardedDataParallel, with the distributed optimizer. The
+gradients are written straight into Megatron-FSDP's gradient buffer (no backward, and no
+finish_grad_sync: gloo has no reduce_scatter), in two passes:
 1. every element 1, so the squared norm is the number of elements counted; counting each logical
-   element once gives the dense elements plus the experts of every EP rank;
+   element once gives the dense elements (a TP-sharded one TP times its local size) plus the experts
+   of every EP rank (whole on each rank at ETP 1);
 2. dense elements 1, expert elements EP rank + 1: the EP ranks now hold different expert gradients,
    and the norm must still be the same number on every rank.
 Rank 0 prints each rank's squared norms, then `DEFECT SHOWN` (every rank exits 1) or
@@ -32,7 +33,7 @@ import torch.distributed as dist
 EXPERTS = 4
 
 
-def build(strategy, ep):
+def build(strategy, tp, ep):
     """The model wrapped in Megatron-FSDP, its optimizer, and its dense and local expert elements."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallelConfig
@@ -44,11 +45,13 @@ def build(strategy, ep):
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    ps.initialize_model_parallel(expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                 expert_tensor_parallel_size=1)
     model_parallel_cuda_manual_seed(1234)
     config = TransformerConfig(
         num_layers=2, hidden_size=16, num_attention_heads=4, add_bias_linear=True, bf16=True,
-        params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, expert_model_parallel_size=ep,
+        params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, tensor_model_parallel_size=tp,
+        sequence_parallel=False, expert_model_parallel_size=ep,
         expert_tensor_parallel_size=1, num_moe_experts=EXPERTS, moe_ffn_hidden_size=32, moe_router_topk=2,
         moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, bias_dropout_fusion=False,
         gradient_accumulation_fusion=False,
@@ -56,8 +59,10 @@ def build(strategy, ep):
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
     gpt = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=64, max_sequence_length=32)
     gpt.cuda(torch.cuda.current_device())
-    # Expert params carry allreduce=False (EP > 1); each EP rank holds other experts of the same shapes.
-    dense = sum(p.numel() for p in gpt.parameters() if getattr(p, "allreduce", True))
+    # Expert params carry allreduce=False (EP > 1 or ETP != TP); each EP rank holds other experts of
+    # the same shapes, whole at ETP 1. A TP-sharded dense param holds 1/TP of its elements here.
+    dense = sum(p.numel() * (tp if getattr(p, "tensor_model_parallel", False) else 1)
+                for p in gpt.parameters() if getattr(p, "allreduce", True))
     expert = sum(p.numel() for p in gpt.parameters() if not getattr(p, "allreduce", True))
     ddp = DistributedDataParallelConfig(
         use_megatron_fsdp=True, use_distributed_optimizer=True, data_parallel_sharding_strategy=strategy,
@@ -88,6 +93,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", choices=["no_shard", "optim", "optim_grads", "optim_grads_params"],
                         default="no_shard", help="data_parallel_sharding_strategy")
+    parser.add_argument("--tp", type=int, default=1, choices=[1, 2, 4])
     parser.add_argument("--ep", type=int, default=2)
     parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
                         help="gloo lets several ranks share one GPU")
@@ -96,7 +102,7 @@ def main():
     dist.init_process_group(args.backend)
     from megatron.core import parallel_state as ps
 
-    model, optimizer, dense, expert = build(args.strategy, args.ep)
+    model, optimizer, dense, expert = build(args.strategy, args.tp, args.ep)
     ep_rank = ps.get_expert_model_parallel_rank()
     squares = []
     for expert_value in (1.0, ep_rank + 1.0):
@@ -112,8 +118,8 @@ def main():
     close = [[abs(s - t) <= 1e-6 * t for s, t in zip(r[2], truth)] for r in results]
     ok = all(all(c) for c in close)
     if dist.get_rank() == 0:
-        print(f"world {dist.get_world_size()}, TP 1, EP {args.ep}, {EXPERTS} experts, {args.strategy}: counting "
-              f"every element once gives {truth[0]} (all gradients 1) and {truth[1]} (experts EP rank + 1)")
+        print(f"world {dist.get_world_size()}, TP {args.tp}, EP {args.ep}, {EXPERTS} experts, {args.strategy}: "
+              f"counting every element once gives {truth[0]} (all gradients 1) and {truth[1]} (experts EP rank + 1)")
         for rank, ((r_ep, r_stats, r_squares), r_close) in enumerate(zip(results, close)):
             print(f"rank {rank} (EP rank {r_ep}, grad-stats group {r_stats}): squared norms "
                   f"{r_squares[0]:.1f} and {r_squares[1]:.1f}: {'ok' if all(r_close) else 'MISCOUNTED'}")
