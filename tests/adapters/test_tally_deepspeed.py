@@ -8,10 +8,54 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 import fault_catalog  # noqa: E402
+import tally_adapters.deepspeed.fused_adam as fused_adam  # noqa: E402
 import tally_adapters.deepspeed.recording as td  # noqa: E402
 import tally_adapters.deepspeed.worker as worker  # noqa: E402
 import tally_adapters.queue as queue  # noqa: E402
 from tally_adapters.manifest import write_atomically  # noqa: E402
+
+
+class FusedAdamArchitectureList(unittest.TestCase):
+    """FusedAdam builds whatever form TORCH_CUDA_ARCH_LIST takes: DeepSpeed 0.19.8's op builder reads
+    only "major.minor[+PTX]" entries (int() of each number), torch writes "9.0a" and "Hopper" too."""
+
+    def test_every_form_torch_takes_becomes_one_deepspeed_reads(self):
+        for given, expected in [
+            ("9.0a", "9.0"),  # the H200 machine's preset: int('0a') failed
+            ("9.0+PTX", "9.0+PTX"),
+            ("8.0;9.0a", "8.0;9.0"),
+            ("8.0 8.6  9.0a+PTX", "8.0;8.6;9.0+PTX"),
+            ("Ampere;Hopper", "8.0;8.6+PTX;9.0+PTX"),
+            ("10.0f;12.0a", "10.0;12.0"),
+            ("9.0;9.0a", "9.0"),
+        ]:
+            with self.subTest(given=given):
+                self.assertEqual(fused_adam.deepspeed_arch_list(given, (9, 0)), expected)
+                for entry in expected.split(";"):  # as DeepSpeed converts each entry
+                    major, minor = entry.split(".")
+                    int(major), int(minor.split("+")[0])
+
+    def test_no_readable_entry_is_the_devices_architecture(self):
+        for given in (None, "", "  ", "sm_90", "compute_90"):
+            with self.subTest(given=given):
+                self.assertEqual(fused_adam.deepspeed_arch_list(given, (9, 0)), "9.0")
+
+    def test_the_variable_is_as_it_was_after_the_build(self):
+        before = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        try:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
+            with fused_adam.arch_list("9.0"):
+                self.assertEqual(os.environ["TORCH_CUDA_ARCH_LIST"], "9.0")
+            self.assertEqual(os.environ["TORCH_CUDA_ARCH_LIST"], "9.0a")
+            os.environ.pop("TORCH_CUDA_ARCH_LIST")
+            with fused_adam.arch_list("9.0"):
+                pass
+            self.assertNotIn("TORCH_CUDA_ARCH_LIST", os.environ)
+        finally:
+            if before is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = before
 
 
 class LocalBox(unittest.TestCase):

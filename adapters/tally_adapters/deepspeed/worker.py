@@ -55,6 +55,7 @@ import sys
 from .. import worker as base
 from ..plants import Patches
 from . import recording as tally_deepspeed
+from .fused_adam import prepare_fused_adam
 from .recording import expert_groups_by_name
 
 SPLIT_DIM = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1,
@@ -908,42 +909,6 @@ def print_gradient_distance(engine, box_of):
             want = torch.from_numpy(box_of(p).copy()).reshape(p.grad.shape)
             distance = float((p.grad.float().cpu() - want).abs().max())
             print(f"rank {dist.get_rank()} {path}: max|grad - tally's value| {distance}", flush=True)
-
-
-def prepare_fused_adam(devices):
-    """Builds DeepSpeed's FusedAdam op (or loads it from torch's extension cache) before the hello,
-    so no case pays for the build or fails on it; returns why it cannot run here, or None.
-
-    Rank 0 builds first while the others wait (the build is once per machine), then each loads it;
-    every rank learns the first rank's failure. On a GPU with TORCH_CUDA_ARCH_LIST unset, the op
-    builder would read torch's own architecture list, whose "9.0a" it cannot parse
-    (`invalid literal for int() with base 10: '0a'`): the list is set to this device's."""
-    import torch
-    import torch.distributed as dist
-
-    if devices and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        major, minor = torch.cuda.get_device_capability()
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
-
-    def load():
-        try:
-            from deepspeed.ops.op_builder import FusedAdamBuilder
-
-            FusedAdamBuilder().load(verbose=False)
-        except Exception as error:  # the compiler's or the loader's error, whatever its class
-            first = (str(error).strip().splitlines() or [""])[0][:300]
-            arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "unset")
-            return (f"DeepSpeed's FusedAdam op did not build on rank {dist.get_rank()} "
-                    f"(TORCH_CUDA_ARCH_LIST {arch}): {type(error).__name__}: {first}")
-        return None
-
-    reason = load() if dist.get_rank() == 0 else None
-    dist.barrier()
-    if dist.get_rank() != 0:
-        reason = load()
-    reasons = [None] * dist.get_world_size()
-    dist.all_gather_object(reasons, reason)
-    return next((r for r in reasons if r), None)
 
 
 def client_optimizer(module, layers, fused_adam):
