@@ -357,6 +357,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["known"] = result.failures.size() - new_failures;
     j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
     if (!result.cases_by_norm_code.empty()) j["cases_by_norm_code"] = result.cases_by_norm_code;
+    if (!result.refused_by_reason.empty()) j["refused_by_reason"] = result.refused_by_reason;
     out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
   } else {
     const std::size_t failures = result.failures.size();
@@ -384,6 +385,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
       }
       out << '\n';
     }
+    // What the framework itself declined, by its reason: what this campaign could not reach.
+    for (const auto& [why, n] : result.refused_by_reason) out << "  refused " << n << "x by " << why << '\n';
     if (result.infra_error) out << infra_stop_text(*result.infra_error);
     std::map<std::string, int> known_counts;
     for (const fuzz::Failure& f : result.failures)

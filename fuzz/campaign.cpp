@@ -34,6 +34,17 @@ void ensure_dir(const std::string& dir) {
 
 std::string fault_names(const casefile::Case& c) { return vocab::fault_list(c.path.faults); }
 
+// Why a framework declined a case, as its refusals are counted: who, and the framework's message
+// without the rank that said it first (every rank says the same).
+std::string refusal_reason(const oracle::Verdict& v) {
+  std::string why = v.infra_message;
+  if (why.starts_with("rank ")) {
+    const std::size_t colon = why.find(": ");
+    if (colon != std::string::npos && why.find_first_not_of("0123456789", 5) == colon) why.erase(0, colon + 2);
+  }
+  return v.infra_call + ": " + why;
+}
+
 }  // namespace
 
 std::string_view stop_name(CampaignResult::Stop stop) {
@@ -194,7 +205,8 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       stop_at_infra_error(index, /*while_shrinking=*/false);
       break;
     }
-    if (verdict.kind == oracle::Verdict::Kind::pass) {
+    if (verdict.kind == oracle::Verdict::Kind::refused) ++result.refused_by_reason[refusal_reason(verdict)];
+    if (verdict.kind == oracle::Verdict::Kind::pass || verdict.kind == oracle::Verdict::Kind::refused) {
       observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());
       continue;
     }
@@ -292,11 +304,14 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, run::Target&
   // without it.
   const CaseRunner attributed = [&run](const casefile::Case& c) {
     const oracle::Verdict verdict = run(c);
-    if (verdict.kind == oracle::Verdict::Kind::pass || c.path.faults.empty()) return verdict;
+    if (verdict.kind == oracle::Verdict::Kind::pass || verdict.kind == oracle::Verdict::Kind::refused ||
+        c.path.faults.empty())
+      return verdict;
     casefile::Case without = c;
     without.path.faults = {};
     const oracle::Verdict unplanted = run(without);
-    if (unplanted.kind == oracle::Verdict::Kind::infra_error) return unplanted;  // no verdict either way
+    if (unplanted.kind == oracle::Verdict::Kind::infra_error || unplanted.kind == oracle::Verdict::Kind::refused)
+      return unplanted;  // no verdict either way
     return unplanted.kind == oracle::Verdict::Kind::pass ? verdict : oracle::Verdict{};
   };
   const CaseRunner& runner = opened.framework ? attributed : run;

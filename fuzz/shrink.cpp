@@ -100,8 +100,9 @@ ShrinkOutcome shrink_failure(const rc::Shrinkable<casefile::Case>& failing, cons
         continue;
       }
       if (!fails_the_same_way(signature, got)) {
-        ++(got.kind == oracle::Verdict::Kind::pass ? outcome.progress.last_round.passed
-                                                   : outcome.progress.last_round.failed_otherwise);
+        ++(got.kind == oracle::Verdict::Kind::pass      ? outcome.progress.last_round.passed
+           : got.kind == oracle::Verdict::Kind::refused ? outcome.progress.last_round.invalid
+                                                        : outcome.progress.last_round.failed_otherwise);
         continue;
       }
       current = std::move(*candidate);

@@ -50,7 +50,7 @@ struct ShrinkLimits {
 struct LastRound {
   int passed = 0;            // the candidate passed: the smaller case does not show the failure
   int failed_otherwise = 0;  // it failed, with another signature (or an infrastructure error)
-  int invalid = 0;           // not a valid case, or its generation gave up: not run
+  int invalid = 0;           // not a valid case, its generation gave up, or the framework declined it
 };
 
 struct ShrinkProgress {

@@ -211,6 +211,11 @@ SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const Sweep
   casefile::Case c = sc.c;
   if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
   const oracle::Verdict verdict = target.execute(c, /*keep_record=*/false).verdict;
+  if (verdict.kind == oracle::Verdict::Kind::refused) {  // the framework's own check, at set-up
+    r.outcome = SweepResult::Outcome::refused;
+    r.detail = verdict.infra_call + " refused it as it set it up: " + verdict.infra_message;
+    return finish();
+  }
   if (options.release_model && verdict.kind != oracle::Verdict::Kind::infra_error) {
     if (const std::optional<oracle::Verdict> predicted = options.release_model(c)) {
       r.model_checked = true;

@@ -78,7 +78,9 @@ struct GradientMismatch {
 };
 
 struct Verdict {
-  enum class Kind { pass, fail, infra_error };
+  // refused: the target declined the case (a framework's own check while it set the case up): no
+  // verdict on how it counts; infra_call says who declined it, infra_message why.
+  enum class Kind { pass, fail, infra_error, refused };
   Kind kind = Kind::pass;
   std::vector<StatisticCheck> stats;
   std::vector<Miscount> miscounted;
@@ -101,9 +103,12 @@ struct Verdict {
   std::vector<Implied> implied;
 };
 
-std::string_view kind_name(Verdict::Kind kind);  // "pass", "fail", "infra-error"
+std::string_view kind_name(Verdict::Kind kind);  // "pass", "fail", "infra-error", "refused"
 
 // A verdict of kind infra_error: `call` failed with `message` (no counting verdict).
 Verdict infra_error_verdict(std::string call, std::string message);
+
+// A verdict of kind refused: `who` (a framework and its release) declined the case, saying `why`.
+Verdict refused_verdict(std::string who, std::string why);
 
 }  // namespace tally::oracle

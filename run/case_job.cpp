@@ -142,6 +142,11 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
 
   // 5. The run, and its manifests where asked.
   TargetRun run = target.execute(c, /*keep_record=*/!job.manifests.empty());
+  if (run.verdict.kind == oracle::Verdict::Kind::refused) {
+    // The framework's own check declined it while setting it up: refused, as by a rule.
+    out.refused = run.verdict.infra_call + " refused this case as it set it up: " + run.verdict.infra_message;
+    return finish();
+  }
   out.verdict = std::move(run.verdict);
   out.how = run.how;
   if (!job.manifests.empty()) out.manifests_written = write_manifests(job, c, run);

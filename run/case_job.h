@@ -7,7 +7,8 @@
 //   3. what no release of the target runs, then, opened for the case's world, what its release
 //      does not run (refused with the reason, before any run);
 //   4. saved (before the run: a crash loses nothing);
-//   5. run; its manifests written where asked;
+//   5. run (a framework whose own check declines the case while setting it up refuses it here, the
+//      case saved as asked but without evidence); its manifests written where asked;
 //   6. saved again with its evidence (a real target's manifests next to the case file) and, where
 //      asked, with the expectation the run showed;
 //   7. the verdict held against the case's expectation.

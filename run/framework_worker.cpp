@@ -606,8 +606,12 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
                                                tail);
     return out;
   }
-  if (!result.ok) {
-    // The framework refused the case or failed on it; the log holds its traceback.
+  if (result.refused) {
+    // The framework's own check declined the case at set-up: a refusal, counted by its reason.
+    out.verdict = oracle::refused_verdict(w.hello.framework + " " + w.hello.version,
+                                          shown_line(result.message.empty() ? "refused" : result.message, kMaxMessageShown));
+  } else if (!result.ok) {
+    // The worker or the framework failed on the case; the log holds its traceback.
     out.verdict = infra_error(w.hello.framework + " " + w.hello.version,
                               shown_line(result.message.empty() ? "error" : result.message, kMaxMessageShown) +
                                   kept_log_tail(w));
@@ -624,7 +628,9 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     }
     out.manifests = manifests.string();  // the evidence of the verdict
   }
-  if (out.verdict.kind == oracle::Verdict::Kind::pass && !options_.keep_passing) {
+  // A pass (or a refusal, which left no manifests) is not kept.
+  if ((out.verdict.kind == oracle::Verdict::Kind::pass && !options_.keep_passing) ||
+      out.verdict.kind == oracle::Verdict::Kind::refused) {
     std::error_code ignored;
     fs::remove_all(manifests, ignored);
     fs::remove(result_file, ignored);

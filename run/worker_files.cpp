@@ -146,7 +146,12 @@ WorkerResult read_result(std::string_view text) {
   WorkerResult r;
   io::read_object(
       j, "result",
-      {{"status", [&](const json& v, const std::string& p) { r.ok = io::read_choice(v, p, {"ok", "error"}) == 0; }},
+      {{"status",
+        [&](const json& v, const std::string& p) {
+          const int status = io::read_choice(v, p, {"ok", "error", "refused"});
+          r.ok = status == 0;
+          r.refused = status == 2;
+        }},
        // Bounded by the file (kMaxResultBytes); the pool shows the start of a long message.
        {"message",
         [&](const json& v, const std::string& p) {

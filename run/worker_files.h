@@ -47,7 +47,10 @@ struct WorkerHello {
 
 // A worker's outcome of one case.
 struct WorkerResult {
-  bool ok = false;                // "status": "ok"; else "error"
+  bool ok = false;                // "status": "ok"; else "error" or "refused"
+  // "status": "refused": the framework declined the case while it set it up, with a check of its
+  // own (tally_adapters.queue.framework_setup); `message` is the framework's.
+  bool refused = false;
   std::string message;            // the first failing rank's message; empty when ok
   std::optional<double> seconds;  // the worker's own measure of the case
 };

@@ -11,6 +11,7 @@ rank stuck in the middle of a case (in the framework, or in a collective another
 joins) ends too once tally is gone.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -126,11 +127,47 @@ class Request:
             return json.load(f)
 
 
+class FrameworkRefused(Exception):
+    """The framework declined the case while it was being set up, with a check of its own (raised
+    out of framework_setup): the case's result is "refused" with the framework's message, a refusal
+    tally counts by reason, not a failure of the worker."""
+
+
+def raised_in(error, package):
+    """Whether the innermost frame of `error`'s traceback is in a module of `package` ("deepspeed"):
+    the framework's own code raised it, not code that called into it or code it called."""
+    tb, module = error.__traceback__, ""
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return module == package or module.startswith(package + ".")
+
+
+@contextlib.contextmanager
+def framework_setup(package):
+    """The block sets the framework up for a case, before any gradient (its parallel state, model and
+    engine). An exception the framework `package` raises in its own code there is its own validation
+    declining the case: re-raised as FrameworkRefused with its message. Any other exception (from the
+    worker, from torch, from a collective) passes unchanged and stays an error."""
+    try:
+        yield
+    except FrameworkRefused:
+        raise
+    except Exception as error:
+        if raised_in(error, package):
+            raise FrameworkRefused(f"{type(error).__name__}: {error}") from error
+        raise
+
+
 def result_document(outcomes, seconds):
     """case-<K>.result.json (docs/schemas/result.schema.json) from every rank's (status, message):
-    "error" with the first failing rank's message when one failed, else "ok"."""
-    failed = [m for s, m in outcomes if s != "ok"]
-    return {"status": "error" if failed else "ok", "message": failed[0] if failed else "", "seconds": seconds}
+    "error" with the first failing rank's message when one failed; else "refused" with the first
+    refusing rank's message when the framework declined the case; else "ok"."""
+    for status in ("error", "refused"):
+        messages = [m for s, m in outcomes if s == status]
+        if messages:
+            return {"status": status, "message": messages[0], "seconds": seconds}
+    return {"status": "ok", "message": "", "seconds": seconds}
 
 
 def serve(queue, parent_pid, hello, execute):
@@ -158,7 +195,11 @@ def serve(queue, parent_pid, hello, execute):
             with open(os.path.join(queue, f"case-{k}.json")) as f:
                 case = json.load(f)
             execute(Request(queue, k, case))
-        except Exception as e:  # the framework refused the case, or the worker failed on it
+        except FrameworkRefused as e:  # the framework's own check declined the case at set-up
+            status = "refused"
+            message = f"rank {rank}: {e}"
+            traceback.print_exc()
+        except Exception as e:  # the worker or the framework failed on the case
             status = "error"
             message = f"rank {rank}: {type(e).__name__}: {e}"
             traceback.print_exc()

@@ -88,6 +88,11 @@ std::optional<std::string> autoep_refuses(const casefile::DeepSpeedConfig& d, co
            std::to_string(t.etp) + ", topology.ep " + std::to_string(t.ep) +
            ": DeepSpeed 0.19 folds experts whole over TP (etp 1) into EP groups of consecutive ranks, with "
            "autoep_size > 1 (ep > 1)";
+  // DeepSpeed's own check, at deepspeed.initialize: tally's campaigns once ended at it.
+  if (d.autotp && t.tp > 1 && d.offload_optimizer)
+    return "deepspeed.offload_optimizer with deepspeed.autoep folded over deepspeed.autotp (topology.tp " +
+           std::to_string(t.tp) + "): DeepSpeed 0.19 refuses ZeRO offload with AutoEP+AutoTP folding as \"not "
+           "validated yet\" (deepspeed/module_inject/auto_ep_folding.py:249 at 0.19.8)";
   if (t.pp > 1) return "deepspeed.autoep with topology.pp > 1: AutoEP replaces layers of a plain module, not a PipelineModule";
   if (!m.swiglu) return "deepspeed.autoep without model.swiglu: AutoEP's experts are SwiGLU (gate, up and down projections)";
   if (m.add_bias_linear)

@@ -102,6 +102,28 @@ rc=$?
 while read -r daemon; do gone "$daemon" || fail "a double-forked daemon of the worker ($daemon) outlived tally"; done \
   <"$dir/daemon/daemon.pids"
 
+# 5. The framework's own check declines a case at set-up: a refusal counted by its reason, never an
+# error that ends a campaign or a sweep.
+TALLY_TEST_WORKER_MODE=refuse-odd "$tally" fuzz --target megatron-core --worker "$stand_in" --world 2 --cases 8 \
+  --seed 3 --corpus "$dir/refused" >"$dir/refused.out" 2>"$dir/refused.err"
+rc=$?
+[ $rc = 0 ] || fail "fuzz refuse-odd: exit code $rc, expected 0 (refusals are no failures)"
+grep -q "^summary: 8 cases in .*, 0 failures, seed 3$" "$dir/refused.out" || fail "fuzz refuse-odd: it did not run its 8 cases"
+grep -q "^  refused 4x by megatron-core 0.19.2: ValueError: the framework declines odd cases (as asked)$" "$dir/refused.out" ||
+  fail "fuzz refuse-odd: the refusals are not counted by their reason"
+TALLY_TEST_WORKER_MODE=refuse-odd "$tally" "${sweep[@]}" --corpus "$dir/refused-sweep" >"$dir/refused-sweep.out" \
+  2>"$dir/refused-sweep.err"
+rc=$?
+[ $rc = 0 ] || fail "sweep refuse-odd: exit code $rc, expected 0"
+grep -Eq "^  refused [0-9]+x: megatron-core 0.19.2 refused it as it set it up: rank 0: ValueError: the framework declines odd cases \(as asked\)$" \
+  "$dir/refused-sweep.out" || fail "sweep refuse-odd: the refusals are not counted by their reason"
+TALLY_TEST_WORKER_MODE=refuse-odd "$tally" run --world 2 --tp 2 --target megatron-core --worker "$stand_in" \
+  >"$dir/refused-run.out" 2>"$dir/refused-run.err"
+rc=$?
+[ $rc = 2 ] || fail "run refuse-odd: exit code $rc, expected 2 (a refusal)"
+grep -q "megatron-core 0.19.2 refused this case as it set it up: rank 0: ValueError: the framework declines odd cases" \
+  "$dir/refused-run.err" || fail "run refuse-odd: the refusal is not named"
+
 # 4. A hello whose version is not a release, and a corrupt sweep state.
 TALLY_TEST_WORKER_MODE=hello-version-not-a-version "$tally" run --world 2 --tp 2 --target megatron-core \
   --worker "$stand_in" >"$dir/version.out" 2>"$dir/version.err"

@@ -465,6 +465,33 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
   EXPECT_NE(shrinking.infra_error->path.find(".shrinking.infra-error.json"), std::string::npos);
 }
 
+// A case the framework declines with a check of its own at set-up is no failure and no
+// infrastructure error: counted by its reason, and the campaign runs its whole budget.
+TEST(Campaign, CasesTheFrameworkDeclinesAreCountedByReasonAndTheCampaignGoesOn) {
+  CampaignOptions o;
+  o.seed = 4;
+  o.max_cases = 30;
+  o.corpus_dir = fresh_dir("refused");
+  int runs = 0;
+  const CaseRunner declines_every_third = [&runs](const casefile::Case& c) {
+    if (++runs % 3 != 0) return sim(c);
+    return oracle::refused_verdict("deepspeed 0.19.8", "rank " + std::to_string(runs % 2) +
+                                                           ": ValueError: ZeRO offload with AutoEP+AutoTP folding is "
+                                                           "not validated yet");
+  };
+  CampaignObserver quiet;
+  testing::RunnerTarget target(declines_every_third, 0);
+  const CampaignResult result = run_campaign(o, target, quiet);
+  EXPECT_EQ(result.cases, 30);
+  EXPECT_EQ(result.stopped_by, CampaignResult::Stop::cases);
+  EXPECT_FALSE(result.infra_error);
+  EXPECT_TRUE(result.failures.empty());
+  ASSERT_EQ(result.refused_by_reason.size(), 1u) << "one reason, whichever rank said it first";
+  EXPECT_EQ(result.refused_by_reason.begin()->first,
+            "deepspeed 0.19.8: ValueError: ZeRO offload with AutoEP+AutoTP folding is not validated yet");
+  EXPECT_EQ(result.refused_by_reason.begin()->second, 10);
+}
+
 // A failure repeating a known finding is saved, not shrunk, and does not count towards
 // --max-failures: a campaign against a release with known miscounts is not spent on them.
 TEST(Campaign, AKnownFindingIsSavedButNotShrunkNorCounted) {

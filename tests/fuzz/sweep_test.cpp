@@ -142,6 +142,31 @@ TEST(Sweep, AReportReadsBackAsItWasWrittenAndABadOneNamesTheField) {
   }
 }
 
+TEST(Sweep, ACorruptReportNamesItsFileOnce) {
+  try {
+    read_sweep_report("{\"tally_sweep\": 1,", "dir/sweep-state.json");
+    FAIL() << "read a report that is cut off";
+  } catch (const std::runtime_error& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(message.rfind("dir/sweep-state.json: ", 0), 0u) << message;
+    EXPECT_EQ(message.find("dir/sweep-state.json", 1), std::string::npos) << "the path twice: " << message;
+  }
+}
+
+TEST(Sweep, StopsWhenItsTargetsMachineryFailsInARowOrHalfTheTime) {
+  EXPECT_FALSE(machinery_failing({}));
+  EXPECT_FALSE(machinery_failing({true, true, false, true, true})) << "an error recorded and the sweep goes on";
+  EXPECT_EQ(machinery_failing({false, true, true, true}), "three infrastructure errors in a row");
+  std::vector<bool> alternating;
+  for (int i = 0; i < 9; ++i) alternating.push_back(i % 2 == 0);
+  EXPECT_FALSE(machinery_failing(alternating)) << "not yet ten cases to judge by";
+  alternating.push_back(false);
+  EXPECT_EQ(machinery_failing(alternating), "5 infrastructure errors in the last 10 cases");
+  std::vector<bool> rare(30, false);
+  rare[3] = rare[17] = rare[29] = true;
+  EXPECT_FALSE(machinery_failing(rare)) << "a few errors among many passes";
+}
+
 // The release is played by tally's model without faults; its model by the same case with faults.
 TEST(Sweep, TallysModelOfTheReleaseIsHeldAgainstEachCaseTheReleaseRuns) {
   run::SimBackend backend;

@@ -18,6 +18,7 @@
 #include "fuzz/generators.h"
 #include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
+#include "run/case_job.h"
 #include "run/deepspeed/rules.h"
 #include "run/framework_worker.h"
 #include "run/megatron_core/rules.h"
@@ -244,6 +245,31 @@ TEST(WorkerPool, AnErrorTheWorkerReportsIsAnInfraErrorWithItsMessage) {
   EXPECT_EQ(run.verdict.infra_message.rfind("the framework refused the case (as asked); the end of its log ", 0), 0u)
       << "the worker's message, then the end of its log: " << run.verdict.infra_message;
   EXPECT_NE(run.verdict.infra_message.find("model_worker.sh: case 1"), std::string::npos) << run.verdict.infra_message;
+}
+
+// The framework's own check declined the case as it set it up: a refusal with its message, no
+// verdict and no error; the worker goes on with the next case.
+TEST(WorkerPool, ACaseTheFrameworkDeclinesAtSetUpIsRefusedWithItsMessage) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "refuse-odd");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::refused);
+  EXPECT_EQ(run.verdict.infra_call, "megatron-core 0.19.2");
+  EXPECT_EQ(run.verdict.infra_message, "rank 0: ValueError: the framework declines odd cases (as asked)");
+  EXPECT_TRUE(run.manifests.empty());
+  EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass) << "the worker goes on";
+}
+
+TEST(WorkerTarget, ARunOfACaseTheFrameworkDeclinesIsRefusedNotJudged) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "refuse-odd");
+  const std::unique_ptr<Target> target = framework_target(*framework_target("megatron-core"), stand_in_options());
+  CaseJob job;
+  job.c = founding_case();
+  const CaseJobResult result = run_case_job(*target, job);
+  ASSERT_TRUE(result.refused);
+  EXPECT_EQ(*result.refused,
+            "megatron-core 0.19.2 refused this case as it set it up: rank 0: ValueError: the framework declines odd "
+            "cases (as asked)");
 }
 
 TEST(WorkerPool, AWorkerThatDiesIsAnInfraErrorAndIsRestartedForTheNextCase) {
@@ -746,6 +772,30 @@ TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   c.topology.tp = c.topology.etp = 1;
   c.deepspeed = casefile::DeepSpeedConfig{};
   EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
+}
+
+// DeepSpeed 0.19.8 refuses offload with AutoEP folded over AutoTP at deepspeed.initialize
+// (auto_ep_folding.py:249); a campaign once drew such a case and ended at the framework's refusal.
+TEST(DeepSpeedTarget, RefusesOffloadWithAutoEpFoldedOverAutoTpAsDeepSpeedDoes) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 4, .tp = 2, .ep = 2, .etp = 1};
+  c.model.swiglu = true;
+  c.model.add_bias_linear = false;
+  c.path.gradients.stated.clear();
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  c.deepspeed->zero_stage = 1;
+  c.deepspeed->autotp = c.deepspeed->autoep = true;
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << deepspeed_unsupported(c, "0.19.8").value_or("");
+  c.deepspeed->offload_optimizer = true;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("auto_ep_folding.py:249"), std::string::npos)
+      << deepspeed_unsupported(c, "0.19.8").value_or("");
+  // Generated cases never ask for it: offload stays, the folding goes.
+  for (std::uint64_t draw = 0; draw < 64; ++draw) {
+    const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, {});
+    EXPECT_FALSE(within.deepspeed->offload_optimizer && within.deepspeed->autoep && within.topology.tp > 1);
+  }
 }
 
 TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {

@@ -11,7 +11,8 @@
 # TALLY_TEST_WORKER_FAULT=NAME plants that catalog fault in every case (the "framework"
 # miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =die-for-good does so and never
 # comes up again (a later start exits before hello), =error reports an error for
-# every case, =error-every-other for every odd case, =hang never answers, =no-hello exits before saying hello, =slow-start never says
+# every case, =error-every-other for every odd case, =refuse-odd answers every odd case "refused"
+# (the framework's own check declined it at set-up), =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
 # =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Hellos tally
 # must refuse (docs/schemas/hello.schema.json): =hello-world-2.5 and =hello-world-2^40+2 say so as
@@ -140,6 +141,12 @@ while :; do
       atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework refused the case (as asked)"}'
       k=$((k + 1))
       continue ;;
+    refuse-odd)
+      if [ $((k % 2)) = 1 ]; then
+        atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: ValueError: the framework declines odd cases (as asked)"}'
+        k=$((k + 1))
+        continue
+      fi ;;
     error-every-other)
       if [ $((k % 2)) = 1 ]; then
         atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework failed on an odd case (as asked)"}'

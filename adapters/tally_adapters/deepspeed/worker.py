@@ -54,6 +54,7 @@ import sys
 
 from .. import worker as base
 from ..plants import Patches
+from ..queue import framework_setup
 from . import recording as tally_deepspeed
 from .fused_adam import prepare_fused_adam
 from .recording import expert_groups_by_name
@@ -962,32 +963,35 @@ def execute(request, planted, producer):
         moe = moe_settings(case)
         expert_tp = moe["expert_tp"]
         case_mpu = None
-        if pp > 1:
-            module, blocks = build_pipeline(case, index, moe, dtype, world)
-            described, layers = {}, {}
-            for block in blocks:
-                described.update(block.described)
-                layers.update(block.layers)
-            moe_parts = [(block.layers, block.shapes, block.classes) for block in blocks]
-            if moe["experts"]:
-                make_expert_groups_on_every_stage(module, moe)
-        elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
-            moe_names = moe_param_names(index)
-            module = build_autotp_model([p for p in index if p["name"] not in moe_names], tensors, dtype)
-            if autoep:  # and, folded over TP, replaces the MoE layers
-                add_autoep_blocks(module, index, tensors, moe, dtype)
-            described, layers, moe_parts = {}, {}, []
-        elif autoep:  # DeepSpeed replaces the MoE layers and makes their expert groups itself
-            module, described, layers, moe_parts = build_autoep_model(index, tensors, moe, dtype), {}, {}, []
-        else:
-            case_mpu = Mpu(tp)
-            module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
-            moe_parts = [(layers, shapes, classes)]
-        if autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
-            engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
-        else:  # no mpu for a pipeline (its grid is one) or AutoTP (whose groups are)
-            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=client_optimizer(module, layers, fused_adam),
-                                                   mpu=case_mpu, config=config)
+        # DeepSpeed's own checks of the case (deepspeed.initialize's, AutoTP's, AutoEP's) decline it:
+        # a refusal counted by reason, not an error of the worker.
+        with framework_setup("deepspeed"):
+            if pp > 1:
+                module, blocks = build_pipeline(case, index, moe, dtype, world)
+                described, layers = {}, {}
+                for block in blocks:
+                    described.update(block.described)
+                    layers.update(block.layers)
+                moe_parts = [(block.layers, block.shapes, block.classes) for block in blocks]
+                if moe["experts"]:
+                    make_expert_groups_on_every_stage(module, moe)
+            elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
+                moe_names = moe_param_names(index)
+                module = build_autotp_model([p for p in index if p["name"] not in moe_names], tensors, dtype)
+                if autoep:  # and, folded over TP, replaces the MoE layers
+                    add_autoep_blocks(module, index, tensors, moe, dtype)
+                described, layers, moe_parts = {}, {}, []
+            elif autoep:  # DeepSpeed replaces the MoE layers and makes their expert groups itself
+                module, described, layers, moe_parts = build_autoep_model(index, tensors, moe, dtype), {}, {}, []
+            else:
+                case_mpu = Mpu(tp)
+                module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
+                moe_parts = [(layers, shapes, classes)]
+            if autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
+                engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+            else:  # no mpu for a pipeline (its grid is one) or AutoTP (whose groups are)
+                engine, _, _, _ = deepspeed.initialize(model=module, optimizer=client_optimizer(module, layers, fused_adam),
+                                                       mpu=case_mpu, config=config)
         mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
         pieces, local_values = {}, {}  # params holding pieces of several logical params (AutoEP's experts)
         # At ZeRO 3 each rank holds a partition: AutoTP's and AutoEP's tensors are checked whole.

@@ -53,6 +53,7 @@ import gc
 import sys
 
 from .. import worker as base
+from ..queue import framework_setup
 from . import manifest as tally_megatron
 from .muon_compat import emerging_optimizers_compat
 
@@ -523,11 +524,14 @@ class MegatronCoreWorker(base.Worker):
         planted = self.planted(request)
         try:
             planted.__enter__()
-            self.use_parallel_state(case["topology"])
-            model_parallel_cuda_manual_seed(1234)
-            config = transformer_config(case)
-            chunks = build_model(case, config)
-            optimizer = build_optimizer(case, chunks)
+            # Megatron's own checks of the case (its parallel state's, its model's and optimizer's
+            # constructors') decline it: a refusal counted by reason, not an error of the worker.
+            with framework_setup("megatron"):
+                self.use_parallel_state(case["topology"])
+                model_parallel_cuda_manual_seed(1234)
+                config = transformer_config(case)
+                chunks = build_model(case, config)
+                optimizer = build_optimizer(case, chunks)
             tensors = request.gradients()
             held = set_gradients(chunks, tensors)
             everyone = [None] * dist.get_world_size()
