@@ -18,29 +18,76 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Whether every statistic `verdict` fails is one the counted params make (the norm, the zero
-// count, the clip and the clipped values) and the ranks reported what their ledger implies (no
-// "-ledger" check fails, the ranks agree, the held gradients are tally's): the miscount alone
-// explains the failure.
-bool miscount_explains(const oracle::Verdict& verdict) {
-  if (verdict.miscounted_total == 0) return false;
-  static constexpr std::string_view kMadeByTheCount[] = {"l2", "zeros", "clip", "clipped", "ledger"};
-  const std::vector<std::string> failed = run::failed_statistics(verdict);
-  return std::all_of(failed.begin(), failed.end(), [](const std::string& name) {
-    return std::find(std::begin(kMadeByTheCount), std::end(kMadeByTheCount), name) != std::end(kMadeByTheCount);
-  });
+// Whether a failed statistic is one a miscount makes: a norm (the main one, a group's, a p-norm), the
+// inf norm, the zero count, the clip, the clipped values, the ledger and the ranks' agreement. Not:
+// a rank reporting other than its own ledger implies ("l2-ledger", "zeros-ledger") or holding
+// gradients other than tally's ("held-gradients"), which are defects of their own.
+bool made_by_a_miscount(const std::string& statistic) {
+  return !statistic.ends_with("-ledger") && statistic != "held-gradients";
 }
 
-// A failure that its miscount explains is its miscounted params: which statistic shows them
-// depends on the gradients (all-zero gradients show a dropped param only in the zero count, normal
-// ones only in the norm). Any other failure is also the statistic it fails first. (Both are fails
-// with a ledger where both are explained.)
-bool same_defect(const KnownFinding& known, const FailureSignature& failure, bool explained) {
-  if (known.miscount_explains && explained) return known.signature.miscounted_class == failure.miscounted_class;
-  return known.signature == failure;
+// What a failure is, for matching: how it miscounts, the statistics it fails that no miscount makes,
+// and its signature.
+struct FailureShape {
+  std::set<Miscounting> miscounts;
+  std::vector<std::string> unexplained;
+  FailureSignature signature;
+};
+
+FailureShape shape_of(const oracle::Verdict& verdict) {
+  FailureShape f{miscountings(verdict), {}, failure_signature(verdict)};
+  for (const std::string& statistic : run::failed_statistics(verdict))
+    if (!made_by_a_miscount(statistic)) f.unexplained.push_back(statistic);
+  return f;
+}
+
+// Whether `known` shows `statistic` failing.
+bool fails(const KnownFinding& known, const std::string& statistic) {
+  return std::find(known.failed.begin(), known.failed.end(), statistic) != known.failed.end();
+}
+
+// The finding among `candidates` (the findings of the failure's norm code) that `failure` repeats,
+// when every miscounting and every other failed statistic of it is some candidate's (two known
+// defects of one code may show in one run): the one that shows most of its miscountings; nullptr
+// when it is new.
+const KnownFinding* repeated_finding(const std::vector<const KnownFinding*>& candidates, const FailureShape& failure) {
+  if (failure.miscounts.empty()) {
+    for (const KnownFinding* k : candidates)
+      if (k->miscounts.empty() && k->signature == failure.signature) return k;
+    return nullptr;
+  }
+  const auto shown_by_one = [&](auto&& shows) {
+    return std::any_of(candidates.begin(), candidates.end(), [&](const KnownFinding* k) { return shows(*k); });
+  };
+  for (const Miscounting& m : failure.miscounts)
+    if (!shown_by_one([&](const KnownFinding& k) { return k.miscounts.contains(m); })) return nullptr;
+  for (const std::string& statistic : failure.unexplained)
+    if (!shown_by_one([&](const KnownFinding& k) { return !k.miscounts.empty() && fails(k, statistic); })) return nullptr;
+  const KnownFinding* best = nullptr;
+  std::size_t best_shown = 0;
+  for (const KnownFinding* k : candidates) {
+    const auto shown = static_cast<std::size_t>(std::count_if(
+        failure.miscounts.begin(), failure.miscounts.end(), [&](const Miscounting& m) { return k->miscounts.contains(m); }));
+    if (shown > best_shown) best = k, best_shown = shown;
+  }
+  return best;
 }
 
 }  // namespace
+
+std::set<Miscounting> miscountings(const oracle::Verdict& verdict) {
+  std::set<Miscounting> out;
+  for (const oracle::Miscount& m : verdict.miscounted) {
+    // The times each element should be counted in the ledger that shows it: once, or none outside it.
+    const std::int64_t times = m.numel > 0 ? m.expected / m.numel : 0;
+    out.insert({m.kind.empty() ? m.param_class : m.kind, m.least < times, m.most > times});
+  }
+  return out;
+}
+
+std::string describe(const Miscounting& m) {
+  return m.kind + (m.dropped && m.repeated ? " dropped and repeated" : m.dropped ? " dropped" : " repeated");
+}
 
 std::string known_path(const casefile::Case& c) {
   if (const run::FrameworkTarget* row = run::framework_of(c)) return row->norm_code(c);
@@ -84,7 +131,7 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
     if (verdict.kind != oracle::Verdict::Kind::fail) continue;
     known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict),
                      framework == "megatron-core" && experts_as_dense_with_other_groups(c.topology),
-                     miscount_explains(verdict)});
+                     miscountings(verdict), run::failed_statistics(verdict)});
   }
   return known;
 }
@@ -92,13 +139,12 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
 const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
                              const oracle::Verdict& verdict) {
   if (verdict.kind != oracle::Verdict::Kind::fail) return nullptr;
-  const FailureSignature signature = failure_signature(verdict);
   const std::string path = known_path(c);
   const bool corner = experts_as_dense_with_other_groups(c.topology);
-  const bool explained = miscount_explains(verdict);
+  std::vector<const KnownFinding*> candidates;
   for (const KnownFinding& k : known)
-    if ((k.path == path || (k.layout_corner && corner)) && same_defect(k, signature, explained)) return &k;
-  return nullptr;
+    if (k.path == path || (k.layout_corner && corner)) candidates.push_back(&k);
+  return repeated_finding(candidates, shape_of(verdict));
 }
 
 std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,

@@ -2,20 +2,27 @@
 // (seeds/real holds the written-up ones), so a campaign or a sweep counts a failure that repeats
 // one as known, not new: a nightly that pages only for what is new.
 //
-// A failure repeats a known finding when it is of the same framework and release, on the same
-// code of the framework's norm (run::FrameworkTarget::norm_code: the optimizer model; DeepSpeed's
-// norm code), and fails the same way (the same failure signature, fuzz/shrink.h), the known
-// finding's signature being that of its saved run, judged again. Where the miscount alone explains
-// both failures (each fails only the norm, the zero count, the clip or the clipped values, and
-// every rank reported what its ledger implies), the same miscounted class is the same defect
-// whichever statistic shows it: all-zero gradients show a dropped param in the zero count only,
-// where the finding's saved run showed it in the norm. A megatron-core finding whose own
+// A finding is its cause, not one saved form of it: the framework and release, the code of the
+// framework's norm it lies in (run::FrameworkTarget::norm_code: the optimizer model, Megatron-FSDP's
+// strategy, DeepSpeed's optimizer), and how it miscounts: each kind of param it miscounts and
+// whether it counts some of its elements fewer times than once (drops them) or more (repeats them),
+// read from its saved run, judged again. A failure repeats it when it lies in the same norm code and
+// every (kind, direction) it miscounts is a finding's, whatever else differs: the model (dense or
+// MoE, the layer a param is in), the gradients, the world, the norm it was counted in (the main
+// norm, a group norm such as MTP's, the zero count) and the statistics that show it (all-zero
+// gradients show a dropped param in the zero count only, where the saved run showed it in the
+// norm). The same kind miscounted the other way, or a kind no finding of that norm code miscounts, is
+// another defect (two known defects of one norm code may show in one run); so is a failure of a
+// statistic no miscount makes (a rank reporting other than its ledger implies, "*-ledger"; gradients
+// other than tally's, "held-gradients") that no such finding's saved run failed. A failure without a miscount repeats a finding without one that fails the
+// same statistic first (the failure signature, fuzz/shrink.h). A megatron-core finding whose own
 // case lies in Megatron-LM's experts-as-dense corner (experts_as_dense_with_other_groups: ETP
 // groups unlike the TP groups) is a defect of the groups, not of a norm code: any norm code's
-// failure in that corner that fails the same way repeats it.
+// failure in that corner that miscounts the same way repeats it.
 #pragma once
 
 #include <functional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,13 +33,26 @@
 
 namespace tally::fuzz {
 
+// How a failure miscounts one kind of param (topologies' class name, "expert-row-bias"), wherever it
+// was counted: whether some of its elements are counted fewer times than once (dropped) or more
+// (repeated), on the rank whose ledger shows it.
+struct Miscounting {
+  std::string kind;
+  bool dropped = false;
+  bool repeated = false;
+  friend auto operator<=>(const Miscounting&, const Miscounting&) = default;
+};
+std::set<Miscounting> miscountings(const oracle::Verdict& verdict);
+std::string describe(const Miscounting& m);  // "expert-row-bias dropped"
+
 struct KnownFinding {
   std::string file;         // the case file
   std::string name;         // its file name without the folder and ".json": how reports name it
   std::string path;         // the framework's norm code it fails in (known_path)
   FailureSignature signature;
   bool layout_corner = false;  // a megatron-core finding in the experts-as-dense corner
-  bool miscount_explains = false;  // its saved run fails only what its miscounted params make
+  std::set<Miscounting> miscounts;  // of its saved run
+  std::vector<std::string> failed;  // the statistics its saved run fails (run::failed_statistics)
 };
 
 // The norm code of `c`'s framework that a finding is tied to ("layerwise", "BF16_Optimizer"); the

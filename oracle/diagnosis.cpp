@@ -187,6 +187,9 @@ Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong) {
   m.param = wrong.tensor;
   m.name = tensor.name;
   m.param_class = tensor.kind + ledger_text(run, wrong.ledger);
+  m.kind = tensor.kind;
+  m.least = wrong.least;
+  m.most = wrong.most;
   if (wrong.least != wrong.most)  // a total can look right while elements are not
     m.param_class += "; its elements counted from " + std::to_string(wrong.least) + " to " +
                      std::to_string(wrong.most) + " times";
