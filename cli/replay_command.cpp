@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <string>
@@ -21,6 +23,7 @@
 #include "run/case_job.h"
 #include "run/target.h"
 #include "fuzz/junit.h"
+#include "fuzz/known.h"
 
 namespace tally::cli {
 
@@ -33,7 +36,37 @@ struct ReplayOptions {
   std::string junit;
   bool json = false;
   std::string html;  // a folder for one HTML page per case that did not pass
+  std::string known;  // triage each failing case against the known findings in this folder
   TargetOptions target;
+};
+
+// The known findings of each framework and release a replay meets, loaded once each (fuzz/known.h).
+class KnownByRelease {
+ public:
+  explicit KnownByRelease(std::string folder) : folder_(std::move(folder)) {}
+  // The finding a failing `c` (a case of a framework, or of tally's model) repeats; "NEW: why" when
+  // it is new.
+  std::string triage(const casefile::Case& c, const oracle::Verdict& verdict) {
+    if (!c.target) {
+      const std::string corner = fuzz::known_finding_of({}, false, c, verdict);
+      return corner.empty() ? "NEW" : corner;
+    }
+    const std::pair<std::string, std::string> release{c.target->framework, c.target->version};
+    auto it = loaded_.find(release);
+    if (it == loaded_.end()) {
+      try {
+        it = loaded_.emplace(release, fuzz::load_known(folder_, release.first, release.second)).first;
+      } catch (const std::exception& error) {
+        throw UsageError(error.what());
+      }
+    }
+    const std::string finding = fuzz::known_finding_of(it->second, true, c, verdict);
+    return finding.empty() ? "NEW: " + fuzz::why_new(it->second, c, verdict) : finding;
+  }
+
+ private:
+  std::string folder_;
+  std::map<std::pair<std::string, std::string>, std::vector<fuzz::KnownFinding>> loaded_;
 };
 
 // One input: a case file to run, or a path that could not be expanded.
@@ -96,6 +129,8 @@ struct Outcome {
   std::string rerun_flags;  // what `tally run FILE` needs to re-execute it: " --target ..."
   double seconds = 0.0;
   std::string html;  // the page written for it, if any
+  // --known: for a failing case, the known finding it repeats, or "new".
+  std::string triage;
 };
 
 // The page of `file` in `folder`: its path with separators as '_', so two folders' a.json differ.
@@ -119,7 +154,7 @@ std::vector<std::string> pages_of(const std::string& folder, const std::vector<I
 
 // Replays one input on `target` (a real target's case without --target: judged from the manifests
 // its file saved). `html_page`: where a failing case's report goes; "" writes none.
-Outcome replay_one(const Input& input, run::Target& target, const std::string& html_page) {
+Outcome replay_one(const Input& input, run::Target& target, const std::string& html_page, KnownByRelease* known) {
   Outcome o;
   o.file = input.file;
   if (!input.error.empty()) {
@@ -150,6 +185,9 @@ Outcome replay_one(const Input& input, run::Target& target, const std::string& h
     }
     o.how = r.how;
     o.verdict = oracle::kind_name(r.verdict.kind);
+    if (known && r.verdict.kind == oracle::Verdict::Kind::fail) {
+      o.triage = known->triage(r.c, r.verdict);
+    }
     if (!html_page.empty() && r.verdict.kind != oracle::Verdict::Kind::pass) {
       o.html = html_page;
       write_case_html(o.html, "tally replay " + input.file, r.c, r.verdict,
@@ -183,7 +221,9 @@ void print_line(std::ostream& out, const Outcome& o) {
   switch (o.result) {
     case Result::ok:
       out << "ok        " << o.file << "  (" << o.verdict << " as expected, "
-          << (o.how.empty() ? "" : o.how + ", ") << seconds_text(o.seconds) << ")\n";
+          << (o.how.empty() ? "" : o.how + ", ") << seconds_text(o.seconds) << ")";
+      if (!o.triage.empty()) out << (o.triage.starts_with("NEW") ? "  " + o.triage : "  known " + o.triage);
+      out << '\n';
       break;
     case Result::mismatch:
       out << "MISMATCH  " << o.file << "  " << o.message << "; replay: tally run "
@@ -217,6 +257,11 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
                       "Write one self-contained HTML page per case that does not pass (its "
                       "verdict, ledger matrix and rank grid) into this folder, named after the "
                       "case file");
+  command->add_option("--known", options->known,
+                      "Triage each failing case again against the known findings in this folder (case files "
+                      "with their manifests, as seeds/real): each is known as a finding or NEW, judged from its "
+                      "saved manifests without the framework (exit 1 when one is new)")
+      ->check(CLI::ExistingDirectory);
   add_backend_flags(*command);
   add_target_flags(*command, options->target);
   command->callback([options, &context] {
@@ -236,9 +281,11 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
     const Outcome* first_error = nullptr;
     const std::vector<std::string> pages =
         options->html.empty() ? std::vector<std::string>(inputs.size()) : pages_of(options->html, inputs);
+    std::optional<KnownByRelease> known;
+    if (!options->known.empty()) known.emplace(options->known);
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Input& input = inputs[i];
-      outcomes.push_back(replay_one(input, *target, pages[i]));
+      outcomes.push_back(replay_one(input, *target, pages[i], known ? &*known : nullptr));
       const Outcome& o = outcomes.back();
       if (!options->json) print_line(context.out, o);
       passed += o.result == Result::ok;
@@ -255,6 +302,12 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         break;
       }
     const std::size_t failed = outcomes.size() - passed - skipped - (unavailable ? 1 : 0);
+    const auto triaged = [&](bool is_new) {
+      return static_cast<std::size_t>(std::count_if(outcomes.begin(), outcomes.end(), [&](const Outcome& o) {
+        return !o.triage.empty() && o.triage.starts_with("NEW") == is_new;
+      }));
+    };
+    const std::size_t new_failures = triaged(true), known_failures = triaged(false);
     if (options->json) {
       nlohmann::ordered_json cases = nlohmann::ordered_json::array();
       for (const Outcome& o : outcomes) {
@@ -269,6 +322,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         if (!o.message.empty()) j["message"] = o.message;
         if (!o.html.empty()) j["html"] = o.html;
         if (!o.how.empty()) j["how"] = o.how;
+        if (!o.triage.empty()) j["known"] = o.triage.starts_with("NEW") ? "" : o.triage;
         j["seconds"] = o.seconds;
         cases.push_back(std::move(j));
       }
@@ -278,12 +332,19 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
         j["not_replayed"] = inputs.size() - outcomes.size();
       }
       if (skipped > 0) j["not_runnable"] = skipped;
+      if (known) {
+        j["new"] = new_failures;
+        j["known"] = known_failures;
+      }
       context.out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     } else {
       // Exactly "N passed, M failed[, K skipped]": the line CI runners read.
       context.out << passed << " passed, " << failed << " failed";
       if (skipped > 0) context.out << ", " << skipped << " skipped";
       context.out << '\n';
+      if (known)
+        context.out << "failing cases against the known findings in " << options->known << ": new " << new_failures
+                    << ", known " << known_failures << '\n';
       if (unavailable)
         context.out << "(stopped at " << unavailable->file << ": the target is unavailable; "
                     << inputs.size() - outcomes.size() << " inputs after it not replayed)\n";
@@ -329,7 +390,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
       context.exit_code = kExitBadInput;
       return;
     }
-    context.exit_code = failed == 0 ? kExitPass : kExitFail;
+    context.exit_code = failed == 0 && new_failures == 0 ? kExitPass : kExitFail;
   });
 }
 

@@ -18,6 +18,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The kind of param a miscount is of, as a cause: what the miscounted params have in common
+// across models (dense or MoE, sharded by FSDP or not).
+std::string cause_kind(const oracle::Miscount& m, bool only_dropped);
+
 // Whether a failed statistic is one a miscount makes: a norm (the main one, a group's, a p-norm), the
 // inf norm, the zero count, the clip, the clipped values, the ledger and the ranks' agreement. Not:
 // a rank reporting other than its own ledger implies ("l2-ledger", "zeros-ledger") or holding
@@ -41,6 +45,19 @@ FailureShape shape_of(const oracle::Verdict& verdict) {
   return f;
 }
 
+// The findings whose norm code is `path` (the code of `c`) or a code `path` refines by more words
+// ("DeepSpeedZeroOptimizer" for "DeepSpeedZeroOptimizer CPU offload", "megatron-fsdp optim_grads_params"
+// for "... outer optim": the same function with more around it), and, in Megatron-LM's
+// experts-as-dense corner, the corner's findings.
+std::vector<const KnownFinding*> findings_of_code(const std::vector<KnownFinding>& known, const casefile::Case& c,
+                                                  const std::string& path) {
+  const bool corner = experts_as_dense_with_other_groups(c.topology);
+  std::vector<const KnownFinding*> out;
+  for (const KnownFinding& k : known)
+    if (k.path == path || path.starts_with(k.path + " ") || (k.layout_corner && corner)) out.push_back(&k);
+  return out;
+}
+
 // Whether `known` shows `statistic` failing.
 bool fails(const KnownFinding& known, const std::string& statistic) {
   return std::find(known.failed.begin(), known.failed.end(), statistic) != known.failed.end();
@@ -51,7 +68,9 @@ bool fails(const KnownFinding& known, const std::string& statistic) {
 // defects of one code may show in one run): the one that shows most of its miscountings; nullptr
 // when it is new.
 const KnownFinding* repeated_finding(const std::vector<const KnownFinding*>& candidates, const FailureShape& failure) {
-  if (failure.miscounts.empty()) {
+  // Without a miscount, a failure is what it fails that no miscount makes (a rank reporting other
+  // than its ledger implies); with none of that either, its signature.
+  if (failure.miscounts.empty() && failure.unexplained.empty()) {
     for (const KnownFinding* k : candidates)
       if (k->miscounts.empty() && k->signature == failure.signature) return k;
     return nullptr;
@@ -62,7 +81,14 @@ const KnownFinding* repeated_finding(const std::vector<const KnownFinding*>& can
   for (const Miscounting& m : failure.miscounts)
     if (!shown_by_one([&](const KnownFinding& k) { return k.miscounts.contains(m); })) return nullptr;
   for (const std::string& statistic : failure.unexplained)
-    if (!shown_by_one([&](const KnownFinding& k) { return !k.miscounts.empty() && fails(k, statistic); })) return nullptr;
+    if (!shown_by_one([&](const KnownFinding& k) { return fails(k, statistic); })) return nullptr;
+  if (failure.miscounts.empty()) {  // known by the statistics no miscount makes
+    for (const KnownFinding* k : candidates)
+      if (std::all_of(failure.unexplained.begin(), failure.unexplained.end(), [&](const std::string& s) { return fails(*k, s); }))
+        return k;
+    for (const KnownFinding* k : candidates)
+      if (fails(*k, failure.unexplained.front())) return k;
+  }
   const KnownFinding* best = nullptr;
   std::size_t best_shown = 0;
   for (const KnownFinding* k : candidates) {
@@ -75,12 +101,32 @@ const KnownFinding* repeated_finding(const std::vector<const KnownFinding*>& can
 
 }  // namespace
 
+namespace {
+std::string cause_kind(const oracle::Miscount& m, bool only_dropped) {
+  // Only dropped, because only ranks outside the stats group own it: whatever the param, the group
+  // is the cause (an instance that counts only its own shards).
+  if (only_dropped && m.owned_outside) return "owned outside its stats group";
+  std::string kind = m.kind.empty() ? m.param_class : m.kind;
+  const bool expert = kind.starts_with("expert-topology ");
+  if (expert) kind.erase(0, std::string_view("expert-topology ").size());
+  // A manifest's kinds are its attributes: the TP dim a shard is split on, and whether an unmarked
+  // param is held whole (a replica) or in pieces (an FSDP shard, a copy that lost its TP mark), say
+  // nothing of the cause. To a filter an unmarked piece is a replica.
+  if (kind.starts_with("tensor-parallel shard")) kind = "tensor-parallel shard";
+  else if (kind == "shard not marked tensor_model_parallel" || kind == "replicated over TP" ||
+           kind == "param replicated over ETP")
+    kind = expert ? "replicated over ETP" : "replicated over TP";
+  return (expert ? "expert " : "") + kind;
+}
+}  // namespace
+
 std::set<Miscounting> miscountings(const oracle::Verdict& verdict) {
   std::set<Miscounting> out;
   for (const oracle::Miscount& m : verdict.miscounted) {
     // The times each element should be counted in the ledger that shows it: once, or none outside it.
     const std::int64_t times = m.numel > 0 ? m.expected / m.numel : 0;
-    out.insert({m.kind.empty() ? m.param_class : m.kind, m.least < times, m.most > times});
+    const bool dropped = m.least < times, repeated = m.most > times;
+    out.insert({cause_kind(m, dropped && !repeated), dropped, repeated});
   }
   return out;
 }
@@ -140,11 +186,24 @@ const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casef
                              const oracle::Verdict& verdict) {
   if (verdict.kind != oracle::Verdict::Kind::fail) return nullptr;
   const std::string path = known_path(c);
-  const bool corner = experts_as_dense_with_other_groups(c.topology);
-  std::vector<const KnownFinding*> candidates;
-  for (const KnownFinding& k : known)
-    if (k.path == path || (k.layout_corner && corner)) candidates.push_back(&k);
+  const std::vector<const KnownFinding*> candidates = findings_of_code(known, c, path);
   return repeated_finding(candidates, shape_of(verdict));
+}
+
+std::string why_new(const std::vector<KnownFinding>& known, const casefile::Case& c, const oracle::Verdict& verdict) {
+  if (verdict.kind != oracle::Verdict::Kind::fail || known_as(known, c, verdict)) return "";
+  const std::string path = known_path(c);
+  const std::vector<const KnownFinding*> candidates = findings_of_code(known, c, path);
+  const FailureShape failure = shape_of(verdict);
+  std::string unknown;
+  for (const Miscounting& m : failure.miscounts)
+    if (std::none_of(candidates.begin(), candidates.end(), [&](const KnownFinding* k) { return k->miscounts.contains(m); }))
+      unknown += (unknown.empty() ? "" : ", ") + describe(m);
+  for (const std::string& statistic : failure.unexplained)
+    if (std::none_of(candidates.begin(), candidates.end(), [&](const KnownFinding* k) { return fails(*k, statistic); }))
+      unknown += (unknown.empty() ? "" : ", ") + statistic + " failing";
+  if (failure.miscounts.empty() && unknown.empty()) unknown = describe(failure.signature);
+  return unknown + "; no known finding of " + path + (candidates.empty() ? " at all" : "") + " shows it";
 }
 
 std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,

@@ -73,6 +73,11 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
 const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
                              const oracle::Verdict& verdict);
 
+// Why the failing `verdict` of `c` is new: what of it no finding of its norm code shows ("expert
+// tensor-parallel shard repeated; no known finding of DeepSpeedZeroOptimizer miscounts it"); "" when
+// it repeats one.
+std::string why_new(const std::vector<KnownFinding>& known, const casefile::Case& c, const oracle::Verdict& verdict);
+
 // The known finding a failure of `c` repeats, "" when it is new: on a real framework one of
 // `known` (fuzz/known.h); on tally's model (`framework` false) Megatron-LM's own layout corner,
 // where Megatron's rules miscount with no fault (megatron_layout_assumptions_hold,

@@ -14,8 +14,10 @@
 #include "io/json_read.h"
 #include "run/case_job.h"
 #include "topologies/enumerate.h"
+#include "topologies/parallel_config.h"
 #include "topologies/model_spec.h"
 #include "topologies/rank_layout.h"
+#include "vocab/optimizer_models.h"
 
 namespace tally::fuzz {
 
@@ -88,6 +90,27 @@ std::string groups_key(const topologies::RankLayout& layout) {
   return key;
 }
 
+// The target's cases of `base` (one distributed-optimizer instance), then, for each number of
+// instances k > 1 its layout allows (Megatron-LM's --num-distributed-optimizer-instances: k divides
+// DP x CP and the expert DP), the cases of its optimizer models that have instances (the distributed
+// optimizer, Megatron-FSDP's hybrid sharding over it), named "<axis>-instances<k>". The instances
+// change each stats group, so what each counts.
+std::vector<std::pair<std::string, casefile::Case>> with_instances(const casefile::Case& base, const run::Target& target) {
+  std::vector<std::pair<std::string, casefile::Case>> out = target.sweep_variants(base);
+  const int dp_cp = topologies::dp(base.topology) * base.topology.cp;
+  for (int k = 2; k <= dp_cp; ++k) {
+    casefile::Case instanced = base;
+    instanced.topology.dist_opt_instances = k;
+    if (dp_cp % k != 0 || topologies::check_config(instanced.topology)) continue;
+    for (auto& [axis, c] : target.sweep_variants(instanced)) {
+      if (c.path.optimizer != vocab::OptimizerModel::distributed || c.topology.dist_opt_instances != k) continue;
+      if (casefile::check_case(c) || target.refusal_before_open(c)) continue;
+      out.emplace_back(axis + "-instances" + std::to_string(k), std::move(c));
+    }
+  }
+  return out;
+}
+
 std::string case_id(int layout, SweepFeature feature, const std::string& axis) {
   char head[16];
   std::snprintf(head, sizeof head, "L%03d", layout);
@@ -134,7 +157,7 @@ SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
       base.path.gradients.generator.mode = kernels::GradientMode::dyadic;
       base.path.gradients.generator.dtype = kernels::Dtype::fp32;
       base.path.max_norm = 1.0;
-      for (auto& [axis, c] : target.sweep_variants(base)) {
+      for (auto& [axis, c] : with_instances(base, target)) {
         SweepCase sc;
         sc.index = index++;
         sc.id = case_id(static_cast<int>(l), feature, axis);

@@ -181,6 +181,30 @@ std::string rule_text(const record::RunRecord& run, const record::RankRecord& ra
   return why + (counted ? ": kept" : ": dropped");
 }
 
+namespace {
+
+// The ranks of the stats groups in which rank `observer` reduces `tensor`: those of its children
+// whose group has a member owning a piece of it in that child.
+std::set<int> stats_group_members(const record::RunRecord& run, const record::RankRecord& observer, int tensor) {
+  std::set<int> members;
+  for (std::size_t c = 0; c < observer.children.size(); ++c) {
+    const std::vector<int>& group = run.groups[static_cast<std::size_t>(observer.children[c].stats_group)];
+    const bool holds = std::any_of(group.begin(), group.end(), [&](int member) {
+      return owns_in_child(*run.ranks[static_cast<std::size_t>(member)].local, tensor, static_cast<int>(c));
+    });
+    if (holds) members.insert(group.begin(), group.end());
+  }
+  return members;
+}
+
+bool owns_a_piece(const record::LocalRecord& local, int tensor) {
+  return std::any_of(local.pieces.begin(), local.pieces.end(), [&](const record::Piece& piece) {
+    return local.params[static_cast<std::size_t>(piece.param)].tensor == tensor;
+  });
+}
+
+}  // namespace
+
 Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong) {
   const record::Tensor& tensor = run.tensors[static_cast<std::size_t>(wrong.tensor)];
   Miscount m;
@@ -190,6 +214,13 @@ Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong) {
   m.kind = tensor.kind;
   m.least = wrong.least;
   m.most = wrong.most;
+  {
+    const std::set<int> members =
+        stats_group_members(run, run.ranks[static_cast<std::size_t>(wrong.ranks.front())], wrong.tensor);
+    m.owned_outside = std::any_of(run.ranks.begin(), run.ranks.end(), [&](const record::RankRecord& rank) {
+      return !members.count(rank.rank) && owns_a_piece(*rank.local, wrong.tensor);
+    });
+  }
   if (wrong.least != wrong.most)  // a total can look right while elements are not
     m.param_class += "; its elements counted from " + std::to_string(wrong.least) + " to " +
                      std::to_string(wrong.most) + " times";

@@ -17,7 +17,8 @@ namespace tally::oracle {
 std::string rule_text(const record::RunRecord& run, const record::RankRecord& rank,
                       const record::Piece& piece, int ledger);
 
-// The miscount `wrong` describes, without the why (name, kind, counts, ranks).
+// The miscount `wrong` describes, without the why (name, kind, counts, ranks, whether some of it is
+// owned outside the observing rank's stats groups).
 Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong);
 
 // Adds the why to `m`: its stats groups on the rank that saw it first, and every member's

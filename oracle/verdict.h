@@ -43,6 +43,9 @@ struct Miscount {
   std::string kind;           // the param's kind alone: param_class without where it was counted
   std::int64_t least = 0;     // the fewest times the observing rank's ledger counts one of its elements
   std::int64_t most = 0;      // the most times
+  // Some of its elements are owned only by ranks outside every stats group the observing rank
+  // reduces it over (an instance counting only its own shards): no filter of that group saw them.
+  bool owned_outside = false;
   std::int64_t expected = 0;  // element counts expected: numel, or 0 outside the ledger's norm
   std::int64_t numel = 0;
   std::int64_t counted = 0;   // elements counted, as the observing rank's ledger says

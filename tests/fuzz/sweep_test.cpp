@@ -270,7 +270,9 @@ TEST(Known, AFindingOfMegatronsLayoutCornerIsKnownUnderEveryOptimizer) {
       oracle::kFrameworkRtol);
   ASSERT_EQ(verdict.kind, oracle::Verdict::Kind::fail);
   const KnownFinding* k = known_as(known, c, verdict);
-  ASSERT_NE(k, nullptr) << "the corner's finding, saved with the plain optimizer, is this one too";
+  ASSERT_NE(k, nullptr) << "the corner's finding, saved with the plain optimizer, is this one too: "
+                        << why_new(known, c, verdict) << "; it miscounts " << miscountings_text(miscountings(verdict))
+                        << "; failed " << ::testing::PrintToString(run::failed_statistics(verdict)) << findings_text(known);
   EXPECT_EQ(k->name, "megatron-core-0.19.2-experts-as-dense-cp-before-tp.fail");
   EXPECT_NE(k->path, known_path(c)) << "another norm code";
   // Outside the corner a finding stays tied to its norm code.
