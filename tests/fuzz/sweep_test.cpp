@@ -392,5 +392,32 @@ TEST(Known, TheNightlysDeepSpeedFailuresAreKnownFindings) {
   }
 }
 
+// The world-4 campaigns of issue 54 on one H200 (megatron-core 0.19.2, seed 40404; DeepSpeed 0.19.8,
+// seed 40444; 120 s each): every failure a form of a written-up finding, none of them saved in
+// seeds/real. By cause they are known: hybrid FSDP on MoE (the instance's own shards, and the
+// expert biases of Megatron-FSDP's strategies), the zero count's TP duplicates with an FSDP-sharded
+// router, ZeRO-1 CPU offload's dropped experts (DeepSpeedZeroOptimizer's code), FusedAdam's fp16
+// norm beside expert TP's miscounts, and #8475's averaging behind a pipeline.
+TEST(Known, TheWorld4CampaignsFailuresAreKnownByCause) {
+  const std::pair<std::string, std::string> runs[] = {
+      {"megatron-core-0.19.2/hybrid-fsdp-moe-tp2-ep2", ""},  // two known defects at once
+      {"megatron-core-0.19.2/fsdp-optim-zero-count-router-tp2", ""},
+      {"deepspeed-0.19.8/zero1-offload-drops-experts-of-tp-ranks", ""},
+      {"deepspeed-0.19.8/fused-adam-fp16-tp2-pp2-expert-tp", ""},
+      {"deepspeed-0.19.8/fp32-clip-pp2-ep2-averaged", "deepspeed-0.19.8-8475-clip-averages-rank-norms-pp2-stage-norms.fail"},
+  };
+  for (const auto& [run, finding] : runs) {
+    const std::string file = TALLY_SOURCE_DIR "/tests/fixtures/campaigns/" + run;
+    const casefile::Case c = casefile::load_case_file(file + ".json");
+    const std::vector<KnownFinding> known =
+        load_known(TALLY_SOURCE_DIR "/seeds/real", c.target->framework, c.target->version);
+    const oracle::Verdict verdict = run::judge_target_run(c, file + ".manifests", oracle::kFrameworkRtol);
+    ASSERT_EQ(verdict.kind, oracle::Verdict::Kind::fail) << run;
+    const KnownFinding* k = known_as(known, c, verdict);
+    ASSERT_NE(k, nullptr) << run << ": " << why_new(known, c, verdict);
+    if (!finding.empty()) EXPECT_EQ(k->name, finding) << run;
+  }
+}
+
 }  // namespace
 }  // namespace tally::fuzz
