@@ -75,7 +75,8 @@ struct Input {
   std::string error;  // non-empty: the path is bad (missing, unreadable, an empty folder)
 };
 
-// Case files under `folder`, recursively: regular files named *.json, sorted by path.
+// Case files under `folder`, recursively: regular files named *.json but a sweep's state
+// (sweep-state*.json), sorted by path.
 std::vector<Input> expand_folder(const std::string& folder) {
   std::vector<std::string> files;
   std::error_code ec;
@@ -87,7 +88,9 @@ std::vector<Input> expand_folder(const std::string& folder) {
       it.disable_recursion_pending();
       continue;
     }
-    if (it->is_regular_file(type_error) && it->path().extension() == ".json")
+    // A sweep's state, kept in its corpus beside its failing cases, is not a case.
+    if (it->is_regular_file(type_error) && it->path().extension() == ".json" &&
+        !it->path().filename().string().starts_with("sweep-state"))
       files.push_back(it->path().generic_string());
   }
   if (ec) return {{folder, folder + ": cannot list the folder: " + ec.message()}};

@@ -12,19 +12,18 @@
 #include <iterator>
 #include <string>
 
+#include "tests/support/files.h"
+
 namespace tally::run {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string read(const fs::path& file) {
-  std::ifstream in(file);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+std::string read(const fs::path& file) { return testing::text_of(file); }
 
 void write(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
 
-class EvidenceCopyTest : public testing::Test {
+class EvidenceCopyTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::temp_directory_path() / ("tally-evidence-test-" + std::to_string(::getpid()));

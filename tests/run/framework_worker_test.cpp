@@ -24,6 +24,7 @@
 #include "run/megatron_core/rules.h"
 #include "run/run_case.h"
 #include "run/target.h"
+#include "tests/support/files.h"
 #include "topologies/logical_model.h"
 #include "vocab/optimizer_models.h"
 
@@ -200,8 +201,7 @@ void expect_saved_with_what_it_left(const char* mode, const std::string& listed)
   EXPECT_EQ(section->manifests, "case.manifests");
   EXPECT_TRUE(fs::is_regular_file(dir / "case.manifests" / "rank-1.json")) << "what could be copied is";
   EXPECT_FALSE(fs::exists(fs::symlink_status(dir / "case.manifests" / "rank-0.json"))) << "never a FIFO or a device";
-  std::ifstream listing(dir / "case.manifests" / "NOT-COPIED.txt");
-  const std::string text((std::istreambuf_iterator<char>(listing)), std::istreambuf_iterator<char>());
+  const std::string text = testing::text_of(dir / "case.manifests" / "NOT-COPIED.txt");
   EXPECT_NE(text.find("rank-0.json: "), std::string::npos) << text;
   fs::remove_all(dir);
 }
@@ -571,8 +571,7 @@ TEST(WorkerPool, AFloodingWorkersLogStaysWithinItsBound) {
   const fs::path log = fs::path(o.work_dir) / "world-2" / "worker.log";
   // The bound, and what a worker printing at full speed adds in the 10 ms between two looks.
   EXPECT_LE(fs::file_size(log), std::uintmax_t{96} << 20);
-  std::ifstream in(log);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = testing::text_of(log);
   EXPECT_EQ(text.rfind("model_worker.sh: world 2 up", 0), 0u) << "the log keeps its start";
   EXPECT_NE(text.find(" bytes of the worker's output left out here; the newest follow]"), std::string::npos);
   EXPECT_NE(text.find("model_worker.sh: flooded at case 2", text.size() - (1 << 20)), std::string::npos) << "and its newest lines";

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+
+#include "tests/support/files.h"
 #include <thread>
 
 namespace tally::run {
@@ -17,10 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read(const fs::path& file) {
-  std::ifstream in(file);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+std::string read(const fs::path& file) { return testing::text_of(file); }
 
 void write_all(int fd, const std::string& text) {
   for (std::size_t at = 0; at < text.size();) {
