@@ -420,7 +420,8 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
       "Every layout of one world on a target: each valid configuration (every axis and order) "
       "collapsed to its distinct process groups, crossed with the model features that change what "
       "is counted and the target's own axis (the optimizer models, and for megatron-core the layer-wise parameter layout and Megatron-FSDP's strategies, which releases before 0.19 refuse; DeepSpeed's ZeRO stages and "
-      "precisions; torchtitan's clips, SPMD backends and HSDP), one case each. Resumable (the state file after a kill), shardable (--shard I/N, "
+      "precisions; torchtitan's clips, SPMD backends and HSDP), one case each, and the distributed optimizer (with "
+      "hybrid Megatron-FSDP over it) with every number of distributed-optimizer instances the layout allows. Resumable (the state file after a kill), shardable (--shard I/N, "
       "then --merge), with JUnit, an HTML index, and failures that repeat a known finding counted "
       "apart. A megatron-core release tally models is held against that model case by case: the "
       "summary lists each case where they disagree (MODEL lines; the exit code stays the release's). Exit 0 no new failure, 1 new failures, 2 bad input, 3 infrastructure errors.");
