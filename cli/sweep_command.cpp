@@ -25,6 +25,7 @@
 #include "fuzz/junit.h"
 #include "fuzz/known.h"
 #include "fuzz/sweep.h"
+#include "fuzz/sweep_lanes.h"
 #include "io/atomic_file.h"
 #include "io/json_read.h"
 #include "run/run_case.h"
@@ -51,6 +52,7 @@ struct SweepOptions {
   bool no_known = false;
   bool json = false;
   std::vector<std::string> merge;
+  unsigned jobs = 1;
   TargetOptions target;
 };
 
@@ -252,6 +254,9 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     context.exit_code = kExitInfra;
     return;
   }
+  if (o.jobs > 1 && !opened->framework && !target->runs_cases_side_by_side())
+    throw UsageError("--jobs " + std::to_string(o.jobs) + ": tally's model on --backend " +
+                     std::string(context.backend.name()) + " runs one case at a time (sim runs them side by side)");
   const std::vector<fuzz::KnownFinding> known =
       known_findings(*opened, o.known, o.no_known, o.json ? nullptr : &context.out);
 
@@ -318,7 +323,8 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
         << plan.total_cases << " cases" << (shards > 1 ? " (this shard " + std::to_string(plan.cases.size()) + ")" : "")
         << ", " << to_run << " to run" << (done.empty() ? "" : " (" + std::to_string(done.size()) + " done before, from " + state + ")")
         << "\nstate: " << state << "\nrepeat: tally sweep --world " << o.world << target_flags_text(o.target, 0)
-        << (o.shard.empty() ? "" : " --shard " + o.shard) << '\n' << std::flush;
+        << (o.shard.empty() ? "" : " --shard " + o.shard) << (o.jobs > 1 ? " --jobs " + std::to_string(o.jobs) : "")
+        << '\n' << std::flush;
 
   fuzz::SweepRunOptions run_options;
   run_options.corpus_dir = o.corpus;
@@ -342,28 +348,35 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       write_case_html((fs::path(o.html) / (sc.id + ".html")).string(), "tally sweep: " + sc.id, c, verdict,
                       case_file.empty() ? std::vector<std::string>{} : std::vector<std::string>{"tally replay " + shell_quote(case_file)});
     };
+  // The lanes: the target opened above, and for a real target a worker of the world per further
+  // lane (each in a folder of its own under --worker-dir); tally's model on sim runs every lane.
+  std::vector<std::unique_ptr<run::Target>> more_lanes;
+  std::vector<run::Target*> lanes{target.get()};
+  for (unsigned lane = 1; lane < o.jobs; ++lane) {
+    if (!opened->framework) {
+      lanes.push_back(target.get());
+      continue;
+    }
+    TargetOptions lane_options = o.target;
+    if (!lane_options.work_dir.empty())
+      lane_options.work_dir = (fs::path(lane_options.work_dir) / ("lane-" + std::to_string(lane))).string();
+    more_lanes.push_back(chosen_target(lane_options, context.backend, context.err));
+    lanes.push_back(more_lanes.back().get());
+  }
+  if (!o.json && o.jobs > 1)
+    out << "lanes: " << o.jobs << " side by side, each taking whole layouts"
+        << (opened->framework ? " (a worker of world " + std::to_string(o.world) + " each)" : "") << '\n' << std::flush;
+
   InterruptScope interrupt;
   const auto start = std::chrono::steady_clock::now();
   std::int64_t ran = 0;
   std::vector<bool> machinery;  // of each case that ran, whether it was an infrastructure error
   double last_progress = -10.0;
-  bool stopped = false;
-  for (const fuzz::SweepCase& sc : plan.cases) {
-    if (done.contains(sc.index)) continue;
-    if (interrupt.interrupted()) {
-      stopped = true;
-      break;
-    }
-    SweepResult r;
-    try {
-      r = fuzz::run_sweep_case(sc, *target, run_options);
-    } catch (const run::TargetUnavailable& error) {
-      save_state();
-      write_outputs(o, report);
-      context.err << "tally: error: " << error.what() << " (at " << sc.id << "; the sweep resumes from " << state << ")\n";
-      context.exit_code = kExitInfra;
-      return;
-    }
+  std::vector<const fuzz::SweepCase*> to_do;
+  for (const fuzz::SweepCase& sc : plan.cases)
+    if (!done.contains(sc.index)) to_do.push_back(&sc);
+  // Heard one case at a time, whichever lane ran it; false stops the lanes.
+  const auto on_result = [&](const fuzz::SweepCase& sc, const SweepResult& r) {
     done.emplace(sc.index, r);
     ++ran;
     if (r.outcome != SweepResult::Outcome::refused) machinery.push_back(r.outcome == SweepResult::Outcome::infra_error);
@@ -385,17 +398,35 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       last_progress = elapsed;
       const double eta = elapsed / static_cast<double>(ran) * static_cast<double>(to_run - ran);
       const std::string line = "case " + std::to_string(done.size()) + "/" + std::to_string(plan.cases.size()) + " (" + sc.id +
-                               ")  elapsed " + minutes_text(elapsed) + "  ETA " + minutes_text(eta);
+                               ")  elapsed " + minutes_text(elapsed) + "  " +
+                               std::to_string(static_cast<long>(60.0 * static_cast<double>(ran) / std::max(elapsed, 1e-9))) +
+                               "/min  ETA " + minutes_text(eta);
       if (terminal) out << '\r' << line << "   " << std::flush;
       else out << "progress: " << line << '\n' << std::flush;
     }
     // A target whose machinery keeps failing gives no true count: stop, resumable.
     if (const std::optional<std::string> why = fuzz::machinery_failing(machinery)) {
-      stopped = true;
       if (!o.json) out << "\n" << *why << ": the sweep stops (it resumes from " << state << ")\n";
-      break;
+      return false;
+    }
+    return true;
+  };
+  const fuzz::LanesEnd end = fuzz::run_sweep_lanes(lanes, o.world, to_do, run_options, on_result,
+                                                   [&] { return interrupt.interrupted(); });
+  if (end.error) {
+    try {
+      std::rethrow_exception(end.error);
+    } catch (const run::TargetUnavailable& error) {
+      save_state();
+      write_outputs(o, report);
+      context.err << "tally: error: " << error.what()
+                  << (end.error_at.empty() ? " (opening a lane" : " (at " + end.error_at) << "; the sweep resumes from "
+                  << state << ")\n";
+      context.exit_code = kExitInfra;
+      return;
     }
   }
+  const bool stopped = end.stopped;
   if (terminal && !o.json) out << '\n';
   save_state();
   write_outputs(o, report);
@@ -451,6 +482,13 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
   command->add_flag("--json", options->json, "Machine-readable report (no progress lines)");
   command->add_option("--merge", options->merge,
                       "Merge the state files of a sharded sweep's shards into one report (with --junit, --html, --json)");
+  command->add_option("--jobs", options->jobs,
+                      "Lanes side by side, each taking the next whole layout (one command in place of --shard "
+                      "by hand; the state and report are one): a real target starts a worker of the world per "
+                      "lane, so a machine with room for several (one GPU shared over gloo, its cores) sweeps "
+                      "that many times as fast; tally's model on sim runs them as threads")
+      ->check(whole_number(1, 64))
+      ->capture_default_str();
   add_backend_flags(*command);
   add_target_flags(*command, options->target);
   command->callback([options, &context] { run_sweep(*options, context); });

@@ -1,0 +1,104 @@
+#include "fuzz/sweep_lanes.h"
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+namespace tally::fuzz {
+
+std::vector<std::vector<const SweepCase*>> cases_by_layout(const std::vector<const SweepCase*>& cases) {
+  std::vector<std::vector<const SweepCase*>> out;
+  for (const SweepCase* sc : cases) {
+    if (out.empty() || out.back().front()->layout != sc->layout) out.emplace_back();
+    out.back().push_back(sc);
+  }
+  return out;
+}
+
+namespace {
+
+// Opens each distinct target of `lanes` for `world`, side by side (a worker takes its seconds to
+// come up); the first error, or nullptr.
+std::exception_ptr open_lanes(std::span<run::Target* const> lanes, int world) {
+  std::vector<run::Target*> distinct;
+  for (run::Target* lane : lanes)
+    if (std::find(distinct.begin(), distinct.end(), lane) == distinct.end()) distinct.push_back(lane);
+  std::vector<std::exception_ptr> errors(distinct.size());
+  {
+    std::vector<std::jthread> opening;
+    for (std::size_t i = 0; i < distinct.size(); ++i)
+      opening.emplace_back([&, i] {
+        try {
+          distinct[i]->open(world);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+  }
+  for (const std::exception_ptr& error : errors)
+    if (error) return error;
+  return nullptr;
+}
+
+}  // namespace
+
+LanesEnd run_sweep_lanes(std::span<run::Target* const> lanes, int world, const std::vector<const SweepCase*>& cases,
+                         const SweepRunOptions& options,
+                         const std::function<bool(const SweepCase&, const SweepResult&)>& on_result,
+                         const std::function<bool()>& interrupted) {
+  LanesEnd end;
+  if (lanes.empty()) return end;
+  if (std::exception_ptr error = open_lanes(lanes, world)) {
+    end.error = error;
+    return end;
+  }
+  const std::vector<std::vector<const SweepCase*>> layouts = cases_by_layout(cases);
+  std::mutex lock;
+  std::size_t next_layout = 0;
+  bool stop = false;
+  auto lane_loop = [&](run::Target& target) {
+    for (;;) {
+      const std::vector<const SweepCase*>* layout = nullptr;
+      {
+        std::lock_guard held(lock);
+        if (stop || next_layout == layouts.size()) return;
+        layout = &layouts[next_layout++];
+      }
+      for (const SweepCase* sc : *layout) {
+        {
+          std::lock_guard held(lock);
+          if (stop) return;
+          if (interrupted()) {
+            end.stopped = stop = true;
+            return;
+          }
+        }
+        SweepResult r;
+        try {
+          r = run_sweep_case(*sc, target, options);
+        } catch (...) {
+          std::lock_guard held(lock);
+          if (!end.error) {
+            end.error = std::current_exception();
+            end.error_at = sc->id;
+          }
+          stop = true;
+          return;
+        }
+        std::lock_guard held(lock);
+        if (!on_result(*sc, r)) end.stopped = stop = true;
+      }
+    }
+  };
+  if (lanes.size() == 1) {
+    lane_loop(*lanes.front());
+    return end;
+  }
+  {
+    std::vector<std::jthread> running;
+    for (run::Target* lane : lanes) running.emplace_back([&lane_loop, lane] { lane_loop(*lane); });
+  }
+  return end;
+}
+
+}  // namespace tally::fuzz
