@@ -4,7 +4,8 @@ their gradients are reduced, and their norm summed, over the dense groups. With 
 TP those are other ranks than the expert groups that shard the experts
 (docs/findings/megatron-core-0.19.2-experts-as-dense-cp-before-tp.md).
 
-Needs only torch and megatron-core. World 4, on 4 GPUs or on one GPU with --backend gloo:
+Needs only torch and megatron-core (with numpy and packaging, its requirements). World 4, on 4 GPUs
+or on one GPU with --backend gloo:
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 4 \\
         megatron_0_19_2_experts_as_dense_cp_before_tp.py [--order cp-tp-ep-dp-pp|tp-cp-ep-dp-pp] \\

@@ -5,8 +5,9 @@ and keeps a replicated expert bias only on dense TP rank 0: with TP > 1 (expert 
 the expert FC2 biases held by dense TP ranks > 0 are left out of the norm
 (docs/findings/megatron-core-0.19.2-fsdp-expert-bias-dense-tp.md).
 
-Needs only torch, megatron-core and einops (Megatron-FSDP imports it). World 4, on 4 GPUs or on
-one GPU with --backend gloo (every rank then uses cuda:0):
+Needs only torch, megatron-core (with numpy and packaging, its requirements) and einops
+(Megatron-FSDP imports it). World 4, on 4 GPUs or on one GPU with --backend gloo (every rank then
+uses cuda:0):
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 4 \\
         megatron_0_19_2_fsdp_expert_bias_dense_tp.py [--tp 2] [--ep 2] \\

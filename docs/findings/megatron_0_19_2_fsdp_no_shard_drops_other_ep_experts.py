@@ -4,8 +4,9 @@ megatron-core 0.19.2 reduces the gradient norm over the model-parallel group (TP
 no EP axis, so each rank's norm leaves out the experts of the other EP ranks
 (docs/findings/megatron-core-0.19.2-fsdp-no-shard-drops-other-ep-experts.md).
 
-Needs torch, megatron-core and einops (Megatron-FSDP builds its device mesh with it). World 4, on
-4 GPUs or on one GPU with --backend gloo (all ranks share it):
+Needs torch, megatron-core (with numpy and packaging, its requirements) and einops (Megatron-FSDP
+builds its device mesh with it). World 4, on 4 GPUs or on one GPU with --backend gloo (all ranks
+share it):
 
     torchrun --standalone --nproc-per-node 4 megatron_0_19_2_fsdp_no_shard_drops_other_ep_experts.py \\
         [--strategy no_shard|optim|optim_grads|optim_grads_params] [--tp 1] [--ep 2] [--backend gloo]

@@ -4,8 +4,9 @@ logged as num-zeros) counts every parameter that tensor parallelism replicates (
 row-parallel biases, position embeddings) once per TP rank, while the gradient norm of the same
 parameters counts each once (docs/findings/megatron-core-0.19.2-fsdp-zero-count-tp-duplicates.md).
 
-Needs only torch, megatron-core and einops (Megatron-FSDP imports it). World 4, on 4 GPUs or on
-one GPU with --backend gloo (every rank then uses cuda:0):
+Needs only torch, megatron-core (with numpy and packaging, its requirements) and einops
+(Megatron-FSDP imports it). World 4, on 4 GPUs or on one GPU with --backend gloo (every rank then
+uses cuda:0):
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 4 \\
         megatron_0_19_2_fsdp_zero_count_tp_duplicates.py [--tp 2] \\

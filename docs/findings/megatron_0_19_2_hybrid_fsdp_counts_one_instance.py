@@ -5,8 +5,9 @@ data-parallel group but reduces the gradient norm over one optimizer instance on
 counts only the shards its own ranks hold
 (docs/findings/megatron-core-0.19.2-hybrid-fsdp-counts-one-instance.md).
 
-Needs torch, megatron-core and einops (Megatron-FSDP builds its device mesh with it). World 4 at
-TP 1 (world 8 for --tp 2), on one GPU per rank or on one GPU with --backend gloo (all ranks share it):
+Needs torch, megatron-core (with numpy and packaging, its requirements) and einops (Megatron-FSDP
+builds its device mesh with it). World 4 at TP 1 (world 8 for --tp 2), on one GPU per rank or on one
+GPU with --backend gloo (all ranks share it):
 
     torchrun --standalone --nproc-per-node 4 megatron_0_19_2_hybrid_fsdp_counts_one_instance.py \\
         [--outer optim|no_shard] [--instances 2] [--tp 1] [--backend gloo]

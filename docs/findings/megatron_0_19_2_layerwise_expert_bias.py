@@ -3,8 +3,8 @@
 biases owned by dense tensor-parallel ranks > 0 out of the gradient norm (and the zero count)
 (docs/findings/megatron-core-0.19.2-layerwise-expert-bias.md).
 
-Needs only torch and megatron-core (plus emerging_optimizers for Muon). World 2 by default, on 2
-GPUs or on one GPU with --backend gloo:
+Needs only torch and megatron-core (with numpy and packaging, its requirements; plus
+emerging_optimizers for Muon). World 2 by default, on 2 GPUs or on one GPU with --backend gloo:
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \\
         megatron_0_19_2_layerwise_expert_bias.py [--optimizer muon-layerwise|muon|adam] \\

@@ -3,8 +3,9 @@
 weight once per rank of its expert data-parallel group when the dense DP x CP size is 1
 (docs/findings/megatron-core-0.19.2-layerwise-expert-weights-dp1.md).
 
-Needs only torch and megatron-core (plus emerging_optimizers for Muon). World = TP x CP (DP 1),
-on that many GPUs or on one GPU with --backend gloo:
+Needs only torch and megatron-core (with numpy and packaging, its requirements; plus
+emerging_optimizers for Muon). World = TP x CP (DP 1), on that many GPUs or on one GPU with
+--backend gloo:
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \\
         megatron_0_19_2_layerwise_expert_weights_dp1.py [--optimizer muon-layerwise|muon|adam] \\

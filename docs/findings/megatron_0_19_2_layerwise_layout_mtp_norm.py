@@ -5,8 +5,8 @@ norm of the MTP params (`mtp_detach_heads`, grad_norm_group "mtp") over the mode
 only, while it shards Muon's matrices over data-parallel ranks: each DP rank's MTP norm misses the
 MTP matrices the other DP ranks own (docs/findings/megatron-core-0.19.2-layerwise-layout-mtp-norm.md).
 
-Needs only torch, megatron-core and emerging-optimizers (Muon). World 4, on 4 GPUs or on one GPU
-with --backend gloo (every rank then uses cuda:0):
+Needs only torch, megatron-core (with numpy and packaging, its requirements) and emerging-optimizers
+(Muon). World 4, on 4 GPUs or on one GPU with --backend gloo (every rank then uses cuda:0):
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 4 \\
         megatron_0_19_2_layerwise_layout_mtp_norm.py [--tp 1] [--no-layout] [--backend gloo]
