@@ -172,7 +172,7 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
     }
     if (!c.target || c.target->framework != framework || c.target->version != version) continue;
     if (!c.expect || c.expect->outcome != casefile::Expectation::Outcome::fail || c.target->manifests.empty()) continue;
-    const oracle::Verdict verdict = run::judge_target_run(
+    const oracle::Verdict verdict = run::judge_saved_run_of(
         c, (fs::path(file).parent_path() / c.target->manifests).string(), oracle::kFrameworkRtol);
     if (verdict.kind != oracle::Verdict::Kind::fail) continue;
     known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict),

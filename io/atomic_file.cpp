@@ -20,7 +20,7 @@ void write_file_atomically(const std::string& file, std::string_view text, std::
     return std::runtime_error(file + ": cannot write the " + std::string(noun) + " (" + step + ": " +
                               std::strerror(code) + ")");
   };
-  const int fd = ::mkstemp(temp.data());
+  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);  // not inherited by a worker another lane starts
   if (fd < 0) throw failure("creating a temporary file in " + folder.string(), errno);
   int code = 0;
   std::string step;
@@ -55,7 +55,7 @@ void write_file_atomically(const std::string& file, std::string_view text, std::
     throw failure(step, code);
   }
   // Make the rename itself durable (best effort: some file systems refuse fsync on folders).
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);

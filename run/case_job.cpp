@@ -5,7 +5,9 @@
 #include <system_error>
 
 #include "casefile/case_file.h"
+#include "io/atomic_file.h"
 #include "manifest/manifest_json.h"
+#include "run/evidence.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
 #include "run/target_run.h"
@@ -51,7 +53,7 @@ std::optional<std::string> judge_saved_run(const CaseJob& job, const FrameworkTa
            framework + " where the framework is installed";
   const std::string dir = (fs::path(job.source).parent_path() / c.target->manifests).string();
   out.how = "judged from its saved manifests, " + framework + " " + c.target->version;
-  out.verdict = judge_target_run(c, dir, oracle::kFrameworkRtol);
+  out.verdict = judge_saved_run_of(c, dir, oracle::kFrameworkRtol);
   return std::nullopt;
 }
 
@@ -64,11 +66,9 @@ bool write_manifests(const CaseJob& job, const casefile::Case& c, const TargetRu
       return true;
     }
     if (run.manifests.empty()) return false;
-    std::error_code error;
-    fs::create_directories(job.manifests, error);
-    if (!error)
-      fs::copy(run.manifests, job.manifests, fs::copy_options::recursive | fs::copy_options::overwrite_existing, error);
-    if (error) throw std::runtime_error(job.manifests + ": " + error.message());
+    // What the worker left is copied as evidence is (run/evidence.h): a FIFO or a link among its
+    // files is the worker's infrastructure error, listed in the copy, never the user's.
+    copy_evidence_into(run.manifests, job.manifests);
     return true;
   } catch (const std::exception& error) {
     throw JobOutputError(std::string("--manifests: ") + error.what());
@@ -174,6 +174,16 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
       changed = true;
     }
     if (changed) save_case(job.save, c);
+    // An infrastructure error's message beside the case, as a campaign and a sweep keep theirs.
+    if (out.verdict.kind == oracle::Verdict::Kind::infra_error) {
+      const fs::path message = fs::path(job.save).replace_extension(".infra-error.txt");
+      try {
+        io::write_file_atomically(message.string(), out.verdict.infra_call + ": " + out.verdict.infra_message + "\n",
+                                  "infrastructure error's message");
+      } catch (const std::exception& error) {
+        throw JobOutputError(error.what());
+      }
+    }
   }
 
   // 7. The expectation.

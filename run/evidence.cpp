@@ -69,10 +69,31 @@ void copy_folder(const fs::path& from, const fs::path& to, const std::string& pr
 }  // namespace
 
 EvidenceCopy copy_evidence(const fs::path& from, const fs::path& to) {
-  EvidenceCopy copy;
   std::error_code error;
   fs::remove_all(to, error);
   if (error) throw std::runtime_error("cannot replace " + to.string() + ": " + error.message());
+  return copy_evidence_into(from, to);
+}
+
+std::optional<std::string> not_plain_evidence(const fs::path& dir) {
+  std::error_code error;
+  fs::recursive_directory_iterator it(dir, error), end;
+  for (int seen = 0; !error && it != end; it.increment(error)) {
+    if (it.depth() >= kMaxDepth || ++seen > 4096) return dir.string() + ": deeper or larger than a run's manifests";
+    std::error_code status_error;
+    const fs::file_type type = fs::symlink_status(it->path(), status_error).type();
+    if (status_error) return it->path().string() + ": cannot be examined (" + status_error.message() + ")";
+    if (type != fs::file_type::regular && type != fs::file_type::directory)
+      return it->path().string() + " is " + kind_of(type) +
+             ": a run's manifests are regular files, kept as they are with its case (a copy follows no link)";
+  }
+  if (error) return dir.string() + ": cannot be listed (" + error.message() + ")";
+  return std::nullopt;
+}
+
+EvidenceCopy copy_evidence_into(const fs::path& from, const fs::path& to) {
+  EvidenceCopy copy;
+  std::error_code error;
   const fs::file_type type = fs::symlink_status(from, error).type();
   if (type == fs::file_type::directory) {
     copy_folder(from, to, "", 0, copy);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,14 @@ inline constexpr const char* kNotCopiedFile = "NOT-COPIED.txt";
 // Copies the folder `from` (a worker's case-<K>/) into `to`, replacing what `to` held. Throws
 // std::runtime_error naming `to` when it cannot be written; nothing about `from` throws.
 EvidenceCopy copy_evidence(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// The same into a folder the user named (`tally run --manifests DIR`): `to` is created where it is
+// missing and its files of the same names replaced; nothing else in it is removed.
+EvidenceCopy copy_evidence_into(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// Why the folder `dir` a worker left is not plain evidence: the first entry that is not a regular
+// file or a folder (a symbolic link, which a reader would follow but a copy does not keep; a FIFO;
+// a device), or nullopt. A run judged from such a folder could not be judged again from its copy.
+std::optional<std::string> not_plain_evidence(const std::filesystem::path& dir);
 
 }  // namespace tally::run

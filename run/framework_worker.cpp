@@ -29,6 +29,7 @@
 #include "manifest/to_record.h"
 #include "oracle/ground_truth.h"
 #include "oracle/judge.h"
+#include "run/evidence.h"
 #include "run/process_tree.h"
 #include "run/worker_log.h"
 #include "run/target_run.h"
@@ -328,9 +329,21 @@ struct WorkerPool::Worker {
   void track(bool now = false) {
     if (pid <= 0 || (!now && seconds_since(tracked) < kTrackSeconds)) return;
     const std::vector<ProcessEntry> table = process_table();
+    reap_ended_orphans(table);
     tree = merge_trees(tree, process_tree(pid, table));
     adopt(table);
     tracked = Clock::now();
+  }
+
+  // Orphans of this worker that tally took in and that ended on their own are reaped as they end,
+  // so a sweep of thousands of cases leaves no zombies in the process table. Only those known to
+  // be this worker's: never the launcher (waited on by `exited`) nor another pool's.
+  void reap_ended_orphans(const std::vector<ProcessEntry>& table) {
+    const pid_t self = ::getpid();
+    for (const ProcessEntry& e : table)
+      if (e.parent == self && e.zombie && e.id.pid != pid &&
+          std::find(tree.begin(), tree.end(), e.id) != tree.end())
+        ::waitpid(e.id.pid, nullptr, WNOHANG);
   }
 
   // The worker's orphans that tally, their subreaper, took in: children of tally carrying its tag.
@@ -626,6 +639,11 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     } catch (const std::exception& e) {
       out.verdict = infra_error("reading the manifests of " + name, e.what());
     }
+    // A verdict stands only on files its saved copy keeps: a link (read, but never copied) is the
+    // worker's error, so that a replay of the saved case judges what this run judged.
+    if (out.verdict.kind != oracle::Verdict::Kind::infra_error)
+      if (std::optional<std::string> why = not_plain_evidence(manifests))
+        out.verdict = infra_error("the manifests of " + name, *why);
     out.manifests = manifests.string();  // the evidence of the verdict
   }
   // A pass (or a refusal, which left no manifests) is not kept.

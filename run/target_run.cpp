@@ -9,6 +9,7 @@
 #include "manifest/to_record.h"
 #include "oracle/ground_truth.h"
 #include "oracle/judge.h"
+#include "run/framework_worker.h"
 #include "run/run_case.h"
 #include "topologies/rank_layout.h"
 
@@ -179,6 +180,37 @@ oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir
   try {
     return judge_target_manifests(c, manifests, rtol);
   } catch (const manifest::ManifestError& e) {  // the run as a whole (manifest/to_record.h)
+    return oracle::infra_error_verdict("reading the manifests in " + dir, e.what());
+  }
+}
+
+oracle::Verdict judge_saved_run_of(const casefile::Case& c, const std::string& dir, double rtol) {
+  manifest::RunManifests manifests;
+  try {
+    manifests = manifest::load_run(dir, 1);
+  } catch (const std::exception& e) {
+    return oracle::infra_error_verdict("reading the manifests in " + dir, e.what());
+  }
+  const bool echoed = std::any_of(manifests.ranks.begin(), manifests.ranks.end(),
+                                  [](const manifest::RankManifest& m) { return m.case_digest.has_value(); });
+  if (echoed) {
+    const std::string digest = logical_gradients(c).case_digest;
+    for (const manifest::RankManifest& m : manifests.ranks) {
+      const std::string rank = "rank " + std::to_string(m.rank) + "'s manifest";
+      if (!m.case_digest)
+        return oracle::infra_error_verdict(
+            "the manifests in " + dir,
+            rank + " echoes no case_digest where other ranks' do: they are not one run of this case");
+      if (*m.case_digest != digest)
+        return oracle::infra_error_verdict(
+            "the manifests in " + dir, rank + " echoes case_digest " + *m.case_digest + ", not this case's " + digest +
+                                           ": they answer another case (a worker's answer to a case it was not sent, "
+                                           "saved with its infrastructure error), so they are no run of this one");
+    }
+  }
+  try {
+    return judge_target_manifests(c, manifests, rtol);
+  } catch (const manifest::ManifestError& e) {
     return oracle::infra_error_verdict("reading the manifests in " + dir, e.what());
   }
 }

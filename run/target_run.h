@@ -48,6 +48,12 @@ std::optional<std::string> manifests_not_of_request(const manifest::RunManifests
 oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir, double rtol,
                                  const SentRequest* request = nullptr);
 
+// Judges a saved run of `c` (the manifests its case file names, in `dir`), without the framework.
+// Manifests that echo a case digest must all echo `c`'s (logical_gradients): a worker's answer to
+// another case, saved with its infrastructure error, is never judged as the framework's run of this
+// one. Manifests saved before workers echoed a digest (none of them has one) are judged as they are.
+oracle::Verdict judge_saved_run_of(const casefile::Case& c, const std::string& dir, double rtol);
+
 // The same for manifests already read.
 oracle::Verdict judge_target_manifests(const casefile::Case& c, const manifest::RunManifests& manifests,
                                        double rtol);

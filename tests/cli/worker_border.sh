@@ -44,6 +44,15 @@ for mode in no-manifests fifo-manifest dev-zero-manifest; do
   fi
 done
 
+# A link to the right manifest, kept elsewhere: read, it would pass, but its saved copy could not be
+# judged again (a copy follows no link), so it is the worker's error too.
+TALLY_TEST_WORKER_MODE=link-manifest "$tally" fuzz --target megatron-core --worker "$stand_in" --world 2 --cases 5 \
+  --seed 3 --corpus "$dir/fuzz-link" >"$dir/fuzz-link.out" 2>"$dir/fuzz-link.err"
+rc=$?
+[ $rc = 3 ] || fail "fuzz link-manifest: exit code $rc, expected 3"
+grep -Eq "^infrastructure error at case 0: the manifests of case-1: .*rank-0.json is a symbolic link: " "$dir/fuzz-link.out" ||
+  fail "fuzz link-manifest: no line naming the link"
+
 # run --save: the worker's error, not the user's (exit 3, not 2), saved with what could be copied.
 mkdir -p "$dir/run"
 TALLY_TEST_WORKER_MODE=dev-zero-manifest "$tally" run --world 2 --tp 2 --target megatron-core --worker "$stand_in" \
@@ -52,6 +61,22 @@ rc=$?
 [ $rc = 3 ] || fail "run --save dev-zero-manifest: exit code $rc, expected 3"
 grep -q "rank-0.json: is a character device" "$dir/run.out" "$dir/run.err" || fail "run --save: no line naming what the worker did"
 [ -f "$dir/run/case.manifests/NOT-COPIED.txt" ] || fail "run --save: what was not copied is not listed"
+grep -q "rank-0.json: is a character device" "$dir/run/case.infra-error.txt" || fail "run --save: the message is not saved"
+for mode in no-manifests fifo-manifest; do
+  TALLY_TEST_WORKER_MODE=$mode "$tally" run --world 2 --tp 2 --target megatron-core --worker "$stand_in" \
+    --save "$dir/run/$mode.json" >"$dir/run-$mode.out" 2>"$dir/run-$mode.err"
+  rc=$?
+  [ $rc = 3 ] || fail "run --save $mode: exit code $rc, expected 3"
+  [ -f "$dir/run/$mode.json" ] && [ -s "$dir/run/$mode.infra-error.txt" ] || fail "run --save $mode: the case or its message is not saved"
+done
+# run --manifests DIR: the same, the copy in DIR listing what it left out.
+TALLY_TEST_WORKER_MODE=fifo-manifest "$tally" run --world 2 --tp 2 --target megatron-core --worker "$stand_in" \
+  --manifests "$dir/run-manifests" >"$dir/run-manifests.out" 2>"$dir/run-manifests.err"
+rc=$?
+[ $rc = 3 ] || fail "run --manifests fifo-manifest: exit code $rc, expected 3: $(cat "$dir/run-manifests.err")"
+grep -q "rank-0.json: a FIFO, not copied" "$dir/run-manifests/NOT-COPIED.txt" ||
+  fail "run --manifests: what was not copied is not listed"
+[ -f "$dir/run-manifests/rank-1.json" ] || fail "run --manifests: rank 1's manifest is not copied"
 
 # A sweep goes on past the error, and a resumed sweep past it too.
 sweep=(sweep --world 2 --features moe --shard 0/5 --target megatron-core --worker "$stand_in" --no-known)
@@ -77,6 +102,23 @@ grep -q "^NEW" "$dir/stale.out" && fail "sweep stale: another case's manifests j
 grep -Eq "^INFRA .*: the manifests in .*case-2: rank 0's manifest is of another case: it echoes case_digest [0-9a-f]{16} \(case-1's\), not case-2's [0-9a-f]{16}: the worker answered case-2 with the manifests of case-1$" "$dir/stale.out" ||
   fail "sweep stale: no line naming both cases"
 grep -q "^three infrastructure errors in a row: the sweep stops" "$dir/stale.out" || fail "sweep stale: it did not stop"
+# Replayed without the framework, the saved cases are still no verdict on it (their manifests echo
+# the digest of the case before): the infrastructure errors they expect, and without an expectation
+# (one expecting a pass) an infrastructure error naming why.
+"$tally" replay "$dir/stale" >"$dir/stale-replay.out" 2>"$dir/stale-replay.err"
+rc=$?
+[ $rc = 0 ] || fail "replay of the stale sweep's cases: exit code $rc, expected 0: $(tail -5 "$dir/stale-replay.out")"
+[ "$(grep -c "(infra-error as expected, judged from its saved manifests" "$dir/stale-replay.out")" = 3 ] ||
+  fail "replay stale: not the infrastructure errors the cases expect: $(cat "$dir/stale-replay.out")"
+first=$(ls "$dir/stale"/L*.json | head -1)
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.pop("expect"); json.dump(c, open(sys.argv[2], "w"))' \
+  "$first" "$dir/stale/unexpected.json"
+"$tally" replay "$dir/stale/unexpected.json" >"$dir/stale-unexpected.out" 2>"$dir/stale-unexpected.err"
+rc=$?
+[ $rc = 1 ] || fail "replay of a stale case without its expectation: exit code $rc, expected 1 (not the pass it expects)"
+grep -q "expected pass, got infra-error (the manifests in .*: rank 0's manifest echoes case_digest [0-9a-f]*, not this case's [0-9a-f]*: they answer another case" \
+  "$dir/stale-unexpected.out" || fail "replay stale: the other case's manifests not named"
+rm -f "$dir/stale/unexpected.json"
 
 # A worker that fails every other case stops the sweep too.
 TALLY_TEST_WORKER_MODE=error-every-other "$tally" sweep --world 2 --features moe --target megatron-core \

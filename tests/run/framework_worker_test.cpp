@@ -559,6 +559,25 @@ TEST(WorkerPool, ADoubleForkedDaemonEndsWithThePool) {
   fs::remove_all(o.work_dir);
 }
 
+TEST(WorkerPool, AnOrphanThatEndsByItselfIsReapedWhileThePoolRuns) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "brief-daemon");
+  WorkerOptions o = stand_in_options();
+  o.work_dir = (fs::temp_directory_path() / ("tally-worker-brief-" + std::to_string(::getpid()))).string();
+  {
+    WorkerPool pool(o);
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+    std::ifstream in(fs::path(o.work_dir) / "daemon.pids");
+    std::vector<pid_t> daemons;
+    for (pid_t pid = 0; in >> pid;) daemons.push_back(pid);
+    ASSERT_EQ(daemons.size(), 3u);
+    // The first two ended a case or more ago: reaped by this process, their subreaper, not zombies.
+    for (std::size_t i = 0; i + 1 < daemons.size(); ++i)
+      EXPECT_FALSE(fs::exists("/proc/" + std::to_string(daemons[i])))
+          << "daemon " << daemons[i] << " ended by itself and is left a zombie of the pool";
+  }
+  fs::remove_all(o.work_dir);
+}
+
 TEST(WorkerPool, AFloodingWorkersLogStaysWithinItsBound) {
   const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "flood");  // 160 MB a case
   WorkerOptions o = stand_in_options();

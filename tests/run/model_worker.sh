@@ -11,7 +11,8 @@
 # TALLY_TEST_WORKER_FAULT=NAME plants that catalog fault in every case (the "framework"
 # miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =die-for-good does so and never
 # comes up again (a later start exits before hello), =error reports an error for
-# every case, =error-every-other for every odd case, =refuse-odd answers every odd case "refused"
+# every case, =error-every-other for every odd case, =error-on-lane-1 for every case where its queue is
+# under a folder lane-1 (a sweep's second lane, with --worker-dir), =refuse-odd answers every odd case "refused"
 # (the framework's own check declined it at set-up), =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
 # =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Hellos tally
@@ -24,9 +25,10 @@
 # reported coefficient stays right); =no-digest leaves out the case_digest every manifest echoes.
 # At case TALLY_TEST_WORKER_AT (default 1) only, and otherwise as asked: =no-manifests answers "ok"
 # without a case-K folder, =fifo-manifest leaves a FIFO as rank 0's manifest, =dev-zero-manifest a
-# symbolic link to /dev/zero, =detach-and-die starts a child in a session of its own and exits at
+# symbolic link to /dev/zero, =link-manifest a symbolic link to the right manifest kept elsewhere, =detach-and-die starts a child in a session of its own and exits at
 # once (its pid in $queue/late.pid); =daemon leaves a double-forked daemon at every case (its pid
-# added to daemon.pids in the pool's folder) and runs the case; =flood prints 160 MB of output at
+# added to daemon.pids in the pool's folder) and runs the case; =brief-daemon leaves one that ends by
+# itself within 0.4 s (its pid there too), waits 0.8 s and runs the case; =flood prints 160 MB of output at
 # every case and runs it. With
 # TALLY_TEST_WORKER_DETACHED=1 it first starts a child in a session of its own (as torchrun starts
 # its ranks), writing the child's pid to $queue/detached.pid.
@@ -111,6 +113,9 @@ while :; do
   done
   case $mode in
     daemon) sh -c 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! >>"$1"' sh "$(dirname "$queue")/daemon.pids" ;;
+    brief-daemon)
+      sh -c 'setsid sleep 0.4 </dev/null >/dev/null 2>&1 & echo $! >>"$1"' sh "$(dirname "$queue")/daemon.pids"
+      sleep 0.8 ;;
     flood) head -c 160000000 /dev/zero | tr '\0' 'x'; printf '\nmodel_worker.sh: flooded at case %s\n' "$k" ;;
   esac
   if [ "$k" = "$at" ]; then
@@ -147,6 +152,13 @@ while :; do
         k=$((k + 1))
         continue
       fi ;;
+    error-on-lane-1)
+      case $queue in
+        */lane-1/*)
+          atomically "$queue/case-$k.result.json" '{"status": "error", "message": "lane 1'"'"'s framework fails (as asked)"}'
+          k=$((k + 1))
+          continue ;;
+      esac ;;
     error-every-other)
       if [ $((k % 2)) = 1 ]; then
         atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework failed on an odd case (as asked)"}'
@@ -183,6 +195,9 @@ c = json.load(open(sys.argv[1])); c["gradients"]["seed"] += 1; json.dump(c, open
     case $mode in
       fifo-manifest) rm -f "$queue/case-$k/rank-0.json" && mkfifo "$queue/case-$k/rank-0.json" ;;
       dev-zero-manifest) rm -f "$queue/case-$k/rank-0.json" && ln -s /dev/zero "$queue/case-$k/rank-0.json" ;;
+      link-manifest)
+        mv "$queue/case-$k/rank-0.json" "$queue/rank-0.elsewhere.json" &&
+          ln -s "$queue/rank-0.elsewhere.json" "$queue/case-$k/rank-0.json" ;;
     esac
   fi
   if [ "$mode" = stale ]; then
