@@ -368,18 +368,36 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
         << (opened->framework ? " (a worker of world " + std::to_string(o.world) + " each)" : "") << '\n' << std::flush;
 
   InterruptScope interrupt;
+  // The lanes' workers come up side by side before the clock starts: the rate and ETA are of cases.
+  const std::exception_ptr not_opened = fuzz::open_sweep_lanes(lanes, o.world);
+  // One sweep, one release: a lane whose worker is of another (an environment that differs between
+  // starts) would put that release's verdicts in this one's report.
+  if (!not_opened)
+    for (std::size_t lane = 1; lane < lanes.size(); ++lane)
+      if (const run::TargetAbilities& other = lanes[lane]->open(o.world);
+          other.name != opened->name || other.version != opened->version) {
+        context.err << "tally: error: lane " << lane << "'s worker is " << other.name << " " << other.version
+                    << " where lane 0's is " << opened->name << " " << opened->version
+                    << ": the lanes of one sweep run one release\n";
+        context.exit_code = kExitInfra;
+        return;
+      }
   const auto start = std::chrono::steady_clock::now();
   std::int64_t ran = 0;
-  std::vector<bool> machinery;  // of each case that ran, whether it was an infrastructure error
+  // Of each case a lane ran, whether it was an infrastructure error: per lane, so that one lane
+  // whose worker keeps failing stops the sweep however the others fare.
+  std::vector<std::vector<bool>> machinery(lanes.size());
+  bool stopping = false;  // a lane's machinery failed: the cases still in flight are recorded, quietly
   double last_progress = -10.0;
   std::vector<const fuzz::SweepCase*> to_do;
   for (const fuzz::SweepCase& sc : plan.cases)
     if (!done.contains(sc.index)) to_do.push_back(&sc);
   // Heard one case at a time, whichever lane ran it; false stops the lanes.
-  const auto on_result = [&](const fuzz::SweepCase& sc, const SweepResult& r) {
+  const auto on_result = [&](std::size_t lane, const fuzz::SweepCase& sc, const SweepResult& r) {
     done.emplace(sc.index, r);
     ++ran;
-    if (r.outcome != SweepResult::Outcome::refused) machinery.push_back(r.outcome == SweepResult::Outcome::infra_error);
+    if (r.outcome != SweepResult::Outcome::refused)
+      machinery[lane].push_back(r.outcome == SweepResult::Outcome::infra_error);
     if (r.outcome != SweepResult::Outcome::pass && r.outcome != SweepResult::Outcome::refused) save_state();
     else if (std::chrono::steady_clock::now() - last_save >= std::chrono::seconds(2)) save_state();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -394,7 +412,7 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       if (terminal) out << '\n';
       out << "MODEL " << sc.id << ": " << r.model_disagrees << '\n' << std::flush;
     }
-    if (!o.json && (terminal ? elapsed - last_progress >= 0.2 : elapsed - last_progress >= 10.0)) {
+    if (!o.json && !stopping && (terminal ? elapsed - last_progress >= 0.2 : elapsed - last_progress >= 10.0)) {
       last_progress = elapsed;
       const double eta = elapsed / static_cast<double>(ran) * static_cast<double>(to_run - ran);
       const std::string line = "case " + std::to_string(done.size()) + "/" + std::to_string(plan.cases.size()) + " (" + sc.id +
@@ -405,20 +423,26 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       else out << "progress: " << line << '\n' << std::flush;
     }
     // A target whose machinery keeps failing gives no true count: stop, resumable.
-    if (const std::optional<std::string> why = fuzz::machinery_failing(machinery)) {
-      if (!o.json) out << "\n" << *why << ": the sweep stops (it resumes from " << state << ")\n";
+    if (stopping) return false;
+    if (const std::optional<std::string> why = fuzz::machinery_failing(machinery[lane])) {
+      stopping = true;
+      if (!o.json)
+        out << "\n" << *why << (lanes.size() > 1 ? " (lane " + std::to_string(lane) + ")" : std::string()) +
+                                   ": the sweep stops (it resumes from " << state << ")\n";
       return false;
     }
     return true;
   };
-  const fuzz::LanesEnd end = fuzz::run_sweep_lanes(lanes, o.world, to_do, run_options, on_result,
-                                                   [&] { return interrupt.interrupted(); });
+  const fuzz::LanesEnd end = not_opened ? fuzz::LanesEnd{false, not_opened, ""}
+                                        : fuzz::run_sweep_lanes(lanes, o.world, to_do, run_options, on_result,
+                                                                [&] { return interrupt.interrupted(); });
   if (end.error) {
+    // What the lanes finished is kept whatever stopped them.
+    save_state();
+    write_outputs(o, report);
     try {
       std::rethrow_exception(end.error);
     } catch (const run::TargetUnavailable& error) {
-      save_state();
-      write_outputs(o, report);
       context.err << "tally: error: " << error.what()
                   << (end.error_at.empty() ? " (opening a lane" : " (at " + end.error_at) << "; the sweep resumes from "
                   << state << ")\n";

@@ -15,11 +15,7 @@ std::vector<std::vector<const SweepCase*>> cases_by_layout(const std::vector<con
   return out;
 }
 
-namespace {
-
-// Opens each distinct target of `lanes` for `world`, side by side (a worker takes its seconds to
-// come up); the first error, or nullptr.
-std::exception_ptr open_lanes(std::span<run::Target* const> lanes, int world) {
+std::exception_ptr open_sweep_lanes(std::span<run::Target* const> lanes, int world) {
   std::vector<run::Target*> distinct;
   for (run::Target* lane : lanes)
     if (std::find(distinct.begin(), distinct.end(), lane) == distinct.end()) distinct.push_back(lane);
@@ -40,15 +36,13 @@ std::exception_ptr open_lanes(std::span<run::Target* const> lanes, int world) {
   return nullptr;
 }
 
-}  // namespace
-
 LanesEnd run_sweep_lanes(std::span<run::Target* const> lanes, int world, const std::vector<const SweepCase*>& cases,
                          const SweepRunOptions& options,
-                         const std::function<bool(const SweepCase&, const SweepResult&)>& on_result,
+                         const std::function<bool(std::size_t lane, const SweepCase&, const SweepResult&)>& on_result,
                          const std::function<bool()>& interrupted) {
   LanesEnd end;
   if (lanes.empty()) return end;
-  if (std::exception_ptr error = open_lanes(lanes, world)) {
+  if (std::exception_ptr error = open_sweep_lanes(lanes, world)) {
     end.error = error;
     return end;
   }
@@ -56,7 +50,15 @@ LanesEnd run_sweep_lanes(std::span<run::Target* const> lanes, int world, const s
   std::mutex lock;
   std::size_t next_layout = 0;
   bool stop = false;
-  auto lane_loop = [&](run::Target& target) {
+  // The first error of a case or of `on_result`; every lane stops after its current case.
+  const auto fail = [&](const std::string& at) {
+    if (!end.error) {
+      end.error = std::current_exception();
+      end.error_at = at;
+    }
+    stop = true;
+  };
+  auto lane_loop = [&](std::size_t lane, run::Target& target) {
     for (;;) {
       const std::vector<const SweepCase*>* layout = nullptr;
       {
@@ -78,25 +80,27 @@ LanesEnd run_sweep_lanes(std::span<run::Target* const> lanes, int world, const s
           r = run_sweep_case(*sc, target, options);
         } catch (...) {
           std::lock_guard held(lock);
-          if (!end.error) {
-            end.error = std::current_exception();
-            end.error_at = sc->id;
-          }
-          stop = true;
+          fail(sc->id);
           return;
         }
         std::lock_guard held(lock);
-        if (!on_result(*sc, r)) end.stopped = stop = true;
+        try {
+          if (!on_result(lane, *sc, r)) end.stopped = stop = true;
+        } catch (...) {  // saving the state, say: in a lane's thread it would end the process
+          fail(sc->id);
+          return;
+        }
       }
     }
   };
   if (lanes.size() == 1) {
-    lane_loop(*lanes.front());
+    lane_loop(0, *lanes.front());
     return end;
   }
   {
     std::vector<std::jthread> running;
-    for (run::Target* lane : lanes) running.emplace_back([&lane_loop, lane] { lane_loop(*lane); });
+    for (std::size_t lane = 0; lane < lanes.size(); ++lane)
+      running.emplace_back([&lane_loop, lane, target = lanes[lane]] { lane_loop(lane, *target); });
   }
   return end;
 }

@@ -41,4 +41,11 @@ ran=$(python3 -c 'import json,sys; print(sum(r["outcome"] != "refused" for r in 
 "$tally" sweep --world 2 --features moe --target megatron-core --worker "$worker" --no-known \
   --corpus "$dir/real-3" >"$dir/again.out" 2>&1 || fail "resuming the lanes' state with one lane"
 grep -q ", 0 to run (" "$dir/again.out" || fail "the lanes' state did not resume: $(head -1 "$dir/again.out")"
-echo "ok: three lanes give one lane's report, on tally's model and on three stand-in workers"
+# One lane whose worker fails every case stops the sweep, however the other lanes fare, and says which.
+TALLY_TEST_WORKER_MODE=error-on-lane-1 "$tally" sweep --world 2 --features moe --target megatron-core --worker "$worker" \
+  --no-known --jobs 3 --worker-dir "$dir/failing-lane" --corpus "$dir/failing-lane-corpus" >"$dir/failing-lane.out" 2>&1
+rc=$?
+[ $rc = 3 ] || fail "a failing lane: exit code $rc, expected 3"
+[ "$(grep -c "infrastructure errors in a row (lane 1): the sweep stops" "$dir/failing-lane.out")" = 1 ] ||
+  fail "a failing lane: not one line naming it: $(grep -i stops "$dir/failing-lane.out")"
+echo "ok: three lanes give one lane's report, on tally's model and on three stand-in workers; a failing lane stops them"

@@ -89,7 +89,7 @@ TEST(SweepLanes, EveryCaseIsHeardOnceAndALayoutRunsWholeOnOneLane) {
   std::map<std::int64_t, SweepResult> heard;
   const LanesEnd end = run_sweep_lanes(
       lanes, 4, pointers(plan), {},
-      [&](const SweepCase& sc, const SweepResult& r) {
+      [&](std::size_t, const SweepCase& sc, const SweepResult& r) {
         EXPECT_TRUE(heard.emplace(sc.index, r).second) << sc.id << " heard twice";
         return true;
       },
@@ -135,7 +135,7 @@ TEST(SweepLanes, AStopIsHeardByEveryLaneAndAnErrorNamesItsCase) {
   const SweepPlan plan = plan_sweep(options, first);
   int heard = 0;
   LanesEnd end = run_sweep_lanes(
-      lanes, 2, pointers(plan), {}, [&](const SweepCase&, const SweepResult&) { return ++heard < 5; },
+      lanes, 2, pointers(plan), {}, [&](std::size_t, const SweepCase&, const SweepResult&) { return ++heard < 5; },
       [] { return false; });
   EXPECT_TRUE(end.stopped);
   EXPECT_GE(heard, 5);
@@ -143,12 +143,53 @@ TEST(SweepLanes, AStopIsHeardByEveryLaneAndAnErrorNamesItsCase) {
 
   RecordingLane failing(backend, 3);
   const std::vector<run::Target*> one{&failing};
-  end = run_sweep_lanes(one, 2, pointers(plan), {}, [](const SweepCase&, const SweepResult&) { return true; },
+  end = run_sweep_lanes(one, 2, pointers(plan), {}, [](std::size_t, const SweepCase&, const SweepResult&) { return true; },
                         [] { return false; });
   ASSERT_TRUE(end.error);
   EXPECT_EQ(end.error_at, plan.cases[3].id);
   EXPECT_THROW(std::rethrow_exception(end.error), run::TargetUnavailable);
   EXPECT_EQ(failing.layouts.size(), 3u);
+}
+
+TEST(SweepLanes, AnErrorOfOnResultInALanesThreadIsReturnedNotTheEndOfTheProcess) {
+  run::SimBackend backend;
+  RecordingLane first(backend), second(backend);
+  std::vector<run::Target*> lanes{&first, &second};
+  SweepOptions options;
+  options.world = 2;
+  const SweepPlan plan = plan_sweep(options, first);
+  int heard = 0;
+  const LanesEnd end = run_sweep_lanes(
+      lanes, 2, pointers(plan), {},
+      [&](std::size_t, const SweepCase&, const SweepResult&) -> bool {
+        if (++heard == 3) throw std::runtime_error("cannot write the state (as the test asks)");
+        return true;
+      },
+      [] { return false; });
+  ASSERT_TRUE(end.error);
+  EXPECT_THROW(std::rethrow_exception(end.error), std::runtime_error);
+  EXPECT_FALSE(end.error_at.empty());
+  EXPECT_LE(heard, 4) << "each lane ends its case, then stops";
+}
+
+TEST(SweepLanes, EachCaseIsHeardWithTheLaneThatRanIt) {
+  run::SimBackend backend;
+  RecordingLane first(backend), second(backend);
+  std::vector<run::Target*> lanes{&first, &second};
+  SweepOptions options;
+  options.world = 4;
+  const SweepPlan plan = plan_sweep(options, first);
+  std::size_t by_lane[2] = {0, 0};
+  const LanesEnd end = run_sweep_lanes(
+      lanes, 4, pointers(plan), {},
+      [&](std::size_t lane, const SweepCase&, const SweepResult& r) {
+        if (r.outcome != SweepResult::Outcome::refused) ++by_lane[lane];
+        return true;
+      },
+      [] { return false; });
+  EXPECT_FALSE(end.error);
+  EXPECT_EQ(by_lane[0], first.layouts.size());
+  EXPECT_EQ(by_lane[1], second.layouts.size());
 }
 
 }  // namespace
