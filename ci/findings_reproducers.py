@@ -15,6 +15,8 @@ The info string's second word says what the block needs:
 - none: CPUs (DeepSpeed's CPU accelerator and gloo; CUDA hidden). CI runs these.
 - `fp16`: fp16 on the device: a GPU with --gpu, else CPUs that have fp16 (skipped where they have not).
 - `gpu`: a GPU (--gpu), with the framework the script imports.
+- `megatron-cpu`: CPUs (gloo; CUDA hidden) where megatron-core imports (it needs Python 3.12, so not
+  in CI's environment: skipped, saying so, where it does not import).
 
 Every reproducer in docs/findings/ must appear in some block (not checked with --only). Exit 0 when every block run passed, 1
 when one failed, 2 on a write-up this script cannot read.
@@ -96,6 +98,15 @@ def fp16_on_cpu():
         return False
 
 
+def megatron_imports():
+    try:
+        import megatron.core.parallel_state  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
 def run(command, on_gpu, timeout):
     """The command's exit status, the ranks' stdout lines (rank order) and its other output."""
     shown_env, rest, plain = argv_of(command)
@@ -143,6 +154,7 @@ def main():
     unshown = [s for s in scripts if s not in shown]
 
     fp16 = args.gpu or fp16_on_cpu()
+    megatron = megatron_imports()
     passed, failed, skipped = 0, [], []
     start_all = time.time()
     for writeup, line, needs, commands in found:
@@ -153,11 +165,13 @@ def main():
             if args.list:
                 print(f"{where} [{needs}] $ {command}")
                 continue
-            if (needs == "gpu" and not args.gpu) or (needs == "fp16" and not fp16):
+            if (needs == "gpu" and not args.gpu) or (needs == "fp16" and not fp16) or \
+                    (needs == "megatron-cpu" and not megatron):
                 skipped.append(f"{where} [{needs}] $ {command}")
                 continue
             started = time.time()
-            status, out, other = run(command, on_gpu=args.gpu and needs != "cpu", timeout=args.timeout)
+            status, out, other = run(command, on_gpu=args.gpu and needs not in ("cpu", "megatron-cpu"),
+                                     timeout=args.timeout)
             missing = [e for e in expected if e not in out]
             want = 1 if any(e.startswith("DEFECT SHOWN") for e in expected) else 0
             took = time.time() - started
@@ -186,7 +200,8 @@ def main():
     for s in skipped:
         print(f"skip {s}")
     print(f"findings-reproducers: {passed} passed, {len(failed)} failed, {len(skipped)} skipped "
-          f"(gpu blocks need --gpu; fp16 ones a device with fp16) in {time.time() - start_all:.0f} s")
+          f"(gpu blocks need --gpu; fp16 ones a device with fp16; megatron-cpu ones megatron-core) in "
+          f"{time.time() - start_all:.0f} s")
     return 1 if failed else 0
 
 

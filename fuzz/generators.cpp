@@ -6,6 +6,7 @@
 #include <string>
 
 #include "topologies/enumerate.h"
+#include "topologies/rank_layout.h"
 #include "topologies/logical_model.h"
 
 namespace tally::fuzz {
@@ -396,6 +397,43 @@ bool experts_as_dense_with_other_groups(const ParallelConfig& c) {
   using topologies::Axis;
   return (c.tp > 1 && axis_stride(c, Axis::tp, false) != axis_stride(c, Axis::tp, true)) ||
          (c.gtp > 1 && axis_stride(c, Axis::gtp, false) != axis_stride(c, Axis::gtp, true));
+}
+
+bool instances_split_their_shards(const ParallelConfig& c) {
+  if (c.dist_opt_instances <= 1) return false;
+  const topologies::RankLayout layout(c);
+  using topologies::Family;
+  for (int rank = 0; rank < c.world; ++rank) {
+    const std::span<const int> instance = layout.group_ranks(Family::dist_opt, rank);
+    for (Family family : {Family::dp_cp, Family::expt_dp}) {
+      const std::span<const int> group = layout.group_ranks(family, rank);
+      const int size = static_cast<int>(group.size()) / c.dist_opt_instances;
+      const int first = layout.index_in(family, rank) / size * size;
+      // The members of the rank's group in its instance must be exactly its slice.
+      int in_instance = 0;
+      for (int member : group)
+        if (std::find(instance.begin(), instance.end(), member) != instance.end()) ++in_instance;
+      if (in_instance != size) return true;
+      for (int k = first; k < first + size; ++k)
+        if (std::find(instance.begin(), instance.end(), group[static_cast<std::size_t>(k)]) == instance.end()) return true;
+    }
+  }
+  return false;
+}
+
+LayoutCorner megatron_layout_corner(const ParallelConfig& c) {
+  if (experts_as_dense_with_other_groups(c)) return LayoutCorner::experts_as_dense;
+  if (instances_split_their_shards(c)) return LayoutCorner::instances_split_their_shards;
+  return LayoutCorner::none;
+}
+
+std::string_view layout_corner_name(LayoutCorner corner) {
+  switch (corner) {
+    case LayoutCorner::experts_as_dense: return "experts as dense with ETP groups unlike TP groups";
+    case LayoutCorner::instances_split_their_shards: return "distributed-optimizer instances whose stats groups split their shards";
+    case LayoutCorner::none: break;
+  }
+  return "none";
 }
 
 bool megatron_layout_assumptions_hold(const ParallelConfig& c) {

@@ -48,13 +48,14 @@ FailureShape shape_of(const oracle::Verdict& verdict) {
 // The findings whose norm code is `path` (the code of `c`) or a code `path` refines by more words
 // ("DeepSpeedZeroOptimizer" for "DeepSpeedZeroOptimizer CPU offload", "megatron-fsdp optim_grads_params"
 // for "... outer optim": the same function with more around it), and, in Megatron-LM's
-// experts-as-dense corner, the corner's findings.
+// layout corners, the findings of that corner.
 std::vector<const KnownFinding*> findings_of_code(const std::vector<KnownFinding>& known, const casefile::Case& c,
                                                   const std::string& path) {
-  const bool corner = experts_as_dense_with_other_groups(c.topology);
+  const LayoutCorner corner = megatron_layout_corner(c.topology);
   std::vector<const KnownFinding*> out;
   for (const KnownFinding& k : known)
-    if (k.path == path || path.starts_with(k.path + " ") || (k.layout_corner && corner)) out.push_back(&k);
+    if (k.path == path || path.starts_with(k.path + " ") || (k.corner != LayoutCorner::none && k.corner == corner))
+      out.push_back(&k);
   return out;
 }
 
@@ -176,7 +177,7 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
         c, (fs::path(file).parent_path() / c.target->manifests).string(), oracle::kFrameworkRtol);
     if (verdict.kind != oracle::Verdict::Kind::fail) continue;
     known.push_back({file, fs::path(file).stem().string(), known_path(c), failure_signature(verdict),
-                     framework == "megatron-core" && experts_as_dense_with_other_groups(c.topology),
+                     framework == "megatron-core" ? megatron_layout_corner(c.topology) : LayoutCorner::none,
                      miscountings(verdict), run::failed_statistics(verdict)});
   }
   return known;
@@ -206,9 +207,14 @@ std::string why_new(const std::vector<KnownFinding>& known, const casefile::Case
   return unknown + "; no known finding of " + path + (candidates.empty() ? " at all" : "") + " shows it";
 }
 
+std::string megatron_layout_corner_finding(LayoutCorner corner) {
+  if (corner == LayoutCorner::none) return "";
+  return "megatron-layout-corner (" + std::string(layout_corner_name(corner)) + ")";
+}
+
 std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
                              const oracle::Verdict& verdict) {
-  if (!framework) return megatron_layout_assumptions_hold(c.topology) ? "" : std::string(kMegatronLayoutCorner);
+  if (!framework) return megatron_layout_corner_finding(megatron_layout_corner(c.topology));
   const KnownFinding* k = known_as(known, c, verdict);
   return k ? k->name : "";
 }

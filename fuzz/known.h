@@ -16,9 +16,10 @@
 // statistic no miscount makes (a rank reporting other than its ledger implies, "*-ledger"; gradients
 // other than tally's, "held-gradients") that no such finding's saved run failed. A failure without a miscount repeats a finding without one that fails the
 // same statistic first (the failure signature, fuzz/shrink.h). A megatron-core finding whose own
-// case lies in Megatron-LM's experts-as-dense corner (experts_as_dense_with_other_groups: ETP
-// groups unlike the TP groups) is a defect of the groups, not of a norm code: any norm code's
-// failure in that corner that miscounts the same way repeats it.
+// case lies in one of Megatron-LM's layout corners (megatron_layout_corner, fuzz/generators.h:
+// experts as dense with ETP groups unlike the TP groups; distributed-optimizer instances whose stats
+// groups split their shards) is a defect of the groups, not of a norm code: any norm code's failure
+// in that same corner that miscounts the same way repeats it.
 #pragma once
 
 #include <functional>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "casefile/case.h"
+#include "fuzz/generators.h"
 #include "fuzz/shrink.h"
 #include "oracle/verdict.h"
 
@@ -50,7 +52,7 @@ struct KnownFinding {
   std::string name;         // its file name without the folder and ".json": how reports name it
   std::string path;         // the framework's norm code it fails in (known_path)
   FailureSignature signature;
-  bool layout_corner = false;  // a megatron-core finding in the experts-as-dense corner
+  LayoutCorner corner = LayoutCorner::none;  // of a megatron-core finding: the layout corner its case lies in
   std::set<Miscounting> miscounts;  // of its saved run
   std::vector<std::string> failed;  // the statistics its saved run fails (run::failed_statistics)
 };
@@ -79,10 +81,12 @@ const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casef
 std::string why_new(const std::vector<KnownFinding>& known, const casefile::Case& c, const oracle::Verdict& verdict);
 
 // The known finding a failure of `c` repeats, "" when it is new: on a real framework one of
-// `known` (fuzz/known.h); on tally's model (`framework` false) Megatron-LM's own layout corner,
-// where Megatron's rules miscount with no fault (megatron_layout_assumptions_hold,
-// fuzz/generators.h; written up in docs/findings/megatron-core-0.19.2-experts-as-dense-cp-before-tp.md).
+// `known` (fuzz/known.h); on tally's model (`framework` false) Megatron-LM's own layout corners,
+// where Megatron's rules miscount with no fault (megatron_layout_corner, fuzz/generators.h; written
+// up in docs/findings/megatron-core-0.19.2-experts-as-dense-cp-before-tp.md and
+// megatron-core-0.19.2-dist-opt-instances-split-their-shards.md), named "megatron-layout-corner (...)".
 inline constexpr std::string_view kMegatronLayoutCorner = "megatron-layout-corner (experts as dense with ETP groups unlike TP groups)";
+std::string megatron_layout_corner_finding(LayoutCorner corner);
 std::string known_finding_of(const std::vector<KnownFinding>& known, bool framework, const casefile::Case& c,
                              const oracle::Verdict& verdict);
 

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "casefile/case_file.h"
+#include "fuzz/sweep.h"
 #include "tests/support/config_gen.h"
 #include "tests/support/show.h"
 #include "topologies/rank_layout.h"
@@ -90,6 +91,40 @@ RC_GTEST_PROP(Generators, LayoutAssumptionAgreesWithTheRankLayout, ()) {
       (!dense_experts || (same_groups(c, topologies::Family::tp, topologies::Family::expt_tp) &&
                           same_groups(c, topologies::Family::gtp, topologies::Family::expt_gtp)));
   RC_ASSERT(megatron_layout_assumptions_hold(c) == expected);
+}
+
+// The instances corner, exactly: over every layout of world 8 with every number of
+// distributed-optimizer instances it allows, tally's model of Megatron's distributed optimizer (no
+// fault, dense and MoE) miscounts exactly where the instances' stats groups split their shards, and
+// never in Megatron-LM's two orders.
+TEST(Generators, InstancesSplitTheirShardsExactlyWhereTheFaultFreeModelMiscounts) {
+  int split = 0, whole = 0;
+  for (const SweepLayout& layout : sweep_layouts(8).layouts) {
+    const int dp_cp = topologies::dp(layout.config) * layout.config.cp;
+    for (int k = 2; k <= dp_cp; ++k) {
+      ParallelConfig c = layout.config;
+      c.dist_opt_instances = k;
+      if (dp_cp % k != 0 || topologies::check_config(c) || experts_as_dense_with_other_groups(c)) continue;
+      const bool splits = instances_split_their_shards(c);
+      if (c.order == topologies::kDefaultOrder || c.order == "tp-cp-ep-pp-dp") EXPECT_FALSE(splits) << topologies::describe(c);
+      (splits ? split : whole) += 1;
+      for (SweepFeature feature : {SweepFeature::dense, SweepFeature::moe}) {
+        const SweepModel model = sweep_model(c, feature);
+        if (!model.model) continue;
+        casefile::Case kase;
+        kase.topology = c;
+        kase.model = *model.model;
+        kase.path.optimizer = vocab::OptimizerModel::distributed;
+        kase.path.gradients.generator.mode = kernels::GradientMode::ones;
+        kase.path.max_norm = 1.0;
+        if (casefile::check_case(kase)) continue;
+        EXPECT_EQ(run::run_case(kase).kind == oracle::Verdict::Kind::pass, !splits)
+            << topologies::describe(c) << " (" << sweep_feature_name(feature) << ")";
+      }
+    }
+  }
+  EXPECT_GT(split, 0);
+  EXPECT_GT(whole, 0);
 }
 
 // The fault-free property: with no fault switched on, every generated case passes.
