@@ -35,12 +35,24 @@ def link(night, path, text):
     return html.escape(text)
 
 
+def in_part(part, folder, path):
+    """`path` as recorded, or, where the night's folder was moved since (the paths in a state or report
+    are where the run wrote them), the file of that name in the part's `folder`."""
+    if not path or os.path.exists(path):
+        return path
+    moved = os.path.join(part, folder, os.path.basename(path))
+    return moved if os.path.exists(moved) else path
+
+
 def sweep_row(night, part):
     state = read_json(os.path.join(part, "sweep", "sweep-state.json"))
     rc = read_rc(os.path.join(part, "sweep.rc"))
     if state is None:
         log = os.path.join(part, "sweep.log")
-        return {"cells": [f"no state (exit {rc}); " + link(night, log, "its log")], "new": [], "model": []}
+        if rc is None and not os.path.exists(log):
+            return {"cells": ["not run"], "new": [], "model": []}
+        status = f"exit {rc}" if rc is not None else "no exit status"
+        return {"cells": [f"no state ({status}); " + link(night, log, "its log")], "new": [], "model": []}
     results = state["results"]
 
     def count(outcome):
@@ -62,7 +74,8 @@ def sweep_row(night, part):
     for r in new:
         page = os.path.join(part, "sweep-html", r["id"] + ".html")
         rows.append((r["id"], r["outcome"], r.get("detail", ""), link(night, page, "report")
-                     + ("; " + link(night, r.get("case_file", ""), "case file") if r.get("case_file") else "")))
+                     + ("; " + link(night, in_part(part, "sweep", r["case_file"]), "case file")
+                        if r.get("case_file") else "")))
     return {"cells": cells, "new": rows, "model": [(r["id"], r["model_disagrees"]) for r in model]}
 
 
@@ -79,13 +92,13 @@ def campaign_row(night, part):
     for f in report["failures"]:
         if f.get("known"):
             continue
-        case = f.get("shrunk") or f.get("original", "")
+        case = in_part(part, "fuzz", f.get("shrunk") or f.get("original", ""))
         rows.append((f"case {f['case']}", "fail", f.get("failure", ""), link(night, case, "case file")
                      + html.escape(f"; tally replay {os.path.abspath(case)}" if case else "")))
     if report.get("infra_error"):
         e = report["infra_error"]
         rows.append((f"case {e['case']}", "infra-error", e.get("message", "").split("\n")[0],
-                     link(night, e.get("saved", ""), "case file")))
+                     link(night, in_part(part, "fuzz", e.get("saved", "")), "case file")))
     return {"cells": cells, "new": rows}
 
 
