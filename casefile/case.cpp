@@ -21,6 +21,13 @@ std::string_view dtensor_clip_name(DTensorClip clip) {
   return clip == DTensorClip::torch ? "torch" : "torchtitan";
 }
 
+void drop_other_frameworks_sections(Case& c, std::string_view framework) {
+  if (framework != "deepspeed") c.deepspeed.reset();
+  if (framework != "torchtitan") c.torchtitan.reset();
+  if (framework != "automodel") c.automodel.reset();
+  if (framework != "megatron-core") c.megatron_fsdp.reset();
+}
+
 std::string_view spmd_backend_name(SpmdBackend backend) {
   return backend == SpmdBackend::partial_dtensor ? "partial_dtensor" : "full_dtensor";
 }

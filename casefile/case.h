@@ -30,12 +30,12 @@ std::string_view outcome_name(Expectation::Outcome outcome);  // "pass", "fail",
 // its name and the version its worker reported, and the manifests the run that found the case
 // wrote, saved next to the case file, so replay can judge them where the framework is absent.
 struct RealTarget {
-  std::string framework;  // "megatron-core", "deepspeed", "torchtitan"
+  std::string framework;  // "megatron-core", "deepspeed", "torchtitan", "automodel"
   std::string version;    // "0.19.2"
   std::string manifests;  // folder, relative to the case file's folder; "" when none was saved
   friend bool operator==(const RealTarget&, const RealTarget&) = default;
 };
-inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepspeed", "torchtitan"};
+inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepspeed", "torchtitan", "automodel"};
 
 // DeepSpeed's engine configuration, read only by the deepspeed target (adapters/tally_adapters/deepspeed). With
 // the gradient dtype (the engine's precision) it picks the code that computes DeepSpeed's norm:
@@ -73,6 +73,16 @@ struct TorchTitanConfig {
   friend bool operator==(const TorchTitanConfig&, const TorchTitanConfig&) = default;
 };
 
+// How NeMo-Automodel lays a case out, read only by the automodel target
+// (adapters/tally_adapters/automodel): the HSDP replicate degree of its FSDP2 mesh (DP =
+// dp_replicate x dp_shard; Automodel's `distributed.dp_replicate_size`) and whether its TP plan
+// shards the sequence (`distributed.sequence_parallel`).
+struct AutomodelConfig {
+  int dp_replicate = 1;
+  bool sequence_parallel = false;
+  friend bool operator==(const AutomodelConfig&, const AutomodelConfig&) = default;
+};
+
 // Megatron-FSDP (DistributedDataParallelConfig.use_megatron_fsdp), read only by the megatron-core
 // target (adapters/tally_adapters/megatron): how its buffers shard over DP
 // (data_parallel_sharding_strategy), and, with several optimizer instances
@@ -97,10 +107,16 @@ struct Case {
   std::optional<DeepSpeedConfig> deepspeed;  // only for the deepspeed target
   std::optional<TorchTitanConfig> torchtitan;  // only for the torchtitan target
   std::optional<MegatronFsdpConfig> megatron_fsdp;  // only for the megatron-core target
+  std::optional<AutomodelConfig> automodel;  // only for the automodel target
   std::optional<RealTarget> target;  // absent: tally's model of the path (the model target)
   std::optional<Expectation> expect;
   friend bool operator==(const Case&, const Case&) = default;
 };
+
+// Resets the sections of `c` that only frameworks other than `framework` read (deepspeed,
+// torchtitan, automodel; megatron_fsdp, which megatron-core reads): a target's projection of a case
+// into its space keeps its own section alone.
+void drop_other_frameworks_sections(Case& c, std::string_view framework);
 
 // A case that breaks a rule of the configuration, the model or the options. exit code 2.
 class InvalidCase : public std::invalid_argument {

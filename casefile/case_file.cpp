@@ -285,9 +285,11 @@ RealTarget read_target(const json& value, const std::string& path) {
         [&](const json& v, const std::string& p) {
           t.framework = read_string(v, p, 64);
           if (std::find(std::begin(kKnownFrameworks), std::end(kKnownFrameworks), t.framework) ==
-              std::end(kKnownFrameworks))
-            fail(p, "expected a framework tally has a worker for (megatron-core, deepspeed, torchtitan), got " +
-                        message_quote(t.framework));
+              std::end(kKnownFrameworks)) {
+            std::string known;
+            for (std::string_view name : kKnownFrameworks) known += (known.empty() ? "" : ", ") + std::string(name);
+            fail(p, "expected a framework tally has a worker for (" + known + "), got " + message_quote(t.framework));
+          }
         }},
        {"version",
         [&](const json& v, const std::string& p) {
@@ -336,6 +338,17 @@ TorchTitanConfig read_torchtitan(const json& value, const std::string& path) {
        {"dp_replicate",
         [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }}},
       "the torchtitan configuration");
+  return d;
+}
+
+AutomodelConfig read_automodel(const json& value, const std::string& path) {
+  AutomodelConfig d;
+  read_object(
+      value, path,
+      {{"dp_replicate",
+        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }},
+       {"sequence_parallel", [&](const json& v, const std::string& p) { d.sequence_parallel = read_bool(v, p); }}},
+      "the NeMo-Automodel configuration");
   return d;
 }
 
@@ -438,6 +451,7 @@ Case read_case(const json& value, const std::string& path) {
        {"deepspeed", [&](const json& v, const std::string& p) { c.deepspeed = read_deepspeed(v, p); }},
        {"torchtitan", [&](const json& v, const std::string& p) { c.torchtitan = read_torchtitan(v, p); }},
        {"megatron_fsdp", [&](const json& v, const std::string& p) { c.megatron_fsdp = read_megatron_fsdp(v, p); }},
+       {"automodel", [&](const json& v, const std::string& p) { c.automodel = read_automodel(v, p); }},
        {"target", [&](const json& v, const std::string& p) { c.target = read_target(v, p); }},
        {"expect", [&](const json& v, const std::string& p) { c.expect = read_expect(v, p); }},
        {"tool", [&](const json& v, const std::string& p) { read_tool(v, p); }}},
@@ -521,6 +535,8 @@ ordered_json case_to_json(const Case& c) {
   if (c.megatron_fsdp)
     j["megatron_fsdp"] = {{"data_parallel_sharding_strategy", fsdp_sharding_name(c.megatron_fsdp->sharding)},
                           {"outer_dp_sharding_strategy", fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)}};
+  if (c.automodel)
+    j["automodel"] = {{"dp_replicate", c.automodel->dp_replicate}, {"sequence_parallel", c.automodel->sequence_parallel}};
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};
     if (!c.target->manifests.empty()) j["target"]["manifests"] = c.target->manifests;

@@ -5,6 +5,7 @@
 #include <map>
 #include <system_error>
 
+#include "run/automodel/target_row.h"
 #include "run/deepspeed/target_row.h"
 #include "run/evidence.h"
 #include "run/torchtitan/target_row.h"
@@ -130,8 +131,8 @@ class WorkerTarget final : public Target {
 
 std::span<const FrameworkTarget* const> framework_targets() {
   // Every framework's row, from its folder, in the order --help lists them.
-  static const std::array<const FrameworkTarget*, 3> rows{&megatron_core_target(), &deepspeed_target(),
-                                                          &torchtitan_target()};
+  static const std::array<const FrameworkTarget*, 4> rows{&megatron_core_target(), &deepspeed_target(),
+                                                          &torchtitan_target(), &automodel_target()};
   return rows;
 }
 
@@ -155,6 +156,9 @@ std::optional<std::string> other_frameworks_section(const casefile::Case& c, std
   if (c.torchtitan && framework != "torchtitan")
     return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
            "with --target torchtitan";
+  if (c.automodel && framework != "automodel")
+    return "automodel: a NeMo-Automodel case (its automodel section is how Automodel lays it out); run it with "
+           "--target automodel";
   if (c.megatron_fsdp && framework != "megatron-core")
     return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
            "run it with --target megatron-core";

@@ -77,6 +77,17 @@ def first_replica(p) -> bool:
     return all(c == 0 for c, pl in zip(coordinate, p.placements) if placement_kind(pl) == "R")
 
 
+def ranks_along(mesh, dims: Sequence[int]) -> List[int]:
+    """The ranks of `mesh` that differ from this rank only along the mesh dims `dims`: the group a
+    collective over those dims of `mesh` reduces over on this rank (this rank alone for none)."""
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError("a mesh that does not hold this rank")
+    grid = mesh.mesh
+    index = tuple(slice(None) if d in dims else c for d, c in enumerate(coordinate))
+    return sorted(int(r) for r in grid[index].reshape(-1).tolist())
+
+
 def attributes_of(p, tp_dim_name: str = "tp", expert: bool = False, dim_offset: int = 0) -> Dict[str, Any]:
     """Megatron's counting attributes as the placements give them: sharded over the mesh dim
     `tp_dim_name` is `tensor_model_parallel` with that shard dim (less `dim_offset`: an expert's
@@ -134,13 +145,17 @@ def build_manifest(
     reported_norm: Optional[float],
     clips: Optional[Dict[Any, Tuple[float, float]]] = None,
     clipped_of: Optional[Callable[[Any], Any]] = None,
+    stats_groups: Optional[Dict[Any, List[int]]] = None,
 ) -> Dict[str, Any]:
     """This rank's manifest (rank lists; write_run turns them into group indices).
     `pieces`: every local piece of every trainable param. `child_of(param)`: its key among
     `children` (canonical_children's list). `gradient_of(param)` / `clipped_of(param)`: the flat
     values of its local shard before and after the caller clipped (numpy). `clips`: child key ->
     (max_norm, coefficient) where the caller clipped. `groups`: this rank's groups by name, `tp` and
-    `expt_tp` among them."""
+    `expt_tp` among them. `stats_groups`: child key -> the ranks this rank's norm of that child is
+    summed over, for a caller that reduces each child over groups of its own (NeMo-Automodel); every
+    piece is then kept, counted by exactly those ranks. Without it, DTensor's rule: every child over
+    the world, a piece kept on the first replica of its Replicate dims."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -164,7 +179,7 @@ def build_manifest(
             "begin": 0,
             "end": int(piece.end - piece.begin),
             "attributes": piece.attributes,
-            "kept": first_replica(piece.param),
+            "kept": True if stats_groups is not None else first_replica(piece.param),
             "kept_zeros": False,
             "stats": piece_stats,
         }
@@ -179,7 +194,7 @@ def build_manifest(
         clip = (clips or {}).get(key)
         optimizers.append({
             "name": child_names(key),
-            "stats_group": everyone,
+            "stats_group": everyone if stats_groups is None else sorted(stats_groups[key]),
             "tp_group": None,
             "expert_tp_group": None,
             "clip": None if clip is None else {"max_norm": clip[0], "coefficient": clip[1]},

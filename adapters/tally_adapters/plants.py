@@ -29,6 +29,15 @@ def owner_of(where):
     return getattr(module, cls) if cls else module
 
 
+def attribute(module, attr):
+    """`module.attr`, or None: also where a module's own __getattr__ raises something other than
+    AttributeError for a name it lacks (NeMo-Automodel's model registry raises ModuleNotFoundError)."""
+    try:
+        return getattr(module, attr, None)
+    except Exception:
+        return None
+
+
 class Planted:
     """Plants `faults` for the duration of a `with` block. `plants`: fault -> ([(where, attr, make),
     ...], how): `make(original)` gives the replacement. A function of a module ("where" names the
@@ -61,7 +70,7 @@ class Planted:
                 continue
             self.originals.append((attr, original))
             for module in self._modules():
-                if getattr(module, attr, None) is original:
+                if attribute(module, attr) is original:
                     self.patches.replace(module, attr, replacement)
         return self
 
@@ -70,7 +79,7 @@ class Planted:
         # A module imported while the fault was planted took the replacement: restore it too.
         for attr, original in self.originals:
             for module in self._modules():
-                value = getattr(module, attr, None)
+                value = attribute(module, attr)
                 if value is not None and value is not original and getattr(value, "_tally_planted", False):
                     setattr(module, attr, original)
         return False

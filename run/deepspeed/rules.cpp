@@ -242,8 +242,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  c.torchtitan.reset();
-  c.megatron_fsdp.reset();
+  casefile::drop_other_frameworks_sections(c, "deepspeed");
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

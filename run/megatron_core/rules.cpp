@@ -199,8 +199,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   topologies::ModelSpec& m = c.model;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  c.deepspeed.reset();
-  c.torchtitan.reset();
+  casefile::drop_other_frameworks_sections(c, "megatron-core");
   const bool fsdp_runs = !fsdp_not_recorded(version) && !cannot_run.contains("megatron_fsdp");
   if (!fsdp_runs) c.megatron_fsdp.reset();
   m.softmax_type = topologies::SoftmaxType::vanilla;

@@ -155,8 +155,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  c.deepspeed.reset();
-  c.megatron_fsdp.reset();
+  casefile::drop_other_frameworks_sections(c, "torchtitan");
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

@@ -319,7 +319,7 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
       {with_section(R"("expect": {"outcome": "fail", "miscounted": ["decoder.layers.9.bias"]})"),
        "bad.json: case.expect.miscounted[0]: \"decoder.layers.9.bias\" is not a param of the model (tally layout lists them)"},
       {with_section(R"("target": {"framework": "paddle", "version": "0.2.0"})"),
-       "bad.json: case.target.framework: expected a framework tally has a worker for (megatron-core, deepspeed, torchtitan), got \"paddle\""},
+       "bad.json: case.target.framework: expected a framework tally has a worker for (megatron-core, deepspeed, torchtitan, automodel), got \"paddle\""},
       {with_section(R"("deepspeed": {"zero_stage": 4})"),
        "bad.json: case.deepspeed.zero_stage: expected an integer >= 0 at most 3, got 4"},
       {with_section(R"("deepspeed": {"loss_scale": 100})"),

@@ -1,0 +1,1 @@
+"""tally's NeMo-Automodel target: its worker (tally_adapters.automodel.worker)."""

@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""tally's worker for NeMo-Automodel: executes tally's cases with Automodel's own model classes,
+meshes, parallelizer and gradient clipping, unmodified, and writes the manifests `tally` judges
+(`tally fuzz|run|replay --target automodel`).
+
+Started by tally, once per world size, under torchrun (one process per rank):
+
+    torchrun --standalone --nproc-per-node WORLD -m tally_adapters.automodel.worker \\
+        --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
+
+It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per case, on every rank:
+
+1. The case's GPT as the Hugging Face architecture of its shape (tally_adapters.hf_models: Llama,
+   or Qwen3 with qk-layernorm), built with the class Automodel's registry names for it
+   (`nemo_automodel._transformers.registry`: its own Llama and Qwen3 implementations), fp32.
+2. Automodel's meshes (`MeshContext.build` with `ParallelismSizes`: pp, dp_replicate, dp_shard, cp,
+   tp, as its recipes' `distributed` section gives them) and its parallelizer
+   (`parallelize_model`: its TP plan for the architecture, sequence parallelism where the case
+   asks, FSDP2 over dp_shard_cp, HSDP over dp_replicate), with fp32 parameters and reductions.
+   `NeMoAutoModelForCausalLM.from_config` runs the same two steps for a user, on a CUDA device
+   only (it builds its infrastructure on `cuda`), so the worker calls them itself, on CPUs too.
+3. Every param's gradient set to tally's values, placed as the param is (`distribute_tensor`), and
+   each rank's shard checked against the box its placements describe.
+4. Automodel's `clip_grad_norm` (components/training/utils.py), as its training recipes call it
+   after the gradients are synchronized, with the case's max_norm (infinity where the case does
+   not clip), and the manifests of what it returned and of the gradients after it. Automodel
+   groups params by mesh and placements and sums each group's squares over the group's sharded
+   mesh dims (not over its replicated ones), so each group's stats group on this rank is exactly
+   those ranks (tally_adapters.dtensor.ranks_along) and every shard counts there.
+
+On a machine without GPUs it runs on the CPUs with gloo (Automodel builds its meshes on `cpu` when
+the process group is gloo).
+"""
+
+import math
+import sys
+
+from .. import dtensor as tally_dtensor
+from .. import hf_models
+from .. import worker as base
+from ..queue import framework_setup
+
+_UTILS = "nemo_automodel.components.training.utils"
+
+
+# --- planted faults (the real mutation score) -------------------------------------------------
+#
+# A catalog fault with a counterpart in Automodel's reducer is planted for one case by replacing the
+# function that decides it (tally_adapters.plants); the original is put back after the case. Each
+# replacement is the function with one rule changed.
+
+
+def _averaged_over_shards(orig):
+    # Each sharded mesh dim's sum of squares becomes their mean: per-rank contributions averaged
+    # instead of summed (DeepSpeed #8475's rule, in Automodel's scalar reduction).
+    def _all_reduce_scalar(scalar, op, mesh, mesh_dim=None):
+        import torch.distributed as dist
+
+        total = orig(scalar, op, mesh, mesh_dim)
+        if op != dist.ReduceOp.SUM:
+            return total
+        size = mesh.size() if mesh_dim is None else mesh.size(mesh_dim)
+        return total / size
+
+    return _all_reduce_scalar
+
+
+def _over_replicas_too(orig):
+    # A reduction over dp_shard also runs over dp_replicate, where HSDP's replicas hold the same
+    # shard: each is counted once per replica.
+    def _all_reduce_scalar(scalar, op, mesh, mesh_dim=None):
+        total = orig(scalar, op, mesh, mesh_dim)
+        names = list(mesh.mesh_dim_names or ())
+        if mesh_dim is not None and names[mesh_dim] == "dp_shard" and "dp_replicate" in names:
+            total = orig(total, op, mesh, names.index("dp_replicate"))
+        return total
+
+    return _all_reduce_scalar
+
+
+def _each_group_by_its_norm(orig):
+    # The total norm is reported, but each sharding group (mesh and placements, as Automodel groups)
+    # is clipped by its own (Megatron-LM #785's rule, in Automodel's per-group clip).
+    def _clip_grad_norm_impl(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
+                             pp_mesh=None, ep_mesh=None, ep_param_ids=None, **kwargs):
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        total = orig(parameters, math.inf, norm_type, error_if_nonfinite, foreach, pp_mesh, ep_mesh, ep_param_ids,
+                     **kwargs)
+        by_group = {}
+        for p in parameters:
+            key = (id(p.device_mesh), tuple(str(pl) for pl in p.placements)) if isinstance(p, DTensor) else None
+            if p.grad is not None:
+                by_group.setdefault(key, []).append(p)
+        for params in by_group.values():
+            own = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type, False, foreach)
+            own = own.full_tensor() if isinstance(own, DTensor) else own
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, own, foreach)
+        return total
+
+    return _clip_grad_norm_impl
+
+
+# fault -> ([(module, the function, how to make the replacement)], how)
+PLANTS = {
+    "average-rank-norms": (
+        [(_UTILS, "_all_reduce_scalar", _averaged_over_shards)],
+        "_all_reduce_scalar averages each sharded mesh dim's sum of squares instead of summing it",
+    ),
+    "stats-over-replicas": (
+        [(_UTILS, "_all_reduce_scalar", _over_replicas_too)],
+        "_all_reduce_scalar also reduces dp_shard's sums over dp_replicate, where HSDP's replicas are",
+    ),
+    "clip-per-child-norm": (
+        [(_UTILS, "_clip_grad_norm_impl", _each_group_by_its_norm)],
+        "each of _clip_grad_norm_impl's sharding groups is clipped by its own norm, the total reported",
+    ),
+}
+
+_NO_ATTRIBUTES = "DTensor counts through placements: Automodel's reducer reads no Megatron attribute"
+_NO_MOE = "the worker builds Automodel's dense models only (its MoE models need CUDA)"
+NOT_PLANTED = {
+    "expert-dedup-on-dense-tp": _NO_ATTRIBUTES,
+    "allreduce-flag-lost-on-main-params": _NO_ATTRIBUTES,
+    "expert-weights-not-tp-marked": _NO_ATTRIBUTES,
+    "expert-label-from-ep-only": _NO_ATTRIBUTES,
+    "expert-label-ignores-gtp": "no generalized TP",
+    "expert-stats-over-dense-mp": _NO_MOE,
+    "tied-copy-not-shared": "a tied output is one param without PP, and the worker builds no pipeline",
+    "tp-sharded-param-unmarked": _NO_ATTRIBUTES,
+    "replicated-marked-tp": _NO_ATTRIBUTES,
+    "no-dedup-filter": _NO_ATTRIBUTES,
+    "expert-norm-dropped": _NO_MOE,
+    "missing-ep-reduction": _NO_MOE,
+    "missing-pp-reduction": "the worker builds no pipeline (Automodel's AutoPipeline is not run)",
+    "zero-count-in-float32": "Automodel reports no zero count",
+    "empty-rank-skips-collective": "not planted: a rank that skips a collective hangs the worker",
+    "inf-norm-combined-by-l2": "the worker records the L2 norm only",
+    "distopt-padding-counted": "no distributed optimizer",
+    "distopt-overlapping-shards": "no distributed optimizer",
+    "clip-per-stage-norm": "the worker builds no pipeline",
+    "clip-per-ep-group-norm": _NO_MOE,
+    "average-local-norms-over-dp": "FSDP's shards are summed over their mesh dims; no per-rank norms to average",
+    "muon-expert-stats-without-egtp": "no Muon",
+    "tp-marking-unseen-by-filter": _NO_ATTRIBUTES,
+    "norm-of-scaled-gradients": "no loss scale: the worker holds fp32 gradients",
+    "layer-wise-unsharded-at-dp-cp-1": "no layer-wise optimizer",
+}
+
+
+# --- one case ----------------------------------------------------------------------------------
+
+
+def build_model(model_json, index):
+    """The case's architecture as Automodel builds it: the class its registry names, fp32."""
+    from nemo_automodel._transformers.registry import get_registry
+
+    config = hf_models.hf_config(model_json, index)
+    arch = "Qwen3ForCausalLM" if hf_models.architecture(model_json) == "qwen3" else "LlamaForCausalLM"
+    cls = get_registry().get_model_cls_from_model_arch(arch)
+    return cls(config)
+
+
+def local_name(name):
+    """A param's name without the wrappers' own module names (FSDP2 and checkpointing keep them)."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
+
+
+def axis_names(mesh):
+    """A mesh's dim names as plain strings (Automodel names them with a str Enum, MeshAxisName)."""
+    return [str(getattr(n, "value", n)) for n in (mesh.mesh_dim_names or ())]
+
+
+def group_key(p):
+    """Automodel's sharding group of a param (utils.py `_clip_grad_norm_impl`: mesh and placements),
+    named the same on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return ("regular",)
+    return tuple(f"{n}:{pl}" for n, pl in zip(axis_names(p.device_mesh), p.placements))
+
+
+def stats_group(p, rank):
+    """The ranks Automodel sums `p`'s group over on this rank: its mesh dims that are not Replicate."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return [rank]
+    dims = [d for d, pl in enumerate(p.placements) if not pl.is_replicate()]
+    return tally_dtensor.ranks_along(p.device_mesh, dims)
+
+
+def execute(request, planted, producer, device):
+    """Runs the request's case on this rank, its faults planted by `planted`, and writes its manifests."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    case = request.case
+    config = request.engine_config()  # run/automodel/rules.cpp wrote it; `tally show` prints the same
+    sizes = config["distributed"]
+    max_norm = float(config["clip_grad"]["max_norm"])
+    rank = dist.get_rank()
+    with planted:
+        from nemo_automodel.components.distributed.config import FSDP2Config
+        from nemo_automodel.components.distributed.mesh import MeshContext, ParallelismSizes
+        from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
+        from nemo_automodel.components.training import utils as automodel_utils
+
+        index = request.gradient_index()
+        tensors = request.gradients()
+        # Automodel's own checks of the case (its meshes', its parallelizer's) decline it: a refusal
+        # counted by reason, not an error of the worker.
+        with framework_setup("nemo_automodel"):
+            model = build_model(case["model"], index)
+            strategy = FSDP2Config(
+                mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32),
+                sequence_parallel=bool(sizes["sequence_parallel"]),
+            )
+            parallelism = ParallelismSizes(dp_replicate_size=sizes["dp_replicate_size"], tp_size=sizes["tp_size"],
+                                           cp_size=sizes["cp_size"], pp_size=sizes["pp_size"], ep_size=sizes["ep_size"])
+            mesh_context = MeshContext.build(strategy, parallelism, world_size=dist.get_world_size())
+            model = parallelize_model(model, mesh_context)
+        named = [(local_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
+        segments = hf_models.segments(case["model"], index)
+        hf_models.check_cover(segments, {n: list(p.shape) for n, p in named}, index)
+        shapes = {p["name"]: list(p["shape"]) for p in index}
+        pieces, before = [], {}
+        for name, p in named:
+            full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, tensors)).to(device)
+            grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) \
+                if isinstance(p, DTensor) else full.clone()
+            p.grad = grad
+            local = (grad.to_local() if isinstance(grad, DTensor) else grad).detach().cpu().numpy().reshape(-1).copy()
+            offsets, extents = tally_dtensor.local_box(p)
+            box = full.cpu().numpy()[tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
+            if not np.array_equal(box.reshape(-1), local):
+                raise ValueError(f"rank {rank}: {name}'s gradient shard is not the box {offsets}+{extents} "
+                                 f"its placements {getattr(p, 'placements', None)} describe")
+            before[id(p)] = local
+            for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
+                pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
+                                                  logical_extents, tally_dtensor.attributes_of(p)))
+        clipping = max_norm > 0
+        total = automodel_utils.clip_grad_norm(max_norm if clipping else math.inf, [model],
+                                               device_mesh=mesh_context.device_mesh)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        norm = float(total)
+        params = [p for _, p in named]
+        after = {id(p): (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).detach().cpu().numpy()
+                 .reshape(-1).copy() for p in params}
+
+    children = tally_dtensor.canonical_children([group_key(p) for p in params], dist.get_world_size())
+    groups_of = {}
+    for p in params:
+        groups_of.setdefault(group_key(p), stats_group(p, rank))
+    missing = [key for key in children if key not in groups_of]
+    if missing:
+        raise ValueError(f"rank {rank} holds no param of Automodel's sharding groups {missing}: the ranks would "
+                         "not reduce the same groups")
+    clips = None
+    if clipping:
+        formula = min(1.0, max_norm / (norm + 1.0e-6))
+        clips = {}
+        for key in children:
+            mine = [p for p in params if group_key(p) == key]
+            squares = sum(float(np.dot(before[id(p)].astype(np.float64), before[id(p)])) for p in mine)
+            clipped = sum(float(np.dot(after[id(p)].astype(np.float64), after[id(p)])) for p in mine)
+            # What the clip multiplied this group's gradients by, where they tell; else its rule.
+            clips[key] = (max_norm, math.sqrt(clipped / squares) if squares > 0 else formula)
+    device_mesh = mesh_context.device_mesh
+    names = axis_names(device_mesh)
+    tp_group = tally_dtensor.ranks_along(device_mesh, [names.index("tp")]) if "tp" in names else [rank]
+    t = case["topology"]
+    manifest = tally_dtensor.build_manifest(
+        pieces, group_key, children, lambda p: before[id(p)],
+        child_names=lambda key: "Automodel clip_grad_norm group on (" + ", ".join(key) + ")",
+        groups={"tp": tp_group, "expt_tp": [rank]},
+        parallel={"tp": t.get("tp", 1), "cp": t.get("cp", 1), "pp": t.get("pp", 1),
+                  "dp": dist.get_world_size() // (t.get("tp", 1) * t.get("cp", 1) * t.get("pp", 1)),
+                  "ep": t.get("ep", 1), "etp": t.get("etp", 1)},
+        producer=producer,
+        reported_norm=norm,
+        clips=clips,
+        clipped_of=lambda p: after[id(p)],
+        stats_groups={key: groups_of[key] for key in children},
+    )
+    tally_dtensor.dump_manifest(manifest, request.manifests_dir, request.case_digest)
+
+
+class AutomodelWorker(base.Worker):
+    """tally's worker for NeMo-Automodel: executes tally's cases with Automodel's models, parallelizer and clip."""
+
+    framework = "automodel"
+    package = "nemo_automodel"
+    plants = PLANTS
+    not_planted = NOT_PLANTED
+
+    def framework_version(self):
+        import nemo_automodel
+
+        return nemo_automodel.__version__
+
+    def start(self):
+        import nemo_automodel.components.training.utils  # noqa: F401  (planted faults replace its functions)
+
+    def dtypes(self):
+        return ["fp32"]
+
+    def execute(self, request):
+        import torch
+
+        device = torch.device("cuda", torch.cuda.current_device()) if self.devices else torch.device("cpu")
+        execute(request, self.planted(request), self.producer(), device)
+
+
+def main(argv=None):
+    return base.run(AutomodelWorker, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

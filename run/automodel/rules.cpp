@@ -1,0 +1,215 @@
+#include "run/automodel/rules.h"
+
+#include <algorithm>
+
+#include "run/target.h"
+#include "topologies/model_spec.h"
+#include "vocab/faults.h"
+
+namespace tally::run {
+
+namespace {
+
+using topologies::ModelSpec;
+using topologies::ParallelConfig;
+
+bool replicas_fault(const vocab::FaultSet& faults) { return faults.has(vocab::Fault::stats_over_replicas); }
+
+// The smallest HSDP replicate degree Automodel accepts above 1: a divisor of DP below it
+// (mesh_utils.py:310-314), or 1 where there is none.
+int smallest_replication(int dp) {
+  for (int r = 2; r < dp; ++r)
+    if (dp % r == 0) return r;
+  return 1;
+}
+
+// What Automodel's TP plan and its check of it refuse (parallelizer.py:1022-1042, validate_tp_mesh:
+// heads and key-value heads; the plan shards the embedding, the projections and the MLP by rows or
+// columns, which FSDP2's even TP sharding needs divisible).
+std::optional<std::string> tp_refuses(const ModelSpec& m, int tp) {
+  if (tp == 1) return std::nullopt;
+  const auto divides = [&](int size, const char* what, const char* why) -> std::optional<std::string> {
+    if (size % tp == 0) return std::nullopt;
+    return "topology.tp " + std::to_string(tp) + ": " + what + " " + std::to_string(size) + " is not divisible by it (" +
+           why + ")";
+  };
+  if (auto why = divides(m.num_attention_heads, "model.num_attention_heads",
+                         "Automodel's validate_tp_mesh, parallelizer.py:1041-1042"))
+    return why;
+  if (auto why = divides(topologies::resolved_query_groups(m), "model.num_query_groups (the key-value heads)",
+                         "Automodel's validate_tp_mesh, parallelizer.py:1039-1040"))
+    return why;
+  if (auto why = divides(topologies::resolved_ffn_hidden(m), "model.ffn_hidden_size",
+                         "its TP plan shards gate_proj and up_proj by rows, down_proj by columns"))
+    return why;
+  return divides(m.vocab_size, "model.vocab_size", "its TP plan shards embed_tokens and lm_head by rows");
+}
+
+}  // namespace
+
+std::optional<std::string> automodel_unsupported(const casefile::Case& c, std::string_view, const FaultPlants& plants) {
+  const ModelSpec& m = c.model;
+  const ParallelConfig& t = c.topology;
+  const vocab::PathOptions& o = c.path;
+  if (m.kind != topologies::ModelKind::gpt)
+    return "model.kind custom: the Automodel worker builds tally's GPT family as a Llama or a Qwen3; a custom layout "
+           "has no module";
+  if (auto why = other_frameworks_section(c, "automodel")) return why;
+  if (m.num_experts > 0)
+    return "model.num_experts: the worker builds Automodel's dense models only; its MoE models (qwen3_moe, "
+           "deepseek_v3, gpt_oss, ...) place their rotary embedding on a CUDA device when built "
+           "(components/models/qwen3_moe/model.py:184), and that path is not built yet";
+  if (m.mtp_num_layers > 0) return "model.mtp_num_layers: Llama and Qwen3 have no multi-token-prediction block";
+  if (m.softmax_type != topologies::SoftmaxType::vanilla)
+    return "model.softmax_type learnable: Llama and Qwen3 have no attention sinks";
+  if (m.normalization != topologies::Normalization::rms_norm)
+    return "model.normalization LayerNorm: Llama and Qwen3 normalize with RMSNorm (a weight, no bias)";
+  if (m.position_embedding != topologies::PositionEmbedding::rope)
+    return "model.position_embedding_type learned_absolute: Llama and Qwen3 use rotary positions (no position-"
+           "embedding param)";
+  if (!m.swiglu) return "model.swiglu false: Llama's and Qwen3's MLPs are gated (gate_proj and up_proj)";
+  if (m.qk_layernorm && m.add_bias_linear)
+    return "model.add_bias_linear with qk_layernorm: a Qwen3 (qk-layernorm) has no MLP biases (transformers' "
+           "Qwen3MLP builds gate_proj, up_proj and down_proj with bias=False)";
+  if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
+    return "model.hidden_size " + std::to_string(m.hidden_size) + " with num_attention_heads " +
+           std::to_string(m.num_attention_heads) + ": transformers' LlamaConfig raises ValueError (\"The hidden size (" +
+           std::to_string(m.hidden_size) + ") is not a multiple of the number of attention heads (" +
+           std::to_string(m.num_attention_heads) + ")\", models/llama/configuration_llama.py:94-100)";
+  if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not Automodel's";
+  if (t.pp > 1 || t.vpp > 1)
+    return "topology.pp " + std::to_string(t.pp) +
+           ": the worker builds no pipeline (Automodel's AutoPipeline, which splits the model into stages, is not "
+           "built yet)";
+  if (!topologies::has_default_order(t))
+    return "topology.order " + t.order + ": Automodel's FSDP2 mesh unflattens the world as (pp, dp_replicate, "
+           "dp_shard, cp, tp), TP fastest (mesh_utils.py:321-334): tally's default order";
+  if (t.dist_opt_instances > 1)
+    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances; HSDP's replicate degree is "
+           "automodel.dp_replicate";
+  if (t.ep > 1) return "topology.ep " + std::to_string(t.ep) + ": Automodel's dense models have no experts";
+  if (o.optimizer != vocab::OptimizerModel::plain)
+    return "optimizer.model " + std::string(vocab::optimizer_model_name(o.optimizer)) +
+           ": Megatron's optimizers; the norm is Automodel's clip_grad_norm over the DTensor params (leave plain)";
+  if (!o.p_values.empty()) return "statistics.p_norms: the worker records the L2 norm only";
+  if (o.gradients.generator.dtype != kernels::Dtype::fp32)
+    return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
+           ": the worker holds fp32 parameters and gradients (FSDP2 reduce_dtype float32), the precision "
+           "Automodel's fp32 master-weight recipe trains in";
+  if (std::string why = unplantable(o.faults, plants); !why.empty())
+    return "faults: the worker plants no counterpart of " + why;
+  if (!c.automodel) return "automodel: the case has no Automodel configuration (dp_replicate, sequence_parallel)";
+  const int dp = topologies::dp(t);
+  const int replicate = c.automodel->dp_replicate;
+  if (dp % replicate != 0)
+    return "automodel.dp_replicate " + std::to_string(replicate) + ": must divide the data-parallel size " +
+           std::to_string(dp) + " (HSDP: dp_replicate x dp_shard)";
+  if (replicate > 1 && replicate >= dp)
+    return "automodel.dp_replicate " + std::to_string(replicate) + " with data-parallel size " + std::to_string(dp) +
+           ": Automodel raises ValueError (\"dp_replicate_size must be less than dp_size since DDP usecase is not "
+           "supported by FSDP2\", components/distributed/mesh_utils.py:310-314)";
+  if (c.automodel->sequence_parallel && t.tp == 1)
+    return "automodel.sequence_parallel with topology.tp 1: sequence parallelism shards activations over TP";
+  return tp_refuses(m, t.tp);
+}
+
+casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw) {
+  ModelSpec& m = c.model;
+  ParallelConfig& t = c.topology;
+  vocab::PathOptions& o = c.path;
+  if (m.kind != topologies::ModelKind::gpt) return c;
+  casefile::drop_other_frameworks_sections(c, "automodel");
+  m.num_experts = 0;
+  m.moe_ffn_hidden_size.reset();
+  m.moe_shared_expert_intermediate_size = 0;
+  m.moe_shared_expert_gate = false;
+  m.moe_layer_freq = 1;
+  m.mtp_num_layers = 0;
+  m.mtp_detach_heads = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.normalization = topologies::Normalization::rms_norm;
+  m.position_embedding = topologies::PositionEmbedding::rope;
+  m.swiglu = true;
+  if (m.qk_layernorm) m.add_bias_linear = false;
+  // A Llama's hidden size is a multiple of its heads (LlamaConfig checks it): the next one up.
+  if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
+    m.hidden_size = (m.hidden_size / m.num_attention_heads + 1) * m.num_attention_heads;
+  m.first_stage_layers.reset();
+  m.last_stage_layers.reset();
+  t.gtp = t.egtp = 1;
+  t.vpp = 1;
+  t.pp = 1;
+  t.ep = 1;
+  t.order = std::string(topologies::kDefaultOrder);
+  t.dist_opt_instances = 1;
+  o.optimizer = vocab::OptimizerModel::plain;
+  o.p_values.clear();
+  o.gradients.generator.dtype = kernels::Dtype::fp32;
+  if (!unplantable(o.faults, plants).empty()) o.faults = {};
+  // TP must divide what its plan shards; halved until it does, the rest of the world going to DP.
+  while (t.tp > 1 && tp_refuses(m, t.tp)) t.tp /= 2;
+  t.etp = t.tp;
+  casefile::drop_stated_gradients_without_a_param(c, {});
+  const int dp = topologies::dp(t);
+  if (!c.automodel) {
+    c.automodel = casefile::AutomodelConfig{};
+    // HSDP in half the cases where DP allows it, over one of the divisors Automodel accepts.
+    std::vector<int> replications;
+    for (int r = 2; r < dp; ++r)
+      if (dp % r == 0) replications.push_back(r);
+    if (!replications.empty() && draw % 2 == 1) c.automodel->dp_replicate = replications[(draw / 2) % replications.size()];
+    c.automodel->sequence_parallel = t.tp > 1 && (draw / 64) % 2 == 1;
+  }
+  casefile::AutomodelConfig& a = *c.automodel;
+  if (dp % a.dp_replicate != 0 || (a.dp_replicate > 1 && a.dp_replicate >= dp)) a.dp_replicate = 1;
+  // The replicas' fault shows only where HSDP has replicas.
+  if (replicas_fault(o.faults) && a.dp_replicate == 1) a.dp_replicate = smallest_replication(dp);
+  if (t.tp == 1) a.sequence_parallel = false;
+  return c;
+}
+
+std::string automodel_norm_code(const casefile::Case& c) {
+  const casefile::AutomodelConfig a = c.automodel.value_or(casefile::AutomodelConfig{});
+  return std::string("automodel clip_grad_norm") + (a.dp_replicate > 1 ? " over HSDP" : "") +
+         (a.sequence_parallel ? " with sequence parallelism" : "");
+}
+
+std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base) {
+  std::vector<std::pair<std::string, casefile::Case>> out;
+  for (int dp_replicate : {1, 2})
+    for (bool sp : {false, true}) {
+      casefile::Case c = base;
+      c.path.optimizer = vocab::OptimizerModel::plain;
+      c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+      c.automodel = casefile::AutomodelConfig{.dp_replicate = dp_replicate, .sequence_parallel = sp};
+      out.emplace_back(std::string(dp_replicate > 1 ? "hsdp" : "fsdp") + (sp ? "-sp" : ""), std::move(c));
+    }
+  return out;
+}
+
+nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
+  const casefile::AutomodelConfig a = c.automodel.value_or(casefile::AutomodelConfig{});
+  const ParallelConfig& t = c.topology;
+  return {{"distributed",
+           {{"strategy", "fsdp2"},
+            {"dp_replicate_size", a.dp_replicate},
+            {"tp_size", t.tp},
+            {"cp_size", t.cp},
+            {"pp_size", t.pp},
+            {"ep_size", t.ep},
+            {"sequence_parallel", a.sequence_parallel}}},
+          {"clip_grad", {{"max_norm", c.path.max_norm}}},
+          {"architecture", c.model.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}};
+}
+
+std::string automodel_model_description(const casefile::Case& c) {
+  const casefile::AutomodelConfig a = c.automodel.value_or(casefile::AutomodelConfig{});
+  const int dp = topologies::dp(c.topology);
+  return std::string("tally's GPT as Automodel's ") + (c.model.qk_layernorm ? "Qwen3" : "Llama") +
+         " on its FSDP2 mesh (dp_replicate " + std::to_string(a.dp_replicate) + ", dp_shard " +
+         std::to_string(dp / std::max(1, a.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +
+         std::to_string(c.topology.tp) + (a.sequence_parallel ? ", sequence parallel" : "") +
+         "), parallelized by parallelize_model, the norm by " + automodel_norm_code(c);
+}
+
+}  // namespace tally::run

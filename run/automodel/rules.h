@@ -1,0 +1,55 @@
+// The part of tally's case space the NeMo-Automodel worker executes
+// (adapters/tally_adapters/automodel/worker.py): tally's dense GPT as the Hugging Face architecture
+// of its shape (Llama; Qwen3 with qk-layernorm), built with the class Automodel's registry names for
+// it, parallelized by Automodel's own parallelizer on its own meshes (pp, dp_replicate, dp_shard, cp,
+// tp: FSDP2 over dp_shard_cp, HSDP over dp_replicate, its TP plan with or without sequence
+// parallelism), and its norm computed by Automodel's clip_grad_norm. What lies outside is named
+// with the reason: the framework's own check (file:line in nemo_automodel 0.7.0) or what the worker
+// does not build.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "casefile/case.h"
+#include "run/framework_worker.h"
+
+namespace tally::run {
+
+// Why the Automodel worker at `version` cannot execute `c`, as one line naming the field and the
+// rule; nullopt when it can. Faults must be among those the worker plants (`plants`, its hello's).
+std::optional<std::string> automodel_unsupported(const casefile::Case& c, std::string_view version,
+                                                 const FaultPlants& plants = {});
+
+// `c` within the worker's space: a dense GPT with RMSNorm, rotary positions and a gated MLP (no
+// linear biases with qk-layernorm), PP 1, VPP 1, tally's default order, one optimizer instance, the
+// plain optimizer model, fp32 gradients, TP dividing the heads and query groups. A case without an
+// `automodel` section gets one drawn from `draw`: the HSDP replicate degree (a divisor of DP below
+// it, or 1) and sequence parallelism where TP > 1. A planted fault gets what shows it (HSDP for the
+// replicas' one). A custom layout has no Automodel counterpart and is returned as it is.
+casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw);
+
+// The code that computes the norm of `c`: "automodel clip_grad_norm", then " over HSDP" or " with
+// sequence parallelism" where the case asks.
+std::string automodel_norm_code(const casefile::Case& c);
+
+// `base` with FSDP and with HSDP replicating over two, each with and without sequence parallelism
+// ("fsdp", "fsdp-sp", "hsdp", "hsdp-sp"); the worker's refusals decide which run.
+std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base);
+
+// The configuration the worker builds Automodel with (`case-<K>.engine.json`, and `tally show`), in
+// the names of an Automodel recipe: `distributed` (dp_replicate_size, tp_size, cp_size, pp_size,
+// ep_size, sequence_parallel), `clip_grad.max_norm`, and `architecture` ("LlamaForCausalLM" or
+// "Qwen3ForCausalLM").
+nlohmann::ordered_json automodel_recipe(const casefile::Case& c);
+
+// One line of what the worker gives Automodel, for `tally show`.
+std::string automodel_model_description(const casefile::Case& c);
+
+}  // namespace tally::run
