@@ -83,7 +83,7 @@ std::optional<std::string> automodel_unsupported(const casefile::Case& c, std::s
            "built yet)";
   if (!topologies::has_default_order(t))
     return "topology.order " + t.order + ": Automodel's FSDP2 mesh unflattens the world as (pp, dp_replicate, "
-           "dp_shard, cp, tp), TP fastest (mesh_utils.py:321-334): tally's default order";
+           "dp_shard, cp, tp), TP fastest (mesh_utils.py:322-331): tally's default order";
   if (t.dist_opt_instances > 1)
     return "topology.dist_opt_instances: Megatron's distributed-optimizer instances; HSDP's replicate degree is "
            "automodel.dp_replicate";
