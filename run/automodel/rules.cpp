@@ -45,6 +45,27 @@ std::optional<std::string> tp_refuses(const ModelSpec& m, int tp) {
   return divides(m.vocab_size, "model.vocab_size", "its TP plan shards embed_tokens and lm_head by rows");
 }
 
+// `m` as the Llama (or, with qk-layernorm, the Qwen3) of its size: RMSNorm, rotary positions, a gated
+// MLP, no experts, MTP or sinks; no linear biases with qk-layernorm; hidden a multiple of the heads
+// in a Llama.
+void as_hf_architecture(ModelSpec& m) {
+  m.num_experts = 0;
+  m.moe_ffn_hidden_size.reset();
+  m.moe_shared_expert_intermediate_size = 0;
+  m.moe_shared_expert_gate = false;
+  m.moe_layer_freq = 1;
+  m.mtp_num_layers = 0;
+  m.mtp_detach_heads = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.normalization = topologies::Normalization::rms_norm;
+  m.position_embedding = topologies::PositionEmbedding::rope;
+  m.swiglu = true;
+  if (m.qk_layernorm) m.add_bias_linear = false;
+  // A Llama's hidden size is a multiple of its heads (LlamaConfig checks it): the next one up.
+  if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
+    m.hidden_size = (m.hidden_size / m.num_attention_heads + 1) * m.num_attention_heads;
+}
+
 }  // namespace
 
 std::optional<std::string> automodel_unsupported(const casefile::Case& c, std::string_view, const FaultPlants& plants) {
@@ -119,21 +140,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::drop_other_frameworks_sections(c, "automodel");
-  m.num_experts = 0;
-  m.moe_ffn_hidden_size.reset();
-  m.moe_shared_expert_intermediate_size = 0;
-  m.moe_shared_expert_gate = false;
-  m.moe_layer_freq = 1;
-  m.mtp_num_layers = 0;
-  m.mtp_detach_heads = false;
-  m.softmax_type = topologies::SoftmaxType::vanilla;
-  m.normalization = topologies::Normalization::rms_norm;
-  m.position_embedding = topologies::PositionEmbedding::rope;
-  m.swiglu = true;
-  if (m.qk_layernorm) m.add_bias_linear = false;
-  // A Llama's hidden size is a multiple of its heads (LlamaConfig checks it): the next one up.
-  if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
-    m.hidden_size = (m.hidden_size / m.num_attention_heads + 1) * m.num_attention_heads;
+  as_hf_architecture(m);
   m.first_stage_layers.reset();
   m.last_stage_layers.reset();
   t.gtp = t.egtp = 1;
@@ -176,14 +183,27 @@ std::string automodel_norm_code(const casefile::Case& c) {
 
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out;
-  for (int dp_replicate : {1, 2})
-    for (bool sp : {false, true}) {
-      casefile::Case c = base;
-      c.path.optimizer = vocab::OptimizerModel::plain;
-      c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-      c.automodel = casefile::AutomodelConfig{.dp_replicate = dp_replicate, .sequence_parallel = sp};
-      out.emplace_back(std::string(dp_replicate > 1 ? "hsdp" : "fsdp") + (sp ? "-sp" : ""), std::move(c));
+  // The sweep's model of each feature as Automodel's architecture of its size; a MoE feature keeps
+  // its experts, which the worker refuses with its reason.
+  const bool dense = base.model.kind == topologies::ModelKind::gpt && base.model.num_experts == 0;
+  for (bool qwen3 : {false, true}) {
+    if (qwen3 && !dense) continue;  // one refusal of the experts is enough
+    casefile::Case projected = base;
+    if (dense) {
+      projected.model.qk_layernorm = qwen3;
+      as_hf_architecture(projected.model);
     }
+    for (int dp_replicate : {1, 2})
+      for (bool sp : {false, true}) {
+        if (sp && base.topology.tp == 1) continue;  // sequence parallelism shards over TP
+        casefile::Case c = projected;
+        c.path.optimizer = vocab::OptimizerModel::plain;
+        c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+        c.automodel = casefile::AutomodelConfig{.dp_replicate = dp_replicate, .sequence_parallel = sp};
+        out.emplace_back(std::string(qwen3 ? "qwen3-" : "") + (dp_replicate > 1 ? "hsdp" : "fsdp") + (sp ? "-sp" : ""),
+                         std::move(c));
+      }
+  }
   return out;
 }
 

@@ -39,8 +39,10 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
 // sequence parallelism" where the case asks.
 std::string automodel_norm_code(const casefile::Case& c);
 
-// `base` with FSDP and with HSDP replicating over two, each with and without sequence parallelism
-// ("fsdp", "fsdp-sp", "hsdp", "hsdp-sp"); the worker's refusals decide which run.
+// `base`, a dense model as the Llama and as the Qwen3 of its size, with FSDP and with HSDP
+// replicating over two, each with and, where TP > 1, without sequence parallelism ("fsdp",
+// "fsdp-sp", "hsdp", "hsdp-sp", "qwen3-fsdp", ...); a MoE model once per FSDP variant, for the
+// worker to refuse. The worker's refusals decide which run.
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base);
 
 // The configuration the worker builds Automodel with (`case-<K>.engine.json`, and `tally show`), in

@@ -125,13 +125,27 @@ TEST(AutomodelTarget, EachOtherTargetRefusesAnAutomodelCase) {
   }
 }
 
-TEST(AutomodelTarget, TheSweepTriesFsdpAndHsdpWithAndWithoutSequenceParallelism) {
-  const auto variants = automodel_sweep_variants(llama_case());
-  ASSERT_EQ(variants.size(), 4u);
+TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSequenceParallelism) {
+  casefile::Case megatron_gpt = llama_case();  // the sweep's own dense GPT: LayerNorm, learned positions
+  megatron_gpt.model.normalization = topologies::Normalization::layer_norm;
+  megatron_gpt.model.position_embedding = topologies::PositionEmbedding::learned_absolute;
+  megatron_gpt.model.swiglu = false;
+  const auto variants = automodel_sweep_variants(megatron_gpt);
+  ASSERT_EQ(variants.size(), 8u);
   EXPECT_EQ(variants[0].first, "fsdp");
   EXPECT_EQ(variants[3].first, "hsdp-sp");
   EXPECT_EQ(variants[3].second.automodel->dp_replicate, 2);
   EXPECT_TRUE(variants[3].second.automodel->sequence_parallel);
+  EXPECT_EQ(variants[4].first, "qwen3-fsdp");
+  EXPECT_TRUE(variants[4].second.model.qk_layernorm);
+  for (const auto& [name, c] : variants) {
+    EXPECT_EQ(c.model.normalization, topologies::Normalization::rms_norm) << name;
+    EXPECT_TRUE(c.model.swiglu) << name;
+  }
+  megatron_gpt.topology = topologies::ParallelConfig{.world = 4};
+  EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 4u) << "no sequence parallelism without TP";
+  megatron_gpt.model.num_experts = 4;
+  EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 2u) << "the experts' refusal once per FSDP variant";
 }
 
 TEST(AutomodelTarget, TheRecipeNamesAutomodelsOwnSettings) {
