@@ -88,6 +88,48 @@ def ranks_along(mesh, dims: Sequence[int]) -> List[int]:
     return sorted(int(r) for r in grid[index].reshape(-1).tolist())
 
 
+def local_values(t):
+    """The flat numpy values of this rank's shard of `t` (a DTensor's local tensor, or `t`)."""
+    local = t.to_local() if is_dtensor(t) else t
+    return local.detach().cpu().numpy().reshape(-1).copy()
+
+
+def place_gradient(p, full, name: str):
+    """Sets `p.grad` to the whole gradient `full` (a torch tensor of p's logical shape) placed as `p`
+    is (`distribute_tensor`, no communication), checks that this rank's shard is the box of `full`
+    its placements describe (local_box), and returns (that box, the shard's flat values)."""
+    import numpy as np
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_tensor
+
+    p.grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) if is_dtensor(p) else full.clone()
+    local = local_values(p.grad)
+    offsets, extents = local_box(p)
+    box = full.detach().cpu().numpy()[tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
+    if not np.array_equal(box.reshape(-1), local):
+        raise ValueError(f"rank {dist.get_rank()}: {name}'s gradient shard is not the box {offsets}+{extents} its "
+                         f"placements {getattr(p, 'placements', None)} describe")
+    return (offsets, extents), local
+
+
+def clip_coefficients(children: Sequence[Any], params: Sequence[Any], child_of: Callable[[Any], Any],
+                      before: Dict[int, Any], after: Dict[int, Any], max_norm: float,
+                      norm: float) -> Dict[Any, Tuple[float, float]]:
+    """child key -> (max_norm, what the caller's clip multiplied that child's gradients by): the ratio
+    of their norms after and before where they tell (`before` and `after`: each param's flat values
+    by id), else the clip's rule, min(1, max_norm / (norm + 1e-6))."""
+    import numpy as np
+
+    formula = min(1.0, max_norm / (norm + 1.0e-6))
+    clips = {}
+    for key in children:
+        mine = [p for p in params if child_of(p) == key]
+        squares = sum(float(np.dot(before[id(p)].astype(np.float64), before[id(p)])) for p in mine)
+        clipped = sum(float(np.dot(after[id(p)].astype(np.float64), after[id(p)])) for p in mine)
+        clips[key] = (max_norm, math.sqrt(clipped / squares) if squares > 0 else formula)
+    return clips
+
+
 def attributes_of(p, tp_dim_name: str = "tp", expert: bool = False, dim_offset: int = 0) -> Dict[str, Any]:
     """Megatron's counting attributes as the placements give them: sharded over the mesh dim
     `tp_dim_name` is `tensor_model_parallel` with that shard dim (less `dim_offset`: an expert's

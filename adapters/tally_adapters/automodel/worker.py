@@ -195,11 +195,10 @@ def stats_group(p, rank):
 
 def execute(request, planted, producer, device):
     """Runs the request's case on this rank, its faults planted by `planted`, and writes its manifests."""
-    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     case = request.case
     config = request.engine_config()  # run/automodel/rules.cpp wrote it; `tally show` prints the same
@@ -233,16 +232,7 @@ def execute(request, planted, producer, device):
         pieces, before = [], {}
         for name, p in named:
             full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, tensors)).to(device)
-            grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) \
-                if isinstance(p, DTensor) else full.clone()
-            p.grad = grad
-            local = (grad.to_local() if isinstance(grad, DTensor) else grad).detach().cpu().numpy().reshape(-1).copy()
-            offsets, extents = tally_dtensor.local_box(p)
-            box = full.cpu().numpy()[tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
-            if not np.array_equal(box.reshape(-1), local):
-                raise ValueError(f"rank {rank}: {name}'s gradient shard is not the box {offsets}+{extents} "
-                                 f"its placements {getattr(p, 'placements', None)} describe")
-            before[id(p)] = local
+            (offsets, extents), before[id(p)] = tally_dtensor.place_gradient(p, full, name)
             for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
                 pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
                                                   logical_extents, tally_dtensor.attributes_of(p)))
@@ -253,8 +243,7 @@ def execute(request, planted, producer, device):
             total = total.full_tensor()
         norm = float(total)
         params = [p for _, p in named]
-        after = {id(p): (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).detach().cpu().numpy()
-                 .reshape(-1).copy() for p in params}
+        after = {id(p): tally_dtensor.local_values(p.grad) for p in params}
 
     children = tally_dtensor.canonical_children([group_key(p) for p in params], dist.get_world_size())
     groups_of = {}
@@ -264,16 +253,7 @@ def execute(request, planted, producer, device):
     if missing:
         raise ValueError(f"rank {rank} holds no param of Automodel's sharding groups {missing}: the ranks would "
                          "not reduce the same groups")
-    clips = None
-    if clipping:
-        formula = min(1.0, max_norm / (norm + 1.0e-6))
-        clips = {}
-        for key in children:
-            mine = [p for p in params if group_key(p) == key]
-            squares = sum(float(np.dot(before[id(p)].astype(np.float64), before[id(p)])) for p in mine)
-            clipped = sum(float(np.dot(after[id(p)].astype(np.float64), after[id(p)])) for p in mine)
-            # What the clip multiplied this group's gradients by, where they tell; else its rule.
-            clips[key] = (max_norm, math.sqrt(clipped / squares) if squares > 0 else formula)
+    clips = tally_dtensor.clip_coefficients(children, params, group_key, before, after, max_norm, norm) if clipping else None
     device_mesh = mesh_context.device_mesh
     names = axis_names(device_mesh)
     tp_group = tally_dtensor.ranks_along(device_mesh, [names.index("tp")]) if "tp" in names else [rank]

@@ -435,7 +435,7 @@ def execute(request, planted, producer, layouts, device):
     import numpy as np
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
@@ -470,16 +470,7 @@ def execute(request, planted, producer, layouts, device):
         before, boxes = {}, {}
         for name, p in named:
             full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(device)
-            grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) \
-                if isinstance(p, DTensor) else full.clone()
-            p.grad = grad
-            local = (grad.to_local() if isinstance(grad, DTensor) else grad).detach().cpu().numpy().reshape(-1).copy()
-            offsets, extents = boxes[id(p)] = tally_dtensor.local_box(p)
-            box = logical[id(p)][0][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
-            if not np.array_equal(box.reshape(-1), local):
-                raise ValueError(f"rank {dist.get_rank()}: {name}'s gradient shard is not the box "
-                                 f"{offsets}+{extents} its placements {p.placements} describe")
-            before[id(p)] = local
+            boxes[id(p)], before[id(p)] = tally_dtensor.place_gradient(p, full, name)
         pieces = pieces_of(named, logical, boxes)
         clipping = max_norm > 0
         params = [p for _, p in named]
@@ -491,8 +482,7 @@ def execute(request, planted, producer, layouts, device):
         if isinstance(total, DTensor):
             total = total.full_tensor()
         norm = float(total)
-        after = {id(p): (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).detach().cpu().numpy()
-                 .reshape(-1).copy() for p in params}
+        after = {id(p): tally_dtensor.local_values(p.grad) for p in params}
 
     def child_of(p):
         half = "ep" if clip == "torchtitan" and dims.ep_enabled and \
@@ -500,16 +490,7 @@ def execute(request, planted, producer, layouts, device):
         return (half,) + tally_dtensor.signature(p)
 
     children = tally_dtensor.canonical_children([child_of(p) for p in params], world)
-    clips = None
-    if clipping:
-        formula = min(1.0, max_norm / (norm + 1.0e-6))
-        clips = {}
-        for key in children:
-            mine = [p for p in params if child_of(p) == key]
-            squares = sum(float(np.dot(before[id(p)].astype(np.float64), before[id(p)])) for p in mine)
-            clipped = sum(float(np.dot(after[id(p)].astype(np.float64), after[id(p)])) for p in mine)
-            # What the clip multiplied this child's gradients by, where they tell; else its rule.
-            clips[key] = (max_norm, math.sqrt(clipped / squares) if squares > 0 else formula)
+    clips = tally_dtensor.clip_coefficients(children, params, child_of, before, after, max_norm, norm) if clipping else None
     tp_group = sorted(dims.get_optional_mesh("tp").mesh.flatten().tolist()) if tp > 1 else [dist.get_rank()]
     half_names = {"ep": "EP half", "dense": "non-EP half"}
     code = "torch.nn.utils.clip_grad_norm_" if clip == "torch" else "torchtitan clip_grad_norm_"
