@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import sys
 from typing import Dict, List, Optional, Tuple
@@ -140,6 +141,10 @@ def run(worker_class, argv=None) -> int:
 
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
     worker.start()
+    # What is loaded by now (torch, the framework) lives as long as the worker: frozen out of every
+    # later collection, so the one a worker runs after each case looks only at what the case made.
+    gc.collect()
+    gc.freeze()
     if dist.get_rank() == 0:
         where = f"{devices} GPU(s)" if devices else "CPU"
         print(f"{name}: world {world} on {where}, {backend}, {worker.framework} {worker.framework_version()}",

@@ -167,6 +167,13 @@ NOT_PLANTED = {
 }
 
 
+# What a rank's CUDA cache keeps from one case to the next.
+CUDA_CACHE_KEPT_BYTES = 1 << 30
+# A full collection after every case was a fifth of a world-8 case's time (bench/RESULTS.md); a
+# case's models take megabytes, so one every CASES_PER_COLLECTION cases holds little for long.
+CASES_PER_COLLECTION = 16
+
+
 # --- building the case ----------------------------------------------------------------------------
 
 
@@ -461,6 +468,7 @@ class MegatronCoreWorker(base.Worker):
     needs_gpu = True
     # initialize_model_parallel's arguments of the parallel state in place; None: none is.
     parallel_state_of = None
+    cases_since_collection = 0
 
     def framework_version(self):
         try:
@@ -568,8 +576,19 @@ class MegatronCoreWorker(base.Worker):
         finally:
             planted.__exit__(None, None, None)
             del optimizer, chunks
-            gc.collect()
-            torch.cuda.empty_cache()
+            self.cases_since_collection += 1
+            if self.cases_since_collection >= CASES_PER_COLLECTION:
+                # All of it, the frozen included; what survives is frozen again, so the collection
+                # Megatron-FSDP runs after each build (param_and_grad_buffer.py) looks only at what
+                # came since.
+                gc.unfreeze()
+                gc.collect()
+                gc.freeze()
+                self.cases_since_collection = 0
+            # The ranks share the GPU, but a case's models take megabytes: a rank keeps its cache up
+            # to CUDA_CACHE_KEPT_BYTES, so the next case allocates without cudaMalloc.
+            if torch.cuda.memory_reserved() > CUDA_CACHE_KEPT_BYTES:
+                torch.cuda.empty_cache()
 
 
 def main(argv=None):
