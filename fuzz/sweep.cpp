@@ -193,10 +193,15 @@ std::optional<std::string> model_disagreement(const oracle::Verdict& predicted, 
   if (predicted.miscounted_total != observed.miscounted_total) return line();
   // The miscounts, which the one judge lists in tensor order for both runs.
   const std::size_t n = std::min(predicted.miscounted.size(), observed.miscounted.size());
-  for (std::size_t i = 0; i < n; ++i)
-    if (predicted.miscounted[i].name != observed.miscounted[i].name ||
-        predicted.miscounted[i].counted != observed.miscounted[i].counted)
-      return line();
+  for (std::size_t i = 0; i < n; ++i) {
+    const oracle::Miscount& a = predicted.miscounted[i];
+    const oracle::Miscount& b = observed.miscounted[i];
+    if (a.name != b.name || a.counted != b.counted)
+      // The first three may agree: name where they part.
+      return line() + "; first apart: tally's model " + a.name + " counted " + std::to_string(a.counted) + " of " +
+             std::to_string(a.numel) + ", the release " + b.name + " counted " + std::to_string(b.counted) + " of " +
+             std::to_string(b.numel);
+  }
   return std::nullopt;
 }
 

@@ -23,42 +23,73 @@ DataParallelSlot data_parallel_slot(const topologies::RankLayout& layout, int ra
   return {layout.index_in(family, rank) % size, size};
 }
 
+// Megatron-LM's distributed-optimizer buffer layout (megatron-core 0.16.1
+// param_and_grad_buffer.py, 0.19.2 optimizer/param_layout.py and
+// DistributedOptimizer._compute_per_buffer_param_layout): each param starts at a multiple of 64
+// elements, a bucket ends at a multiple of lcm(D, 128) (pad_buckets_for_high_nccl_busbw off).
+constexpr std::int64_t kParamStartAlignment = 64;
+constexpr std::int64_t kBucketEndAlignment = 128;
+
+std::int64_t padded_to(std::int64_t value, std::int64_t divisor) { return (value + divisor - 1) / divisor * divisor; }
+
+// The rank's pieces of one buffer: `order` its params in buffer order (the model chunk's, last
+// first), laid out and cut as Megatron-LM does. `bucket_elements` 0: no bucket closes by size.
+void own_buffer(const std::vector<MainParam>& params, const std::vector<int>& order, DataParallelSlot slot,
+                std::int64_t bucket_elements, bool overlap, Ownership& out) {
+  const std::int64_t bucket_alignment = std::lcm(static_cast<std::int64_t>(slot.size), kBucketEndAlignment);
+  std::int64_t bucket_start = 0;
+  std::int64_t param_start = 0;
+  std::vector<std::pair<int, std::int64_t>> bucket;  // (param, start in the buffer)
+  auto close_bucket = [&](std::int64_t filled_to) {
+    const std::int64_t bucket_end = padded_to(filled_to, bucket_alignment);
+    const std::int64_t share = (bucket_end - bucket_start) / slot.size;
+    const std::int64_t lo = bucket_start + share * slot.index;
+    std::int64_t hi = lo + share;
+    if (overlap && hi < bucket_end) ++hi;  // also the first element of the next rank's range
+    std::int64_t held = 0;
+    for (const auto& [index, start] : bucket) {
+      const std::int64_t numel = params[index].attrs.slice.numel();
+      const std::int64_t begin = std::max(lo, start), stop = std::min(hi, start + numel);
+      if (begin < stop) {
+        out.pieces.push_back({index, {begin - start, stop - start}});
+        held += stop - begin;
+      }
+    }
+    out.padding += (hi - lo) - held;
+    bucket.clear();
+    bucket_start = bucket_end;
+    return bucket_end;
+  };
+  for (int index : order) {
+    const bool own_bucket = params[index].attrs.shared_embedding;
+    param_start = padded_to(param_start, kParamStartAlignment);
+    if (own_bucket && !bucket.empty()) param_start = close_bucket(param_start);
+    const std::int64_t param_end = param_start + params[index].attrs.slice.numel();
+    bucket.emplace_back(index, param_start);
+    if ((bucket_elements > 0 && param_end - bucket_start >= bucket_elements) || own_bucket)
+      param_start = close_bucket(param_end);
+    else
+      param_start = param_end;
+  }
+  if (!bucket.empty()) close_bucket(param_start);
+}
+
+// One buffer per model chunk and domain (dense, expert-labelled), as each chunk has a DDP of its
+// own. Buckets close by size only in the first chunk of the first stage: DDP gives later chunks
+// (disable_bucketing) and later stages no bucket size.
 void own_distributed(const std::vector<MainParam>& params, const topologies::RankLayout& layout,
                      int rank, const OwnershipOptions& options, const vocab::FaultSet& faults,
                      Ownership& out) {
   const bool overlap = faults.has(vocab::Fault::distopt_overlapping_shards);
-  for (bool expert : {false, true}) {
-    const DataParallelSlot slot = data_parallel_slot(layout, rank, expert);
-    // Backward order: the buffer holds the last param first.
-    std::vector<int> order;
-    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i)
-      if (params[i].expert_label == expert) order.push_back(i);
-    std::size_t next = 0;
-    while (next < order.size()) {
-      // One bucket: params [next, end) at offsets within the bucket.
-      std::vector<std::int64_t> starts;
-      std::int64_t filled = 0;
-      std::size_t end = next;
-      while (end < order.size()) {
-        starts.push_back(filled);
-        filled += params[order[end]].attrs.slice.numel();
-        ++end;
-        if (options.bucket_elements > 0 && filled >= options.bucket_elements) break;
-      }
-      const std::int64_t padded = (filled + slot.size - 1) / slot.size * slot.size;
-      const std::int64_t share = padded / slot.size;
-      const std::int64_t lo = share * slot.index;
-      std::int64_t hi = lo + share;
-      if (overlap && hi < padded) ++hi;  // also the first element of the next rank's range
-      for (std::size_t k = next; k < end; ++k) {
-        const std::int64_t start = starts[k - next];
-        const std::int64_t numel = params[order[k]].attrs.slice.numel();
-        const std::int64_t begin = std::max(lo, start), stop = std::min(hi, start + numel);
-        if (begin < stop)
-          out.pieces.push_back({order[k], {begin - start, stop - start}});
-      }
-      out.padding += std::max<std::int64_t>(0, hi - std::max(lo, filled));
-      next = end;
+  const bool first_stage = layout.coordinates(rank).pp == 0;
+  for (int chunk = 0; chunk < layout.config().vpp; ++chunk) {
+    for (bool expert : {false, true}) {
+      std::vector<int> order;
+      for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i)
+        if (params[i].expert_label == expert && params[i].attrs.vpp_chunk == chunk) order.push_back(i);
+      if (order.empty()) continue;
+      const std::int64_t bucket_elements = first_stage && chunk == 0 ? options.bucket_elements : 0;
+      own_buffer(params, order, data_parallel_slot(layout, rank, expert), bucket_elements, overlap, out);
     }
   }
   std::sort(out.pieces.begin(), out.pieces.end(),

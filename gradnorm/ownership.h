@@ -27,11 +27,13 @@ struct OwnershipOptions {
   std::int64_t bucket_elements = 0;
 };
 
-// Distributed optimizer (docs/megatron-reference.md §5): each buffer (dense params, expert-labelled params) is
-// laid out in reverse param order (backward order), cut into buckets, each bucket padded to a
-// multiple of the data-parallel size D and split into D equal contiguous ranges; the rank owns
-// range i, i its index in the intra-instance data-parallel group (dp-cp for dense, expt-dp for
-// expert, split into dist_opt_instances contiguous parts).
+// Distributed optimizer (docs/megatron-reference.md §5): each model chunk's buffers (dense params,
+// expert-labelled params) are laid out in reverse param order (backward order), each param at a
+// multiple of 64 elements, the shared embedding (pp > 1) in a bucket of its own, cut into
+// buckets (by size only in the first chunk of the first stage), each padded to a multiple of
+// lcm(D, 128) and split into D equal contiguous ranges; the rank owns range i, i its index in
+// the intra-instance data-parallel group (dp-cp for dense, expt-dp for expert, split into
+// dist_opt_instances contiguous parts).
 // Layer-wise (docs/megatron-reference.md §5): params of each buffer sorted by size (largest first, ties in
 // param order) are dealt to data-parallel ranks 0, 1, ..., D-1, D-1, ..., 0, 0, 1, ...; the owner
 // holds the whole param.

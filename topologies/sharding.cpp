@@ -80,6 +80,9 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
         std::to_string(c.vpp));
   const Coordinates at = layout.coordinates(rank);
   const bool expert_pgs = expert_topology(m);
+  // setup_embeddings_and_output_layer marks the first stage's word embedding when the last stage
+  // holds its copy.
+  const bool first_stage_shares = model.last_stage_copy() != SharedCopy::none && at.pp == 0 && m.pp > 1;
   const int per_rank = model.experts_per_ep_rank();
   const int lo = at.ep * per_rank, hi = lo + per_rank;  // this rank's experts [lo, hi)
 
@@ -91,6 +94,7 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     local.embedding_or_output = p.embedding_or_output;
     local.vpp_chunk = p.chunk;
     local.local_expert = local_expert;
+    local.shared_embedding = first_stage_shares && p.id == model.last_stage_copy_of();
     const int dim = partition_dim(p.param_class);
     const bool expert = is_expert_class(p.param_class);
     local.slice = block_of(p.shape, dim, expert ? at.etp : at.tp, expert ? m.etp : m.tp);
@@ -123,6 +127,7 @@ void local_params(const LogicalModel& model, const RankLayout& layout, int rank,
     copy.tensor_model_parallel = true;
     copy.partition_dim = 0;
     copy.shared = true;
+    copy.shared_embedding = true;
     out.push_back(copy);
   };
 

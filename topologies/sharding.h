@@ -42,6 +42,9 @@ struct LocalParam {
   bool embedding_or_output = false;  // LogicalParam::embedding_or_output
   GradNormGroup grad_norm_group = GradNormGroup::main;
   SharedCopy copy = SharedCopy::none;
+  // Megatron-LM's shared_embedding (pp > 1 with a last-stage copy): the first stage's word
+  // embedding and that copy, each in a bucket of its own of the distributed optimizer's buffer.
+  bool shared_embedding = false;
   friend bool operator==(const LocalParam&, const LocalParam&) = default;
 };
 

@@ -86,22 +86,66 @@ RC_GTEST_PROP(OwnershipProperty, DataParallelRanksOwnEveryElementExactlyOnce, ()
   }
 }
 
-TEST(Ownership, DistributedBucketsArePaddedToTheDataParallelSize) {
+// megatron-core 0.16.1 and 0.19.2 (param_and_grad_buffer.py; optimizer/param_layout.py): a bucket
+// ends at a multiple of lcm(D, 128) and is split into D equal ranges.
+TEST(Ownership, DistributedBucketsArePaddedToLcmOfTheDataParallelSizeAnd128) {
   const auto config = testing::config_of(4, 1, 1, 1, 1);  // DP 4
   const topologies::LogicalModel model(testing::custom_model({testing::custom_param("w", topologies::ParamClass::replicated, {5})}), config);
   const topologies::RankLayout layout(config);
-  // 5 elements over 4 ranks: ranges of 2, the last rank owns one element and two of padding.
+  // 5 elements in a bucket of 128: ranges of 32, rank 0 owns all 5 and 27 of padding.
   std::int64_t padding = 0;
   for (int rank = 0; rank < 4; ++rank) {
     const Owned o = own(vocab::OptimizerModel::distributed, model, layout, rank);
     padding += o.ownership.padding;
     const std::int64_t owned = o.ownership.pieces.empty() ? 0 : o.ownership.pieces[0].range.end - o.ownership.pieces[0].range.begin;
-    EXPECT_EQ(owned, rank < 2 ? 2 : (rank == 2 ? 1 : 0)) << "rank " << rank;
+    EXPECT_EQ(owned, rank == 0 ? 5 : 0) << "rank " << rank;
   }
-  EXPECT_EQ(padding, 3);
-  // The overlapping-shards fault: each range also takes the next rank's first element.
-  const Owned overlapping = own(vocab::OptimizerModel::distributed, model, layout, 0, 0, vocab::FaultSet::of({vocab::Fault::distopt_overlapping_shards}));
-  EXPECT_EQ(overlapping.ownership.pieces[0].range, (kernels::ElementRange{0, 3}));
+  EXPECT_EQ(padding, 123);
+}
+
+// Each param starts at a multiple of 64 elements, the buffer holding the last param first.
+TEST(Ownership, DistributedParamsStartAtMultiplesOf64) {
+  const auto config = testing::config_of(2, 1, 1, 1, 1);  // DP 2
+  const topologies::LogicalModel model(
+      testing::custom_model({testing::custom_param("a", topologies::ParamClass::replicated, {100}),
+                             testing::custom_param("b", topologies::ParamClass::replicated, {30})}),
+      config);
+  const topologies::RankLayout layout(config);
+  // b at [0, 30), a at [64, 164), the bucket padded to 256: rank 0 owns [0, 128), rank 1 [128, 256).
+  const Owned first = own(vocab::OptimizerModel::distributed, model, layout, 0);
+  ASSERT_EQ(first.ownership.pieces.size(), 2u);
+  EXPECT_EQ(first.ownership.pieces[0].range, (kernels::ElementRange{0, 64})) << "a's first 64";
+  EXPECT_EQ(first.ownership.pieces[1].range, (kernels::ElementRange{0, 30})) << "all of b";
+  EXPECT_EQ(first.ownership.padding, 128 - 94);
+  const Owned second = own(vocab::OptimizerModel::distributed, model, layout, 1);
+  ASSERT_EQ(second.ownership.pieces.size(), 1u);
+  EXPECT_EQ(second.ownership.pieces[0].range, (kernels::ElementRange{64, 100}));
+  // The overlapping-shards fault: rank 0's range also takes rank 1's first element, a's 65th.
+  const Owned overlapping = own(vocab::OptimizerModel::distributed, model, layout, 0, 0,
+                                vocab::FaultSet::of({vocab::Fault::distopt_overlapping_shards}));
+  EXPECT_EQ(overlapping.ownership.pieces[0].range, (kernels::ElementRange{0, 65}));
+}
+
+// With PP > 1 the first stage's word embedding (and the last stage's copy) is a bucket of its
+// own (_does_param_require_new_bucket), so the params after it in the buffer start a new one.
+TEST(Ownership, TheSharedEmbeddingIsABucketOfItsOwn) {
+  const auto config = testing::config_of(4, 1, 2, 1, 1);  // DP 2, PP 2
+  const topologies::LogicalModel model(testing::dense_model(2), config);
+  const topologies::RankLayout layout(config);
+  ASSERT_NE(model.last_stage_copy(), topologies::SharedCopy::none) << "a tied embedding with PP 2";
+  for (int rank = 0; rank < 4; ++rank) {
+    const Owned o = own(vocab::OptimizerModel::distributed, model, layout, rank);
+    // The bucket starts with the embedding (or its copy), padded to lcm(2, 128) and split in two:
+    // DP rank i's piece of it starts at i times half the padded bucket.
+    for (const OwnedPiece& piece : o.ownership.pieces) {
+      const MainParam& p = o.main[static_cast<std::size_t>(piece.local_index)];
+      if (!p.attrs.shared_embedding) continue;
+      const std::int64_t numel = p.attrs.slice.numel();
+      const std::int64_t half = (numel + 127) / 128 * 128 / 2;
+      const int index = layout.index_in(topologies::Family::dp_cp, rank);
+      EXPECT_EQ(piece.range.begin, std::min(numel, half * index)) << "rank " << rank << ": the bucket starts with it";
+    }
+  }
 }
 
 // As megatron-core's LayerWiseDistributedOptimizer deals them (_shard_params_ping_pong): its

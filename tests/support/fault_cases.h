@@ -190,8 +190,9 @@ inline std::vector<FaultCase> fault_cases() {
       config_of(2, 2, 1, 1, 1), small_moe(2), ones(OptimizerModel::layerwise), ParamClass::expert_column);
   add(Fault::norm_of_scaled_gradients, "DeepSpeed #8588: DP 2, the norm of gradients still times 2^16",
       config_of(2, 1, 1, 1, 1), dense_model(), ones(OptimizerModel::plain), ParamClass::replicated, false);
-  add(Fault::distopt_overlapping_shards, "distributed optimizer, DP 2, four elements",
-      config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {4})}),
+  // A bucket is padded to lcm(D, 128): 128 elements give each rank 64, and rank 0's 65th is w's.
+  add(Fault::distopt_overlapping_shards, "distributed optimizer, DP 2, 128 elements",
+      config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {128})}),
       ones(OptimizerModel::distributed), ParamClass::replicated);
   return cases;
 }
