@@ -163,6 +163,11 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
            "machine: " + it->second;
   if (o.layer_wise_param_layout)
     if (auto why = layer_wise_layout_unsupported(c, version)) return why;
+  if (o.bucket_elements > 0)
+    return "optimizer.bucket_elements " + std::to_string(o.bucket_elements) +
+           ": tally's worker does not overlap the gradient reduction, and without overlap_grad_reduce "
+           "megatron-core's DDP lays out one bucket per buffer whatever the bucket size "
+           "(distributed_data_parallel.py:66-68 at 0.16.1, :70-72 at 0.19.2)";
   if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     return "optimizer.model muon with experts: " + release +
            "'s Muon without LayerWise fails on expert params (get_megatron_muon_optimizer's "
@@ -241,7 +246,8 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   if (o.optimizer == vocab::OptimizerModel::layerwise && !c.path.layer_wise_param_layout && layout_runs &&
       (draw / 40) % 2 == 1)
     o.layer_wise_param_layout = true;
-  if (o.layer_wise_param_layout) o.bucket_elements = 0;  // one bucket per buffer, as Megatron-LM lays it out
+  // One bucket per buffer, as megatron-core lays it out without overlapped gradient reduction.
+  o.bucket_elements = 0;
   if (o.layer_wise_param_layout &&
       (o.optimizer != vocab::OptimizerModel::layerwise || !layout_runs || layer_wise_layout_unsupported(c, version)))
     o.layer_wise_param_layout = false;
