@@ -464,9 +464,11 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
   const fs::path log = w.queue / "worker.log";
   const std::string command = "exec " + worker_command_for(options_.command, world) + " --queue '" +
                               w.queue.string() + "' --parent-pid " + std::to_string(::getpid());
+  // One write per message: the lanes of a sweep share the stream.
   if (options_.progress)
-    *options_.progress << "starting the world-" << world << " worker: " << command.substr(5) << " (log "
-                       << log.string() << ")\n" << std::flush;
+    *options_.progress << ("starting the world-" + std::to_string(world) + " worker: " + command.substr(5) + " (log " +
+                           log.string() + ")\n")
+                       << std::flush;
 
   w.log.reset();  // the previous start's
   w.log = std::make_unique<WorkerLog>(log);
@@ -531,12 +533,13 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
                              options_.command + ")");
   }
   if (options_.progress) {
-    *options_.progress << "world-" << world << " worker up in " << static_cast<int>(seconds_since(start) + 0.5)
-                       << " s: " << w.hello.framework << " " << w.hello.version << "\n";
+    std::string message = "world-" + std::to_string(world) + " worker up in " +
+                          std::to_string(static_cast<int>(seconds_since(start) + 0.5)) + " s: " + w.hello.framework +
+                          " " + w.hello.version + "\n";
     // Said once, not once per refused case: what its cases will not ask for on this machine.
     for (const auto& [setting, why] : w.hello.cannot_run)
-      *options_.progress << "  it cannot run " << setting << " here: " << shown_line(why, kMaxLineShown) << "\n";
-    *options_.progress << std::flush;
+      message += "  it cannot run " + setting + " here: " + shown_line(why, kMaxLineShown) + "\n";
+    *options_.progress << message << std::flush;
   }
   return w;
 }
