@@ -178,16 +178,26 @@ CASES_PER_COLLECTION = 16
 
 
 def destroy_parallel_state():
-    """Megatron's destroy_model_parallel forgets its groups; this also destroys them."""
+    """Megatron's destroy_model_parallel forgets its groups; this also destroys them, and every
+    other group torch holds but the world (Megatron-FSDP's, a case's own), then collects what
+    referred to them. A gloo group keeps its three threads and its sockets while any object refers
+    to it, destroyed or not: four world-8 workers that left a layout's groups to the next
+    collection ran out of threads (pthread_create: "Resource temporarily unavailable")."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     groups = []
     for value in vars(ps).values():
-        items = value if isinstance(value, (list, tuple)) else [value]
+        items = value if isinstance(value, (list, tuple)) else list(value.values()) if isinstance(value, dict) else [value]
         for g in items:
             if isinstance(g, dist.ProcessGroup) and all(g is not h for h in groups):
                 groups.append(g)
+    # torch's own registry of the groups it made (private: getattr, so a torch without it still
+    # destroys Megatron's).
+    registry = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {})
+    for g in list(registry):
+        if isinstance(g, dist.ProcessGroup) and all(g is not h for h in groups):
+            groups.append(g)
     ps.destroy_model_parallel()
     world = dist.group.WORLD
     for g in groups:
@@ -197,6 +207,10 @@ def destroy_parallel_state():
             dist.destroy_process_group(g)
         except Exception:  # a group torch already released
             pass
+    del groups
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def parallel_state_arguments(topology):
