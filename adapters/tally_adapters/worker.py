@@ -134,12 +134,6 @@ def run(worker_class, argv=None) -> int:
     backend = choose_backend(args.backend, world, devices)
     worker = worker_class(backend, devices, world)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    # Gloo connects every pair of a group when the group is made. A framework's parallel state
-    # makes dozens of groups per layout (most never used by the norm), and a sweep remakes them per
-    # layout: at world 8 with four workers on one machine the loopback ran out of ports (connect:
-    # "Resource temporarily unavailable", bench/RESULTS.md). Lazily, a pair connects at its first
-    # collective.
-    os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     if devices:
         torch.cuda.set_device(local_rank % devices)
     worker.before_process_group()
