@@ -20,7 +20,12 @@ class FakeDistributed(types.ModuleType):
         super().__init__("torch.distributed")
         self.world = world
         self.peers_answer = peers_answer  # (this rank's answer) -> what each other rank answers
-        self.group = types.SimpleNamespace(WORLD=object())
+        self.group = types.SimpleNamespace(WORLD=self.ProcessGroup())
+        # torch's registry of the groups it made: the world and one a case made on its own.
+        self.case_group = self.ProcessGroup()
+        self.distributed_c10d = types.SimpleNamespace(
+            _world=types.SimpleNamespace(pg_map={self.group.WORLD: None, self.case_group: None}))
+        self.destroyed = []
 
     def get_world_size(self, group=None):
         return self.world
@@ -31,7 +36,7 @@ class FakeDistributed(types.ModuleType):
             out[i] = self.peers_answer(mine)
 
     def destroy_process_group(self, group):
-        pass
+        self.destroyed.append(group)
 
 
 class FakeParallelState(types.ModuleType):
@@ -60,6 +65,10 @@ def worker_with(peers_answer, world=2):
     return megatron_worker.MegatronCoreWorker("gloo", 1, world), ps, modules
 
 
+def torch_of(modules):
+    return modules["torch.distributed"]
+
+
 TP2 = {"tp": 2, "pp": 1}
 TP1 = {"tp": 1, "pp": 1}
 
@@ -72,6 +81,16 @@ class ParallelStateTest(unittest.TestCase):
             worker.use_parallel_state(TP2)
             worker.use_parallel_state(TP1)
         self.assertEqual(ps.calls, [("destroy",), ("initialize", 2), ("destroy",), ("initialize", 1)])
+
+    def test_a_layout_change_destroys_every_group_torch_holds_but_the_world(self):
+        # A gloo group keeps its threads until destroyed and unreferenced; a sweep's workers
+        # ran out of threads when a case's own groups outlived its layout.
+        worker, ps, modules = worker_with(lambda mine: mine)
+        dist = torch_of(modules)
+        with mock.patch.dict(sys.modules, modules):
+            worker.use_parallel_state(TP2)
+        self.assertEqual(len(dist.destroyed), 1)
+        self.assertIs(dist.destroyed[0], dist.case_group)
 
     def test_made_anew_when_a_rank_holds_none(self):
         # The peer's last case raised: it holds no state, so every rank makes it anew.

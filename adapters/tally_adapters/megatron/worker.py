@@ -194,7 +194,7 @@ def destroy_parallel_state():
                 groups.append(g)
     # torch's own registry of the groups it made (private: getattr, so a torch without it still
     # destroys Megatron's).
-    registry = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {})
+    registry = getattr(getattr(getattr(dist, "distributed_c10d", None), "_world", None), "pg_map", {})
     for g in list(registry):
         if isinstance(g, dist.ProcessGroup) and all(g is not h for h in groups):
             groups.append(g)
