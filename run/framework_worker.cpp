@@ -552,6 +552,28 @@ const WorkerHello& WorkerPool::hello(int world) {
   return worker(world).hello;
 }
 
+// A worker that has run out of something it cannot give back (a rank's threads: a gloo group holds
+// its own while anything refers to it) writes `retiring` with its reason before a case's result and
+// exits after it. tally waits for it to go, so that the next case starts a fresh worker rather than
+// reaching one on its way out (which would read as a worker that died during that case).
+void WorkerPool::retire_if_asked(Worker& w, const std::string& after_case) {
+  const fs::path retiring = w.queue / "retiring";
+  std::error_code error;
+  if (fs::symlink_status(retiring, error).type() != fs::file_type::regular) return;
+  std::string why;
+  try {
+    why = read_worker_file(retiring, kMaxRetiringBytes);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+  if (options_.progress)
+    *options_.progress << ("the world-" + std::to_string(w.world) + " worker retires after " + after_case + " (" +
+                           shown_line(why, kMaxLineShown) + "): the next case starts a fresh one\n")
+                       << std::flush;
+  stop(w, /*ask=*/true);
+}
+
 WorkerRun WorkerPool::execute(const casefile::Case& c) {
   Worker& w = worker(c.topology.world);
   const std::string name = "case-" + std::to_string(w.next_case++);
@@ -610,6 +632,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   out.seconds = seconds_since(start);
   clean_request();
 
+  retire_if_asked(w, name);
   WorkerResult result;
   try {
     result = read_result(read_worker_file(result_file, kMaxResultBytes));

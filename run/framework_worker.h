@@ -107,6 +107,9 @@ class WorkerPool {
   // tells its launcher to terminate, and after a short grace kills every process left of it
   // (run/process_tree.h: ranks in sessions of their own too).
   void stop(Worker& w, bool ask = true);
+  // Where the worker wrote `retiring` before the result of `after_case`: says so on the progress
+  // stream and waits for it to exit (then stops it), so the next case starts a fresh worker.
+  void retire_if_asked(Worker& w, const std::string& after_case);
   // The end of a worker's log for an infrastructure error's message;
   // the pool then keeps its temporary folder, so the log the message names outlives tally.
   std::string kept_log_tail(const Worker& w);

@@ -59,9 +59,10 @@ struct WorkerResult {
 inline constexpr std::string_view kCannotRunSettings[] = {"deepspeed.fused_adam", "megatron_fsdp",
                                                           "optimizer.layer_wise_param_layout"};
 
-// The largest hello.json and case-<K>.result.json read.
+// The largest hello.json, case-<K>.result.json and retiring read.
 inline constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kMaxResultBytes = std::size_t{4} << 20;
+inline constexpr std::size_t kMaxRetiringBytes = std::size_t{64} << 10;
 
 // hello.json's text. Throws std::invalid_argument, one line naming the field and the rule
 // ("hello.world: expected a positive integer, got 2.5").

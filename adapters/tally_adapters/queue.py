@@ -6,7 +6,8 @@ A worker is WORLD ranks that stay up across cases. Rank 0 watches the queue fold
 waits longer); every rank runs the case with the framework's `execute(request)` (a Request: the case and the
 files that came with it); rank 0
 gathers each rank's outcome and writes `case-<K>.result.json`. The worker exits when tally writes
-`stop` or tally's process is gone; every rank also watches tally's process from a thread, so a
+`stop` or tally's process is gone, or retires after a case that left a rank past its thread budget
+(THREAD_BUDGET); every rank also watches tally's process from a thread, so a
 rank stuck in the middle of a case (in the framework, or in a collective another rank never
 joins) ends too once tally is gone.
 """
@@ -23,6 +24,12 @@ from .manifest import write_atomically
 
 IDLE_SECONDS = 5.0
 PARENT_CHECK_SECONDS = 1.0
+# A rank past this many threads retires its worker after the case (tally starts a fresh one). A
+# gloo group keeps three threads while anything refers to it, destroyed or not: four world-8
+# megatron-core workers on one H200 host, their parallel state made anew layout after layout, grew
+# to 32,665 threads in three minutes (about 1,000 a rank) and hung at the host's pid_max (32,768).
+# 32 ranks at this budget hold half of that.
+THREAD_BUDGET = 512
 
 
 def parent_alive(pid):
@@ -159,6 +166,30 @@ def framework_setup(package):
         raise
 
 
+def threads_of_this_process():
+    """This process's threads (Linux's /proc/self/status), or None where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def retiring_reason(threads_by_rank, budget=THREAD_BUDGET):
+    """Why the worker retires after this case (every rank's thread count, None where unknown), or
+    None: the rank holding the most threads where it holds `budget` or more."""
+    known = [(t, rank) for rank, t in enumerate(threads_by_rank) if t is not None]
+    if not known:
+        return None
+    threads, rank = max(known)
+    if threads < budget:
+        return None
+    return f"rank {rank} holds {threads} threads, the budget is {budget}"
+
+
 def result_document(outcomes, seconds):
     """case-<K>.result.json (docs/schemas/result.schema.json) from every rank's (status, message):
     "error" with the first failing rank's message when one failed; else "refused" with the first
@@ -170,10 +201,12 @@ def result_document(outcomes, seconds):
     return {"status": "ok", "message": "", "seconds": seconds}
 
 
-def serve(queue, parent_pid, hello, execute):
+def serve(queue, parent_pid, hello, execute, thread_budget=THREAD_BUDGET):
     """Writes hello.json (rank 0), then runs cases until told to stop. `execute(request)` runs
     case K on this rank (a Request) and returns, or raises; an exception on any rank makes the
-    case's result an error carrying the first failing rank's message."""
+    case's result an error carrying the first failing rank's message. After a case that leaves a
+    rank with `thread_budget` threads or more, rank 0 writes `retiring` (the reason) before the
+    result and every rank returns: tally waits for this worker to end and starts a fresh one."""
     import torch.distributed as dist
 
     watch_parent(parent_pid)
@@ -204,9 +237,15 @@ def serve(queue, parent_pid, hello, execute):
             message = f"rank {rank}: {type(e).__name__}: {e}"
             traceback.print_exc()
         results = [None] * world
-        dist.all_gather_object(results, (status, message))
+        dist.all_gather_object(results, (status, message, threads_of_this_process()))
+        retiring = retiring_reason([threads for _, _, threads in results], thread_budget)
         if rank == 0:
-            result = result_document(results, time.monotonic() - start)
+            if retiring:
+                write_atomically(retiring + "\n", os.path.join(queue, "retiring"))
+            result = result_document([(s, m) for s, m, _ in results], time.monotonic() - start)
             write_atomically(json.dumps(result) + "\n", os.path.join(queue, f"case-{k}.result.json"))
             print(f"case {k}: {result['status']} in {result['seconds']:.2f} s {result['message']}", flush=True)
+        if retiring:
+            print(f"tally's worker retires after case {k}: {retiring}", file=sys.stderr, flush=True)
+            return
         k += 1

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import __version__
 from .plants import Planted
-from .queue import Request, serve
+from .queue import THREAD_BUDGET, Request, serve
 
 # fault -> ([(where, attr, make)], how): what a worker replaces to plant a catalog fault (plants.py)
 PlantTable = Dict[str, Tuple[List[Tuple[str, str, object]], str]]
@@ -118,10 +118,26 @@ def choose_backend(asked: str, world: int, devices: int) -> str:
     return "nccl" if 0 < devices and world <= devices else "gloo"
 
 
+def thread_budget(environ) -> int:
+    """The threads a rank may hold before its worker retires: TALLY_WORKER_THREAD_BUDGET where set
+    (a host with a lower pid_max, or a test), else tally_adapters.queue.THREAD_BUDGET."""
+    text = environ.get("TALLY_WORKER_THREAD_BUDGET")
+    if text is None:
+        return THREAD_BUDGET
+    try:
+        budget = int(text)
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        raise ValueError(f"TALLY_WORKER_THREAD_BUDGET={text!r}: the threads a rank may hold must be a whole number, 1 or more")
+    return budget
+
+
 def run(worker_class, argv=None) -> int:
     """The main of a worker: parses its arguments, takes this rank's GPU (several ranks share one
     when the world outnumbers the GPUs), starts torch.distributed, and serves tally's queue."""
     args = parse_args((worker_class.__doc__ or "").strip().split("\n\n")[0], argv)
+    budget = thread_budget(os.environ)
     import torch
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -149,6 +165,6 @@ def run(worker_class, argv=None) -> int:
         where = f"{devices} GPU(s)" if devices else "CPU"
         print(f"{name}: world {world} on {where}, {backend}, {worker.framework} {worker.framework_version()}",
               flush=True)
-    serve(args.queue, args.parent_pid, worker.hello(), worker.execute)
+    serve(args.queue, args.parent_pid, worker.hello(), worker.execute, thread_budget=budget)
     dist.destroy_process_group()
     return 0

@@ -52,3 +52,77 @@ class ResultDocument(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OneRankDistributed(types.ModuleType):
+    """torch.distributed of a world of one: each collective over itself."""
+
+    def __init__(self):
+        super().__init__("torch.distributed")
+
+    def get_rank(self):
+        return 0
+
+    def get_world_size(self):
+        return 1
+
+    def broadcast_object_list(self, objects, src=0):
+        pass
+
+    def all_gather_object(self, output, obj):
+        output[0] = obj
+
+
+class Retiring(unittest.TestCase):
+    def test_the_rank_with_the_most_threads_past_the_budget_is_named(self):
+        self.assertEqual(queue.retiring_reason([90, 700, 512, None], budget=512),
+                         "rank 1 holds 700 threads, the budget is 512")
+
+    def test_under_the_budget_or_unknown_is_no_reason(self):
+        self.assertIsNone(queue.retiring_reason([511, 90], budget=512))
+        self.assertIsNone(queue.retiring_reason([None, None], budget=512))
+
+    def test_this_process_has_threads_where_linux_says(self):
+        threads = queue.threads_of_this_process()
+        if threads is None:
+            self.skipTest("no /proc/self/status here")
+        self.assertGreaterEqual(threads, 1)
+
+    def test_a_worker_past_its_budget_writes_retiring_before_the_result_and_returns(self):
+        import os
+        import sys
+        import tempfile
+        from unittest import mock
+
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "case-1.json"), "w") as f:
+                f.write("{}")
+            seen = []
+
+            def execute(request):
+                seen.append(request.k)
+
+            torch = types.ModuleType("torch")
+            torch.distributed = OneRankDistributed()
+            with mock.patch.dict(sys.modules, {"torch": torch, "torch.distributed": torch.distributed}), \
+                    mock.patch.object(queue, "threads_of_this_process", return_value=3):
+                queue.serve(folder, 0, {"framework": "test"}, execute, thread_budget=2)  # returns: no stop file
+            self.assertEqual(seen, [1])
+            with open(os.path.join(folder, "retiring")) as f:
+                self.assertEqual(f.read(), "rank 0 holds 3 threads, the budget is 2\n")
+            self.assertTrue(os.path.exists(os.path.join(folder, "case-1.result.json")))
+
+
+class ThreadBudget(unittest.TestCase):
+    def test_the_variable_sets_it_and_its_absence_is_the_default(self):
+        from tally_adapters.worker import thread_budget
+
+        self.assertEqual(thread_budget({}), queue.THREAD_BUDGET)
+        self.assertEqual(thread_budget({"TALLY_WORKER_THREAD_BUDGET": "96"}), 96)
+
+    def test_a_budget_that_is_not_a_whole_number_1_or_more_names_the_variable(self):
+        from tally_adapters.worker import thread_budget
+
+        for text in ("0", "-3", "many", "1.5"):
+            with self.subTest(text=text), self.assertRaisesRegex(ValueError, r"^TALLY_WORKER_THREAD_BUDGET="):
+                thread_budget({"TALLY_WORKER_THREAD_BUDGET": text})

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "casefile/case_file.h"
 #include "fuzz/generators.h"
@@ -284,6 +285,25 @@ TEST(WorkerPool, AWorkerThatDiesIsAnInfraErrorAndIsRestartedForTheNextCase) {
   // Restarted: a fresh queue, whose first case is case-1 again.
   const WorkerRun second = pool.execute(founding_case());
   EXPECT_NE(second.verdict.infra_message.find("during case-1"), std::string::npos) << second.verdict.infra_message;
+}
+
+TEST(WorkerPool, AWorkerThatRetiresAfterACaseIsWaitedForAndTheNextCaseStartsAFreshOne) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "retire");
+  std::ostringstream progress;
+  WorkerOptions options = stand_in_options();
+  options.progress = &progress;
+  WorkerPool pool(options);
+  const WorkerRun first = pool.execute(founding_case());
+  const WorkerRun second = pool.execute(founding_case());
+  EXPECT_EQ(first.verdict.kind, oracle::Verdict::Kind::pass) << first.verdict.infra_message;
+  // Not a worker that died during case-1 of the old queue: a fresh one ran it.
+  EXPECT_EQ(second.verdict.kind, oracle::Verdict::Kind::pass) << second.verdict.infra_message;
+  const std::string said = progress.str();
+  EXPECT_NE(said.find("the world-2 worker retires after case-1 (each rank holds 600 threads (as asked)): the next "
+                      "case starts a fresh one"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("/world-2-2'"), std::string::npos) << "the second start has a queue of its own: " << said;
 }
 
 // Through the target (run/target.h): a worker that dies is an infra-error verdict; one that then

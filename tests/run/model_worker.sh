@@ -28,7 +28,8 @@
 # symbolic link to /dev/zero, =link-manifest a symbolic link to the right manifest kept elsewhere, =detach-and-die starts a child in a session of its own and exits at
 # once (its pid in $queue/late.pid); =daemon leaves a double-forked daemon at every case (its pid
 # added to daemon.pids in the pool's folder) and runs the case; =brief-daemon leaves one that ends by
-# itself within 0.4 s (its pid there too), waits 0.8 s and runs the case; =flood prints 160 MB of output at
+# itself within 0.4 s (its pid there too), waits 0.8 s and runs the case; =retire runs the case,
+# writes `retiring` before its result and exits 0.3 s after it (as a worker short of threads); =flood prints 160 MB of output at
 # every case and runs it. With
 # TALLY_TEST_WORKER_DETACHED=1 it first starts a child in a session of its own (as torchrun starts
 # its ranks), writing the child's pid to $queue/detached.pid.
@@ -212,6 +213,7 @@ for f in glob.glob(sys.argv[1] + "/rank-*.json"):
     if pieces:
         pieces[0]["clipped_stats"] = pieces[0]["stats"]
         json.dump(m, open(f, "w"))' "$queue/case-$k"
+  [ "$mode" = retire ] && [ "$k" = "$at" ] && atomically "$queue/retiring" "each rank holds 600 threads (as asked)"
   if [ "$mode" = result-unknown-key ]; then
     atomically "$queue/case-$k.result.json" '{"status": "ok", "gpu_seconds": 1.5}'
   elif [ $rc -le 1 ]; then
@@ -220,5 +222,9 @@ for f in glob.glob(sys.argv[1] + "/rank-*.json"):
     atomically "$queue/case-$k.result.json" "{\"status\": \"error\", \"message\": \"tally run exited $rc\"}"
   fi
   rm -f "$planted" "$queue/case-$k.log"
+  if [ -e "$queue/retiring" ]; then
+    sleep 0.3
+    exit 0
+  fi
   k=$((k + 1))
 done

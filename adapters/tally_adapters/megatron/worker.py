@@ -53,7 +53,7 @@ import gc
 import sys
 
 from .. import worker as base
-from ..queue import framework_setup
+from ..queue import framework_setup, threads_of_this_process
 from . import manifest as tally_megatron
 from .muon_compat import emerging_optimizers_compat
 
@@ -531,7 +531,12 @@ class MegatronCoreWorker(base.Worker):
         # Every rank destroys what it has (nothing, after a case that raised) and makes it anew,
         # so the ranks make their groups at the same point.
         self.parallel_state_of = None
+        threads_before = threads_of_this_process()
         destroy_parallel_state()
+        if dist.get_rank() == 0:
+            # What the old groups gave back: the log shows a layout change that keeps threads.
+            print(f"parallel state anew: rank 0's threads {threads_before} before the old groups were destroyed, "
+                  f"{threads_of_this_process()} after", file=sys.stderr, flush=True)
         ps.initialize_model_parallel(**arguments)
         self.parallel_state_of = arguments
 
