@@ -296,11 +296,21 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       throw UsageError("--state " + state + " is of another sweep (" + previous.target + " " + previous.version +
                        ", world " + std::to_string(previous.world) + ", shard " + std::to_string(previous.shard) + "/" +
                        std::to_string(previous.shards) + "): use --fresh to start over, or another --state");
-    // Only this shard's cases: a state written before shards dealt whole layouts holds others.
-    std::set<std::int64_t> planned;
-    for (const fuzz::SweepCase& sc : plan.cases) planned.insert(sc.index);
-    for (const SweepResult& r : previous.results)
-      if (planned.count(r.index)) done.emplace(r.index, r);
+    // Only this shard's cases (a state written before shards dealt whole layouts holds others), and
+    // only where the number still names the same case: an earlier tally numbered a layout's cases
+    // in another order, and its result would stand for another case.
+    std::map<std::int64_t, std::string> planned;
+    for (const fuzz::SweepCase& sc : plan.cases) planned.emplace(sc.index, sc.id);
+    std::int64_t renumbered = 0;
+    for (const SweepResult& r : previous.results) {
+      auto it = planned.find(r.index);
+      if (it == planned.end()) continue;
+      if (it->second == r.id) done.emplace(r.index, r);
+      else ++renumbered;
+    }
+    if (renumbered > 0 && !o.json)
+      context.out << "state: " << renumbered << " of its results number their cases otherwise than this tally does (written "
+          << "by an earlier one): those cases run again\n";
   }
   // Rewritten after a failure and at most every two seconds otherwise: a kill loses little, and a
   // sweep of thousands of fast cases does not rewrite its state thousands of times.

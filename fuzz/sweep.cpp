@@ -145,6 +145,7 @@ SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
   std::int64_t index = 0;
   for (std::size_t l = 0; l < plan.layouts.layouts.size(); ++l) {
     const topologies::ParallelConfig& config = plan.layouts.layouts[l].config;
+    std::vector<SweepCase> layout_cases;
     for (SweepFeature feature : features) {
       const SweepModel model = sweep_model(config, feature);
       if (!model.model) {
@@ -159,15 +160,24 @@ SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
       base.path.max_norm = 1.0;
       for (auto& [axis, c] : with_instances(base, target)) {
         SweepCase sc;
-        sc.index = index++;
         sc.id = case_id(static_cast<int>(l), feature, axis);
         sc.layout = static_cast<int>(l);
         sc.c = std::move(c);
-        // A gradient seed of its own, from its number: reproducible, and different per case.
-        sc.c.path.gradients.generator.seed = 1000 + static_cast<std::uint64_t>(sc.index);
-        sc.c.description = "tally sweep --world " + std::to_string(options.world) + ": " + sc.id;
-        if (sc.layout % options.shards == options.shard) plan.cases.push_back(std::move(sc));
+        layout_cases.push_back(std::move(sc));
       }
+    }
+    // A layout's cases by number of distributed-optimizer instances, each feature in turn: the
+    // instances are part of a framework's parallel state (Megatron's initialize_model_parallel), so
+    // a worker makes it anew once per number, not once per feature and number.
+    std::stable_sort(layout_cases.begin(), layout_cases.end(), [](const SweepCase& a, const SweepCase& b) {
+      return a.c.topology.dist_opt_instances < b.c.topology.dist_opt_instances;
+    });
+    for (SweepCase& sc : layout_cases) {
+      sc.index = index++;
+      // A gradient seed of its own, from its number: reproducible, and different per case.
+      sc.c.path.gradients.generator.seed = 1000 + static_cast<std::uint64_t>(sc.index);
+      sc.c.description = "tally sweep --world " + std::to_string(options.world) + ": " + sc.id;
+      if (sc.layout % options.shards == options.shard) plan.cases.push_back(std::move(sc));
     }
   }
   plan.total_cases = index;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tally sweep end to end on tally's model: a world-2 sweep in two shards, each resumed after a
 # finished run (nothing to run again), merged into the whole sweep's report, which matches the
-# unsharded sweep's; a state of another sweep is refused naming it.
+# unsharded sweep's; a state whose numbers name other cases runs those again; a state of another
+# sweep is refused naming it.
 #   sweep_shards.sh TALLY DIR
 set -u
 tally=$1; dir=$2
@@ -23,6 +24,17 @@ assert strip(whole) == strip(merged), "results differ"
 assert merged["layouts"] == whole["layouts"] == 10 and merged["configurations"] == 1200
 PY
 grep -q "<testsuite" "$dir/merged.xml" || fail "no JUnit report"
+# A state whose numbers name other cases (an earlier tally's order): those run again, said so.
+python3 - "$dir/whole/sweep-state.json" <<'PY' || fail "could not renumber the state"
+import json, sys
+state = json.load(open(sys.argv[1]))
+a, b = state["results"][0], state["results"][1]
+a["id"], b["id"] = b["id"], a["id"]
+json.dump(state, open(sys.argv[1], "w"))
+PY
+"$tally" sweep --world 2 --corpus "$dir/whole" >"$dir/renumbered.out" || fail "the renumbered state's sweep failed"
+grep -q "^state: 2 of its results number their cases otherwise" "$dir/renumbered.out" &&
+  grep -q ", 2 to run (" "$dir/renumbered.out" || fail "a renumbered state's results stood for other cases: $(head -3 "$dir/renumbered.out")"
 "$tally" sweep --world 4 --corpus "$dir/whole" >"$dir/other.out" 2>"$dir/other.err"
 [ $? = 2 ] && grep -q "is of another sweep" "$dir/other.err" || fail "a state of another sweep was not refused: $(cat "$dir/other.err")"
 echo "ok: two shards resumed and merged into the whole sweep"
