@@ -36,6 +36,11 @@ vocab::FaultSet release_faults(MegatronRelease release, vocab::OptimizerModel op
       if (optimizer == vocab::OptimizerModel::muon) faults = faults.with(vocab::Fault::muon_expert_stats_without_egtp);
       break;
   }
+  // #7452 (fix proposed in #7530): in both releases the local DotProductAttention's learnable
+  // softmax_offset holds this TP rank's heads but is never marked tensor_model_parallel
+  // (transformer/dot_product_attention.py:126-138 at 0.16.1 and 0.19.2), so the grad norm and the
+  // zero count take TP rank 0's sinks only.
+  faults = faults.with(vocab::Fault::tp_sharded_param_unmarked);
   // #6099: in both releases the layer-wise optimizer's children receive no TP groups; and neither
   // shards anything when DP x CP is 1 (radixark/Megatron-LM #82).
   if (optimizer == vocab::OptimizerModel::layerwise)

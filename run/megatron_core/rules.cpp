@@ -137,8 +137,9 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   if (auto why = other_frameworks_section(c, "megatron-core")) return why;
   if (auto why = mtp_unsupported(c, version)) return why;
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
-    return "model.softmax_type learnable: attention sinks need Transformer Engine's attention, which "
-           "the worker does not use";
+    return "model.softmax_type learnable: the worker does not build attention sinks yet (megatron-core's "
+           "local DotProductAttention has them: transformer/dot_product_attention.py:126-138 at 0.16.1 and "
+           "0.19.2; tally's model of both releases counts them as the release does, TP rank 0's only)";
   if (topologies::uses_gtp(c.topology))
     return "topology.gtp/egtp: generalized TP needs Transformer Engine >= 2.19, which the worker does not use";
   if (!o.p_values.empty())

@@ -68,6 +68,29 @@ TEST(ReleaseRules, PredictTheVerdictsOfTheRealRuns) {
             oracle::Verdict::Kind::pass);
 }
 
+// Megatron-LM #7452: the local DotProductAttention's learnable softmax_offset holds each TP rank's
+// heads and is never marked tensor_model_parallel, in both releases (on one H200, 0.19.2 at TP 2
+// with only the sinks' gradients gave a norm of sqrt(2) where the truth was 2).
+TEST(ReleaseRules, BothReleasesCountTheAttentionSinksOfTpRankZeroOnly) {
+  for (const gradnorm::ReleaseInfo& info : gradnorm::megatron_releases())
+    for (OptimizerModel optimizer : {OptimizerModel::plain, OptimizerModel::distributed}) {
+      SCOPED_TRACE(std::string(info.name) + " " + std::string(vocab::optimizer_model_name(optimizer)));
+      casefile::Case c;
+      c.topology = testing::config_of(optimizer == OptimizerModel::distributed ? 4 : 2, 2, 1, 1, 1);
+      c.model.softmax_type = topologies::SoftmaxType::learnable;
+      c.path = testing::ones(optimizer);
+      c.path.gradients.class_mask = vocab::class_bit(topologies::ParamClass::head_sharded);
+      c.path.faults = gradnorm::release_faults(info.release, optimizer);
+      const oracle::Verdict verdict = run_case(c);
+      ASSERT_EQ(verdict.kind, oracle::Verdict::Kind::fail);
+      ASSERT_FALSE(verdict.miscounted.empty());
+      for (const oracle::Miscount& m : verdict.miscounted) {
+        EXPECT_NE(m.name.find("softmax_offset"), std::string::npos) << m.name;
+        EXPECT_EQ(m.counted * 2, m.numel) << m.name << ": half the heads, TP rank 0's";
+      }
+    }
+}
+
 TEST(ReleaseRules, NamesRoundTripAndOnlyZeroNineteenHasGeneralizedTp) {
   for (const gradnorm::ReleaseInfo& info : gradnorm::megatron_releases())
     EXPECT_EQ(gradnorm::release_from_name(info.name), info.release);
