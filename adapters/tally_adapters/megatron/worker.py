@@ -177,40 +177,49 @@ CASES_PER_COLLECTION = 16
 # --- building the case ----------------------------------------------------------------------------
 
 
+def collect_everything():
+    """A collection of all of it, the frozen included; what survives is frozen again, so the
+    collection Megatron-FSDP runs after each build (param_and_grad_buffer.py) looks only at what
+    came since."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+def process_groups_in(value, process_group_type):
+    """The process groups `value` is or holds (a parallel-state variable: a group, or a list,
+    tuple or dict of them)."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [g for g in items if isinstance(g, process_group_type)]
+
+
 def destroy_parallel_state():
     """Megatron's destroy_model_parallel forgets its groups; this also destroys them, and every
     other group torch holds but the world (Megatron-FSDP's, a case's own), then collects what
     referred to them. A gloo group keeps its three threads and its sockets while any object refers
-    to it, destroyed or not: four world-8 workers that left a layout's groups to the next
-    collection ran out of threads (pthread_create: "Resource temporarily unavailable")."""
+    to it, destroyed or not. On CPUs this gives a layout's threads back; on the H200 something a
+    case builds still refers to them (bench/RESULTS.md), and the queue's thread budget retires the
+    worker instead."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    groups = []
-    for value in vars(ps).values():
-        items = value if isinstance(value, (list, tuple)) else list(value.values()) if isinstance(value, dict) else [value]
-        for g in items:
-            if isinstance(g, dist.ProcessGroup) and all(g is not h for h in groups):
-                groups.append(g)
+    candidates = [g for value in vars(ps).values() for g in process_groups_in(value, dist.ProcessGroup)]
     # torch's own registry of the groups it made (private: getattr, so a torch without it still
     # destroys Megatron's).
     registry = getattr(getattr(getattr(dist, "distributed_c10d", None), "_world", None), "pg_map", {})
-    for g in list(registry):
-        if isinstance(g, dist.ProcessGroup) and all(g is not h for h in groups):
-            groups.append(g)
+    candidates += [g for g in list(registry) if isinstance(g, dist.ProcessGroup)]
+    groups = list({id(g): g for g in candidates if g is not dist.group.WORLD}.values())
+    del candidates
     ps.destroy_model_parallel()
-    world = dist.group.WORLD
     for g in groups:
-        if g is world:
-            continue
         try:
             dist.destroy_process_group(g)
         except Exception:  # a group torch already released
             pass
     del groups
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+    collect_everything()
 
 
 def parallel_state_arguments(topology):
@@ -597,12 +606,7 @@ class MegatronCoreWorker(base.Worker):
             del optimizer, chunks
             self.cases_since_collection += 1
             if self.cases_since_collection >= CASES_PER_COLLECTION:
-                # All of it, the frozen included; what survives is frozen again, so the collection
-                # Megatron-FSDP runs after each build (param_and_grad_buffer.py) looks only at what
-                # came since.
-                gc.unfreeze()
-                gc.collect()
-                gc.freeze()
+                collect_everything()
                 self.cases_since_collection = 0
             # The ranks share the GPU, but a case's models take megabytes: a rank keeps its cache up
             # to CUDA_CACHE_KEPT_BYTES, so the next case allocates without cudaMalloc.
