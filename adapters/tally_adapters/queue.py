@@ -12,6 +12,7 @@ rank stuck in the middle of a case (in the framework, or in a collective another
 joins) ends too once tally is gone.
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -176,6 +177,22 @@ def threads_of_this_process():
     except (OSError, ValueError):
         return None
     return None
+
+
+def thread_names_of_this_process(most=4):
+    """The `most` commonest names of this process's threads with their counts, as "name x N, ..."
+    (Linux's /proc/self/task/*/comm): what kind of thread a rank keeps piling up."""
+    names = collections.Counter()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as f:
+                    names[f.read().strip()] += 1
+            except OSError:
+                continue  # a thread that ended while it was read
+    except OSError:
+        return "unknown"
+    return ", ".join(f"{name} x {n}" for name, n in names.most_common(most))
 
 
 def retiring_reason(threads_by_rank, budget=THREAD_BUDGET):

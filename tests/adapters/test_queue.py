@@ -1,6 +1,7 @@
 """The queue loop's outcomes (tally_adapters.queue): a framework's own check that declines a case at
 set-up is a refusal with its message, anything else an error; no torch needed."""
 
+import os
 import types
 import unittest
 
@@ -87,6 +88,25 @@ class Retiring(unittest.TestCase):
         if threads is None:
             self.skipTest("no /proc/self/status here")
         self.assertGreaterEqual(threads, 1)
+
+    def test_the_names_of_this_process_threads_are_counted_commonest_first(self):
+        import threading
+
+        if not os.path.isdir("/proc/self/task"):
+            self.skipTest("no /proc/self/task here")
+        release = threading.Event()
+        helpers = [threading.Thread(target=release.wait, name=f"tally-test-{i}") for i in range(3)]
+        for t in helpers:
+            t.start()
+        try:
+            names = queue.thread_names_of_this_process(most=100)
+        finally:
+            release.set()
+            for t in helpers:
+                t.join()
+        counts = [int(part.rpartition(" x ")[2]) for part in names.split(", ")]
+        self.assertEqual(counts, sorted(counts, reverse=True), names)
+        self.assertGreaterEqual(sum(counts), 4, names)  # the main thread and the three waiting
 
     def test_a_worker_past_its_budget_writes_retiring_before_the_result_and_returns(self):
         import os

@@ -125,6 +125,19 @@ class BoxTest(unittest.TestCase):
             tm.shard_box([8], True, 3, 0, 2)
 
 
+class AttentionSinkTest(unittest.TestCase):
+    # The local DotProductAttention's learnable softmax_offset is this TP rank's heads, unmarked.
+    def test_the_sink_is_known_by_its_local_name(self):
+        self.assertTrue(tm.is_attention_sink("decoder.layers.1.self_attention.core_attention.softmax_offset"))
+        self.assertTrue(tm.is_attention_sink("mtp.layers.0.transformer_layer.self_attention.core_attention.softmax_offset"))
+        self.assertFalse(tm.is_attention_sink("decoder.layers.1.self_attention.linear_qkv.weight"))
+        self.assertFalse(tm.is_attention_sink("decoder.layers.1.self_attention.core_attention.softmax_offset.extra"))
+
+    def test_the_sink_of_tp_rank_one_is_the_second_half_of_the_heads(self):
+        # 4 heads over TP 2: rank 1 holds heads 2 and 3, as its sharded_state_dict says (dim 0)
+        self.assertEqual(tm.shard_box([2], True, 0, 1, 2), ([4], [2], [2]))
+
+
 class HeldBoxTest(unittest.TestCase):
     # Megatron-FSDP holds a flat range of each TP-local box: whole rows of a matrix, any run of a vector.
     def test_whole_rows_of_a_tp_shard_are_a_box_inside_it(self):

@@ -40,8 +40,9 @@ noted):
   (topologies/logical_model.h), so the worker writes the names tally sent, renaming none. A
   `shared` tied output-layer copy names the word embedding. The box of a `tensor_model_parallel` param runs along
   `partition_dim` at (rank in the sharding group) * (local extent), the group being the owning
-  layer's `tp_group` (the expert-TP group for routed experts, the TP group otherwise); any other
-  param holds the whole tensor. (A `partition_stride` != 1 shard is not contiguous in the
+  layer's `tp_group` (the expert-TP group for routed experts, the TP group otherwise); an
+  attention sink (`core_attention.softmax_offset`) is this TP rank's heads though unmarked
+  (`is_attention_sink`); any other param holds the whole tensor. (A `partition_stride` != 1 shard is not contiguous in the
   unsharded tensor; its box is then a relabelling that still partitions the logical tensor
   exactly, which is all the ledger needs.) Stats are of `.main_grad` (else `.grad`), in fp64 on
   the GPU.
@@ -211,6 +212,16 @@ def shard_box(
         logical[d] = shape[d] * group_size
         offsets[d] = shape[d] * group_rank
     return logical, offsets, list(shape)
+
+
+def is_attention_sink(local_name: str) -> bool:
+    """The local DotProductAttention's learnable softmax_offset: one sink logit for each of this TP
+    rank's heads (num_attention_heads_per_partition of them), a shard of the heads along dim 0,
+    which megatron-core 0.16.1 and 0.19.2 never mark tensor_model_parallel
+    (transformer/dot_product_attention.py:126-138 at both; their sharded_state_dict shards it along
+    dim 0, :260-267). Its box is the shard it is; its attributes stay as Megatron set them, so the
+    filters read what they read in training."""
+    return local_name.endswith("core_attention.softmax_offset")
 
 
 def held_box(
@@ -579,7 +590,9 @@ def _describe_params(chunks):
             routed = is_routed_expert_name(name)
             mod = owner.get(module_name)
             group = getattr(mod, "tp_group", None) if mod is not None else None
-            if attrs["tensor_model_parallel"]:
+            sink = is_attention_sink(name) and not attrs["tensor_model_parallel"]
+            sharded = attrs["tensor_model_parallel"] or sink
+            if sharded:
                 if group is not None and isinstance(group, dist.ProcessGroup):
                     grank, gsize = _group_rank_size(group)
                 else:
@@ -587,7 +600,7 @@ def _describe_params(chunks):
             else:
                 grank, gsize = 0, 1
             shape, offsets, extents = shard_box(
-                list(model_p.shape), attrs["tensor_model_parallel"], attrs["partition_dim"], grank, gsize
+                list(model_p.shape), sharded, 0 if sink else attrs["partition_dim"], grank, gsize
             )
             grad = None if fsdp is not None else _model_grad(p)
             if fsdp is not None:

@@ -53,7 +53,7 @@ import gc
 import sys
 
 from .. import worker as base
-from ..queue import framework_setup, threads_of_this_process
+from ..queue import framework_setup, thread_names_of_this_process, threads_of_this_process
 from . import manifest as tally_megatron
 from .muon_compat import emerging_optimizers_compat
 
@@ -148,7 +148,8 @@ NOT_PLANTED = {
     "clip-per-child-norm": "the norm each child clips with is chosen inside ChainedOptimizer.step, not one function",
     "clip-per-stage-norm": "the norm each stage clips with is chosen inside the optimizer's step, not one function",
     "clip-per-ep-group-norm": "the norm each EP group clips with is chosen inside the optimizer's step, not one function",
-    "tp-sharded-param-unmarked": "the releases miscount attention sinks themselves (no fault to plant): the worker does not build them yet",
+    "tp-sharded-param-unmarked": "the releases miscount attention sinks themselves (no fault to plant): "
+    "the local DotProductAttention's softmax_offset is never marked tensor_model_parallel",
     "replicated-marked-tp": "an attribute of the params: the adapter derives each param's box from it",
     "expert-norm-dropped": "the chained optimizer's combination of children, not one function",
     "missing-ep-reduction": "the stats group is the child's (one ProcessGroup): no EP part to drop alone",
@@ -272,6 +273,9 @@ def transformer_config(case):
     if m.get("swiglu", False):
         kw["gated_linear_unit"] = True
         kw["activation_func"] = F.silu
+    if m.get("softmax_type", "vanilla") == "learnable":
+        # An attention sink: the local DotProductAttention's learnable softmax_offset, per head.
+        kw["softmax_type"] = "learnable"
     if m.get("mtp_num_layers", 0):
         kw["mtp_num_layers"] = m["mtp_num_layers"]
         # megatron-core 0.19: the MTP params carry grad_norm_group "mtp", a norm of their own.
@@ -545,7 +549,7 @@ class MegatronCoreWorker(base.Worker):
         if dist.get_rank() == 0:
             # What the old groups gave back: the log shows a layout change that keeps threads.
             print(f"parallel state anew: rank 0's threads {threads_before} before the old groups were destroyed, "
-                  f"{threads_of_this_process()} after", file=sys.stderr, flush=True)
+                  f"{threads_of_this_process()} after ({thread_names_of_this_process()})", file=sys.stderr, flush=True)
         ps.initialize_model_parallel(**arguments)
         self.parallel_state_of = arguments
 
