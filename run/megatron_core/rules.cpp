@@ -136,6 +136,11 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
            "no Megatron module";
   if (auto why = other_frameworks_section(c, "megatron-core")) return why;
   if (auto why = mtp_unsupported(c, version)) return why;
+  if (m.softmax_type != topologies::SoftmaxType::vanilla)
+    return "model.softmax_type learnable: the worker builds attention sinks (the local DotProductAttention's "
+           "learnable softmax_offset, transformer/dot_product_attention.py:126-138 at 0.16.1 and 0.19.2) but that "
+           "build has not yet run on a GPU, so tally does not judge it yet; tally's model of both releases counts "
+           "them as the release does, TP rank 0's only";
   if (topologies::uses_gtp(c.topology))
     return "topology.gtp/egtp: generalized TP needs Transformer Engine >= 2.19, which the worker does not use";
   if (!o.p_values.empty())
@@ -204,6 +209,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   casefile::drop_other_frameworks_sections(c, "megatron-core");
   const bool fsdp_runs = !fsdp_not_recorded(version) && !cannot_run.contains("megatron_fsdp");
   if (!fsdp_runs) c.megatron_fsdp.reset();
+  m.softmax_type = topologies::SoftmaxType::vanilla;
   c.topology.gtp = 1;
   c.topology.egtp = 1;
   o.p_values.clear();
