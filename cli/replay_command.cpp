@@ -60,8 +60,11 @@ class KnownByRelease {
         throw UsageError(error.what());
       }
     }
-    const std::string finding = fuzz::known_finding_of(it->second, true, c, verdict);
-    return finding.empty() ? "NEW: " + fuzz::why_new(it->second, c, verdict) : finding;
+    const fuzz::Explanation explained = fuzz::explain(it->second, c, verdict);
+    if (explained.findings.empty()) return "NEW: " + explained.why_new;
+    std::string names;
+    for (const std::string& name : explained.findings) names += (names.empty() ? "" : " + ") + name;
+    return names;
   }
 
  private:
@@ -76,7 +79,7 @@ struct Input {
 };
 
 // Case files under `folder`, recursively: regular files named *.json but a sweep's state
-// (sweep-state*.json), sorted by path.
+// (sweep-state*.json) and finding files (*.finding.json, fuzz/findings.h), sorted by path.
 std::vector<Input> expand_folder(const std::string& folder) {
   std::vector<std::string> files;
   std::error_code ec;
@@ -90,7 +93,8 @@ std::vector<Input> expand_folder(const std::string& folder) {
     }
     // A sweep's state, kept in its corpus beside its failing cases, is not a case.
     if (it->is_regular_file(type_error) && it->path().extension() == ".json" &&
-        !it->path().filename().string().starts_with("sweep-state"))
+        !it->path().filename().string().starts_with("sweep-state") &&
+        !it->path().filename().string().ends_with(".finding.json"))
       files.push_back(it->path().generic_string());
   }
   if (ec) return {{folder, folder + ": cannot list the folder: " + ec.message()}};

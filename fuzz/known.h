@@ -1,63 +1,73 @@
-// Known findings: the failing cases of a framework's release saved with their manifests
-// (seeds/real holds the written-up ones), so a campaign or a sweep counts a failure that repeats
-// one as known, not new: a nightly that pages only for what is new.
+// Known findings: a nightly that pages only for what is new. A known finding is a defect's cause in
+// a corner (fuzz/findings.h: a finding file next to its saved runs, seeds/real), not one saved form
+// of it. A failure is known only when every way it miscounts is explained by a finding whose corner
+// holds its case; a failure two findings explain together is known by both, and says so.
 //
-// A finding is its cause, not one saved form of it: the framework and release, the code of the
-// framework's norm it lies in (run::FrameworkTarget::norm_code: the optimizer model, Megatron-FSDP's
-// strategy, DeepSpeed's optimizer), and how it miscounts: each kind of param it miscounts and
-// whether it counts some of its elements fewer times than once (drops them) or more (repeats them),
-// read from its saved run, judged again. A failure repeats it when it lies in the same norm code and
-// every (kind, direction) it miscounts is a finding's, whatever else differs: the model (dense or
-// MoE, the layer a param is in), the gradients, the world, the norm it was counted in (the main
-// norm, a group norm such as MTP's, the zero count) and the statistics that show it (all-zero
-// gradients show a dropped param in the zero count only, where the saved run showed it in the
-// norm). The same kind miscounted the other way, or a kind no finding of that norm code miscounts, is
-// another defect (two known defects of one norm code may show in one run); so is a failure of a
-// statistic no miscount makes (a rank reporting other than its ledger implies, "*-ledger"; gradients
-// other than tally's, "held-gradients") that no such finding's saved run failed. A failure without a miscount repeats a finding without one that fails the
-// same statistic first (the failure signature, fuzz/shrink.h). A megatron-core finding whose own
-// case lies in one of Megatron-LM's layout corners (megatron_layout_corner, fuzz/generators.h:
-// experts as dense with ETP groups unlike the TP groups; distributed-optimizer instances whose stats
-// groups split their shards) is a defect of the groups, not of a norm code: any norm code's failure
-// in that same corner that miscounts the same way repeats it.
+// The unit of explanation is one param miscounted one way in one ledger: some of its elements
+// counted fewer times than they should be (dropped) or more (repeated), in the main norm, a group's
+// norm (MTP's) or the zero count. Two causes can miscount one param, one each way.
+//
+// Where tally models the release (megatron-core's DDP path, gradnorm/releases.h), the model decides:
+// the failure must be what tally's model of the release gives for its case (every param counted the
+// same number of times, in every ledger), and each of its units is explained by the finding whose
+// cause gives it alone: a fault of the release's rules, run with that fault alone, or one of
+// Megatron-LM's layout corners, run with none. So a new defect inside a known corner is new, and a
+// known cause is known in any form it takes there. Elsewhere (Megatron-FSDP, the layer-wise parameter
+// layout, DeepSpeed, ...) the finding file's stated corner and miscounts decide. Failures a miscount
+// does not make (a rank reporting other than its ledger implies, gradients other than tally's) are
+// known only where a finding's saved run fails the same statistic; a failure without a miscount only
+// where a saved run without one fails the same way (fuzz/shrink.h's signature).
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "casefile/case.h"
+#include "fuzz/findings.h"
 #include "fuzz/generators.h"
 #include "fuzz/shrink.h"
 #include "oracle/verdict.h"
 
 namespace tally::fuzz {
 
-// How a failure miscounts one kind of param (topologies' class name, "expert-row-bias"), wherever it
-// was counted: whether some of its elements are counted fewer times than once (dropped) or more
-// (repeated), on the rank whose ledger shows it.
-struct Miscounting {
+// One way a failure miscounts one param.
+struct MiscountUnit {
+  std::string param;   // the logical param's name
+  std::string ledger;  // "" the main norm, "zero count", or a group norm's name
+  Counted counted = Counted::fewer;
+  // What the param is, as a cause sees it: its kind across models and frameworks ("tensor-parallel
+  // shard", "replicated over TP", "expert replicated over ETP"), or, for elements dropped because
+  // only ranks outside the stats group own them, "owned outside its stats group".
   std::string kind;
-  bool dropped = false;
-  bool repeated = false;
-  friend auto operator<=>(const Miscounting&, const Miscounting&) = default;
+  friend auto operator<=>(const MiscountUnit&, const MiscountUnit&) = default;
 };
-std::set<Miscounting> miscountings(const oracle::Verdict& verdict);
-std::string describe(const Miscounting& m);  // "expert-row-bias dropped"
+std::vector<MiscountUnit> miscount_units(const oracle::Verdict& verdict);
+// "decoder.layers.0.mlp.linear_fc2.bias (replicated over TP) counted fewer times in the zero count"
+std::string describe(const MiscountUnit& unit);
+bool matches(const MiscountShape& shape, const MiscountUnit& unit);
+
+// A saved run of a finding, judged again.
+struct SavedRun {
+  std::string file;
+  FailureSignature signature;
+  std::vector<std::string> failed;  // the statistics it fails (run::failed_statistics)
+  bool miscounts = false;           // its ledger miscounts some param
+};
 
 struct KnownFinding {
-  std::string file;         // the case file
-  std::string name;         // its file name without the folder and ".json": how reports name it
-  std::string path;         // the framework's norm code it fails in (known_path)
-  FailureSignature signature;
-  LayoutCorner corner = LayoutCorner::none;  // of a megatron-core finding: the layout corner its case lies in
-  std::set<Miscounting> miscounts;  // of its saved run
-  std::vector<std::string> failed;  // the statistics its saved run fails (run::failed_statistics)
+  FindingFile spec;
+  std::vector<SavedRun> runs;
+  // A saved failing run that no finding file claims is a finding of its own layout only (this
+  // configuration, its norm code), miscounting as it did.
+  std::optional<topologies::ParallelConfig> only_layout;
+  const std::string& name() const { return spec.name; }
 };
 
-// The norm code of `c`'s framework that a finding is tied to ("layerwise", "BF16_Optimizer"); the
+// The norm code of `c`'s framework that a finding lies in ("layerwise", "BF16_Optimizer"); the
 // optimizer model for a case of tally's model.
 std::string known_path(const casefile::Case& c);
 
@@ -66,22 +76,22 @@ std::string known_path(const casefile::Case& c);
 // CaseGenOptions::keep_only.
 std::function<bool(const casefile::Case&)> norm_code_filter(std::string prefix);
 
-// The findings of `framework` at `version` under `dir` (recursively): case files of that target
-// whose expectation is a failure and whose saved manifests, judged again, fail. Throws
-// std::runtime_error naming the folder when it cannot be read.
+// The findings of `framework` at `version` under `dir` (recursively): every finding file of that
+// release with its saved runs, each judged again, and each saved failing run (without planted
+// faults) no finding file claims. Throws std::runtime_error, one line naming the file and the rule,
+// when the folder cannot be read, a finding file is malformed, or a finding's saved run does not
+// fail, lies outside its stated corner or miscounts in a way its file does not state.
 std::vector<KnownFinding> load_known(const std::string& dir, std::string_view framework, std::string_view version);
 
-// The finding among `known` that the failing `verdict` of `c` repeats; nullptr when it is new.
-const KnownFinding* known_as(const std::vector<KnownFinding>& known, const casefile::Case& c,
-                             const oracle::Verdict& verdict);
+// Which findings explain a failure of `c`, or why none can.
+struct Explanation {
+  std::vector<std::string> findings;  // each finding needed to explain it, in the order of `known`; empty: new
+  std::string why_new;                // "" when known
+};
+Explanation explain(const std::vector<KnownFinding>& known, const casefile::Case& c, const oracle::Verdict& verdict);
 
-// Why the failing `verdict` of `c` is new: what of it no finding of its norm code shows ("expert
-// tensor-parallel shard repeated; no known finding of DeepSpeedZeroOptimizer miscounts it"); "" when
-// it repeats one.
-std::string why_new(const std::vector<KnownFinding>& known, const casefile::Case& c, const oracle::Verdict& verdict);
-
-// The known finding a failure of `c` repeats, "" when it is new: on a real framework one of
-// `known` (fuzz/known.h); on tally's model (`framework` false) Megatron-LM's own layout corners,
+// The known findings a failure of `c` repeats, joined by " + ", "" when it is new: on a real
+// framework from `known`; on tally's model (`framework` false) Megatron-LM's own layout corners,
 // where Megatron's rules miscount with no fault (megatron_layout_corner, fuzz/generators.h; written
 // up in docs/findings/megatron-core-0.19.2-experts-as-dense-cp-before-tp.md and
 // megatron-core-0.19.2-dist-opt-instances-split-their-shards.md), named "megatron-layout-corner (...)".

@@ -212,6 +212,9 @@ Miscount miscount_of(const record::RunRecord& run, const WrongCount& wrong) {
   m.name = tensor.name;
   m.param_class = tensor.kind + ledger_text(run, wrong.ledger);
   m.kind = tensor.kind;
+  m.ledger = wrong.ledger == zero_count_ledger(run) ? "zero count"
+             : wrong.ledger == 0                    ? ""
+                                                    : run.norm_groups[static_cast<std::size_t>(wrong.ledger)].name;
   m.least = wrong.least;
   m.most = wrong.most;
   {

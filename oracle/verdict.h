@@ -41,6 +41,7 @@ struct Miscount {
   std::string name;
   std::string param_class;
   std::string kind;           // the param's kind alone: param_class without where it was counted
+  std::string ledger;         // where it was counted: "" the main norm, "zero count", or a group norm's name
   std::int64_t least = 0;     // the fewest times the observing rank's ledger counts one of its elements
   std::int64_t most = 0;      // the most times
   // Some of its elements are owned only by ranks outside every stats group the observing rank

@@ -223,8 +223,11 @@ TEST(BorderSchemas, EverySeedCaseFileAndTheRequestTallySendsValidate) {
   const json s = schema("case");
   std::set<std::string> seen;
   std::vector<fs::path> files = seed_files();
+  // seeds/real's case files; its finding files (*.finding.json) have a schema of their own.
   for (const fs::directory_entry& entry : fs::directory_iterator(TALLY_SOURCE_DIR "/seeds/real"))
-    if (entry.is_regular_file() && entry.path().extension() == ".json") files.push_back(entry.path());
+    if (entry.is_regular_file() && entry.path().extension() == ".json" &&
+        !entry.path().filename().string().ends_with(".finding.json"))
+      files.push_back(entry.path());
   for (const fs::path& file : files) {
     const json document = load_json_file(file.string());
     EXPECT_EQ(schema_errors(s, document), std::vector<std::string>{}) << file << joined(schema_errors(s, document));
