@@ -148,6 +148,20 @@ vocab::StatedFor parse_grad_value(const std::string& text) {
   return s;
 }
 
+// --megatron-release: the release's own rules, where they differ from the ones tally checks, added
+// as faults for the case's optimizer.
+void with_release_rules(const RunOptions& o, casefile::Case& c) {
+  if (o.megatron_release.empty()) return;
+  std::string names;
+  for (const gradnorm::ReleaseInfo& info : gradnorm::megatron_releases())
+    names += (names.empty() ? "" : ", ") + std::string(info.name);
+  const gradnorm::MegatronRelease release = parse_choice<gradnorm::MegatronRelease>(
+      "--megatron-release", o.megatron_release, gradnorm::release_from_name, names);
+  if (std::optional<std::string> error = gradnorm::check_release_config(release, c.topology))
+    throw UsageError("--megatron-release " + o.megatron_release + ": " + *error);
+  c.path.faults = c.path.faults.with(gradnorm::release_faults(release, c.path.optimizer));
+}
+
 casefile::Case case_from_flags(const RunOptions& o) {
   if (o.topology.world == 0) throw UsageError("--world is required (or give a case file)");
   casefile::Case c;
@@ -171,16 +185,7 @@ casefile::Case case_from_flags(const RunOptions& o) {
   path.max_norm = o.max_norm;
   path.bucket_elements = o.bucket_elements;
   for (vocab::Fault fault : parse_fault_list(o.faults, "--fault")) path.faults = path.faults.with(fault);
-  if (!o.megatron_release.empty()) {
-    std::string names;
-    for (const gradnorm::ReleaseInfo& info : gradnorm::megatron_releases())
-      names += (names.empty() ? "" : ", ") + std::string(info.name);
-    const gradnorm::MegatronRelease release = parse_choice<gradnorm::MegatronRelease>(
-        "--megatron-release", o.megatron_release, gradnorm::release_from_name, names);
-    if (std::optional<std::string> error = gradnorm::check_release_config(release, c.topology))
-      throw UsageError("--megatron-release " + o.megatron_release + ": " + *error);
-    path.faults = path.faults.with(gradnorm::release_faults(release, path.optimizer));
-  }
+  with_release_rules(o, c);
   return c;
 }
 
@@ -207,14 +212,17 @@ void print_fault_catalog(std::ostream& out) {
 casefile::Case input_case(const RunOptions& o) {
   if (o.case_file.empty()) return case_from_flags(o);
   for (const CLI::Option* option : o.case_flags)
-    if (option->count() > 0)
+    if (option->count() > 0 && option->get_name() != "--megatron-release")
       throw UsageError("the case file " + o.case_file + " cannot be combined with the case flag " +
                        option->get_name() + " (edit the file, or give the case by flags only)");
+  casefile::Case c;
   try {
-    return casefile::load_case_file(o.case_file);
+    c = casefile::load_case_file(o.case_file);
   } catch (const casefile::CaseFileError& error) {
     throw UsageError(error.what());
   }
+  with_release_rules(o, c);
+  return c;
 }
 
 // "expect fail (l2, ledger; decoder.layers.0.mlp...)" for the expectation line.
@@ -284,7 +292,7 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
   command->add_option("--megatron-release", options->megatron_release,
                       "Run a released megatron-core's rules where they differ from the ones tally "
                       "checks (0.16.1, 0.19.2): adds those faults for this optimizer, so the "
-                      "verdict says whether that release miscounts the case");
+                      "verdict says whether that release miscounts the case; with a case file too");
   {
     const std::vector<CLI::Option*> all = command->get_options();
     options->case_flags.assign(all.begin() + static_cast<std::ptrdiff_t>(options_before), all.end());

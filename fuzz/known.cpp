@@ -90,8 +90,7 @@ struct ModeledCase {
   oracle::Verdict release;
   std::map<vocab::Fault, std::set<UnitKey>> by_fault;   // the release's faults, each alone
   std::map<vocab::Fault, FailureSignature> fault_signature;  // where a fault alone fails without a miscount
-  LayoutCorner corner = LayoutCorner::none;
-  std::set<UnitKey> by_corner;  // its layout corner, with no fault
+  std::map<LayoutCorner, std::set<UnitKey>> by_corner;  // each of Megatron-LM's layout corners it lies in, with no fault
 };
 
 std::optional<ModeledCase> modeled(const casefile::Case& c, std::string_view version) {
@@ -125,10 +124,31 @@ std::optional<ModeledCase> modeled(const casefile::Case& c, std::string_view ver
         planted->kind != oracle::Verdict::Kind::fail)
       out.fault_signature.emplace(info.fault, failure_signature(*alone));
   }
-  out.corner = megatron_layout_corner(c.topology);
-  if (out.corner != LayoutCorner::none) {
+  // Megatron-LM's layout corners act with no fault. A case may lie in both: experts as dense do not
+  // depend on the distributed-optimizer instances, so what one instance gives is theirs, and what
+  // the instances add is the instances'.
+  const bool experts_as_dense = experts_as_dense_with_other_groups(c.topology);
+  const bool instances = instances_split_their_shards(c.topology);
+  if (experts_as_dense || instances) {
     const std::optional<oracle::Verdict> groups = c.path.faults.empty() ? planted : run_with(vocab::FaultSet{});
-    if (groups) out.by_corner = keys_of(*groups);
+    std::optional<oracle::Verdict> one_instance;
+    if (instances) {
+      casefile::Case m = *model;
+      m.path.faults = {};
+      m.topology.dist_opt_instances = 1;
+      try {
+        one_instance = run::run_case(m);
+      } catch (const casefile::InvalidCase&) {
+      }
+    }
+    if (groups) {
+      const std::set<UnitKey> all = keys_of(*groups);
+      const std::set<UnitKey> without_instances = instances && one_instance ? keys_of(*one_instance) : all;
+      if (experts_as_dense) out.by_corner[LayoutCorner::experts_as_dense] = instances ? without_instances : all;
+      if (instances)
+        for (const UnitKey& k : all)
+          if (!experts_as_dense || !without_instances.contains(k)) out.by_corner[LayoutCorner::instances_split_their_shards].insert(k);
+    }
   }
   return out;
 }
@@ -141,7 +161,8 @@ const std::set<UnitKey>* modeled_units(const KnownFinding& k, const ModeledCase&
     auto it = m.by_fault.find(*k.spec.fault);
     return it == m.by_fault.end() ? nullptr : &it->second;
   }
-  return k.spec.layout_corner == m.corner ? &m.by_corner : nullptr;
+  auto it = m.by_corner.find(k.spec.layout_corner);
+  return it == m.by_corner.end() ? nullptr : &it->second;
 }
 
 bool in_own_layout(const KnownFinding& k, const casefile::Case& c) {

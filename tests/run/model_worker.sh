@@ -9,9 +9,13 @@
 #   model_worker.sh TALLY WORLD --queue DIR --parent-pid PID
 #
 # TALLY_TEST_WORKER_FAULT=NAME plants that catalog fault in every case (the "framework"
-# miscounts); TALLY_TEST_WORKER_MODE=die exits at the first case, =die-for-good does so and never
+# miscounts); TALLY_TEST_WORKER_RELEASE_MODEL=1 runs each case with tally's model of the release it
+# says it is (`tally run --megatron-release`: the release's own miscounts, gradnorm/releases.h); TALLY_TEST_WORKER_MODE=die exits at the first case, =die-for-good does so and never
 # comes up again (a later start exits before hello), =error reports an error for
-# every case, =error-every-other for every odd case, =error-on-lane-1 for every case where its queue is
+# every case, =error-every-other for every odd case, =refuse-all answers every case "refused" with
+# the framework's words, =refuse-without-message answers every case "refused" with an empty
+# message, =refuse-failing runs each case and answers "refused" (the framework's words) where the
+# run fails, leaving its manifests, =error-on-lane-1 for every case where its queue is
 # under a folder lane-1 (a sweep's second lane, with --worker-dir), =refuse-odd answers every odd case "refused"
 # (the framework's own check declined it at set-up), =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
@@ -29,7 +33,8 @@
 # once (its pid in $queue/late.pid); =daemon leaves a double-forked daemon at every case (its pid
 # added to daemon.pids in the pool's folder) and runs the case; =brief-daemon leaves one that ends by
 # itself within 0.4 s (its pid there too), waits 0.8 s and runs the case; =retire runs the case,
-# writes `retiring` before its result and exits 0.3 s after it (as a worker short of threads); =flood prints 160 MB of output at
+# writes `retiring` before its result and exits 0.3 s after it (as a worker short of threads),
+# =retire-and-linger does so and never exits; =flood prints 160 MB of output at
 # every case and runs it. With
 # TALLY_TEST_WORKER_DETACHED=1 it first starts a child in a session of its own (as torchrun starts
 # its ranks), writing the child's pid to $queue/detached.pid.
@@ -160,6 +165,14 @@ while :; do
           k=$((k + 1))
           continue ;;
       esac ;;
+    refuse-all)
+      atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: AssertionError: the framework declines every case (as asked)"}'
+      k=$((k + 1))
+      continue ;;
+    refuse-without-message)
+      atomically "$queue/case-$k.result.json" '{"status": "refused", "message": ""}'
+      k=$((k + 1))
+      continue ;;
     error-every-other)
       if [ $((k % 2)) = 1 ]; then
         atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework failed on an odd case (as asked)"}'
@@ -185,7 +198,9 @@ while :; do
   fi
   [ "$mode" = other-seed ] && python3 -c 'import json, sys
 c = json.load(open(sys.argv[1])); c["gradients"]["seed"] += 1; json.dump(c, open(sys.argv[1], "w"))' "$planted"
-  "$tally" run "$planted" --manifests "$queue/case-$k" >"$queue/case-$k.log" 2>&1
+  release_rules=()
+  [ "${TALLY_TEST_WORKER_RELEASE_MODEL:-}" = 1 ] && release_rules=(--megatron-release "${TALLY_TEST_WORKER_VERSION:-$version}")
+  "$tally" run "$planted" "${release_rules[@]}" --manifests "$queue/case-$k" >"$queue/case-$k.log" 2>&1
   rc=$?
   # Every manifest echoes the request's case_digest (docs/real-targets.md).
   digest=$(sed -n 's/^ *"case_digest": "\([0-9a-f]*\)",$/\1/p' "$queue/case-$k.gradients.json")
@@ -213,9 +228,11 @@ for f in glob.glob(sys.argv[1] + "/rank-*.json"):
     if pieces:
         pieces[0]["clipped_stats"] = pieces[0]["stats"]
         json.dump(m, open(f, "w"))' "$queue/case-$k"
-  [ "$mode" = retire ] && [ "$k" = "$at" ] && atomically "$queue/retiring" "each rank holds 600 threads (as asked)"
+  case $mode in retire | retire-and-linger) [ "$k" = "$at" ] && atomically "$queue/retiring" "each rank holds 600 threads (as asked)" ;; esac
   if [ "$mode" = result-unknown-key ]; then
     atomically "$queue/case-$k.result.json" '{"status": "ok", "gpu_seconds": 1.5}'
+  elif [ "$mode" = refuse-failing ] && [ $rc = 1 ]; then
+    atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: ValueError: the framework declines a case it ran and failed (as asked)"}'
   elif [ $rc -le 1 ]; then
     atomically "$queue/case-$k.result.json" '{"status": "ok"}'
   else
@@ -223,6 +240,7 @@ for f in glob.glob(sys.argv[1] + "/rank-*.json"):
   fi
   rm -f "$planted" "$queue/case-$k.log"
   if [ -e "$queue/retiring" ]; then
+    [ "$mode" = retire-and-linger ] && exec sleep 3600
     sleep 0.3
     exit 0
   fi
