@@ -50,22 +50,24 @@ def sweep_row(night, part):
     if state is None:
         log = os.path.join(part, "sweep.log")
         if rc is None and not os.path.exists(log):
-            return {"cells": ["not run"], "new": [], "model": []}
+            return {"cells": ["not run"], "new": [], "model": [], "refused": []}
         status = f"exit {rc}" if rc is not None else "no exit status"
-        return {"cells": [f"no state ({status}); " + link(night, log, "its log")], "new": [], "model": []}
+        return {"cells": [f"no state ({status}); " + link(night, log, "its log")], "new": [], "model": [], "refused": []}
     results = state["results"]
 
     def count(outcome):
         return sum(1 for r in results if r["outcome"] == outcome)
 
     new = [r for r in results if (r["outcome"] == "fail" and "known" not in r) or r["outcome"] == "infra-error"]
+    by_framework = [r for r in results if r["outcome"] == "refused" and r.get("by_framework")]
     known = sum(1 for r in results if r["outcome"] == "fail" and "known" in r)
     checked = sum(1 for r in results if r.get("model_checked"))
     model = [r for r in results if r.get("model_disagrees")]
     done = f"{len(results)} of {state['total_cases']}"
     cells = [
         f"{state['configurations']} configurations, {state['layouts']} layouts, {done} cases",
-        f"{count('pass')} passed, {len(new)} new, {known} known, {count('refused')} refused",
+        f"{count('pass')} passed, {len(new)} new, {known} known, {count('refused')} refused"
+        + (f" ({len(by_framework)} by the framework itself)" if by_framework else ""),
         (f"held against {checked}, disagrees on {len(model)}" if checked else "no model of this release"),
         link(night, os.path.join(part, "sweep-html", "index.html"), "sweep report")
         + f" (exit {rc})",
@@ -76,18 +78,25 @@ def sweep_row(night, part):
         rows.append((r["id"], r["outcome"], r.get("detail", ""), link(night, page, "report")
                      + ("; " + link(night, in_part(part, "sweep", r["case_file"]), "case file")
                         if r.get("case_file") else "")))
-    return {"cells": cells, "new": rows, "model": [(r["id"], r["model_disagrees"]) for r in model]}
+    refused = {}
+    for r in by_framework:
+        refused[r.get("detail", "")] = refused.get(r.get("detail", ""), 0) + 1
+    return {"cells": cells, "new": rows, "model": [(r["id"], r["model_disagrees"]) for r in model],
+            "refused": sorted(refused.items(), key=lambda item: -item[1])}
 
 
 def campaign_row(night, part):
     report = read_json(os.path.join(part, "fuzz.json"))
     rc = read_rc(os.path.join(part, "fuzz.rc"))
     if rc is None:
-        return {"cells": ["not run"], "new": []}
+        return {"cells": ["not run"], "new": [], "refused": []}
     if report is None:
-        return {"cells": [f"no report (exit {rc}); " + link(night, os.path.join(part, "fuzz.log"), "its log")], "new": []}
+        return {"cells": [f"no report (exit {rc}); " + link(night, os.path.join(part, "fuzz.log"), "its log")],
+                "new": [], "refused": []}
     cells = [f"{report['cases']} cases in {report['seconds']:.0f} s, seed {report['seed']}",
-             f"new {report['new']}, known {report['known']}, stopped by {report['stopped_by']} (exit {rc})"]
+             f"new {report['new']}, known {report['known']}, refused {report.get('refused', 0)}, "
+             f"stopped by {report['stopped_by']} (exit {rc})"
+             + (f"; {report['nothing_checked']}" if report.get("nothing_checked") else "")]
     rows = []
     for f in report["failures"]:
         if f.get("known"):
@@ -99,7 +108,8 @@ def campaign_row(night, part):
         e = report["infra_error"]
         rows.append((f"case {e['case']}", "infra-error", e.get("message", "").split("\n")[0],
                      link(night, in_part(part, "fuzz", e.get("saved", "")), "case file")))
-    return {"cells": cells, "new": rows}
+    refused = sorted(report.get("refused_by_reason", {}).items(), key=lambda item: -item[1])
+    return {"cells": cells, "new": rows, "refused": refused}
 
 
 def main(argv):
@@ -118,7 +128,7 @@ def main(argv):
         out.append("<p>No target ran this night (no TARGET-worldW folder).</p>")
     out.append("<table><tr><th>target, world</th><th>sweep</th><th>outcomes</th><th>tally's model</th>"
                "<th>report</th><th>campaign</th><th>outcomes</th></tr>")
-    new_rows, model_rows = [], []
+    new_rows, model_rows, refused_rows = [], [], []
     for name in parts:
         part = os.path.join(night, name)
         sweep, campaign = sweep_row(night, part), campaign_row(night, part)
@@ -126,6 +136,7 @@ def main(argv):
         out.append("<tr><td>" + html.escape(name) + "</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         new_rows += [(name, "sweep") + r for r in sweep["new"]] + [(name, "campaign") + r for r in campaign["new"]]
         model_rows += [(name,) + r for r in sweep["model"]]
+        refused_rows += [(name, "sweep") + r for r in sweep["refused"]] + [(name, "campaign") + r for r in campaign["refused"]]
     out.append("</table>")
     out.append(f"<h2>New: {len(new_rows)}</h2>")
     if new_rows:
@@ -133,6 +144,13 @@ def main(argv):
         for part, by, case, outcome, what, evidence in new_rows:
             out.append(f"<tr class=\"new\"><td>{html.escape(part)}</td><td>{by}</td><td>{html.escape(case)}</td>"
                        f"<td>{html.escape(outcome)}</td><td>{html.escape(what)}</td><td>{evidence}</td></tr>")
+        out.append("</table>")
+    # A refusal of the framework's own hides what its cases would show, until a rule cites its check.
+    out.append(f"<h2>Refused by the framework itself: {sum(n for _, _, _, n in refused_rows)}</h2>")
+    if refused_rows:
+        out.append("<table><tr><th>part</th><th>by</th><th>cases</th><th>the framework's reason</th></tr>")
+        for part, by, why, n in refused_rows:
+            out.append(f"<tr class=\"new\"><td>{html.escape(part)}</td><td>{by}</td><td>{n}</td><td>{html.escape(why)}</td></tr>")
         out.append("</table>")
     out.append(f"<h2>tally's model and the release disagree: {len(model_rows)}</h2>")
     if model_rows:

@@ -21,6 +21,7 @@
 #include "cli/verdict_report.h"
 #include "fuzz/campaign.h"
 #include "fuzz/junit.h"
+#include "io/atomic_file.h"
 #include "fuzz/known.h"
 #include "fuzz/sweep.h"
 #include "vocab/faults.h"
@@ -95,8 +96,16 @@ struct FuzzOptions {
 // campaign without failures.
 std::vector<fuzz::JunitCase> junit_cases(std::uint64_t seed, std::int64_t cases, double seconds,
                                          const std::vector<fuzz::Failure>& failures,
-                                         const std::optional<fuzz::InfraStop>& infra) {
+                                         const std::optional<fuzz::InfraStop>& infra,
+                                         const std::map<std::string, std::int64_t>& refused) {
   std::vector<fuzz::JunitCase> out;
+  for (const auto& [why, n] : refused) {  // skipped: one testcase per reason the framework gave
+    fuzz::JunitCase j;
+    j.name = "refused " + std::to_string(n) + "x by " + why;
+    j.classname = "tally.fuzz.refused";
+    j.skipped = j.name;
+    out.push_back(std::move(j));
+  }
   if (infra) {  // an <error>: the campaign could not run
     fuzz::JunitCase j;
     j.name = !infra->path.empty() ? infra->path : "case " + std::to_string(infra->index);
@@ -119,7 +128,7 @@ std::vector<fuzz::JunitCase> junit_cases(std::uint64_t seed, std::int64_t cases,
     if (!f.original_path.empty()) j.failure += "\nreplay: tally replay " + f.original_path;
     out.push_back(std::move(j));
   }
-  if (out.empty()) {
+  if (failures.empty() && !infra) {  // the campaign itself, passed
     fuzz::JunitCase j;
     j.name = "campaign seed " + std::to_string(seed) + ", " + std::to_string(cases) + " cases";
     j.classname = "tally.fuzz";
@@ -137,9 +146,9 @@ class FuzzPrinter final : public fuzz::CampaignObserver {
       : out_(out), terminal_(terminal), quiet_(quiet), seed_(seed), junit_(std::move(junit)) {}
 
   // The JUnit report, rewritten at each failure (so a killed campaign leaves one) and at the end.
-  void write_junit(std::int64_t cases, double seconds) const {
+  void write_junit(std::int64_t cases, double seconds, const std::map<std::string, std::int64_t>& refused = {}) const {
     if (!junit_.empty())
-      fuzz::write_junit(junit_, "tally fuzz", junit_cases(seed_, cases, seconds, failures_, infra_));
+      fuzz::write_junit(junit_, "tally fuzz", junit_cases(seed_, cases, seconds, failures_, infra_, refused));
   }
 
   void case_done(std::int64_t cases, int failures, double seconds) override {
@@ -245,6 +254,10 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.generator.topology.exact_world = context.backend.world();
   if (!o.norm_code.empty()) campaign.generator.keep_only = fuzz::norm_code_filter(o.norm_code);
   campaign.corpus_dir = o.corpus;
+  // What a campaign killed mid-write left behind.
+  if (const int removed = io::remove_orphaned_temporaries(o.corpus); removed > 0 && !o.json)
+    context.out << "removed " << removed << " temporary file" << (removed == 1 ? "" : "s")
+                << " a killed campaign left unfinished in " << o.corpus << '\n';
   campaign.max_failures = o.max_failures;
   campaign.shrink.max_runs = o.shrink_runs;
   campaign.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
@@ -327,7 +340,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   fuzz::CampaignResult result;
   try {
     result = fuzz::run_campaign(campaign, *target, printer, interrupt.flag());
-    printer.write_junit(result.cases, result.seconds);
+    printer.write_junit(result.cases, result.seconds, result.refused_by_reason);
   } catch (const rc::GenerationFailure& failure) {
     printer.end_live_line();
     context.exit_code = report_generation_failure(failure, o.norm_code, context.err);
@@ -339,6 +352,17 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     return;
   }
   printer.end_live_line();
+  // A campaign the framework mostly refused checked nothing worth a count: it pages, as a broken
+  // machine does.
+  std::int64_t refused = 0;
+  for (const auto& [why, n] : result.refused_by_reason) refused += n;
+  const std::optional<std::string> nothing_checked =
+      refused > 0 && 2 * refused > result.cases
+          ? std::optional<std::string>("nothing was checked: the framework refused " + std::to_string(refused) + " of " +
+                                       std::to_string(result.cases) +
+                                       " cases (exit 3); each refusal wants a rule citing the framework's check "
+                                       "(run/<framework>/rules.cpp), or the worker fixed")
+          : std::nullopt;
   const std::size_t new_failures = static_cast<std::size_t>(std::count_if(
       result.failures.begin(), result.failures.end(), [](const fuzz::Failure& f) { return f.known.empty(); }));
 
@@ -358,6 +382,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
     if (!result.cases_by_norm_code.empty()) j["cases_by_norm_code"] = result.cases_by_norm_code;
     if (!result.refused_by_reason.empty()) j["refused_by_reason"] = result.refused_by_reason;
+    j["refused"] = refused;
+    if (nothing_checked) j["nothing_checked"] = *nothing_checked;
     out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
   } else {
     const std::size_t failures = result.failures.size();
@@ -366,6 +392,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
         << (failures == 1 ? " failure" : " failures");
     if (!known.empty() || new_failures != failures)
       out << " (new " << new_failures << ", known " << failures - new_failures << ")";
+    if (refused > 0) out << ", refused " << refused;
     out << ", seed " << result.seed;
     switch (result.stopped_by) {
       case fuzz::CampaignResult::Stop::interrupted: out << ", interrupted"; break;
@@ -387,6 +414,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     }
     // What the framework itself declined, by its reason: what this campaign could not reach.
     for (const auto& [why, n] : result.refused_by_reason) out << "  refused " << n << "x by " << why << '\n';
+    if (nothing_checked) out << "  " << *nothing_checked << '\n';
     if (result.infra_error) out << infra_stop_text(*result.infra_error);
     std::map<std::string, int> known_counts;
     for (const fuzz::Failure& f : result.failures)
@@ -405,7 +433,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
   }
   // No count of failures is true while the target is broken; known findings alone are no news.
-  context.exit_code = result.infra_error ? kExitInfra : new_failures == 0 ? kExitPass : kExitFail;
+  context.exit_code = result.infra_error || nothing_checked ? kExitInfra : new_failures == 0 ? kExitPass : kExitFail;
 }
 
 }  // namespace
@@ -418,7 +446,8 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
       "in-process backend. Each failure is written to the corpus, shrunk, and the shrunk case "
       "written next to it. Exit 0 no failure, 1 failures found, 2 bad input, 3 infrastructure "
       "failure (a case that gave no verdict stops the campaign; it is saved with its message, "
-      "never shrunk). Ctrl-C finishes the current case and prints the summary.");
+      "never shrunk), or a real framework that refused most of the campaign's cases itself (nothing "
+      "was checked). Ctrl-C finishes the current case and prints the summary.");
   // A flag given twice takes its last value, so scripts' defaults can be overridden.
   command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   command->add_option("--cases", options->cases, "Stop after this many cases")

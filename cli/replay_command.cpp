@@ -185,6 +185,12 @@ Outcome replay_one(const Input& input, run::Target& target, const std::string& h
     o.expected = casefile::outcome_name(job.c.expect->outcome);
     if (job.c.target) o.rerun_flags = " --target " + job.c.target->framework;
     const run::CaseJobResult r = run::run_case_job(target, std::move(job));
+    if (r.refused && r.refused_by_framework) {
+      // The case names its outcome on this framework; a refusal would hide a saved failure.
+      o.result = Result::mismatch;
+      o.message = "expected " + o.expected + ", but " + *r.refused + " (nothing was checked)";
+      return timed();
+    }
     if (r.refused) {
       o.result = Result::not_runnable;
       o.message = *r.refused;
@@ -373,8 +379,7 @@ void add_replay_command(CLI::App& app, CommandContext& context) {
           j.failure = o.message;
           j.error = true;
         }
-        // JunitCase has no skipped state: the name says it.
-        if (o.result == Result::not_runnable) j.name += " (not runnable on this job)";
+        if (o.result == Result::not_runnable) j.skipped = "not runnable on this job: " + o.message;
         report.push_back(std::move(j));
       }
       try {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <memory>
 #include <sstream>
@@ -90,8 +91,18 @@ std::string minutes_text(double seconds) {
 
 struct Counts {
   std::int64_t pass = 0, fail_new = 0, fail_known = 0, refused = 0, infra = 0;
+  std::int64_t refused_by_framework = 0;  // of `refused`: by the framework as the worker set the case up
   std::int64_t model_checked = 0, model_disagrees = 0;
-  std::map<std::string, std::int64_t> known_by_name, refused_by_reason;
+  std::map<std::string, std::int64_t> known_by_name, refused_by_reason, framework_refused_by_reason;
+  // The cases tally sent the framework (all but those its own rules refused).
+  std::int64_t sent() const { return pass + fail_new + fail_known + infra + refused_by_framework; }
+  // Why the sweep checked nothing worth a count: the framework refused most of what it was sent.
+  std::optional<std::string> nothing_checked() const {
+    if (refused_by_framework == 0 || 2 * refused_by_framework <= sent()) return std::nullopt;
+    return "nothing was checked: the framework refused " + std::to_string(refused_by_framework) + " of the " +
+           std::to_string(sent()) + " cases tally sent it (exit 3); each refusal above wants a rule citing the "
+           "framework's check (run/<framework>/rules.cpp), or the worker fixed";
+  }
 };
 
 Counts count(const std::vector<SweepResult>& results) {
@@ -110,10 +121,24 @@ Counts count(const std::vector<SweepResult>& results) {
           ++c.known_by_name[r.known];
         }
         break;
-      case SweepResult::Outcome::refused: ++c.refused; ++c.refused_by_reason[r.detail]; break;
+      case SweepResult::Outcome::refused:
+        ++c.refused;
+        if (r.by_framework) ++c.refused_by_framework, ++c.framework_refused_by_reason[r.detail];
+        else ++c.refused_by_reason[r.detail];
+        break;
       case SweepResult::Outcome::infra_error: ++c.infra; break;
     }
   return c;
+}
+
+// Each reason with its count, most first, at most eight lines.
+void print_reasons(std::ostream& out, const std::map<std::string, std::int64_t>& by_reason, const std::string& head) {
+  std::vector<std::pair<std::int64_t, std::string>> reasons;
+  for (const auto& [reason, n] : by_reason) reasons.emplace_back(n, reason);
+  std::sort(reasons.rbegin(), reasons.rend());
+  for (std::size_t i = 0; i < reasons.size() && i < 8; ++i)
+    out << "  " << head << " " << reasons[i].first << "x: " << reasons[i].second << '\n';
+  if (reasons.size() > 8) out << "  " << head << " for " << reasons.size() - 8 << " more reasons (the JSON report lists each)\n";
 }
 
 void print_summary(std::ostream& out, const fuzz::SweepReport& report, double seconds) {
@@ -125,13 +150,14 @@ void print_summary(std::ostream& out, const fuzz::SweepReport& report, double se
   if (seconds > 0) out << " in " << minutes_text(seconds);
   out << "\n  passed " << c.pass << ", failed " << c.fail_new + c.fail_known << " (new " << c.fail_new << ", known "
       << c.fail_known << "), refused " << c.refused << ", infrastructure errors " << c.infra << '\n';
+  if (c.refused_by_framework > 0)
+    out << "  refused by tally's rules " << c.refused - c.refused_by_framework << ", by the framework itself "
+        << c.refused_by_framework << '\n';
   for (const auto& [name, n] : c.known_by_name) out << "  known " << name << ": " << n << '\n';
-  std::vector<std::pair<std::int64_t, std::string>> reasons;
-  for (const auto& [reason, n] : c.refused_by_reason) reasons.emplace_back(n, reason);
-  std::sort(reasons.rbegin(), reasons.rend());
-  for (std::size_t i = 0; i < reasons.size() && i < 8; ++i)
-    out << "  refused " << reasons[i].first << "x: " << reasons[i].second << '\n';
-  if (reasons.size() > 8) out << "  refused for " << reasons.size() - 8 << " more reasons (the JSON report lists each)\n";
+  // The framework's own refusals first: each hides what its cases would show until a rule says it.
+  print_reasons(out, c.framework_refused_by_reason, "refused by the framework");
+  print_reasons(out, c.refused_by_reason, "refused");
+  if (const std::optional<std::string> why = c.nothing_checked()) out << "  " << *why << '\n';
   for (const SweepResult& r : report.results)
     if ((r.outcome == SweepResult::Outcome::fail && r.known.empty()) || r.outcome == SweepResult::Outcome::infra_error)
       out << "  " << (r.outcome == SweepResult::Outcome::fail ? "NEW " : "INFRA ") << r.id << ": " << r.detail
@@ -155,7 +181,9 @@ std::vector<fuzz::JunitCase> junit_cases(const fuzz::SweepReport& report) {
     j.seconds = r.seconds;
     switch (r.outcome) {
       case SweepResult::Outcome::pass: break;
-      case SweepResult::Outcome::refused: j.name += " (refused: " + r.detail + ")"; break;  // JUnit has no skip here
+      case SweepResult::Outcome::refused:
+        j.skipped = (r.by_framework ? "refused by the framework: " : "refused: ") + r.detail;
+        break;
       case SweepResult::Outcome::fail:
         if (!r.known.empty()) {
           j.name += " (known finding " + r.known + ")";
@@ -217,7 +245,7 @@ void write_outputs(const SweepOptions& o, const fuzz::SweepReport& report) {
 
 int exit_code_of(const fuzz::SweepReport& report) {
   const Counts c = count(report.results);
-  return c.infra > 0 ? kExitInfra : c.fail_new > 0 ? kExitFail : kExitPass;
+  return c.infra > 0 || c.nothing_checked() ? kExitInfra : c.fail_new > 0 ? kExitFail : kExitPass;
 }
 
 void run_merge(const SweepOptions& o, CommandContext& context) {
@@ -288,6 +316,15 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
                                                                       std::to_string(shards) + ".json"
                                                                 : std::string("sweep-state.json")))
                                   .string();
+  // A sweep killed mid-write (kill -9, a machine taken back) leaves hidden temporary files.
+  {
+    const std::string state_folder = fs::path(state).parent_path().empty() ? "." : fs::path(state).parent_path().string();
+    int removed = io::remove_orphaned_temporaries(o.corpus);
+    if (fs::path(state_folder) != fs::path(o.corpus)) removed += io::remove_orphaned_temporaries(state_folder);
+    if (removed > 0 && !o.json)
+      context.out << "removed " << removed << " temporary file" << (removed == 1 ? "" : "s")
+                  << " a killed sweep left unfinished\n";
+  }
   std::map<std::int64_t, SweepResult> done;
   if (!o.fresh && fs::exists(state)) {
     const fuzz::SweepReport previous = read_report_file(state);
@@ -413,10 +450,12 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // New failures and infrastructure errors as they come; known ones in the summary.
     if (!o.json && ((r.outcome == SweepResult::Outcome::fail && r.known.empty()) ||
-                    r.outcome == SweepResult::Outcome::infra_error)) {
+                    r.outcome == SweepResult::Outcome::infra_error || r.by_framework)) {
       if (terminal) out << '\n';
-      out << (r.outcome == SweepResult::Outcome::infra_error ? "INFRA " : "NEW   ") << sc.id << ": " << r.detail << '\n'
-          << std::flush;
+      out << (r.outcome == SweepResult::Outcome::infra_error ? "INFRA "
+              : r.by_framework                              ? "REFUSED "
+                                                            : "NEW   ")
+          << sc.id << ": " << r.detail << '\n' << std::flush;
     }
     if (!o.json && !r.model_disagrees.empty()) {
       if (terminal) out << '\n';
@@ -489,7 +528,7 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
       "hybrid Megatron-FSDP over it) with every number of distributed-optimizer instances the layout allows. Resumable (the state file after a kill), shardable (--shard I/N, "
       "then --merge), with JUnit, an HTML index, and failures that repeat a known finding counted "
       "apart. A megatron-core release tally models is held against that model case by case: the "
-      "summary lists each case where they disagree (MODEL lines; the exit code stays the release's). Exit 0 no new failure, 1 new failures, 2 bad input, 3 infrastructure errors.");
+      "summary lists each case where they disagree (MODEL lines; the exit code stays the release's). Exit 0 no new failure, 1 new failures, 2 bad input, 3 infrastructure errors, or the framework itself refused most of the cases it was sent (nothing was checked).");
   command->add_option("--world", options->world, "The world whose every layout is swept")
       ->check(whole_number(1, topologies::kMaxWorld));
   command->add_option("--features", options->features,

@@ -83,21 +83,28 @@ std::string_view first_line(std::string_view text) { return text.substr(0, text.
 }  // namespace
 
 std::string junit_xml(std::string_view suite, const std::vector<JunitCase>& cases) {
-  std::size_t failures = 0, errors = 0;
+  std::size_t failures = 0, errors = 0, skipped = 0;
   double total = 0.0;
   for (const JunitCase& c : cases) {
     if (!c.failure.empty()) ++(c.error ? errors : failures);
+    else if (!c.skipped.empty()) ++skipped;
     total += c.seconds > 0.0 ? c.seconds : 0.0;
   }
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   const std::string head = "name=\"" + escaped(suite) + "\" tests=\"" + std::to_string(cases.size()) +
                            "\" failures=\"" + std::to_string(failures) + "\" errors=\"" +
-                           std::to_string(errors) + "\" time=\"" + seconds_text(total) + "\"";
+                           std::to_string(errors) + "\" skipped=\"" + std::to_string(skipped) + "\" time=\"" +
+                           seconds_text(total) + "\"";
   out += "<testsuites " + head + ">\n";
   out += "  <testsuite " + head + ">\n";
   for (const JunitCase& c : cases) {
     out += "    <testcase name=\"" + escaped(c.name) + "\" classname=\"" + escaped(c.classname) +
            "\" time=\"" + seconds_text(c.seconds) + "\"";
+    if (c.failure.empty() && !c.skipped.empty()) {
+      out += ">\n      <skipped message=\"" + escaped(first_line(c.skipped)) + "\">" + escaped(c.skipped, false) +
+             "</skipped>\n    </testcase>\n";
+      continue;
+    }
     if (c.failure.empty()) {
       out += "/>\n";
       continue;

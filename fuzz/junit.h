@@ -1,5 +1,5 @@
 // JUnit XML reports (the dialect Jenkins, GitLab and GitHub test reporters read): one
-// <testsuite> of <testcase>s, each passed or with a <failure>. Used by `tally replay --junit`
+// <testsuite> of <testcase>s, each passed, skipped (with why) or with a <failure>. Used by `tally replay --junit`
 // and the fuzz campaign.
 #pragma once
 
@@ -15,9 +15,10 @@ struct JunitCase {
   double seconds = 0.0;
   std::string failure;    // empty: passed; else the failure message (first line is the summary)
   bool error = false;     // with a failure: an <error> (could not run) instead of a <failure>
+  std::string skipped;    // without a failure: why it was not checked (a <skipped>); empty: it was
 };
 
-// The XML document: testsuite `suite` with tests, failures, errors and time counts. Text is
+// The XML document: testsuite `suite` with tests, failures, errors, skipped and time counts. Text is
 // escaped (& < > " '), control characters other than tab and newline, which XML 1.0 cannot
 // carry, become U+FFFD, and invalid UTF-8 bytes become U+FFFD.
 std::string junit_xml(std::string_view suite, const std::vector<JunitCase>& cases);

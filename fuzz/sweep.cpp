@@ -251,6 +251,7 @@ SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const Sweep
   const oracle::Verdict verdict = target.execute(c, /*keep_record=*/false).verdict;
   if (verdict.kind == oracle::Verdict::Kind::refused) {  // the framework's own check, at set-up
     r.outcome = SweepResult::Outcome::refused;
+    r.by_framework = true;
     r.detail = verdict.infra_call + " refused it as it set it up: " + verdict.infra_message;
     return finish();
   }
@@ -290,6 +291,7 @@ nlohmann::ordered_json sweep_report_json(const SweepReport& report) {
     if (!r.known.empty()) j["known"] = r.known;
     if (r.model_checked) j["model_checked"] = true;
     if (!r.model_disagrees.empty()) j["model_disagrees"] = r.model_disagrees;
+    if (r.by_framework) j["by_framework"] = true;
     j["seconds"] = r.seconds;
     results.push_back(std::move(j));
   }
@@ -360,6 +362,7 @@ SweepReport read_sweep_report(std::string_view text, std::string_view source) {
                    {"model_checked", [&](const json& x, const std::string& q) { result.model_checked = io::read_bool(x, q); }},
                    {"model_disagrees",
                     [&](const json& x, const std::string& q) { result.model_disagrees = io::read_string(x, q, 4096); }},
+                   {"by_framework", [&](const json& x, const std::string& q) { result.by_framework = io::read_bool(x, q); }},
                    {"seconds", [&](const json& x, const std::string& q) { result.seconds = io::read_number(x, q); }}},
                   "a sweep result", {"index", "id", "outcome"});
               r.results.push_back(std::move(result));

@@ -103,6 +103,9 @@ struct SweepResult {
   // or a failure's signature with its miscount); "" when they agree or it was not held.
   bool model_checked = false;
   std::string model_disagrees;
+  // refused: by the framework's own check as the worker set the case up, not by a rule of tally's
+  // (the target's rules, which cite the framework's checks).
+  bool by_framework = false;
 };
 std::string_view sweep_outcome_name(SweepResult::Outcome outcome);  // "pass", "fail", "refused", "infra-error"
 std::optional<SweepResult::Outcome> sweep_outcome_from_name(std::string_view name);

@@ -145,6 +145,7 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
   if (run.verdict.kind == oracle::Verdict::Kind::refused) {
     // The framework's own check declined it while setting it up: refused, as by a rule.
     out.refused = run.verdict.infra_call + " refused this case as it set it up: " + run.verdict.infra_message;
+    out.refused_by_framework = true;
     return finish();
   }
   out.verdict = std::move(run.verdict);

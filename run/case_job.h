@@ -55,6 +55,8 @@ struct CaseJobResult {
   // Set when the job stopped before the run: one line saying why the case is not for this target
   // or what the target does not run. `verdict` and the rest are then unset.
   std::optional<std::string> refused;
+  // `refused` by the framework's own check as the worker set the case up (step 5), not by a rule.
+  bool refused_by_framework = false;
   oracle::Verdict verdict;
   std::optional<std::string> unmet;  // the case has an expectation and the verdict does not meet it
   bool manifests_written = false;    // `manifests` asked, and the run left some (a hang leaves none)

@@ -58,7 +58,6 @@ std::string seconds_text(double seconds) {
 
 // How long tally waits, once it has asked a worker to stop (the stop file), before it terminates
 // it; and after SIGTERM (torchrun forwards it to its ranks) before it kills the whole tree.
-constexpr double kAskedStopSeconds = 10.0;
 constexpr double kTerminateSeconds = 2.0;
 // How often the pool records the processes of a running worker (run/process_tree.h): a rank its
 // launcher leaves behind is found only through a record made while the launcher lived.
@@ -402,8 +401,8 @@ std::string WorkerPool::kept_log_tail(const Worker& w) {
   return log_tail(w.queue / "worker.log");
 }
 
-void WorkerPool::stop(Worker& w, bool ask) {
-  if (w.pid <= 0) return;
+WorkerPool::Ended WorkerPool::stop(Worker& w, bool ask) {
+  if (w.pid <= 0) return Ended::by_itself;
   w.track(/*now=*/true);
   if (ask) {
     try {
@@ -425,7 +424,8 @@ void WorkerPool::stop(Worker& w, bool ask) {
     }
     return false;
   };
-  bool exited = ask && wait_exit(kAskedStopSeconds);
+  bool exited = ask && wait_exit(options_.stop_seconds);
+  const bool exited_asked = exited;
   if (!exited) {
     w.track(/*now=*/true);
     ::kill(w.pid, SIGTERM);
@@ -437,6 +437,7 @@ void WorkerPool::stop(Worker& w, bool ask) {
     ::waitpid(w.pid, &status, 0);
   }
   w.end_leftovers(std::move(killed));
+  return exited_asked ? Ended::by_itself : exited ? Ended::terminated : Ended::killed;
 }
 
 WorkerPool::Worker& WorkerPool::worker(int world) {
@@ -571,7 +572,13 @@ void WorkerPool::retire_if_asked(Worker& w, const std::string& after_case) {
     *options_.progress << ("the world-" + std::to_string(w.world) + " worker retires after " + after_case + " (" +
                            shown_line(why, kMaxLineShown) + "): the next case starts a fresh one\n")
                        << std::flush;
-  stop(w, /*ask=*/true);
+  const Ended ended = stop(w, /*ask=*/true);
+  // A worker that said it retires and did not end is stopped: said so, since it cost the wait.
+  if (ended != Ended::by_itself && options_.progress)
+    *options_.progress << ("the retiring world-" + std::to_string(w.world) + " worker did not end within " +
+                           seconds_text(options_.stop_seconds) + " s: it was " +
+                           (ended == Ended::terminated ? "terminated" : "killed") + "\n")
+                       << std::flush;
 }
 
 WorkerRun WorkerPool::execute(const casefile::Case& c) {
@@ -645,10 +652,21 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
                                                tail);
     return out;
   }
-  if (result.refused) {
+  std::error_code no_folder;
+  const bool ran = fs::symlink_status(manifests, no_folder).type() != fs::file_type::not_found;
+  if (result.refused && refusal_not_the_frameworks(result.message)) {
+    // A refusal hides whatever the case would show: taken only as the framework's own words.
+    out.verdict = infra_error(worker_call, "the worker answered \"refused\" to " + name + " " +
+                                               *refusal_not_the_frameworks(result.message) + kept_log_tail(w));
+  } else if (result.refused && ran) {
+    out.verdict = infra_error(worker_call, "the worker answered \"refused\" to " + name + " after writing " +
+                                               manifests.string() + ": a refusal is the framework declining the case "
+                                               "as it is set up, before any run" + kept_log_tail(w));
+    out.manifests = manifests.string();  // what it ran, kept beside the error
+  } else if (result.refused) {
     // The framework's own check declined the case at set-up: a refusal, counted by its reason.
     out.verdict = oracle::refused_verdict(w.hello.framework + " " + w.hello.version,
-                                          shown_line(result.message.empty() ? "refused" : result.message, kMaxMessageShown));
+                                          shown_line(result.message, kMaxMessageShown));
   } else if (!result.ok) {
     // The worker or the framework failed on the case; the log holds its traceback.
     out.verdict = infra_error(w.hello.framework + " " + w.hello.version,

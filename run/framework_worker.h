@@ -51,6 +51,7 @@ struct WorkerOptions {
   std::string work_dir;
   double start_seconds = 900;  // until hello.json (imports, process groups)
   double case_seconds = 300;   // until a case's result
+  double stop_seconds = 10;    // until a worker asked to stop (or retiring) ends by itself
   double rtol = oracle::kFrameworkRtol;  // the judge's relative tolerance, as `tally check`
   bool keep_passing = false;   // keep the manifests of passing runs too (else only failing ones)
   std::ostream* progress = nullptr;  // one line per worker started or lost
@@ -105,8 +106,9 @@ class WorkerPool {
   Worker& worker(int world);
   // Asks the worker to exit (a stop file) and waits a while for it, unless `ask` is false; then
   // tells its launcher to terminate, and after a short grace kills every process left of it
-  // (run/process_tree.h: ranks in sessions of their own too).
-  void stop(Worker& w, bool ask = true);
+  // (run/process_tree.h: ranks in sessions of their own too). Says how it ended.
+  enum class Ended { by_itself, terminated, killed };
+  Ended stop(Worker& w, bool ask = true);
   // Where the worker wrote `retiring` before the result of `after_case`: says so on the progress
   // stream and waits for it to exit (then stops it), so the next case starts a fresh worker.
   void retire_if_asked(Worker& w, const std::string& after_case);

@@ -141,6 +141,30 @@ WorkerHello read_hello(std::string_view text) {
   return h;
 }
 
+std::optional<std::string> refusal_not_the_frameworks(std::string_view message) {
+  const auto blank = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; };
+  std::string_view rest = message;
+  while (!rest.empty() && blank(rest.front())) rest.remove_prefix(1);
+  if (rest.empty()) return "with no message: a refusal names the framework's exception and what it said";
+  // "rank 12: " first, where a rank said it.
+  if (rest.starts_with("rank ")) {
+    std::size_t i = 5;
+    while (i < rest.size() && rest[i] >= '0' && rest[i] <= '9') ++i;
+    if (i > 5 && rest.substr(i).starts_with(": ")) rest.remove_prefix(i + 2);
+  }
+  const auto name_char = [](char ch, bool first) {
+    return ch == '_' || (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (!first && ((ch >= '0' && ch <= '9') || ch == '.'));
+  };
+  std::size_t i = 0;
+  while (i < rest.size() && name_char(rest[i], i == 0)) ++i;
+  std::string_view said = i > 0 && rest.substr(i).starts_with(": ") ? rest.substr(i + 2) : std::string_view{};
+  while (!said.empty() && blank(said.front())) said.remove_prefix(1);
+  if (i == 0 || !rest.substr(i).starts_with(": ") || said.empty())
+    return "whose message names no exception of the framework (\"ValueError: what it said\"): \"" +
+           io::escape_controls(message.substr(0, std::min<std::size_t>(message.size(), 200))) + "\"";
+  return std::nullopt;
+}
+
 WorkerResult read_result(std::string_view text) {
   const json j = io::parse_json(text, "result.json");
   WorkerResult r;

@@ -55,6 +55,11 @@ struct WorkerResult {
   std::optional<double> seconds;  // the worker's own measure of the case
 };
 
+// Why a "refused" result cannot be taken as the framework's own check declining the case: its
+// message must name the framework's exception and say what it said ("rank 0: ValueError: ...", the
+// form tally_adapters.queue.framework_setup gives). nullopt when it does.
+std::optional<std::string> refusal_not_the_frameworks(std::string_view message);
+
 // The settings a hello's "cannot_run" may name.
 inline constexpr std::string_view kCannotRunSettings[] = {"deepspeed.fused_adam", "megatron_fsdp",
                                                           "optimizer.layer_wise_param_layout"};

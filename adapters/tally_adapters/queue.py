@@ -151,19 +151,48 @@ def raised_in(error, package):
     return module == package or module.startswith(package + ".")
 
 
+def raised_where(error):
+    """The framework's file and line that raised `error` ("megatron/core/parallel_state.py:898"),
+    from the innermost frame of its traceback: the check a rule of tally's cites once it is written."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "an unknown line"
+    module = tb.tb_frame.f_globals.get("__name__", "")
+    path = module.replace(".", "/") + ".py" if module else tb.tb_frame.f_code.co_filename
+    if os.path.basename(tb.tb_frame.f_code.co_filename) == "__init__.py":
+        path = module.replace(".", "/") + "/__init__.py"
+    return f"{path}:{tb.tb_lineno}"
+
+
+# What a framework's validation raises: its asserts, its value checks, what it has not built. A
+# TypeError, KeyError or RuntimeError in its code is a call it did not expect (the worker's, or its
+# own bug), never a refusal: an error, so that it is seen.
+VALIDATION_ERRORS = (ValueError, AssertionError, NotImplementedError)
+
+
+def is_validation(error, package):
+    """Whether `error` is the kind a check raises: one of VALIDATION_ERRORS, or an exception class the
+    framework `package` defines for itself."""
+    defined_in = type(error).__module__ or ""
+    return isinstance(error, VALIDATION_ERRORS) or defined_in == package or defined_in.startswith(package + ".")
+
+
 @contextlib.contextmanager
 def framework_setup(package):
     """The block sets the framework up for a case, before any gradient (its parallel state, model and
-    engine). An exception the framework `package` raises in its own code there is its own validation
-    declining the case: re-raised as FrameworkRefused with its message. Any other exception (from the
-    worker, from torch, from a collective) passes unchanged and stays an error."""
+    engine). A check of the framework `package` that declines the case there (a validation error,
+    is_validation, raised in its own code) is re-raised as FrameworkRefused with its message and the
+    file and line that raised it. Any other exception (from the worker, from torch, from a
+    collective, a TypeError in the framework) passes unchanged and stays an error."""
     try:
         yield
     except FrameworkRefused:
         raise
     except Exception as error:
-        if raised_in(error, package):
-            raise FrameworkRefused(f"{type(error).__name__}: {error}") from error
+        if raised_in(error, package) and is_validation(error, package):
+            raise FrameworkRefused(f"{type(error).__name__}: {error} (raised at {raised_where(error)})") from error
         raise
 
 

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import gc
 import os
+import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -124,10 +125,8 @@ def thread_budget(environ) -> int:
     text = environ.get("TALLY_WORKER_THREAD_BUDGET")
     if text is None:
         return THREAD_BUDGET
-    try:
-        budget = int(text)
-    except ValueError:
-        budget = 0
+    # Decimal ASCII digits only: int() would also take " 512", "5_12" and other scripts' digits.
+    budget = int(text) if re.fullmatch(r"[0-9]+", text, flags=re.ASCII) else 0
     if budget < 1:
         raise ValueError(f"TALLY_WORKER_THREAD_BUDGET={text!r}: the threads a rank may hold must be a whole number, 1 or more")
     return budget

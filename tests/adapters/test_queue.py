@@ -37,6 +37,29 @@ class FrameworkSetup(unittest.TestCase):
             with queue.framework_setup("megatron"):
                 framework.initialize()
 
+    def test_a_refusal_names_the_frameworks_file_and_line(self):
+        parallel_state = module_raising("megatron.core.parallel_state", None)
+        with self.assertRaisesRegex(queue.FrameworkRefused, r"^AssertionError: order .* \(raised at megatron/core/parallel_state.py:2\)$"):
+            with queue.framework_setup("megatron"):
+                parallel_state.check(AssertionError("order tp-dp is not supported"))
+
+    def test_an_unexpected_call_in_the_framework_is_an_error_not_a_refusal(self):
+        # MLASelfAttention handing the local DotProductAttention k_channels: a TypeError, the worker's to see.
+        attention = module_raising("megatron.core.transformer.dot_product_attention", None)
+        for error in (TypeError("__init__() got an unexpected keyword argument 'k_channels'"), KeyError("tp"),
+                      RuntimeError("CUDA error")):
+            with self.subTest(error=type(error).__name__), self.assertRaises(type(error)):
+                with queue.framework_setup("megatron"):
+                    attention.check(error)
+
+    def test_an_exception_class_of_the_frameworks_own_is_a_check(self):
+        errors = types.ModuleType("deepspeed.runtime.config_utils")
+        exec("class DeepSpeedConfigError(Exception):\n    pass\n", errors.__dict__)
+        config = module_raising("deepspeed.runtime.config", None)
+        with self.assertRaisesRegex(queue.FrameworkRefused, r"^DeepSpeedConfigError: zero stage 4"):
+            with queue.framework_setup("deepspeed"):
+                config.check(errors.DeepSpeedConfigError("zero stage 4"))
+
     def test_nothing_raised_is_nothing(self):
         with queue.framework_setup("megatron"):
             pass
@@ -143,6 +166,6 @@ class ThreadBudget(unittest.TestCase):
     def test_a_budget_that_is_not_a_whole_number_1_or_more_names_the_variable(self):
         from tally_adapters.worker import thread_budget
 
-        for text in ("0", "-3", "many", "1.5"):
+        for text in ("0", "-3", "many", "1.5", " 512", "512 ", "5_12", "\uff15\uff11\uff12", "\u0665\u0661\u0662", ""):
             with self.subTest(text=text), self.assertRaisesRegex(ValueError, r"^TALLY_WORKER_THREAD_BUDGET="):
                 thread_budget({"TALLY_WORKER_THREAD_BUDGET": text})

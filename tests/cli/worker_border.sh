@@ -145,20 +145,25 @@ while read -r daemon; do gone "$daemon" || fail "a double-forked daemon of the w
   <"$dir/daemon/daemon.pids"
 
 # 5. The framework's own check declines a case at set-up: a refusal counted by its reason, never an
-# error that ends a campaign or a sweep.
+# error that ends a campaign or a sweep; where it declines most of them, nothing was checked.
 TALLY_TEST_WORKER_MODE=refuse-odd "$tally" fuzz --target megatron-core --worker "$stand_in" --world 2 --cases 8 \
   --seed 3 --corpus "$dir/refused" >"$dir/refused.out" 2>"$dir/refused.err"
 rc=$?
 [ $rc = 0 ] || fail "fuzz refuse-odd: exit code $rc, expected 0 (refusals are no failures)"
-grep -q "^summary: 8 cases in .*, 0 failures, seed 3$" "$dir/refused.out" || fail "fuzz refuse-odd: it did not run its 8 cases"
+grep -q "^summary: 8 cases in .*, 0 failures, refused 4, seed 3$" "$dir/refused.out" || fail "fuzz refuse-odd: it did not run its 8 cases"
 grep -q "^  refused 4x by megatron-core 0.19.2: ValueError: the framework declines odd cases (as asked)$" "$dir/refused.out" ||
   fail "fuzz refuse-odd: the refusals are not counted by their reason"
 TALLY_TEST_WORKER_MODE=refuse-odd "$tally" "${sweep[@]}" --corpus "$dir/refused-sweep" >"$dir/refused-sweep.out" \
   2>"$dir/refused-sweep.err"
 rc=$?
-[ $rc = 0 ] || fail "sweep refuse-odd: exit code $rc, expected 0"
-grep -Eq "^  refused [0-9]+x: megatron-core 0.19.2 refused it as it set it up: rank 0: ValueError: the framework declines odd cases \(as asked\)$" \
+# Of the 9 cases this shard sends the worker, it refuses 5: most, so nothing was checked (exit 3).
+[ $rc = 3 ] || fail "sweep refuse-odd: exit code $rc, expected 3 (the framework refused most of what it was sent)"
+grep -q "^  nothing was checked: the framework refused 5 of the 9 cases tally sent it (exit 3)" "$dir/refused-sweep.out" ||
+  fail "sweep refuse-odd: it does not say that nothing was checked"
+grep -Eq "^  refused by the framework [0-9]+x: megatron-core 0.19.2 refused it as it set it up: rank 0: ValueError: the framework declines odd cases \(as asked\)$" \
   "$dir/refused-sweep.out" || fail "sweep refuse-odd: the refusals are not counted by their reason"
+grep -Eq "^  refused by tally's rules [0-9]+, by the framework itself [1-9][0-9]*$" "$dir/refused-sweep.out" ||
+  fail "sweep refuse-odd: the framework's refusals are not counted apart from the rules'"
 TALLY_TEST_WORKER_MODE=refuse-odd "$tally" run --world 2 --tp 2 --target megatron-core --worker "$stand_in" \
   >"$dir/refused-run.out" 2>"$dir/refused-run.err"
 rc=$?

@@ -11,17 +11,19 @@ namespace {
 
 TEST(Junit, CountsAndStructure) {
   const std::string xml = junit_xml(
-      "tally.replay", {{"seeds/a.json", "tally.replay.seeds", 0.25, "", false},
-                       {"seeds/b.json", "tally.replay.seeds", 1.5, "expected pass, got fail\nreplay: tally run seeds/b.json", false},
-                       {"seeds/c.json", "tally.replay.seeds", 0.0, "seeds/c.json: invalid JSON", true}});
+      "tally.replay", {{"seeds/a.json", "tally.replay.seeds", 0.25, "", false, ""},
+                       {"seeds/b.json", "tally.replay.seeds", 1.5, "expected pass, got fail\nreplay: tally run seeds/b.json", false, ""},
+                       {"seeds/c.json", "tally.replay.seeds", 0.0, "seeds/c.json: invalid JSON", true, ""},
+                       {"seeds/d.json", "tally.replay.seeds", 0.0, "", false, "megatron-core 0.19.2 refused it: rank 0: ValueError: no"}});
   EXPECT_EQ(xml.rfind("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n", 0), 0u);
-  EXPECT_NE(xml.find("<testsuite name=\"tally.replay\" tests=\"3\" failures=\"1\" errors=\"1\" time=\"1.750\">"),
+  EXPECT_NE(xml.find("<testsuite name=\"tally.replay\" tests=\"4\" failures=\"1\" errors=\"1\" skipped=\"1\" time=\"1.750\">"),
             std::string::npos) << xml;
   EXPECT_NE(xml.find("<testcase name=\"seeds/a.json\" classname=\"tally.replay.seeds\" time=\"0.250\"/>"),
             std::string::npos) << xml;
   EXPECT_NE(xml.find("<failure message=\"expected pass, got fail\">expected pass, got fail\nreplay: tally run seeds/b.json</failure>"),
             std::string::npos) << xml;
   EXPECT_NE(xml.find("<error message=\"seeds/c.json: invalid JSON\">"), std::string::npos) << xml;
+  EXPECT_NE(xml.find("<skipped message=\"megatron-core 0.19.2 refused it: rank 0: ValueError: no\">"), std::string::npos) << xml;
   EXPECT_NE(xml.find("</testsuites>\n"), std::string::npos);
 }
 
@@ -42,7 +44,7 @@ TEST(Junit, EscapesEverythingXmlCannotCarry) {
 }
 
 TEST(Junit, EmptySuite) {
-  EXPECT_NE(junit_xml("empty", {}).find("tests=\"0\" failures=\"0\" errors=\"0\" time=\"0.000\""),
+  EXPECT_NE(junit_xml("empty", {}).find("tests=\"0\" failures=\"0\" errors=\"0\" skipped=\"0\" time=\"0.000\""),
             std::string::npos);
 }
 

@@ -261,6 +261,41 @@ TEST(WorkerPool, ACaseTheFrameworkDeclinesAtSetUpIsRefusedWithItsMessage) {
   EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass) << "the worker goes on";
 }
 
+// A refusal hides what the case would show, so it is taken only as the framework's own words, before
+// any run: without a message naming the framework's exception, or after the worker ran the case and
+// wrote its manifests, it is the worker's error.
+TEST(WorkerPool, ARefusalWithoutTheFrameworksWordsIsTheWorkersError) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "refuse-without-message");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_EQ(run.verdict.infra_message.rfind("the worker answered \"refused\" to case-1 with no message", 0), 0u)
+      << run.verdict.infra_message;
+}
+
+TEST(WorkerPool, ARefusalAfterARunIsTheWorkersError) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "refuse-failing");
+  const WorkerEnvironment fault("TALLY_TEST_WORKER_FAULT", "expert-dedup-on-dense-tp");
+  WorkerPool pool(stand_in_options());
+  const WorkerRun run = pool.execute(founding_case());
+  EXPECT_EQ(run.verdict.kind, oracle::Verdict::Kind::infra_error);
+  EXPECT_NE(run.verdict.infra_message.find("the worker answered \"refused\" to case-1 after writing "), std::string::npos)
+      << run.verdict.infra_message;
+  EXPECT_FALSE(run.manifests.empty()) << "what it ran is kept beside the error";
+}
+
+TEST(WorkerFiles, ARefusalNamesTheFrameworksException) {
+  EXPECT_EQ(refusal_not_the_frameworks("rank 0: ValueError: tp must divide heads"), std::nullopt);
+  EXPECT_EQ(refusal_not_the_frameworks("megatron.core.Error: no"), std::nullopt);
+  EXPECT_EQ(refusal_not_the_frameworks("AssertionError: world 3"), std::nullopt);
+  EXPECT_NE(refusal_not_the_frameworks(""), std::nullopt);
+  EXPECT_NE(refusal_not_the_frameworks("  \n"), std::nullopt);
+  EXPECT_NE(refusal_not_the_frameworks("refused"), std::nullopt);
+  EXPECT_NE(refusal_not_the_frameworks("rank 0: "), std::nullopt);
+  EXPECT_NE(refusal_not_the_frameworks("rank 0: ValueError: "), std::nullopt) << "says nothing";
+  EXPECT_NE(refusal_not_the_frameworks("the framework declined"), std::nullopt);
+}
+
 TEST(WorkerTarget, ARunOfACaseTheFrameworkDeclinesIsRefusedNotJudged) {
   const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "refuse-odd");
   const std::unique_ptr<Target> target = framework_target(*framework_target("megatron-core"), stand_in_options());
@@ -304,6 +339,20 @@ TEST(WorkerPool, AWorkerThatRetiresAfterACaseIsWaitedForAndTheNextCaseStartsAFre
             std::string::npos)
       << said;
   EXPECT_NE(said.find("/world-2-2'"), std::string::npos) << "the second start has a queue of its own: " << said;
+}
+
+TEST(WorkerPool, ARetiringWorkerThatLingersIsStoppedAndSaysSo) {
+  const WorkerEnvironment mode("TALLY_TEST_WORKER_MODE", "retire-and-linger");
+  std::ostringstream progress;
+  WorkerOptions options = stand_in_options();
+  options.progress = &progress;
+  options.stop_seconds = 1;
+  WorkerPool pool(options);
+  EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass);
+  EXPECT_NE(progress.str().find("the retiring world-2 worker did not end within 1 s: it was terminated"),
+            std::string::npos)
+      << progress.str();
+  EXPECT_EQ(pool.execute(founding_case()).verdict.kind, oracle::Verdict::Kind::pass) << "a fresh worker";
 }
 
 // Through the target (run/target.h): a worker that dies is an infra-error verdict; one that then
