@@ -1,4 +1,8 @@
-// tally enumerate: every configuration Megatron-LM accepts for a world size.
+// tally enumerate: every configuration Megatron-LM accepts for a world size; with
+// --dist-opt-instances, each number of distributed-optimizer instances it takes; with --corner,
+// only those in one of Megatron-LM's own layout corners (fuzz/generators.h), where its groups
+// miscount with no fault; with --by-order, how many of them each rank order has.
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -6,6 +10,8 @@
 #include "cli/commands.h"
 #include "cli/number_flags.h"
 #include "cli/usage_error.h"
+#include "fuzz/findings.h"
+#include "fuzz/generators.h"
 #include "topologies/enumerate.h"
 
 namespace tally::cli {
@@ -18,7 +24,24 @@ struct EnumerateOptions {
   bool count_only = false;
   std::string order;
   topologies::EnumerateFilter filter;
+  std::string instances = "1";  // a number, or "all": every number above 1 Megatron-LM takes
+  std::string corner;           // "": every configuration
+  bool by_order = false;
 };
+
+// The configurations `c` stands for under --dist-opt-instances: its own (one instance) or each
+// number of instances check_config takes.
+std::vector<topologies::ParallelConfig> with_instances(const topologies::ParallelConfig& c, const std::string& instances) {
+  std::vector<topologies::ParallelConfig> out;
+  const int first = instances == "all" ? 2 : std::stoi(instances);
+  const int last = instances == "all" ? c.world : first;
+  for (int k = first; k <= last; ++k) {
+    topologies::ParallelConfig with = c;
+    with.dist_opt_instances = k;
+    if (!topologies::check_config(with)) out.push_back(with);
+  }
+  return out;
+}
 
 void check_limit(const char* flag, int value) {
   if (value < 0)
@@ -45,6 +68,15 @@ void add_enumerate_command(CLI::App& app, CommandContext& context) {
   command->add_option("--max-pp", options->filter.max_pp, "Largest pp (0: no limit)")->check(whole_number(0, kIntMax));
   command->add_option("--max-ep", options->filter.max_ep, "Largest ep (0: no limit)")->check(whole_number(0, kIntMax));
   command->add_option("--max-etp", options->filter.max_etp, "Largest etp (0: no limit)")->check(whole_number(0, kIntMax));
+  command->add_option("--dist-opt-instances", options->instances,
+                      "Distributed-optimizer instances: a number (default 1), or all: each number above 1 that "
+                      "the configuration takes (it must divide DP x CP and EDP), a configuration each");
+  command->add_option("--corner", options->corner,
+                      "Only configurations in one of Megatron-LM's own layout corners, where its groups "
+                      "miscount with no fault (docs/findings): experts-as-dense, instances-split-their-shards");
+  command->add_flag("--by-order", options->by_order,
+                    "Print how many configurations each of the 120 orders has (with --corner: in the corner), "
+                    "and how many orders have one");
   command->callback([options, &context] {
     const int world = options->world;
     if (world < 1)
@@ -62,32 +94,70 @@ void add_enumerate_command(CLI::App& app, CommandContext& context) {
       options->filter.order = topologies::parse_order(options->order, &error);
       if (!options->filter.order) throw UsageError(error);
     }
+    if (options->instances != "all") {
+      const std::string& text = options->instances;
+      if (text.empty() || text.size() > 7 || text.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(text) < 1)
+        throw UsageError("--dist-opt-instances: expected a whole number, 1 or more, or all, got '" + text + "'");
+    }
+    fuzz::LayoutCorner corner = fuzz::LayoutCorner::none;
+    if (!options->corner.empty()) {
+      for (fuzz::LayoutCorner c : {fuzz::LayoutCorner::experts_as_dense, fuzz::LayoutCorner::instances_split_their_shards})
+        if (options->corner == fuzz::layout_corner_id(c)) corner = c;
+      if (corner == fuzz::LayoutCorner::none)
+        throw UsageError("--corner: expected experts-as-dense or instances-split-their-shards, got '" + options->corner + "'");
+    }
+    // A corner is a fact about the groups: a configuration lies in it whether or not it lies in the
+    // other one too.
+    const auto in_corner = [corner](const topologies::ParallelConfig& c) {
+      if (corner == fuzz::LayoutCorner::experts_as_dense) return fuzz::experts_as_dense_with_other_groups(c);
+      if (corner == fuzz::LayoutCorner::instances_split_their_shards) return fuzz::instances_split_their_shards(c);
+      return true;
+    };
+    std::map<std::string, std::int64_t> by_order;  // every order enumerated, with its count
 
     std::ostream& out = context.out;
-    const bool list = !options->count_only;
+    const bool list = !options->count_only && !options->by_order;
     bool first = true;
+    std::int64_t count = 0;
     if (options->json) out << "{\"world\":" << world << (list ? ",\"configs\":[" : "");
-    const std::int64_t count = topologies::for_each_config(
-        world, options->filter, [&](const topologies::ParallelConfig& c) {
-          if (!list) return;
+    topologies::for_each_config(world, options->filter, [&](const topologies::ParallelConfig& one) {
+      by_order.try_emplace(one.order, 0);
+      for (const topologies::ParallelConfig& c : with_instances(one, options->instances)) {
+          if (!in_corner(c)) continue;
+          ++count;
+          ++by_order[c.order];
+          if (!list) continue;
           if (options->json) {
             nlohmann::ordered_json j = {{"tp", c.tp},   {"cp", c.cp},
                                         {"pp", c.pp},   {"dp", topologies::dp(c)},
                                         {"ep", c.ep},   {"etp", c.etp},
                                         {"edp", topologies::edp(c)}, {"order", c.order}};
+            if (options->instances != "1") j["dist_opt_instances"] = c.dist_opt_instances;
             out << (first ? "" : ",") << j.dump();
           } else {
             out << "tp " << c.tp << "  cp " << c.cp << "  pp " << c.pp << "  dp "
                 << topologies::dp(c) << "  ep " << c.ep << "  etp " << c.etp << "  edp "
-                << topologies::edp(c) << "  order " << c.order << '\n';
+                << topologies::edp(c) << "  order " << c.order
+                << (options->instances != "1" ? "  instances " + std::to_string(c.dist_opt_instances) : "") << '\n';
           }
           first = false;
-        });
-    if (options->json)
-      out << (list ? "]" : "") << ",\"count\":" << count << "}\n";
-    else
-      out << count << " valid configuration" << (count == 1 ? "" : "s") << " of world " << world
-          << '\n';
+      }
+    });
+    std::int64_t orders_with_one = 0;
+    for (const auto& [order, n] : by_order) orders_with_one += n > 0;
+    const std::string what = options->corner.empty() ? "" : " in the corner " + options->corner;
+    if (options->json) {
+      out << (list ? "]" : "") << ",\"count\":" << count;
+      if (options->by_order) out << ",\"by_order\":" << nlohmann::ordered_json(by_order).dump();
+      out << "}\n";
+    } else {
+      if (options->by_order)
+        for (const auto& [order, n] : by_order) out << order << "  " << n << '\n';
+      out << count << " valid configuration" << (count == 1 ? "" : "s") << " of world " << world << what;
+      if (options->by_order) out << ", in " << orders_with_one << " of " << by_order.size() << " orders";
+      out << '\n';
+    }
     context.exit_code = kExitPass;
   });
 }
