@@ -338,16 +338,20 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     // in another order, and its result would stand for another case.
     std::map<std::int64_t, std::string> planned;
     for (const fuzz::SweepCase& sc : plan.cases) planned.emplace(sc.index, sc.id);
-    std::int64_t renumbered = 0;
+    std::int64_t renumbered = 0, no_verdict = 0;
     for (const SweepResult& r : previous.results) {
       auto it = planned.find(r.index);
       if (it == planned.end()) continue;
-      if (it->second == r.id) done.emplace(r.index, r);
-      else ++renumbered;
+      if (it->second != r.id) ++renumbered;
+      // An infrastructure error is no verdict on the case: it runs again on the mended machine.
+      else if (r.outcome == SweepResult::Outcome::infra_error) ++no_verdict;
+      else done.emplace(r.index, r);
     }
     if (renumbered > 0 && !o.json)
       context.out << "state: " << renumbered << " of its results number their cases otherwise than this tally does (written "
           << "by an earlier one): those cases run again\n";
+    if (no_verdict > 0 && !o.json)
+      context.out << "state: " << no_verdict << " of its cases gave an infrastructure error, no verdict: they run again\n";
   }
   // Rewritten after a failure and at most every two seconds otherwise: a kill loses little, and a
   // sweep of thousands of fast cases does not rewrite its state thousands of times.

@@ -7,12 +7,13 @@ and then all-reduces its shard with the other instances over
 built from the expert grid (parallel_state.py:1481-1496, 2457-2467) and handed to the dense bucket
 groups too (distributed_data_parallel.py:292-301). In `tp-cp-dp-ep-pp` with EP 2 that group is
 [0, 2], [1, 3], [4, 6], [5, 7] where [0, 4], [1, 5], [2, 6], [3, 7] are needed: shard 0 is added
-to shard 2 of the same instance, and neither instance's dense update sees the other's data. The
-expert buffers, split over the expert grid's own slices, come out right.
-(docs/findings/megatron-core-0.19.2-dist-opt-instances-split-their-shards.md: the norm.)
+to shard 2 of the same instance, and neither instance's dense update sees the other's data (so
+too `cp-ep-dp-tp-pp` with ETP 2, EP 1). The expert buffers, split over the expert grid's own
+slices, come out right. (docs/findings/megatron-core-0.19.2-dist-opt-instances-split-their-shards.md:
+the same groups miscount the norm.)
 
 Needs torch, megatron-core 0.19.2 (numpy, packaging) and einops (instances > 1), and a GPU:
-DDP keeps its buffers on CUDA (param_and_grad_buffer.py:1180-1189) and makes a CUDA stream for
+DDP keeps its buffers on CUDA (param_and_grad_buffer.py:1177-1188) and makes a CUDA stream for
 the instances (distributed_data_parallel.py:297). One GPU serves all 8 ranks with gloo:
 
     torchrun --standalone --nproc-per-node 8 \\
@@ -21,11 +22,13 @@ the instances (distributed_data_parallel.py:297). One GPU serves all 8 ranks wit
 
 The model is one dense fp32 param and one expert param (`allreduce = False`, as
 ColumnParallelLinear marks expert weights, tensor_parallel/layers.py:1017), 128 elements each, so
-each buffer is one bucket of exactly that param (no padding: param_layout.py:24-42). DDP is built
-as Megatron-LM builds it for the distributed optimizer (overlap off). Rank r sets element i of
+each buffer is one bucket of exactly that param (no padding: param_layout.py:24-42), wrapped in
+megatron's DDP for the distributed optimizer (fp32 grads, overlap off). Rank r sets element i of
 both params' `main_grad` to 2**r * (i + 1) (small integers: every sum below is exact in fp32),
-then calls DDP's `finish_grad_sync()`. With `average_in_collective` off DDP scales every gradient
-by 1 / |DP-CP| before reducing (distributed_data_parallel.py:211-213), so the shard a rank owns
+then calls DDP's `finish_grad_sync()`. On gloo, whose coalesced all-reduce takes no CUDA tensors,
+the script lets each collective DDP issues inside torch's `_coalescing_manager` run by itself
+(same ops, tensors and groups). With `average_in_collective` off DDP scales every gradient
+by 1 / |DP-CP| before reducing (distributed_data_parallel.py:209-213), so the shard a rank owns
 must hold, per element, the mean over its whole DP-CP group of the contributions (dense), or the
 sum over its whole expert-DP group divided by |DP-CP| (expert). Every rank checks its shard of
 both buffers and prints one line (gathered, printed by rank 0 in rank order); rank 0 prints
@@ -33,6 +36,7 @@ DEFECT SHOWN (exit 1) when any dense or expert shard is wrong, else DEFECT ABSEN
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -40,6 +44,15 @@ import torch
 import torch.distributed as dist
 
 ELEMENTS = 128  # one bucket, unpadded: lcm(shard count, 128) divides it
+
+
+@contextlib.contextmanager
+def one_collective_at_a_time(group=None, device=None, async_ops=False):
+    """Stands in for torch's `_coalescing_manager` on gloo, whose coalesced all-reduce takes CPU tensors
+    only: each collective DDP issues inside runs by itself, synchronously (DDP's ops are synchronous
+    here: overlap off, param_and_grad_buffer.py:676-679), on DDP's own tensors and groups."""
+    assert not async_ops
+    yield None
 
 
 def contributions(rank):
@@ -59,7 +72,7 @@ def check(name, param, buffers, intra, whole, inter, divisor):
     wrong = int((~torch.isclose(got, want, rtol=1e-6, atol=0.0)).sum())
     line = (f"{name} shard {index} of {dist.get_process_group_ranks(intra)} (elements {lo}-{hi - 1}), "
             f"then all-reduced over {dist.get_process_group_ranks(inter)}: element {lo} = {float(got[0])}, "
-            f"{whole_ranks} give {float(want[0])}: "
+            f"expected from {whole_ranks}: {float(want[0])}: "
             + ("ok" if wrong == 0 else f"WRONG ({wrong} of {share} elements)"))
     return wrong == 0, line
 
@@ -84,6 +97,7 @@ def main():
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
 
     from megatron.core import parallel_state as ps
+    from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.core.transformer.module import MegatronModule
@@ -115,10 +129,12 @@ def main():
     module = TwoParams()
     intra_dp = ps.get_data_parallel_group(with_context_parallel=True, with_gtp_remat=False, partial_data_parallel=True)
     intra_edp = ps.get_expert_data_parallel_group(with_gtp_remat=False, partial_expert_data_parallel=True)
-    layout = DistributedOptimizer.compute_full_param_layout(  # as DDP's own fallback, :131-137
+    layout = DistributedOptimizer.compute_full_param_layout(  # as DDP would, distributed_data_parallel.py:143-149
         list(module.parameters()), None, intra_dp.size(), ddp_config, expert_data_parallel_world_size=intra_edp.size())
     model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module, full_param_layout=layout)
     model.zero_grad_buffer()
+    if dist.get_backend() == "gloo":
+        param_and_grad_buffer._coalescing_manager = one_collective_at_a_time
     for param in (module.dense, module.expert):
         param.main_grad.copy_(contributions(rank).float())  # what a backward pass accumulates
     model.finish_grad_sync()  # overlap off: reduce-scatter, then the inter-instance all-reduce
@@ -138,12 +154,15 @@ def main():
     if rank == 0:
         for _, _, text in results:
             print(text, flush=True)
-        if dense_shown or expert_shown:
-            which = " and ".join(w for w, s in (("dense", dense_shown), ("expert", expert_shown)) if s)
-            print(f"DEFECT SHOWN: DDP's {which} gradient shards are not the reduction over the whole "
-                  "data-parallel group: the inter-instance all-reduce adds the wrong ranks' shards", flush=True)
+        if dense_shown:
+            print("DEFECT SHOWN: DDP's dense gradient shards are not reduced over the whole DP-CP group: the "
+                  "inter-instance all-reduce, the expert grid's group, adds shards of the same instance; the "
+                  f"expert shards are {'wrong too' if expert_shown else 'right'}", flush=True)
+        elif expert_shown:
+            print("DEFECT SHOWN: DDP's expert gradient shards are not reduced over the whole expert-DP group "
+                  "(the dense shards are right)", flush=True)
         else:
-            print("DEFECT ABSENT: every rank's dense and expert shard is reduced over its whole "
+            print("DEFECT ABSENT: every rank's dense and expert gradient shard is reduced over its whole "
                   "data-parallel group", flush=True)
     dist.barrier()
     ps.destroy_model_parallel()

@@ -78,7 +78,7 @@ grep -q "rank-0.json: a FIFO, not copied" "$dir/run-manifests/NOT-COPIED.txt" ||
   fail "run --manifests: what was not copied is not listed"
 [ -f "$dir/run-manifests/rank-1.json" ] || fail "run --manifests: rank 1's manifest is not copied"
 
-# A sweep goes on past the error, and a resumed sweep past it too.
+# A sweep goes on past the error; resumed, it runs that case again.
 sweep=(sweep --world 2 --features moe --shard 0/5 --target megatron-core --worker "$stand_in" --no-known)
 TALLY_TEST_WORKER_MODE=no-manifests "$tally" "${sweep[@]}" --corpus "$dir/sweep" >"$dir/sweep.out" 2>"$dir/sweep.err"
 rc=$?
@@ -89,10 +89,13 @@ grep -Eq "^  passed [1-9][0-9]*, failed 0 \(new 0, known 0\), refused [0-9]+, in
   fail "sweep: it did not run its remaining cases"
 grep -q "stopped before the end" "$dir/sweep.out" && fail "sweep: one error stopped it"
 ls "$dir/sweep"/L*.infra-error.txt >/dev/null 2>&1 || fail "sweep: the message is not saved next to the case"
+# Resumed on a mended worker, the case that gave no verdict runs again, and only it.
 "$tally" "${sweep[@]}" --corpus "$dir/sweep" >"$dir/sweep-resumed.out" 2>"$dir/sweep-resumed.err"
 rc=$?
-[ $rc = 3 ] || fail "resumed sweep: exit code $rc, expected 3 (the error is still in its report)"
-grep -q ", 0 to run (" "$dir/sweep-resumed.out" || fail "resumed sweep: it ran again what it had run"
+[ $rc = 0 ] || fail "resumed sweep: exit code $rc, expected 0 (the case without a verdict ran again and passed)"
+grep -q ", 1 to run (" "$dir/sweep-resumed.out" || fail "resumed sweep: it did not run exactly the case without a verdict again"
+grep -q "^state: 1 of its cases gave an infrastructure error, no verdict: they run again$" "$dir/sweep-resumed.out" ||
+  fail "resumed sweep: it does not say why the case runs again"
 
 # 2. A queue loop one case behind: another case's manifests, never a verdict on the framework.
 TALLY_TEST_WORKER_MODE=stale "$tally" "${sweep[@]}" --corpus "$dir/stale" >"$dir/stale.out" 2>"$dir/stale.err"
