@@ -10,6 +10,7 @@
 
 #include "io/atomic_file.h"
 #include "casefile/case_file.h"
+#include "run/drive_case.h"
 #include "run/case_job.h"
 #include "fuzz/known.h"
 #include "fuzz/run_ahead.h"
@@ -74,17 +75,18 @@ CaseGenOptions aimed_at(CaseGenOptions options, run::Target& target, const run::
   return options;
 }
 
-// Runs `c` on `target`. A case the target refuses is an infra-error: the generator's restriction
-// (aimed_at) should have kept it out, so it is a bug of tally.
+// Runs `c` on `target` in the order of run/drive_case.h. A case tally's rules refuse is an
+// infra-error: the generator's restriction (aimed_at) should have kept it out, so it is a bug of
+// tally. A case the framework itself declines as it sets it up is refused (a verdict of that kind).
 oracle::Verdict run_on(run::Target& target, const casefile::Case& c) {
-  if (std::optional<std::string> why = target.refusal(c)) {
+  if (std::optional<run::CaseRefusal> refusal = run::refusal_of(target, c)) {
     oracle::Verdict refused;
     refused.kind = oracle::Verdict::Kind::infra_error;
     refused.infra_call = std::string(target.name()) + " target";
-    refused.infra_message = *why;
+    refused.infra_message = refusal->why;
     return refused;
   }
-  return target.execute(c, /*keep_record=*/false).verdict;
+  return run::run_on_target(target, c, /*keep_record=*/false).run.verdict;
 }
 
 CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& target, const CaseRunner& run_one,

@@ -12,6 +12,7 @@
 #include "casefile/case_file.h"
 #include "io/atomic_file.h"
 #include "io/json_read.h"
+#include "run/drive_case.h"
 #include "run/case_job.h"
 #include "topologies/enumerate.h"
 #include "topologies/parallel_config.h"
@@ -235,24 +236,20 @@ SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const Sweep
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;
   };
-  if (std::optional<std::string> why = target.refusal_before_open(sc.c)) {
+  // The order of run/drive_case.h: tally's rules, the release's, then the run, in which the
+  // framework's own check may decline the case as it sets it up.
+  if (std::optional<run::CaseRefusal> refusal = run::refusal_of(target, sc.c)) {
     r.outcome = SweepResult::Outcome::refused;
-    r.detail = *why;
+    r.detail = refusal->why;
     return finish();
   }
-  target.open(sc.c.topology.world);
-  if (std::optional<std::string> why = target.refusal(sc.c)) {
-    r.outcome = SweepResult::Outcome::refused;
-    r.detail = *why;
-    return finish();
-  }
-  casefile::Case c = sc.c;
-  if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
-  const oracle::Verdict verdict = target.execute(c, /*keep_record=*/false).verdict;
-  if (verdict.kind == oracle::Verdict::Kind::refused) {  // the framework's own check, at set-up
+  run::DrivenRun driven = run::run_on_target(target, sc.c, /*keep_record=*/false);
+  casefile::Case& c = driven.c;
+  const oracle::Verdict& verdict = driven.run.verdict;
+  if (driven.refused) {
     r.outcome = SweepResult::Outcome::refused;
     r.by_framework = true;
-    r.detail = verdict.infra_call + " refused it as it set it up: " + verdict.infra_message;
+    r.detail = driven.refused->who + " refused it as it set it up: " + driven.refused->why;
     return finish();
   }
   if (options.release_model && verdict.kind != oracle::Verdict::Kind::infra_error) {

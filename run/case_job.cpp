@@ -7,6 +7,7 @@
 #include "casefile/case_file.h"
 #include "io/atomic_file.h"
 #include "manifest/manifest_json.h"
+#include "run/drive_case.h"
 #include "run/evidence.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
@@ -113,16 +114,10 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
   }
 
   // 2, 3. Its own rules, then what the target runs: the rules of every release before it opens,
-  // its release's once it is open.
+  // its release's once it is open (run/drive_case.h).
   if (std::optional<std::string> error = casefile::check_case(c)) throw casefile::InvalidCase(*error);
-  const std::string who = target.framework() ? "--target " + std::string(target.name()) : "tally's model";
-  if (std::optional<std::string> why = target.refusal_before_open(c)) {
-    out.refused = who + " cannot run this case: " + *why;
-    return finish();
-  }
-  const TargetAbilities& opened = target.open(c.topology.world);
-  if (std::optional<std::string> why = target.refusal(c)) {
-    out.refused = (target.framework() ? who + " " + opened.version : who) + " cannot run this case: " + *why;
+  if (std::optional<CaseRefusal> refusal = refusal_of(target, c)) {
+    out.refused = refusal->text();
     return finish();
   }
   if (job.more_cases_follow && target.hang_ends_the_job() && c.expect &&
@@ -132,19 +127,20 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
   }
   if (!job.manifests.empty())
     if (std::optional<std::string> why = target.manifests_refusal()) throw JobOutputError("--manifests " + *why);
-  if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
   if (job.expect == CaseJob::Expect::pass) c.expect = casefile::Expectation{};
   if (job.expect == CaseJob::Expect::fail)
     c.expect = casefile::Expectation{casefile::Expectation::Outcome::fail, {}, {}};
 
-  // 4. On disk before the run: a crash loses nothing.
-  if (!job.save.empty()) save_case(job.save, c);
-
-  // 5. The run, and its manifests where asked.
-  TargetRun run = target.execute(c, /*keep_record=*/!job.manifests.empty());
-  if (run.verdict.kind == oracle::Verdict::Kind::refused) {
-    // The framework's own check declined it while setting it up: refused, as by a rule.
-    out.refused = run.verdict.infra_call + " refused this case as it set it up: " + run.verdict.infra_message;
+  // 4, 5. On disk before the run (a crash loses nothing), then the run, in which the framework's
+  // own check may decline the case as it sets it up: refused, the case saved as asked but without
+  // evidence.
+  DrivenRun driven = run_on_target(target, std::move(c), /*keep_record=*/!job.manifests.empty(), [&](const casefile::Case& ready) {
+    if (!job.save.empty()) save_case(job.save, ready);
+  });
+  c = std::move(driven.c);
+  TargetRun& run = driven.run;
+  if (driven.refused) {
+    out.refused = driven.refused->text();
     out.refused_by_framework = true;
     return finish();
   }
