@@ -32,7 +32,9 @@ enum class LedgerFamily : std::uint8_t { norm, zero_count, any };
 std::string_view ledger_family_name(LedgerFamily family);  // "norm" | "zero count" | "any"
 
 // One way a cause miscounts: a kind of param (fuzz/known.h's cause_kind: "expert replicated over
-// ETP", "owned outside its stats group"; "any"), counted fewer or more times, in a ledger family.
+// ETP"; "any"; or kOwnedOutside, elements dropped that only ranks outside the stats group own,
+// whatever the param), counted fewer or more times, in a ledger family.
+inline constexpr std::string_view kOwnedOutside = "owned outside its stats group";
 struct MiscountShape {
   std::string kind;
   Counted counted = Counted::fewer;

@@ -36,10 +36,7 @@ std::vector<std::string> not_made_by_a_miscount(const oracle::Verdict& verdict) 
 
 // The kind of param a miscount is of, as a cause sees it: what the miscounted params have in common
 // across models (dense or MoE, sharded by FSDP or not).
-std::string cause_kind(const oracle::Miscount& m, Counted counted) {
-  // Dropped because only ranks outside the stats group own it: whatever the param, the group is
-  // the cause (an instance that counts only its own shards).
-  if (counted == Counted::fewer && m.owned_outside) return "owned outside its stats group";
+std::string cause_kind(const oracle::Miscount& m) {
   std::string kind = m.kind.empty() ? m.param_class : m.kind;
   const bool expert = kind.starts_with("expert-topology ");
   if (expert) kind.erase(0, std::string_view("expert-topology ").size());
@@ -176,20 +173,22 @@ std::vector<MiscountUnit> miscount_units(const oracle::Verdict& verdict) {
   for (const oracle::Miscount& m : verdict.miscounted) {
     // The times each element should be counted in the ledger that shows it: once, or none outside it.
     const std::int64_t times = m.numel > 0 ? m.expected / m.numel : 0;
-    if (m.least < times) out.push_back({m.name, m.ledger, Counted::fewer, cause_kind(m, Counted::fewer)});
-    if (m.most > times) out.push_back({m.name, m.ledger, Counted::more, cause_kind(m, Counted::more)});
+    if (m.least < times) out.push_back({m.name, m.ledger, Counted::fewer, cause_kind(m), m.owned_outside});
+    if (m.most > times) out.push_back({m.name, m.ledger, Counted::more, cause_kind(m), false});
   }
   return out;
 }
 
 std::string describe(const MiscountUnit& unit) {
-  return unit.param + " (" + unit.kind + ") counted " + std::string(counted_name(unit.counted)) + " times in the " +
+  return unit.param + " (" + unit.kind + (unit.owned_outside ? ", " + std::string(kOwnedOutside) : "") + ") counted " +
+         std::string(counted_name(unit.counted)) + " times in the " +
          (unit.ledger.empty() ? "norm" : unit.ledger == "zero count" ? "zero count" : "'" + unit.ledger + "' norm");
 }
 
 bool matches(const MiscountShape& shape, const MiscountUnit& unit) {
   if (shape.counted != unit.counted) return false;
-  if (shape.kind != "any" && shape.kind != unit.kind) return false;
+  const bool by_group = shape.kind == kOwnedOutside && unit.owned_outside;
+  if (shape.kind != "any" && shape.kind != unit.kind && !by_group) return false;
   const bool zeros = unit.ledger == "zero count";
   return shape.in == LedgerFamily::any || (shape.in == LedgerFamily::zero_count) == zeros;
 }
@@ -284,8 +283,8 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
         });
         if (!stated)
           throw std::runtime_error(where + " miscounts " + describe(u) + ", which no finding whose corner holds it states: " +
-                                   shape_json({u.kind, u.counted, u.ledger == "zero count" ? LedgerFamily::zero_count
-                                                                                          : LedgerFamily::norm}));
+                                   shape_json({u.owned_outside ? std::string(kOwnedOutside) : u.kind, u.counted,
+                                               u.ledger == "zero count" ? LedgerFamily::zero_count : LedgerFamily::norm}));
       }
       k.runs.push_back(saved_run_of(path, saved->verdict));
       claimed.insert(path);
@@ -304,7 +303,8 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
     k.spec.source = file;
     k.spec.norm_codes = {known_path(saved->c)};
     for (const MiscountUnit& u : miscount_units(saved->verdict)) {
-      MiscountShape shape{u.kind, u.counted, u.ledger == "zero count" ? LedgerFamily::zero_count : LedgerFamily::norm};
+      MiscountShape shape{u.owned_outside ? std::string(kOwnedOutside) : u.kind, u.counted,
+                          u.ledger == "zero count" ? LedgerFamily::zero_count : LedgerFamily::norm};
       if (std::find(k.spec.miscounts.begin(), k.spec.miscounts.end(), shape) == k.spec.miscounts.end())
         k.spec.miscounts.push_back(shape);
     }

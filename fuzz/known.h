@@ -40,9 +40,11 @@ struct MiscountUnit {
   std::string ledger;  // "" the main norm, "zero count", or a group norm's name
   Counted counted = Counted::fewer;
   // What the param is, as a cause sees it: its kind across models and frameworks ("tensor-parallel
-  // shard", "replicated over TP", "expert replicated over ETP"), or, for elements dropped because
-  // only ranks outside the stats group own them, "owned outside its stats group".
+  // shard", "replicated over TP", "expert replicated over ETP").
   std::string kind;
+  // Dropped elements that only ranks outside the stats group own: the group is a cause, whatever
+  // the param (a finding stating the kind "owned outside its stats group" explains them).
+  bool owned_outside = false;
   friend auto operator<=>(const MiscountUnit&, const MiscountUnit&) = default;
 };
 std::vector<MiscountUnit> miscount_units(const oracle::Verdict& verdict);
