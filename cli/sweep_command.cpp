@@ -383,7 +383,8 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     return fuzz::known_finding_of(known, framework, c, v);
   };
   // A release tally models is held against that model, case by case (docs/real-targets.md).
-  if (const run::FrameworkTarget* row = opened->framework ? run::framework_target(opened->name) : nullptr)
+  if (const run::FrameworkTarget* row = opened->framework ? run::framework_target(opened->name) : nullptr;
+      row && row->release_model_case)
     run_options.release_model = [row, version = opened->version](const casefile::Case& c) -> std::optional<oracle::Verdict> {
       const std::optional<casefile::Case> model_case = row->release_model_case(c, version);
       if (!model_case) return std::nullopt;

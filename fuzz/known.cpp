@@ -92,7 +92,7 @@ struct ModeledCase {
 
 std::optional<ModeledCase> modeled(const casefile::Case& c, std::string_view version) {
   const run::FrameworkTarget* row = run::framework_of(c);
-  if (!row) return std::nullopt;
+  if (!row || !row->release_model_case) return std::nullopt;
   const std::optional<casefile::Case> model = row->release_model_case(c, version);
   if (!model) return std::nullopt;
   const auto run_with = [&](const vocab::FaultSet& faults) -> std::optional<oracle::Verdict> {

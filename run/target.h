@@ -124,6 +124,7 @@ std::unique_ptr<Target> model_target(Backend& backend);
 
 // ---- The real targets' table.
 
+// A row, its fields named where it is written (designated initializers): run/<framework>/target_row.cpp.
 struct FrameworkTarget {
   std::string_view name;            // as --target, a case file's target.framework and a worker's hello name it
   std::string_view default_worker;  // run by /bin/sh with {world} replaced (tally appends --queue, --parent-pid)
@@ -151,8 +152,9 @@ struct FrameworkTarget {
   std::string (*norm_code)(const casefile::Case& c);
   // `c` as tally's model of the release `version` runs it (the release's own rules as catalog
   // faults, gradnorm/releases.h), without its target section; nullopt where tally has no model of
-  // that release. A sweep holds the release's verdict against it.
-  std::optional<casefile::Case> (*release_model_case)(const casefile::Case& c, std::string_view version);
+  // that release. A sweep holds the release's verdict against it, and the known findings take
+  // their corners from it (fuzz/known.h). nullptr: tally models no release of this framework.
+  std::optional<casefile::Case> (*release_model_case)(const casefile::Case& c, std::string_view version) = nullptr;
 };
 
 // Every real target, in the order --help lists them: each row is defined in its framework's folder

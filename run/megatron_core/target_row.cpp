@@ -53,25 +53,25 @@ std::string megatron_core_norm_code(const casefile::Case& c) {
 // torchrun starts one rank per process; the worker picks gloo or NCCL for the world
 // (adapters/README.md).
 constexpr FrameworkTarget kMegatronCore{
-    "megatron-core",
-    "torchrun --standalone --nproc-per-node {world} -m tally_adapters.megatron.worker",
-    [](const casefile::Case& c, const WorkerHello& hello) {
+    .name = "megatron-core",
+    .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.megatron.worker",
+    .unsupported = [](const casefile::Case& c, const WorkerHello& hello) {
       return megatron_core_unsupported(c, hello.version, hello.plants, hello.cannot_run);
     },
-    [](const casefile::Case& c, std::string_view version) { return megatron_core_unsupported(c, version); },
-    [](casefile::Case c, const WorkerHello& hello) {
+    .unsupported_at = [](const casefile::Case& c, std::string_view version) { return megatron_core_unsupported(c, version); },
+    .within = [](casefile::Case c, const WorkerHello& hello) {
       // Drawn from the case's own gradient seed, so a campaign's stream of cases, and a shrink's,
       // stay reproducible from the campaign seed.
       const std::uint64_t draw = c.path.gradients.generator.seed;
       return within_megatron_core(std::move(c), hello.version, hello.plants, draw, hello.cannot_run);
     },
-    [](casefile::Case c) { return c; },
-    megatron_core_alone,
-    [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
-    [](const casefile::Case&) { return std::string(); },
-    megatron_core_sweep_variants,
-    megatron_core_norm_code,
-    [](const casefile::Case& c, std::string_view version) -> std::optional<casefile::Case> {
+    .from_flags = [](casefile::Case c) { return c; },
+    .owns = megatron_core_alone,
+    .engine_config = [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
+    .model_description = [](const casefile::Case&) { return std::string(); },
+    .sweep_variants = megatron_core_sweep_variants,
+    .norm_code = megatron_core_norm_code,
+    .release_model_case = [](const casefile::Case& c, std::string_view version) -> std::optional<casefile::Case> {
       if (megatron_core_alone(c)) return std::nullopt;
       const std::optional<gradnorm::MegatronRelease> release = gradnorm::release_from_name(version);
       if (!release || gradnorm::check_release_config(*release, c.topology)) return std::nullopt;
@@ -80,7 +80,7 @@ constexpr FrameworkTarget kMegatronCore{
       model.expect.reset();
       model.path.faults = model.path.faults.with(gradnorm::release_faults(*release, c.path.optimizer));
       return model;
-    },
+    }
 };
 
 }  // namespace
