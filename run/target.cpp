@@ -145,26 +145,14 @@ const FrameworkTarget* framework_target(std::string_view name) {
 const FrameworkTarget* framework_of(const casefile::Case& c) {
   if (c.target) return framework_target(c.target->framework);
   for (const FrameworkTarget* t : framework_targets())
-    if (t->owns(c)) return t;
+    if (t->own_section(c)) return t;
   return nullptr;
 }
 
 std::optional<std::string> other_frameworks_section(const casefile::Case& c, std::string_view framework) {
-  if (c.deepspeed && framework != "deepspeed")
-    return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); run it with "
-           "--target deepspeed";
-  if (c.torchtitan && framework != "torchtitan")
-    return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
-           "with --target torchtitan";
-  if (c.automodel && framework != "automodel")
-    return "automodel: a NeMo-Automodel case (its automodel section is how Automodel lays it out); run it with "
-           "--target automodel";
-  if (c.megatron_fsdp && framework != "megatron-core")
-    return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
-           "run it with --target megatron-core";
-  if (c.path.layer_wise_param_layout && framework != "megatron-core")
-    return "optimizer.layer_wise_param_layout: megatron-core 0.19's layer-wise parameter layout; run it with "
-           "--target megatron-core";
+  for (const FrameworkTarget* t : framework_targets())
+    if (t->name != framework)
+      if (std::optional<std::string> section = t->own_section(c)) return section;
   return std::nullopt;
 }
 

@@ -137,8 +137,11 @@ struct FrameworkTarget {
   casefile::Case (*within)(casefile::Case c, const WorkerHello& hello);
   // A case given by flags, as this framework runs it (DeepSpeed: its section with its defaults).
   casefile::Case (*from_flags)(casefile::Case c);
-  // Whether `c` is this framework's case without a target section (DeepSpeed: its section).
-  bool (*owns)(const casefile::Case& c);
+  // The case section only this framework reads, where `c` holds one, as one line naming it and
+  // the target that runs it ("deepspeed: a DeepSpeed case (...); run it with --target deepspeed"):
+  // what makes `c` this framework's case without a target section, and what every other target
+  // refuses (other_frameworks_section reads the table, so a framework's section is stated once).
+  std::optional<std::string> (*own_section)(const casefile::Case& c);
   // The configuration the worker builds the framework with, sent with each case
   // (`case-<K>.engine.json`) and printed by `tally show`; nullopt: the worker derives it all from
   // the case (megatron-core: `tally show` prints Megatron-LM's flags instead).

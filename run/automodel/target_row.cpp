@@ -22,7 +22,11 @@ constexpr FrameworkTarget kAutomodel{
       if (!c.automodel) c.automodel = casefile::AutomodelConfig{};
       return c;
     },
-    .owns = [](const casefile::Case& c) { return c.automodel.has_value(); },
+    .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
+      if (!c.automodel) return std::nullopt;
+      return "automodel: a NeMo-Automodel case (its automodel section is how Automodel lays it out); run it with "
+             "--target automodel";
+    },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
       if (!c.automodel) return std::nullopt;
       return automodel_recipe(c);

@@ -27,7 +27,11 @@ constexpr FrameworkTarget kDeepSpeed{
       if (!c.deepspeed) c.deepspeed = casefile::DeepSpeedConfig{};
       return c;
     },
-    .owns = [](const casefile::Case& c) { return c.deepspeed.has_value(); },
+    .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
+      if (!c.deepspeed) return std::nullopt;
+      return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); run it with "
+             "--target deepspeed";
+    },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
       if (!c.deepspeed) return std::nullopt;
       return deepspeed_engine_config(c);

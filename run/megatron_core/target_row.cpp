@@ -66,7 +66,15 @@ constexpr FrameworkTarget kMegatronCore{
       return within_megatron_core(std::move(c), hello.version, hello.plants, draw, hello.cannot_run);
     },
     .from_flags = [](casefile::Case c) { return c; },
-    .owns = megatron_core_alone,
+    .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
+      if (c.megatron_fsdp)
+        return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
+               "run it with --target megatron-core";
+      if (c.path.layer_wise_param_layout)
+        return "optimizer.layer_wise_param_layout: megatron-core 0.19's layer-wise parameter layout; run it with "
+               "--target megatron-core";
+      return std::nullopt;
+    },
     .engine_config = [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
     .model_description = [](const casefile::Case&) { return std::string(); },
     .sweep_variants = megatron_core_sweep_variants,

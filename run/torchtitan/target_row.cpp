@@ -24,7 +24,11 @@ constexpr FrameworkTarget kTorchTitan{
       if (!c.torchtitan) c.torchtitan = casefile::TorchTitanConfig{};
       return c;
     },
-    .owns = [](const casefile::Case& c) { return c.torchtitan.has_value(); },
+    .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
+      if (!c.torchtitan) return std::nullopt;
+      return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
+             "with --target torchtitan";
+    },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
       if (!c.torchtitan) return std::nullopt;
       return torchtitan_job_config(c);

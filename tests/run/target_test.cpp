@@ -58,5 +58,31 @@ TEST(FrameworkTargets, AFlagsCaseGetsTheTargetsOwnSection) {
   EXPECT_FALSE(framework_target("megatron-core")->from_flags(c).deepspeed);
 }
 
+// A framework's section is stated once, in its own row: every other target refuses a case holding
+// it through the table (other_frameworks_section), naming the target that runs it, and the case
+// belongs to that framework. So adding a framework adds a row and edits no other framework's files.
+TEST(FrameworkTargets, AFrameworksSectionIsRefusedByEveryOtherTargetThroughTheTable) {
+  casefile::Case plain = founding_case();
+  for (const FrameworkTarget* t : framework_targets()) EXPECT_FALSE(t->own_section(plain)) << t->name;
+  for (const FrameworkTarget* owner : framework_targets()) {
+    // The case the row's flags make, or, for a framework whose flags add no section (megatron-core),
+    // one that holds what only it runs.
+    casefile::Case c = owner->from_flags(plain);
+    if (!owner->own_section(c)) c.megatron_fsdp = casefile::MegatronFsdpConfig{};
+    const std::optional<std::string> section = owner->own_section(c);
+    ASSERT_TRUE(section) << owner->name;
+    EXPECT_NE(section->find("--target " + std::string(owner->name)), std::string::npos) << *section;
+    ASSERT_NE(framework_of(c), nullptr);
+    EXPECT_EQ(framework_of(c)->name, owner->name);
+    for (const FrameworkTarget* other : framework_targets()) {
+      if (other == owner) {
+        EXPECT_FALSE(other_frameworks_section(c, other->name)) << owner->name;
+        continue;
+      }
+      EXPECT_EQ(other_frameworks_section(c, other->name), section) << owner->name << " under " << other->name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally::run
