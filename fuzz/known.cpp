@@ -90,8 +90,11 @@ struct ModeledCase {
   std::map<LayoutCorner, std::set<UnitKey>> by_corner;  // each of Megatron-LM's layout corners it lies in, with no fault
 };
 
-std::optional<ModeledCase> modeled(const casefile::Case& c, std::string_view version) {
+std::optional<ModeledCase> modeled(const casefile::Case& c, std::string_view framework, std::string_view version) {
+  // The case's own framework, or, for a case without its target section (a campaign's, before it
+  // is saved), the findings' framework.
   const run::FrameworkTarget* row = run::framework_of(c);
+  if (!row) row = run::framework_target(framework);
   if (!row || !row->release_model_case) return std::nullopt;
   const std::optional<casefile::Case> model = row->release_model_case(c, version);
   if (!model) return std::nullopt;
@@ -320,13 +323,14 @@ Explanation explain(const std::vector<KnownFinding>& known, const casefile::Case
   if (verdict.kind != oracle::Verdict::Kind::fail) return out;
   const std::string code = known_path(c);
   const std::string version = c.target ? c.target->version : known.empty() ? "" : known.front().spec.version;
+  const std::string framework = c.target ? c.target->framework : known.empty() ? "" : known.front().spec.framework;
   const bool any_modeled = std::any_of(known.begin(), known.end(), is_modeled);
-  const std::optional<ModeledCase> model = any_modeled ? modeled(c, version) : std::nullopt;
+  const std::optional<ModeledCase> model = any_modeled ? modeled(c, framework, version) : std::nullopt;
   // On a case tally's model runs, a modeled cause explains only a failure that is what the model of
   // the release gives.
   std::string model_disagrees;
   if (model && (model->release.kind != verdict.kind || counts_of(model->release) != counts_of(verdict)))
-    model_disagrees = "tally's model of " + c.target.value_or(casefile::RealTarget{}).framework + " " + version +
+    model_disagrees = "tally's model of " + framework + " " + version +
                       " gives " + counts_text(model->release) + ", the run " + counts_text(verdict);
   // Which findings apply to the case, and what each explains.
   struct Applies {

@@ -228,6 +228,11 @@ TEST(KnownFindings, WhereTheReleaseIsModelledAFailureIsKnownOnlyAsTheModelGivesI
   ++beside.miscounted_total;
   EXPECT_TRUE(explain(known, c, beside).findings.empty()) << "a new defect beside a known one stays new";
 
+  // A case without its target section (a campaign's, before it is saved) is the findings' framework's.
+  casefile::Case unsectioned = c;
+  unsectioned.target.reset();
+  EXPECT_EQ(joined(explain(known, unsectioned, verdict)), "megatron-core-0.19.2-layerwise-expert-bias");
+
   // Without the finding of its cause, its form is no other finding's.
   std::vector<KnownFinding> without = known;
   std::erase_if(without, [](const KnownFinding& k) { return k.name() == "megatron-core-0.19.2-layerwise-expert-bias"; });
