@@ -1,0 +1,417 @@
+// DeepSpeed's rules (run/deepspeed/rules.h): what the worker builds, DeepSpeed's own refusals as
+// rules, and every generated case one it builds.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "casefile/case_file.h"
+#include "fuzz/generators.h"
+#include "run/deepspeed/rules.h"
+#include "topologies/logical_model.h"
+#include "topologies/model_spec.h"
+#include "vocab/optimizer_models.h"
+
+namespace tally::run {
+namespace {
+
+// The founding case of Megatron-LM #6099 without its fault: LayerWise, TP 2, EP 2, ETP 1.
+casefile::Case founding_case() {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  c.expect.reset();
+  return c;
+}
+
+RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
+  const int world = *rc::gen::element(2, 4, 8);
+  fuzz::CaseGenOptions options;
+  options.topology.exact_world = world;
+  options.topology.max_world = world;
+  options.topology.avoid_megatron_corners = false;
+  options.gpt_only = true;
+  // A machine without fp16 (DeepSpeed's CPU accelerator on most CPUs), or one with every dtype.
+  const std::vector<std::string> dtypes =
+      *rc::gen::element(std::vector<std::string>{}, std::vector<std::string>{"fp32", "bf16"});
+  options.restrict_to = [dtypes](casefile::Case c) {
+    const std::uint64_t draw = c.path.gradients.generator.seed;
+    return within_deepspeed(std::move(c), "0.19.8", {}, draw, dtypes);
+  };
+  const casefile::Case c = *fuzz::gen_case(options);
+  RC_ASSERT(!casefile::check_case(c));
+  RC_ASSERT(c.topology.world == world);
+  const std::optional<std::string> unsupported = deepspeed_unsupported(c, "0.19.8", {}, dtypes);
+  RC_ASSERT(!unsupported);
+}
+
+TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
+  casefile::Case c = founding_case();  // TP 2, EP 2, ETP 1, world 2: DeepSpeed's legacy expert groups span TP
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.topology.etp = 2;  // with expert TP, EP groups lie within DP 1
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("topology.ep 2"), std::string::npos);
+  c.topology.tp = 1;
+  c.topology.etp = 1;
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.deepspeed->zero_stage = 3;  // the founding case has experts
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.zero_stage 3 with experts:", 0), 0u);
+  c.model.num_experts = 0;
+  c.topology.ep = 1;
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.model.num_experts = 2;
+  c.topology.ep = 2;
+  c.deepspeed->zero_stage = 0;
+  c.deepspeed->grad_accum_fp32 = true;
+  c.path.gradients.generator.dtype = kernels::Dtype::bf16;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos);
+  c.deepspeed.reset();
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed:", 0), 0u);
+  c = founding_case();
+  c.topology.tp = c.topology.etp = 1;
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
+}
+
+// DeepSpeed 0.19.8 refuses offload with AutoEP folded over AutoTP at deepspeed.initialize
+// (auto_ep_folding.py:249); a campaign once drew such a case and ended at the framework's refusal.
+TEST(DeepSpeedTarget, RefusesOffloadWithAutoEpFoldedOverAutoTpAsDeepSpeedDoes) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 4, .tp = 2, .ep = 2, .etp = 1};
+  c.model.swiglu = true;
+  c.model.add_bias_linear = false;
+  c.path.gradients.stated.clear();
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  c.deepspeed->zero_stage = 1;
+  c.deepspeed->autotp = c.deepspeed->autoep = true;
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << deepspeed_unsupported(c, "0.19.8").value_or("");
+  c.deepspeed->offload_optimizer = true;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("auto_ep_folding.py:249"), std::string::npos)
+      << deepspeed_unsupported(c, "0.19.8").value_or("");
+  // Generated cases never ask for it: offload stays, the folding goes.
+  for (std::uint64_t draw = 0; draw < 64; ++draw) {
+    const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, {});
+    EXPECT_FALSE(within.deepspeed->offload_optimizer && within.deepspeed->autoep && within.topology.tp > 1);
+  }
+}
+
+TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 8, .tp = 2, .pp = 2};
+  c.model = {};
+  c.model.num_layers = 4;
+  c.deepspeed = casefile::DeepSpeedConfig{1, false, 128};
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  c.deepspeed->zero_stage = 2;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("ZeRO 2 and 3 are incompatible"), std::string::npos);
+  c.deepspeed->zero_stage = 0;
+  c.deepspeed->grad_accum_fp32 = true;
+  c.path.gradients.generator.dtype = kernels::Dtype::bf16;
+  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos)
+      << "bf16 with fp32 accumulation needs ZeRO in a pipeline too";
+  c.topology.vpp = 2;
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("topology.vpp:", 0), 0u);
+  c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 4, .pp = 2, .ep = 2};
+  c.model.num_layers = 2;
+  c.deepspeed = casefile::DeepSpeedConfig{};
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "EP 2 within each stage's two ranks";
+  c.topology = {.world = 4, .pp = 4};
+  c.model.num_layers = 4;
+  c.model.num_experts = 2;
+  c.topology.ep = 1;
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+
+  casefile::Case dense = founding_case();
+  dense.path.optimizer = vocab::OptimizerModel::plain;
+  dense.topology = {.world = 8, .tp = 2, .pp = 2, .vpp = 2};
+  dense.model = {};
+  dense.model.num_layers = 8;
+  ASSERT_FALSE(casefile::check_case(dense)) << *casefile::check_case(dense);
+  for (std::uint64_t draw = 0; draw < 16; ++draw) {
+    const casefile::Case within = within_deepspeed(dense, "0.19.8", {}, draw);
+    ASSERT_FALSE(casefile::check_case(within)) << *casefile::check_case(within);
+    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+    EXPECT_EQ(within.topology.pp, 2) << "a dense model keeps its pipeline";
+    EXPECT_EQ(within.topology.vpp, 1);
+    EXPECT_LE(within.deepspeed->zero_stage, 1);
+  }
+  c.topology = {.world = 8, .pp = 2, .ep = 8};
+  c.model.num_experts = 8;
+  const casefile::Case moe = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(moe.topology.pp, 2) << "experts keep the pipeline too";
+  EXPECT_EQ(moe.topology.world, 8);
+  EXPECT_LE(moe.topology.ep, 4) << "EP within a stage's four ranks";
+  c.topology.ep = 4;
+  c.model.num_layers = 2;
+  c.model.moe_layer_freq = 2;  // layer 0 has experts, layer 1 (stage 1) none
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  const casefile::Case half = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(half.topology.pp, 1) << "a stage without MoE layers deadlocks DeepSpeed's norm: PP folds into DP";
+  EXPECT_EQ(half.topology.world, 8);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "a user may still run such a case by hand";
+}
+
+// A case of `topology` with the default small model and `experts` experts, under the plain
+// optimizer the DeepSpeed target takes.
+casefile::Case plain_case(topologies::ParallelConfig topology, int experts) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = topology;
+  c.model = {};
+  c.model.num_experts = experts;
+  return c;
+}
+
+// `c` without its deepspeed section as the generator draws it, 32 times; each one the worker runs.
+std::vector<casefile::Case> drawn_for_deepspeed(casefile::Case c) {
+  c.deepspeed.reset();
+  std::vector<casefile::Case> drawn;
+  for (std::uint64_t draw = 0; draw < 32; ++draw) {
+    drawn.push_back(within_deepspeed(c, "0.19.8", {}, draw));
+    EXPECT_FALSE(deepspeed_unsupported(drawn.back(), "0.19.8")) << "draw " << draw;
+  }
+  return drawn;
+}
+
+TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
+  casefile::Case c = plain_case({.world = 4, .tp = 2}, 0);
+  c.model.qk_layernorm = true;
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 1, .autotp = true};
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  casefile::Case tp1 = c;
+  tp1.topology.tp = tp1.topology.etp = 1;
+  EXPECT_EQ(refusal(tp1).rfind("deepspeed.autotp with topology.tp 1:", 0), 0u) << refusal(tp1);
+  casefile::Case zero3 = c;
+  zero3.deepspeed->zero_stage = 3;
+  EXPECT_FALSE(deepspeed_unsupported(zero3, "0.19.8")) << "ZeRO 3 gathers AutoTP's shards for the worker's forward";
+  casefile::Case piped = c;
+  piped.topology = {.world = 4, .tp = 2, .pp = 2};
+  piped.model.num_layers = 2;
+  ASSERT_FALSE(casefile::check_case(piped)) << *casefile::check_case(piped);
+  EXPECT_EQ(refusal(piped).rfind("deepspeed.autotp with topology.pp > 1:", 0), 0u) << refusal(piped);
+  casefile::Case moe = c;
+  moe.model.num_experts = 2;
+  moe.topology.etp = 1;
+  ASSERT_FALSE(casefile::check_case(moe)) << *casefile::check_case(moe);
+  EXPECT_EQ(refusal(moe).rfind("deepspeed.autotp with experts:", 0), 0u) << refusal(moe);
+  EXPECT_FALSE(within_deepspeed(moe, "0.19.8", {}, 0).deepspeed->autotp) << "the generator drops what AutoTP can't take";
+
+  int autotp = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) autotp += within.deepspeed->autotp;
+  EXPECT_GT(autotp, 4) << "AutoTP is drawn";
+  EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
+}
+
+TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
+  casefile::Case c = plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 1}, 2);
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  int fused = 0, unfused = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
+    const casefile::DeepSpeedConfig& d = *within.deepspeed;
+    if (!d.fused_adam) {
+      unfused += d.zero_stage == 0 && within.path.gradients.generator.dtype != kernels::Dtype::fp32;
+      continue;
+    }
+    ++fused;
+    EXPECT_EQ(d.zero_stage, 0) << "ZeRO's own norm does not depend on the optimizer it wraps";
+    EXPECT_NE(within.path.gradients.generator.dtype, kernels::Dtype::fp32) << "fp32 at ZeRO 0 clips without it";
+  }
+  EXPECT_GT(fused, 0) << "FP16_Optimizer is drawn";
+  EXPECT_GT(unfused, 0) << "so is FP16_UnfusedOptimizer";
+  c.deepspeed = casefile::DeepSpeedConfig{.fused_adam = true};
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
+}
+
+TEST(DeepSpeedTarget, AWorkerWhoseFusedAdamDidNotBuildIsAskedForNoneAndRefusesItWithItsReason) {
+  const std::map<std::string, std::string> cannot_run = {
+      {"deepspeed.fused_adam", "DeepSpeed's FusedAdam op did not build on rank 0: RuntimeError: nvcc failed"}};
+  casefile::Case c = plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 1}, 2);
+  for (std::uint64_t draw = 0; draw < 64; ++draw) {
+    const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, cannot_run);
+    EXPECT_FALSE(within.deepspeed->fused_adam) << "draw " << draw;
+    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8", {}, {}, false, cannot_run)) << "draw " << draw;
+  }
+  c.deepspeed = casefile::DeepSpeedConfig{.fused_adam = true};
+  EXPECT_FALSE(within_deepspeed(c, "0.19.8", {}, 0, {}, false, cannot_run).deepspeed->fused_adam)
+      << "a shrink keeps within what the worker runs";
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8", {}, {}, false, cannot_run),
+            "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (DeepSpeed's FusedAdam "
+            "op did not build on rank 0: RuntimeError: nvcc failed)");
+}
+
+TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
+  casefile::Case c = plain_case({.world = 4, .ep = 2, .etp = 1}, 2);
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  int offloaded = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
+    if (!within.deepspeed->offload_optimizer) continue;
+    ++offloaded;
+    EXPECT_TRUE(within.deepspeed->zero_stage == 1 || within.deepspeed->zero_stage == 2);
+  }
+  EXPECT_GT(offloaded, 0) << "ZeRO-Offload is drawn";
+  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 2, .offload_optimizer = true};
+  EXPECT_EQ(refusal(c), "");
+  c.deepspeed->zero_stage = 0;
+  EXPECT_EQ(refusal(c).rfind("deepspeed.offload_optimizer with zero_stage 0:", 0), 0u) << refusal(c);
+  c.deepspeed->zero_stage = 3;
+  c.model.num_experts = 0;
+  c.topology.ep = 1;
+  EXPECT_EQ(refusal(c).rfind("deepspeed.offload_optimizer with zero_stage 3:", 0), 0u) << refusal(c);
+}
+
+TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
+  casefile::Case c = plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 2}, 2);
+  c.model.add_bias_linear = false;  // as tally's generator makes a model with expert TP
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  int biased = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
+    if (!within.model.add_bias_linear) continue;
+    ++biased;
+    EXPECT_EQ(within.topology.etp, 2) << "only with expert TP";
+    EXPECT_TRUE(topologies::check_megatron_expert_bias(within.model, within.topology)) << "Megatron would refuse it";
+    EXPECT_FALSE(casefile::check_case(within)) << "a DeepSpeed case may have them";
+  }
+  EXPECT_GT(biased, 0);
+  EXPECT_LT(biased, 32);
+  for (std::uint64_t draw = 0; draw < 32; ++draw)
+    EXPECT_FALSE(within_deepspeed(c, "0.19.8", {}, draw, {}, /*megatron_model_rules=*/true).model.add_bias_linear)
+        << "a stand-in running tally's model of Megatron gets none";
+
+  c.model.add_bias_linear = true;
+  EXPECT_EQ(casefile::check_case(c).value_or("").rfind("expert biases (add_bias_linear with num_experts 2) need etp 1", 0), 0u)
+      << "Megatron's rule, for every case but a DeepSpeed one";
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 1};
+  EXPECT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8", {}, {}, /*megatron_model_rules=*/true).value_or("").rfind(
+                "model: this worker builds models under Megatron-LM's rules", 0),
+            0u);
+  const casefile::Case for_stand_in = within_deepspeed(c, "0.19.8", {}, 0, {}, /*megatron_model_rules=*/true);
+  EXPECT_FALSE(deepspeed_unsupported(for_stand_in, "0.19.8", {}, {}, /*megatron_model_rules=*/true))
+      << "a case that came with expert biases is made one such a worker builds";
+}
+
+TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
+  casefile::Case c = plain_case({.world = 4, .ep = 2}, 4);
+  c.model.swiglu = true;
+  c.model.add_bias_linear = false;
+  c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 2, .autoep = true};
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  const auto refused_by = [&](casefile::Case changed, const std::string& rule) {
+    EXPECT_FALSE(casefile::check_case(changed)) << *casefile::check_case(changed);
+    EXPECT_EQ(refusal(changed).rfind(rule, 0), 0u) << refusal(changed);
+  };
+  casefile::Case dense = c;
+  dense.model.num_experts = 0;
+  dense.topology.ep = 1;
+  refused_by(dense, "deepspeed.autoep without experts:");
+  casefile::Case ungated = c;
+  ungated.model.swiglu = false;
+  refused_by(ungated, "deepspeed.autoep without model.swiglu:");
+  casefile::Case biased = c;
+  biased.model.add_bias_linear = true;
+  refused_by(biased, "deepspeed.autoep with model.add_bias_linear:");
+  casefile::Case zero3 = c;
+  zero3.deepspeed->zero_stage = 3;
+  EXPECT_FALSE(deepspeed_unsupported(zero3, "0.19.8")) << "AutoEP's experts are the ones DeepSpeed runs at ZeRO 3";
+  zero3.deepspeed->autoep = false;
+  refused_by(zero3, "deepspeed.zero_stage 3 with experts: DeepSpeed asserts");
+  EXPECT_TRUE(within_deepspeed(zero3, "0.19.8", {}, 0).deepspeed->autoep) << "ZeRO 3 with experts takes AutoEP";
+  casefile::Case biased_zero3 = zero3;
+  biased_zero3.model.add_bias_linear = true;
+  ASSERT_FALSE(casefile::check_case(biased_zero3)) << *casefile::check_case(biased_zero3);
+  const casefile::Case adapted = within_deepspeed(biased_zero3, "0.19.8", {}, 0);
+  EXPECT_TRUE(adapted.deepspeed->autoep) << "its experts become AutoEP's: SwiGLU without biases";
+  EXPECT_EQ(adapted.deepspeed->zero_stage, 3);
+  EXPECT_FALSE(adapted.model.add_bias_linear);
+  EXPECT_FALSE(deepspeed_unsupported(adapted, "0.19.8"));
+  casefile::Case tp2 = c;
+  tp2.topology.tp = 2;
+  tp2.topology.ep = 1;
+  refused_by(tp2, "deepspeed.autoep with topology.tp 2 without deepspeed.autotp:");
+  casefile::Case folded = tp2;  // AutoEP folded over AutoTP: experts whole (ETP 1), EP > 1
+  folded.deepspeed->autotp = true;
+  refused_by(folded, "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding) and topology.etp 1, "
+                     "topology.ep 1:");
+  folded.topology.ep = 2;
+  folded.topology.etp = 1;
+  EXPECT_FALSE(deepspeed_unsupported(folded, "0.19.8")) << refusal(folded);
+  // fp16: a folded expert's gradient is fed times TP too (200 x DP 2 x 128 fits, x TP 2 does not)
+  casefile::Case fp16 = folded;
+  fp16.path.gradients.generator.dtype = kernels::Dtype::fp16;
+  fp16.path.gradients.stated = {{"", topologies::ParamClass::replicated, {topologies::StatedGradient::Kind::constant, 200.0, {}}}};
+  refused_by(fp16, "deepspeed.loss_scale 128 with gradients.dtype fp16:");
+  fp16.deepspeed->loss_scale = 64;
+  EXPECT_FALSE(deepspeed_unsupported(fp16, "0.19.8")) << refusal(fp16);
+  casefile::Case folded_zero3 = folded;
+  folded_zero3.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 3};
+  const casefile::Case within_zero3 = within_deepspeed(folded_zero3, "0.19.8", {}, 0);
+  EXPECT_TRUE(within_zero3.deepspeed->autoep && within_zero3.deepspeed->autotp)
+      << "ZeRO 3 with experts at TP 2 folds AutoEP over AutoTP";
+  EXPECT_EQ(within_zero3.deepspeed->zero_stage, 3);
+  folded.deepspeed->autoep = false;
+  refused_by(folded, "deepspeed.autotp with experts:");
+  tp2.deepspeed->zero_stage = 3;
+  EXPECT_EQ(within_deepspeed(tp2, "0.19.8", {}, 0).deepspeed->zero_stage, 2) << "ZeRO 2 where AutoEP cannot take TP";
+
+  int autoep = 0;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) {
+    EXPECT_FALSE(within.deepspeed->autotp) << "TP 1: no AutoTP, AutoEP unfolded";
+    autoep += within.deepspeed->autoep;
+  }
+  EXPECT_GT(autoep, 4) << "AutoEP is drawn";
+  EXPECT_LT(autoep, 28) << "so is DeepSpeed's MoE layer";
+  EXPECT_FALSE(within_deepspeed(tp2, "0.19.8", {}, 0).deepspeed->autoep) << "the generator drops what AutoEP can't take";
+}
+
+TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 2, .tp = 1, .ep = 2};
+  c.path.gradients.generator.mode = kernels::GradientMode::normal;
+  c.path.gradients.generator.dtype = kernels::Dtype::fp16;
+  c.path.gradients.stated = {{"", topologies::ParamClass::replicated, {topologies::StatedGradient::Kind::scale, 64.0, {}}}};
+  c.deepspeed = casefile::DeepSpeedConfig{};  // loss scale 128
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+  // 8.58 x 64 x DP 2 x 128 > 65504: DeepSpeed would skip the step.
+  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.loss_scale 128 with gradients.dtype fp16:", 0), 0u)
+      << deepspeed_unsupported(c, "0.19.8").value_or("");
+  const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(within.path.gradients.generator.dtype, kernels::Dtype::fp16);
+  EXPECT_EQ(within.deepspeed->loss_scale, 32) << "the largest power of two that fits: 8.58 x 64 x 2 x 32 < 65504";
+  EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+  c.path.gradients.stated.front().gradient = {topologies::StatedGradient::Kind::constant, 40000.0, {}};
+  ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);  // 40000 x DP 2 > 65504 at loss scale 1
+  const casefile::Case bf16 = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_EQ(bf16.path.gradients.generator.dtype, kernels::Dtype::bf16);
+  EXPECT_FALSE(deepspeed_unsupported(bf16, "0.19.8"));
+}
+
+TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
+  casefile::Case c = founding_case();
+  c.topology = {.world = 8, .tp = 2, .cp = 2, .ep = 2, .etp = 1};
+  c.deepspeed = casefile::DeepSpeedConfig{2, false, 256};
+  ASSERT_FALSE(casefile::check_case(c));
+  const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_FALSE(casefile::check_case(within));
+  EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+  EXPECT_EQ(within.topology.world, 8);
+  EXPECT_EQ(within.topology.cp * within.topology.pp, 1);
+  EXPECT_EQ(within.deepspeed, c.deepspeed) << "a case's own configuration is kept";
+}
+
+}  // namespace
+}  // namespace tally::run
