@@ -24,7 +24,7 @@ table { border-collapse: collapse; margin: .5em 0; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
 th { background: #eee; position: sticky; top: 0; }
 td.name, th.name { text-align: left; font-family: monospace; white-space: nowrap; }
-.pass { color: #11651f; font-weight: bold; } .fail { color: #b00020; font-weight: bold; }
+span.pass { color: #11651f; font-weight: bold; } span.fail { color: #b00020; font-weight: bold; }
 td.ok { background: #f3fbf3; color: #8a8a8a; }
 td.dropped { background: #ffd6d6; font-weight: bold; }
 td.double { background: #ffe2b3; font-weight: bold; }
@@ -35,6 +35,8 @@ td.wrong { background: #ffd6d6; }
 .rank.double { background: #ffe2b3; border-color: #b36b00; }
 .rank.both { background: linear-gradient(90deg, #ffd6d6 50%, #ffe2b3 50%); border-color: #b00020; }
 .stage { margin: .3em 0; } .note { color: #666; }
+tr.fail { background: #fdd; } tr.known { background: #ffd; } tr.infra-error { background: #fcf; }
+tr.refused { color: #777; } tr.model { outline: 2px solid #c60; } table.cases td { text-align: left; }
 )";
 
 std::string number(double value) {
@@ -204,6 +206,8 @@ void rank_grid(std::ostringstream& out, const HtmlReport& r) {
 }
 
 }  // namespace
+
+std::string_view html_stylesheet() { return kStyle; }
 
 std::string html_escape(std::string_view text) {
   std::string out;

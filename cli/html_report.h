@@ -42,6 +42,9 @@ void write_html_report(const std::string& file, const HtmlReport& report);
 void write_case_html(const std::string& file, const std::string& title, const casefile::Case& c,
                      const oracle::Verdict& verdict, const std::vector<std::string>& commands);
 
+// The one stylesheet of every page tally writes: a case's page and a sweep's index.
+std::string_view html_stylesheet();
+
 // `text` with & < > " ' escaped for HTML text and attribute values.
 std::string html_escape(std::string_view text);
 

@@ -351,4 +351,11 @@ std::vector<MutantResult> run_mutants(const MutantOptions& options, run::Target&
   return results;
 }
 
+std::optional<std::string> nothing_checked(std::int64_t refused, std::int64_t sent) {
+  if (refused == 0 || 2 * refused <= sent) return std::nullopt;
+  return "nothing was checked: the framework refused " + std::to_string(refused) + " of the " + std::to_string(sent) +
+         " cases tally sent it (exit 3); each refusal wants a rule citing the framework's check "
+         "(run/<framework>/rules.cpp), or the worker fixed";
+}
+
 }  // namespace tally::fuzz

@@ -99,6 +99,11 @@ struct CampaignResult {
 };
 std::string_view stop_name(CampaignResult::Stop stop);  // "cases", "time", ..., "infra-error"
 
+// A run the framework mostly refused checked nothing worth a count (a campaign, or a sweep):
+// one line saying so, or nullopt. `refused` by the framework of `sent` cases.
+std::optional<std::string> nothing_checked(std::int64_t refused, std::int64_t sent);
+
+
 // What a campaign tells as it goes (the CLI prints it; tests check the order of events).
 class CampaignObserver {
  public:
