@@ -288,21 +288,14 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     };
   // Each case switches on one of the faults: "all" is every fault the target plants; a fault named
   // that it cannot plant is an error.
-  if (o.faults == "all") {
-    std::erase_if(asked, [&](vocab::Fault f) {
-      return run::why_not_planted(std::string(vocab::fault_info(f).name), opened->plants).has_value();
-    });
-    if (asked.empty())
-      throw UsageError("--faults all: the " + opened->name + " " + opened->version +
-                       " target plants none of the catalog's faults (use --faults none for a fault-free campaign)");
-  }
-  vocab::FaultSet asked_set;
-  for (vocab::Fault f : asked) asked_set = asked_set.with(f);
-  if (std::string why = run::unplantable(asked_set, opened->plants); !why.empty())
-    throw UsageError("--faults: " +
+  try {
+    asked = fuzz::faults_to_plant(std::move(asked), o.faults == "all", opened->plants);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(std::string(o.faults == "all" ? "--faults all: " : "--faults: ") +
                      (opened->framework ? "the " + opened->name + " " + opened->version + " worker"
                                         : "tally's model on the " + std::string(context.backend.name()) + " backend") +
-                     " plants no counterpart of " + why);
+                     " " + error.what() + (o.faults == "all" ? " (use --faults none for a fault-free campaign)" : ""));
+  }
   campaign.generator.faults = asked;
   // A real framework's run costs a second or more, and its known miscounts recur in most cases.
   const std::string shrink = !o.shrink.empty() ? o.shrink : opened->framework ? "new" : "all";
@@ -352,14 +345,9 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     return;
   }
   printer.end_live_line();
-  // A campaign the framework mostly refused checked nothing worth a count: it pages, as a broken
-  // machine does.
-  std::int64_t refused = 0;
-  for (const auto& [why, n] : result.refused_by_reason) refused += n;
-  // Every case of a campaign was sent to the framework (its generator is aimed at the target).
+  const std::int64_t refused = fuzz::refused_by_framework(result);
   const std::optional<std::string> nothing_checked = fuzz::nothing_checked(refused, result.cases);
-  const std::size_t new_failures = static_cast<std::size_t>(std::count_if(
-      result.failures.begin(), result.failures.end(), [](const fuzz::Failure& f) { return f.known.empty(); }));
+  const std::int64_t new_failures = fuzz::new_failures(result);
 
   if (o.json) {
     nlohmann::ordered_json j;
@@ -373,7 +361,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["failures"] = nlohmann::ordered_json::array();
     for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
     j["new"] = new_failures;
-    j["known"] = result.failures.size() - new_failures;
+    j["known"] = static_cast<std::int64_t>(result.failures.size()) - new_failures;
     j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
     if (!result.cases_by_norm_code.empty()) j["cases_by_norm_code"] = result.cases_by_norm_code;
     if (!result.refused_by_reason.empty()) j["refused_by_reason"] = result.refused_by_reason;
@@ -385,8 +373,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     out << "summary: " << result.cases << " cases in " << seconds_text(result.seconds) << " ("
         << rate_text(result.cases, result.seconds) << " cases/s), " << failures
         << (failures == 1 ? " failure" : " failures");
-    if (!known.empty() || new_failures != failures)
-      out << " (new " << new_failures << ", known " << failures - new_failures << ")";
+    if (!known.empty() || new_failures != static_cast<std::int64_t>(failures))
+      out << " (new " << new_failures << ", known " << static_cast<std::int64_t>(failures) - new_failures << ")";
     if (refused > 0) out << ", refused " << refused;
     out << ", seed " << result.seed;
     switch (result.stopped_by) {
@@ -428,7 +416,11 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     if (!o.junit.empty()) out << "junit: " << o.junit << '\n';
   }
   // No count of failures is true while the target is broken; known findings alone are no news.
-  context.exit_code = result.infra_error || nothing_checked ? kExitInfra : new_failures == 0 ? kExitPass : kExitFail;
+  switch (fuzz::campaign_standing(result)) {
+    case fuzz::Standing::clean: context.exit_code = kExitPass; break;
+    case fuzz::Standing::new_failures: context.exit_code = kExitFail; break;
+    case fuzz::Standing::no_true_count: context.exit_code = kExitInfra; break;
+  }
 }
 
 }  // namespace

@@ -88,9 +88,9 @@ fuzz::SweepReport read_report_file(const std::string& file) {
 
 int exit_code_of(const fuzz::SweepReport& report) {
   switch (fuzz::sweep_standing(fuzz::count_sweep(report.results))) {
-    case fuzz::SweepStanding::clean: return kExitPass;
-    case fuzz::SweepStanding::new_failures: return kExitFail;
-    case fuzz::SweepStanding::no_true_count: break;
+    case fuzz::Standing::clean: return kExitPass;
+    case fuzz::Standing::new_failures: return kExitFail;
+    case fuzz::Standing::no_true_count: break;
   }
   return kExitInfra;
 }

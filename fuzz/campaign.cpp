@@ -358,4 +358,32 @@ std::optional<std::string> nothing_checked(std::int64_t refused, std::int64_t se
          "(run/<framework>/rules.cpp), or the worker fixed";
 }
 
+std::int64_t refused_by_framework(const CampaignResult& result) {
+  std::int64_t refused = 0;
+  for (const auto& [why, n] : result.refused_by_reason) refused += n;
+  return refused;
+}
+
+std::int64_t new_failures(const CampaignResult& result) {
+  return std::count_if(result.failures.begin(), result.failures.end(), [](const Failure& f) { return f.known.empty(); });
+}
+
+Standing campaign_standing(const CampaignResult& result) {
+  // Every case of a campaign was sent to the framework (its generator is aimed at the target).
+  if (result.infra_error || nothing_checked(refused_by_framework(result), result.cases)) return Standing::no_true_count;
+  return new_failures(result) > 0 ? Standing::new_failures : Standing::clean;
+}
+
+std::vector<vocab::Fault> faults_to_plant(std::vector<vocab::Fault> asked, bool all, const run::FaultPlants& plants) {
+  if (all) {
+    std::erase_if(asked, [&](vocab::Fault f) { return run::why_not_planted(std::string(vocab::fault_info(f).name), plants).has_value(); });
+    if (asked.empty()) throw std::invalid_argument("plants none of the catalog's faults");
+    return asked;
+  }
+  vocab::FaultSet asked_set;
+  for (vocab::Fault f : asked) asked_set = asked_set.with(f);
+  if (std::string why = run::unplantable(asked_set, plants); !why.empty()) throw std::invalid_argument("plants no counterpart of " + why);
+  return asked;
+}
+
 }  // namespace tally::fuzz

@@ -103,6 +103,21 @@ std::string_view stop_name(CampaignResult::Stop stop);  // "cases", "time", ...,
 // one line saying so, or nullopt. `refused` by the framework of `sent` cases.
 std::optional<std::string> nothing_checked(std::int64_t refused, std::int64_t sent);
 
+// What a campaign's or a sweep's results say, for the exit code: no new failure; new failures
+// (known findings are no news); or no true count (an infrastructure error, or nothing checked).
+enum class Standing { clean, new_failures, no_true_count };
+
+// The cases a real framework refused itself (CampaignResult::refused_by_reason, summed).
+std::int64_t refused_by_framework(const CampaignResult& result);
+// Failures that repeat no known finding.
+std::int64_t new_failures(const CampaignResult& result);
+Standing campaign_standing(const CampaignResult& result);
+
+// The faults a campaign's cases switch on, one per case, on a target that plants `plants`: `all`
+// keeps every fault of `asked` the target plants; otherwise each must be one it plants. Throws
+// std::invalid_argument (one line naming the fault and what the target plants instead).
+std::vector<vocab::Fault> faults_to_plant(std::vector<vocab::Fault> asked, bool all, const run::FaultPlants& plants);
+
 
 // What a campaign tells as it goes (the CLI prints it; tests check the order of events).
 class CampaignObserver {

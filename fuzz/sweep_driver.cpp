@@ -82,9 +82,9 @@ SweepCounts count_sweep(const std::vector<SweepResult>& results) {
   return c;
 }
 
-SweepStanding sweep_standing(const SweepCounts& counts) {
-  if (counts.infra > 0 || nothing_checked(counts.refused_by_framework, counts.sent())) return SweepStanding::no_true_count;
-  return counts.fail_new > 0 ? SweepStanding::new_failures : SweepStanding::clean;
+Standing sweep_standing(const SweepCounts& counts) {
+  if (counts.infra > 0 || nothing_checked(counts.refused_by_framework, counts.sent())) return Standing::no_true_count;
+  return counts.fail_new > 0 ? Standing::new_failures : Standing::clean;
 }
 
 void SweepObservers::case_done(const SweepCase& sc, const SweepResult& result, const SweepProgress& progress) {

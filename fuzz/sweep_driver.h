@@ -54,10 +54,8 @@ struct SweepCounts {
 };
 SweepCounts count_sweep(const std::vector<SweepResult>& results);
 
-// What a sweep's results say, for its exit code: no new failure; new failures; or no true count
-// (an infrastructure error, or nothing checked).
-enum class SweepStanding { clean, new_failures, no_true_count };
-SweepStanding sweep_standing(const SweepCounts& counts);
+// What a sweep's results say, for its exit code (fuzz/campaign.h).
+Standing sweep_standing(const SweepCounts& counts);
 
 // Where a sweep stands as a case ends: this run's cases (`ran` of `to_run`) and the shard's
 // (`done` of `planned`, the state's included).

@@ -11,6 +11,7 @@ import fault_catalog  # noqa: E402
 import tally_adapters.deepspeed.fused_adam as fused_adam  # noqa: E402
 import tally_adapters.deepspeed.recording as td  # noqa: E402
 import tally_adapters.deepspeed.worker as worker  # noqa: E402
+from tally_adapters.deepspeed import experts, models, pipeline, plants  # noqa: E402
 import tally_adapters.queue as queue  # noqa: E402
 from tally_adapters.manifest import write_atomically  # noqa: E402
 
@@ -60,21 +61,21 @@ class FusedAdamArchitectureList(unittest.TestCase):
 
 class LocalBox(unittest.TestCase):
     def test_a_column_weight_is_split_by_rows_over_tp(self):
-        self.assertEqual(worker.local_box([8, 4], "column", 1, 2), ([4, 0], [4, 4], 0))
+        self.assertEqual(models.local_box([8, 4], "column", 1, 2), ([4, 0], [4, 4], 0))
 
     def test_a_row_weight_is_split_by_columns_over_tp(self):
-        self.assertEqual(worker.local_box([4, 8], "row", 3, 4), ([0, 6], [4, 2], 1))
+        self.assertEqual(models.local_box([4, 8], "row", 3, 4), ([0, 6], [4, 2], 1))
 
     def test_a_replicated_param_and_an_expert_fc2_bias_are_whole(self):
-        self.assertEqual(worker.local_box([8], "replicated", 1, 2), ([0], [8], None))
-        self.assertEqual(worker.local_box([8], "expert-row-bias", 1, 2), ([0], [8], None))
+        self.assertEqual(models.local_box([8], "replicated", 1, 2), ([0], [8], None))
+        self.assertEqual(models.local_box([8], "expert-row-bias", 1, 2), ([0], [8], None))
 
     def test_tp_1_splits_nothing(self):
-        self.assertEqual(worker.local_box([8, 4], "column", 0, 1), ([0, 0], [8, 4], None))
+        self.assertEqual(models.local_box([8, 4], "column", 0, 1), ([0, 0], [8, 4], None))
 
     def test_a_dim_tp_does_not_divide_names_the_class_and_the_rule(self):
         with self.assertRaisesRegex(ValueError, "class column: dim 0 of \\[6, 4\\] is not divisible by TP 4"):
-            worker.local_box([6, 4], "column", 0, 4)
+            models.local_box([6, 4], "column", 0, 4)
 
 
 class FakeTopology:
@@ -114,11 +115,11 @@ class FakeGrid:
 class PipelineGroups(unittest.TestCase):
     def test_the_model_group_is_every_stage_and_tp_rank_of_one_data_index(self):
         # world 8: PP 2, DP 2, TP 2; rank 5 is stage 1, data 0, TP rank 1
-        groups = worker.pipeline_groups(FakeGrid(5, pp=2, dp=2, tp=2))
+        groups = pipeline.pipeline_groups(FakeGrid(5, pp=2, dp=2, tp=2))
         self.assertEqual(groups, {"tp": [4, 5], "mp": [0, 1, 4, 5], "dp": [5, 7], "pp": [1, 5], "expert_tp": False})
 
     def test_without_tp_each_rank_is_its_own_tp_group(self):
-        groups = worker.pipeline_groups(FakeGrid(3, pp=2, dp=2, tp=1))
+        groups = pipeline.pipeline_groups(FakeGrid(3, pp=2, dp=2, tp=1))
         self.assertEqual(groups["tp"], [3])
         self.assertEqual(groups["mp"], [1, 3])
 
@@ -133,7 +134,7 @@ class PipelinePlan(unittest.TestCase):
     ]
 
     def test_each_param_is_on_its_stage_and_the_tied_embedding_on_none(self):
-        stages, tied = worker.pipeline_plan(self.INDEX, 2)
+        stages, tied = pipeline.pipeline_plan(self.INDEX, 2)
         self.assertEqual(tied["name"], "embedding.word_embeddings.weight")
         self.assertEqual([[p["name"] for p in s] for s in stages],
                          [["decoder.layers.0.mlp.linear_fc1.weight"],
@@ -141,13 +142,13 @@ class PipelinePlan(unittest.TestCase):
 
     def test_an_untied_model_has_no_tied_layer(self):
         index = [dict(p, last_stage_copy=False) for p in self.INDEX]
-        stages, tied = worker.pipeline_plan(index, 2)
+        stages, tied = pipeline.pipeline_plan(index, 2)
         self.assertIsNone(tied)
         self.assertEqual(len(stages[0]), 2)
 
     def test_a_stage_outside_the_pipeline_is_a_model_mismatch(self):
         with self.assertRaisesRegex(LookupError, "is on stage 1 of a pipeline of 1"):
-            worker.pipeline_plan(self.INDEX, 1)
+            pipeline.pipeline_plan(self.INDEX, 1)
 
 
 class CheckPipelinePlan(unittest.TestCase):
@@ -159,22 +160,22 @@ class CheckPipelinePlan(unittest.TestCase):
     def test_every_stage_is_checked_on_every_rank(self):
         stages = [self.stage(("decoder.layers.0.mlp.linear_fc1.weight", "column", [4, 2])),
                   self.stage(("decoder.layers.1.mlp.linear_fc1.weight", "column", [3, 2]))]
-        worker.check_pipeline_plan(stages[:1], None, self.MOE, 2)
+        pipeline.check_pipeline_plan(stages[:1], None, self.MOE, 2)
         with self.assertRaisesRegex(ValueError, "class column: dim 0 of \\[3, 2\\] is not divisible by TP 2"):
-            worker.check_pipeline_plan(stages, None, self.MOE, 2)
+            pipeline.check_pipeline_plan(stages, None, self.MOE, 2)
 
     def test_a_router_that_is_not_deepspeeds_gate_is_a_model_mismatch(self):
         stage = self.stage(("decoder.layers.0.mlp.router.weight", "replicated", [2, 3]),
                            ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", "expert-column", [4, 2]))
         with self.assertRaisesRegex(LookupError, "DeepSpeed's gate is \\[2, 2\\]"):
-            worker.check_pipeline_plan([stage], None, self.MOE, 1)
+            pipeline.check_pipeline_plan([stage], None, self.MOE, 1)
 
     def test_experts_are_split_over_tp_only_with_expert_tp(self):
         stage = self.stage(("decoder.layers.0.mlp.router.weight", "replicated", [2, 2]),
                            ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", "expert-column", [3, 2]))
-        worker.check_pipeline_plan([stage], None, self.MOE, 2)
+        pipeline.check_pipeline_plan([stage], None, self.MOE, 2)
         with self.assertRaisesRegex(ValueError, "not divisible by TP 2"):
-            worker.check_pipeline_plan([stage], None, dict(self.MOE, expert_tp=True), 2)
+            pipeline.check_pipeline_plan([stage], None, dict(self.MOE, expert_tp=True), 2)
 
 
 class SplitExperts(unittest.TestCase):
@@ -183,13 +184,13 @@ class SplitExperts(unittest.TestCase):
                  "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
                  "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight",
                  "decoder.final_layernorm.weight"]
-        dense, layers = worker.split_experts(names)
+        dense, layers = models.split_experts(names)
         self.assertEqual(dense, ["decoder.layers.0.mlp.router.weight", "decoder.final_layernorm.weight"])
         self.assertEqual(layers, {"decoder.layers.0.mlp.": {"linear_fc1.weight": [0, 1]}})
 
     def test_experts_without_their_router_are_a_model_mismatch(self):
         with self.assertRaisesRegex(LookupError, "decoder.layers.0.mlp.experts has no decoder.layers.0.mlp.router.weight"):
-            worker.split_experts(["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"])
+            models.split_experts(["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"])
 
 
 class AutoTpPlan(unittest.TestCase):
@@ -205,7 +206,7 @@ class AutoTpPlan(unittest.TestCase):
     ]]
 
     def test_linears_with_their_biases_q_k_norms_summed_the_rest_whole(self):
-        linears, tp_summed, whole = worker.autotp_plan(self.INDEX)
+        linears, tp_summed, whole = models.autotp_plan(self.INDEX)
         qkv, proj = "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.self_attention.linear_proj"
         self.assertEqual(linears["column"], {qkv: {"weight": f"{qkv}.weight", "bias": f"{qkv}.bias"},
                                              "output_layer": {"weight": "output_layer.weight"}})
@@ -217,7 +218,7 @@ class AutoTpPlan(unittest.TestCase):
         index = [dict(p) for p in self.INDEX]
         index[5]["class"] = "column-bias"
         with self.assertRaisesRegex(LookupError, "linear_proj.bias is column-bias; a row-parallel linear's bias is replicated"):
-            worker.autotp_plan(index)
+            models.autotp_plan(index)
 
 
 class AutoEpSlices(unittest.TestCase):
@@ -230,9 +231,9 @@ class AutoEpSlices(unittest.TestCase):
         shapes = {f"{prefix}experts.local_experts.{e}.{s}": shape for e in range(2)
                   for s, shape in (("linear_fc1.weight", [4, 3]), ("linear_fc2.weight", [3, 2]))}
         tensors = {n: np.arange(np.prod(s), dtype=np.float32).reshape(s) + 100 * i for i, (n, s) in enumerate(shapes.items())}
-        w1 = worker.autoep_slices(tensors, shapes, prefix, "w1", [1])
-        w3 = worker.autoep_slices(tensors, shapes, prefix, "w3", [1])
-        w2 = worker.autoep_slices(tensors, shapes, prefix, "w2", [0, 1])
+        w1 = experts.autoep_slices(tensors, shapes, prefix, "w1", [1])
+        w3 = experts.autoep_slices(tensors, shapes, prefix, "w3", [1])
+        w2 = experts.autoep_slices(tensors, shapes, prefix, "w2", [0, 1])
         fc1 = f"{prefix}experts.local_experts.1.linear_fc1.weight"
         self.assertEqual([s[:4] for s in w1], [(fc1, [4, 3], [0, 0], [2, 3])])
         self.assertEqual([s[:4] for s in w3], [(fc1, [4, 3], [2, 0], [2, 3])])
@@ -276,7 +277,7 @@ class HostStagedPipelineSends(unittest.TestCase):
             def recv(tensor, src_stage, async_op=False):
                 tensor.copy_(wire)
 
-        worker.stage_pipeline_p2p_through_host(P2p)
+        pipeline.stage_pipeline_p2p_through_host(P2p)
         P2p.send(FakeGpuTensor([1.0, 2.0]), 1)
         self.assertEqual(sent, [(False, [1.0, 2.0], 1)])
         received = FakeGpuTensor([0.0, 0.0])
@@ -308,7 +309,7 @@ class PipelinePlants(unittest.TestCase):
         def index_tied_modules(self):
             return {"word_embeddings": {"ranks": [0, 1]}}
 
-        planted = worker._tied_copies_counted(index_tied_modules)
+        planted = plants._tied_copies_counted(index_tied_modules)
         self.assertEqual(planted(Pipeline()), {"word_embeddings": {"ranks": [0, 1]}})
         self.assertFalse(module.p.ds_pipe_replicated)
 
@@ -317,7 +318,7 @@ class PipelinePlants(unittest.TestCase):
             slice_proc_group = "the stage's TP group"
             ds_model_proc_group = "every stage"
 
-        planted = worker._stage_model_group(lambda self: self.ds_model_proc_group)
+        planted = plants._stage_model_group(lambda self: self.ds_model_proc_group)
         self.assertEqual(planted(Grid()), "the stage's TP group")
 
 
@@ -423,7 +424,7 @@ class SplitByMask(unittest.TestCase):
 
 class Plants(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason_by_name(self):
-        fault_catalog.assert_plants_answer_the_catalog(self, worker.PLANTS, worker.NOT_PLANTED)
+        fault_catalog.assert_plants_answer_the_catalog(self, plants.PLANTS, plants.NOT_PLANTED)
 
 
 if __name__ == "__main__":

@@ -490,6 +490,11 @@ TEST(Campaign, CasesTheFrameworkDeclinesAreCountedByReasonAndTheCampaignGoesOn) 
   EXPECT_EQ(result.refused_by_reason.begin()->first,
             "deepspeed 0.19.8: ValueError: ZeRO offload with AutoEP+AutoTP folding is not validated yet");
   EXPECT_EQ(result.refused_by_reason.begin()->second, 10);
+  EXPECT_EQ(refused_by_framework(result), 10);
+  EXPECT_EQ(campaign_standing(result), Standing::clean) << "a third refused is not most: the rest were checked";
+  CampaignResult mostly_refused = result;
+  mostly_refused.refused_by_reason.begin()->second = 16;
+  EXPECT_EQ(campaign_standing(mostly_refused), Standing::no_true_count);
 }
 
 // A failure repeating a known finding is saved, not shrunk, and does not count towards
@@ -519,6 +524,28 @@ TEST(Campaign, AKnownFindingIsSavedButNotShrunkNorCounted) {
     EXPECT_FALSE(f.shrunk_done);
     EXPECT_TRUE(fs::exists(f.original_path)) << "a known failure is saved all the same";
   }
+  EXPECT_EQ(new_failures(result), 0);
+  EXPECT_EQ(campaign_standing(result), Standing::clean) << "known findings alone are no news";
+  CampaignResult one_new = result;
+  one_new.failures.back().known.clear();
+  EXPECT_EQ(campaign_standing(one_new), Standing::new_failures);
+}
+
+// `--faults all` keeps what the target plants; a fault named that it cannot plant is refused,
+// named with the target's reason.
+TEST(Campaign, TheFaultsToPlantAreThoseTheTargetPlants) {
+  run::FaultPlants plants;
+  plants.planted["no-dedup-filter"] = "a stand-in's";
+  plants.not_planted["zero-count-in-float32"] = "it reports no zero count";
+  const std::vector<Fault> both = {Fault::no_dedup_filter, Fault::zero_count_in_float32};
+  EXPECT_EQ(faults_to_plant(both, /*all=*/true, plants), std::vector<Fault>{Fault::no_dedup_filter});
+  try {
+    faults_to_plant(both, /*all=*/false, plants);
+    FAIL() << "a fault the target cannot plant was kept";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_EQ(std::string(error.what()), "plants no counterpart of zero-count-in-float32 (it reports no zero count)");
+  }
+  EXPECT_THROW(faults_to_plant({Fault::zero_count_in_float32}, /*all=*/true, plants), std::invalid_argument);
 }
 
 // The mutation score: every fault is found within the default budget.

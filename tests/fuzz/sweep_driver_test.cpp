@@ -159,7 +159,7 @@ TEST(SweepDriver, ALaneWhoseMachineryKeepsFailingStopsTheSweepResumably) {
       << "each infrastructure error is saved";
   const SweepReport state = read_sweep_report(io::read_bounded_file(s.drive.state_file, 1 << 24, "state"), s.drive.state_file);
   EXPECT_EQ(state.results.size(), 5u) << "the state holds what ran before the stop";
-  EXPECT_EQ(sweep_standing(count_sweep(state.results)), SweepStanding::no_true_count);
+  EXPECT_EQ(sweep_standing(count_sweep(state.results)), Standing::no_true_count);
 }
 
 TEST(SweepDriver, LanesOfDifferentReleasesRunNothing) {
@@ -184,11 +184,11 @@ TEST(SweepDriver, NothingCheckedWhenTheFrameworkRefusedMostOfWhatItWasSent) {
   SweepCounts c;
   c.pass = 2;
   c.refused = c.refused_by_framework = 3;
-  EXPECT_EQ(sweep_standing(c), SweepStanding::no_true_count);
+  EXPECT_EQ(sweep_standing(c), Standing::no_true_count);
   c.refused_by_framework = 2;
-  EXPECT_EQ(sweep_standing(c), SweepStanding::clean) << "half is not most";
+  EXPECT_EQ(sweep_standing(c), Standing::clean) << "half is not most";
   c.fail_new = 1;
-  EXPECT_EQ(sweep_standing(c), SweepStanding::new_failures);
+  EXPECT_EQ(sweep_standing(c), Standing::new_failures);
   EXPECT_FALSE(nothing_checked(0, 0));
 }
 
