@@ -59,7 +59,7 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
   return std::nullopt;
 }
 
-// What the worker's AutoTP model (adapters/tally_adapters/deepspeed/worker.py, build_autotp_model)
+// What the worker's AutoTP model (adapters/tally_adapters/deepspeed/models.py, build_autotp_model)
 // cannot be: AutoTP shards a plain module's linear layers over TP.
 std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, const topologies::ParallelConfig& t,
                                           int experts) {
@@ -74,7 +74,7 @@ std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, co
   return std::nullopt;
 }
 
-// What the worker's AutoEP model (adapters/tally_adapters/deepspeed/worker.py, build_autoep_model)
+// What the worker's AutoEP model (adapters/tally_adapters/deepspeed/experts.py, build_autoep_model)
 // cannot be: AutoEP replaces Hugging Face-style MoE blocks whose experts are SwiGLU projections.
 std::optional<std::string> autoep_refuses(const casefile::DeepSpeedConfig& d, const topologies::ParallelConfig& t,
                                           const topologies::ModelSpec& m) {
