@@ -294,13 +294,6 @@ std::string worker_command_for(const std::string& command, int world) {
   return out;
 }
 
-oracle::Verdict judge_manifests(const std::string& dir, double rtol) {
-  const record::RunRecord run = manifest::to_record(manifest::load_run(dir, 1));
-  oracle::Bounds bounds;
-  bounds.rtol = rtol;
-  return oracle::judge(run, oracle::truth_from_box_statistics(run), bounds);
-}
-
 struct WorkerPool::Worker {
   int world = 0;
   fs::path queue;
@@ -371,6 +364,7 @@ struct WorkerPool::Worker {
 
 WorkerPool::WorkerPool(WorkerOptions options) : options_(std::move(options)) {
   if (options_.command.empty()) throw std::invalid_argument("WorkerPool: no worker command");
+  if (!options_.judge) throw std::invalid_argument("WorkerPool: no judge of the worker's answers");
   // Orphans of a worker (a rank that detached, a daemon) come back to tally, to be ended with it.
   become_subreaper();
   if (options_.work_dir.empty()) {
@@ -679,7 +673,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
                                                (type == fs::file_type::not_found ? "missing" : "not a folder") + kept_log_tail(w));
   } else {
     try {
-      out.verdict = judge_target_run(c, manifests.string(), options_.rtol, &sent);
+      out.verdict = options_.judge(c, manifests.string(), sent);
     } catch (const std::exception& e) {
       out.verdict = infra_error("reading the manifests of " + name, e.what());
     }

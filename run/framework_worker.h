@@ -36,11 +36,17 @@
 #include <vector>
 
 #include "casefile/case.h"
-#include "oracle/judge.h"
 #include "oracle/verdict.h"
 #include "run/worker_files.h"
 
 namespace tally::run {
+
+struct SentRequest;  // run/target_run.h
+
+// How a worker's answer is judged: the folder of manifests its run of `c` left, and the request it
+// answered. The target supplies it (run/target.cpp: as a run of the case, run/target_run.h); the
+// pool only carries the case to the worker and the answer back.
+using WorkerJudge = std::function<oracle::Verdict(const casefile::Case& c, const std::string& manifests, const SentRequest& sent)>;
 
 struct WorkerOptions {
   // The command that starts a worker; "{world}" is replaced by the case's world, and tally
@@ -52,7 +58,7 @@ struct WorkerOptions {
   double start_seconds = 900;  // until hello.json (imports, process groups)
   double case_seconds = 300;   // until a case's result
   double stop_seconds = 10;    // until a worker asked to stop (or retiring) ends by itself
-  double rtol = oracle::kFrameworkRtol;  // the judge's relative tolerance, as `tally check`
+  WorkerJudge judge;  // required: WorkerPool refuses options without one
   bool keep_passing = false;   // keep the manifests of passing runs too (else only failing ones)
   std::ostream* progress = nullptr;  // one line per worker started or lost
   // The configuration sent with each case as case-<K>.engine.json (run/target.h); none when it
@@ -60,7 +66,7 @@ struct WorkerOptions {
   std::function<std::optional<std::string>(const casefile::Case&)> engine_config;
 };
 
-// One case executed by a worker and judged.
+// One case executed by a worker and judged (WorkerOptions::judge).
 struct WorkerRun {
   oracle::Verdict verdict;
   std::string manifests;  // the folder of the run's manifests; empty when it wrote none
@@ -84,6 +90,7 @@ std::string worker_command_for(const std::string& command, int world);
 // thread-safe: one case at a time.
 class WorkerPool {
  public:
+  // Throws std::invalid_argument when `options` has no judge.
   explicit WorkerPool(WorkerOptions options);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
@@ -124,8 +131,5 @@ class WorkerPool {
   std::map<std::string, std::string> failing_runs_;  // canonical case text -> manifests folder
 };
 
-// Judges the manifests in `dir` with the judge `tally check` uses (truth from the manifests'
-// statistics). Throws manifest::ManifestError (or std::runtime_error) when they cannot be read.
-oracle::Verdict judge_manifests(const std::string& dir, double rtol);
 
 }  // namespace tally::run

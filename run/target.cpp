@@ -1,4 +1,5 @@
 #include "run/target.h"
+#include "run/target_run.h"
 
 #include <array>
 #include <filesystem>
@@ -97,7 +98,9 @@ class WorkerTarget final : public Target {
   }
 
  private:
+  // The row's engine configuration sent with each case, and each answer judged as a run of its case.
   static WorkerOptions with_engine(const FrameworkTarget& row, WorkerOptions options) {
+    options.judge = judge_as_a_run_of_the_case(oracle::kFrameworkRtol);
     options.engine_config = [&row](const casefile::Case& c) -> std::optional<std::string> {
       std::optional<nlohmann::ordered_json> config = row.engine_config(c);
       if (!config) return std::nullopt;

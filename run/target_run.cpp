@@ -215,4 +215,18 @@ oracle::Verdict judge_saved_run_of(const casefile::Case& c, const std::string& d
   }
 }
 
+std::function<oracle::Verdict(const casefile::Case&, const std::string&, const SentRequest&)> judge_as_a_run_of_the_case(
+    double rtol) {
+  return [rtol](const casefile::Case& c, const std::string& dir, const SentRequest& sent) {
+    return judge_target_run(c, dir, rtol, &sent);
+  };
+}
+
+oracle::Verdict judge_manifests(const std::string& dir, double rtol) {
+  const record::RunRecord run = manifest::to_record(manifest::load_run(dir, 1));
+  oracle::Bounds bounds;
+  bounds.rtol = rtol;
+  return oracle::judge(run, oracle::truth_from_box_statistics(run), bounds);
+}
+
 }  // namespace tally::run

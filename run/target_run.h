@@ -6,6 +6,7 @@
 // verdict: they say nothing about how the framework counts the case.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,6 +48,16 @@ std::optional<std::string> manifests_not_of_request(const manifest::RunManifests
 // manifests of another case, give an infra-error verdict naming `dir`.
 oracle::Verdict judge_target_run(const casefile::Case& c, const std::string& dir, double rtol,
                                  const SentRequest* request = nullptr);
+
+// The judge a worker pool hands each answer to (run/framework_worker.h): judge_target_run with
+// `rtol`, the request given.
+std::function<oracle::Verdict(const casefile::Case&, const std::string&, const SentRequest&)> judge_as_a_run_of_the_case(
+    double rtol);
+
+// Judges the manifests in `dir` with the judge `tally check` uses (truth from the manifests'
+// statistics), with no case. Throws manifest::ManifestError (or std::runtime_error) when they
+// cannot be read.
+oracle::Verdict judge_manifests(const std::string& dir, double rtol);
 
 // Judges a saved run of `c` (the manifests its case file names, in `dir`), without the framework.
 // Manifests that echo a case digest must all echo `c`'s (logical_gradients): a worker's answer to

@@ -20,6 +20,7 @@
 #include "kernels/gradient_generator.h"
 #include "manifest/manifest_json.h"
 #include "run/framework_worker.h"
+#include "run/target_run.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
 #include "run/worker_files.h"
@@ -372,6 +373,7 @@ TEST(BorderSchemas, TheStandInWorkersHelloAndResultsValidate) {
     o.command = "'" TALLY_SOURCE_DIR "/tests/run/model_worker.sh' '" TALLY_BINARY_DIR "/cli/tally' {world}";
     o.work_dir = dir.string();
     o.keep_passing = true;
+    o.judge = judge_as_a_run_of_the_case(oracle::kFrameworkRtol);
     {
       WorkerPool pool(o);
       EXPECT_EQ(pool.hello(2).framework, framework);

@@ -19,6 +19,7 @@
 #include "kernels/gradient_generator.h"
 #include "run/case_job.h"
 #include "run/framework_worker.h"
+#include "run/target_run.h"
 #include "run/run_case.h"
 #include "run/target.h"
 #include "tests/support/files.h"
@@ -54,6 +55,7 @@ class WorkerEnvironment {
 WorkerOptions stand_in_options() {
   WorkerOptions o;
   o.command = stand_in_command();
+  o.judge = judge_as_a_run_of_the_case(oracle::kFrameworkRtol);
   o.start_seconds = 30;
   o.case_seconds = 30;
   return o;
