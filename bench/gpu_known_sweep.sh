@@ -16,7 +16,9 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
   { echo "gpu_known_sweep.sh: the wheels in .whl/ did not install" >&2; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD/adapters OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
-corpus=/tmp/known-sweep
+# A folder of the shard's own: a warm machine keeps /tmp between calls, and an earlier shard's state
+# must not count in this one's new.tgz (the same shard run again on it resumes from its state).
+corpus=/tmp/known-sweep-${shard//\//-of-}
 start=$(date +%s)
 timeout -s INT -k 90 "$seconds" "$tally" sweep --target megatron-core --world 8 --jobs "$jobs" --shard "$shard" \
   --corpus "$corpus" --known seeds/real >"$out/sweep.log" 2>&1
