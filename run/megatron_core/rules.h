@@ -1,5 +1,5 @@
 // The part of tally's case space the megatron-core worker executes
-// (adapters/tally_adapters/megatron/worker.py): Megatron's own GPTModel from its local layer
+// (adapters/tally_adapters/megatron/build.py): Megatron's own GPTModel from its local layer
 // spec (no Transformer Engine, no Apex), its DistributedDataParallel and its optimizers, on every
 // parallel configuration Megatron accepts. What lies outside is named, with the reason, so `tally
 // run --target megatron-core` refuses such a case in one line and the fuzzer never generates it.

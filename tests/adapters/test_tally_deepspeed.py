@@ -10,9 +10,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import fault_catalog  # noqa: E402
 import tally_adapters.deepspeed.fused_adam as fused_adam  # noqa: E402
 import tally_adapters.deepspeed.recording as td  # noqa: E402
-import tally_adapters.deepspeed.worker as worker  # noqa: E402
-from tally_adapters.deepspeed import experts, models, pipeline, plants  # noqa: E402
 import tally_adapters.queue as queue  # noqa: E402
+from tally_adapters.deepspeed import experts, models, pipeline, plants  # noqa: E402
 from tally_adapters.manifest import write_atomically  # noqa: E402
 
 

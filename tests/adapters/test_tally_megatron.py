@@ -11,7 +11,8 @@ from unittest import mock
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 import tally_adapters.manifest as fmt  # noqa: E402
-import tally_adapters.megatron.manifest as tm  # noqa: E402
+from tally_adapters.megatron import names as megatron_names  # noqa: E402
+from tally_adapters.megatron import optimizer_plan  # noqa: E402
 
 
 def moe_modules(layer_numbers, local_expert_indices, experts_per_rank=2):
@@ -35,50 +36,50 @@ def moe_modules(layer_numbers, local_expert_indices, experts_per_rank=2):
 class NameTest(unittest.TestCase):
     def test_expert_ids_are_global(self):
         # EP rank 1 of 2 with 4 experts holds experts 2 and 3
-        names = tm.logical_module_names(moe_modules([1], [2, 3]))
+        names = megatron_names.logical_module_names(moe_modules([1], [2, 3]))
         self.assertEqual(
-            tm.logical_param_name("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.bias", names),
+            megatron_names.logical_param_name("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.bias", names),
             "decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.bias",
         )
         self.assertEqual(
-            tm.logical_param_name("decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight", names),
+            megatron_names.logical_param_name("decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight", names),
             "decoder.layers.0.mlp.experts.local_experts.3.linear_fc2.weight",
         )
 
     def test_layer_ids_carry_the_pipeline_offset(self):
         # the second pipeline stage of a 4-layer model: local layers 0, 1 are global 2, 3
-        names = tm.logical_module_names(moe_modules([3, 4], [0, 1]))
+        names = megatron_names.logical_module_names(moe_modules([3, 4], [0, 1]))
         self.assertEqual(
-            tm.logical_param_name("decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.bias", names),
+            megatron_names.logical_param_name("decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.bias", names),
             "decoder.layers.3.mlp.experts.local_experts.1.linear_fc2.bias",
         )
         self.assertEqual(
-            tm.logical_param_name("decoder.layers.0.mlp.router.weight", names),
+            megatron_names.logical_param_name("decoder.layers.0.mlp.router.weight", names),
             "decoder.layers.2.mlp.router.weight",
         )
         self.assertEqual(
-            tm.logical_param_name("decoder.layers.0.mlp.shared_experts.linear_fc1.weight", names),
+            megatron_names.logical_param_name("decoder.layers.0.mlp.shared_experts.linear_fc1.weight", names),
             "decoder.layers.2.mlp.shared_experts.linear_fc1.weight",
         )
 
     def test_names_outside_layers_are_kept(self):
-        names = tm.logical_module_names(moe_modules([1], [0, 1]))
+        names = megatron_names.logical_module_names(moe_modules([1], [0, 1]))
         self.assertEqual(
-            tm.logical_param_name("embedding.word_embeddings.weight", names),
+            megatron_names.logical_param_name("embedding.word_embeddings.weight", names),
             "embedding.word_embeddings.weight",
         )
         self.assertEqual(
-            tm.logical_param_name("decoder.final_layernorm.weight", names),
+            megatron_names.logical_param_name("decoder.final_layernorm.weight", names),
             "decoder.final_layernorm.weight",
         )
 
     def test_tied_output_copy_names_the_embedding(self):
-        names = tm.logical_module_names([("", {}), ("output_layer", {})])
+        names = megatron_names.logical_module_names([("", {}), ("output_layer", {})])
         self.assertEqual(
-            tm.logical_param_name("output_layer.weight", names, shared=True),
+            megatron_names.logical_param_name("output_layer.weight", names, shared=True),
             "embedding.word_embeddings.weight",
         )
-        self.assertEqual(tm.logical_param_name("output_layer.weight", names), "output_layer.weight")
+        self.assertEqual(megatron_names.logical_param_name("output_layer.weight", names), "output_layer.weight")
 
     def test_te_grouped_linear_leaves(self):
         entries = [
@@ -90,75 +91,75 @@ class NameTest(unittest.TestCase):
             ("decoder.layers.0.mlp.experts", {"local_expert_indices": [4, 5]}),
             ("decoder.layers.0.mlp.experts.linear_fc1", {}),
         ]
-        names = tm.logical_module_names(entries)
+        names = megatron_names.logical_module_names(entries)
         grouped = {"decoder.layers.0.mlp.experts.linear_fc1": [4, 5]}
         self.assertEqual(
-            tm.logical_param_name("decoder.layers.0.mlp.experts.linear_fc1.weight1", names, expert_ids=grouped),
+            megatron_names.logical_param_name("decoder.layers.0.mlp.experts.linear_fc1.weight1", names, expert_ids=grouped),
             "decoder.layers.1.mlp.experts.local_experts.5.linear_fc1.weight",
         )
 
     def test_routed_expert_names(self):
-        self.assertTrue(tm.is_routed_expert_name("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.bias"))
-        self.assertFalse(tm.is_routed_expert_name("decoder.layers.0.mlp.shared_experts.linear_fc2.weight"))
-        self.assertFalse(tm.is_routed_expert_name("decoder.layers.0.mlp.router.weight"))
+        self.assertTrue(megatron_names.is_routed_expert_name("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.bias"))
+        self.assertFalse(megatron_names.is_routed_expert_name("decoder.layers.0.mlp.shared_experts.linear_fc2.weight"))
+        self.assertFalse(megatron_names.is_routed_expert_name("decoder.layers.0.mlp.router.weight"))
 
 
 class BoxTest(unittest.TestCase):
     def test_column_shard(self):
-        self.assertEqual(tm.shard_box([12, 8], True, 0, 1, 2), ([24, 8], [12, 0], [12, 8]))
+        self.assertEqual(megatron_names.shard_box([12, 8], True, 0, 1, 2), ([24, 8], [12, 0], [12, 8]))
 
     def test_row_shard(self):
-        self.assertEqual(tm.shard_box([8, 8], True, 1, 1, 2), ([8, 16], [0, 8], [8, 8]))
+        self.assertEqual(megatron_names.shard_box([8, 8], True, 1, 1, 2), ([8, 16], [0, 8], [8, 8]))
 
     def test_negative_partition_dim(self):
-        self.assertEqual(tm.shard_box([8, 4], True, -1, 2, 4), ([8, 16], [0, 8], [8, 4]))
+        self.assertEqual(megatron_names.shard_box([8, 4], True, -1, 2, 4), ([8, 16], [0, 8], [8, 4]))
 
     def test_replicated_is_whole(self):
-        self.assertEqual(tm.shard_box([8], False, -1, 1, 2), ([8], [0], [8]))
+        self.assertEqual(megatron_names.shard_box([8], False, -1, 1, 2), ([8], [0], [8]))
 
     def test_group_of_one_is_whole(self):
         # ETP 1: an expert weight marked tensor_model_parallel is still the whole tensor
-        self.assertEqual(tm.shard_box([16, 8], True, 0, 0, 1), ([16, 8], [0, 0], [16, 8]))
+        self.assertEqual(megatron_names.shard_box([16, 8], True, 0, 0, 1), ([16, 8], [0, 0], [16, 8]))
 
     def test_bad_partition_dim(self):
         with self.assertRaises(ValueError):
-            tm.shard_box([8], True, 3, 0, 2)
+            megatron_names.shard_box([8], True, 3, 0, 2)
 
 
 class AttentionSinkTest(unittest.TestCase):
     # The local DotProductAttention's learnable softmax_offset is this TP rank's heads, unmarked.
     def test_the_sink_is_known_by_its_local_name(self):
-        self.assertTrue(tm.is_attention_sink("decoder.layers.1.self_attention.core_attention.softmax_offset"))
-        self.assertTrue(tm.is_attention_sink("mtp.layers.0.transformer_layer.self_attention.core_attention.softmax_offset"))
-        self.assertFalse(tm.is_attention_sink("decoder.layers.1.self_attention.linear_qkv.weight"))
-        self.assertFalse(tm.is_attention_sink("decoder.layers.1.self_attention.core_attention.softmax_offset.extra"))
+        self.assertTrue(megatron_names.is_attention_sink("decoder.layers.1.self_attention.core_attention.softmax_offset"))
+        self.assertTrue(megatron_names.is_attention_sink("mtp.layers.0.transformer_layer.self_attention.core_attention.softmax_offset"))
+        self.assertFalse(megatron_names.is_attention_sink("decoder.layers.1.self_attention.linear_qkv.weight"))
+        self.assertFalse(megatron_names.is_attention_sink("decoder.layers.1.self_attention.core_attention.softmax_offset.extra"))
 
     def test_the_sink_of_tp_rank_one_is_the_second_half_of_the_heads(self):
         # 4 heads over TP 2: rank 1 holds heads 2 and 3, as its sharded_state_dict says (dim 0)
-        self.assertEqual(tm.shard_box([2], True, 0, 1, 2), ([4], [2], [2]))
+        self.assertEqual(megatron_names.shard_box([2], True, 0, 1, 2), ([4], [2], [2]))
 
 
 class HeldBoxTest(unittest.TestCase):
     # Megatron-FSDP holds a flat range of each TP-local box: whole rows of a matrix, any run of a vector.
     def test_whole_rows_of_a_tp_shard_are_a_box_inside_it(self):
-        self.assertEqual(tm.held_box([0, 8], [6, 8], 16, 40), ([2, 8], [3, 8]))
+        self.assertEqual(megatron_names.held_box([0, 8], [6, 8], 16, 40), ([2, 8], [3, 8]))
 
     def test_a_vector_holds_any_run(self):
-        self.assertEqual(tm.held_box([4], [8], 3, 5), ([7], [2]))
+        self.assertEqual(megatron_names.held_box([4], [8], 3, 5), ([7], [2]))
 
     def test_the_whole_box(self):
-        self.assertEqual(tm.held_box([0, 0], [2, 3], 0, 6), ([0, 0], [2, 3]))
+        self.assertEqual(megatron_names.held_box([0, 0], [2, 3], 0, 6), ([0, 0], [2, 3]))
 
     def test_an_empty_range_holds_nothing(self):
-        self.assertIsNone(tm.held_box([0, 0], [2, 3], 6, 6))
+        self.assertIsNone(megatron_names.held_box([0, 0], [2, 3], 6, 6))
 
     def test_part_of_a_row_is_refused_naming_the_param(self):
         with self.assertRaisesRegex(ValueError, "^w: held range \\[2, 6\\) of shape \\[2, 3\\] is not whole rows"):
-            tm.held_box([0, 0], [2, 3], 2, 6, "w")
+            megatron_names.held_box([0, 0], [2, 3], 2, 6, "w")
 
     def test_a_range_outside_the_box_is_refused(self):
         with self.assertRaisesRegex(ValueError, "outside its 6 elements"):
-            tm.held_box([0, 0], [2, 3], 0, 7)
+            megatron_names.held_box([0, 0], [2, 3], 0, 7)
 
 
 class FileTest(unittest.TestCase):
@@ -427,8 +428,8 @@ class ChainedLayerWisePlanTest(unittest.TestCase):
     }
 
     def plan(self, optimizer):
-        with mock.patch.object(tm, "_megatron_classes", return_value=self.CLASSES):
-            return tm._plan(optimizer, 4)
+        with mock.patch.object(optimizer_plan, "_megatron_classes", return_value=self.CLASSES):
+            return optimizer_plan._plan(optimizer, 4)
 
     def test_the_layer_wise_children_reduce_over_the_world_beside_the_distributed_optimizer(self):
         muon, adam, distopt = _Float16(), _Float16(), _DistOpt()

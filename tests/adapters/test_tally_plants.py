@@ -77,9 +77,9 @@ class Patches(unittest.TestCase):
 
 class MegatronPlants(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason_by_name(self):
-        import tally_adapters.megatron.worker as worker
+        import tally_adapters.megatron.plants as megatron_plants
 
-        fault_catalog.assert_plants_answer_the_catalog(self, worker.PLANTS, worker.NOT_PLANTED)
+        fault_catalog.assert_plants_answer_the_catalog(self, megatron_plants.PLANTS, megatron_plants.NOT_PLANTED)
 
 
 if __name__ == "__main__":

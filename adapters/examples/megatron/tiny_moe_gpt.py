@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from tally_adapters.megatron import manifest as tally_megatron
+from tally_adapters.megatron import model_params
 from tally_adapters.megatron.muon_compat import emerging_optimizers_compat
 
 
@@ -119,8 +120,8 @@ def is_expert_fc2_bias(local_name):
 
 
 def set_gradients(model, mode, seed):
-    chunks = tally_megatron._model_chunks(model)
-    params, _, objs = tally_megatron._describe_params(chunks)
+    chunks = model_params.model_chunks(model)
+    params, _, objs = model_params.describe_params(chunks)
     for entry, p in zip(params, objs):
         r = entry["record"]
         if mode == "ones":
