@@ -71,7 +71,7 @@ MatcherMeasure measure_known_matcher(const std::vector<KnownFinding>& known, con
   for (std::int64_t i = 0; i < cases; ++i) {
     casefile::Case c = generate_case(options, seed, i).value();
     c.target = casefile::RealTarget{"megatron-core", version, ""};
-    if (megatron->unsupported(c, hello)) continue;
+    if (megatron->refusal(c, hello)) continue;
     const std::optional<casefile::Case> model_case = megatron->release_model_case(c, version);
     if (!model_case) continue;
     ++out.cases;

@@ -42,11 +42,11 @@ class WorkerTarget final : public Target {
   std::optional<std::string> refusal_before_open(const casefile::Case& c) const override {
     casefile::Case without_faults = c;  // which faults the worker plants, it says once it is up
     without_faults.path.faults = {};
-    return row_.unsupported_at(without_faults, "");
+    return row_.refusal_at_release(without_faults, "");
   }
 
   std::optional<std::string> refusal(const casefile::Case& c) override {
-    return row_.unsupported(c, hello_of(c.topology.world));
+    return row_.refusal(c, hello_of(c.topology.world));
   }
 
   casefile::Case within(casefile::Case c) override {

@@ -130,9 +130,9 @@ struct FrameworkTarget {
   std::string_view default_worker;  // run by /bin/sh with {world} replaced (tally appends --queue, --parent-pid)
   // Why the worker that said `hello` cannot execute `c` (one line naming the field and the rule);
   // nullopt when it can.
-  std::optional<std::string> (*unsupported)(const casefile::Case& c, const WorkerHello& hello);
+  std::optional<std::string> (*refusal)(const casefile::Case& c, const WorkerHello& hello);
   // The same before any worker is up, for the release `version` (""; the rules of every release).
-  std::optional<std::string> (*unsupported_at)(const casefile::Case& c, std::string_view version);
+  std::optional<std::string> (*refusal_at_release)(const casefile::Case& c, std::string_view version);
   // `c` within what the worker of `hello` builds: generated cases and every shrink candidate.
   casefile::Case (*within)(casefile::Case c, const WorkerHello& hello);
   // A case given by flags, as this framework runs it (DeepSpeed: its section with its defaults).

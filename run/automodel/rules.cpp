@@ -68,7 +68,7 @@ void as_hf_architecture(ModelSpec& m) {
 
 }  // namespace
 
-std::optional<std::string> automodel_unsupported(const casefile::Case& c, std::string_view, const FaultPlants& plants) {
+std::optional<std::string> automodel_refusal(const casefile::Case& c, std::string_view, const FaultPlants& plants) {
   const ModelSpec& m = c.model;
   const ParallelConfig& t = c.topology;
   const vocab::PathOptions& o = c.path;

@@ -24,7 +24,7 @@ namespace tally::run {
 
 // Why the Automodel worker at `version` cannot execute `c`, as one line naming the field and the
 // rule; nullopt when it can. Faults must be among those the worker plants (`plants`, its hello's).
-std::optional<std::string> automodel_unsupported(const casefile::Case& c, std::string_view version,
+std::optional<std::string> automodel_refusal(const casefile::Case& c, std::string_view version,
                                                  const FaultPlants& plants = {});
 
 // `c` within the worker's space: a dense GPT with RMSNorm, rotary positions and a gated MLP (no

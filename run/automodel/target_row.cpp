@@ -9,8 +9,8 @@ namespace {
 constexpr FrameworkTarget kAutomodel{
     .name = "automodel",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.automodel.worker",
-    .unsupported = [](const casefile::Case& c, const WorkerHello& hello) { return automodel_unsupported(c, hello.version, hello.plants); },
-    .unsupported_at = [](const casefile::Case& c, std::string_view version) { return automodel_unsupported(c, version); },
+    .refusal = [](const casefile::Case& c, const WorkerHello& hello) { return automodel_refusal(c, hello.version, hello.plants); },
+    .refusal_at_release = [](const casefile::Case& c, std::string_view version) { return automodel_refusal(c, version); },
     .within = [](casefile::Case c, const WorkerHello& hello) {
       // Drawn from the case's own gradient seed, so a campaign's stream of cases, and a shrink's,
       // stay reproducible from the campaign seed.

@@ -174,7 +174,7 @@ bool shows(const vocab::FaultSet& faults, const EnginePath& path, bool pipelined
 
 }  // namespace
 
-std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view,
+std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::string_view,
                                                  const FaultPlants& plants, const std::vector<std::string>& dtypes,
                                                  bool megatron_model_rules,
                                                  const std::map<std::string, std::string>& cannot_run) {

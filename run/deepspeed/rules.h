@@ -30,7 +30,7 @@ namespace tally::run {
 // (WorkerHello::megatron_model_rules), which refuse expert biases with expert TP.
 // `cannot_run`: the settings the worker cannot run on its machine, with why (WorkerHello::cannot_run:
 // "deepspeed.fused_adam" where DeepSpeed's FusedAdam op did not build).
-std::optional<std::string> deepspeed_unsupported(const casefile::Case& c, std::string_view version,
+std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::string_view version,
                                                  const FaultPlants& plants = {},
                                                  const std::vector<std::string>& dtypes = {},
                                                  bool megatron_model_rules = false,

@@ -10,11 +10,11 @@ namespace {
 constexpr FrameworkTarget kDeepSpeed{
     .name = "deepspeed",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.deepspeed.worker",
-    .unsupported = [](const casefile::Case& c, const WorkerHello& hello) {
-      return deepspeed_unsupported(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules,
+    .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
+      return deepspeed_refusal(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules,
                                    hello.cannot_run);
     },
-    .unsupported_at = [](const casefile::Case& c, std::string_view version) { return deepspeed_unsupported(c, version); },
+    .refusal_at_release = [](const casefile::Case& c, std::string_view version) { return deepspeed_refusal(c, version); },
     .within = [](casefile::Case c, const WorkerHello& hello) {
       // The DeepSpeed configuration is drawn from the case's own gradient seed, so a campaign's
       // stream of cases, and a shrink's, stay reproducible from the campaign seed.

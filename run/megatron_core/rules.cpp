@@ -36,7 +36,7 @@ bool uneven_without_middle_chunks(const casefile::Case& c) {
 // optimizer_named_parameters and the DataParallelBuffer shard of each item).
 bool fsdp_not_recorded(std::string_view version) { return megatron_core_older_than(version, 0, 19); }
 
-std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, std::string_view version) {
+std::optional<std::string> megatron_fsdp_refusal(const casefile::Case& c, std::string_view version) {
   const casefile::MegatronFsdpConfig& f = *c.megatron_fsdp;
   const topologies::ParallelConfig& t = c.topology;
   if (fsdp_not_recorded(version))
@@ -71,7 +71,7 @@ std::optional<std::string> megatron_fsdp_unsupported(const casefile::Case& c, st
 
 // Multi-token prediction: the worker builds 0.19's MTP block from the local spec on one stage, and
 // reports its separate grad-norm group (mtp_detach_heads) as 0.19 computes it.
-std::optional<std::string> mtp_unsupported(const casefile::Case& c, std::string_view version) {
+std::optional<std::string> mtp_refusal(const casefile::Case& c, std::string_view version) {
   const int layers = c.model.mtp_num_layers;
   if (layers == 0) return std::nullopt;
   const std::string field = "model.mtp_num_layers " + std::to_string(layers);
@@ -104,7 +104,7 @@ std::optional<std::string> mtp_unsupported(const casefile::Case& c, std::string_
 // use_separate_distributed_optimizer path).
 bool layer_wise_layout_missing(std::string_view version) { return megatron_core_older_than(version, 0, 19); }
 
-std::optional<std::string> layer_wise_layout_unsupported(const casefile::Case& c, std::string_view version) {
+std::optional<std::string> layer_wise_layout_refusal(const casefile::Case& c, std::string_view version) {
   if (layer_wise_layout_missing(version))
     return "optimizer.layer_wise_param_layout: megatron-core " + std::string(version) +
            " has no layer-wise parameter layout (LayerWiseDistributedOptimizer.compute_full_param_layout came "
@@ -125,7 +125,7 @@ std::optional<std::string> layer_wise_layout_unsupported(const casefile::Case& c
 
 }  // namespace
 
-std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
+std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::string_view version,
                                                      const FaultPlants& plants,
                                                      const std::map<std::string, std::string>& cannot_run) {
   const topologies::ModelSpec& m = c.model;
@@ -135,7 +135,7 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
     return "model.kind custom: the megatron-core worker builds Megatron's GPTModel; a custom layout has "
            "no Megatron module";
   if (auto why = other_frameworks_section(c, "megatron-core")) return why;
-  if (auto why = mtp_unsupported(c, version)) return why;
+  if (auto why = mtp_refusal(c, version)) return why;
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: the worker builds attention sinks (the local DotProductAttention's "
            "learnable softmax_offset, transformer/dot_product_attention.py:126-138 at 0.16.1 and 0.19.2) but that "
@@ -158,13 +158,13 @@ std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, st
   if (const auto it = cannot_run.find("megatron_fsdp"); c.megatron_fsdp && it != cannot_run.end())
     return "megatron_fsdp: the worker cannot run Megatron-FSDP on this machine: " + it->second;
   if (c.megatron_fsdp)
-    if (auto why = megatron_fsdp_unsupported(c, version)) return why;
+    if (auto why = megatron_fsdp_refusal(c, version)) return why;
   if (const auto it = cannot_run.find("optimizer.layer_wise_param_layout");
       o.layer_wise_param_layout && it != cannot_run.end())
     return "optimizer.layer_wise_param_layout: the worker cannot run the layer-wise parameter layout on this "
            "machine: " + it->second;
   if (o.layer_wise_param_layout)
-    if (auto why = layer_wise_layout_unsupported(c, version)) return why;
+    if (auto why = layer_wise_layout_refusal(c, version)) return why;
   if (o.bucket_elements > 0)
     return "optimizer.bucket_elements " + std::to_string(o.bucket_elements) +
            ": tally's worker does not overlap the gradient reduction, and without overlap_grad_reduce "
@@ -251,12 +251,12 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   // One bucket per buffer, as megatron-core lays it out without overlapped gradient reduction.
   o.bucket_elements = 0;
   if (o.layer_wise_param_layout &&
-      (o.optimizer != vocab::OptimizerModel::layerwise || !layout_runs || layer_wise_layout_unsupported(c, version)))
+      (o.optimizer != vocab::OptimizerModel::layerwise || !layout_runs || layer_wise_layout_refusal(c, version)))
     o.layer_wise_param_layout = false;
-  // MTP's own norm is not recorded under the parameter layout (mtp_unsupported): its heads stay
+  // MTP's own norm is not recorded under the parameter layout (mtp_refusal): its heads stay
   // attached there, counted in the main norm.
   if (o.layer_wise_param_layout) m.mtp_detach_heads = false;
-  if (mtp_unsupported(c, version)) {
+  if (mtp_refusal(c, version)) {
     m.mtp_num_layers = 0;
     m.mtp_detach_heads = false;
   }

@@ -21,7 +21,7 @@ namespace tally::run {
 // Faults must be among those the worker plants (`plants`, from its hello).
 // `cannot_run`: the settings the worker cannot run on its machine, with why (WorkerHello::cannot_run:
 // "megatron_fsdp" where einops is missing, or a stand-in that models DDP's path only).
-std::optional<std::string> megatron_core_unsupported(const casefile::Case& c, std::string_view version,
+std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::string_view version,
                                                      const FaultPlants& plants = {},
                                                      const std::map<std::string, std::string>& cannot_run = {});
 

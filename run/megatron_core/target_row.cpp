@@ -55,10 +55,10 @@ std::string megatron_core_norm_code(const casefile::Case& c) {
 constexpr FrameworkTarget kMegatronCore{
     .name = "megatron-core",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.megatron.worker",
-    .unsupported = [](const casefile::Case& c, const WorkerHello& hello) {
-      return megatron_core_unsupported(c, hello.version, hello.plants, hello.cannot_run);
+    .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
+      return megatron_core_refusal(c, hello.version, hello.plants, hello.cannot_run);
     },
-    .unsupported_at = [](const casefile::Case& c, std::string_view version) { return megatron_core_unsupported(c, version); },
+    .refusal_at_release = [](const casefile::Case& c, std::string_view version) { return megatron_core_refusal(c, version); },
     .within = [](casefile::Case c, const WorkerHello& hello) {
       // Drawn from the case's own gradient seed, so a campaign's stream of cases, and a shrink's,
       // stay reproducible from the campaign seed.

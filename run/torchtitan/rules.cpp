@@ -92,7 +92,7 @@ std::optional<std::string> torch_clip_refuses(const casefile::Case& c) {
 
 }  // namespace
 
-std::optional<std::string> torchtitan_unsupported(const casefile::Case& c, std::string_view,
+std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::string_view,
                                                   const FaultPlants& plants) {
   const topologies::ModelSpec& m = c.model;
   const topologies::ParallelConfig& t = c.topology;

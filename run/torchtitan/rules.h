@@ -25,7 +25,7 @@ namespace tally::run {
 
 // Why the torchtitan worker at `version` cannot execute `c`, as one line naming the field and the
 // rule; nullopt when it can. Faults must be among those the worker plants (`plants`, its hello's).
-std::optional<std::string> torchtitan_unsupported(const casefile::Case& c, std::string_view version,
+std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::string_view version,
                                                   const FaultPlants& plants = {});
 
 // `c` within the worker's space: VPP 1, tally's default order, one optimizer instance, the plain

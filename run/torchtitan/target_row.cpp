@@ -9,10 +9,10 @@ namespace {
 constexpr FrameworkTarget kTorchTitan{
     .name = "torchtitan",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.torchtitan.worker",
-    .unsupported = [](const casefile::Case& c, const WorkerHello& hello) {
-      return torchtitan_unsupported(c, hello.version, hello.plants);
+    .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
+      return torchtitan_refusal(c, hello.version, hello.plants);
     },
-    .unsupported_at = [](const casefile::Case& c, std::string_view version) { return torchtitan_unsupported(c, version); },
+    .refusal_at_release = [](const casefile::Case& c, std::string_view version) { return torchtitan_refusal(c, version); },
     .within = [](casefile::Case c, const WorkerHello& hello) {
       // Drawn from the case's own gradient seed, so a campaign's stream of cases, and a shrink's,
       // stay reproducible from the campaign seed.

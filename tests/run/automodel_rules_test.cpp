@@ -62,8 +62,8 @@ RC_GTEST_PROP(AutomodelTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
   RC_ASSERT(c.automodel.has_value());
-  const std::optional<std::string> unsupported = automodel_unsupported(c, "0.7.0", plants);
-  RC_ASSERT(!unsupported);
+  const std::optional<std::string> refusal = automodel_refusal(c, "0.7.0", plants);
+  RC_ASSERT(!refusal);
 }
 
 TEST(AutomodelTarget, AFaultOfTheReplicasGetsReplicasWhereDataParallelAllowsThem) {
@@ -72,56 +72,56 @@ TEST(AutomodelTarget, AFaultOfTheReplicasGetsReplicasWhereDataParallelAllowsThem
   c.path.faults = vocab::FaultSet::of({vocab::Fault::stats_over_replicas});
   c = within_automodel(std::move(c), every_plant(), 0);
   EXPECT_EQ(c.automodel->dp_replicate, 2);
-  EXPECT_FALSE(automodel_unsupported(c, "0.7.0", every_plant()));
+  EXPECT_FALSE(automodel_refusal(c, "0.7.0", every_plant()));
 }
 
 TEST(AutomodelTarget, NamesWhatTheWorkerCannotBuild) {
   casefile::Case c = llama_case();
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(automodel_unsupported(c, "0.7.0"));
+  EXPECT_FALSE(automodel_refusal(c, "0.7.0"));
   c.automodel.reset();
-  EXPECT_TRUE(starts_with(automodel_unsupported(c, "0.7.0"), "automodel: the case has no Automodel configuration"));
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "automodel: the case has no Automodel configuration"));
   c = llama_case();
   c.model.normalization = topologies::Normalization::layer_norm;
-  EXPECT_TRUE(starts_with(automodel_unsupported(c, "0.7.0"), "model.normalization LayerNorm:"));
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "model.normalization LayerNorm:"));
   c = llama_case();
   c.model.num_experts = 4;
-  EXPECT_NE(automodel_unsupported(c, "0.7.0").value_or("").find("qwen3_moe/model.py:184"), std::string::npos);
+  EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("qwen3_moe/model.py:184"), std::string::npos);
   c = llama_case();
   c.model.qk_layernorm = true;
   c.model.add_bias_linear = true;
-  EXPECT_NE(automodel_unsupported(c, "0.7.0").value_or("").find("Qwen3MLP"), std::string::npos);
+  EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("Qwen3MLP"), std::string::npos);
   c = llama_case();
   c.model.hidden_size = 10;  // 4 heads of 4 channels: Megatron's kv_channels, not LlamaConfig's rule
   c.model.num_attention_heads = 4;
   c.model.kv_channels = 4;
-  EXPECT_NE(automodel_unsupported(c, "0.7.0").value_or("").find("configuration_llama.py:94-100"), std::string::npos);
+  EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("configuration_llama.py:94-100"), std::string::npos);
   c = llama_case();
   c.model.num_attention_heads = 4;
   c.model.num_query_groups = 1;  // one key-value head on TP 2
-  EXPECT_NE(automodel_unsupported(c, "0.7.0").value_or("").find("parallelizer.py:1039-1040"), std::string::npos);
+  EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("parallelizer.py:1039-1040"), std::string::npos);
   c = llama_case();
   c.automodel->dp_replicate = 2;  // DP 2: Automodel's own refusal
-  EXPECT_NE(automodel_unsupported(c, "0.7.0").value_or("").find("mesh_utils.py:310-314"), std::string::npos);
+  EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("mesh_utils.py:310-314"), std::string::npos);
   c = llama_case();
   c.topology = topologies::ParallelConfig{.world = 4, .pp = 2};
-  EXPECT_TRUE(starts_with(automodel_unsupported(c, "0.7.0"), "topology.pp 2: the worker builds no pipeline"));
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "topology.pp 2: the worker builds no pipeline"));
   c = llama_case();
   c.topology.order = "cp-tp-ep-dp-pp";
-  EXPECT_TRUE(starts_with(automodel_unsupported(c, "0.7.0"), "topology.order cp-tp-ep-dp-pp:"));
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "topology.order cp-tp-ep-dp-pp:"));
   c = llama_case();
   c.path.faults = vocab::FaultSet::of({vocab::Fault::missing_pp_reduction});
-  EXPECT_TRUE(starts_with(automodel_unsupported(c, "0.7.0", every_plant()), "faults: the worker plants no counterpart"));
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0", every_plant()), "faults: the worker plants no counterpart"));
   c = llama_case();
   c.deepspeed = casefile::DeepSpeedConfig{};
-  EXPECT_TRUE(starts_with(automodel_unsupported(c, "0.7.0"), "deepspeed: a DeepSpeed case"));
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "deepspeed: a DeepSpeed case"));
 }
 
 TEST(AutomodelTarget, EachOtherTargetRefusesAnAutomodelCase) {
   const casefile::Case c = llama_case();
   for (const FrameworkTarget* row : framework_targets()) {
     if (row->name == "automodel") continue;
-    EXPECT_TRUE(starts_with(row->unsupported_at(c, ""), "automodel: a NeMo-Automodel case")) << row->name;
+    EXPECT_TRUE(starts_with(row->refusal_at_release(c, ""), "automodel: a NeMo-Automodel case")) << row->name;
   }
 }
 

@@ -40,37 +40,37 @@ RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const casefile::Case c = *fuzz::gen_case(options);
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
-  const std::optional<std::string> unsupported = deepspeed_unsupported(c, "0.19.8", {}, dtypes);
-  RC_ASSERT(!unsupported);
+  const std::optional<std::string> refusal = deepspeed_refusal(c, "0.19.8", {}, dtypes);
+  RC_ASSERT(!refusal);
 }
 
 TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   casefile::Case c = founding_case();  // TP 2, EP 2, ETP 1, world 2: DeepSpeed's legacy expert groups span TP
   c.path.optimizer = vocab::OptimizerModel::plain;
   c.deepspeed = casefile::DeepSpeedConfig{};
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   c.topology.etp = 2;  // with expert TP, EP groups lie within DP 1
-  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("topology.ep 2"), std::string::npos);
+  EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("topology.ep 2"), std::string::npos);
   c.topology.tp = 1;
   c.topology.etp = 1;
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   c.deepspeed->zero_stage = 3;  // the founding case has experts
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.zero_stage 3 with experts:", 0), 0u);
+  EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("deepspeed.zero_stage 3 with experts:", 0), 0u);
   c.model.num_experts = 0;
   c.topology.ep = 1;
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   c.model.num_experts = 2;
   c.topology.ep = 2;
   c.deepspeed->zero_stage = 0;
   c.deepspeed->grad_accum_fp32 = true;
   c.path.gradients.generator.dtype = kernels::Dtype::bf16;
-  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos);
+  EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos);
   c.deepspeed.reset();
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed:", 0), 0u);
+  EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("deepspeed:", 0), 0u);
   c = founding_case();
   c.topology.tp = c.topology.etp = 1;
   c.deepspeed = casefile::DeepSpeedConfig{};
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
+  EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
 }
 
 // DeepSpeed 0.19.8 refuses offload with AutoEP folded over AutoTP at deepspeed.initialize
@@ -86,10 +86,10 @@ TEST(DeepSpeedTarget, RefusesOffloadWithAutoEpFoldedOverAutoTpAsDeepSpeedDoes) {
   c.deepspeed->zero_stage = 1;
   c.deepspeed->autotp = c.deepspeed->autoep = true;
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << deepspeed_unsupported(c, "0.19.8").value_or("");
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << deepspeed_refusal(c, "0.19.8").value_or("");
   c.deepspeed->offload_optimizer = true;
-  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("auto_ep_folding.py:249"), std::string::npos)
-      << deepspeed_unsupported(c, "0.19.8").value_or("");
+  EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("auto_ep_folding.py:249"), std::string::npos)
+      << deepspeed_refusal(c, "0.19.8").value_or("");
   // Generated cases never ask for it: offload stays, the folding goes.
   for (std::uint64_t draw = 0; draw < 64; ++draw) {
     const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, {});
@@ -105,29 +105,29 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   c.model.num_layers = 4;
   c.deepspeed = casefile::DeepSpeedConfig{1, false, 128};
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   c.deepspeed->zero_stage = 2;
-  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("ZeRO 2 and 3 are incompatible"), std::string::npos);
+  EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("ZeRO 2 and 3 are incompatible"), std::string::npos);
   c.deepspeed->zero_stage = 0;
   c.deepspeed->grad_accum_fp32 = true;
   c.path.gradients.generator.dtype = kernels::Dtype::bf16;
-  EXPECT_NE(deepspeed_unsupported(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos)
+  EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos)
       << "bf16 with fp32 accumulation needs ZeRO in a pipeline too";
   c.topology.vpp = 2;
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("topology.vpp:", 0), 0u);
+  EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("topology.vpp:", 0), 0u);
   c = founding_case();
   c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = {.world = 4, .pp = 2, .ep = 2};
   c.model.num_layers = 2;
   c.deepspeed = casefile::DeepSpeedConfig{};
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "EP 2 within each stage's two ranks";
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << "EP 2 within each stage's two ranks";
   c.topology = {.world = 4, .pp = 4};
   c.model.num_layers = 4;
   c.model.num_experts = 2;
   c.topology.ep = 1;
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
 
   casefile::Case dense = founding_case();
   dense.path.optimizer = vocab::OptimizerModel::plain;
@@ -138,7 +138,7 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   for (std::uint64_t draw = 0; draw < 16; ++draw) {
     const casefile::Case within = within_deepspeed(dense, "0.19.8", {}, draw);
     ASSERT_FALSE(casefile::check_case(within)) << *casefile::check_case(within);
-    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+    EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
     EXPECT_EQ(within.topology.pp, 2) << "a dense model keeps its pipeline";
     EXPECT_EQ(within.topology.vpp, 1);
     EXPECT_LE(within.deepspeed->zero_stage, 1);
@@ -156,7 +156,7 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   const casefile::Case half = within_deepspeed(c, "0.19.8", {}, 0);
   EXPECT_EQ(half.topology.pp, 1) << "a stage without MoE layers deadlocks DeepSpeed's norm: PP folds into DP";
   EXPECT_EQ(half.topology.world, 8);
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "a user may still run such a case by hand";
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << "a user may still run such a case by hand";
 }
 
 // A case of `topology` with the default small model and `experts` experts, under the plain
@@ -176,7 +176,7 @@ std::vector<casefile::Case> drawn_for_deepspeed(casefile::Case c) {
   std::vector<casefile::Case> drawn;
   for (std::uint64_t draw = 0; draw < 32; ++draw) {
     drawn.push_back(within_deepspeed(c, "0.19.8", {}, draw));
-    EXPECT_FALSE(deepspeed_unsupported(drawn.back(), "0.19.8")) << "draw " << draw;
+    EXPECT_FALSE(deepspeed_refusal(drawn.back(), "0.19.8")) << "draw " << draw;
   }
   return drawn;
 }
@@ -186,14 +186,14 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   c.model.qk_layernorm = true;
   c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 1, .autotp = true};
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
-  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
+  const auto refusal = [](casefile::Case changed) { return deepspeed_refusal(changed, "0.19.8").value_or(""); };
   casefile::Case tp1 = c;
   tp1.topology.tp = tp1.topology.etp = 1;
   EXPECT_EQ(refusal(tp1).rfind("deepspeed.autotp with topology.tp 1:", 0), 0u) << refusal(tp1);
   casefile::Case zero3 = c;
   zero3.deepspeed->zero_stage = 3;
-  EXPECT_FALSE(deepspeed_unsupported(zero3, "0.19.8")) << "ZeRO 3 gathers AutoTP's shards for the worker's forward";
+  EXPECT_FALSE(deepspeed_refusal(zero3, "0.19.8")) << "ZeRO 3 gathers AutoTP's shards for the worker's forward";
   casefile::Case piped = c;
   piped.topology = {.world = 4, .tp = 2, .pp = 2};
   piped.model.num_layers = 2;
@@ -229,7 +229,7 @@ TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
   EXPECT_GT(fused, 0) << "FP16_Optimizer is drawn";
   EXPECT_GT(unfused, 0) << "so is FP16_UnfusedOptimizer";
   c.deepspeed = casefile::DeepSpeedConfig{.fused_adam = true};
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
 }
 
 TEST(DeepSpeedTarget, AWorkerWhoseFusedAdamDidNotBuildIsAskedForNoneAndRefusesItWithItsReason) {
@@ -239,12 +239,12 @@ TEST(DeepSpeedTarget, AWorkerWhoseFusedAdamDidNotBuildIsAskedForNoneAndRefusesIt
   for (std::uint64_t draw = 0; draw < 64; ++draw) {
     const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, cannot_run);
     EXPECT_FALSE(within.deepspeed->fused_adam) << "draw " << draw;
-    EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8", {}, {}, false, cannot_run)) << "draw " << draw;
+    EXPECT_FALSE(deepspeed_refusal(within, "0.19.8", {}, {}, false, cannot_run)) << "draw " << draw;
   }
   c.deepspeed = casefile::DeepSpeedConfig{.fused_adam = true};
   EXPECT_FALSE(within_deepspeed(c, "0.19.8", {}, 0, {}, false, cannot_run).deepspeed->fused_adam)
       << "a shrink keeps within what the worker runs";
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8", {}, {}, false, cannot_run),
+  EXPECT_EQ(deepspeed_refusal(c, "0.19.8", {}, {}, false, cannot_run),
             "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (DeepSpeed's FusedAdam "
             "op did not build on rank 0: RuntimeError: nvcc failed)");
 }
@@ -259,7 +259,7 @@ TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
     EXPECT_TRUE(within.deepspeed->zero_stage == 1 || within.deepspeed->zero_stage == 2);
   }
   EXPECT_GT(offloaded, 0) << "ZeRO-Offload is drawn";
-  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  const auto refusal = [](casefile::Case changed) { return deepspeed_refusal(changed, "0.19.8").value_or(""); };
   c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 2, .offload_optimizer = true};
   EXPECT_EQ(refusal(c), "");
   c.deepspeed->zero_stage = 0;
@@ -293,12 +293,12 @@ TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
       << "Megatron's rule, for every case but a DeepSpeed one";
   c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 1};
   EXPECT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8", {}, {}, /*megatron_model_rules=*/true).value_or("").rfind(
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
+  EXPECT_EQ(deepspeed_refusal(c, "0.19.8", {}, {}, /*megatron_model_rules=*/true).value_or("").rfind(
                 "model: this worker builds models under Megatron-LM's rules", 0),
             0u);
   const casefile::Case for_stand_in = within_deepspeed(c, "0.19.8", {}, 0, {}, /*megatron_model_rules=*/true);
-  EXPECT_FALSE(deepspeed_unsupported(for_stand_in, "0.19.8", {}, {}, /*megatron_model_rules=*/true))
+  EXPECT_FALSE(deepspeed_refusal(for_stand_in, "0.19.8", {}, {}, /*megatron_model_rules=*/true))
       << "a case that came with expert biases is made one such a worker builds";
 }
 
@@ -308,8 +308,8 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   c.model.add_bias_linear = false;
   c.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 2, .autoep = true};
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
-  EXPECT_FALSE(deepspeed_unsupported(c, "0.19.8"));
-  const auto refusal = [](casefile::Case changed) { return deepspeed_unsupported(changed, "0.19.8").value_or(""); };
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
+  const auto refusal = [](casefile::Case changed) { return deepspeed_refusal(changed, "0.19.8").value_or(""); };
   const auto refused_by = [&](casefile::Case changed, const std::string& rule) {
     EXPECT_FALSE(casefile::check_case(changed)) << *casefile::check_case(changed);
     EXPECT_EQ(refusal(changed).rfind(rule, 0), 0u) << refusal(changed);
@@ -326,7 +326,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   refused_by(biased, "deepspeed.autoep with model.add_bias_linear:");
   casefile::Case zero3 = c;
   zero3.deepspeed->zero_stage = 3;
-  EXPECT_FALSE(deepspeed_unsupported(zero3, "0.19.8")) << "AutoEP's experts are the ones DeepSpeed runs at ZeRO 3";
+  EXPECT_FALSE(deepspeed_refusal(zero3, "0.19.8")) << "AutoEP's experts are the ones DeepSpeed runs at ZeRO 3";
   zero3.deepspeed->autoep = false;
   refused_by(zero3, "deepspeed.zero_stage 3 with experts: DeepSpeed asserts");
   EXPECT_TRUE(within_deepspeed(zero3, "0.19.8", {}, 0).deepspeed->autoep) << "ZeRO 3 with experts takes AutoEP";
@@ -337,7 +337,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   EXPECT_TRUE(adapted.deepspeed->autoep) << "its experts become AutoEP's: SwiGLU without biases";
   EXPECT_EQ(adapted.deepspeed->zero_stage, 3);
   EXPECT_FALSE(adapted.model.add_bias_linear);
-  EXPECT_FALSE(deepspeed_unsupported(adapted, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(adapted, "0.19.8"));
   casefile::Case tp2 = c;
   tp2.topology.tp = 2;
   tp2.topology.ep = 1;
@@ -348,14 +348,14 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
                      "topology.ep 1:");
   folded.topology.ep = 2;
   folded.topology.etp = 1;
-  EXPECT_FALSE(deepspeed_unsupported(folded, "0.19.8")) << refusal(folded);
+  EXPECT_FALSE(deepspeed_refusal(folded, "0.19.8")) << refusal(folded);
   // fp16: a folded expert's gradient is fed times TP too (200 x DP 2 x 128 fits, x TP 2 does not)
   casefile::Case fp16 = folded;
   fp16.path.gradients.generator.dtype = kernels::Dtype::fp16;
   fp16.path.gradients.stated = {{"", topologies::ParamClass::replicated, {topologies::StatedGradient::Kind::constant, 200.0, {}}}};
   refused_by(fp16, "deepspeed.loss_scale 128 with gradients.dtype fp16:");
   fp16.deepspeed->loss_scale = 64;
-  EXPECT_FALSE(deepspeed_unsupported(fp16, "0.19.8")) << refusal(fp16);
+  EXPECT_FALSE(deepspeed_refusal(fp16, "0.19.8")) << refusal(fp16);
   casefile::Case folded_zero3 = folded;
   folded_zero3.deepspeed = casefile::DeepSpeedConfig{.zero_stage = 3};
   const casefile::Case within_zero3 = within_deepspeed(folded_zero3, "0.19.8", {}, 0);
@@ -387,17 +387,17 @@ TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
   c.deepspeed = casefile::DeepSpeedConfig{};  // loss scale 128
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   // 8.58 x 64 x DP 2 x 128 > 65504: DeepSpeed would skip the step.
-  EXPECT_EQ(deepspeed_unsupported(c, "0.19.8").value_or("").rfind("deepspeed.loss_scale 128 with gradients.dtype fp16:", 0), 0u)
-      << deepspeed_unsupported(c, "0.19.8").value_or("");
+  EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("deepspeed.loss_scale 128 with gradients.dtype fp16:", 0), 0u)
+      << deepspeed_refusal(c, "0.19.8").value_or("");
   const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
   EXPECT_EQ(within.path.gradients.generator.dtype, kernels::Dtype::fp16);
   EXPECT_EQ(within.deepspeed->loss_scale, 32) << "the largest power of two that fits: 8.58 x 64 x 2 x 32 < 65504";
-  EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
   c.path.gradients.stated.front().gradient = {topologies::StatedGradient::Kind::constant, 40000.0, {}};
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);  // 40000 x DP 2 > 65504 at loss scale 1
   const casefile::Case bf16 = within_deepspeed(c, "0.19.8", {}, 0);
   EXPECT_EQ(bf16.path.gradients.generator.dtype, kernels::Dtype::bf16);
-  EXPECT_FALSE(deepspeed_unsupported(bf16, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(bf16, "0.19.8"));
 }
 
 TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
@@ -407,7 +407,7 @@ TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
   ASSERT_FALSE(casefile::check_case(c));
   const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
   EXPECT_FALSE(casefile::check_case(within));
-  EXPECT_FALSE(deepspeed_unsupported(within, "0.19.8"));
+  EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
   EXPECT_EQ(within.topology.world, 8);
   EXPECT_EQ(within.topology.cp * within.topology.pp, 1);
   EXPECT_EQ(within.deepspeed, c.deepspeed) << "a case's own configuration is kept";

@@ -47,7 +47,7 @@ RC_GTEST_PROP(LayerWiseLayout, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   };
   const casefile::Case c = *fuzz::gen_case(options);
   RC_ASSERT(!casefile::check_case(c));
-  RC_ASSERT(!megatron_core_unsupported(c, version));
+  RC_ASSERT(!megatron_core_refusal(c, version));
   if (c.path.layer_wise_param_layout) {
     RC_ASSERT(version == "0.19.2");
     RC_ASSERT(c.path.optimizer == vocab::OptimizerModel::layerwise);
@@ -79,25 +79,25 @@ TEST(LayerWiseLayout, HalfTheLayerWiseCasesTakeItWhereTheReleaseHasIt) {
 
 TEST(LayerWiseLayout, NamesWhatTheWorkerCannotRun) {
   casefile::Case c = layout_case();
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.16.1"),
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"),
                           "optimizer.layer_wise_param_layout: megatron-core 0.16.1 has no layer-wise parameter layout"));
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2", {}, {{"optimizer.layer_wise_param_layout", "why"}}),
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2", {}, {{"optimizer.layer_wise_param_layout", "why"}}),
                           "optimizer.layer_wise_param_layout: the worker cannot run"));
   c.path.bucket_elements = 64;
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "optimizer.bucket_elements 64 with optimizer.layer_wise_param_layout:"));
   EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 41).path.bucket_elements, 0);
   c.path.bucket_elements = 0;
   c.model.add_bias_linear = true;
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "optimizer.layer_wise_param_layout with expert biases (model.add_bias_linear, num_experts 2)"));
   c.model.num_experts = 0;
   c.model.moe_ffn_hidden_size.reset();
   c.topology.ep = 1;
   c.topology.etp = c.topology.tp;
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2")) << "dense biases are the DistributedOptimizer's";
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2")) << "dense biases are the DistributedOptimizer's";
 }
 
 TEST(LayerWiseLayout, BelongsToTheLayerWiseModelAlone) {

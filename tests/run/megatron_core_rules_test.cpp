@@ -32,21 +32,21 @@ RC_GTEST_PROP(MegatronCoreTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   options.restrict_to = [version](casefile::Case c) { return within_megatron_core(std::move(c), version); };
   const casefile::Case c = *fuzz::gen_case(options);
   RC_ASSERT(!casefile::check_case(c));
-  const std::optional<std::string> unsupported = megatron_core_unsupported(c, version);
-  RC_ASSERT(!unsupported);
+  const std::optional<std::string> refusal = megatron_core_refusal(c, version);
+  RC_ASSERT(!refusal);
 }
 
 TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   casefile::Case c = founding_case();
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
   c.model.mtp_num_layers = 1;
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2")) << "0.19's MTP block, on one stage";
-  EXPECT_EQ(megatron_core_unsupported(c, "0.16.1").value_or("").rfind("model.mtp_num_layers 1:", 0), 0u);
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2")) << "0.19's MTP block, on one stage";
+  EXPECT_EQ(megatron_core_refusal(c, "0.16.1").value_or("").rfind("model.mtp_num_layers 1:", 0), 0u);
   c = founding_case();
   c.path.optimizer = vocab::OptimizerModel::muon;
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
-  EXPECT_NE(megatron_core_unsupported(c, "0.16.1").value_or("").find("list.remove"), std::string::npos);
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
+  EXPECT_NE(megatron_core_refusal(c, "0.16.1").value_or("").find("list.remove"), std::string::npos);
   EXPECT_EQ(within_megatron_core(c, "0.16.1").path.optimizer, vocab::OptimizerModel::layerwise);
   c = founding_case();
   c.topology = {.world = 2, .pp = 2, .vpp = 2};
@@ -55,17 +55,17 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   c.model.first_stage_layers = 2;
   c.model.last_stage_layers = 2;
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_NE(megatron_core_unsupported(c, "0.19.2").value_or("").find("ZeroDivisionError"), std::string::npos);
+  EXPECT_NE(megatron_core_refusal(c, "0.19.2").value_or("").find("ZeroDivisionError"), std::string::npos);
   const casefile::Case within = within_megatron_core(c, "0.19.2");
   EXPECT_FALSE(casefile::check_case(within));
-  EXPECT_FALSE(megatron_core_unsupported(within, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(within, "0.19.2"));
   EXPECT_EQ(topologies::layers_of(within.model, 2, 2, 1, 1).count, 1) << "the last stage keeps its layers";
   c = founding_case();
   c.path.p_values = {3.0};
-  EXPECT_NE(megatron_core_unsupported(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
+  EXPECT_NE(megatron_core_refusal(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
   c = founding_case();
   c.deepspeed = casefile::DeepSpeedConfig{};
-  EXPECT_EQ(megatron_core_unsupported(c, "0.19.2").value_or("").rfind("deepspeed: a DeepSpeed case", 0), 0u);
+  EXPECT_EQ(megatron_core_refusal(c, "0.19.2").value_or("").rfind("deepspeed: a DeepSpeed case", 0), 0u);
 }
 
 TEST(MegatronCoreTarget, ReleasesCompareByMajorAndMinor) {

@@ -17,10 +17,10 @@ casefile::Case distributed_case() {
 
 TEST(MegatronDdp, BucketsAreRefusedNamingDdpsOwnRule) {
   casefile::Case c = distributed_case();
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
   c.path.bucket_elements = 64;
   for (const char* version : {"0.16.1", "0.19.2"}) {
-    const std::optional<std::string> why = megatron_core_unsupported(c, version);
+    const std::optional<std::string> why = megatron_core_refusal(c, version);
     ASSERT_TRUE(why.has_value()) << version;
     EXPECT_EQ(why->rfind("optimizer.bucket_elements 64: tally's worker does not overlap", 0), 0u) << *why;
     EXPECT_NE(why->find("distributed_data_parallel.py"), std::string::npos) << *why;
@@ -32,7 +32,7 @@ TEST(MegatronDdp, GeneratedCasesTakeOneBucketPerBuffer) {
   c.path.bucket_elements = 64;
   const casefile::Case within = within_megatron_core(c, "0.19.2", {}, 1);
   EXPECT_EQ(within.path.bucket_elements, 0);
-  EXPECT_FALSE(megatron_core_unsupported(within, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(within, "0.19.2"));
 }
 
 }  // namespace

@@ -42,8 +42,8 @@ RC_GTEST_PROP(MegatronFsdpTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const casefile::Case c = *fuzz::gen_case(options);
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
-  const std::optional<std::string> unsupported = megatron_core_unsupported(c, "0.19.2");
-  RC_ASSERT(!unsupported);
+  const std::optional<std::string> refusal = megatron_core_refusal(c, "0.19.2");
+  RC_ASSERT(!refusal);
   if (c.megatron_fsdp) {
     RC_ASSERT(c.topology.pp == 1);
     RC_ASSERT(c.path.optimizer == vocab::OptimizerModel::distributed);
@@ -63,7 +63,7 @@ RC_GTEST_PROP(MegatronFsdpTarget, ANormCodeCampaignDrawsOnlyThatCode, ()) {
   options.keep_only = fuzz::norm_code_filter("megatron-fsdp");
   const casefile::Case c = *fuzz::gen_case(options);
   RC_ASSERT(c.megatron_fsdp.has_value());
-  RC_ASSERT(!megatron_core_unsupported(c, "0.19.2"));
+  RC_ASSERT(!megatron_core_refusal(c, "0.19.2"));
 }
 
 TEST(MegatronFsdpTarget, GeneratedCasesDrawEveryStrategyAboutAsOftenAsAnOptimizer) {
@@ -93,7 +93,7 @@ TEST(MegatronFsdpTarget, HybridFsdpKeepsTheInstancesDrawnForAnotherOptimizer) {
   ASSERT_TRUE(hybrid.megatron_fsdp);
   EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
   EXPECT_EQ(hybrid.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::optim);
-  EXPECT_FALSE(megatron_core_unsupported(hybrid, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(hybrid, "0.19.2"));
   EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 36).topology.dist_opt_instances, 1) << "plain Adam: one instance";
 }
 
@@ -112,7 +112,7 @@ TEST(MegatronFsdpTarget, HybridFsdpTakesTwoInstancesWhereTheLayoutAllowsThem) {
   EXPECT_EQ(hybrid.topology.pp, 1);
   EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
   EXPECT_EQ(hybrid.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::optim);
-  EXPECT_FALSE(megatron_core_unsupported(hybrid, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(hybrid, "0.19.2"));
   c.topology = {.world = 2, .tp = 2, .etp = 2};  // DP 1: one instance, so the outer strategy goes
   ASSERT_FALSE(casefile::check_case(c));
   const casefile::Case one = within_megatron_core(c, "0.19.2", {}, 35);
@@ -131,7 +131,7 @@ TEST(MegatronFsdpTarget, ANormCodeMatchesWholeWords) {
 
 TEST(MegatronFsdpTarget, ReleasesItsWorkerDoesNotReadDrawNone) {
   casefile::Case c = fsdp_case();
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.16.1"), "megatron_fsdp: tally's worker records"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"), "megatron_fsdp: tally's worker records"));
   EXPECT_FALSE(within_megatron_core(c, "0.16.1", {}, 0).megatron_fsdp);
   c.megatron_fsdp.reset();
   EXPECT_FALSE(within_megatron_core(c, "0.16.1", {}, 0).megatron_fsdp);
@@ -139,45 +139,45 @@ TEST(MegatronFsdpTarget, ReleasesItsWorkerDoesNotReadDrawNone) {
 
 TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
   casefile::Case c = fsdp_case();
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
 
   c.topology = {.world = 2, .pp = 2};
   c.model.num_layers = 2;
   c.model.num_experts = 0;
   c.model.moe_ffn_hidden_size.reset();
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "topology.pp 2 with megatron_fsdp:"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "topology.pp 2 with megatron_fsdp:"));
   const casefile::Case one_stage = within_megatron_core(c, "0.19.2");
   EXPECT_EQ(one_stage.topology.pp, 1);
   EXPECT_EQ(one_stage.topology.world, 2) << "the stages fold into DP";
-  EXPECT_FALSE(megatron_core_unsupported(one_stage, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(one_stage, "0.19.2"));
 
   c = fsdp_case();
   c.topology.order = "tp-pp-cp-ep-dp";
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "topology.order tp-pp-cp-ep-dp with megatron_fsdp:"));
-  EXPECT_FALSE(megatron_core_unsupported(within_megatron_core(c, "0.19.2"), "0.19.2"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "topology.order tp-pp-cp-ep-dp with megatron_fsdp:"));
+  EXPECT_FALSE(megatron_core_refusal(within_megatron_core(c, "0.19.2"), "0.19.2"));
 
   c = fsdp_case();
   c.path.optimizer = vocab::OptimizerModel::layerwise;
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "optimizer.model layerwise with megatron_fsdp:"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "optimizer.model layerwise with megatron_fsdp:"));
   EXPECT_EQ(within_megatron_core(c, "0.19.2").path.optimizer, vocab::OptimizerModel::distributed);
 
   c = fsdp_case();
   c.path.bucket_elements = 64;
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "optimizer.bucket_elements 64 with megatron_fsdp:"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "optimizer.bucket_elements 64 with megatron_fsdp:"));
 
   c = fsdp_case();
   c.megatron_fsdp->outer_sharding = casefile::FsdpOuterSharding::optim;
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1:"));
   c.topology = {.world = 4, .tp = 2, .etp = 2, .dist_opt_instances = 2};
   c.model.num_experts = 0;
   c.model.moe_ffn_hidden_size.reset();
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
   c.megatron_fsdp->sharding = casefile::FsdpSharding::optim_grads;
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy "
                           "optim_grads:"));
   EXPECT_EQ(within_megatron_core(c, "0.19.2").megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::no_shard);
@@ -202,7 +202,7 @@ TEST(MegatronFsdpTarget, SweepsEveryStrategyOnALayoutItRuns) {
   std::vector<std::string> names;
   for (const auto& [name, c] : row.sweep_variants(base)) {
     names.push_back(name);
-    EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2")) << name;
+    EXPECT_FALSE(megatron_core_refusal(c, "0.19.2")) << name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"plain", "distributed", "layerwise", "muon", "layerwise-layout",
                                              "fsdp-no_shard", "fsdp-optim", "fsdp-optim_grads",

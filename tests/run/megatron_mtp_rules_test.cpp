@@ -26,7 +26,7 @@ bool starts_with(const std::optional<std::string>& text, std::string_view prefix
 TEST(MegatronMtp, RunsOnOneStageOfRelease0_19) {
   const casefile::Case c = mtp_case(2, 1);
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
   const casefile::Case within = within_megatron_core(c, "0.19.2", {}, 1);
   EXPECT_EQ(within.model.mtp_num_layers, 1);
   EXPECT_TRUE(within.model.mtp_detach_heads);
@@ -34,15 +34,15 @@ TEST(MegatronMtp, RunsOnOneStageOfRelease0_19) {
 
 TEST(MegatronMtp, NamesWhatTheWorkerDoesNotRecord) {
   casefile::Case c = mtp_case(2, 1);
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.16.1"),
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"),
                           "model.mtp_num_layers 1: tally's worker builds multi-token prediction from megatron-core 0.19"));
   c = mtp_case(2, 2);
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "model.mtp_num_layers 1 with topology.pp 2:"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "model.mtp_num_layers 1 with topology.pp 2:"));
   c = mtp_case(2, 1);
   c.path.optimizer = vocab::OptimizerModel::distributed;
   c.megatron_fsdp = casefile::MegatronFsdpConfig{};
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "model.mtp_num_layers 1 with megatron_fsdp:"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "model.mtp_num_layers 1 with megatron_fsdp:"));
 }
 
 TEST(MegatronMtp, NamesWhereMegatronAndTallysModelBuildItDifferently) {
@@ -52,23 +52,23 @@ TEST(MegatronMtp, NamesWhereMegatronAndTallysModelBuildItDifferently) {
   c.model.num_experts = 2;
   c.model.moe_layer_freq = 2;  // layer 1, the last, is dense
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"), "model.mtp_num_layers 1 with model.moe_layer_freq 2:"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "model.mtp_num_layers 1 with model.moe_layer_freq 2:"));
   EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 1).model.mtp_num_layers, 0);
   c.model.num_layers = 3;  // layer 2 is MoE
-  EXPECT_FALSE(megatron_core_unsupported(c, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
 }
 
 TEST(MegatronMtp, ItsOwnNormUnderTheLayerWiseParameterLayoutIsRefusedAndLeftAttachedWhenDrawn) {
   casefile::Case c = mtp_case(2, 1);
   c.path.optimizer = vocab::OptimizerModel::layerwise;
   c.path.layer_wise_param_layout = true;
-  EXPECT_TRUE(starts_with(megatron_core_unsupported(c, "0.19.2"),
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "model.mtp_detach_heads with optimizer.layer_wise_param_layout:"));
   const casefile::Case within = within_megatron_core(c, "0.19.2", {}, 1);
   EXPECT_TRUE(within.path.layer_wise_param_layout);
   EXPECT_EQ(within.model.mtp_num_layers, 1);
   EXPECT_FALSE(within.model.mtp_detach_heads);
-  EXPECT_FALSE(megatron_core_unsupported(within, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(within, "0.19.2"));
 }
 
 TEST(MegatronMtp, GeneratedCasesDropItWhereItWouldBeRefused) {
@@ -76,7 +76,7 @@ TEST(MegatronMtp, GeneratedCasesDropItWhereItWouldBeRefused) {
     const casefile::Case within = within_megatron_core(c, version, {}, 1);
     EXPECT_EQ(within.model.mtp_num_layers, 0) << version;
     EXPECT_FALSE(within.model.mtp_detach_heads) << version;
-    EXPECT_FALSE(megatron_core_unsupported(within, version)) << version;
+    EXPECT_FALSE(megatron_core_refusal(within, version)) << version;
   }
 }
 

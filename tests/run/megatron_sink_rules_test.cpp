@@ -18,7 +18,7 @@ casefile::Case sink_case() {
 
 TEST(MegatronSinks, ACaseWithAttentionSinksIsRefusedAsNotYetRunOnAGpuNotAsTheFrameworksLimit) {
   for (const char* version : {"0.16.1", "0.19.2"}) {
-    const std::optional<std::string> why = megatron_core_unsupported(sink_case(), version);
+    const std::optional<std::string> why = megatron_core_refusal(sink_case(), version);
     ASSERT_TRUE(why.has_value()) << version;
     EXPECT_EQ(why->rfind("model.softmax_type learnable: the worker builds attention sinks", 0), 0u) << *why;
     EXPECT_NE(why->find("dot_product_attention.py:126-138"), std::string::npos) << *why;
@@ -29,7 +29,7 @@ TEST(MegatronSinks, ACaseWithAttentionSinksIsRefusedAsNotYetRunOnAGpuNotAsTheFra
 TEST(MegatronSinks, GeneratedCasesTakeNoAttentionSinksWhileTheyAreRefused) {
   const casefile::Case within = within_megatron_core(sink_case(), "0.19.2", {}, 1);
   EXPECT_EQ(within.model.softmax_type, topologies::SoftmaxType::vanilla);
-  EXPECT_FALSE(megatron_core_unsupported(within, "0.19.2"));
+  EXPECT_FALSE(megatron_core_refusal(within, "0.19.2"));
 }
 
 }  // namespace

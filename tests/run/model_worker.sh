@@ -17,7 +17,8 @@
 # message, =refuse-failing runs each case and answers "refused" (the framework's words) where the
 # run fails, leaving its manifests, =error-on-lane-1 for every case where its queue is
 # under a folder lane-1 (a sweep's second lane, with --worker-dir), =refuse-odd answers every odd case "refused"
-# (the framework's own check declined it at set-up), =hang never answers, =no-hello exits before saying hello, =slow-start never says
+# (the framework's own check declined it at set-up: more than half of an odd number of cases),
+# =refuse-thirds cases 1, 4, 7, ... (never more than half, whatever the number, past the first), =hang never answers, =no-hello exits before saying hello, =slow-start never says
 # hello (and never reads its queue), =long-line prints lines of 100 KB at the first case and exits,
 # =fifo-hello leaves a FIFO as hello.json, =fifo-result one as the first case's result. Hellos tally
 # must refuse (docs/schemas/hello.schema.json): =hello-world-2.5 and =hello-world-2^40+2 say so as
@@ -152,6 +153,12 @@ while :; do
       atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework refused the case (as asked)"}'
       k=$((k + 1))
       continue ;;
+    refuse-thirds)
+      if [ $((k % 3)) = 1 ]; then
+        atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: ValueError: the framework declines every third case (as asked)"}'
+        k=$((k + 1))
+        continue
+      fi ;;
     refuse-odd)
       if [ $((k % 2)) = 1 ]; then
         atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: ValueError: the framework declines odd cases (as asked)"}'

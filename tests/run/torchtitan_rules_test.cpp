@@ -56,38 +56,38 @@ RC_GTEST_PROP(TorchTitanTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
   RC_ASSERT(c.torchtitan.has_value());
-  const std::optional<std::string> unsupported = torchtitan_unsupported(c, "0.3.0", plants);
-  RC_ASSERT(!unsupported);
+  const std::optional<std::string> refusal = torchtitan_refusal(c, "0.3.0", plants);
+  RC_ASSERT(!refusal);
 }
 
 TEST(TorchTitanTarget, NamesWhatTheWorkerCannotBuild) {
   casefile::Case c = moe_case();
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_FALSE(torchtitan_unsupported(c, "0.3.0"));
+  EXPECT_FALSE(torchtitan_refusal(c, "0.3.0"));
   c.torchtitan.reset();
-  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "torchtitan: the case has no torchtitan configuration"));
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "torchtitan: the case has no torchtitan configuration"));
   c = moe_case();
   c.path.gradients.generator.dtype = kernels::Dtype::bf16;
-  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "gradients.dtype bf16:"));
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "gradients.dtype bf16:"));
   c = moe_case();
   c.torchtitan->clip = casefile::DTensorClip::torch;
-  EXPECT_NE(torchtitan_unsupported(c, "0.3.0").value_or("").find("two meshes"), std::string::npos)
+  EXPECT_NE(torchtitan_refusal(c, "0.3.0").value_or("").find("two meshes"), std::string::npos)
       << "torch's clip cannot stack the expert mesh's norms with the dense mesh's";
   c = moe_case();
   c.torchtitan->dp_replicate = 2;  // EP 2 needs dp_shard x cp x tp = 1 rank to hold 2
-  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "topology.ep 2:"));
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "topology.ep 2:"));
   c.torchtitan->dp_replicate = 3;
-  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "torchtitan.dp_replicate 3:"));
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "torchtitan.dp_replicate 3:"));
   c = moe_case();
   c.path.optimizer = vocab::OptimizerModel::layerwise;
-  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "optimizer.model layerwise:"));
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "optimizer.model layerwise:"));
   c = moe_case();
   c.path.faults = c.path.faults.with(vocab::Fault::missing_pp_reduction);
-  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "faults: the worker plants no counterpart"));
-  EXPECT_FALSE(torchtitan_unsupported(c, "0.3.0", every_plant()));
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "faults: the worker plants no counterpart"));
+  EXPECT_FALSE(torchtitan_refusal(c, "0.3.0", every_plant()));
   c = moe_case();
   c.deepspeed = casefile::DeepSpeedConfig{};
-  EXPECT_TRUE(starts_with(torchtitan_unsupported(c, "0.3.0"), "deepspeed: a DeepSpeed case"));
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "deepspeed: a DeepSpeed case"));
 }
 
 TEST(TorchTitanTarget, RefusesTyingWithPipelineAsTorchTitanDoes) {
@@ -96,15 +96,15 @@ TEST(TorchTitanTarget, RefusesTyingWithPipelineAsTorchTitanDoes) {
   c.model = {};
   c.model.num_layers = 2;
   ASSERT_FALSE(casefile::check_case(c));
-  EXPECT_NE(torchtitan_unsupported(c, "0.3.0").value_or("").find("Weight tying is not supported with Pipeline Parallel"),
+  EXPECT_NE(torchtitan_refusal(c, "0.3.0").value_or("").find("Weight tying is not supported with Pipeline Parallel"),
             std::string::npos);
   c.model.untie_embeddings_and_output_weights = true;
-  EXPECT_FALSE(torchtitan_unsupported(c, "0.3.0"));
+  EXPECT_FALSE(torchtitan_refusal(c, "0.3.0"));
   c.torchtitan->clip = casefile::DTensorClip::torch;
-  EXPECT_NE(torchtitan_unsupported(c, "0.3.0").value_or("").find("torchtitan #596"), std::string::npos);
+  EXPECT_NE(torchtitan_refusal(c, "0.3.0").value_or("").find("torchtitan #596"), std::string::npos);
   const casefile::Case within = within_torchtitan(c, {}, 0);
   EXPECT_EQ(within.torchtitan->clip, casefile::DTensorClip::torchtitan) << "torch's clip has no pipeline group";
-  EXPECT_FALSE(torchtitan_unsupported(within, "0.3.0"));
+  EXPECT_FALSE(torchtitan_refusal(within, "0.3.0"));
 }
 
 TEST(TorchTitanTarget, APlantedFaultGetsTheAxisItShowsOn) {
@@ -116,12 +116,12 @@ TEST(TorchTitanTarget, APlantedFaultGetsTheAxisItShowsOn) {
   c.path.faults = c.path.faults.with(vocab::Fault::missing_pp_reduction);
   casefile::Case within = within_torchtitan(c, every_plant(), 0);
   EXPECT_EQ(within.topology.pp, 2);
-  EXPECT_FALSE(torchtitan_unsupported(within, "0.3.0", every_plant()));
+  EXPECT_FALSE(torchtitan_refusal(within, "0.3.0", every_plant()));
   c.path.faults = {};
   c.path.faults = c.path.faults.with(vocab::Fault::expert_norm_dropped);
   within = within_torchtitan(c, every_plant(), 0);
   EXPECT_GT(within.topology.ep, 1);
-  EXPECT_FALSE(torchtitan_unsupported(within, "0.3.0", every_plant()));
+  EXPECT_FALSE(torchtitan_refusal(within, "0.3.0", every_plant()));
   within = within_torchtitan(c, {}, 0);
   EXPECT_TRUE(within.path.faults.empty()) << "a fault the worker does not plant is dropped";
 }
