@@ -5,7 +5,7 @@
 #include <ostream>
 
 #include "cli/commands.h"
-#include "cli/megatron_flags.h"
+#include "run/megatron_core/megatron_args.h"
 #include "cli/usage_error.h"
 #include "cli/verdict_report.h"
 #include "casefile/case_file.h"
@@ -15,6 +15,18 @@
 namespace tally::cli {
 
 namespace {
+
+// The args as lines a shell accepts: "  --flag value \\" per flag, the last without the "\\".
+std::string megatron_command_text(const run::MegatronArgs& m) {
+  std::string out;
+  for (std::size_t i = 0; i < m.args.size(); ++i) {
+    const bool value_follows = i + 1 < m.args.size() && m.args[i + 1].rfind("--", 0) != 0;
+    out += "  " + shell_quote(m.args[i]);
+    if (value_follows) out += " " + shell_quote(m.args[++i]);
+    out += i + 1 < m.args.size() ? " \\\n" : "\n";
+  }
+  return out;
+}
 
 struct ShowOptions {
   std::string case_file;
@@ -55,7 +67,7 @@ void add_show_command(CLI::App& app, CommandContext& context) {
     } catch (const casefile::CaseFileError& error) {
       throw UsageError(error.what());
     }
-    const MegatronArgs megatron = megatron_args(c);
+    const run::MegatronArgs megatron = run::megatron_args(c);
     // A framework that is sent its configuration shows it; otherwise Megatron-LM's flags build the case.
     const run::FrameworkTarget* framework = run::framework_of(c);
     const std::optional<nlohmann::ordered_json> engine =

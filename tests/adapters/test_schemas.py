@@ -3,7 +3,7 @@ border (docs/schemas/): the hello of a Worker (a stand-in framework, and the rea
 tables), the result `serve` writes, a manifest and groups.json built with tally_adapters.manifest,
 and, where TALLY names a tally binary, the manifests, the gradient index and the request tally
 writes. Validated with the jsonschema package; skipped, with the reason, where it is not installed.
-No torch, no framework. Run: PYTHONPATH=adapters python3 -m unittest discover -s tests/adapters
+No torch, no framework. Run: PYTHONPATH=adapters python3 -m pytest tests/adapters
 (or pytest)."""
 
 import glob

@@ -11,6 +11,7 @@
 
 #include "io/json_read.h"
 #include "run/backend.h"
+#include "tests/support/model_lane.h"
 
 namespace tally::fuzz {
 namespace {
@@ -18,25 +19,15 @@ namespace {
 namespace fs = std::filesystem;
 
 // tally's model, or after `healthy` cases a machinery that gives no verdict; of the release `version`.
-class Lane : public run::Target {
+class Lane : public testing::ModelLane {
  public:
   Lane(run::Backend& backend, std::string version = "", std::int64_t healthy = -1)
-      : model_(run::model_target(backend)), version_(std::move(version)), healthy_(healthy) {}
-  std::string_view name() const override { return model_->name(); }
-  bool framework() const override { return false; }
+      : ModelLane(backend), version_(std::move(version)), healthy_(healthy) {}
   const run::TargetAbilities& open(int world) override {
-    abilities_ = model_->open(world);
+    abilities_ = ModelLane::open(world);
     if (!version_.empty()) abilities_.version = version_;
     return abilities_;
   }
-  std::optional<std::string> refusal_before_open(const casefile::Case& c) const override { return model_->refusal_before_open(c); }
-  std::optional<std::string> refusal(const casefile::Case& c) override { return model_->refusal(c); }
-  casefile::Case within(casefile::Case c) override { return model_->within(std::move(c)); }
-  casefile::Case from_flags(casefile::Case c) const override { return model_->from_flags(std::move(c)); }
-  std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const override {
-    return model_->sweep_variants(base);
-  }
-  std::optional<std::string> manifests_refusal() const override { return model_->manifests_refusal(); }
   run::TargetRun execute(const casefile::Case& c, bool keep_record) override {
     if (healthy_ >= 0 && executed_++ >= healthy_) {
       run::TargetRun broken;
@@ -45,12 +36,10 @@ class Lane : public run::Target {
       broken.verdict.infra_message = "gone (as the test asks)";
       return broken;
     }
-    return model_->execute(c, keep_record);
+    return ModelLane::execute(c, keep_record);
   }
-  std::optional<casefile::RealTarget> saved_section(const casefile::Case&, const std::string&) override { return std::nullopt; }
 
  private:
-  std::unique_ptr<run::Target> model_;
   std::string version_;
   std::int64_t healthy_, executed_ = 0;
   run::TargetAbilities abilities_;

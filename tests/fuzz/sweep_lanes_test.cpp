@@ -11,45 +11,32 @@
 
 #include "casefile/case_file.h"
 #include "run/backend.h"
+#include "tests/support/model_lane.h"
 
 namespace tally::fuzz {
 namespace {
 
 // tally's model, remembering which cases it executed (by their topology, which is their layout's)
 // and throwing TargetUnavailable at its case `fail_after` (0: its first).
-class RecordingLane : public run::Target {
+class RecordingLane : public testing::ModelLane {
  public:
-  RecordingLane(run::Backend& backend, std::int64_t fail_after = -1)
-      : model_(run::model_target(backend)), fail_after_(fail_after) {}
-  std::string_view name() const override { return model_->name(); }
-  bool framework() const override { return false; }
-  const run::TargetAbilities& open(int world) override { ++opened; return model_->open(world); }
-  std::optional<std::string> refusal_before_open(const casefile::Case& c) const override {
-    return model_->refusal_before_open(c);
+  RecordingLane(run::Backend& backend, std::int64_t fail_after = -1) : ModelLane(backend), fail_after_(fail_after) {}
+  const run::TargetAbilities& open(int world) override {
+    ++opened;
+    return ModelLane::open(world);
   }
-  std::optional<std::string> refusal(const casefile::Case& c) override { return model_->refusal(c); }
-  casefile::Case within(casefile::Case c) override { return model_->within(std::move(c)); }
-  casefile::Case from_flags(casefile::Case c) const override { return model_->from_flags(std::move(c)); }
-  std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const override {
-    return model_->sweep_variants(base);
-  }
-  std::optional<std::string> manifests_refusal() const override { return model_->manifests_refusal(); }
   run::TargetRun execute(const casefile::Case& c, bool keep_record) override {
     if (fail_after_ >= 0 && static_cast<std::int64_t>(layouts.size()) >= fail_after_)
       throw run::TargetUnavailable("the lane's worker is gone (as the test asks)");
     if (opened == 0) ran_unopened = true;
     layouts.push_back(casefile::case_to_json(c)["topology"].dump());
-    return model_->execute(c, keep_record);
-  }
-  std::optional<casefile::RealTarget> saved_section(const casefile::Case&, const std::string&) override {
-    return std::nullopt;
+    return ModelLane::execute(c, keep_record);
   }
   std::vector<std::string> layouts;  // each executed case's topology, in order
   int opened = 0;
   bool ran_unopened = false;
 
  private:
-  std::unique_ptr<run::Target> model_;
   std::int64_t fail_after_;
 };
 

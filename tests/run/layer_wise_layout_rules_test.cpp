@@ -9,7 +9,7 @@
 #include <rapidcheck/gtest.h>
 
 #include "casefile/case_file.h"
-#include "cli/megatron_flags.h"
+#include "run/megatron_core/megatron_args.h"
 #include "fuzz/generators.h"
 #include "fuzz/known.h"
 #include "run/megatron_core/rules.h"
@@ -132,11 +132,11 @@ TEST(LayerWiseLayout, IsMegatronCoresAlone) {
 
 TEST(LayerWiseLayout, ShowsMegatronLmsFlags) {
   casefile::Case c = layout_case();
-  const std::vector<std::string> with = cli::megatron_args(c).args;
+  const std::vector<std::string> with = megatron_args(c).args;
   EXPECT_NE(std::find(with.begin(), with.end(), "--use-distributed-optimizer"), with.end());
   EXPECT_EQ(std::find(with.begin(), with.end(), "--no-use-layer-wise-param-layout"), with.end());
   c.path.layer_wise_param_layout = false;
-  const std::vector<std::string> without = cli::megatron_args(c).args;
+  const std::vector<std::string> without = megatron_args(c).args;
   EXPECT_NE(std::find(without.begin(), without.end(), "--no-use-layer-wise-param-layout"), without.end());
 }
 

@@ -153,15 +153,11 @@ while :; do
       atomically "$queue/case-$k.result.json" '{"status": "error", "message": "the framework refused the case (as asked)"}'
       k=$((k + 1))
       continue ;;
-    refuse-thirds)
-      if [ $((k % 3)) = 1 ]; then
-        atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: ValueError: the framework declines every third case (as asked)"}'
-        k=$((k + 1))
-        continue
-      fi ;;
-    refuse-odd)
-      if [ $((k % 2)) = 1 ]; then
-        atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: ValueError: the framework declines odd cases (as asked)"}'
+    refuse-odd | refuse-thirds)
+      every=2 which="odd cases"
+      [ "$mode" = refuse-thirds ] && every=3 which="every third case"
+      if [ $((k % every)) = 1 ]; then
+        atomically "$queue/case-$k.result.json" '{"status": "refused", "message": "rank 0: ValueError: the framework declines '"$which"' (as asked)"}'
         k=$((k + 1))
         continue
       fi ;;

@@ -1,6 +1,6 @@
 """Names and boxes, with no torch: a Megatron param's logical name (what tally's model calls it),
 the box of the logical tensor a rank's piece holds, and which params are routed experts or
-attention sinks. tests/adapters/test_tally_megatron.py covers them.
+attention sinks. tests/adapters/megatron/test_megatron_manifest.py covers them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-#include "cli/megatron_flags.h"
+#include "run/megatron_core/megatron_args.h"
 
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
 #include "vocab/faults.h"
 #include "kernels/gradient_generator.h"
 #include "topologies/model_spec.h"
 
-namespace tally::cli {
+namespace tally::run {
 
 namespace {
 
@@ -136,15 +135,4 @@ MegatronArgs megatron_args(const casefile::Case& c) {
   return m;
 }
 
-std::string megatron_command_text(const MegatronArgs& m) {
-  std::string out;
-  for (std::size_t i = 0; i < m.args.size(); ++i) {
-    const bool value_follows = i + 1 < m.args.size() && m.args[i + 1].rfind("--", 0) != 0;
-    out += "  " + shell_quote(m.args[i]);
-    if (value_follows) out += " " + shell_quote(m.args[++i]);
-    out += i + 1 < m.args.size() ? " \\\n" : "\n";
-  }
-  return out;
-}
-
-}  // namespace tally::cli
+}  // namespace tally::run

@@ -1,5 +1,6 @@
 // A case as the Megatron-LM command-line arguments that build the same topology, model and
-// optimizer, so a finding can be rerun in the framework itself (docs/case-files.md).
+// optimizer, so a finding can be rerun in the framework itself (docs/case-files.md); `tally show`
+// prints them.
 #pragma once
 
 #include <string>
@@ -7,7 +8,7 @@
 
 #include "casefile/case.h"
 
-namespace tally::cli {
+namespace tally::run {
 
 struct MegatronArgs {
   // Flags with their values as separate words ("--tensor-model-parallel-size", "2", ...).
@@ -19,7 +20,4 @@ struct MegatronArgs {
 
 MegatronArgs megatron_args(const casefile::Case& c);
 
-// The args as lines a shell accepts: "  --flag value \" per flag, the last without the "\".
-std::string megatron_command_text(const MegatronArgs& args);
-
-}  // namespace tally::cli
+}  // namespace tally::run

@@ -1,5 +1,5 @@
 """Unit tests of the DeepSpeed adapter's and the worker queue's pure parts: no torch, no DeepSpeed.
-Run: python3 -m unittest discover -s tests/adapters (or pytest)."""
+Run: python3 -m pytest tests/adapters."""
 
 import json
 import os
@@ -394,7 +394,7 @@ class TheEngineConfigurationComesFromTally(unittest.TestCase):
         tally = os.environ.get("TALLY")
         if not tally:
             self.skipTest("TALLY (the tally binary) is not set: ctest sets it")
-        seeds = os.path.join(os.path.dirname(__file__), "..", "..", "seeds", "real")
+        seeds = os.path.join(os.path.dirname(__file__), "..", "..", "..", "seeds", "real")
         shown = json.loads(subprocess.run([tally, "show", os.path.join(seeds, "deepspeed-0.19.8-zero3-autoep-bf16.pass.json"),
                                            "--json"], check=True, capture_output=True, text=True).stdout)
         printed = shown["deepspeed_config"]

@@ -1,5 +1,5 @@
 """Unit tests of the Megatron adapter's pure parts (names, boxes, the group table, the files): no
-torch, no Megatron, no GPU. Run: python3 -m unittest discover -s tests/adapters (or pytest)."""
+torch, no Megatron, no GPU. Run: python3 -m pytest tests/adapters."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """Unit tests of tally_plants (faults planted in a framework for one case), on stand-in modules:
-no torch, no framework. Run: python3 -m unittest discover -s tests/adapters (or pytest)."""
+no torch, no framework. Run: python3 -m pytest tests/adapters."""
 
 import os
 import sys
