@@ -3,6 +3,7 @@ add_autoep_blocks), and which expert and piece each expert param holds once Deep
 copies, AutoEP's stacked tensors (describe_autoep) or DeepSpeed's own MoE layers (describe_experts).
 """
 
+from ..module_keys import module_key, name_of_module_key
 from .models import local_box, split_experts, weighted_sum_model, whole_params
 
 # whose router is `gate` and whose experts hold gate, up and down projections as 3-D tensors.
@@ -79,7 +80,7 @@ def add_autoep_blocks(module, index, tensors, moe, dtype):
         block.experts.gate_proj = stacked(prefix, "w1")
         block.experts.up_proj = stacked(prefix, "w3")
         block.experts.down_proj = stacked(prefix, "w2")
-        module.moe[prefix.replace(".", "__")] = block
+        module.moe[module_key(prefix)] = block
 
 
 def describe_autoep(engine_module, shapes, tensors):
@@ -95,7 +96,7 @@ def describe_autoep(engine_module, shapes, tensors):
         attr, rest = path.split(".", 1)
         if attr == "moe":
             key, inner = rest.split(".", 1)
-            prefix = key.replace("__", ".")  # ends with its dot
+            prefix = name_of_module_key(key)  # ends with its dot
             if inner.startswith("experts."):
                 w = inner.rsplit(".", 1)[1]
                 if w not in _AUTOEP_WEIGHTS:

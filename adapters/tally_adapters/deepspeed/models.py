@@ -7,6 +7,8 @@ or whole `nn.Linear` layers for AutoTP to cut (build_autotp_model); and, after
 
 import re
 
+from ..module_keys import module_key, name_of_module_key
+
 SPLIT_DIM = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1,
              "expert-column": 0, "expert-column-bias": 0, "expert-row": 1}
 EXPERT_PARAM_NAME = re.compile(r"^(.*\.mlp\.)experts\.local_experts\.(\d+)\.(.+)$")
@@ -66,7 +68,7 @@ def moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype):
         param = nn.Parameter(torch.zeros(extents, dtype=dtype))
         if dim is not None:  # marked as Megatron-DeepSpeed's Column/RowParallelLinear marks its shards
             param.tensor_model_parallel, param.partition_dim = True, dim
-        template.params[suffix.replace(".", "__")] = param
+        template.params[module_key(suffix)] = param
     layer = MoE(moe["hidden"], template, num_experts=moe["experts"], ep_size=moe["ep"], k=1,
                 enable_expert_tensor_parallelism=moe["expert_tp"])
     layer.to(dtype)
@@ -129,11 +131,11 @@ def build_model(case, index, mpu, moe, dtype):
         if any(name == f"{prefix}router.weight" for prefix in moe_layers):
             continue
         p, described[id(p)] = dense_param(name, shapes, classes, tp_rank, tp, dtype)
-        module.dense[name.replace(".", "__")] = p
+        module.dense[module_key(name)] = p
     layers = {}
     for prefix, suffixes in moe_layers.items():
         layer, wg, router = moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype)
-        module.moe[prefix.replace(".", "__")] = layers[prefix] = layer
+        module.moe[module_key(prefix)] = layers[prefix] = layer
         described[id(wg)] = router
     return module, described, layers, shapes, classes
 
@@ -172,7 +174,7 @@ def whole_params(names, shapes, dtype):
     import torch
     import torch.nn as nn
 
-    return nn.ParameterDict({name.replace(".", "__"): nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
+    return nn.ParameterDict({module_key(name): nn.Parameter(torch.zeros(shapes[name], dtype=dtype))
                              for name in names})
 
 
@@ -194,7 +196,7 @@ def build_autotp_model(index, tensors, dtype):
             with torch.no_grad():
                 for leaf, name in leaves.items():
                     getattr(linear, leaf).copy_(torch.from_numpy(tensors[name].copy()).to(dtype))
-            getattr(module, kind)[prefix.replace(".", "__")] = linear
+            getattr(module, kind)[module_key(prefix)] = linear
     module.tp_summed = whole_params(tp_summed, shapes, dtype)
     module.dense = whole_params(whole, shapes, dtype)
     return module
@@ -218,7 +220,7 @@ def describe_dense(engine_module, index, tensors, tp_rank, tp):
             name = f"{prefix.replace('__', '.')}.{leaf}"
             cls = classes[name]  # vocab (the output layer) splits dim 0, as a column
         else:
-            name, cls = rest.replace("__", "."), "replicated"
+            name, cls = name_of_module_key(rest), "replicated"
         offsets, extents, _ = local_box(shapes[name], cls, tp_rank, tp)
         if list(p.shape) != extents:
             raise LookupError(f"model mismatch: AutoTP holds {list(p.shape)} of {name} {shapes[name]} on TP rank "

@@ -11,6 +11,7 @@ weight, reached through DeepSpeed's own schedule (train_batch), p2p sends, tied 
 reductions.
 """
 
+from ..module_keys import module_key
 from .models import EXPERT_PARAM_NAME, dense_param, local_box, moe_layer, split_experts
 
 
@@ -36,11 +37,11 @@ def stage_block_class():
             for name in dense:
                 if name not in routers:
                     p, self.described[id(p)] = dense_param(name, shapes, classes, tp_rank, tp, dtype)
-                    self.params[name.replace(".", "__")] = p
+                    self.params[module_key(name)] = p
             for prefix, suffixes in moe_layers.items():
                 layer, wg, self.described[id(wg)] = moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp,
                                                               dtype)
-                self.moe[prefix.replace(".", "__")] = self.layers[prefix] = layer
+                self.moe[module_key(prefix)] = self.layers[prefix] = layer
             self.shapes, self.classes = shapes, classes
 
         def forward(self, x):

@@ -43,6 +43,7 @@ import sys
 
 from .. import dtensor as tally_dtensor
 from .. import worker as base
+from ..module_keys import module_key
 from ..queue import framework_setup
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -240,7 +241,7 @@ def holder(named):
 
     module = nn.Module()
     for name, tensor in named.items():
-        module.register_parameter(name.replace(".", "__"), nn.Parameter(tensor))
+        module.register_parameter(module_key(name), nn.Parameter(tensor))
     return module
 
 
@@ -315,7 +316,7 @@ class StageModel:
                 named[local] = make(name, tensors[name], classes[name])
             module = holder(named)
             for local, name in entries.items():
-                param = getattr(module, local.replace(".", "__"))
+                param = getattr(module, module_key(local))
                 self.logical[id(param)] = (tensors[name], [(name, classes[name], shapes[name])], False)
             return module
 
@@ -340,7 +341,7 @@ class StageModel:
                 inner = nn.Module()
                 inner.num_experts = len(next(iter(experts[layer].values())))
                 for suffix, (param, full, logical) in stacked.items():
-                    inner.register_parameter(suffix.replace(".", "__"), param)
+                    inner.register_parameter(module_key(suffix), param)
                     self.logical[id(param)] = (full, logical, True)
                 block.moe = nn.Module()
                 block.moe.routed_experts = nn.Module()
