@@ -7,7 +7,7 @@ import unittest
 
 import fault_catalog
 import tally_adapters.dtensor as tally_dtensor
-import tally_adapters.torchtitan.worker as torchtitan_worker
+import tally_adapters.torchtitan.plants as torchtitan_plants
 
 
 class Placement:
@@ -23,10 +23,10 @@ class Placement:
 
 class PlantTable(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason(self):
-        fault_catalog.assert_plants_answer_the_catalog(self, torchtitan_worker.PLANTS, torchtitan_worker.NOT_PLANTED)
+        fault_catalog.assert_plants_answer_the_catalog(self, torchtitan_plants.PLANTS, torchtitan_plants.NOT_PLANTED)
 
     def test_every_plant_replaces_a_function_of_torchtitans_clip(self):
-        for fault, (targets, how) in torchtitan_worker.PLANTS.items():
+        for fault, (targets, how) in torchtitan_plants.PLANTS.items():
             self.assertTrue(how, fault)
             for where, attr, make in targets:
                 self.assertEqual(where, "torchtitan.distributed.utils", fault)
