@@ -10,6 +10,7 @@
 #include "casefile/case_file.h"
 #include "run/backend.h"
 #include "tests/support/runner_target.h"
+#include "tests/support/founding_case.h"
 
 namespace tally::run {
 namespace {
@@ -24,11 +25,7 @@ std::string fresh_dir(const std::string& name) {
   return dir.string();
 }
 
-casefile::Case founding_case() {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
-  c.expect.reset();
-  return c;
-}
+using testing::founding_case;
 
 oracle::Verdict passes(const casefile::Case&) { return {}; }
 

@@ -25,6 +25,7 @@
 #include "tests/support/files.h"
 #include "topologies/logical_model.h"
 #include "vocab/optimizer_models.h"
+#include "tests/support/founding_case.h"
 
 namespace tally::run {
 namespace {
@@ -35,12 +36,7 @@ std::string stand_in_command() {
   return "'" TALLY_SOURCE_DIR "/tests/run/model_worker.sh' '" TALLY_BINARY_DIR "/cli/tally' {world}";
 }
 
-// The founding case of Megatron-LM #6099 without its fault: LayerWise, TP 2, EP 2, ETP 1.
-casefile::Case founding_case() {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
-  c.expect.reset();
-  return c;
-}
+using testing::founding_case;
 
 // Sets an environment variable for the workers this test starts, and clears it afterwards.
 class WorkerEnvironment {

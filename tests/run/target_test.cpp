@@ -6,15 +6,12 @@
 
 #include "casefile/case_file.h"
 #include "run/target.h"
+#include "tests/support/founding_case.h"
 
 namespace tally::run {
 namespace {
 
-casefile::Case founding_case() {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
-  c.expect.reset();
-  return c;
-}
+using testing::founding_case;
 
 TEST(FrameworkTargets, EveryFrameworkACaseFileMayNameHasARowAndNoOther) {
   std::vector<std::string> rows, known;

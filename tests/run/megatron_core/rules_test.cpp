@@ -12,16 +12,12 @@
 #include "topologies/logical_model.h"
 #include "topologies/model_spec.h"
 #include "vocab/optimizer_models.h"
+#include "tests/support/founding_case.h"
 
 namespace tally::run {
 namespace {
 
-// The founding case of Megatron-LM #6099 without its fault: LayerWise, TP 2, EP 2, ETP 1.
-casefile::Case founding_case() {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
-  c.expect.reset();
-  return c;
-}
+using testing::founding_case;
 
 RC_GTEST_PROP(MegatronCoreTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const std::string version = *rc::gen::element<std::string>("0.16.1", "0.19.2");
