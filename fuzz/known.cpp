@@ -188,6 +188,17 @@ std::string describe(const MiscountUnit& unit) {
          (unit.ledger.empty() ? "norm" : unit.ledger == "zero count" ? "zero count" : "'" + unit.ledger + "' norm");
 }
 
+namespace {
+
+// The shape a finding states for `unit`: its kind (or that its owners lie outside the stats
+// group), how it is counted, and in which family of ledgers.
+MiscountShape shape_of(const MiscountUnit& unit) {
+  return {unit.owned_outside ? std::string(kOwnedOutside) : unit.kind, unit.counted,
+          unit.ledger == "zero count" ? LedgerFamily::zero_count : LedgerFamily::norm};
+}
+
+}  // namespace
+
 bool matches(const MiscountShape& shape, const MiscountUnit& unit) {
   if (shape.counted != unit.counted) return false;
   const bool by_group = shape.kind == kOwnedOutside && unit.owned_outside;
@@ -286,8 +297,7 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
         });
         if (!stated)
           throw std::runtime_error(where + " miscounts " + describe(u) + ", which no finding whose corner holds it states: " +
-                                   shape_json({u.owned_outside ? std::string(kOwnedOutside) : u.kind, u.counted,
-                                               u.ledger == "zero count" ? LedgerFamily::zero_count : LedgerFamily::norm}));
+                                   shape_json(shape_of(u)));
       }
       k.runs.push_back(saved_run_of(path, saved->verdict));
       claimed.insert(path);
@@ -306,8 +316,7 @@ std::vector<KnownFinding> load_known(const std::string& dir, std::string_view fr
     k.spec.source = file;
     k.spec.norm_codes = {known_path(saved->c)};
     for (const MiscountUnit& u : miscount_units(saved->verdict)) {
-      MiscountShape shape{u.owned_outside ? std::string(kOwnedOutside) : u.kind, u.counted,
-                          u.ledger == "zero count" ? LedgerFamily::zero_count : LedgerFamily::norm};
+      const MiscountShape shape = shape_of(u);
       if (std::find(k.spec.miscounts.begin(), k.spec.miscounts.end(), shape) == k.spec.miscounts.end())
         k.spec.miscounts.push_back(shape);
     }

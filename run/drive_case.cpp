@@ -7,11 +7,12 @@ std::string CaseRefusal::text() const {
 }
 
 std::optional<CaseRefusal> refusal_of(Target& target, const casefile::Case& c) {
-  const std::string who = target.framework() ? "--target " + std::string(target.name()) : "tally's model";
-  if (std::optional<std::string> why = target.refusal_before_open(c)) return CaseRefusal{CaseRefusal::By::rules, who, *why};
+  // Named only for a refusal: a campaign asks this of every case.
+  const auto who = [&target] { return target.framework() ? "--target " + std::string(target.name()) : std::string("tally's model"); };
+  if (std::optional<std::string> why = target.refusal_before_open(c)) return CaseRefusal{CaseRefusal::By::rules, who(), *why};
   const TargetAbilities& opened = target.open(c.topology.world);
   if (std::optional<std::string> why = target.refusal(c))
-    return CaseRefusal{CaseRefusal::By::release_rules, target.framework() ? who + " " + opened.version : who, *why};
+    return CaseRefusal{CaseRefusal::By::release_rules, target.framework() ? who() + " " + opened.version : who(), *why};
   return std::nullopt;
 }
 

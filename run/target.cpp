@@ -1,5 +1,4 @@
 #include "run/target.h"
-#include "run/target_run.h"
 
 #include <array>
 #include <filesystem>
@@ -9,6 +8,7 @@
 #include "run/automodel/target_row.h"
 #include "run/deepspeed/target_row.h"
 #include "run/evidence.h"
+#include "run/target_run.h"
 #include "run/torchtitan/target_row.h"
 #include "vocab/optimizer_models.h"
 #include "run/megatron_core/target_row.h"

@@ -9,6 +9,7 @@
 #include "run/automodel/rules.h"
 #include "run/target.h"
 #include "vocab/faults.h"
+#include "tests/support/worker_rule_cases.h"
 
 namespace tally::run {
 namespace {
@@ -43,11 +44,7 @@ FaultPlants every_plant() {
 
 RC_GTEST_PROP(AutomodelTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const int world = *rc::gen::element(2, 4, 8);
-  fuzz::CaseGenOptions options;
-  options.topology.exact_world = world;
-  options.topology.max_world = world;
-  options.topology.avoid_megatron_corners = false;
-  options.gpt_only = true;
+  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
   const FaultPlants plants = every_plant();
   options.restrict_to = [plants](casefile::Case c) {
     const std::uint64_t draw = c.path.gradients.generator.seed;

@@ -13,6 +13,7 @@
 #include "topologies/model_spec.h"
 #include "vocab/optimizer_models.h"
 #include "tests/support/founding_case.h"
+#include "tests/support/worker_rule_cases.h"
 
 namespace tally::run {
 namespace {
@@ -21,11 +22,7 @@ using testing::founding_case;
 
 RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const int world = *rc::gen::element(2, 4, 8);
-  fuzz::CaseGenOptions options;
-  options.topology.exact_world = world;
-  options.topology.max_world = world;
-  options.topology.avoid_megatron_corners = false;
-  options.gpt_only = true;
+  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
   // A machine without fp16 (DeepSpeed's CPU accelerator on most CPUs), or one with every dtype.
   const std::vector<std::string> dtypes =
       *rc::gen::element(std::vector<std::string>{}, std::vector<std::string>{"fp32", "bf16"});

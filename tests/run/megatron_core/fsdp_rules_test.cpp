@@ -11,6 +11,7 @@
 #include "fuzz/known.h"
 #include "run/megatron_core/rules.h"
 #include "run/target.h"
+#include "tests/support/worker_rule_cases.h"
 
 namespace tally::run {
 namespace {
@@ -30,11 +31,7 @@ bool starts_with(const std::optional<std::string>& text, std::string_view prefix
 
 RC_GTEST_PROP(MegatronFsdpTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const int world = *rc::gen::element(2, 4, 8);
-  fuzz::CaseGenOptions options;
-  options.topology.exact_world = world;
-  options.topology.max_world = world;
-  options.topology.avoid_megatron_corners = false;
-  options.gpt_only = true;
+  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
   options.restrict_to = [](casefile::Case c) {
     const std::uint64_t draw = c.path.gradients.generator.seed;
     return within_megatron_core(std::move(c), "0.19.2", {}, draw);

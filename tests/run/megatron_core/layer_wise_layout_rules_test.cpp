@@ -14,6 +14,7 @@
 #include "fuzz/known.h"
 #include "run/megatron_core/rules.h"
 #include "run/target.h"
+#include "tests/support/worker_rule_cases.h"
 
 namespace tally::run {
 namespace {
@@ -36,11 +37,7 @@ bool starts_with(const std::optional<std::string>& text, std::string_view prefix
 RC_GTEST_PROP(LayerWiseLayout, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const int world = *rc::gen::element(2, 4, 8);
   const std::string version = *rc::gen::element<std::string>("0.16.1", "0.19.2");
-  fuzz::CaseGenOptions options;
-  options.topology.exact_world = world;
-  options.topology.max_world = world;
-  options.topology.avoid_megatron_corners = false;
-  options.gpt_only = true;
+  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
   options.restrict_to = [&version](casefile::Case c) {
     const std::uint64_t draw = c.path.gradients.generator.seed;
     return within_megatron_core(std::move(c), version, {}, draw);

@@ -8,6 +8,7 @@
 #include "run/target.h"
 #include "run/torchtitan/rules.h"
 #include "vocab/faults.h"
+#include "tests/support/worker_rule_cases.h"
 
 namespace tally::run {
 namespace {
@@ -37,11 +38,7 @@ FaultPlants every_plant() {
 RC_GTEST_PROP(TorchTitanTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const int world = *rc::gen::element(2, 4, 8);
   const bool with_fault = *rc::gen::arbitrary<bool>();
-  fuzz::CaseGenOptions options;
-  options.topology.exact_world = world;
-  options.topology.max_world = world;
-  options.topology.avoid_megatron_corners = false;
-  options.gpt_only = true;
+  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
   const FaultPlants plants = every_plant();
   options.restrict_to = [plants](casefile::Case c) {
     const std::uint64_t draw = c.path.gradients.generator.seed;
