@@ -277,6 +277,13 @@ LogicalGradients logical_gradients(const casefile::Case& c) {
   digest.add(params.dump());
   digest.add(std::string_view(reinterpret_cast<const char*>(out.values.data()), out.values.size() * sizeof(float)));
   out.case_digest = digest.hex();
+  // The dim TP splits each param along (its class's, docs/megatron-reference.md §3), so no worker
+  // restates the class table. Derived from the class the digest holds, it is left out of the digest:
+  // a run saved before the field was sent keeps its identity.
+  for (const topologies::LogicalParam& p : model.params()) {
+    const int dim = topologies::partition_dim(p.param_class);
+    params[static_cast<std::size_t>(p.id)]["split_dim"] = dim < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(dim);
+  }
   nlohmann::ordered_json index = {{"tally_gradients", 1},
                                   {"case_digest", out.case_digest},
                                   {"dtype", "float32"},

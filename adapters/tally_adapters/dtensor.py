@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .manifest import RANK_LISTS_VERSION, stats, write_run
+from .manifest import finite_or_none, optimizer_child, rank_manifest, stats
+from .manifest import write_run as dump_manifest  # noqa: F401  (the one writer, under the name users call)
 
 
 def is_dtensor(t) -> bool:
@@ -189,7 +190,7 @@ def build_manifest(
     clipped_of: Optional[Callable[[Any], Any]] = None,
     stats_groups: Optional[Dict[Any, List[int]]] = None,
 ) -> Dict[str, Any]:
-    """This rank's manifest (rank lists; write_run turns them into group indices).
+    """This rank's manifest (rank lists; manifest.write_run turns them into group indices).
     `pieces`: every local piece of every trainable param. `child_of(param)`: its key among
     `children` (canonical_children's list). `gradient_of(param)` / `clipped_of(param)`: the flat
     values of its local shard before and after the caller clipped (numpy). `clips`: child key ->
@@ -200,8 +201,7 @@ def build_manifest(
     the world, a piece kept on the first replica of its Replicate dims."""
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    everyone = list(range(world))
+    everyone = list(range(dist.get_world_size()))
     params, main_params = [], {key: [] for key in children}
     for piece in pieces:
         values = gradient_of(piece.param)[piece.begin:piece.end]
@@ -231,34 +231,8 @@ def build_manifest(
         if key not in main_params:
             raise ValueError(f"a param of child {key!r}, which is not among the children {list(children)!r}")
         main_params[key].append(record)
-    optimizers = []
-    for key in children:
-        clip = (clips or {}).get(key)
-        optimizers.append({
-            "name": child_names(key),
-            "stats_group": everyone if stats_groups is None else sorted(stats_groups[key]),
-            "tp_group": None,
-            "expert_tp_group": None,
-            "clip": None if clip is None else {"max_norm": clip[0], "coefficient": clip[1]},
-            "main_params": main_params[key],
-        })
-    norm = reported_norm
-    if norm is not None and not math.isfinite(norm):
-        norm = None
-    return {
-        "tally_manifest": RANK_LISTS_VERSION,  # write_run makes it MANIFEST_VERSION
-        "producer": producer,
-        "rank": rank,
-        "world": world,
-        "parallel": parallel,
-        "groups": dict(groups, world=everyone),
-        "params": params,
-        "optimizers": optimizers,
-        "reported": {"norm": norm, "inf_norm": None, "zeros": None},
-    }
-
-
-def dump_manifest(manifest: Dict[str, Any], out_dir: str, case_digest: Optional[str] = None) -> str:
-    """Collective: writes this rank's file and, on rank 0, groups.json (tally_adapters.manifest.write_run),
-    each echoing `case_digest` where the run answers a request."""
-    return write_run(manifest, out_dir, case_digest)
+    optimizers = [optimizer_child(child_names(key), everyone if stats_groups is None else sorted(stats_groups[key]),
+                                  main_params[key], clip=(clips or {}).get(key))
+                  for key in children]
+    return rank_manifest(producer=producer, parallel=parallel, groups=dict(groups, world=everyone), params=params,
+                         optimizers=optimizers, norm=finite_or_none(reported_norm))

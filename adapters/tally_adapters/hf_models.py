@@ -29,7 +29,7 @@ class Segment(NamedTuple):
 
 def architecture(model: Dict) -> str:
     """"qwen3" (qk-layernorm) or "llama"."""
-    return "qwen3" if model.get("qk_layernorm", False) else "llama"
+    return "qwen3" if model["qk_layernorm"] else "llama"
 
 
 def _shapes(index: Sequence[Dict]) -> Dict[str, List[int]]:
@@ -47,9 +47,9 @@ def dimensions(model: Dict, index: Sequence[Dict]) -> Dict[str, int]:
     qkv = shapes.get("decoder.layers.0.self_attention.linear_qkv.weight")
     fc2 = shapes.get("decoder.layers.0.mlp.linear_fc2.weight")
     if qkv is None or fc2 is None:
-        raise ValueError("model mismatch: the gradient index has no layer 0 attention or MLP for a Llama to hold")
+        raise LookupError("model mismatch: the gradient index has no layer 0 attention or MLP for a Llama to hold")
     if qkv != [(heads + 2 * groups) * head_dim, hidden]:
-        raise ValueError(f"model mismatch: linear_qkv is {qkv}, heads {heads}, groups {groups}, head dim {head_dim} "
+        raise LookupError(f"model mismatch: linear_qkv is {qkv}, heads {heads}, groups {groups}, head dim {head_dim} "
                          f"give {[(heads + 2 * groups) * head_dim, hidden]}")
     return {
         "hidden": hidden,
@@ -65,7 +65,7 @@ def dimensions(model: Dict, index: Sequence[Dict]) -> Dict[str, int]:
 def hf_config(model: Dict, index: Sequence[Dict]):
     """The transformers config of the case's architecture, fp32."""
     d = dimensions(model, index)
-    bias = bool(model.get("add_bias_linear", True))
+    bias = bool(model["add_bias_linear"])
     common = dict(
         vocab_size=d["vocab"],
         hidden_size=d["hidden"],
@@ -74,9 +74,9 @@ def hf_config(model: Dict, index: Sequence[Dict]):
         num_attention_heads=d["heads"],
         num_key_value_heads=d["groups"],
         head_dim=d["head_dim"],
-        max_position_embeddings=int(model.get("max_position_embeddings") or 16),
+        max_position_embeddings=int(model["max_position_embeddings"]),
         attention_bias=bias,
-        tie_word_embeddings=not model.get("untie_embeddings_and_output_weights", False),
+        tie_word_embeddings=not model["untie_embeddings_and_output_weights"],
         torch_dtype="float32",
     )
     if architecture(model) == "qwen3":
@@ -128,10 +128,10 @@ def segments(model: Dict, index: Sequence[Dict]) -> Dict[str, List[Segment]]:
                     "mlp.linear_fc2.bias": "mlp.down_proj.bias",
                 }.get(rest)
                 if hf is None:
-                    raise ValueError(f"model mismatch: a {architecture(model)} has no place for {name}")
+                    raise LookupError(f"model mismatch: a {architecture(model)} has no place for {name}")
                 whole(prefix + hf, name)
         else:
-            raise ValueError(f"model mismatch: a {architecture(model)} has no place for {name}")
+            raise LookupError(f"model mismatch: a {architecture(model)} has no place for {name}")
     return out
 
 
@@ -141,26 +141,26 @@ def check_cover(segs: Dict[str, List[Segment]], hf_shapes: Dict[str, Sequence[in
     missing = sorted(set(segs) - set(hf_shapes))
     unmapped = sorted(set(hf_shapes) - set(segs))
     if missing or unmapped:
-        raise ValueError(f"model mismatch: the model lacks {missing[:4]} and has no logical param for {unmapped[:4]}")
+        raise LookupError(f"model mismatch: the model lacks {missing[:4]} and has no logical param for {unmapped[:4]}")
     held: Dict[str, List[Tuple[int, int]]] = {}
     for hf, pieces in segs.items():
         shape = list(hf_shapes[hf])
         rows = sum(s.end - s.begin for s in pieces)
         if rows != shape[0]:
-            raise ValueError(f"model mismatch: {hf} has {shape[0]} rows, its segments {rows}")
+            raise LookupError(f"model mismatch: {hf} has {shape[0]} rows, its segments {rows}")
         for s in pieces:
             if list(shapes[s.logical][1:]) != shape[1:]:
-                raise ValueError(f"model mismatch: {hf} rows are {shape[1:]} wide, {s.logical}'s {shapes[s.logical][1:]}")
+                raise LookupError(f"model mismatch: {hf} rows are {shape[1:]} wide, {s.logical}'s {shapes[s.logical][1:]}")
             held.setdefault(s.logical, []).append((s.logical_begin, s.logical_begin + s.end - s.begin))
     for logical, shape in shapes.items():
         spans = sorted(held.get(logical, []))
         at = 0
         for lo, hi in spans:
             if lo != at:
-                raise ValueError(f"model mismatch: rows {at} to {lo} of {logical} are held {'twice' if lo < at else 'by no param'}")
+                raise LookupError(f"model mismatch: rows {at} to {lo} of {logical} are held {'twice' if lo < at else 'by no param'}")
             at = hi
         if at != shape[0]:
-            raise ValueError(f"model mismatch: {logical} has {shape[0]} rows, the model holds {at}")
+            raise LookupError(f"model mismatch: {logical} has {shape[0]} rows, the model holds {at}")
 
 
 def full_gradient(segs: Sequence[Segment], shape: Sequence[int], tensors: Dict):

@@ -14,10 +14,11 @@ Every file is written atomically (a temporary file in the same folder, then os.r
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 MANIFEST_VERSION = 2  # the format write_run writes (rank files and groups.json)
 # The format of one rank's manifest whose groups are rank lists, as a framework's adapter builds
@@ -34,6 +35,53 @@ def stats(values) -> Dict[str, Any]:
         "sum_squares": float(np.dot(v, v)),
         "abs_max": float(np.abs(v).max()) if v.size else 0.0,
         "zeros": int(v.size - np.count_nonzero(v)),
+    }
+
+
+def finite_or_none(norm: Optional[float]) -> Optional[float]:
+    """A reported norm as the manifest states it: null where the framework gave none or one that is
+    not finite (JSON has no infinity)."""
+    return norm if norm is not None and math.isfinite(norm) else None
+
+
+def optimizer_child(name: str, stats_group: Sequence[int], main_params: List[Dict[str, Any]], *,
+                    tp_group: Optional[Sequence[int]] = None, expert_tp_group: Optional[Sequence[int]] = None,
+                    clip: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+    """One child of the norm code (docs/manifest.md, `optimizers`): its name, the ranks its statistics
+    are summed over, the groups its TP de-duplication reads (None: it reads none), the clip that
+    scaled it as (max_norm, coefficient), and its main params' records."""
+    return {
+        "name": name,
+        "stats_group": list(stats_group),
+        "tp_group": None if tp_group is None else list(tp_group),
+        "expert_tp_group": None if expert_tp_group is None else list(expert_tp_group),
+        "clip": None if clip is None else {"max_norm": clip[0], "coefficient": clip[1]},
+        "main_params": main_params,
+    }
+
+
+def rank_manifest(*, producer: str, parallel: Dict[str, int], groups: Dict[str, List[int]],
+                  params: List[Dict[str, Any]], optimizers: List[Dict[str, Any]], norm: Optional[float],
+                  zeros: Optional[int] = None, group_norms: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """This rank's manifest with every group a rank list (RANK_LISTS_VERSION; write_run makes it
+    MANIFEST_VERSION): the one place every framework's document is put together. `norm` and `zeros`:
+    what the framework reported, as floats and counts already; `group_norms`: the norm of each separate
+    grad-norm group it reported beside the main one."""
+    import torch.distributed as dist
+
+    reported: Dict[str, Any] = {"norm": norm, "inf_norm": None, "zeros": zeros}
+    if group_norms:
+        reported["group_norms"] = dict(group_norms)
+    return {
+        "tally_manifest": RANK_LISTS_VERSION,
+        "producer": producer,
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "parallel": parallel,
+        "groups": groups,
+        "params": params,
+        "optimizers": optimizers,
+        "reported": reported,
     }
 
 

@@ -94,7 +94,7 @@ class Request:
 
     @property
     def faults(self):
-        return list(self.case.get("faults", []))
+        return list(self.case["faults"])
 
     @property
     def case_digest(self):

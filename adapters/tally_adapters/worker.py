@@ -2,9 +2,11 @@
 backend it runs on, its hello, the faults it plants, and the queue loop (tally_adapters.queue).
 
 A framework's worker is a subclass of `Worker` that says what it is (`framework`, the faults it
-plants and why it cannot plant the others) and fills in three methods: `framework_version`,
-`start` (imports and set-up once the process group is up) and `execute` (one case). tally starts
-it under torchrun, once per world size:
+plants and why it cannot plant the others), how it starts (`framework_version`, `start`), and the
+steps of a case that are its own: `build`, `set_gradients`, `norm_step`, `manifest` and `release`.
+`Worker.execute` runs them in the one order every case has (plants, build, gradients, the check that
+every param is held, the norm step, the manifest), so no framework restates it. tally starts a
+worker under torchrun, once per world size:
 
     torchrun --standalone --nproc-per-node WORLD -m tally_adapters.<framework>.worker \\
         --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
@@ -23,11 +25,43 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from . import __version__
+from .manifest import write_run
 from .plants import Planted
-from .queue import THREAD_BUDGET, Request, serve
+from .queue import THREAD_BUDGET, Request, framework_setup, serve
 
 # fault -> ([(where, attr, make)], how): what a worker replaces to plant a catalog fault (plants.py)
 PlantTable = Dict[str, Tuple[List[Tuple[str, str, object]], str]]
+
+
+class CaseRun:
+    """One case on this rank, as a worker's steps share it: the request, its case (every field tally
+    writes, read as written: docs/case-files.md), tally's values of every logical param (`tensors`,
+    name -> numpy array of its shape) and their index (`index`: each param's name, class, shape,
+    split_dim, stage), and the device the framework computes on. Each framework's steps add what
+    they make (its model, engine, optimizer, the norm it reported)."""
+
+    def __init__(self, request: Request, device):
+        self.request = request
+        self.case = request.case
+        self.index = request.gradient_index()
+        self.tensors = request.gradients()
+        self.device = device
+
+
+def check_every_param_held(framework: str, local_error: Optional[str], held, tensors) -> None:
+    """Raises a model mismatch on every rank together, after one collective (so no rank is left
+    waiting in the next): one rank's own error, or a logical param no rank holds."""
+    import torch.distributed as dist
+
+    everyone: List[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (local_error, sorted(held)))
+    errors = [error for error, _ in everyone if error]
+    if errors:
+        raise LookupError(errors[0])
+    missing = set(tensors) - set().union(*(set(names) for _, names in everyone))
+    if missing:
+        raise LookupError(f"model mismatch: no rank of {framework}'s model holds {sorted(missing)[:5]} "
+                          f"({len(missing)} of tally's params)")
 
 
 class Worker:
@@ -64,12 +98,65 @@ class Worker:
         cannot run on this machine, each with why; tally refuses such cases with that reason."""
         return {}
 
-    def execute(self, request: Request) -> None:
-        """Runs the case on this rank and writes its manifests to request.manifests_dir; raises
-        when the framework refuses the case or the worker fails on it."""
+    def build(self, run: CaseRun) -> None:
+        """Builds the framework for the case (its groups, model, engine or optimizer) onto `run`.
+        Runs inside framework_setup: a check of the framework's own that declines the case here is
+        a refusal, counted by its reason."""
         raise NotImplementedError
 
+    def set_gradients(self, run: CaseRun):
+        """Gives the framework tally's gradients; returns the logical names this rank holds a piece
+        of. A LookupError (the framework holds a param the worker did not build) is told to every
+        rank in the check that follows."""
+        raise NotImplementedError
+
+    def norm_step(self, run: CaseRun) -> None:
+        """Runs the framework's own code that computes (and clips by) the gradient norm, keeping on
+        `run` what the manifest reads."""
+        raise NotImplementedError
+
+    def manifest(self, run: CaseRun) -> Dict[str, object]:
+        """This rank's manifest of what the norm step counted (rank lists: write_run makes them a
+        group table)."""
+        raise NotImplementedError
+
+    def release(self, run: CaseRun, failed: bool) -> None:
+        """Gives back what the case made (engines, groups, caches), whatever happened; `failed`: the
+        case raised, so nothing it left may be reused."""
+
+    # --- the one order of a case -----------------------------------------------------------
+
+    def execute(self, request: Request) -> None:
+        """Runs the case on this rank and writes its manifests to request.manifests_dir; raises
+        when the framework refuses the case or the worker fails on it. The case's faults stay
+        planted from the build to the manifest, so the manifest reads what the planted code did."""
+        import torch.distributed as dist
+
+        run = CaseRun(request, self.device())
+        failed = True
+        try:
+            with self.planted(request):
+                with framework_setup(self.package.rstrip(".")):
+                    self.build(run)
+                try:
+                    held, local_error = self.set_gradients(run), None
+                except LookupError as error:
+                    held, local_error = [], f"rank {dist.get_rank()}: {error}"
+                check_every_param_held(self.framework, local_error, held, run.tensors)
+                self.norm_step(run)
+                manifest = self.manifest(run)
+            write_run(manifest, request.manifests_dir, request.case_digest)
+            failed = False
+        finally:
+            self.release(run, failed)
+
     # --- shared ----------------------------------------------------------------------------
+
+    def device(self):
+        """The device this rank computes on: its GPU (run() set it), else the CPU."""
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device()) if self.devices else torch.device("cpu")
 
     def planted(self, request: Request) -> Planted:
         """The case's faults planted in the framework for a `with` block."""

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "casefile/case_file.h"
@@ -753,6 +754,25 @@ TEST(LogicalGradients, NameEachParamsStageAndTheTiedCopyOfTheLastStage) {
   c.model.untie_embeddings_and_output_weights = false;
   c.topology = {.world = 2, .tp = 2};
   EXPECT_EQ(logical_gradients(c).index_json.find("last_stage_copy"), std::string::npos) << "PP 1: one param";
+}
+
+TEST(LogicalGradients, NameTheDimTensorParallelismSplitsEachParamAlong) {
+  casefile::Case c = founding_case();
+  const topologies::LogicalModel model(c.model, c.topology);
+  const nlohmann::json index = nlohmann::json::parse(logical_gradients(c).index_json);
+  std::set<std::string> classes;
+  for (const topologies::LogicalParam& p : model.params()) {
+    const nlohmann::json& split = index.at("params").at(static_cast<std::size_t>(p.id)).at("split_dim");
+    const int dim = topologies::partition_dim(p.param_class);
+    if (dim < 0)
+      EXPECT_TRUE(split.is_null()) << p.name;
+    else
+      EXPECT_EQ(split, dim) << p.name;
+    classes.insert(std::string(topologies::class_name(p.param_class)));
+  }
+  EXPECT_TRUE(classes.count("row") && classes.count("column") && classes.count("replicated") &&
+              classes.count("expert-row-bias"))
+      << "the founding case holds split and replicated classes of both kinds";
 }
 
 TEST(WorkerCommand, EveryWorldTokenIsReplaced) {

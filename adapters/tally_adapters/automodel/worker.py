@@ -38,7 +38,6 @@ import sys
 from .. import dtensor as tally_dtensor
 from .. import hf_models
 from .. import worker as base
-from ..queue import framework_setup
 
 _UTILS = "nemo_automodel.components.training.utils"
 
@@ -193,59 +192,73 @@ def stats_group(p, rank):
     return tally_dtensor.ranks_along(p.device_mesh, dims)
 
 
-def execute(request, planted, producer, device):
-    """Runs the request's case on this rank, its faults planted by `planted`, and writes its manifests."""
+def build(run):
+    """The case's model as Automodel builds it, parallelized by Automodel's own parallelizer over the
+    meshes its configuration makes (`model`, `mesh_context`), onto `run`."""
     import torch
     import torch.distributed as dist
+    from nemo_automodel.components.distributed.config import FSDP2Config
+    from nemo_automodel.components.distributed.mesh import MeshContext, ParallelismSizes
+    from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
     from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    run.config = run.request.engine_config()  # run/automodel/rules.cpp wrote it; `tally show` prints the same
+    sizes = run.config["distributed"]
+    model = build_model(run.case["model"], run.index)
+    strategy = FSDP2Config(
+        mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32),
+        sequence_parallel=bool(sizes["sequence_parallel"]),
+    )
+    parallelism = ParallelismSizes(dp_replicate_size=sizes["dp_replicate_size"], tp_size=sizes["tp_size"],
+                                   cp_size=sizes["cp_size"], pp_size=sizes["pp_size"], ep_size=sizes["ep_size"])
+    run.mesh_context = MeshContext.build(strategy, parallelism, world_size=dist.get_world_size())
+    run.model = parallelize_model(model, run.mesh_context)
+
+
+def set_gradients(run):
+    """Every param's gradient: its segments of tally's logical gradients (a fused param holds several),
+    placed as the param is (`before`), and the manifest pieces of each (`pieces`); returns the logical
+    names held."""
+    import torch
+
+    named = [(local_name(n), p) for n, p in run.model.named_parameters() if p.requires_grad]
+    segments = hf_models.segments(run.case["model"], run.index)
+    hf_models.check_cover(segments, {n: list(p.shape) for n, p in named}, run.index)
+    shapes = {p["name"]: list(p["shape"]) for p in run.index}
+    run.pieces, run.before = [], {}
+    for name, p in named:
+        full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, run.tensors)).to(run.device)
+        (offsets, extents), run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
+        for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
+            run.pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
+                                                  logical_extents, tally_dtensor.attributes_of(p)))
+    run.params = [p for _, p in named]
+    return {piece.logical_name for piece in run.pieces}
+
+
+def clip(run):
+    """Automodel's clip_grad_norm over the model, with the case's max_norm (infinity where the case does
+    not clip): its norm (`norm`) and the gradients after it (`after`)."""
+    from nemo_automodel.components.training import utils as automodel_utils
     from torch.distributed.tensor import DTensor
 
-    case = request.case
-    config = request.engine_config()  # run/automodel/rules.cpp wrote it; `tally show` prints the same
-    sizes = config["distributed"]
-    max_norm = float(config["clip_grad"]["max_norm"])
-    rank = dist.get_rank()
-    with planted:
-        from nemo_automodel.components.distributed.config import FSDP2Config
-        from nemo_automodel.components.distributed.mesh import MeshContext, ParallelismSizes
-        from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
-        from nemo_automodel.components.training import utils as automodel_utils
+    max_norm = float(run.config["clip_grad"]["max_norm"])
+    total = automodel_utils.clip_grad_norm(max_norm if max_norm > 0 else math.inf, [run.model],
+                                           device_mesh=run.mesh_context.device_mesh)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    run.norm = float(total)
+    run.after = {id(p): tally_dtensor.local_values(p.grad) for p in run.params}
 
-        index = request.gradient_index()
-        tensors = request.gradients()
-        # Automodel's own checks of the case (its meshes', its parallelizer's) decline it: a refusal
-        # counted by reason, not an error of the worker.
-        with framework_setup("nemo_automodel"):
-            model = build_model(case["model"], index)
-            strategy = FSDP2Config(
-                mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32),
-                sequence_parallel=bool(sizes["sequence_parallel"]),
-            )
-            parallelism = ParallelismSizes(dp_replicate_size=sizes["dp_replicate_size"], tp_size=sizes["tp_size"],
-                                           cp_size=sizes["cp_size"], pp_size=sizes["pp_size"], ep_size=sizes["ep_size"])
-            mesh_context = MeshContext.build(strategy, parallelism, world_size=dist.get_world_size())
-            model = parallelize_model(model, mesh_context)
-        named = [(local_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
-        segments = hf_models.segments(case["model"], index)
-        hf_models.check_cover(segments, {n: list(p.shape) for n, p in named}, index)
-        shapes = {p["name"]: list(p["shape"]) for p in index}
-        pieces, before = [], {}
-        for name, p in named:
-            full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, tensors)).to(device)
-            (offsets, extents), before[id(p)] = tally_dtensor.place_gradient(p, full, name)
-            for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
-                pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
-                                                  logical_extents, tally_dtensor.attributes_of(p)))
-        clipping = max_norm > 0
-        total = automodel_utils.clip_grad_norm(max_norm if clipping else math.inf, [model],
-                                               device_mesh=mesh_context.device_mesh)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()
-        norm = float(total)
-        params = [p for _, p in named]
-        after = {id(p): tally_dtensor.local_values(p.grad) for p in params}
 
-    children = tally_dtensor.canonical_children([group_key(p) for p in params], dist.get_world_size())
+def manifest(run, producer):
+    """This rank's manifest: one child per Automodel sharding group, each summed over the ranks
+    Automodel reduces it over on this rank."""
+    import torch.distributed as dist
+
+    rank, world, params = dist.get_rank(), dist.get_world_size(), run.params
+    max_norm = float(run.config["clip_grad"]["max_norm"])
+    children = tally_dtensor.canonical_children([group_key(p) for p in params], world)
     groups_of = {}
     for p in params:
         groups_of.setdefault(group_key(p), stats_group(p, rank))
@@ -253,25 +266,24 @@ def execute(request, planted, producer, device):
     if missing:
         raise ValueError(f"rank {rank} holds no param of Automodel's sharding groups {missing}: the ranks would "
                          "not reduce the same groups")
-    clips = tally_dtensor.clip_coefficients(children, params, group_key, before, after, max_norm, norm) if clipping else None
-    device_mesh = mesh_context.device_mesh
+    clips = tally_dtensor.clip_coefficients(children, params, group_key, run.before, run.after, max_norm, run.norm) \
+        if max_norm > 0 else None
+    device_mesh = run.mesh_context.device_mesh
     names = axis_names(device_mesh)
     tp_group = tally_dtensor.ranks_along(device_mesh, [names.index("tp")]) if "tp" in names else [rank]
-    t = case["topology"]
-    manifest = tally_dtensor.build_manifest(
-        pieces, group_key, children, lambda p: before[id(p)],
+    t = run.case["topology"]
+    return tally_dtensor.build_manifest(
+        run.pieces, group_key, children, lambda p: run.before[id(p)],
         child_names=lambda key: "Automodel clip_grad_norm group on (" + ", ".join(key) + ")",
         groups={"tp": tp_group, "expt_tp": [rank]},
-        parallel={"tp": t.get("tp", 1), "cp": t.get("cp", 1), "pp": t.get("pp", 1),
-                  "dp": dist.get_world_size() // (t.get("tp", 1) * t.get("cp", 1) * t.get("pp", 1)),
-                  "ep": t.get("ep", 1), "etp": t.get("etp", 1)},
+        parallel={"tp": t["tp"], "cp": t["cp"], "pp": t["pp"], "dp": world // (t["tp"] * t["cp"] * t["pp"]),
+                  "ep": t["ep"], "etp": t["etp"]},
         producer=producer,
-        reported_norm=norm,
+        reported_norm=run.norm,
         clips=clips,
-        clipped_of=lambda p: after[id(p)],
+        clipped_of=lambda p: run.after[id(p)],
         stats_groups={key: groups_of[key] for key in children},
     )
-    tally_dtensor.dump_manifest(manifest, request.manifests_dir, request.case_digest)
 
 
 class AutomodelWorker(base.Worker):
@@ -293,11 +305,17 @@ class AutomodelWorker(base.Worker):
     def dtypes(self):
         return ["fp32"]
 
-    def execute(self, request):
-        import torch
+    def build(self, run):
+        build(run)
 
-        device = torch.device("cuda", torch.cuda.current_device()) if self.devices else torch.device("cpu")
-        execute(request, self.planted(request), self.producer(), device)
+    def set_gradients(self, run):
+        return set_gradients(run)
+
+    def norm_step(self, run):
+        clip(run)
+
+    def manifest(self, run):
+        return manifest(run, self.producer())
 
 
 def main(argv=None):

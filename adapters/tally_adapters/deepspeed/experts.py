@@ -122,7 +122,7 @@ def describe_autoep(engine_module, shapes, tensors):
     return described, pieces, values
 
 
-def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes):
+def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, splits):
     """Once deepspeed.initialize has made the expert groups: each local expert's logical name
     (global expert = EP rank x local experts + local index) and box. `layers`: prefix -> MoE."""
     from deepspeed.utils import groups
@@ -136,7 +136,7 @@ def describe_experts(layers, described, expert_tp, tp_rank, tp, shapes, classes)
                 if logical not in shapes:
                     raise LookupError(f"model mismatch: DeepSpeed holds expert {e} ({logical}), which tally's "
                                       "model of the case does not have")
-                offsets, extents, _ = local_box(shapes[logical], classes[logical], tp_rank, tp if expert_tp else 1)
+                offsets, extents, _ = local_box(shapes[logical], splits[logical], tp_rank, tp if expert_tp else 1)
                 if list(p.shape) != extents:
                     raise LookupError(f"model mismatch: {logical} is {list(p.shape)} on this rank, {extents} expected")
                 # Its marks are what DeepSpeed left: Experts deep-copies the expert it is given, and a

@@ -9,19 +9,18 @@ import re
 
 from ..module_keys import module_key, name_of_module_key
 
-SPLIT_DIM = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1,
-             "expert-column": 0, "expert-column-bias": 0, "expert-row": 1}
 EXPERT_PARAM_NAME = re.compile(r"^(.*\.mlp\.)experts\.local_experts\.(\d+)\.(.+)$")
 
 
-def local_box(shape, cls, tp_rank, tp):
-    """(offsets, extents, split) of the piece a TP rank holds of a logical param of class `cls`."""
-    dim = SPLIT_DIM.get(cls)
+def local_box(shape, split_dim, tp_rank, tp):
+    """(offsets, extents, split) of the piece a TP rank holds of a logical param TP splits along
+    `split_dim` (the gradient index's, from its class; None: TP replicates it)."""
+    dim = split_dim
     offsets, extents = [0] * len(shape), list(shape)
     if dim is None or tp == 1:
         return offsets, extents, None
     if shape[dim] % tp:
-        raise ValueError(f"class {cls}: dim {dim} of {list(shape)} is not divisible by TP {tp}")
+        raise ValueError(f"dim {dim} of {list(shape)}, which TP splits, is not divisible by TP {tp}")
     extents[dim] = shape[dim] // tp
     offsets[dim] = tp_rank * extents[dim]
     return offsets, extents, dim
@@ -46,12 +45,11 @@ def split_experts(names):
 def moe_settings(case):
     """What every MoE layer of the case is built with."""
     t, m = case["topology"], case["model"]
-    tp = t.get("tp", 1)
-    return {"experts": int(m.get("num_experts", 0) or 0), "ep": t.get("ep", 1), "hidden": int(m.get("hidden_size", 16)),
-            "expert_tp": tp > 1 and t.get("etp", tp) == tp}
+    tp = t["tp"]
+    return {"experts": m["num_experts"], "ep": t["ep"], "hidden": m["hidden_size"], "expert_tp": tp > 1 and t["etp"] == tp}
 
 
-def moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype):
+def moe_layer(prefix, suffixes, shapes, splits, moe, tp_rank, tp, dtype):
     """A deepspeed.moe.layer.MoE for one of tally's MoE layers, and its gate weight's description
     (router name, shape, offsets, extents). Its experts are described once DeepSpeed has made the
     expert groups (describe_experts)."""
@@ -63,7 +61,7 @@ def moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype):
     template.params = nn.ParameterDict()
     for suffix in suffixes:
         shape = shapes[f"{prefix}experts.local_experts.0.{suffix}"]
-        _, extents, dim = local_box(shape, classes[f"{prefix}experts.local_experts.0.{suffix}"], tp_rank,
+        _, extents, dim = local_box(shape, splits[f"{prefix}experts.local_experts.0.{suffix}"], tp_rank,
                                     tp if moe["expert_tp"] else 1)
         param = nn.Parameter(torch.zeros(extents, dtype=dtype))
         if dim is not None:  # marked as Megatron-DeepSpeed's Column/RowParallelLinear marks its shards
@@ -79,13 +77,13 @@ def moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype):
     return layer, wg, (router, shapes[router], [0, 0], shapes[router])
 
 
-def dense_param(name, shapes, classes, tp_rank, tp, dtype):
+def dense_param(name, shapes, splits, tp_rank, tp, dtype):
     """This TP rank's piece of a dense param (marked tensor_model_parallel where it is split), and
     its description (logical name, shape, offsets, extents)."""
     import torch
     import torch.nn as nn
 
-    offsets, extents, dim = local_box(shapes[name], classes[name], tp_rank, tp)
+    offsets, extents, dim = local_box(shapes[name], splits[name], tp_rank, tp)
     p = nn.Parameter(torch.zeros(extents, dtype=dtype))
     if dim is not None:
         p.tensor_model_parallel, p.partition_dim = True, dim
@@ -117,11 +115,11 @@ def build_model(case, index, mpu, moe, dtype):
     """The module DeepSpeed wraps, and param -> (logical name, shape, offsets, extents)."""
     import torch.nn as nn
 
-    tp = case["topology"].get("tp", 1)
+    tp = case["topology"]["tp"]
     tp_rank = mpu.get_model_parallel_rank()
-    classes = {p["name"]: p["class"] for p in index}
+    splits = {p["name"]: p["split_dim"] for p in index}
     shapes = {p["name"]: list(p["shape"]) for p in index}
-    dense, moe_layers = split_experts(classes)
+    dense, moe_layers = split_experts(splits)
 
     module = weighted_sum_model()
     module.dense = nn.ParameterDict()
@@ -130,14 +128,14 @@ def build_model(case, index, mpu, moe, dtype):
     for name in dense:
         if any(name == f"{prefix}router.weight" for prefix in moe_layers):
             continue
-        p, described[id(p)] = dense_param(name, shapes, classes, tp_rank, tp, dtype)
+        p, described[id(p)] = dense_param(name, shapes, splits, tp_rank, tp, dtype)
         module.dense[module_key(name)] = p
     layers = {}
     for prefix, suffixes in moe_layers.items():
-        layer, wg, router = moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp, dtype)
+        layer, wg, router = moe_layer(prefix, suffixes, shapes, splits, moe, tp_rank, tp, dtype)
         module.moe[module_key(prefix)] = layers[prefix] = layer
         described[id(wg)] = router
-    return module, described, layers, shapes, classes
+    return module, described, layers, shapes, splits
 
 
 # AutoTP's layer specs for the modules build_autotp_model makes (column., row., tp_summed.) are in
@@ -208,7 +206,7 @@ def describe_dense(engine_module, index, tensors, tp_rank, tp):
     box tally expects (its values are the logical param's), every other param whole."""
     import torch
 
-    classes = {p["name"]: p["class"] for p in index}
+    splits = {p["name"]: p["split_dim"] for p in index}
     shapes = {p["name"]: list(p["shape"]) for p in index}
     described = {}
     for path, p in engine_module.named_parameters():
@@ -218,13 +216,13 @@ def describe_dense(engine_module, index, tensors, tp_rank, tp):
         if attr in ("column", "row"):
             prefix, leaf = rest.rsplit(".", 1)
             name = f"{prefix.replace('__', '.')}.{leaf}"
-            cls = classes[name]  # vocab (the output layer) splits dim 0, as a column
+            split = splits[name]  # vocab (the output layer) splits dim 0, as a column
         else:
-            name, cls = name_of_module_key(rest), "replicated"
-        offsets, extents, _ = local_box(shapes[name], cls, tp_rank, tp)
+            name, split = name_of_module_key(rest), None
+        offsets, extents, _ = local_box(shapes[name], split, tp_rank, tp)
         if list(p.shape) != extents:
             raise LookupError(f"model mismatch: AutoTP holds {list(p.shape)} of {name} {shapes[name]} on TP rank "
-                              f"{tp_rank}; tally expects {extents} ({cls} over TP {tp})")
+                              f"{tp_rank}; tally expects {extents} (split along dim {split} over TP {tp})")
         if attr in ("column", "row"):
             want = tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
             if not torch.equal(p.detach().cpu(), torch.from_numpy(want.copy()).to(p.dtype)):

@@ -27,22 +27,22 @@ def stage_block_class():
         def __init__(self, entries, moe, tp, dtype):
             super().__init__()
             tp_rank = dist.get_rank() % tp  # TP is the fastest axis of DeepSpeed's grid
-            classes = {p["name"]: p["class"] for p in entries}
+            splits = {p["name"]: p["split_dim"] for p in entries}
             shapes = {p["name"]: list(p["shape"]) for p in entries}
-            dense, moe_layers = split_experts(classes)
+            dense, moe_layers = split_experts(splits)
             self.params = nn.ParameterDict()
             self.moe = nn.ModuleDict()
             self.described, self.layers, self.weights = {}, {}, {}
             routers = {f"{prefix}router.weight" for prefix in moe_layers}
             for name in dense:
                 if name not in routers:
-                    p, self.described[id(p)] = dense_param(name, shapes, classes, tp_rank, tp, dtype)
+                    p, self.described[id(p)] = dense_param(name, shapes, splits, tp_rank, tp, dtype)
                     self.params[module_key(name)] = p
             for prefix, suffixes in moe_layers.items():
-                layer, wg, self.described[id(wg)] = moe_layer(prefix, suffixes, shapes, classes, moe, tp_rank, tp,
+                layer, wg, self.described[id(wg)] = moe_layer(prefix, suffixes, shapes, splits, moe, tp_rank, tp,
                                                               dtype)
                 self.moe[module_key(prefix)] = self.layers[prefix] = layer
-            self.shapes, self.classes = shapes, classes
+            self.shapes, self.splits = shapes, splits
 
         def forward(self, x):
             for p in self.parameters():
@@ -58,7 +58,7 @@ def pipeline_plan(index, pp):
     and the last stage)."""
     stages, tied = [[] for _ in range(pp)], None
     for p in index:
-        stage = p.get("stage", 0)
+        stage = p["stage"]
         if not 0 <= stage < pp:
             raise LookupError(f"model mismatch: {p['name']} is on stage {stage} of a pipeline of {pp}")
         if p.get("last_stage_copy", False):
@@ -73,14 +73,14 @@ def check_pipeline_plan(stages, tied, moe, tp):
     that is not DeepSpeed's gate). Each rank builds only its own stage, inside collectives the other
     stages wait in, so the checks run on every rank for every stage first."""
     for entries in stages + ([[tied]] if tied is not None else []):
-        classes = {p["name"]: p["class"] for p in entries}
+        splits = {p["name"]: p["split_dim"] for p in entries}
         shapes = {p["name"]: list(p["shape"]) for p in entries}
-        _, moe_layers = split_experts(classes)
-        for name, cls in classes.items():
+        _, moe_layers = split_experts(splits)
+        for name, split_dim in splits.items():
             expert = EXPERT_PARAM_NAME.match(name) is not None
             split = tp if not expert or moe["expert_tp"] else 1
             for tp_rank in range(split):
-                local_box(shapes[name], cls, tp_rank, split)
+                local_box(shapes[name], split_dim, tp_rank, split)
         for prefix in moe_layers:
             gate = [moe["experts"], moe["hidden"]]
             if shapes[f"{prefix}router.weight"] != gate:
@@ -95,7 +95,7 @@ def build_pipeline(case, index, moe, dtype, world):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     t = case["topology"]
-    tp, pp = t.get("tp", 1), t.get("pp", 1)
+    tp, pp = t["tp"], t["pp"]
     StageBlock = stage_block_class()
     stages, tied = pipeline_plan(index, pp)
     check_pipeline_plan(stages, tied, moe, tp)

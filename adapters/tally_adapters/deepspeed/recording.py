@@ -26,11 +26,10 @@ reductions add them to zeros (tally's worker ensures both); the reported norm is
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__ as ADAPTER_VERSION  # noqa: F401
-from ..manifest import RANK_LISTS_VERSION, write_run
+from ..manifest import finite_or_none, optimizer_child, rank_manifest
 from ..manifest import stats as _stats
 
 # --- the groups ---------------------------------------------------------------------------------
@@ -402,7 +401,7 @@ def build_manifest(
     producer: str,
     reported_norm: Optional[float],
 ) -> Dict[str, Any]:
-    """This rank's manifest (rank lists; dump_manifest turns them into group indices).
+    """This rank's manifest (rank lists; manifest.write_run turns them into group indices).
     `describe(param)`: its `logical_name`, `logical_shape`, `offsets`, `extents`; or, for a param
     that holds pieces of several logical params (AutoEP's experts stacked in one tensor), a list of
     such dicts, each with `local`: the (begin, end) of the param's flattened elements it is.
@@ -410,7 +409,7 @@ def build_manifest(
     `groups_by_rank`: every rank's groups by name (`tp`, `dp`, `mp`, `pp` with PP, `ep:<name>`, `edp:<name>`)."""
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     mine = groups_by_rank[rank]
     params, index = [], {}  # index: param -> [(its manifest entry, begin, end of its flat elements)]
     for name, p in engine.module.named_parameters():
@@ -489,34 +488,11 @@ def build_manifest(
                 if clipped is not None:
                     record["clipped_stats"] = _stats(clipped[k][lo - begin:hi - begin])
                 main_params.append(record)
-        optimizers.append({
-            "name": name,
-            "stats_group": stats_group(kind),
-            "tp_group": mine["tp"],
-            "expert_tp_group": mine["tp"] if mine.get("expert_tp", False) else [rank],
-            "clip": None if max_norm is None else {"max_norm": max_norm, "coefficient": coefficient},
-            "main_params": main_params,
-        })
-    norm = reported_norm
-    if norm is not None and not math.isfinite(norm):
-        norm = None
-    return {
-        "tally_manifest": RANK_LISTS_VERSION,  # write_run makes it MANIFEST_VERSION
-        "producer": producer,
-        "rank": rank,
-        "world": world,
-        "parallel": parallel,
-        "groups": {"tp": mine["tp"], "expt_tp": mine["tp"] if mine.get("expert_tp", False) else [rank],
-                   "dp": mine["dp"], "mp": mine["mp"],
-                   **{k.replace(":", "_").replace("ep_size_", "size"): v for k, v in mine.items()
-                      if k.startswith(("ep:", "edp:"))}},
-        "params": params,
-        "optimizers": optimizers,
-        "reported": {"norm": norm, "inf_norm": None, "zeros": None},
-    }
-
-
-def dump_manifest(manifest: Dict[str, Any], out_dir: str, case_digest: Optional[str] = None) -> str:
-    """Collective: writes this rank's file and, on rank 0, groups.json (the run's group table, the
-    same on every rank), each echoing `case_digest` where the run answers a request."""
-    return write_run(manifest, out_dir, case_digest)
+        optimizers.append(optimizer_child(name, stats_group(kind), main_params, tp_group=mine["tp"],
+                                          expert_tp_group=mine["tp"] if mine.get("expert_tp", False) else [rank],
+                                          clip=None if max_norm is None else (max_norm, coefficient)))
+    groups = {"tp": mine["tp"], "expt_tp": mine["tp"] if mine.get("expert_tp", False) else [rank],
+              "dp": mine["dp"], "mp": mine["mp"],
+              **{k.replace(":", "_").replace("ep_size_", "size"): v for k, v in mine.items() if k.startswith(("ep:", "edp:"))}}
+    return rank_manifest(producer=producer, parallel=parallel, groups=groups, params=params, optimizers=optimizers,
+                         norm=finite_or_none(reported_norm))

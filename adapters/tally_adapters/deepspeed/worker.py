@@ -46,12 +46,12 @@ param.
 """
 
 import contextlib
+import functools
 import math
 import os
 import sys
 
 from .. import worker as base
-from ..queue import framework_setup
 from . import recording as tally_deepspeed
 from .experts import add_autoep_blocks, build_autoep_model, describe_autoep, describe_experts, moe_param_names
 from .fused_adam import prepare_fused_adam
@@ -73,22 +73,6 @@ from .pipeline import (
 )
 from .plants import NOT_PLANTED, PLANTS
 from .recording import expert_groups_by_name
-
-
-def check_every_param_held(local_error, held, tensors):
-    """Raises a model mismatch on every rank together (after one collective, so no rank is left
-    waiting in the next): one rank's own, or a logical param no rank holds."""
-    import torch.distributed as dist
-
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (local_error, held))
-    errors = [error for error, _ in everyone if error]
-    if errors:
-        raise LookupError(errors[0])
-    missing = set(tensors) - set().union(*(set(names) for _, names in everyone))
-    if missing:
-        raise LookupError(f"model mismatch: no rank of DeepSpeed's model holds {sorted(missing)[:5]} "
-                          f"({len(missing)} of tally's params)")
 
 
 def print_gradient_distance(engine, box_of):
@@ -126,200 +110,201 @@ def client_optimizer(module, layers, fused_adam):
     return torch.optim.AdamW(groups, lr=0.0, weight_decay=0.0)
 
 
-def execute(request, planted, producer):
-    """Runs the request's case on this rank, its faults planted by `planted`, and writes its
-    manifests."""
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def build(run, world):
+    """DeepSpeed's engine for the case onto `run`: the groups the case makes (`made`), the model as
+    DeepSpeed is given it (`module`, `blocks` with PP; `described`, `layers` and `moe_parts` of what
+    the worker built), `deepspeed.initialize` with the configuration tally sent (`engine`)."""
     import deepspeed
     import torch
+
+    case = run.case
+    t = case["topology"]
+    section = case["deepspeed"]
+    run.dtype = getattr(torch, DTYPES[case["gradients"]["dtype"]])
+    run.tp, run.pp = t["tp"], t["pp"]
+    run.autotp, run.autoep = section.get("autotp", False), section.get("autoep", False)  # written where true
+    run.made = CaseGroups()
+    run.made.__enter__()
+    # The configuration for deepspeed.initialize, as tally's run/deepspeed/engine.cpp wrote it (the one
+    # author of it: `tally show` prints the same).
+    run.config = run.request.engine_config()
+    run.moe = moe = moe_settings(case)
+    index, tensors, dtype = run.index, run.tensors, run.dtype
+    case_mpu, run.blocks = None, []
+    if run.pp > 1:
+        module, run.blocks = build_pipeline(case, index, moe, dtype, world)
+        run.described, run.layers = {}, {}
+        for block in run.blocks:
+            run.described.update(block.described)
+            run.layers.update(block.layers)
+        run.moe_parts = [(block.layers, block.shapes, block.splits) for block in run.blocks]
+        if moe["experts"]:
+            make_expert_groups_on_every_stage(module, moe)
+    elif run.autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
+        moe_names = moe_param_names(index)
+        module = build_autotp_model([p for p in index if p["name"] not in moe_names], tensors, dtype)
+        if run.autoep:  # and, folded over TP, replaces the MoE layers
+            add_autoep_blocks(module, index, tensors, moe, dtype)
+        run.described, run.layers, run.moe_parts = {}, {}, []
+    elif run.autoep:  # DeepSpeed replaces the MoE layers and makes their expert groups itself
+        module, run.described, run.layers, run.moe_parts = build_autoep_model(index, tensors, moe, dtype), {}, {}, []
+    else:
+        case_mpu = Mpu(run.tp)
+        module, run.described, run.layers, shapes, splits = build_model(case, index, case_mpu, moe, dtype)
+        run.moe_parts = [(run.layers, shapes, splits)]
+    if run.autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
+        run.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
+                                                   config=run.config)
+    else:  # no mpu for a pipeline (its grid is one) or AutoTP (whose groups are)
+        optimizer = client_optimizer(module, run.layers, section.get("fused_adam", False))
+        run.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu,
+                                                   config=run.config)
+
+
+def describe(run):
+    """Which piece of which logical param each of the engine's params holds (`described`, and
+    `pieces` and `local_values` for params holding pieces of several: AutoEP's experts); returns the
+    logical names this rank holds. Raises LookupError where DeepSpeed holds a param the worker did
+    not build."""
+    engine, tensors = run.engine, run.tensors
+    mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
+    run.pieces, run.local_values = {}, {}
+    # At ZeRO 3 each rank holds a partition: AutoTP's and AutoEP's tensors are checked whole.
+    whole = contextlib.nullcontext()
+    if engine.zero_optimization_stage() == 3 and (run.autotp or run.autoep):
+        from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+        whole = GatheredParameters(list(engine.module.parameters()))
+    mismatch = None
+    with whole:
+        try:
+            if run.autoep:
+                run.described, run.pieces, run.local_values = describe_autoep(
+                    engine.module, {p["name"]: list(p["shape"]) for p in run.index}, tensors)
+            if run.autotp or run.autoep:
+                tp_rank = mpu.get_tensor_model_parallel_rank() if run.autotp else 0
+                run.described.update(describe_dense(engine.module, run.index, tensors, tp_rank, run.tp))
+            for part_layers, shapes, splits in run.moe_parts:
+                describe_experts(part_layers, run.described, run.moe["expert_tp"],
+                                 mpu.get_tensor_model_parallel_rank(), run.tp, shapes, splits)
+        except LookupError as error:  # raised once the gathered params are given back
+            mismatch = error
+    if mismatch is not None:
+        raise mismatch
+    undescribed = [path for path, p in engine.module.named_parameters() if id(p) not in run.described
+                   and id(p) not in run.pieces]
+    if undescribed:
+        raise LookupError(f"model mismatch: DeepSpeed holds {undescribed[:3]}, which the worker did not build")
+    return sorted({run.described[id(p)][0] for p in engine.module.parameters() if id(p) in run.described} |
+                  {piece["logical_name"] for ps in run.pieces.values() for piece in ps})
+
+
+def box_of(run, p):
+    """tally's values of the piece param `p` of the engine holds (numpy, its shape)."""
+    if id(p) in run.local_values:
+        return run.local_values[id(p)]
+    name, _, offsets, extents = run.described[id(p)]
+    return run.tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
+
+
+def term_weights_of(run):
+    """Each param's weight in the loss whose backward gives tally's gradient after DeepSpeed's own
+    reductions. DeepSpeed sums a gradient over its reduction group (DP for dense params, expert-DP for
+    experts) and divides by the DP size. Only the group's first rank gives the gradient, times the DP
+    size (a power of two): every other term is 0, so the 16-bit sums are exact, as sums of equal
+    values (3g) would not be. So does only the first stage's copy of a tied embedding, which the
+    pipeline sums over its copies."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    engine = run.engine
+    mpu = engine.mpu
+    device = next(engine.module.parameters()).device
+    if mpu is None:
+        dp_size, dp_first = dist.get_world_size(), dist.get_rank() == 0
+    else:
+        dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
+
+    def expert_first(p):  # DeepSpeed's MoE and AutoEP name each expert param's group
+        return groups._get_expert_data_parallel_rank(p.group_name) == 0
+
+    # AutoTP sums a q/k norm's gradient over TP: only TP rank 0 gives it.
+    tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if run.autotp else set()
+    tp_first = mpu is None or mpu.get_tensor_model_parallel_rank() == 0
+    # AutoEP folded over TP divides an expert's gradient by TP: its forward's all-gather back over TP
+    # leaves that factor on it, which the worker's loss does not, so it gives it.
+    folded = run.tp if run.autotp and run.autoep else 1
+
+    def term_weights(p, first=True):
+        expert = not getattr(p, "allreduce", True)
+        first = first and (expert_first(p) if expert else dp_first)
+        first = first and (tp_first or id(p) not in tp_summed)
+        values = box_of(run, p) * (dp_size * (folded if expert else 1)) if first else box_of(run, p) * 0
+        return torch.from_numpy(values).to(device=device, dtype=p.dtype)
+
+    return term_weights
+
+
+def step(run):
+    """The backward of the weighted loss and DeepSpeed's step (the pipeline's train_batch with PP),
+    recorded (`recording`), and the norm DeepSpeed reports (`norm`). A step DeepSpeed skips (an fp16
+    overflow) raises FloatingPointError: there is no norm to judge."""
+    import torch
+
+    engine = run.engine
+    # fp16 runs scale the loss by the case's static loss scale: the norm codes read the gradients
+    # times it, and the manifests record them divided by it.
+    grad_scale = float(run.config["fp16"]["loss_scale"]) if "fp16" in run.config else 1.0
+    if run.pp > 1:
+        start = torch.zeros(run.tp * run.tp, dtype=run.dtype, device=next(engine.module.parameters()).device)
+        with tally_deepspeed.Recording(engine, grad_scale) as recording:
+            engine.train_batch(data_iter=iter([(start, start)]))
+    else:
+        if engine.zero_optimization_stage() == 3:
+            # The params are partitioned outside the forward: the loss is the module's forward.
+            engine.module.term_weights = {path: run.term_weights(p) for path, p in engine.module.named_parameters()}
+            loss = engine()
+        else:
+            loss = sum((p * run.term_weights(p)).sum() for p in engine.module.parameters())
+        engine.backward(loss)
+        if os.environ.get("TALLY_DEBUG_GRADS") and engine.zero_optimization_stage() == 0:
+            print_gradient_distance(engine, functools.partial(box_of, run))
+        with tally_deepspeed.Recording(engine, grad_scale) as recording:
+            engine.step()
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        norm = recording.clip_norm
+    norm = float(norm) if norm is not None else None
+    # A skipped step (an fp16 overflow) computed no norm to judge: the same on every rank.
+    if getattr(engine.optimizer, "overflow", False) or norm is None or not math.isfinite(norm) \
+            or not recording.children:
+        raise FloatingPointError(
+            f"DeepSpeed skipped the step (norm {norm}, overflow {getattr(engine.optimizer, 'overflow', None)}): "
+            "the gradients times the loss scale do not fit the precision, so there is no norm to judge")
+    run.recording, run.norm = recording, norm
+
+
+def groups_of_every_rank(run):
+    """Every rank's groups by name (recording.build_manifest's `groups_by_rank`), gathered."""
     import torch.distributed as dist
 
-    case = request.case
-    t = case["topology"]
-    world = dist.get_world_size()
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        case.get("gradients", {}).get("dtype", "fp32")]
-    tp, pp = t.get("tp", 1), t.get("pp", 1)
-    autotp = case.get("deepspeed", {}).get("autotp", False)
-    autoep = case.get("deepspeed", {}).get("autoep", False)
-    fused_adam = case.get("deepspeed", {}).get("fused_adam", False)
-    engine = None
-    made = CaseGroups()
-    try:
-        planted.__enter__()
-        made.__enter__()
-        tensors = request.gradients()
-        index = request.gradient_index()
-        # The configuration for deepspeed.initialize, as tally's run/deepspeed/engine.cpp wrote it
-        # (the one author of it: `tally show` prints the same).
-        config = request.engine_config()
-        local_error = None
-        moe = moe_settings(case)
-        expert_tp = moe["expert_tp"]
-        case_mpu = None
-        # DeepSpeed's own checks of the case (deepspeed.initialize's, AutoTP's, AutoEP's) decline it:
-        # a refusal counted by reason, not an error of the worker.
-        with framework_setup("deepspeed"):
-            if pp > 1:
-                module, blocks = build_pipeline(case, index, moe, dtype, world)
-                described, layers = {}, {}
-                for block in blocks:
-                    described.update(block.described)
-                    layers.update(block.layers)
-                moe_parts = [(block.layers, block.shapes, block.classes) for block in blocks]
-                if moe["experts"]:
-                    make_expert_groups_on_every_stage(module, moe)
-            elif autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
-                moe_names = moe_param_names(index)
-                module = build_autotp_model([p for p in index if p["name"] not in moe_names], tensors, dtype)
-                if autoep:  # and, folded over TP, replaces the MoE layers
-                    add_autoep_blocks(module, index, tensors, moe, dtype)
-                described, layers, moe_parts = {}, {}, []
-            elif autoep:  # DeepSpeed replaces the MoE layers and makes their expert groups itself
-                module, described, layers, moe_parts = build_autoep_model(index, tensors, moe, dtype), {}, {}, []
-            else:
-                case_mpu = Mpu(tp)
-                module, described, layers, shapes, classes = build_model(case, index, case_mpu, moe, dtype)
-                moe_parts = [(layers, shapes, classes)]
-            if autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
-                engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
-            else:  # no mpu for a pipeline (its grid is one) or AutoTP (whose groups are)
-                engine, _, _, _ = deepspeed.initialize(model=module, optimizer=client_optimizer(module, layers, fused_adam),
-                                                       mpu=case_mpu, config=config)
-        mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
-        pieces, local_values = {}, {}  # params holding pieces of several logical params (AutoEP's experts)
-        # At ZeRO 3 each rank holds a partition: AutoTP's and AutoEP's tensors are checked whole.
-        whole = contextlib.nullcontext()
-        if engine.zero_optimization_stage() == 3 and (autotp or autoep):
-            from deepspeed.runtime.zero.partition_parameters import GatheredParameters
-
-            whole = GatheredParameters(list(engine.module.parameters()))
-        with whole:
-            try:
-                if autoep:
-                    described, pieces, local_values = describe_autoep(
-                        engine.module, {p["name"]: list(p["shape"]) for p in index}, tensors)
-                if autotp or autoep:
-                    tp_rank = mpu.get_tensor_model_parallel_rank() if autotp else 0
-                    described.update(describe_dense(engine.module, index, tensors, tp_rank, tp))
-                for part_layers, shapes, classes in moe_parts:
-                    describe_experts(part_layers, described, expert_tp, mpu.get_tensor_model_parallel_rank(), tp, shapes,
-                                     classes)
-            except LookupError as e:
-                local_error = f"rank {dist.get_rank()}: {e}"
-        undescribed = [path for path, p in engine.module.named_parameters() if id(p) not in described
-                       and id(p) not in pieces]
-        if undescribed and not local_error:
-            local_error = f"rank {dist.get_rank()}: model mismatch: DeepSpeed holds {undescribed[:3]}, which the " \
-                          "worker did not build"
-        held = [] if local_error else sorted({described[id(p)][0] for p in engine.module.parameters()
-                                              if id(p) in described} |
-                                             {piece["logical_name"] for ps in pieces.values() for piece in ps})
-        check_every_param_held(local_error, held, tensors)
-
-        def box_of(p):
-            if id(p) in local_values:
-                return local_values[id(p)]
-            name, _, offsets, extents = described[id(p)]
-            return tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
-
-        device = next(engine.module.parameters()).device
-        # DeepSpeed sums a gradient over its reduction group (DP for dense params, expert-DP for
-        # experts) and divides by the DP size. Only the group's first rank gives the gradient, times
-        # the DP size (a power of two): every other term is 0, so the 16-bit sums are exact, as
-        # sums of equal values (3g) would not be. So does only the first stage's copy of a tied
-        # embedding, which the pipeline sums over its copies.
-        if mpu is None:
-            dp_size, dp_first = world, dist.get_rank() == 0
-        else:
-            dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
-        from deepspeed.utils import groups
-
-        def expert_first(p):  # DeepSpeed's MoE and AutoEP name each expert param's group
-            return groups._get_expert_data_parallel_rank(p.group_name) == 0
-
-        # AutoTP sums a q/k norm's gradient over TP: only TP rank 0 gives it.
-        tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if autotp else set()
-        tp_first = mpu is None or mpu.get_tensor_model_parallel_rank() == 0
-
-        # AutoEP folded over TP divides an expert's gradient by TP: its forward's all-gather back
-        # over TP leaves that factor on it, which the worker's loss does not, so it gives it.
-        folded = tp if autotp and autoep else 1
-
-        def term_weights(p, first=True):
-            expert = not getattr(p, "allreduce", True)
-            first = first and (expert_first(p) if expert else dp_first)
-            first = first and (tp_first or id(p) not in tp_summed)
-            values = box_of(p) * (dp_size * (folded if expert else 1)) if first else box_of(p) * 0
-            return torch.from_numpy(values).to(device=device, dtype=p.dtype)
-
-        # fp16 runs scale the loss by the case's static loss scale: the norm codes read the
-        # gradients times it, and the manifests record them divided by it.
-        grad_scale = float(config["fp16"]["loss_scale"]) if "fp16" in config else 1.0
-        if pp > 1:
-            first_stage = mpu.get_pipe_parallel_rank() == 0
-            for block in blocks:
-                copy = block in engine.module.tied_modules.values() and not first_stage
-                for p in block.parameters():
-                    block.weights[id(p)] = term_weights(p, first=not copy)
-            start = torch.zeros(tp * tp, dtype=dtype, device=device)
-            with tally_deepspeed.Recording(engine, grad_scale) as recording:
-                engine.train_batch(data_iter=iter([(start, start)]))
-        else:
-            if engine.zero_optimization_stage() == 3:
-                # The params are partitioned outside the forward: the loss is the module's forward.
-                engine.module.term_weights = {path: term_weights(p) for path, p in engine.module.named_parameters()}
-                loss = engine()
-            else:
-                loss = sum((p * term_weights(p)).sum() for p in engine.module.parameters())
-            engine.backward(loss)
-            if os.environ.get("TALLY_DEBUG_GRADS") and engine.zero_optimization_stage() == 0:
-                print_gradient_distance(engine, box_of)
-            with tally_deepspeed.Recording(engine, grad_scale) as recording:
-                engine.step()
-        norm = engine.get_global_grad_norm()
-        if norm is None:
-            norm = recording.clip_norm
-        norm = float(norm) if norm is not None else None
-        # A skipped step (an fp16 overflow) computed no norm to judge: the same on every rank.
-        if getattr(engine.optimizer, "overflow", False) or norm is None or not math.isfinite(norm) \
-                or not recording.children:
-            raise FloatingPointError(
-                f"DeepSpeed skipped the step (norm {norm}, overflow "
-                f"{getattr(engine.optimizer, 'overflow', None)}): the gradients times the loss scale "
-                "do not fit the precision, so there is no norm to judge")
-        if pp > 1:
-            mine = expert_groups(pipeline_groups(mpu, expert_tp), layers)
-        elif autotp or autoep:
-            rank = dist.get_rank()
-            mine = autotp_groups(mpu) if autotp else {"tp": [rank], "mp": [rank], "dp": list(range(world)),
+    engine, mpu, world = run.engine, run.engine.mpu, dist.get_world_size()
+    if run.pp > 1:
+        mine = expert_groups(pipeline_groups(mpu, run.moe["expert_tp"]), run.layers)
+    elif run.autotp or run.autoep:
+        rank = dist.get_rank()
+        mine = autotp_groups(mpu) if run.autotp else {"tp": [rank], "mp": [rank], "dp": list(range(world)),
                                                       "expert_tp": False}
-            mine = expert_groups_by_name(mine, {p.group_name for p in engine.module.parameters()
-                                                if hasattr(p, "group_name")})
-        else:
-            mine = groups_of_rank(layers, mpu, expert_tp)
-        gathered = [None] * world
-        dist.all_gather_object(gathered, mine)
-        manifest = tally_deepspeed.build_manifest(
-            engine, recording,
-            describe=lambda p: pieces.get(id(p)) or dict(zip(("logical_name", "logical_shape", "offsets", "extents"),
-                                                             described[id(p)])),
-            gradient_of=box_of,
-            groups_by_rank=dict(enumerate(gathered)),
-            parallel={"tp": tp, "cp": 1, "pp": pp, "dp": world // (tp * pp), "ep": t.get("ep", 1),
-                      "etp": t.get("etp", tp)},
-            producer=producer,
-            reported_norm=norm,
-        )
-        tally_deepspeed.dump_manifest(manifest, request.manifests_dir, request.case_digest)
-    finally:
-        engines = [engine] if engine is not None else []
-        engine = None
-        # Every step runs, whichever raises: a step left out would leak into the next case.
-        with contextlib.ExitStack() as cleanup:
-            cleanup.callback(made.__exit__, None, None, None)
-            cleanup.callback(forget_deepspeed_groups)
-            cleanup.callback(release_engines, engines)
-            cleanup.callback(planted.__exit__, None, None, None)
+        mine = expert_groups_by_name(mine, {p.group_name for p in engine.module.parameters() if hasattr(p, "group_name")})
+    else:
+        mine = groups_of_rank(run.layers, mpu, run.moe["expert_tp"])
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return dict(enumerate(gathered))
 
 
 class DeepSpeedWorker(base.Worker):
@@ -377,8 +362,48 @@ class DeepSpeedWorker(base.Worker):
         return ["fp32"] + [name for name, supported in (("bf16", accelerator.is_bf16_supported),
                                                          ("fp16", accelerator.is_fp16_supported)) if supported()]
 
-    def execute(self, request):
-        execute(request, self.planted(request), self.producer())
+    def build(self, run):
+        build(run, self.world)
+
+    def set_gradients(self, run):
+        held = describe(run)
+        # The loss's weights: with PP each block's, which the pipeline's forward reads.
+        run.term_weights = term_weights_of(run)
+        if run.pp > 1:
+            first_stage = run.engine.mpu.get_pipe_parallel_rank() == 0
+            for block in run.blocks:
+                copy = block in run.engine.module.tied_modules.values() and not first_stage
+                for p in block.parameters():
+                    block.weights[id(p)] = run.term_weights(p, first=not copy)
+        return held
+
+    def norm_step(self, run):
+        step(run)
+
+    def manifest(self, run):
+        t = run.case["topology"]
+        tp, pp = run.tp, run.pp
+        return tally_deepspeed.build_manifest(
+            run.engine, run.recording,
+            describe=lambda p: run.pieces.get(id(p)) or dict(zip(("logical_name", "logical_shape", "offsets", "extents"),
+                                                                 run.described[id(p)])),
+            gradient_of=functools.partial(box_of, run),
+            groups_by_rank=groups_of_every_rank(run),
+            parallel={"tp": tp, "cp": 1, "pp": pp, "dp": self.world // (tp * pp), "ep": t["ep"], "etp": t["etp"]},
+            producer=self.producer(),
+            reported_norm=run.norm,
+        )
+
+    def release(self, run, failed):
+        engines = [run.engine] if getattr(run, "engine", None) is not None else []
+        run.engine = None
+        made = getattr(run, "made", None)
+        # Every step runs, whichever raises: a step left out would leak into the next case.
+        with contextlib.ExitStack() as cleanup:
+            if made is not None:
+                cleanup.callback(made.__exit__, None, None, None)
+            cleanup.callback(forget_deepspeed_groups)
+            cleanup.callback(release_engines, engines)
 
 
 def main(argv=None):

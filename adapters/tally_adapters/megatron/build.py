@@ -58,16 +58,16 @@ def destroy_parallel_state():
 def parallel_state_arguments(topology):
     """initialize_model_parallel's arguments for the case's topology: two cases with equal ones
     share Megatron's parallel state."""
-    vpp = topology.get("vpp", 1)
+    vpp = topology["vpp"]
     return dict(
-        tensor_model_parallel_size=topology.get("tp", 1),
-        pipeline_model_parallel_size=topology.get("pp", 1),
+        tensor_model_parallel_size=topology["tp"],
+        pipeline_model_parallel_size=topology["pp"],
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-        context_parallel_size=topology.get("cp", 1),
-        expert_model_parallel_size=topology.get("ep", 1),
-        expert_tensor_parallel_size=topology.get("etp", topology.get("tp", 1)),
-        order=topology.get("order", "tp-cp-ep-dp-pp"),
-        num_distributed_optimizer_instances=topology.get("dist_opt_instances", 1),
+        context_parallel_size=topology["cp"],
+        expert_model_parallel_size=topology["ep"],
+        expert_tensor_parallel_size=topology["etp"],
+        order=topology["order"],
+        num_distributed_optimizer_instances=topology["dist_opt_instances"],
     )
 
 
@@ -77,41 +77,41 @@ def transformer_config(case):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     t, m = case["topology"], case["model"]
-    experts = m.get("num_experts", 0)
+    experts = m["num_experts"]
     kw = dict(
-        num_layers=m.get("num_layers", 2),
-        hidden_size=m.get("hidden_size", 16),
-        num_attention_heads=m.get("num_attention_heads", 4),
-        add_bias_linear=m.get("add_bias_linear", True),
-        normalization=m.get("normalization", "LayerNorm"),
-        qk_layernorm=m.get("qk_layernorm", False),
+        num_layers=m["num_layers"],
+        hidden_size=m["hidden_size"],
+        num_attention_heads=m["num_attention_heads"],
+        add_bias_linear=m["add_bias_linear"],
+        normalization=m["normalization"],
+        qk_layernorm=m["qk_layernorm"],
         bf16=True,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
-        tensor_model_parallel_size=t.get("tp", 1),
-        pipeline_model_parallel_size=t.get("pp", 1),
-        expert_model_parallel_size=t.get("ep", 1),
-        expert_tensor_parallel_size=t.get("etp", t.get("tp", 1)),
+        tensor_model_parallel_size=t["tp"],
+        pipeline_model_parallel_size=t["pp"],
+        expert_model_parallel_size=t["ep"],
+        expert_tensor_parallel_size=t["etp"],
         sequence_parallel=False,
         context_parallel_size=1,
         bias_dropout_fusion=False,
         gradient_accumulation_fusion=False,
     )
-    if t.get("vpp", 1) > 1:
+    if t["vpp"] > 1:
         kw["virtual_pipeline_model_parallel_size"] = t["vpp"]
     for key in ("num_query_groups", "kv_channels", "ffn_hidden_size"):
         if m.get(key) is not None:
             kw[key] = m[key]
-    if m.get("swiglu", False):
+    if m["swiglu"]:
         kw["gated_linear_unit"] = True
         kw["activation_func"] = F.silu
-    if m.get("softmax_type", "vanilla") == "learnable":
+    if m["softmax_type"] == "learnable":
         # An attention sink: the local DotProductAttention's learnable softmax_offset, per head.
         kw["softmax_type"] = "learnable"
-    if m.get("mtp_num_layers", 0):
+    if m["mtp_num_layers"]:
         kw["mtp_num_layers"] = m["mtp_num_layers"]
         # megatron-core 0.19: the MTP params carry grad_norm_group "mtp", a norm of their own.
-        if m.get("mtp_detach_heads", False):
+        if m["mtp_detach_heads"]:
             kw["mtp_detach_heads"] = True
     if m.get("decoder_first_pipeline_num_layers") is not None:
         kw["num_layers_in_first_pipeline_stage"] = m["decoder_first_pipeline_num_layers"]
@@ -126,11 +126,11 @@ def transformer_config(case):
             moe_router_pre_softmax=experts == 1,
             moe_token_dispatcher_type="alltoall",
             moe_grouped_gemm=False,
-            moe_layer_freq=m.get("moe_layer_freq", 1),
+            moe_layer_freq=m["moe_layer_freq"],
         )
-        if m.get("moe_shared_expert_intermediate_size", 0):
+        if m["moe_shared_expert_intermediate_size"]:
             kw["moe_shared_expert_intermediate_size"] = m["moe_shared_expert_intermediate_size"]
-            kw["moe_shared_expert_gate"] = m.get("moe_shared_expert_gate", False)
+            kw["moe_shared_expert_gate"] = m["moe_shared_expert_gate"]
     return TransformerConfig(**kw)
 
 
@@ -144,10 +144,10 @@ def build_model(case, config):
     from megatron.core.transformer.module import Float16Module
 
     t, m, o = case["topology"], case["model"], case["optimizer"]
-    vpp = t.get("vpp", 1)
-    distributed = o.get("model", "plain") == "distributed"
+    vpp = t["vpp"]
+    distributed = o["model"] == "distributed"
     layer_wise_layout = o.get("layer_wise_param_layout", False)
-    bucket = o.get("bucket_elements", 0)
+    bucket = o["bucket_elements"]
     fsdp = case.get("megatron_fsdp")
     if fsdp is not None:
         # Megatron-FSDP, as Megatron-LM's training sets it up (one stage: tally's rules keep PP 1),
@@ -156,8 +156,8 @@ def build_model(case, config):
             use_megatron_fsdp=True,
             use_distributed_optimizer=True,
             data_parallel_sharding_strategy=fsdp["data_parallel_sharding_strategy"],
-            outer_dp_sharding_strategy=fsdp.get("outer_dp_sharding_strategy", "no_shard"),
-            num_distributed_optimizer_instances=t.get("dist_opt_instances", 1),
+            outer_dp_sharding_strategy=fsdp["outer_dp_sharding_strategy"],
+            num_distributed_optimizer_instances=t["dist_opt_instances"],
             megatron_fsdp_main_grads_dtype=torch.float32,
         )
     else:
@@ -167,24 +167,24 @@ def build_model(case, config):
             overlap_grad_reduce=False,
             grad_reduce_in_fp32=True,
             bucket_size=bucket if bucket > 0 else None,
-            num_distributed_optimizer_instances=t.get("dist_opt_instances", 1),
+            num_distributed_optimizer_instances=t["dist_opt_instances"],
         )
     models = []
     for i in range(vpp):
         vp_stage = i if vpp > 1 else None
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage)
         mtp = None
-        if m.get("mtp_num_layers", 0):
+        if m["mtp_num_layers"]:
             mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False, vp_stage=vp_stage)
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
-            vocab_size=m.get("vocab_size", 64),
-            max_sequence_length=m.get("max_position_embeddings", 32),
+            vocab_size=m["vocab_size"],
+            max_sequence_length=m["max_position_embeddings"],
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            share_embeddings_and_output_weights=not m.get("untie_embeddings_and_output_weights", False),
-            position_embedding_type=m.get("position_embedding_type", "learned_absolute"),
+            share_embeddings_and_output_weights=not m["untie_embeddings_and_output_weights"],
+            position_embedding_type=m["position_embedding_type"],
             vp_stage=vp_stage,
             mtp_block_spec=mtp,
         )
@@ -245,7 +245,7 @@ def build_optimizer(case, chunks):
 
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    kind = case["optimizer"].get("model", "plain")
+    kind = case["optimizer"]["model"]
     config = OptimizerConfig(
         optimizer="adam",
         lr=0.0,
@@ -254,7 +254,7 @@ def build_optimizer(case, chunks):
         use_distributed_optimizer=(kind == "distributed"),
         log_num_zeros_in_grad=True,
         # The case's max_norm: the worker runs the release's own clip (tally_megatron.release_clip).
-        clip_grad=float(case.get("statistics", {}).get("max_norm", 0.0) or 0.0),
+        clip_grad=float(case["statistics"]["max_norm"]),
         muon_tp_mode="duplicated",
     )
     if kind in ("plain", "distributed"):

@@ -105,7 +105,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import __version__ as ADAPTER_VERSION
 from ..check import GradNormMiscount, judge_run  # noqa: F401  (GradNormMiscount: part of this API)
-from ..manifest import MANIFEST_VERSION, RANK_LISTS_VERSION, write_run  # noqa: F401
+from ..manifest import MANIFEST_VERSION, RANK_LISTS_VERSION, rank_manifest, write_run  # noqa: F401
 from .model_params import ATTRIBUTE_DEFAULTS, describe_params, model_chunks  # noqa: F401  (ATTRIBUTE_DEFAULTS: part of this API)
 from .names import is_routed_expert_name  # noqa: F401  (part of this API: the example reads it here)
 from .optimizer_plan import describe_optimizers, fill_stats
@@ -211,7 +211,6 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
 
     if not dist.is_initialized():
         raise RuntimeError("dump_manifest needs torch.distributed initialized (as Megatron does)")
-    rank = dist.get_rank()
     world = dist.get_world_size()
 
     if grad_norm is None:
@@ -230,24 +229,16 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
         fill_stats([], after)
         _record_clip(optimizers, after, calls)
 
-    manifest = {
-        "tally_manifest": RANK_LISTS_VERSION,  # refer_to_groups makes it MANIFEST_VERSION
-        "producer": producer or _default_producer(),
-        "rank": rank,
-        "world": world,
-        "parallel": _parallel_sizes(),
-        "groups": _groups(world),
-        "params": [p["record"] for p in params],
-        "optimizers": [o["record"] for o in optimizers],
-        "reported": {
-            "norm": _to_float(grad_norm),
-            "inf_norm": None,
-            "zeros": _to_count(num_zeros),
-        },
-    }
-    if group_norms:
-        manifest["reported"]["group_norms"] = {str(k): _to_float(v) for k, v in group_norms.items()}
-    return manifest
+    return rank_manifest(
+        producer=producer or _default_producer(),
+        parallel=_parallel_sizes(),
+        groups=_groups(world),
+        params=[p["record"] for p in params],
+        optimizers=[o["record"] for o in optimizers],
+        norm=_to_float(grad_norm),
+        zeros=_to_count(num_zeros),
+        group_norms={str(k): _to_float(v) for k, v in group_norms.items()} if group_norms else None,
+    )
 
 
 def _default_producer() -> str:

@@ -21,8 +21,9 @@ distributed optimizer, over megatron-core 0.19's parameter layout where the case
 `optimizer.layer_wise_param_layout` asks for it; muon: Muon without it), sets every param's gradient buffer (`main_grad`)
 to the values tally's generator gives the logical element it holds (`case-<K>.gradients.*`),
 runs `prepare_grads`, `get_grad_norm` and `count_zeros` (and, for MTP heads with a norm of their
-own, megatron-core 0.19's `_compute_grad_norms_by_group`), and writes the manifests with
-`tally_adapters.megatron.dump_manifest` into `case-<K>/`. Rank 0 then writes `case-<K>.result.json`.
+own, megatron-core 0.19's `_compute_grad_norms_by_group`), and builds each rank's manifest with
+`tally_adapters.megatron.build_manifest`, which the base writes into `case-<K>/` (the order is
+`Worker.execute`'s). Rank 0 then writes `case-<K>.result.json`.
 
 What the worker changes around Megatron, and why (never a Megatron file):
 - No forward or backward pass runs: the gradients are set, as after Megatron's own gradient
@@ -52,7 +53,7 @@ import functools
 import sys
 
 from .. import worker as base
-from ..queue import framework_setup, thread_names_of_this_process, threads_of_this_process
+from ..queue import thread_names_of_this_process, threads_of_this_process
 from . import manifest as tally_megatron
 from .build import (
     build_model,
@@ -139,69 +140,52 @@ class MegatronCoreWorker(base.Worker):
         ps.initialize_model_parallel(**arguments)
         self.parallel_state_of = arguments
 
-    def execute(self, request):
-        """Runs the request's case on this rank and writes its manifests."""
-        import torch
-        import torch.distributed as dist
+    def build(self, run):
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-        case = request.case
-        chunks = optimizer = None
-        planted = self.planted(request)
-        try:
-            planted.__enter__()
-            # Megatron's own checks of the case (its parallel state's, its model's and optimizer's
-            # constructors') decline it: a refusal counted by reason, not an error of the worker.
-            with framework_setup("megatron"):
-                self.use_parallel_state(case["topology"])
-                model_parallel_cuda_manual_seed(1234)
-                config = transformer_config(case)
-                chunks = build_model(case, config)
-                optimizer = build_optimizer(case, chunks)
-            tensors = request.gradients()
-            held = set_gradients(chunks, tensors)
-            everyone = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, sorted(held))
-            missing = set(tensors) - set().union(*map(set, everyone))
-            if missing:
-                raise LookupError(
-                    f"model mismatch: no rank of megatron-core's model holds {sorted(missing)[:5]} "
-                    f"({len(missing)} of tally's params)"
-                )
-            max_norm = float(case.get("statistics", {}).get("max_norm", 0.0) or 0.0)
-            optimizer.prepare_grads()
-            norm = optimizer.get_grad_norm()
-            zeros = optimizer.count_zeros()
-            # megatron-core 0.19's separate grad-norm groups (MTP with detached heads), as its step
-            # computes them to clip each group by its own norm.
-            group_norms = None
-            if case["model"].get("mtp_detach_heads", False):
-                group_norms = optimizer._compute_grad_norms_by_group()
-            tally_megatron.dump_manifest(
-                optimizer,
-                chunks,
-                request.manifests_dir,
-                producer=self.producer(),
-                grad_norm=norm,
-                num_zeros=zeros,
-                group_norms=group_norms,
-                case_digest=request.case_digest,
-                clip=functools.partial(tally_megatron.release_clip, optimizer) if max_norm > 0 else None,
-            )
-        except BaseException:
+        self.use_parallel_state(run.case["topology"])
+        model_parallel_cuda_manual_seed(1234)
+        run.chunks = build_model(run.case, transformer_config(run.case))
+        run.optimizer = build_optimizer(run.case, run.chunks)
+
+    def set_gradients(self, run):
+        return set_gradients(run.chunks, run.tensors)
+
+    def norm_step(self, run):
+        optimizer = run.optimizer
+        optimizer.prepare_grads()
+        run.norm = optimizer.get_grad_norm()
+        run.zeros = optimizer.count_zeros()
+        # megatron-core 0.19's separate grad-norm groups (MTP with detached heads), as its step
+        # computes them to clip each group by its own norm.
+        run.group_norms = optimizer._compute_grad_norms_by_group() if run.case["model"]["mtp_detach_heads"] else None
+
+    def manifest(self, run):
+        clipping = run.case["statistics"]["max_norm"] > 0
+        return tally_megatron.build_manifest(
+            run.optimizer,
+            run.chunks,
+            producer=self.producer(),
+            grad_norm=run.norm,
+            num_zeros=run.zeros,
+            group_norms=run.group_norms,
+            clip=functools.partial(tally_megatron.release_clip, run.optimizer) if clipping else None,
+        )
+
+    def release(self, run, failed):
+        import torch
+
+        if failed:
             self.parallel_state_of = None  # no state a failed case leaves is reused: the next case makes it anew
-            raise
-        finally:
-            planted.__exit__(None, None, None)
-            del optimizer, chunks
-            self.cases_since_collection += 1
-            if self.cases_since_collection >= CASES_PER_COLLECTION:
-                collect_everything()
-                self.cases_since_collection = 0
-            # The ranks share the GPU, but a case's models take megabytes: a rank keeps its cache up
-            # to CUDA_CACHE_KEPT_BYTES, so the next case allocates without cudaMalloc.
-            if torch.cuda.memory_reserved() > CUDA_CACHE_KEPT_BYTES:
-                torch.cuda.empty_cache()
+        run.optimizer = run.chunks = None
+        self.cases_since_collection += 1
+        if self.cases_since_collection >= CASES_PER_COLLECTION:
+            collect_everything()
+            self.cases_since_collection = 0
+        # The ranks share the GPU, but a case's models take megabytes: a rank keeps its cache up
+        # to CUDA_CACHE_KEPT_BYTES, so the next case allocates without cudaMalloc.
+        if torch.cuda.memory_reserved() > CUDA_CACHE_KEPT_BYTES:
+            torch.cuda.empty_cache()
 
 
 def main(argv=None):

@@ -44,15 +44,10 @@ import sys
 from .. import dtensor as tally_dtensor
 from .. import worker as base
 from ..module_keys import module_key
-from ..queue import framework_setup
 from .plants import NOT_PLANTED, PLANTS
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(.+)$")
-# The TP dim of each class (tally's class table, docs/megatron-reference.md §3); None: replicated.
-DENSE_SPLIT = {"column": 0, "column-bias": 0, "vocab": 0, "head-sharded": 0, "row": 1, "replicated": None}
-# Of a stacked expert tensor [E, ...] without EP: the expert's own dim plus one.
-EXPERT_SPLIT = {"expert-column": 1, "expert-column-bias": 1, "expert-row": 2, "expert-row-bias": None}
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -101,17 +96,21 @@ class StageModel:
         blocks, experts, tok, norm, head = {}, {}, {}, {}, {}
         classes = {p["name"]: p["class"] for p in index}
         shapes = {p["name"]: list(p["shape"]) for p in index}
+        # The dim TP splits each param along (the gradient index's, from its class); None: replicated.
+        splits = {p["name"]: p["split_dim"] for p in index}
 
-        def make(name, values, cls):
+        def make(name, values, stacked=False):
             full = torch.from_numpy(values.copy()).to(device)
-            if cls.startswith("expert-"):
+            split = splits[name]
+            if classes[name].startswith("expert-"):
                 if ep > 1:
                     return placed(full, sparse_mesh, 0, "ep")
-                return placed(full, dense_mesh, EXPERT_SPLIT[cls], "tp")
-            return placed(full, dense_mesh, DENSE_SPLIT[cls], "tp")
+                # Of a stacked expert tensor [E, ...] without EP: the expert's own dim plus one.
+                return placed(full, dense_mesh, None if split is None else split + stacked, "tp")
+            return placed(full, dense_mesh, split, "tp")
 
         for p in index:
-            if p.get("stage", 0) != stage:
+            if p["stage"] != stage:
                 continue
             name = p["name"]
             expert = _EXPERT.match(name)
@@ -136,7 +135,7 @@ class StageModel:
                 return None
             named = {}
             for local, name in entries.items():
-                named[local] = make(name, tensors[name], classes[name])
+                named[local] = make(name, tensors[name])
             module = holder(named)
             for local, name in entries.items():
                 param = getattr(module, module_key(local))
@@ -159,7 +158,7 @@ class StageModel:
                     if sorted(by_expert) != list(range(len(names))):
                         raise ValueError(f"model mismatch: layer {layer}'s experts of {suffix} are {sorted(by_expert)}")
                     full = np.stack([tensors[n] for n in names])
-                    param = nn.Parameter(make(names[0], full, classes[names[0]]))
+                    param = nn.Parameter(make(names[0], full, stacked=True))
                     stacked[suffix] = (param, full, [(n, classes[n], shapes[n]) for n in names])
                 inner = nn.Module()
                 inner.num_experts = len(next(iter(experts[layer].values())))
@@ -253,84 +252,100 @@ def pieces_of(named_params, logical, boxes):
     return pieces
 
 
-def execute(request, planted, producer, layouts, device):
-    """Runs the request's case on this rank, its faults planted by `planted`, and writes its
-    manifests."""
-    import numpy as np
+def build(run, layouts, world):
+    """torchtitan's meshes for the case (`dims`, kept in `layouts`), the case's model on this rank's
+    stage with its params placed as torchtitan places them, and torchtitan's own FSDP wrapping
+    (`model`, `by_name`), onto `run`."""
     import torch
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-    from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
-    case = request.case
     # The configuration as tally's run/torchtitan/rules.cpp wrote it (the one author of it: `tally
     # show` prints the same).
-    config = request.engine_config()
-    parallelism = config["parallelism"]
-    t = case["topology"]
-    world = dist.get_world_size()
-    tp, cp, pp, ep = t.get("tp", 1), t.get("cp", 1), t.get("pp", 1), t.get("ep", 1)
-    backend = parallelism["spmd_backend"]
-    clip = config["clip"]
+    run.config = run.request.engine_config()
+    parallelism = run.config["parallelism"]
+    run.dims = dims = layouts.parallel_dims(parallelism, world)
+    run.pp_mesh = dims.get_optional_mesh("pp")
+    stage = run.pp_mesh.get_local_rank() if run.pp_mesh is not None else 0
+    (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims) = layout_meshes(dims, parallelism["spmd_backend"])
+    tied = not run.case["model"]["untie_embeddings_and_output_weights"]
+    ep = run.case["topology"]["ep"]
+    built = StageModel(run.index, run.tensors, stage, (dense, sparse), ep, tied, run.device)
+    apply_fsdp_to_decoder(built.model, dp_mesh, torch.float32, torch.float32, run.case["topology"]["pp"] > 1,
+                          ep_degree=ep, edp_mesh=edp_mesh, dp_mesh_dims=dp_dims, edp_mesh_dims=edp_dims)
+    run.model, run.by_name = built.model, built.by_name
+
+
+def set_gradients(run):
+    """Every param's gradient: tally's logical gradient placed as the param is (`before`, by param),
+    and the manifest pieces of what each rank holds (`pieces`); returns the logical names held."""
+    import numpy as np
+    import torch
+
+    named = [(n, p) for n, p in run.model.named_parameters() if p.requires_grad]
+    logical = {id(p): run.by_name[name] for name, p in named}
+    run.before, boxes = {}, {}
+    for name, p in named:
+        full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(run.device)
+        boxes[id(p)], run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
+    run.params = [p for _, p in named]
+    run.pieces = pieces_of(named, logical, boxes)
+    return {piece.logical_name for piece in run.pieces}
+
+
+def clip(run):
+    """The clip the case names over every param, with the case's max_norm (infinity where the case
+    does not clip): its norm (`norm`) and the gradients after it (`after`)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torchtitan.distributed import utils as dist_utils
+
+    max_norm = float(run.config["training"]["max_norm"])
+    limit = max_norm if max_norm > 0 else math.inf
+    if run.config["clip"] == "torchtitan":
+        total = dist_utils.clip_grad_norm_(run.params, limit, foreach=True, pp_mesh=run.pp_mesh,
+                                           ep_enabled=run.dims.ep_enabled)
+    else:
+        total = torch.nn.utils.clip_grad_norm_(run.params, limit, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    run.norm = float(total)
+    run.after = {id(p): tally_dtensor.local_values(p.grad) for p in run.params}
+
+
+def manifest(run, producer):
+    """This rank's manifest: one child per half torchtitan's clip splits (EP and non-EP) and per mesh
+    and placements, each over the world (tally_dtensor)."""
+    import torch.distributed as dist
+
+    config, dims, params = run.config, run.dims, run.params
+    t = run.case["topology"]
+    tp, ep = t["tp"], t["ep"]
     max_norm = float(config["training"]["max_norm"])
-    with planted:
-        index = request.gradient_index()
-        tensors = request.gradients()
-        # torchtitan's own checks of the case (its parallel dims', its FSDP wrapping's) decline it: a
-        # refusal counted by reason, not an error of the worker.
-        with framework_setup("torchtitan"):
-            dims = layouts.parallel_dims(parallelism, world)
-            pp_mesh = dims.get_optional_mesh("pp")
-            stage = pp_mesh.get_local_rank() if pp_mesh is not None else 0
-            (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims) = layout_meshes(dims, backend)
-            tied = not case["model"].get("untie_embeddings_and_output_weights", False)
-            built = StageModel(index, tensors, stage, (dense, sparse), ep, tied, device)
-            model = built.model
-            apply_fsdp_to_decoder(model, dp_mesh, torch.float32, torch.float32, pp > 1, ep_degree=ep,
-                                  edp_mesh=edp_mesh, dp_mesh_dims=dp_dims, edp_mesh_dims=edp_dims)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        logical = {id(p): built.by_name[name] for name, p in named}
-        before, boxes = {}, {}
-        for name, p in named:
-            full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(device)
-            boxes[id(p)], before[id(p)] = tally_dtensor.place_gradient(p, full, name)
-        pieces = pieces_of(named, logical, boxes)
-        clipping = max_norm > 0
-        params = [p for _, p in named]
-        if clip == "torchtitan":
-            total = dist_utils.clip_grad_norm_(params, max_norm if clipping else math.inf, foreach=True,
-                                               pp_mesh=pp_mesh, ep_enabled=dims.ep_enabled)
-        else:
-            total = torch.nn.utils.clip_grad_norm_(params, max_norm if clipping else math.inf, foreach=True)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()
-        norm = float(total)
-        after = {id(p): tally_dtensor.local_values(p.grad) for p in params}
+    world = dist.get_world_size()
 
     def child_of(p):
-        half = "ep" if clip == "torchtitan" and dims.ep_enabled and \
+        half = "ep" if config["clip"] == "torchtitan" and dims.ep_enabled and \
             "ep" in (getattr(getattr(p, "device_mesh", None), "mesh_dim_names", None) or ()) else "dense"
         return (half,) + tally_dtensor.signature(p)
 
     children = tally_dtensor.canonical_children([child_of(p) for p in params], world)
-    clips = tally_dtensor.clip_coefficients(children, params, child_of, before, after, max_norm, norm) if clipping else None
+    clips = tally_dtensor.clip_coefficients(children, params, child_of, run.before, run.after, max_norm, run.norm) \
+        if max_norm > 0 else None
     tp_group = sorted(dims.get_optional_mesh("tp").mesh.flatten().tolist()) if tp > 1 else [dist.get_rank()]
     half_names = {"ep": "EP half", "dense": "non-EP half"}
-    code = "torch.nn.utils.clip_grad_norm_" if clip == "torch" else "torchtitan clip_grad_norm_"
-    manifest = tally_dtensor.build_manifest(
-        pieces, child_of, children, lambda p: before[id(p)],
+    code = "torch.nn.utils.clip_grad_norm_" if config["clip"] == "torch" else "torchtitan clip_grad_norm_"
+    return tally_dtensor.build_manifest(
+        run.pieces, child_of, children, lambda p: run.before[id(p)],
         child_names=lambda key: f"{code} {half_names[key[0]] if dims.ep_enabled else 'params'} on "
                                 f"({', '.join(key[1:])})",
         groups={"tp": tp_group, "expt_tp": tp_group if ep == 1 else [dist.get_rank()]},
-        parallel={"tp": tp, "cp": cp, "pp": pp, "dp": world // (tp * cp * pp), "ep": ep,
-                  "etp": t.get("etp", 1)},
+        parallel={"tp": tp, "cp": t["cp"], "pp": t["pp"], "dp": world // (tp * t["cp"] * t["pp"]), "ep": ep,
+                  "etp": t["etp"]},
         producer=producer,
-        reported_norm=norm,
+        reported_norm=run.norm,
         clips=clips,
-        clipped_of=lambda p: after[id(p)],
+        clipped_of=lambda p: run.after[id(p)],
     )
-    tally_dtensor.dump_manifest(manifest, request.manifests_dir, request.case_digest)
 
 
 class TorchTitanWorker(base.Worker):
@@ -360,11 +375,17 @@ class TorchTitanWorker(base.Worker):
     def dtypes(self):
         return ["fp32"]
 
-    def execute(self, request):
-        import torch
+    def build(self, run):
+        build(run, self.layouts, self.world)
 
-        device = torch.device("cuda", torch.cuda.current_device()) if self.devices else torch.device("cpu")
-        execute(request, self.planted(request), self.producer(), self.layouts, device)
+    def set_gradients(self, run):
+        return set_gradients(run)
+
+    def norm_step(self, run):
+        clip(run)
+
+    def manifest(self, run):
+        return manifest(run, self.producer())
 
 
 def main(argv=None):

@@ -33,8 +33,8 @@ def gpt_index(layers=2, hidden=8, heads=2, groups=1, head_dim=4, ffn=16, vocab=8
     if untied:
         params.append(("output_layer.weight", [vocab, hidden]))
     model = {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "num_query_groups": groups,
-             "kv_channels": head_dim, "vocab_size": vocab, "add_bias_linear": bias, "qk_layernorm": qk,
-             "untie_embeddings_and_output_weights": untied}
+             "kv_channels": head_dim, "vocab_size": vocab, "max_position_embeddings": 16, "add_bias_linear": bias,
+             "qk_layernorm": qk, "untie_embeddings_and_output_weights": untied}
     return model, [{"name": n, "shape": s} for n, s in params]
 
 
@@ -77,7 +77,7 @@ class PlantTable(unittest.TestCase):
 class Architectures(unittest.TestCase):
     def test_qk_layernorm_is_a_qwen3_and_the_rest_a_llama(self):
         self.assertEqual(hf_models.architecture({"qk_layernorm": True}), "qwen3")
-        self.assertEqual(hf_models.architecture({}), "llama")
+        self.assertEqual(hf_models.architecture({"qk_layernorm": False}), "llama")
 
     def test_every_logical_row_is_held_exactly_once(self):
         for options in ({}, {"bias": True}, {"qk": True}, {"untied": False}, {"groups": 2, "heads": 4}):
@@ -91,23 +91,23 @@ class Architectures(unittest.TestCase):
         shapes = hf_shapes(model, index)
         doubled = dict(segs)
         doubled["model.layers.0.self_attn.v_proj.weight"] = segs["model.layers.0.self_attn.k_proj.weight"]
-        with self.assertRaisesRegex(ValueError, "held twice"):
+        with self.assertRaisesRegex(LookupError, "held twice"):
             hf_models.check_cover(doubled, shapes, index)
         missing = dict(shapes)
         del missing["lm_head.weight"]
-        with self.assertRaisesRegex(ValueError, "has no logical param|lacks"):
+        with self.assertRaisesRegex(LookupError, "has no logical param|lacks"):
             hf_models.check_cover(segs, missing, index)
 
     def test_qkv_shapes_that_disagree_with_the_heads_are_a_model_mismatch(self):
         model, index = gpt_index()
         model["num_query_groups"] = 2
-        with self.assertRaisesRegex(ValueError, "linear_qkv"):
+        with self.assertRaisesRegex(LookupError, "linear_qkv"):
             hf_models.dimensions(model, index)
 
     def test_a_param_megatron_has_and_llama_has_not_is_a_model_mismatch(self):
         model, index = gpt_index()
         index.append({"name": "embedding.position_embeddings.weight", "shape": [4, 8]})
-        with self.assertRaisesRegex(ValueError, "no place for embedding.position_embeddings.weight"):
+        with self.assertRaisesRegex(LookupError, "no place for embedding.position_embeddings.weight"):
             hf_models.segments(model, index)
 
 

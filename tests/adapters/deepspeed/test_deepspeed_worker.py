@@ -60,21 +60,20 @@ class FusedAdamArchitectureList(unittest.TestCase):
 
 class LocalBox(unittest.TestCase):
     def test_a_column_weight_is_split_by_rows_over_tp(self):
-        self.assertEqual(models.local_box([8, 4], "column", 1, 2), ([4, 0], [4, 4], 0))
+        self.assertEqual(models.local_box([8, 4], 0, 1, 2), ([4, 0], [4, 4], 0))
 
     def test_a_row_weight_is_split_by_columns_over_tp(self):
-        self.assertEqual(models.local_box([4, 8], "row", 3, 4), ([0, 6], [4, 2], 1))
+        self.assertEqual(models.local_box([4, 8], 1, 3, 4), ([0, 6], [4, 2], 1))
 
-    def test_a_replicated_param_and_an_expert_fc2_bias_are_whole(self):
-        self.assertEqual(models.local_box([8], "replicated", 1, 2), ([0], [8], None))
-        self.assertEqual(models.local_box([8], "expert-row-bias", 1, 2), ([0], [8], None))
+    def test_a_param_tp_replicates_is_whole(self):  # replicated, an expert's FC2 bias: split_dim null
+        self.assertEqual(models.local_box([8], None, 1, 2), ([0], [8], None))
 
     def test_tp_1_splits_nothing(self):
-        self.assertEqual(models.local_box([8, 4], "column", 0, 1), ([0, 0], [8, 4], None))
+        self.assertEqual(models.local_box([8, 4], 0, 0, 1), ([0, 0], [8, 4], None))
 
-    def test_a_dim_tp_does_not_divide_names_the_class_and_the_rule(self):
-        with self.assertRaisesRegex(ValueError, "class column: dim 0 of \\[6, 4\\] is not divisible by TP 4"):
-            models.local_box([6, 4], "column", 0, 4)
+    def test_a_dim_tp_does_not_divide_names_the_dim_and_the_rule(self):
+        with self.assertRaisesRegex(ValueError, "dim 0 of \\[6, 4\\], which TP splits, is not divisible by TP 4"):
+            models.local_box([6, 4], 0, 0, 4)
 
 
 class FakeTopology:
@@ -153,25 +152,25 @@ class PipelinePlan(unittest.TestCase):
 class CheckPipelinePlan(unittest.TestCase):
     MOE = {"experts": 2, "ep": 1, "hidden": 2, "expert_tp": False}
 
-    def stage(self, *params):
-        return [{"name": n, "class": c, "shape": s} for n, c, s in params]
+    def stage(self, *params):  # (name, the dim TP splits it along, shape), as the gradient index says
+        return [{"name": n, "split_dim": d, "shape": s} for n, d, s in params]
 
     def test_every_stage_is_checked_on_every_rank(self):
-        stages = [self.stage(("decoder.layers.0.mlp.linear_fc1.weight", "column", [4, 2])),
-                  self.stage(("decoder.layers.1.mlp.linear_fc1.weight", "column", [3, 2]))]
+        stages = [self.stage(("decoder.layers.0.mlp.linear_fc1.weight", 0, [4, 2])),
+                  self.stage(("decoder.layers.1.mlp.linear_fc1.weight", 0, [3, 2]))]
         pipeline.check_pipeline_plan(stages[:1], None, self.MOE, 2)
-        with self.assertRaisesRegex(ValueError, "class column: dim 0 of \\[3, 2\\] is not divisible by TP 2"):
+        with self.assertRaisesRegex(ValueError, "dim 0 of \\[3, 2\\], which TP splits, is not divisible by TP 2"):
             pipeline.check_pipeline_plan(stages, None, self.MOE, 2)
 
     def test_a_router_that_is_not_deepspeeds_gate_is_a_model_mismatch(self):
-        stage = self.stage(("decoder.layers.0.mlp.router.weight", "replicated", [2, 3]),
-                           ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", "expert-column", [4, 2]))
+        stage = self.stage(("decoder.layers.0.mlp.router.weight", None, [2, 3]),
+                           ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", 0, [4, 2]))
         with self.assertRaisesRegex(LookupError, "DeepSpeed's gate is \\[2, 2\\]"):
             pipeline.check_pipeline_plan([stage], None, self.MOE, 1)
 
     def test_experts_are_split_over_tp_only_with_expert_tp(self):
-        stage = self.stage(("decoder.layers.0.mlp.router.weight", "replicated", [2, 2]),
-                           ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", "expert-column", [3, 2]))
+        stage = self.stage(("decoder.layers.0.mlp.router.weight", None, [2, 2]),
+                           ("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", 0, [3, 2]))
         pipeline.check_pipeline_plan([stage], None, self.MOE, 2)
         with self.assertRaisesRegex(ValueError, "not divisible by TP 2"):
             pipeline.check_pipeline_plan([stage], None, dict(self.MOE, expert_tp=True), 2)

@@ -7,39 +7,8 @@ import types
 import unittest
 from unittest import mock
 
+from fakes import FakeDistributed, modules_with
 from tally_adapters.megatron import worker as megatron_worker
-
-
-class FakeDistributed(types.ModuleType):
-    """torch.distributed for one rank whose peers answer what the test scripts."""
-
-    class ProcessGroup:
-        pass
-
-    def __init__(self, world, peers_answer):
-        super().__init__("torch.distributed")
-        self.world = world
-        self.peers_answer = peers_answer  # (this rank's answer) -> what each other rank answers
-        self.group = types.SimpleNamespace(WORLD=self.ProcessGroup())
-        # torch's registry of the groups it made: the world and one a case made on its own.
-        self.case_group = self.ProcessGroup()
-        self.distributed_c10d = types.SimpleNamespace(
-            _world=types.SimpleNamespace(pg_map={self.group.WORLD: None, self.case_group: None}))
-        self.destroyed = []
-
-    def get_world_size(self, group=None):
-        return self.world
-
-    def get_rank(self, group=None):
-        return 0
-
-    def all_gather_object(self, out, mine):
-        out[0] = mine
-        for i in range(1, self.world):
-            out[i] = self.peers_answer(mine)
-
-    def destroy_process_group(self, group):
-        self.destroyed.append(group)
 
 
 class FakeParallelState(types.ModuleType):
@@ -55,16 +24,13 @@ class FakeParallelState(types.ModuleType):
 
 
 def worker_with(peers_answer, world=2):
-    torch = types.ModuleType("torch")
     dist = FakeDistributed(world, peers_answer)
-    torch.distributed = dist
     megatron = types.ModuleType("megatron")
     core = types.ModuleType("megatron.core")
     ps = FakeParallelState()
     megatron.core = core
     core.parallel_state = ps
-    modules = {"torch": torch, "torch.distributed": dist, "megatron": megatron, "megatron.core": core,
-               "megatron.core.parallel_state": ps}
+    modules = modules_with(dist, **{"megatron": megatron, "megatron.core": core, "megatron.core.parallel_state": ps})
     return megatron_worker.MegatronCoreWorker("gloo", 1, world), ps, modules
 
 
@@ -72,8 +38,14 @@ def torch_of(modules):
     return modules["torch.distributed"]
 
 
-TP2 = {"tp": 2, "pp": 1}
-TP1 = {"tp": 1, "pp": 1}
+def topology(tp):
+    """A topology as the request carries it: every field written."""
+    return {"world": 2, "tp": tp, "cp": 1, "pp": 1, "ep": 1, "etp": tp, "vpp": 1, "order": "tp-cp-ep-dp-pp",
+            "dist_opt_instances": 1}
+
+
+TP2 = topology(2)
+TP1 = topology(1)
 
 
 class ParallelStateTest(unittest.TestCase):
