@@ -1,15 +1,13 @@
 #include "io/json_read.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <limits>
+#include <optional>
 #include <unordered_set>
+
+#include "io/regular_file.h"
 
 namespace tally::io {
 
@@ -280,38 +278,28 @@ json parse_json(std::string_view text, std::string_view source, const ParseLimit
 std::string read_bounded_file(const std::string& file, std::size_t max_bytes,
                               std::string_view noun) {
   // Only a regular file (or a link to one): opening a FIFO or a terminal would block forever.
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(file, ec);
-  if (status.type() == std::filesystem::file_type::directory)
-    throw JsonReadError(file + ": is a folder, not a " + std::string(noun));
-  const char* special = status.type() == std::filesystem::file_type::fifo        ? "FIFO"
-                        : status.type() == std::filesystem::file_type::character ? "character device"
-                        : status.type() == std::filesystem::file_type::block     ? "block device"
-                        : status.type() == std::filesystem::file_type::socket    ? "socket"
-                                                                                 : nullptr;
-  if (special)
-    throw JsonReadError(file + ": is a " + special + ", not a " + std::string(noun) +
-                        " (only regular files are read)");
-  // Opened without blocking and checked again once open: a FIFO put in its place meanwhile (a
-  // worker still writing its queue) is refused, not waited on.
-  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw JsonReadError(file + ": cannot open the " + std::string(noun));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat opened {};
-  if (::fstat(fd, &opened) != 0 || !S_ISREG(opened.st_mode))
-    throw JsonReadError(file + ": is not a regular file once opened, not a " + std::string(noun) +
-                        " (only regular files are read)");
+  const RegularFile opened(file);
+  switch (opened.problem()) {
+    case RegularFile::Problem::none: break;
+    case RegularFile::Problem::not_regular:
+      if (opened.kind() == "folder") throw JsonReadError(file + ": is a folder, not a " + std::string(noun));
+      throw JsonReadError(file + ": is a " + opened.kind() + ", not a " + std::string(noun) +
+                          " (only regular files are read)");
+    case RegularFile::Problem::replaced:
+      throw JsonReadError(file + ": is not a regular file once opened, not a " + std::string(noun) +
+                          " (only regular files are read)");
+    case RegularFile::Problem::cannot_stat:
+    case RegularFile::Problem::cannot_open: throw JsonReadError(file + ": cannot open the " + std::string(noun));
+  }
+  // Read to the end (the file may have grown since it was opened), never past one byte over the bound.
+  constexpr std::size_t kChunk = 1 << 16;
   std::string text;
-  char buffer[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw JsonReadError(file + ": cannot read the " + std::string(noun));
-    if (n == 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
+    const std::optional<std::string> chunk =
+        opened.read(static_cast<off_t>(text.size()), std::min(kChunk, max_bytes + 1 - text.size()));
+    if (!chunk) throw JsonReadError(file + ": cannot read the " + std::string(noun));
+    if (chunk->empty()) break;
+    text += *chunk;
     if (text.size() > max_bytes)
       throw JsonReadError(file + ": larger than " + std::to_string(max_bytes >> 20) +
                           " MiB, more than a " + std::string(noun) + " holds");

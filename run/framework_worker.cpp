@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -23,6 +24,7 @@
 #include "io/atomic_file.h"
 #include "casefile/case_file.h"
 #include "io/json_read.h"
+#include "io/regular_file.h"
 #include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "manifest/manifest_json.h"
@@ -76,73 +78,16 @@ constexpr std::size_t kLogTailBytes = 32 << 10;  // the end of a log that is sho
 constexpr std::size_t kLogScanBytes = 1 << 20;   // the start of a log searched for its first exception
 constexpr std::size_t kMaxLineShown = 400;       // of one log line
 
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "folder";
-  if (S_ISFIFO(mode)) return "FIFO";
-  if (S_ISCHR(mode)) return "character device";
-  if (S_ISBLK(mode)) return "block device";
-  if (S_ISSOCK(mode)) return "socket";
-  return "special file";
-}
-
-// A regular file open for reading, or why not. A FIFO (or a device) that a worker left in a
-// file's place would block a plain open or read forever: its type is checked before it is
-// opened, it is opened without blocking, and checked again once open (it may have been replaced).
-struct RegularFile {
-  int fd = -1;
-  off_t size = 0;
-  std::string why_not;  // "is a FIFO, not a regular file"
-  explicit RegularFile(const fs::path& path) {
-    struct stat before {};
-    if (::stat(path.c_str(), &before) != 0) {
-      why_not = std::string("cannot be read (") + std::strerror(errno) + ")";
-      return;
-    }
-    if (!S_ISREG(before.st_mode)) {
-      why_not = std::string("is a ") + file_kind(before.st_mode) + ", not a regular file";
-      return;
-    }
-    fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    struct stat after {};
-    if (fd < 0) {
-      why_not = std::string("cannot be opened (") + std::strerror(errno) + ")";
-    } else if (::fstat(fd, &after) != 0 || !S_ISREG(after.st_mode)) {
-      why_not = "was replaced by a file that is not a regular one while it was opened";
-      ::close(fd);
-      fd = -1;
-    } else {
-      size = after.st_size;
-    }
-  }
-  ~RegularFile() {
-    if (fd >= 0) ::close(fd);
-  }
-  RegularFile(const RegularFile&) = delete;
-  RegularFile& operator=(const RegularFile&) = delete;
-
-  // Up to `bytes` bytes from `offset` (fewer at the end of the file).
-  std::string read(off_t offset, std::size_t bytes) const {
-    std::string out(bytes, '\0');
-    std::size_t got = 0;
-    while (got < bytes) {
-      const ssize_t n = ::pread(fd, out.data() + got, bytes - got, offset + static_cast<off_t>(got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      got += static_cast<std::size_t>(n);
-    }
-    out.resize(got);
-    return out;
-  }
-};
-
 // The whole of a small file a worker wrote. Throws std::runtime_error naming the file and why.
 std::string read_worker_file(const fs::path& path, std::size_t max_bytes) {
-  const RegularFile file(path);
-  if (file.fd < 0) throw std::runtime_error(path.string() + " " + file.why_not);
-  if (static_cast<std::uintmax_t>(file.size) > max_bytes)
-    throw std::runtime_error(path.string() + " holds " + std::to_string(file.size) + " bytes, more than the " +
+  const io::RegularFile file(path.string());
+  if (!file.is_open()) throw std::runtime_error(path.string() + " " + file.why_not());
+  if (static_cast<std::uintmax_t>(file.size()) > max_bytes)
+    throw std::runtime_error(path.string() + " holds " + std::to_string(file.size()) + " bytes, more than the " +
                              std::to_string(max_bytes) + " such a file may");
-  return file.read(0, static_cast<std::size_t>(file.size));
+  std::optional<std::string> text = file.read(0, static_cast<std::size_t>(file.size()));
+  if (!text) throw std::runtime_error(path.string() + " cannot be read to its end");
+  return std::move(*text);
 }
 
 // At most `max` bytes of `text` on one line: control characters escaped, the rest counted.
@@ -187,18 +132,18 @@ std::vector<std::string_view> lines_of(std::string_view text) {
 // and hides the rank's own error). Reads at most the log's first kLogScanBytes and last
 // kLogTailBytes, and shows at most kMaxLineShown bytes of a line.
 std::string log_tail(const fs::path& log, std::size_t count = 25) {
-  const RegularFile file(log);
-  if (file.fd < 0) return " (its log " + log.string() + " " + file.why_not + ")";
-  const std::size_t size = static_cast<std::size_t>(file.size);
+  const io::RegularFile file(log.string());
+  if (!file.is_open()) return " (its log " + log.string() + " " + file.why_not() + ")";
+  const std::size_t size = static_cast<std::size_t>(file.size());
   const std::size_t tail_from = size > kLogTailBytes ? size - kLogTailBytes : 0;
-  const std::string tail_bytes = file.read(static_cast<off_t>(tail_from), size - tail_from);
+  const std::string tail_bytes = file.read(static_cast<off_t>(tail_from), size - tail_from).value_or("");
   std::vector<std::string_view> tail = lines_of(tail_bytes);
   const bool cut_first = tail_from > 0 && tail.size() <= count;  // the first shown began earlier
   if (tail.size() > count) tail.erase(tail.begin(), tail.end() - static_cast<std::ptrdiff_t>(count));
   if (tail.empty()) return " (its log " + log.string() + " is empty)";
 
   std::string first_exception;
-  const std::string head = tail_from == 0 ? std::string() : file.read(0, std::min(size, kLogScanBytes));
+  const std::string head = tail_from == 0 ? std::string() : file.read(0, std::min(size, kLogScanBytes)).value_or("");
   for (std::string_view line : lines_of(tail_from == 0 ? std::string_view(tail_bytes) : std::string_view(head)))
     if (is_exception_line(line)) {
       first_exception = shown_line(line, kMaxLineShown);

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "io/regular_file.h"
+
 namespace tally::run {
 
 namespace {
@@ -22,17 +24,6 @@ void write_all(int fd, const char* data, std::size_t size) {
     data += n;
     size -= static_cast<std::size_t>(n);
   }
-}
-
-std::size_t read_at(int fd, char* out, std::size_t size, off_t offset) {
-  std::size_t got = 0;
-  while (got < size) {
-    const ssize_t n = ::pread(fd, out + got, size - got, offset + static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  return got;
 }
 
 }  // namespace
@@ -77,7 +68,7 @@ void WorkerLog::enforce_bound() {
 void WorkerLog::keep_head_and_newest(std::size_t size) {
   const std::size_t newest = bounds_.max_bytes / 4;
   std::string tail(newest, '\0');
-  tail.resize(read_at(fd_, tail.data(), newest, static_cast<off_t>(size - newest)));
+  tail.resize(io::read_at(fd_, tail.data(), newest, static_cast<off_t>(size - newest)));
   struct stat st {};
   const std::size_t at_cut = ::fstat(fd_, &st) == 0 ? static_cast<std::size_t>(st.st_size) : size;
   if (::ftruncate(fd_, static_cast<off_t>(bounds_.head_bytes)) != 0) return;
