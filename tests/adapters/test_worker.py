@@ -1,29 +1,34 @@
 """The one order of a case (tally_adapters.worker.Worker.execute), on a stand-in framework and a
 stand-in torch.distributed: no torch, no framework."""
 
-import json
 import os
 import sys
 import tempfile
 import unittest
 from unittest import mock
 
-import numpy  # noqa: F401  (loaded before sys.modules is patched: numpy loads once per process)
 from fakes import FakeDistributed, modules_with
 from tally_adapters import worker as base
-from tally_adapters.queue import FrameworkRefused, Request
+from tally_adapters.queue import FrameworkRefused
 
 
-def request_in(folder, names=("a", "b")):
-    """Case 1 of a queue in `folder`: two logical params of two elements each."""
-    index = {"tally_gradients": 1, "case_digest": "0123456789abcdef", "dtype": "float32", "elements": 2 * len(names),
-             "params": [{"name": n, "class": "replicated", "shape": [2], "offset": 2 * i, "stage": 0, "split_dim": None}
-                        for i, n in enumerate(names)]}
-    with open(os.path.join(folder, "case-1.gradients.json"), "w") as f:
-        json.dump(index, f)
-    with open(os.path.join(folder, "case-1.gradients.f32"), "wb") as f:
-        f.write(b"\0" * 4 * 2 * len(names))
-    return Request(folder, 1, {"faults": [], "topology": {"world": 1}})
+class StandInRequest:
+    """A request as Worker.execute reads it (tally_adapters.queue.Request's fields): two logical
+    params of two elements each, the manifests written into `folder`."""
+
+    def __init__(self, folder, names):
+        self.case = {"faults": [], "topology": {"world": 1}}
+        self.faults = []
+        self.manifests_dir = os.path.join(folder, "case-1")
+        self.case_digest = "0123456789abcdef"
+        self.names = names
+
+    def gradient_index(self):
+        return [{"name": n, "class": "replicated", "shape": [2], "offset": 2 * i, "stage": 0, "split_dim": None}
+                for i, n in enumerate(self.names)]
+
+    def gradients(self):
+        return {n: [0.0, 0.0] for n in self.names}
 
 
 class StandIn(base.Worker):
@@ -76,7 +81,7 @@ class Execute(unittest.TestCase):
     def run_case(self, worker, peers_answer=lambda mine: mine, names=("a", "b")):
         dist = FakeDistributed(worker.world, peers_answer)
         with tempfile.TemporaryDirectory() as folder, mock.patch.dict(sys.modules, modules_with(dist)):
-            request = request_in(folder, names)
+            request = StandInRequest(folder, names)
             try:
                 worker.execute(request)
             finally:
