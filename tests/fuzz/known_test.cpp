@@ -164,9 +164,10 @@ TEST(KnownFindings, EveryCauseOfAReleaseModelIsAFinding) {
     };
     for (const vocab::OptimizerModelInfo& optimizer : vocab::optimizer_models())
       for (const vocab::FaultInfo& fault : vocab::fault_catalog())
-        if (gradnorm::release_faults(info.release, optimizer.model).has(fault.fault))
+        if (gradnorm::release_faults(info.release, optimizer.model).has(fault.fault)) {
           EXPECT_TRUE(claimed([&](const FindingFile& f) { return f.fault == fault.fault; }))
               << info.name << ": no finding file's cause is " << fault.name << names_of(known);
+        }
     for (LayoutCorner corner : {LayoutCorner::experts_as_dense, LayoutCorner::instances_split_their_shards})
       EXPECT_TRUE(claimed([&](const FindingFile& f) { return f.layout_corner == corner; }))
           << info.name << ": no finding file's cause is " << layout_corner_id(corner);
