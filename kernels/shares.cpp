@@ -61,22 +61,37 @@ std::optional<std::vector<double>> deal_exact_shares(double total, int ranks, Dt
   const int trailing = std::countr_zero(significand);
   significand >>= trailing;
   grid_exponent += trailing;
-  while (significand < static_cast<std::uint64_t>(ranks)) {  // a finer grid: enough units for every rank
+  const auto fits = [&grid](std::uint64_t count, int unit) {
+    return static_cast<int>(std::bit_width(count)) <= grid.precision && unit >= grid.min_exponent;
+  };
+  // The coarsest grid with 1 + 2 + ... + ranks units, where the dtype has the bits: every share
+  // distinct, so a reduction that takes one rank's share in another's place changes the sum too.
+  const std::uint64_t n = static_cast<std::uint64_t>(ranks);
+  std::uint64_t units = significand;
+  int unit_exponent = grid_exponent;
+  while (units < n * (n + 1) / 2) {
+    units <<= 1;
+    --unit_exponent;
+  }
+  const double sign = total < 0 ? -1.0 : 1.0;
+  std::vector<double> shares;
+  shares.reserve(static_cast<std::size_t>(ranks));
+  if (fits(units, unit_exponent)) {
+    for (std::uint64_t r = 0; r + 1 < n; ++r)
+      shares.push_back(sign * std::ldexp(static_cast<double>(r + 1), unit_exponent));
+    shares.push_back(sign * std::ldexp(static_cast<double>(units - n * (n - 1) / 2), unit_exponent));
+    return shares;
+  }
+  // Else near-equal shares on the coarsest grid with a unit for every rank.
+  while (significand < n) {
     significand <<= 1;
     --grid_exponent;
   }
-  if (static_cast<int>(std::bit_width(significand)) > grid.precision || grid_exponent < grid.min_exponent)
-    return std::nullopt;
-
-  const double sign = total < 0 ? -1.0 : 1.0;
-  const std::uint64_t each = significand / static_cast<std::uint64_t>(ranks);
-  const std::uint64_t more = significand % static_cast<std::uint64_t>(ranks);
-  std::vector<double> shares;
-  shares.reserve(static_cast<std::size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) {
-    const std::uint64_t units = each + (static_cast<std::uint64_t>(r) < more ? 1 : 0);
-    shares.push_back(sign * std::ldexp(static_cast<double>(units), grid_exponent));
-  }
+  if (!fits(significand, grid_exponent)) return std::nullopt;
+  const std::uint64_t each = significand / n;
+  const std::uint64_t more = significand % n;
+  for (std::uint64_t r = 0; r < n; ++r)
+    shares.push_back(sign * std::ldexp(static_cast<double>(each + (r < more ? 1 : 0)), grid_exponent));
   return shares;
 }
 

@@ -6,8 +6,11 @@
 // out, or counts one twice, changes the value.
 //
 // How: a nonzero total is +-M * 2^g with M an integer (the total's significand, shifted left by as
-// few bits as make M >= the rank count). The shares are M split into positive integer parts of
-// near-equal size, each times +-2^g. Every partial sum then has the total's sign, magnitude at most
+// few bits as make M >= 1 + 2 + ... + the rank count). The shares are M split into the parts 1, 2,
+// ..., ranks - 1 and the rest, each times +-2^g: all distinct, so a reduction that takes one rank's
+// share in another's place changes the sum as well. Where the dtype lacks the bits for that, M is
+// shifted only until it is at least the rank count and split into near-equal parts. Every partial
+// sum then has the total's sign, magnitude at most
 // the total's, and lies on the grid 2^g: it is k * 2^g with k < 2^p (p the dtype's significand
 // bits), which the dtype holds exactly, normal or subnormal, when g is at or above the dtype's
 // smallest subnormal exponent. A zero total is dealt as +-`zero_unit` shares that cancel (s, -s, ...;

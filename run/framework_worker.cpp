@@ -192,7 +192,7 @@ std::string case_key(const casefile::Case& c) {
 
 }  // namespace
 
-LogicalGradients logical_gradients(const casefile::Case& c) {
+LogicalGradients logical_gradients(const casefile::Case& c, const std::optional<ReductionGroups>& reduction) {
   static_assert(sizeof(float) == 4);
   const topologies::LogicalModel model(c.model, c.topology);
   const std::vector<kernels::GeneratorSpec> specs = vocab::param_generators(c.path.gradients, model);
@@ -234,6 +234,15 @@ LogicalGradients logical_gradients(const casefile::Case& c) {
                                   {"dtype", "float32"},
                                   {"elements", out.values.size()},
                                   {"params", std::move(params)}};
+  if (reduction) {
+    nlohmann::ordered_json given_whole = nlohmann::ordered_json::object();
+    for (int size : reduction->sizes) {
+      DealtShares& dealt = out.shares[size];
+      dealt = deal_shares(out.values, size, reduction->divisor, c.path.gradients.generator.dtype);
+      given_whole[std::to_string(size)] = dealt.given_whole;
+    }
+    index["shares"] = {{"divisor", reduction->divisor}, {"group_sizes", reduction->sizes}, {"given_whole", given_whole}};
+  }
   out.index_json = index.dump(1) + "\n";
   return out;
 }
@@ -537,7 +546,9 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
   const fs::path manifests = w.queue / name;
   const fs::path engine_file = w.queue / (name + ".engine.json");
 
-  const LogicalGradients gradients = logical_gradients(c);
+  const std::optional<ReductionGroups> reduction =
+      options_.reduction_groups ? options_.reduction_groups(c) : std::nullopt;
+  const LogicalGradients gradients = logical_gradients(c, reduction);
   SentRequest sent{name, gradients.case_digest, {}};
   for (const auto& [digest, earlier] : w.sent) sent.earlier.emplace(digest, earlier);
   w.remember(gradients.case_digest, name);
@@ -545,6 +556,14 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
       gradients_values.string(),
       std::string_view(reinterpret_cast<const char*>(gradients.values.data()), gradients.values.size() * sizeof(float)),
       "gradient values");
+  std::vector<fs::path> share_files;
+  for (const auto& [size, dealt] : gradients.shares) {
+    share_files.push_back(w.queue / shares_file_name(name, size));
+    io::write_file_atomically(
+        share_files.back().string(),
+        std::string_view(reinterpret_cast<const char*>(dealt.shares.data()), dealt.shares.size() * sizeof(float)),
+        "gradient shares");
+  }
   io::write_file_atomically(gradients_index.string(), gradients.index_json, "gradient index");
   if (options_.engine_config)
     if (std::optional<std::string> engine = options_.engine_config(c))
@@ -559,6 +578,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     fs::remove(gradients_values, ignored);
     fs::remove(gradients_index, ignored);
     fs::remove(engine_file, ignored);
+    for (const fs::path& file : share_files) fs::remove(file, ignored);
   };
   const std::string worker_call = w.hello.framework + " worker (world " + std::to_string(w.world) + ")";
   while (!fs::exists(fs::symlink_status(result_file))) {

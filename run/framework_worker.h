@@ -11,6 +11,9 @@
 //                     case-<K>.gradients.f32   the values tally's generator gives it (float32,
 //                                              little-endian, row-major), so the framework holds
 //                                              exactly the gradients the truth is made of
+//                     case-<K>.shares-<N>.f32  where the worker runs the framework's own reduction:
+//                                              each rank's share of every gradient, for a group of
+//                                              N ranks (run/contributions.h)
 //                     stop                     the worker exits
 //   worker -> tally   hello.json               framework, version, world, once it is up
 //                                              (run/worker_files.h reads it and the result)
@@ -37,6 +40,7 @@
 
 #include "casefile/case.h"
 #include "oracle/verdict.h"
+#include "run/contributions.h"
 #include "run/worker_files.h"
 
 namespace tally::run {
@@ -64,6 +68,9 @@ struct WorkerOptions {
   // The configuration sent with each case as case-<K>.engine.json (run/target.h); none when it
   // returns nullopt or is empty.
   std::function<std::optional<std::string>(const casefile::Case&)> engine_config;
+  // The framework's reduction groups of a case, whose shares of every gradient are sent with it
+  // (run/contributions.h); none when it returns nullopt.
+  std::function<std::optional<ReductionGroups>(const casefile::Case&)> reduction_groups;
 };
 
 // One case executed by a worker and judged (WorkerOptions::judge).
@@ -80,8 +87,13 @@ struct LogicalGradients {
   std::string case_digest;
   std::string index_json;     // case-<K>.gradients.json
   std::vector<float> values;  // case-<K>.gradients.f32, in the index's order
+  // With `reduction`: each group size's shares of every value (run/contributions.h), sent as
+  // case-<K>.shares-<N>.f32; the index says the sizes, the divisor and how many were given whole.
+  std::map<int, DealtShares> shares;
 };
-LogicalGradients logical_gradients(const casefile::Case& c);
+// `reduction`: where the worker runs the framework's own reduction, the groups its contributions
+// are dealt over (the index's `shares`, left out of the digest as derived from the case).
+LogicalGradients logical_gradients(const casefile::Case& c, const std::optional<ReductionGroups>& reduction = std::nullopt);
 
 // Replaces every "{world}" in `command`.
 std::string worker_command_for(const std::string& command, int world);

@@ -101,6 +101,7 @@ class WorkerTarget final : public Target {
   // The row's engine configuration sent with each case, and each answer judged as a run of its case.
   static WorkerOptions with_engine(const FrameworkTarget& row, WorkerOptions options) {
     options.judge = judge_as_a_run_of_the_case(oracle::kFrameworkRtol);
+    if (row.reduction_groups) options.reduction_groups = row.reduction_groups;
     options.engine_config = [&row](const casefile::Case& c) -> std::optional<std::string> {
       std::optional<nlohmann::ordered_json> config = row.engine_config(c);
       if (!config) return std::nullopt;

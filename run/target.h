@@ -158,6 +158,10 @@ struct FrameworkTarget {
   // that release. A sweep holds the release's verdict against it, and the known findings take
   // their corners from it (fuzz/known.h). nullptr: tally models no release of this framework.
   std::optional<casefile::Case> (*release_model_case)(const casefile::Case& c, std::string_view version) = nullptr;
+  // Where the worker runs the framework's own reduction of the gradients: its reduction groups for
+  // `c`, whose shares of every gradient are sent with the case (run/contributions.h); nullptr or
+  // nullopt: the worker sets the reduced gradients itself.
+  std::optional<ReductionGroups> (*reduction_groups)(const casefile::Case& c) = nullptr;
 };
 
 // Every real target, in the order --help lists them: each row is defined in its framework's folder

@@ -125,6 +125,31 @@ class Request:
             tensors[p["name"]] = values[p["offset"] : p["offset"] + n].reshape(p["shape"])
         return tensors
 
+    def shares(self, ranks):
+        """Each rank's share of every logical gradient for a reduction group of `ranks` (tally's
+        run/contributions.h): name -> numpy array [ranks, *shape], whose sum over the group is the
+        gradient times the index's `shares.divisor`, exact in the case's dtype. Raises
+        FileNotFoundError naming the file when tally sent none for that size."""
+        import numpy as np
+
+        with open(self.path(".gradients.json")) as f:
+            index = json.load(f)
+        path = self.path(f".shares-{ranks}.f32")
+        if not os.path.exists(path):
+            sent = index.get("shares", {}).get("group_sizes", [])  # absent: tally dealt no shares
+            raise FileNotFoundError(f"{path}: tally sent no shares for a group of {ranks} with case {self.k} "
+                                    f"(it sent {sent})")
+        values = np.fromfile(path, dtype="<f4")
+        elements = index["elements"]
+        if values.size != ranks * elements:
+            raise ValueError(f"{path} holds {values.size} values, not {ranks} x {elements}")
+        values = values.reshape(ranks, elements)
+        out = {}
+        for p in index["params"]:
+            n = int(np.prod(p["shape"], dtype=np.int64))
+            out[p["name"]] = values[:, p["offset"] : p["offset"] + n].reshape([ranks] + list(p["shape"]))
+        return out
+
     def engine_config(self):
         """The framework's configuration tally sent with the case; raises FileNotFoundError naming
         the file when tally sent none (a case of another framework)."""

@@ -101,4 +101,21 @@ std::string deepspeed_model_description(const casefile::Case& c) {
   return line + "; " + adam + (t.pp > 1 ? "; one train_batch" : "");
 }
 
+ReductionGroups deepspeed_reduction_groups(const casefile::Case& c) {
+  const topologies::ParallelConfig& t = c.topology;
+  const int stage_ranks = t.world / std::max(1, t.pp);
+  const int dp = stage_ranks / std::max(1, t.tp);
+  ReductionGroups groups{{dp}, dp};
+  if (c.model.num_experts == 0 || t.ep < 1) return groups;
+  // With expert TP, DeepSpeed's MoE layer makes its expert-DP groups within each TP lane
+  // (utils/groups.py:607 _create_expert_data_and_model_parallel); without it, and for AutoEP, over
+  // every rank of a stage, TP ranks included (:370 _create_expert_and_data_parallel): its MoE
+  // layer gives each TP rank other tokens (moe/sharded_moe.py drops the duplicates), so their
+  // sums add up.
+  const bool expert_tp = t.tp > 1 && t.etp == t.tp && !c.deepspeed->autoep;
+  const int expert_dp = (expert_tp ? dp : stage_ranks) / t.ep;
+  if (expert_dp >= 1 && expert_dp != dp) groups.sizes.push_back(expert_dp);
+  return groups;
+}
+
 }  // namespace tally::run

@@ -40,6 +40,11 @@ constexpr FrameworkTarget kDeepSpeed{
     .sweep_variants = deepspeed_sweep_variants,
     .norm_code = deepspeed_norm_code,
     // No release_model_case: tally models Megatron's path, not DeepSpeed's.
+    .release_model_case = nullptr,
+    .reduction_groups = [](const casefile::Case& c) -> std::optional<ReductionGroups> {
+      if (!c.deepspeed) return std::nullopt;
+      return deepspeed_reduction_groups(c);
+    },
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -36,16 +37,20 @@ double left_to_right(const std::vector<double>& values, Dtype dtype) {
   return sum;
 }
 
-TEST(DealExactShares, APowerOfTwoSplitsIntoEqualShares) {
-  EXPECT_EQ(deal_exact_shares(1.0, 4, Dtype::fp32, 1.0), (std::vector<double>{0.25, 0.25, 0.25, 0.25}));
-  EXPECT_EQ(deal_exact_shares(-8.0, 2, Dtype::bf16, 1.0), (std::vector<double>{-4.0, -4.0}));
+TEST(DealExactShares, SharesAreOneTwoAndSoOnUnitsAndTheRest) {
+  // 1 = 16 sixteenths: 1, 2, 3 and 10 of them.
+  EXPECT_EQ(deal_exact_shares(1.0, 4, Dtype::fp32, 1.0), (std::vector<double>{0.0625, 0.125, 0.1875, 0.625}));
+  EXPECT_EQ(deal_exact_shares(-8.0, 2, Dtype::bf16, 1.0), (std::vector<double>{-2.0, -6.0}));
+  EXPECT_EQ(deal_exact_shares(3.0, 2, Dtype::fp32, 1.0), (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(deal_exact_shares(0.375, 3, Dtype::fp16, 1.0), (std::vector<double>{0.0625, 0.125, 0.1875}));
 }
 
-TEST(DealExactShares, AnOddSignificandSplitsIntoNearEqualParts) {
-  EXPECT_EQ(deal_exact_shares(3.0, 2, Dtype::fp32, 1.0), (std::vector<double>{2.0, 1.0}));
-  EXPECT_EQ(deal_exact_shares(0.375, 3, Dtype::fp16, 1.0), (std::vector<double>{0.125, 0.125, 0.125}));
-  EXPECT_EQ(deal_exact_shares(5.0, 8, Dtype::bf16, 1.0),  // 5 = 10 halves: 2 for two ranks, 1 for six
-            (std::vector<double>{1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}));
+TEST(DealExactShares, WithoutTheBitsForDistinctSharesTheyAreNearEqual) {
+  // bf16's 8 bits: 255 split 128 ways would need 1 + ... + 128 = 8256 units.
+  const std::optional<std::vector<double>> shares = deal_exact_shares(255.0, 128, Dtype::bf16, 1.0);
+  ASSERT_TRUE(shares);
+  EXPECT_EQ(std::count(shares->begin(), shares->end(), 2.0), 127);
+  EXPECT_EQ(std::count(shares->begin(), shares->end(), 1.0), 1);
 }
 
 TEST(DealExactShares, ZeroIsDealtAsSharesThatCancel) {
@@ -133,6 +138,18 @@ RC_GTEST_PROP(DealExactShares, AShareLeftOutOrCountedTwiceChangesTheTotal,
   doubled.push_back((*shares)[k]);
   RC_ASSERT(left_to_right(dropped, dtype) != total);
   RC_ASSERT(left_to_right(doubled, dtype) != total);
+}
+
+RC_GTEST_PROP(DealExactShares, SharesAreDistinctWhereTheDtypeHasTheBits,
+              (std::uint8_t significand, std::int8_t exponent, std::uint8_t dtype_index, std::uint8_t rank_draw)) {
+  const Dtype dtype = kAllDtypes[dtype_index % kDtypeCount];
+  const int ranks = 2 + rank_draw % 7;  // up to 8: 36 units, 6 bits
+  const double total = std::ldexp(static_cast<double>((significand % 4) | 1), exponent % 6);  // 2 bits
+  const std::optional<std::vector<double>> shares = deal_exact_shares(total, ranks, dtype, 1.0);
+  RC_ASSERT(shares.has_value());
+  std::vector<double> sorted = *shares;
+  std::sort(sorted.begin(), sorted.end());
+  RC_ASSERT(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
 }
 
 RC_GTEST_PROP(DealExactShares, AValueWithRoomForTheSplitAlwaysHasShares,

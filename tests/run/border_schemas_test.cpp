@@ -23,6 +23,7 @@
 #include "run/target_run.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
+#include "run/target.h"
 #include "run/worker_files.h"
 #include "tests/support/json_schema.h"
 #include "topologies/model_spec.h"
@@ -145,13 +146,23 @@ TEST(BorderSchemas, TheCheckerRefusesWhatTheSchemasRefuse) {
 TEST(BorderSchemas, TheGradientIndexOfEverySeedCaseValidates) {
   const json s = schema("gradient-index");
   std::set<std::string> seen;
-  for (const fs::path& file : seed_files()) {
+  std::vector<fs::path> files = seed_files();
+  for (const fs::directory_entry& entry : fs::directory_iterator(TALLY_SOURCE_DIR "/seeds/real"))
+    if (entry.path().filename().string().starts_with("deepspeed-") && entry.path().extension() == ".json" &&
+        !entry.path().string().ends_with(".finding.json"))
+      files.push_back(entry.path());
+  for (const fs::path& file : files) {
     const casefile::Case c = casefile::load_case_file(file.string());
-    const json index = json::parse(logical_gradients(c).index_json);
+    // As the case's target sends it: with its reduction groups' shares where the row states them.
+    const FrameworkTarget* row = framework_of(c);
+    std::optional<ReductionGroups> reduction;
+    if (row && row->reduction_groups) reduction = row->reduction_groups(c);
+    const json index = json::parse(logical_gradients(c, reduction).index_json);
     EXPECT_EQ(schema_errors(s, index), std::vector<std::string>{}) << file << joined(schema_errors(s, index));
     collect_properties(index, "", seen);
   }
   EXPECT_TRUE(seen.count("/params/last_stage_copy")) << "no seed has a tied copy on the last stage";
+  EXPECT_TRUE(seen.count("/shares/given_whole")) << "no DeepSpeed fixture is sent with its reduction groups' shares";
 }
 
 TEST(BorderSchemas, TheGradientIndexNamesEveryParamClassTallyHas) {

@@ -83,6 +83,30 @@ def add_autoep_blocks(module, index, tensors, moe, dtype):
         module.moe[module_key(prefix)] = block
 
 
+def autoep_expert_tensors(engine_module):
+    """AutoEP's expert tensors: (path, param, its MoE layer's prefix, its weight w1/w2/w3, the experts it
+    holds, as AutoEP records them for its checkpoints)."""
+    out = []
+    for path, p in engine_module.named_parameters():
+        attr, rest = path.split(".", 1)
+        if attr != "moe":
+            continue
+        key, inner = rest.split(".", 1)
+        if inner.startswith("experts."):
+            experts = list(getattr(p, "ds_autoep_uc_meta", {}).get("local_experts", []))
+            out.append((path, p, name_of_module_key(key), inner.rsplit(".", 1)[1], experts))
+    return out
+
+
+def autoep_values(engine_module, shapes, tensors):
+    """param -> the values of `tensors` (logical name -> array) that each of AutoEP's expert tensors
+    holds, its experts stacked: for tally's gradients, or a rank's shares of them."""
+    import numpy as np
+
+    return {id(p): np.stack([v for *_, v in autoep_slices(tensors, shapes, prefix, w, experts)])
+            for _, p, prefix, w, experts in autoep_expert_tensors(engine_module)}
+
+
 def describe_autoep(engine_module, shapes, tensors):
     """After AutoEP has replaced the MoE blocks (`moe.*`): param -> (logical name, shape, offsets,
     extents) for each router (whole), and, for each of AutoEP's expert tensors, its pieces (one per

@@ -30,8 +30,9 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
    `engine.backward`: every rank holds tally's values of its pieces, so after DeepSpeed's own
    data-parallel reductions (and ZeRO's partitioning) each gradient is tally's value, exactly
    (the values are representable in the dtype). DeepSpeed sums a gradient over its reduction
-   group (DP, or expert-DP for experts) and divides by the DP size: only the group's first rank
-   gives the gradient, times the DP size (a power of two), the others 0, so no 16-bit sum rounds.
+   group (DP, or expert-DP for experts) and divides by the DP size: each rank gives its own
+   nonzero share of the gradient times the DP size, as tally dealt it (`Request.shares`), exact in
+   the dtype in any order of addition, so a reduction over the wrong group changes the gradient.
    A step DeepSpeed skips (an fp16 overflow) is reported as an error, not judged.
 4. `engine.step()` inside `recording.Recording`, which records what DeepSpeed's norm code
    kept, and the manifests of `engine.get_global_grad_norm()` into `case-<K>/`.
@@ -53,7 +54,14 @@ import sys
 
 from .. import worker as base
 from . import recording as tally_deepspeed
-from .experts import add_autoep_blocks, build_autoep_model, describe_autoep, describe_experts, moe_param_names
+from .experts import (
+    add_autoep_blocks,
+    autoep_values,
+    build_autoep_model,
+    describe_autoep,
+    describe_experts,
+    moe_param_names,
+)
 from .fused_adam import prepare_fused_adam
 from .groups import (
     CaseGroups,
@@ -64,7 +72,7 @@ from .groups import (
     groups_of_rank,
     release_engines,
 )
-from .models import build_autotp_model, build_model, describe_dense, moe_settings
+from .models import EXPERT_PARAM_NAME, build_autotp_model, build_model, describe_dense, moe_settings
 from .pipeline import (
     build_pipeline,
     make_expert_groups_on_every_stage,
@@ -210,27 +218,55 @@ def box_of(run, p):
     return run.tensors[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
 
 
-def term_weights_of(run):
-    """Each param's weight in the loss whose backward gives tally's gradient after DeepSpeed's own
-    reductions. DeepSpeed sums a gradient over its reduction group (DP for dense params, expert-DP for
-    experts) and divides by the DP size. Only the group's first rank gives the gradient, times the DP
-    size (a power of two): every other term is 0, so the 16-bit sums are exact, as sums of equal
-    values (3g) would not be. So does only the first stage's copy of a tied embedding, which the
-    pipeline sums over its copies."""
-    import torch
+def contributions_of(run):
+    """This rank's share of every logical gradient (name -> numpy array of its shape): DeepSpeed sums a
+    dense gradient over the DP group and an expert's over its expert-DP group, each divided by the DP
+    size (tally's run/deepspeed/engine.h), so tally dealt every gradient times the DP size into one
+    nonzero share per rank of each group size, exact in the dtype whatever order DeepSpeed adds them in
+    (run/contributions.h). A dense param takes its DP group's share at its DP rank, an expert its
+    expert-DP group's at its expert-DP rank: a reduction over another group, or one that leaves a rank
+    out, changes the gradient DeepSpeed holds."""
     import torch.distributed as dist
     from deepspeed.utils import groups
+
+    mpu = run.engine.mpu  # None with AutoEP at TP 1: one DP group of the world
+    if mpu is None:
+        dp_size, dp_rank = dist.get_world_size(), dist.get_rank()
+    else:
+        dp_size, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+    dense = run.request.shares(dp_size)
+    expert_groups_here = sorted({p.group_name for p in run.engine.module.parameters() if hasattr(p, "group_name")})
+    if len(expert_groups_here) > 1:
+        raise LookupError(f"model mismatch: DeepSpeed made expert groups {expert_groups_here}; the worker builds "
+                          "one expert-parallel size per case")
+    expert_shares, edp_rank = {}, 0
+    if expert_groups_here:
+        group = expert_groups_here[0]
+        edp_rank = groups._get_expert_data_parallel_rank(group)
+        expert_shares = run.request.shares(groups._get_expert_data_parallel_world_size(group))
+    return {name: expert_shares[name][edp_rank] if expert_shares and EXPERT_PARAM_NAME.match(name) else values[dp_rank]
+            for name, values in dense.items()}
+
+
+def term_weights_of(run):
+    """Each param's weight in the loss whose backward gives this rank's contribution to its gradient,
+    which DeepSpeed's own reduction then turns into tally's gradient (contributions_of). AutoTP sums
+    a q/k norm's gradient over TP as well, and the pipeline a tied embedding's over its two copies:
+    there TP rank 0 and the first stage's copy give the share, the others 0."""
+    import torch
 
     engine = run.engine
     mpu = engine.mpu
     device = next(engine.module.parameters()).device
-    if mpu is None:
-        dp_size, dp_first = dist.get_world_size(), dist.get_rank() == 0
-    else:
-        dp_size, dp_first = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank() == 0
+    contribution = contributions_of(run)
+    local_shares = autoep_values(engine.module, {p["name"]: list(p["shape"]) for p in run.index}, contribution) \
+        if run.autoep else {}
 
-    def expert_first(p):  # DeepSpeed's MoE and AutoEP name each expert param's group
-        return groups._get_expert_data_parallel_rank(p.group_name) == 0
+    def share_of(p):
+        if id(p) in local_shares:
+            return local_shares[id(p)]
+        name, _, offsets, extents = run.described[id(p)]
+        return contribution[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
 
     # AutoTP sums a q/k norm's gradient over TP: only TP rank 0 gives it.
     tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if run.autotp else set()
@@ -241,9 +277,8 @@ def term_weights_of(run):
 
     def term_weights(p, first=True):
         expert = not getattr(p, "allreduce", True)
-        first = first and (expert_first(p) if expert else dp_first)
-        first = first and (tp_first or id(p) not in tp_summed)
-        values = box_of(run, p) * (dp_size * (folded if expert else 1)) if first else box_of(run, p) * 0
+        gives = first and (tp_first or id(p) not in tp_summed)
+        values = share_of(p) * (folded if expert else 1) if gives else share_of(p) * 0
         return torch.from_numpy(values).to(device=device, dtype=p.dtype)
 
     return term_weights

@@ -371,6 +371,43 @@ class Queue(unittest.TestCase):
             self.assertEqual(tensors["b"].tolist(), [5, 6])
 
 
+class EachRanksShareComesFromTally(unittest.TestCase):
+    """The worker gives DeepSpeed's reduction its rank's share of every gradient, as tally dealt them
+    for each size of DeepSpeed's reduction groups (case-<K>.shares-<N>.f32, run/contributions.h)."""
+
+    def write_request(self, q, sizes):
+        import struct
+
+        index = {"case_digest": "00112233aabbccdd", "elements": 3,
+                 "shares": {"divisor": 2, "group_sizes": sizes, "given_whole": {str(n): 0 for n in sizes}},
+                 "params": [{"name": "a", "shape": [2], "offset": 0}, {"name": "b", "shape": [1], "offset": 2}]}
+        write_atomically(json.dumps(index), os.path.join(q, "case-1.gradients.json"))
+        for n in sizes:  # rank i's shares at [3i, 3i + 3)
+            with open(os.path.join(q, f"case-1.shares-{n}.f32"), "wb") as f:
+                f.write(struct.pack(f"<{3 * n}f", *[10 * r + e for r in range(n) for e in range(3)]))
+
+    def test_each_ranks_shares_are_read_by_name_and_shape(self):
+        with tempfile.TemporaryDirectory() as q:
+            self.write_request(q, [2])
+            try:
+                shares = queue.Request(q, 1, {}).shares(2)
+            except ImportError:
+                self.skipTest("numpy is not installed")
+            self.assertEqual(shares["a"].tolist(), [[0, 1], [10, 11]])
+            self.assertEqual(shares["b"].tolist(), [[2], [12]])
+
+    def test_a_group_size_tally_sent_no_shares_for_is_named_with_those_it_sent(self):
+        with tempfile.TemporaryDirectory() as q:
+            self.write_request(q, [2])
+            try:
+                import numpy  # noqa: F401
+            except ImportError:
+                self.skipTest("numpy is not installed")
+            with self.assertRaisesRegex(FileNotFoundError, r"case-1\.shares-4\.f32: tally sent no shares for a group of 4 "
+                                                           r"with case 1 \(it sent \[2\]\)"):
+                queue.Request(q, 1, {}).shares(4)
+
+
 class TheEngineConfigurationComesFromTally(unittest.TestCase):
     """The worker builds DeepSpeed with the configuration tally sends (case-<K>.engine.json, written
     by run/deepspeed/engine.cpp, the same function `tally show` prints): it has none of its own."""
