@@ -49,6 +49,25 @@ std::string expectation_line(const std::optional<casefile::Expectation>& expect)
 
 }  // namespace
 
+// The framework's reduction groups of `c` where its worker runs that reduction with each rank's
+// share (run/contributions.h); nullopt where the worker sets the reduced gradients itself.
+std::optional<run::ReductionGroups> reduction_of(const run::FrameworkTarget& framework, const casefile::Case& c) {
+  return framework.reduction_groups ? framework.reduction_groups(c) : std::nullopt;
+}
+
+// Where the case's gradients enter the framework: before its own reduction (each rank's share over
+// the groups tally dealt them for) or after it.
+std::string gradients_line(const run::FrameworkTarget& framework, const casefile::Case& c) {
+  const std::optional<run::ReductionGroups> reduction = reduction_of(framework, c);
+  if (!reduction)
+    return "gradients: after " + std::string(framework.name) +
+           "'s reduction (its worker sets each rank's reduced gradient)";
+  std::string sizes;
+  for (int size : reduction->sizes) sizes += (sizes.empty() ? "" : " and ") + std::to_string(size);
+  return "gradients: before " + std::string(framework.name) + "'s own reduction: each rank gives its share, dealt " +
+         "over groups of " + sizes + " ranks, their sum divided by " + std::to_string(reduction->divisor);
+}
+
 void add_show_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ShowOptions>();
   CLI::App* command = app.add_subcommand(
@@ -82,7 +101,13 @@ void add_show_command(CLI::App& app, CommandContext& context) {
       if (engine) {
         j[std::string(framework->name) + "_config"] = *engine;
         j[std::string(framework->name) + "_model"] = framework->model_description(c);
-      } else {
+      }
+      if (framework) {
+        const std::optional<run::ReductionGroups> reduction = reduction_of(*framework, c);
+        j["gradients_enter"] = reduction ? "before the reduction" : "after the reduction";
+        if (reduction) j["reduction_groups"] = {{"sizes", reduction->sizes}, {"divisor", reduction->divisor}};
+      }
+      if (!engine) {
         j["megatron_args"] = megatron.args;
         j["megatron_notes"] = megatron.notes;
       }
@@ -101,7 +126,9 @@ void add_show_command(CLI::App& app, CommandContext& context) {
       if (engine) {
         out << framework->name << " configuration (what its worker is sent):\n" << engine->dump(2) << '\n'
             << framework->model_description(c) << '\n';
-      } else {
+      }
+      if (framework) out << gradients_line(*framework, c) << '\n';
+      if (!engine) {
         out << "Megatron-LM flags:\n" << megatron_command_text(megatron);
         out << "\nnotes:\n";
         for (const std::string& note : megatron.notes) out << "  " << note << '\n';
