@@ -110,7 +110,7 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
   // The target section of each case file about to be written to `path` (its run's manifests saved
   // next to it).
   auto save_target_section = [&](casefile::Case& c, const std::string& path) {
-    if (std::optional<casefile::RealTarget> section = target.saved_section(c, path)) c.target = *section;
+    if (std::optional<casefile::RealTarget> section = run::saved_section(target, c, path)) c.target = *section;
   };
   auto stopping = [&] { return (stop && stop->load()) || broken.has_value(); };
   // Saves the broken case (never shrunk) and its message next to it; `index` is the case's number,

@@ -269,7 +269,7 @@ SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const Sweep
     if (error) throw std::runtime_error("cannot create the corpus folder " + options.corpus_dir + ": " + error.message());
     r.case_file = (std::filesystem::path(options.corpus_dir) / (sc.id + ".json")).string();
     c.expect = run::observed_expectation(verdict);
-    if (std::optional<casefile::RealTarget> section = target.saved_section(c, r.case_file)) c.target = *section;
+    if (std::optional<casefile::RealTarget> section = run::saved_section(target, c, r.case_file)) c.target = *section;
     casefile::write_case_file(r.case_file, c);
     if (verdict.kind == oracle::Verdict::Kind::infra_error)
       io::write_file_atomically((std::filesystem::path(options.corpus_dir) / (sc.id + ".infra-error.txt")).string(),

@@ -155,7 +155,7 @@ CaseJobResult run_case_job(Target& target, CaseJob job) {
     bool changed = false;
     if (out.verdict.kind != oracle::Verdict::Kind::pass || job.expect != CaseJob::Expect::as_given) {
       try {
-        if (std::optional<casefile::RealTarget> section = target.saved_section(c, job.save)) {
+        if (std::optional<casefile::RealTarget> section = saved_section(target, c, job.save)) {
           changed = changed || *section != c.target;
           c.target = *section;
         }

@@ -19,7 +19,7 @@ std::optional<CaseRefusal> refusal_of(Target& target, const casefile::Case& c) {
 DrivenRun run_on_target(Target& target, casefile::Case c, bool keep_record,
                         const std::function<void(const casefile::Case&)>& before_run) {
   DrivenRun out;
-  if (std::optional<casefile::RealTarget> section = target.saved_section(c, "")) c.target = *section;
+  if (std::optional<casefile::RealTarget> section = target.release_of(c)) c.target = *section;
   if (before_run) before_run(c);
   out.run = target.execute(c, keep_record);
   if (out.run.verdict.kind == oracle::Verdict::Kind::refused)

@@ -66,9 +66,8 @@ class ModelTarget final : public Target {
     return out;
   }
 
-  std::optional<casefile::RealTarget> saved_section(const casefile::Case&, const std::string&) override {
-    return std::nullopt;
-  }
+  std::optional<casefile::RealTarget> release_of(const casefile::Case&) override { return std::nullopt; }
+  std::optional<std::string> evidence_of(const casefile::Case&) const override { return std::nullopt; }
 
  private:
   Backend& backend_;

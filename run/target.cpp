@@ -81,21 +81,12 @@ class WorkerTarget final : public Target {
     return out;
   }
 
-  std::optional<casefile::RealTarget> saved_section(const casefile::Case& c, const std::string& case_path) override {
+  std::optional<casefile::RealTarget> release_of(const casefile::Case& c) override {
     const WorkerHello& hello = hello_of(c.topology.world);
-    casefile::RealTarget target{hello.framework, hello.version, ""};
-    const std::optional<std::string> manifests = pool_.manifests_of(c);
-    if (case_path.empty() || !manifests) return target;
-    fs::path saved(case_path);
-    saved.replace_extension(".manifests");
-    try {
-      copy_evidence(*manifests, saved);  // what it cannot copy of a worker's folder, it lists there
-    } catch (const std::exception& error) {
-      throw std::runtime_error("cannot save the manifests of " + case_path + ": " + error.what());
-    }
-    target.manifests = saved.filename().string();
-    return target;
+    return casefile::RealTarget{hello.framework, hello.version, ""};
   }
+
+  std::optional<std::string> evidence_of(const casefile::Case& c) const override { return pool_.manifests_of(c); }
 
  private:
   // The row's engine configuration sent with each case, and each answer judged as a run of its case.
@@ -164,6 +155,22 @@ std::string framework_names(std::string_view separator) {
   std::string out;
   for (const FrameworkTarget* t : framework_targets()) out += (out.empty() ? "" : std::string(separator)) + std::string(t->name);
   return out;
+}
+
+std::optional<casefile::RealTarget> saved_section(Target& target, const casefile::Case& c, const std::string& case_path) {
+  std::optional<casefile::RealTarget> section = target.release_of(c);
+  if (!section || case_path.empty()) return section;
+  const std::optional<std::string> manifests = target.evidence_of(c);
+  if (!manifests) return section;
+  fs::path saved(case_path);
+  saved.replace_extension(".manifests");
+  try {
+    copy_evidence(*manifests, saved);  // what it cannot copy of a worker's folder, it lists there
+  } catch (const std::exception& error) {
+    throw std::runtime_error("cannot save the manifests of " + case_path + ": " + error.what());
+  }
+  section->manifests = saved.filename().string();
+  return section;
 }
 
 std::unique_ptr<Target> framework_target(const FrameworkTarget& row, WorkerOptions options) {

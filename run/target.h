@@ -112,12 +112,20 @@ class Target {
   // casefile::InvalidCase and TargetUnavailable (a worker that could not be restarted).
   virtual TargetRun execute(const casefile::Case& c, bool keep_record) = 0;
 
-  // The target section of `c` saved as a case file at `case_path` ("" when it is not saved):
-  // the framework and release, and the manifests of its most recent failing (or kept) run copied
-  // next to the file. nullopt for tally's model. Throws std::runtime_error when the copy fails.
-  virtual std::optional<casefile::RealTarget> saved_section(const casefile::Case& c,
-                                                            const std::string& case_path) = 0;
+  // The framework and release that run `c`, as a case file names them (its target section,
+  // without manifests); nullopt for tally's model. Opens c's world. Throws TargetUnavailable.
+  virtual std::optional<casefile::RealTarget> release_of(const casefile::Case& c) = 0;
+
+  // The folder of the manifests of the target's most recent failing (or kept) run of `c`; nullopt
+  // where it kept none (tally's model keeps none: its manifests are written from its record).
+  virtual std::optional<std::string> evidence_of(const casefile::Case& c) const = 0;
 };
+
+// The target section of `c` saved as a case file at `case_path` ("" when it is not saved): the
+// framework and release (release_of), and the manifests of its most recent failing (or kept) run
+// (evidence_of) copied next to the file as `<case>.manifests`. nullopt for tally's model. Throws
+// std::runtime_error when the copy fails.
+std::optional<casefile::RealTarget> saved_section(Target& target, const casefile::Case& c, const std::string& case_path);
 
 // tally's model of the path, run on `backend` (which must outlive it).
 std::unique_ptr<Target> model_target(Backend& backend);

@@ -103,30 +103,49 @@ TEST(CaseJob, WhatTheOpenedReleaseDoesNotRunIsRefusedNamingTheRelease) {
   EXPECT_TRUE(target.executed.empty());
 }
 
+// A folder of manifests as a worker's run leaves them.
+std::string run_evidence(const std::string& name) {
+  const std::string dir = fresh_dir(name);
+  std::ofstream(dir + "/rank-0.json") << "{}\n";
+  return dir;
+}
+
 TEST(CaseJob, AFailureIsSavedAgainWithItsEvidenceNextToTheCaseFile) {
   const std::string file = fresh_dir("evidence") + "/case.json";
   RunnerTarget target(fails, 2);
+  target.evidence = run_evidence("evidence-run");
   CaseJob job;
   job.c = founding_case();
   job.save = file;
   const CaseJobResult r = run_case_job(target, job);
   EXPECT_EQ(r.verdict.kind, oracle::Verdict::Kind::fail);
-  ASSERT_EQ(target.saved_at.size(), 2u);
-  EXPECT_EQ(target.saved_at[0], "") << "the framework and release, before the run";
-  EXPECT_EQ(target.saved_at[1], file) << "the evidence, after it";
-  EXPECT_EQ(casefile::load_case_file(file).target->manifests, "evidence");
+  EXPECT_EQ(target.releases_asked, 2) << "the framework and release before the run, and again with the evidence";
+  EXPECT_EQ(casefile::load_case_file(file).target->manifests, "case.manifests");
+  EXPECT_TRUE(fs::is_regular_file(fs::path(file).parent_path() / "case.manifests" / "rank-0.json"))
+      << "the run's manifests copied next to the case file";
+}
+
+TEST(CaseJob, AFailureWhoseRunKeptNoManifestsIsSavedWithoutEvidence) {
+  const std::string file = fresh_dir("no-evidence") + "/case.json";
+  RunnerTarget target(fails, 2);
+  CaseJob job;
+  job.c = founding_case();
+  job.save = file;
+  run_case_job(target, job);
+  EXPECT_EQ(casefile::load_case_file(file).target->manifests, "");
 }
 
 TEST(CaseJob, APassSavedAsAnExpectationKeepsItsEvidence) {
   const std::string file = fresh_dir("pass-expectation") + "/case.json";
   RunnerTarget target(passes, 2);
+  target.evidence = run_evidence("pass-expectation-run");
   CaseJob job;
   job.c = founding_case();
   job.save = file;
   job.expect = CaseJob::Expect::pass;
   const CaseJobResult r = run_case_job(target, job);
   const casefile::Case saved = casefile::load_case_file(file);
-  EXPECT_EQ(saved.target->manifests, "evidence");
+  EXPECT_EQ(saved.target->manifests, "case.manifests");
   ASSERT_TRUE(saved.expect);
   EXPECT_EQ(saved.expect->outcome, casefile::Expectation::Outcome::pass);
   EXPECT_FALSE(r.unmet);

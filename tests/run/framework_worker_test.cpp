@@ -192,7 +192,7 @@ void expect_saved_with_what_it_left(const char* mode, const std::string& listed)
   EXPECT_NE(run.verdict.infra_message.find(listed), std::string::npos) << run.verdict.infra_message;
   const std::string saved = (dir / "case.json").string();
   std::optional<casefile::RealTarget> section;
-  ASSERT_NO_THROW(section = target->saved_section(founding_case(), saved)) << mode;
+  ASSERT_NO_THROW(section = saved_section(*target, founding_case(), saved)) << mode;
   ASSERT_TRUE(section);
   EXPECT_EQ(section->manifests, "case.manifests");
   EXPECT_TRUE(fs::is_regular_file(dir / "case.manifests" / "rank-1.json")) << "what could be copied is";

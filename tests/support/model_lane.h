@@ -29,7 +29,8 @@ class ModelLane : public run::Target {
   }
   std::optional<std::string> manifests_refusal() const override { return model_->manifests_refusal(); }
   run::TargetRun execute(const casefile::Case& c, bool keep_record) override { return model_->execute(c, keep_record); }
-  std::optional<casefile::RealTarget> saved_section(const casefile::Case&, const std::string&) override { return std::nullopt; }
+  std::optional<casefile::RealTarget> release_of(const casefile::Case&) override { return std::nullopt; }
+  std::optional<std::string> evidence_of(const casefile::Case&) const override { return std::nullopt; }
 
  private:
   std::unique_ptr<run::Target> model_;

@@ -53,17 +53,19 @@ class RunnerTarget final : public run::Target {
     out.how = "run by the stand-in";
     return out;
   }
-  std::optional<casefile::RealTarget> saved_section(const casefile::Case&, const std::string& path) override {
-    saved_at.push_back(path);
-    return casefile::RealTarget{abilities_.name, abilities_.version, path.empty() ? "" : "evidence"};
+  std::optional<casefile::RealTarget> release_of(const casefile::Case&) override {
+    ++releases_asked;
+    return casefile::RealTarget{abilities_.name, abilities_.version, ""};
   }
+  std::optional<std::string> evidence_of(const casefile::Case&) const override { return evidence; }
 
   std::function<std::optional<std::string>(const casefile::Case&)> refuses_before_open, refuses;
   bool hang_ends_job = false;
   std::optional<std::string> no_manifests;  // manifests_refusal's answer
   int opened = 0;
   std::vector<casefile::Case> executed;
-  std::vector<std::string> saved_at;  // each saved_section's path
+  int releases_asked = 0;               // release_of's calls
+  std::optional<std::string> evidence;  // evidence_of's answer: a folder the test made, or none
 
  private:
   Runner run_;
