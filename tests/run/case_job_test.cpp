@@ -103,6 +103,15 @@ TEST(CaseJob, WhatTheOpenedReleaseDoesNotRunIsRefusedNamingTheRelease) {
   EXPECT_TRUE(target.executed.empty());
 }
 
+// The founding case, saved to `file` with the expectation `expect`.
+CaseJob job_saving_to(const std::string& file, CaseJob::Expect expect = CaseJob::Expect::as_given) {
+  CaseJob job;
+  job.c = founding_case();
+  job.save = file;
+  job.expect = expect;
+  return job;
+}
+
 // A folder of manifests as a worker's run leaves them.
 std::string run_evidence(const std::string& name) {
   const std::string dir = fresh_dir(name);
@@ -128,10 +137,7 @@ TEST(CaseJob, AFailureIsSavedAgainWithItsEvidenceNextToTheCaseFile) {
 TEST(CaseJob, AFailureWhoseRunKeptNoManifestsIsSavedWithoutEvidence) {
   const std::string file = fresh_dir("no-evidence") + "/case.json";
   RunnerTarget target(fails, 2);
-  CaseJob job;
-  job.c = founding_case();
-  job.save = file;
-  run_case_job(target, job);
+  run_case_job(target, job_saving_to(file));
   EXPECT_EQ(casefile::load_case_file(file).target->manifests, "");
 }
 
@@ -154,11 +160,7 @@ TEST(CaseJob, APassSavedAsAnExpectationKeepsItsEvidence) {
 TEST(CaseJob, AnObservedExpectationIsWhatTheRunShowed) {
   const std::string file = fresh_dir("observed") + "/case.json";
   RunnerTarget target(fails, 2);
-  CaseJob job;
-  job.c = founding_case();
-  job.save = file;
-  job.expect = CaseJob::Expect::observed;
-  const CaseJobResult r = run_case_job(target, job);
+  const CaseJobResult r = run_case_job(target, job_saving_to(file, CaseJob::Expect::observed));
   const casefile::Case saved = casefile::load_case_file(file);
   ASSERT_TRUE(saved.expect);
   EXPECT_EQ(saved.expect->outcome, casefile::Expectation::Outcome::fail);
