@@ -70,6 +70,9 @@ struct TorchTitanConfig {
   DTensorClip clip = DTensorClip::torchtitan;
   SpmdBackend spmd_backend = SpmdBackend::full_dtensor;
   int dp_replicate = 1;  // HSDP's replicate degree; divides DP, the rest is dp_shard
+  // Where tally's gradients enter: after FSDP2's reduce-scatter (each rank's reduced shard written
+  // in), or before it (each rank's own contribution, as backward leaves it, reduced by FSDP2).
+  bool before_reduction = false;
   friend bool operator==(const TorchTitanConfig&, const TorchTitanConfig&) = default;
 };
 
@@ -80,6 +83,9 @@ struct TorchTitanConfig {
 struct AutomodelConfig {
   int dp_replicate = 1;
   bool sequence_parallel = false;
+  // Where tally's gradients enter: after FSDP2's reduction, or before it (each rank's contribution,
+  // averaged by FSDP2's own reduce-scatter over dp_shard_cp and all-reduce over dp_replicate).
+  bool before_reduction = false;
   friend bool operator==(const AutomodelConfig&, const AutomodelConfig&) = default;
 };
 

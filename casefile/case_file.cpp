@@ -336,7 +336,11 @@ TorchTitanConfig read_torchtitan(const json& value, const std::string& path) {
                                                                                       : SpmdBackend::partial_dtensor;
         }},
        {"dp_replicate",
-        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }}},
+        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }},
+       {"gradients_enter",
+        [&](const json& v, const std::string& p) {
+          d.before_reduction = read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+        }}},
       "the torchtitan configuration");
   return d;
 }
@@ -347,7 +351,11 @@ AutomodelConfig read_automodel(const json& value, const std::string& path) {
       value, path,
       {{"dp_replicate",
         [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }},
-       {"sequence_parallel", [&](const json& v, const std::string& p) { d.sequence_parallel = read_bool(v, p); }}},
+       {"sequence_parallel", [&](const json& v, const std::string& p) { d.sequence_parallel = read_bool(v, p); }},
+       {"gradients_enter",
+        [&](const json& v, const std::string& p) {
+          d.before_reduction = read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+        }}},
       "the NeMo-Automodel configuration");
   return d;
 }
@@ -528,15 +536,21 @@ ordered_json case_to_json(const Case& c) {
     if (c.deepspeed->fused_adam) j["deepspeed"]["fused_adam"] = true;
     if (c.deepspeed->offload_optimizer) j["deepspeed"]["offload_optimizer"] = true;
   }
-  if (c.torchtitan)
+  if (c.torchtitan) {
     j["torchtitan"] = {{"clip", dtensor_clip_name(c.torchtitan->clip)},
                        {"spmd_backend", spmd_backend_name(c.torchtitan->spmd_backend)},
                        {"dp_replicate", c.torchtitan->dp_replicate}};
+    // absent: after the reduction, as in earlier case files (whose digests stay theirs)
+    if (c.torchtitan->before_reduction) j["torchtitan"]["gradients_enter"] = "before_reduction";
+  }
   if (c.megatron_fsdp)
     j["megatron_fsdp"] = {{"data_parallel_sharding_strategy", fsdp_sharding_name(c.megatron_fsdp->sharding)},
                           {"outer_dp_sharding_strategy", fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)}};
-  if (c.automodel)
+  if (c.automodel) {
     j["automodel"] = {{"dp_replicate", c.automodel->dp_replicate}, {"sequence_parallel", c.automodel->sequence_parallel}};
+    // absent: after the reduction, as in earlier case files (whose digests stay theirs)
+    if (c.automodel->before_reduction) j["automodel"]["gradients_enter"] = "before_reduction";
+  }
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};
     if (!c.target->manifests.empty()) j["target"]["manifests"] = c.target->manifests;

@@ -65,7 +65,9 @@ std::string gradients_line(const run::FrameworkTarget& framework, const casefile
   std::string sizes;
   for (int size : reduction->sizes) sizes += (sizes.empty() ? "" : " and ") + std::to_string(size);
   return "gradients: before " + std::string(framework.name) + "'s own reduction: each rank gives its share, dealt " +
-         "over groups of " + sizes + " ranks, their sum divided by " + std::to_string(reduction->divisor);
+         "over groups of " + sizes + " ranks, " +
+         (reduction->divisor == 1 ? std::string("summed (never divided)")
+                                  : "their sum divided by " + std::to_string(reduction->divisor));
 }
 
 void add_show_command(CLI::App& app, CommandContext& context) {

@@ -213,10 +213,13 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
     for (int r = 1; r <= dp; ++r)
       if (dp % r == 0) divisors.push_back(r);
     const int replicate = divisors[rest % divisors.size()];
+    rest /= divisors.size();
     if (ep_fits(t, m, replicate) || !any_fault(o.faults, expert_fault)) {
       d.dp_replicate = replicate;
       settle();
     }
+    // Half the cases give FSDP2 each rank's contribution, for its own reduce-scatter to sum.
+    d.before_reduction = rest % 2 == 1;
   }
   // Experts FSDP would split unevenly on dim 1: replicate over more of DP (HSDP), which shards over
   // fewer ranks, until it divides them.
@@ -247,16 +250,30 @@ std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(co
   std::vector<std::pair<std::string, casefile::Case>> out;
   for (DTensorClip clip : {DTensorClip::torchtitan, DTensorClip::torch})
     for (SpmdBackend backend : {SpmdBackend::full_dtensor, SpmdBackend::partial_dtensor})
-      for (int dp_replicate : {1, 2}) {  // FSDP, and HSDP replicating over two (refused where DP is odd)
-        casefile::Case c = base;
-        c.path.optimizer = vocab::OptimizerModel::plain;
-        c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-        c.torchtitan = casefile::TorchTitanConfig{.clip = clip, .spmd_backend = backend, .dp_replicate = dp_replicate};
-        out.emplace_back(std::string(casefile::dtensor_clip_name(clip)) + "-" +
-                             std::string(casefile::spmd_backend_name(backend)) + (dp_replicate > 1 ? "-hsdp" : ""),
-                         std::move(c));
-      }
+      for (int dp_replicate : {1, 2})  // FSDP, and HSDP replicating over two (refused where DP is odd)
+        for (bool before_reduction : {false, true}) {
+          casefile::Case c = base;
+          c.path.optimizer = vocab::OptimizerModel::plain;
+          c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+          c.torchtitan = casefile::TorchTitanConfig{
+              .clip = clip, .spmd_backend = backend, .dp_replicate = dp_replicate, .before_reduction = before_reduction};
+          out.emplace_back(std::string(casefile::dtensor_clip_name(clip)) + "-" +
+                               std::string(casefile::spmd_backend_name(backend)) + (dp_replicate > 1 ? "-hsdp" : "") +
+                               (before_reduction ? "-unreduced" : ""),
+                           std::move(c));
+        }
   return out;
+}
+
+std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case& c) {
+  if (!c.torchtitan || !c.torchtitan->before_reduction) return std::nullopt;
+  const topologies::ParallelConfig& t = c.topology;
+  const int stage_ranks = t.world / std::max(1, t.pp);
+  const int fsdp_ranks = stage_ranks / std::max(1, t.tp);
+  ReductionGroups groups{{fsdp_ranks}, 1};
+  const int expert_ranks = stage_ranks / std::max(1, t.ep);
+  if (c.model.num_experts > 0 && t.ep > 1 && expert_ranks != fsdp_ranks) groups.sizes.push_back(expert_ranks);
+  return groups;
 }
 
 nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {

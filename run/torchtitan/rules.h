@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
+#include "run/contributions.h"
 #include "run/framework_worker.h"
 
 namespace tally::run {
@@ -43,9 +44,10 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
 // (" on full_dtensor").
 std::string torchtitan_norm_code(const casefile::Case& c);
 
-// `base` under each clip and SPMD backend, with FSDP and with HSDP replicating over two
-// ("torchtitan-full_dtensor", "torchtitan-full_dtensor-hsdp", ..., "torch-partial_dtensor-hsdp"); the
-// worker's refusals decide which run.
+// `base` under each clip and SPMD backend, with FSDP and with HSDP replicating over two, each with
+// the gradients entering after FSDP2's reduction and before it ("torchtitan-full_dtensor",
+// "torchtitan-full_dtensor-unreduced", "torchtitan-full_dtensor-hsdp", ...,
+// "torch-partial_dtensor-hsdp-unreduced"); the worker's refusals decide which run.
 std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(const casefile::Case& base);
 
 // The configuration the worker builds torchtitan with (`case-<K>.engine.json`, and `tally show`), in
@@ -54,6 +56,14 @@ std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(co
 // pipeline_parallel_degree, expert_parallel_degree, spmd_backend), `training.max_norm`, and `clip`
 // ("torchtitan" or "torch").
 nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c);
+
+// How FSDP2 reduces `c`'s gradients under torchtitan, where the case's gradients enter before that
+// reduction (nullopt where they enter after it): a dense gradient summed over its FSDP mesh
+// (dp_replicate x dp_shard x cp), a routed expert's with EP over the sparse mesh's (dp_replicate x
+// efsdp, efsdp = dp_shard x cp x tp / ep: torchtitan/distributed/parallel_dims.py:279), never
+// divided (apply_fsdp_to_decoder sets every FSDP module's gradient_divide_factor to 1:
+// torchtitan/distributed/fsdp.py:27-41, :316; the trainer scales the loss by the global token count).
+std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case& c);
 
 // One line of what the worker gives torchtitan, for `tally show`.
 std::string torchtitan_model_description(const casefile::Case& c);

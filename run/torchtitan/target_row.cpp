@@ -36,6 +36,7 @@ constexpr FrameworkTarget kTorchTitan{
     .model_description = [](const casefile::Case& c) { return c.torchtitan ? torchtitan_model_description(c) : std::string(); },
     .sweep_variants = torchtitan_sweep_variants,
     .norm_code = torchtitan_norm_code,
+    .reduction_groups = torchtitan_reduction_groups,
     // No release_model_case: tally models Megatron's path, not torchtitan's.
 };
 

@@ -26,8 +26,11 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
 3. torchtitan's own `apply_fsdp_to_decoder`, with the FSDP meshes its model parallelizers choose
    (`resolve_fsdp_mesh` and `resolve_sparse_fsdp_mesh`; for `partial_dtensor` the `fsdp` /
    `efsdp` meshes, with `dp_replicate` for HSDP).
-4. Every param's gradient set to tally's values, placed as the param is (`distribute_tensor` of
-   the logical gradient), and each rank's shard checked against the box its placements describe.
+4. Every param's gradient: after the reduction (the default), tally's values placed as the param
+   is (`distribute_tensor` of the logical gradient), each rank's shard checked against the box its
+   placements describe; before it (`torchtitan.gradients_enter`), each rank's share of every
+   gradient left by a backward under FSDP2's hooks, which FSDP2's own reduce-scatter (and HSDP's
+   all-reduce) sums; what it leaves each rank is recorded for the judge.
 5. The clip the case names: torchtitan's `clip_grad_norm_` (`pp_mesh`, `ep_enabled` as its
    trainer passes them) or `torch.nn.utils.clip_grad_norm_`, with the case's max_norm (infinity
    where the case does not clip), and the manifests (tally_adapters.dtensor) of what it returned
@@ -38,140 +41,13 @@ On a machine without GPUs it runs on the CPUs with gloo (torchtitan's module `de
 """
 
 import math
-import re
 import sys
 
 from .. import dtensor as tally_dtensor
+from .. import fsdp2, gloo_shims
 from .. import worker as base
-from ..module_keys import module_key
 from .plants import NOT_PLANTED, PLANTS
-
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(.+)$")
-
-
-# --- the model ---------------------------------------------------------------------------------
-
-
-def holder(named):
-    """A module holding `named` params (name -> tensor) under names without dots."""
-    import torch.nn as nn
-
-    module = nn.Module()
-    for name, tensor in named.items():
-        module.register_parameter(module_key(name), nn.Parameter(tensor))
-    return module
-
-
-def placements(mesh, split_dim, over):
-    """Shard(split_dim) on the mesh dim named `over`, Replicate on every other (all where split_dim
-    is None)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    return [Shard(split_dim) if name == over and split_dim is not None else Replicate()
-            for name in mesh.mesh_dim_names]
-
-
-def placed(full, mesh, split_dim, over):
-    """`full` (the whole logical tensor) as a param: a DTensor on `mesh` where there is one."""
-    from torch.distributed.tensor import distribute_tensor
-
-    if mesh is None:
-        return full.clone()
-    return distribute_tensor(full, mesh, placements(mesh, split_dim, over), src_data_rank=None)
-
-
-class StageModel:
-    """This rank's stage of tally's model as a torchtitan decoder, and what each of its params holds:
-    `logical[id(param)]` is (full logical tensor, the logical params it holds: [(name, class, shape)],
-    stacked: whether its dim 0 is experts)."""
-
-    def __init__(self, index, tensors, stage, meshes, ep, tied, device):
-        import numpy as np
-        import torch
-        import torch.nn as nn
-
-        dense_mesh, sparse_mesh = meshes
-        self.logical = {}
-        blocks, experts, tok, norm, head = {}, {}, {}, {}, {}
-        classes = {p["name"]: p["class"] for p in index}
-        shapes = {p["name"]: list(p["shape"]) for p in index}
-        # The dim TP splits each param along (the gradient index's, from its class); None: replicated.
-        splits = {p["name"]: p["split_dim"] for p in index}
-
-        def make(name, values, stacked=False):
-            full = torch.from_numpy(values.copy()).to(device)
-            split = splits[name]
-            if classes[name].startswith("expert-"):
-                if ep > 1:
-                    return placed(full, sparse_mesh, 0, "ep")
-                # Of a stacked expert tensor [E, ...] without EP: the expert's own dim plus one.
-                return placed(full, dense_mesh, None if split is None else split + stacked, "tp")
-            return placed(full, dense_mesh, split, "tp")
-
-        for p in index:
-            if p["stage"] != stage:
-                continue
-            name = p["name"]
-            expert = _EXPERT.match(name)
-            if expert:
-                layer, e, suffix = int(expert.group(1)), int(expert.group(2)), expert.group(3)
-                experts.setdefault(layer, {}).setdefault(suffix, {})[e] = name
-                continue
-            layer = _LAYER.match(name)
-            if layer:
-                blocks.setdefault(int(layer.group(1)), {})[layer.group(2)] = name
-            elif name.startswith("embedding."):
-                tok[name[len("embedding."):]] = name
-            elif name.startswith("decoder.final_layernorm."):
-                norm[name[len("decoder.final_layernorm."):]] = name
-            elif name.startswith("output_layer."):
-                head[name[len("output_layer."):]] = name
-            else:
-                raise ValueError(f"model mismatch: the worker has no place in a torchtitan decoder for {name}")
-
-        def module_of(entries):
-            if not entries:
-                return None
-            named = {}
-            for local, name in entries.items():
-                named[local] = make(name, tensors[name])
-            module = holder(named)
-            for local, name in entries.items():
-                param = getattr(module, module_key(local))
-                self.logical[id(param)] = (tensors[name], [(name, classes[name], shapes[name])], False)
-            return module
-
-        self.model = nn.Module()
-        self.model.enable_weight_tying = tied
-        self.model.tok_embeddings = module_of(tok)
-        self.model.norm = module_of(norm)
-        self.model.lm_head = module_of(head)
-        self.model.layers = nn.ModuleDict()
-        for layer in sorted(set(blocks) | set(experts)):
-            block = module_of(blocks.get(layer, {})) or nn.Module()
-            block.moe_enabled = layer in experts
-            if layer in experts:
-                stacked = {}
-                for suffix, by_expert in experts[layer].items():
-                    names = [by_expert[e] for e in sorted(by_expert)]
-                    if sorted(by_expert) != list(range(len(names))):
-                        raise ValueError(f"model mismatch: layer {layer}'s experts of {suffix} are {sorted(by_expert)}")
-                    full = np.stack([tensors[n] for n in names])
-                    param = nn.Parameter(make(names[0], full, stacked=True))
-                    stacked[suffix] = (param, full, [(n, classes[n], shapes[n]) for n in names])
-                inner = nn.Module()
-                inner.num_experts = len(next(iter(experts[layer].values())))
-                for suffix, (param, full, logical) in stacked.items():
-                    inner.register_parameter(module_key(suffix), param)
-                    self.logical[id(param)] = (full, logical, True)
-                block.moe = nn.Module()
-                block.moe.routed_experts = nn.Module()
-                block.moe.routed_experts.inner_experts = inner
-            self.model.layers[str(layer)] = block
-        # FSDP replaces every param by its sharded DTensor under the same name.
-        self.by_name = {name: self.logical[id(p)] for name, p in self.model.named_parameters()}
-
+from .stage_model import StageModel
 
 # --- one case ------------------------------------------------------------------------------------
 
@@ -275,18 +151,70 @@ def build(run, layouts, world):
     run.model, run.by_name = built.model, built.by_name
 
 
+def group_position(dims, axes):
+    """(this rank's position among the ranks torchtitan's one-axis meshes `axes` span together, read
+    row-major; their number). An axis of size 1 (torchtitan builds no mesh for it) adds nothing."""
+    position, size = 0, 1
+    for axis in axes:
+        mesh = dims.get_optional_mesh(axis)
+        if mesh is not None:
+            position, size = position * mesh.size() + mesh.get_local_rank(), size * mesh.size()
+    return position, size
+
+
+def contributions_of(run):
+    """This rank's share of each of its params' gradients (model path -> numpy array of the param's
+    logical shape, experts stacked): FSDP2 sums a dense gradient over torchtitan's FSDP mesh
+    (dp_replicate x fsdp) and a routed expert's with EP over its sparse one (dp_replicate x efsdp),
+    never dividing (torchtitan sets the divide factor to 1), so tally dealt every gradient into one
+    nonzero share per rank of each group size (run/torchtitan/rules.h), exact in fp32 whatever order
+    FSDP2 adds them in. A rank takes the share at its position in torchtitan's mesh of that group."""
+    import numpy as np
+
+    dims = run.dims
+    # "loss" spans dp_replicate x dp_shard x cp: the ranks of one (pp, tp) lane, FSDP's dense group.
+    dense_at, dense_size = group_position(dims, ["loss"])
+    shares = {dense_size: run.request.shares(dense_size)}
+    expert_at, expert_size = dense_at, dense_size
+    if dims.ep_enabled:
+        expert_at, expert_size = group_position(dims, ["dp_replicate", "efsdp"])
+        if expert_size not in shares:
+            shares[expert_size] = run.request.shares(expert_size)
+    out = {}
+    for path, (_, held, stacked) in run.by_name.items():
+        experts = dims.ep_enabled and held[0][1].startswith("expert-")
+        at, size = (expert_at, expert_size) if experts else (dense_at, dense_size)
+        values = [shares[size][name][at] for name, _, _ in held]
+        out[path] = np.stack(values) if stacked else values[0]
+    return out
+
+
+def reduce_contributions(run):
+    """Each rank's contributions, reduced by FSDP2 itself (tally_adapters.fsdp2): each param's
+    gradient is then what FSDP2's reduce-scatter (and HSDP's all-reduce) left this rank."""
+    # FSDP2 reduces with PREMUL_SUM (torchtitan sets a divide factor), which gloo lacks.
+    with gloo_shims.installed():
+        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run), run.device))
+
+
 def set_gradients(run):
-    """Every param's gradient: tally's logical gradient placed as the param is (`before`, by param),
-    and the manifest pieces of what each rank holds (`pieces`); returns the logical names held."""
+    """Every param's gradient (`before`, by param) and the manifest pieces of what each rank holds
+    (`pieces`); returns the logical names held. After the reduction: tally's logical gradient placed
+    as the param is. Before it: each rank's contribution, reduced by FSDP2 (reduce_contributions);
+    the judge checks what it left against tally's gradient."""
     import numpy as np
     import torch
 
     named = [(n, p) for n, p in run.model.named_parameters() if p.requires_grad]
     logical = {id(p): run.by_name[name] for name, p in named}
-    run.before, boxes = {}, {}
-    for name, p in named:
-        full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(run.device)
-        boxes[id(p)], run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
+    if run.case["torchtitan"].get("gradients_enter") == "before_reduction":
+        reduce_contributions(run)
+        boxes, run.before = fsdp2.held_gradients([p for _, p in named])
+    else:
+        run.before, boxes = {}, {}
+        for name, p in named:
+            full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(run.device)
+            boxes[id(p)], run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
     run.params = [p for _, p in named]
     run.pieces = pieces_of(named, logical, boxes)
     return {piece.logical_name for piece in run.pieces}

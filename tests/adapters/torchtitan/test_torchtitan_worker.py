@@ -8,6 +8,7 @@ import unittest
 import fault_catalog
 import tally_adapters.dtensor as tally_dtensor
 import tally_adapters.torchtitan.plants as torchtitan_plants
+import tally_adapters.torchtitan.worker as torchtitan_worker
 
 
 class Placement:
@@ -44,6 +45,45 @@ class Placements(unittest.TestCase):
     def test_the_statistics_are_of_the_values(self):
         self.assertEqual(tally_dtensor.stats([3.0, 0.0, -4.0]), {"sum_squares": 25.0, "abs_max": 4.0, "zeros": 1})
         self.assertEqual(tally_dtensor.stats([]), {"sum_squares": 0.0, "abs_max": 0.0, "zeros": 0})
+
+
+class Mesh:
+    def __init__(self, size, rank):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def get_local_rank(self):
+        return self._rank
+
+
+class Dims:
+    """torchtitan's ParallelDims as the worker reads it: no mesh for an axis of size 1."""
+
+    def __init__(self, **meshes):
+        self.meshes = meshes
+
+    def get_optional_mesh(self, axis):
+        return self.meshes.get(axis)
+
+
+class GroupPosition(unittest.TestCase):
+    """Each rank of a reduction group takes the share at its own position: a bijection onto 0..N-1."""
+
+    def test_positions_read_row_major_over_the_axes(self):
+        seen = set()
+        for r in range(2):
+            for e in range(3):
+                at, size = torchtitan_worker.group_position(Dims(dp_replicate=Mesh(2, r), efsdp=Mesh(3, e)),
+                                                            ["dp_replicate", "efsdp"])
+                self.assertEqual(size, 6)
+                seen.add(at)
+        self.assertEqual(seen, set(range(6)))
+
+    def test_an_axis_of_size_one_adds_nothing(self):
+        self.assertEqual(torchtitan_worker.group_position(Dims(efsdp=Mesh(4, 3)), ["dp_replicate", "efsdp"]), (3, 4))
+        self.assertEqual(torchtitan_worker.group_position(Dims(), ["loss"]), (0, 1))
 
 
 if __name__ == "__main__":

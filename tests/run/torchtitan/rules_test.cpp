@@ -123,23 +123,67 @@ TEST(TorchTitanTarget, APlantedFaultGetsTheAxisItShowsOn) {
   EXPECT_TRUE(within.path.faults.empty()) << "a fault the worker does not plant is dropped";
 }
 
-TEST(TorchTitanTarget, SweepsEachClipOnEachBackend) {
+TEST(TorchTitanTarget, SweepsEachClipOnEachBackendOnEachSideOfTheReduction) {
   const std::vector<std::pair<std::string, casefile::Case>> variants = torchtitan_sweep_variants(moe_case());
-  ASSERT_EQ(variants.size(), 8u);
+  ASSERT_EQ(variants.size(), 16u);
   EXPECT_EQ(variants[0].first, "torchtitan-full_dtensor");
-  EXPECT_EQ(variants[1].first, "torchtitan-full_dtensor-hsdp");
-  EXPECT_EQ(variants[1].second.torchtitan->dp_replicate, 2);
-  EXPECT_EQ(variants[7].first, "torch-partial_dtensor-hsdp");
+  EXPECT_FALSE(variants[0].second.torchtitan->before_reduction);
+  EXPECT_EQ(variants[1].first, "torchtitan-full_dtensor-unreduced");
+  EXPECT_TRUE(variants[1].second.torchtitan->before_reduction);
+  EXPECT_EQ(variants[2].first, "torchtitan-full_dtensor-hsdp");
+  EXPECT_EQ(variants[2].second.torchtitan->dp_replicate, 2);
+  EXPECT_EQ(variants[15].first, "torch-partial_dtensor-hsdp-unreduced");
   EXPECT_EQ(torchtitan_norm_code(variants[0].second), "torchtitan _clip_grad_norm_with_ep on full_dtensor");
-  EXPECT_EQ(torchtitan_norm_code(variants[7].second), "torch.nn.utils.clip_grad_norm_ on partial_dtensor");
+  EXPECT_EQ(torchtitan_norm_code(variants[15].second), "torch.nn.utils.clip_grad_norm_ on partial_dtensor");
 }
 
 TEST(TorchTitanTarget, ACaseFileKeepsItsSection) {
   casefile::Case c = moe_case();
-  c.torchtitan = casefile::TorchTitanConfig{casefile::DTensorClip::torch, casefile::SpmdBackend::partial_dtensor, 2};
-  const casefile::Case back = casefile::case_from_json(nlohmann::json::parse(casefile::case_to_json(c).dump()), "case.json");
+  c.torchtitan = casefile::TorchTitanConfig{casefile::DTensorClip::torch, casefile::SpmdBackend::partial_dtensor, 2, true};
+  const nlohmann::json written = casefile::case_to_json(c);
+  EXPECT_EQ(written["torchtitan"]["gradients_enter"], "before_reduction");
+  const casefile::Case back = casefile::case_from_json(nlohmann::json::parse(written.dump()), "case.json");
   EXPECT_EQ(back.torchtitan, c.torchtitan);
   EXPECT_EQ(framework_of(back)->name, "torchtitan");
+  c.torchtitan->before_reduction = false;
+  EXPECT_FALSE(casefile::case_to_json(c)["torchtitan"].contains("gradients_enter"))
+      << "after the reduction is written as earlier case files were, so their digests stay theirs";
+}
+
+TEST(TorchTitanTarget, ARequestNamingAnotherStageIsRefusedByTheReader) {
+  nlohmann::json j = casefile::case_to_json(moe_case());
+  j["torchtitan"]["gradients_enter"] = "during_reduction";
+  try {
+    casefile::case_from_json(j, "case.json");
+    FAIL() << "read";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("torchtitan.gradients_enter"), std::string::npos) << e.what();
+  }
+}
+
+// FSDP2 sums (never divides, under torchtitan) a dense gradient over dp_replicate x dp_shard x cp,
+// an expert's with EP over dp_replicate x efsdp (efsdp = dp_shard x cp x tp / ep).
+TEST(TorchTitanTarget, StatesFsdp2sReductionGroupsWhereGradientsEnterBeforeIt) {
+  casefile::Case c = moe_case();  // world 2, TP 1, EP 2
+  EXPECT_EQ(torchtitan_reduction_groups(c), std::nullopt) << "after the reduction: no shares";
+  c.torchtitan->before_reduction = true;
+  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2, 1}, 1}));
+  c.topology = {.world = 8, .tp = 2, .cp = 1, .pp = 2, .ep = 2, .etp = 1};
+  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2}, 1})) << "8 / (pp 2 x tp 2); experts 4 / ep 2";
+  c.topology = {.world = 8, .tp = 1, .cp = 2, .pp = 1, .ep = 1, .etp = 1};
+  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{8}, 1})) << "CP ranks are FSDP's too";
+  c.model.num_experts = 0;
+  c.topology = {.world = 4, .tp = 2, .cp = 1, .pp = 1, .ep = 1, .etp = 2};
+  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2}, 1}));
+}
+
+TEST(TorchTitanTarget, ACampaignDrawsBothSidesOfTheReduction) {
+  casefile::Case c = moe_case();
+  c.torchtitan.reset();
+  int before = 0;
+  for (std::uint64_t draw = 0; draw < 64; ++draw) before += within_torchtitan(c, {}, draw).torchtitan->before_reduction;
+  EXPECT_GT(before, 8);
+  EXPECT_LT(before, 56);
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+"""tally_adapters.gloo_shims against torch's own collectives on gloo, two ranks on this CPU: a
+PREMUL_SUM(f) reduce-scatter or all-reduce gives what gloo's SUM of each rank's input times f gives,
+bit for bit; every other op gives exactly torch's result; the inputs a caller passes are left as
+they were (all_reduce's in-place tensor aside); torch's functions are back after the block. Needs
+torch (skipped without it); ci/real-torchtitan runs it in the torchtitan environment."""
+
+import importlib.util
+import os
+import tempfile
+import unittest
+
+WORLD = 2
+
+
+def _inputs(rank):
+    """Each rank's input: distinct values whose sums and halves are exact in fp32."""
+    import torch
+
+    base = torch.arange(8, dtype=torch.float32) * 0.25 + 1.0
+    return base * (rank + 1) - rank * 0.5
+
+
+def _checks(rank, path):
+    import torch
+    import torch.distributed as dist
+    from tally_adapters import gloo_shims
+    from torch.distributed import ReduceOp
+
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=WORLD)
+    try:
+        has_single = hasattr(dist, "reduce_scatter_single")  # torch 2.12 and later
+        originals = (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce)
+        x = _inputs(rank)
+        for factor in (1.0, 0.5, 0.125):
+            # torch's own: gloo's SUM over each rank's input times the factor.
+            want_scatter = torch.empty(8 // WORLD)
+            dist.reduce_scatter_tensor(want_scatter, x * factor, op=ReduceOp.SUM)
+            want_all = x * factor
+            dist.all_reduce(want_all, op=ReduceOp.SUM)
+            with gloo_shims.installed():
+                got = torch.empty(8 // WORLD)
+                given = x.clone()
+                dist.reduce_scatter_tensor(got, given, op=ReduceOp.PREMUL_SUM(factor))
+                assert torch.equal(got, want_scatter), (factor, got, want_scatter)
+                assert torch.equal(given, x), "the caller's input is left as it was"
+                if has_single:
+                    got = torch.empty(8 // WORLD)
+                    dist.reduce_scatter_single(output=got, input=given, op=ReduceOp.PREMUL_SUM(factor),
+                                               async_op=True).wait()
+                    assert torch.equal(got, want_scatter), (factor, got, want_scatter)
+                in_place = x.clone()
+                dist.all_reduce(in_place, ReduceOp.PREMUL_SUM(factor))
+                assert torch.equal(in_place, want_all), (factor, in_place, want_all)
+                # Every other op is torch's, untouched.
+                summed, want = torch.empty(8 // WORLD), torch.empty(8 // WORLD)
+                dist.reduce_scatter_tensor(summed, x, op=ReduceOp.SUM)
+                originals[0](want, x, op=ReduceOp.SUM)
+                assert torch.equal(summed, want)
+                largest = x.clone()
+                dist.all_reduce(largest, op=ReduceOp.MAX)
+                assert torch.equal(largest, _inputs(WORLD - 1)), largest
+        assert (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce) == originals
+        try:
+            dist.all_reduce(x.clone(), ReduceOp.PREMUL_SUM(0.5))
+            raise AssertionError("without the shim gloo runs PREMUL_SUM: the shim is no longer needed")
+        except RuntimeError as error:
+            assert "PREMUL_SUM" in str(error), error
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_main(rank, path, errors):
+    try:
+        _checks(rank, path)
+    except BaseException as error:  # reported by the parent, with the rank
+        errors.put(f"rank {rank}: {type(error).__name__}: {error}")
+
+
+@unittest.skipUnless(importlib.util.find_spec("torch"), "needs torch")
+class TwoRanksOnGloo(unittest.TestCase):
+    def test_premul_sum_is_gloos_sum_of_the_scaled_inputs(self):
+        import torch.multiprocessing as mp
+        from tally_adapters import gloo_shims
+
+        if not gloo_shims.premul_sum_readable():
+            self.skipTest(f"torch {gloo_shims.torch_version()} keeps a PREMUL_SUM's factor out of Python's reach")
+
+        context = mp.get_context("spawn")
+        errors = context.SimpleQueue()
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "store")
+            processes = [context.Process(target=_rank_main, args=(rank, path, errors)) for rank in range(WORLD)]
+            for p in processes:
+                p.start()
+            for p in processes:
+                p.join(120)
+        reported = []
+        while not errors.empty():
+            reported.append(errors.get())
+        self.assertEqual(reported, [])
+        self.assertEqual([p.exitcode for p in processes], [0] * WORLD)
+
+
+if __name__ == "__main__":
+    unittest.main()
