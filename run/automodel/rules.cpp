@@ -166,6 +166,8 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
       if (dp % r == 0) replications.push_back(r);
     if (!replications.empty() && draw % 2 == 1) c.automodel->dp_replicate = replications[(draw / 2) % replications.size()];
     c.automodel->sequence_parallel = t.tp > 1 && (draw / 64) % 2 == 1;
+    // Half the cases give FSDP2 each rank's contribution, for its own reduction to average.
+    c.automodel->before_reduction = (draw / 128) % 2 == 1;
   }
   casefile::AutomodelConfig& a = *c.automodel;
   if (dp % a.dp_replicate != 0 || (a.dp_replicate > 1 && a.dp_replicate >= dp)) a.dp_replicate = 1;
@@ -173,6 +175,13 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   if (replicas_fault(o.faults) && a.dp_replicate == 1) a.dp_replicate = smallest_replication(dp);
   if (t.tp == 1) a.sequence_parallel = false;
   return c;
+}
+
+std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& c) {
+  if (!c.automodel || !c.automodel->before_reduction) return std::nullopt;
+  const topologies::ParallelConfig& t = c.topology;
+  const int fsdp_ranks = t.world / (std::max(1, t.tp) * std::max(1, t.pp));
+  return ReductionGroups{{fsdp_ranks}, fsdp_ranks};
 }
 
 std::string automodel_norm_code(const casefile::Case& c) {
@@ -199,9 +208,13 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
         casefile::Case c = projected;
         c.path.optimizer = vocab::OptimizerModel::plain;
         c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-        c.automodel = casefile::AutomodelConfig{.dp_replicate = dp_replicate, .sequence_parallel = sp};
-        out.emplace_back(std::string(qwen3 ? "qwen3-" : "") + (dp_replicate > 1 ? "hsdp" : "fsdp") + (sp ? "-sp" : ""),
-                         std::move(c));
+        for (bool before_reduction : {false, true}) {
+          c.automodel = casefile::AutomodelConfig{
+              .dp_replicate = dp_replicate, .sequence_parallel = sp, .before_reduction = before_reduction};
+          out.emplace_back(std::string(qwen3 ? "qwen3-" : "") + (dp_replicate > 1 ? "hsdp" : "fsdp") + (sp ? "-sp" : "") +
+                               (before_reduction ? "-unreduced" : ""),
+                           c);
+        }
       }
   }
   return out;

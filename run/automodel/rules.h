@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
+#include "run/contributions.h"
 #include "run/framework_worker.h"
 
 namespace tally::run {
@@ -40,8 +41,9 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
 std::string automodel_norm_code(const casefile::Case& c);
 
 // `base`, a dense model as the Llama and as the Qwen3 of its size, with FSDP and with HSDP
-// replicating over two, each with and, where TP > 1, without sequence parallelism ("fsdp",
-// "fsdp-sp", "hsdp", "hsdp-sp", "qwen3-fsdp", ...); a MoE model once per FSDP variant, for the
+// replicating over two, each with and, where TP > 1, without sequence parallelism, and each with
+// the gradients entering after FSDP2's reduction and before it ("fsdp", "fsdp-unreduced",
+// "fsdp-sp", "hsdp", "hsdp-sp-unreduced", "qwen3-fsdp", ...); a MoE model once per FSDP variant, for the
 // worker to refuse. The worker's refusals decide which run.
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base);
 
@@ -50,6 +52,12 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
 // ep_size, sequence_parallel), `clip_grad.max_norm`, and `architecture` ("LlamaForCausalLM" or
 // "Qwen3ForCausalLM").
 nlohmann::ordered_json automodel_recipe(const casefile::Case& c);
+
+// How FSDP2 reduces `c`'s gradients under Automodel, where the case's gradients enter before that
+// reduction (nullopt where they enter after it): summed over dp_replicate x dp_shard x cp (FSDP2
+// over dp_shard_cp, HSDP's all-reduce over dp_replicate) and averaged, FSDP2's default (Automodel
+// sets no gradient divide factor: nemo_automodel 0.7.0 never calls set_gradient_divide_factor).
+std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& c);
 
 // One line of what the worker gives Automodel, for `tally show`.
 std::string automodel_model_description(const casefile::Case& c);

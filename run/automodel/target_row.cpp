@@ -34,6 +34,7 @@ constexpr FrameworkTarget kAutomodel{
     .model_description = [](const casefile::Case& c) { return c.automodel ? automodel_model_description(c) : std::string(); },
     .sweep_variants = automodel_sweep_variants,
     .norm_code = automodel_norm_code,
+    .reduction_groups = automodel_reduction_groups,
     // No release_model_case: tally models Megatron's path, not Automodel's.
 };
 

@@ -19,8 +19,10 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
    asks, FSDP2 over dp_shard_cp, HSDP over dp_replicate), with fp32 parameters and reductions.
    `NeMoAutoModelForCausalLM.from_config` runs the same two steps for a user, on a CUDA device
    only (it builds its infrastructure on `cuda`), so the worker calls them itself, on CPUs too.
-3. Every param's gradient set to tally's values, placed as the param is (`distribute_tensor`), and
-   each rank's shard checked against the box its placements describe.
+3. Every param's gradient: after the reduction (the default), tally's values placed as the param is
+   (`distribute_tensor`), each rank's shard checked against the box its placements describe; before
+   it (`automodel.gradients_enter`), each rank's share left by a backward under FSDP2's hooks and
+   averaged by FSDP2's own reduce-scatter (and HSDP's all-reduce); what it leaves is recorded.
 4. Automodel's `clip_grad_norm` (components/training/utils.py), as its training recipes call it
    after the gradients are synchronized, with the case's max_norm (infinity where the case does
    not clip), and the manifests of what it returned and of the gradients after it. Automodel
@@ -36,7 +38,7 @@ import math
 import sys
 
 from .. import dtensor as tally_dtensor
-from .. import hf_models
+from .. import fsdp2, hf_models
 from .. import worker as base
 
 _UTILS = "nemo_automodel.components.training.utils"
@@ -215,10 +217,30 @@ def build(run):
     run.model = parallelize_model(model, run.mesh_context)
 
 
+def contributions_of(run, segments):
+    """This rank's share of each param's gradient (path in `named_parameters` -> numpy array of the
+    param's shape, its segments of the logical shares): FSDP2 averages every gradient over
+    dp_replicate x dp_shard x cp (Automodel sets no divide factor), so tally dealt every gradient
+    times that size into one nonzero share per rank of such a group (run/automodel/rules.h). A rank
+    takes the share at its position among the group's ranks in Automodel's mesh."""
+    import torch.distributed as dist
+
+    mesh = run.mesh_context.device_mesh
+    dims = [d for d, name in enumerate(axis_names(mesh)) if name in ("dp_replicate", "dp_shard", "cp")]
+    ranks = tally_dtensor.ranks_along(mesh, dims)
+    shares = run.request.shares(len(ranks))
+    at = ranks.index(dist.get_rank())
+    mine = {name: values[at] for name, values in shares.items()}
+    return {n: hf_models.full_gradient(segments[local_name(n)], p.shape, mine)
+            for n, p in run.model.named_parameters() if p.requires_grad}
+
+
 def set_gradients(run):
-    """Every param's gradient: its segments of tally's logical gradients (a fused param holds several),
-    placed as the param is (`before`), and the manifest pieces of each (`pieces`); returns the logical
-    names held."""
+    """Every param's gradient (`before`, by param) and the manifest pieces of each (`pieces`; a fused
+    param holds segments of several logical gradients); returns the logical names held. After the
+    reduction: its segments of tally's logical gradients placed as the param is. Before it: each
+    rank's contribution, reduced by FSDP2 itself (tally_adapters.fsdp2); the judge checks what it
+    left against tally's gradient."""
     import torch
 
     named = [(local_name(n), p) for n, p in run.model.named_parameters() if p.requires_grad]
@@ -226,9 +248,16 @@ def set_gradients(run):
     hf_models.check_cover(segments, {n: list(p.shape) for n, p in named}, run.index)
     shapes = {p["name"]: list(p["shape"]) for p in run.index}
     run.pieces, run.before = [], {}
+    reduced = run.case["automodel"].get("gradients_enter") == "before_reduction"
+    if reduced:
+        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, segments), run.device))
+        boxes, run.before = fsdp2.held_gradients([p for _, p in named])
     for name, p in named:
-        full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, run.tensors)).to(run.device)
-        (offsets, extents), run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
+        if reduced:
+            offsets, extents = boxes[id(p)]
+        else:
+            full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, run.tensors)).to(run.device)
+            (offsets, extents), run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
         for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
             run.pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
                                                   logical_extents, tally_dtensor.attributes_of(p)))

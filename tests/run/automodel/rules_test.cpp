@@ -128,21 +128,48 @@ TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSeque
   megatron_gpt.model.position_embedding = topologies::PositionEmbedding::learned_absolute;
   megatron_gpt.model.swiglu = false;
   const auto variants = automodel_sweep_variants(megatron_gpt);
-  ASSERT_EQ(variants.size(), 8u);
+  ASSERT_EQ(variants.size(), 16u);
   EXPECT_EQ(variants[0].first, "fsdp");
-  EXPECT_EQ(variants[3].first, "hsdp-sp");
-  EXPECT_EQ(variants[3].second.automodel->dp_replicate, 2);
-  EXPECT_TRUE(variants[3].second.automodel->sequence_parallel);
-  EXPECT_EQ(variants[4].first, "qwen3-fsdp");
-  EXPECT_TRUE(variants[4].second.model.qk_layernorm);
+  EXPECT_EQ(variants[1].first, "fsdp-unreduced");
+  EXPECT_TRUE(variants[1].second.automodel->before_reduction);
+  EXPECT_EQ(variants[6].first, "hsdp-sp");
+  EXPECT_EQ(variants[6].second.automodel->dp_replicate, 2);
+  EXPECT_TRUE(variants[6].second.automodel->sequence_parallel);
+  EXPECT_FALSE(variants[6].second.automodel->before_reduction);
+  EXPECT_EQ(variants[8].first, "qwen3-fsdp");
+  EXPECT_TRUE(variants[8].second.model.qk_layernorm);
   for (const auto& [name, c] : variants) {
     EXPECT_EQ(c.model.normalization, topologies::Normalization::rms_norm) << name;
     EXPECT_TRUE(c.model.swiglu) << name;
   }
   megatron_gpt.topology = topologies::ParallelConfig{.world = 4};
-  EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 4u) << "no sequence parallelism without TP";
+  EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 8u) << "no sequence parallelism without TP";
   megatron_gpt.model.num_experts = 4;
-  EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 2u) << "the experts' refusal once per FSDP variant";
+  EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 4u) << "the experts' refusal once per FSDP variant";
+}
+
+// FSDP2 averages every gradient over dp_replicate x dp_shard x cp (Automodel sets no divide factor).
+TEST(AutomodelTarget, StatesFsdp2sAverageWhereGradientsEnterBeforeIt) {
+  casefile::Case c = llama_case();  // world 4, TP 2
+  EXPECT_EQ(automodel_reduction_groups(c), std::nullopt) << "after the reduction: no shares";
+  c.automodel->before_reduction = true;
+  EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{2}, 2}));
+  c.topology = {.world = 8, .tp = 1, .cp = 2, .etp = 1};
+  EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{8}, 8})) << "CP ranks are FSDP's too";
+  const nlohmann::json written = casefile::case_to_json(c);
+  EXPECT_EQ(written["automodel"]["gradients_enter"], "before_reduction");
+  EXPECT_EQ(casefile::case_from_json(nlohmann::json::parse(written.dump()), "case.json").automodel, c.automodel);
+  c.automodel->before_reduction = false;
+  EXPECT_FALSE(casefile::case_to_json(c)["automodel"].contains("gradients_enter"));
+}
+
+TEST(AutomodelTarget, ACampaignDrawsBothSidesOfTheReduction) {
+  casefile::Case c = llama_case();
+  c.automodel.reset();
+  int before = 0;
+  for (std::uint64_t draw = 0; draw < 1024; draw += 7) before += within_automodel(c, {}, draw).automodel->before_reduction;
+  EXPECT_GT(before, 20);
+  EXPECT_LT(before, 126);
 }
 
 TEST(AutomodelTarget, TheRecipeNamesAutomodelsOwnSettings) {
