@@ -117,23 +117,42 @@ def backward_through_fsdp2(model, term: Callable[[str, object], object]) -> None
         model(term).backward()
 
 
-def local_term(shares: Dict[str, object], device) -> Callable[[str, object], object]:
+def local_term(shares: Dict[str, object], device, partial_over=()) -> Callable[[str, object], object]:
     """The term whose gradient on this rank is its share: `shares[path]` (numpy, the param's whole
     logical shape) cut to the box of the logical tensor this rank's unsharded param holds, times the
-    param's local values, summed. The gradient stays this rank's own: no DTensor communication."""
+    param's local values, summed. The gradient is this rank's own, placed as the param is, except
+    that on a mesh dim named in `partial_over` (the TP dim under sequence parallelism) a Replicate
+    param's gradient is Partial, as sequence-sharded activations leave it: FSDP2 sums it over that
+    dim before its own reduction."""
     import numpy as np
     import torch
+    from torch.distributed.tensor import Partial
 
     from . import dtensor as tally_dtensor
+
+    def grad_placements(p):
+        names = [str(getattr(n, "value", n)) for n in (p.device_mesh.mesh_dim_names or ())]
+        return tuple(Partial() if name in partial_over and placement.is_replicate() else placement
+                     for name, placement in zip(names, p.placements))
 
     def term(path, p):
         offsets, extents = tally_dtensor.local_box(p)
         box = shares[path][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
         weight = torch.from_numpy(np.ascontiguousarray(box)).to(device=device, dtype=p.dtype)
-        local = p.to_local(grad_placements=p.placements) if tally_dtensor.is_dtensor(p) else p
+        local = p.to_local(grad_placements=grad_placements(p)) if tally_dtensor.is_dtensor(p) else p
         return (local * weight).sum()
 
     return term
+
+
+def replicated_over(p, dim_name: str) -> bool:
+    """Whether the DTensor param `p` is Replicate on its mesh dim `dim_name` (False where it has none)."""
+    from . import dtensor as tally_dtensor
+
+    if not tally_dtensor.is_dtensor(p):
+        return False
+    names = [str(getattr(n, "value", n)) for n in (p.device_mesh.mesh_dim_names or ())]
+    return any(name == dim_name and placement.is_replicate() for name, placement in zip(names, p.placements))
 
 
 def held_gradients(params):

@@ -181,7 +181,11 @@ std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& 
   if (!c.automodel || !c.automodel->before_reduction) return std::nullopt;
   const topologies::ParallelConfig& t = c.topology;
   const int fsdp_ranks = t.world / (std::max(1, t.tp) * std::max(1, t.pp));
-  return ReductionGroups{{fsdp_ranks}, fsdp_ranks};
+  ReductionGroups groups{{fsdp_ranks}, fsdp_ranks};
+  // With sequence parallelism a param TP replicates has a Partial gradient, which FSDP2 sums over
+  // TP before it averages over its own group: shares over both.
+  if (t.tp > 1 && c.automodel->sequence_parallel) groups.sizes.push_back(fsdp_ranks * t.tp);
+  return groups;
 }
 
 std::string automodel_norm_code(const casefile::Case& c) {

@@ -56,7 +56,9 @@ nlohmann::ordered_json automodel_recipe(const casefile::Case& c);
 // How FSDP2 reduces `c`'s gradients under Automodel, where the case's gradients enter before that
 // reduction (nullopt where they enter after it): summed over dp_replicate x dp_shard x cp (FSDP2
 // over dp_shard_cp, HSDP's all-reduce over dp_replicate) and averaged, FSDP2's default (Automodel
-// sets no gradient divide factor: nemo_automodel 0.7.0 never calls set_gradient_divide_factor).
+// sets no gradient divide factor: nemo_automodel 0.7.0 never calls set_gradient_divide_factor);
+// with sequence parallelism, a param TP replicates over that group times TP (its gradient is
+// Partial over TP, which FSDP2 sums first), divided by the same FSDP group's size.
 std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& c);
 
 // One line of what the worker gives Automodel, for `tally show`.

@@ -60,7 +60,10 @@ nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c);
 // How FSDP2 reduces `c`'s gradients under torchtitan, where the case's gradients enter before that
 // reduction (nullopt where they enter after it): a dense gradient summed over its FSDP mesh
 // (dp_replicate x dp_shard x cp), a routed expert's with EP over the sparse mesh's (dp_replicate x
-// efsdp, efsdp = dp_shard x cp x tp / ep: torchtitan/distributed/parallel_dims.py:279), never
+// efsdp, efsdp = dp_shard x cp x tp / ep: torchtitan/distributed/parallel_dims.py:279), a param TP
+// replicates over the stage's every rank (its gradient is Partial over TP under torchtitan's
+// sequence parallelism, and FSDP2 all-reduces it over TP first: torch/distributed/fsdp/
+// _fully_shard/_fsdp_param.py `_get_grad_inner_tensor`), never
 // divided (apply_fsdp_to_decoder sets every FSDP module's gradient_divide_factor to 1:
 // torchtitan/distributed/fsdp.py:27-41, :316; the trainer scales the loss by the global token count).
 std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case& c);

@@ -222,17 +222,30 @@ def contributions_of(run, segments):
     param's shape, its segments of the logical shares): FSDP2 averages every gradient over
     dp_replicate x dp_shard x cp (Automodel sets no divide factor), so tally dealt every gradient
     times that size into one nonzero share per rank of such a group (run/automodel/rules.h). A rank
-    takes the share at its position among the group's ranks in Automodel's mesh."""
+    takes the share at its position among the group's ranks in Automodel's mesh. With sequence
+    parallelism a param TP replicates has a Partial gradient over TP, which FSDP2 sums before it
+    averages: its group is the FSDP group times TP."""
     import torch.distributed as dist
 
     mesh = run.mesh_context.device_mesh
-    dims = [d for d, name in enumerate(axis_names(mesh)) if name in ("dp_replicate", "dp_shard", "cp")]
-    ranks = tally_dtensor.ranks_along(mesh, dims)
-    shares = run.request.shares(len(ranks))
-    at = ranks.index(dist.get_rank())
-    mine = {name: values[at] for name, values in shares.items()}
-    return {n: hf_models.full_gradient(segments[local_name(n)], p.shape, mine)
-            for n, p in run.model.named_parameters() if p.requires_grad}
+    names = axis_names(mesh)
+    mine = {}  # group size -> this rank's share of every logical gradient
+
+    def shares_over(axes):
+        ranks = tally_dtensor.ranks_along(mesh, [d for d, name in enumerate(names) if name in axes])
+        if len(ranks) not in mine:
+            at = ranks.index(dist.get_rank())
+            mine[len(ranks)] = {name: values[at] for name, values in run.request.shares(len(ranks)).items()}
+        return mine[len(ranks)]
+
+    out = {}
+    for n, p in run.model.named_parameters():
+        if not p.requires_grad:
+            continue
+        partial = run.config["distributed"]["sequence_parallel"] and fsdp2.replicated_over(p, "tp")
+        axes = ("dp_replicate", "dp_shard", "cp") + (("tp",) if partial else ())
+        out[n] = hf_models.full_gradient(segments[local_name(n)], p.shape, shares_over(axes))
+    return out
 
 
 def set_gradients(run):
@@ -250,7 +263,9 @@ def set_gradients(run):
     run.pieces, run.before = [], {}
     reduced = run.case["automodel"].get("gradients_enter") == "before_reduction"
     if reduced:
-        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, segments), run.device))
+        partial_over = ("tp",) if run.config["distributed"]["sequence_parallel"] else ()
+        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, segments), run.device,
+                                                                 partial_over))
         boxes, run.before = fsdp2.held_gradients([p for _, p in named])
     for name, p in named:
         if reduced:

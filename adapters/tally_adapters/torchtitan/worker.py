@@ -168,22 +168,24 @@ def contributions_of(run):
     (dp_replicate x fsdp) and a routed expert's with EP over its sparse one (dp_replicate x efsdp),
     never dividing (torchtitan sets the divide factor to 1), so tally dealt every gradient into one
     nonzero share per rank of each group size (run/torchtitan/rules.h), exact in fp32 whatever order
-    FSDP2 adds them in. A rank takes the share at its position in torchtitan's mesh of that group."""
+    FSDP2 adds them in. A param TP replicates takes its share over the FSDP group times TP: under
+    torchtitan's sequence parallelism its gradient is Partial over TP, which FSDP2 sums first. A rank
+    takes the share at its position in torchtitan's meshes of that group."""
     import numpy as np
 
     dims = run.dims
     # "loss" spans dp_replicate x dp_shard x cp: the ranks of one (pp, tp) lane, FSDP's dense group.
-    dense_at, dense_size = group_position(dims, ["loss"])
-    shares = {dense_size: run.request.shares(dense_size)}
-    expert_at, expert_size = dense_at, dense_size
-    if dims.ep_enabled:
-        expert_at, expert_size = group_position(dims, ["dp_replicate", "efsdp"])
-        if expert_size not in shares:
-            shares[expert_size] = run.request.shares(expert_size)
+    groups = {"dense": group_position(dims, ["loss"]), "tp-replicated": group_position(dims, ["loss", "tp"])}
+    groups["expert"] = group_position(dims, ["dp_replicate", "efsdp"]) if dims.ep_enabled else groups["dense"]
+    shares = {}
     out = {}
-    for path, (_, held, stacked) in run.by_name.items():
-        experts = dims.ep_enabled and held[0][1].startswith("expert-")
-        at, size = (expert_at, expert_size) if experts else (dense_at, dense_size)
+    for path, p in run.model.named_parameters():
+        _, held, stacked = run.by_name[path]
+        group = "expert" if dims.ep_enabled and held[0][1].startswith("expert-") else \
+            "tp-replicated" if fsdp2.replicated_over(p, "tp") else "dense"
+        at, size = groups[group]
+        if size not in shares:
+            shares[size] = run.request.shares(size)
         values = [shares[size][name][at] for name, _, _ in held]
         out[path] = np.stack(values) if stacked else values[0]
     return out
@@ -194,7 +196,7 @@ def reduce_contributions(run):
     gradient is then what FSDP2's reduce-scatter (and HSDP's all-reduce) left this rank."""
     # FSDP2 reduces with PREMUL_SUM (torchtitan sets a divide factor), which gloo lacks.
     with gloo_shims.installed():
-        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run), run.device))
+        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run), run.device, partial_over=("tp",)))
 
 
 def set_gradients(run):

@@ -154,6 +154,9 @@ TEST(AutomodelTarget, StatesFsdp2sAverageWhereGradientsEnterBeforeIt) {
   EXPECT_EQ(automodel_reduction_groups(c), std::nullopt) << "after the reduction: no shares";
   c.automodel->before_reduction = true;
   EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{2}, 2}));
+  c.automodel->sequence_parallel = true;
+  EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{2, 4}, 2})) << "a TP-replicated param: FSDP x TP";
+  c.automodel->sequence_parallel = false;
   c.topology = {.world = 8, .tp = 1, .cp = 2, .etp = 1};
   EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{8}, 8})) << "CP ranks are FSDP's too";
   const nlohmann::json written = casefile::case_to_json(c);

@@ -169,12 +169,13 @@ TEST(TorchTitanTarget, StatesFsdp2sReductionGroupsWhereGradientsEnterBeforeIt) {
   c.torchtitan->before_reduction = true;
   EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2, 1}, 1}));
   c.topology = {.world = 8, .tp = 2, .cp = 1, .pp = 2, .ep = 2, .etp = 1};
-  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2}, 1})) << "8 / (pp 2 x tp 2); experts 4 / ep 2";
+  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2, 4}, 1}))
+      << "8 / (pp 2 x tp 2); TP-replicated: the stage's 4; experts 4 / ep 2";
   c.topology = {.world = 8, .tp = 1, .cp = 2, .pp = 1, .ep = 1, .etp = 1};
   EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{8}, 1})) << "CP ranks are FSDP's too";
   c.model.num_experts = 0;
   c.topology = {.world = 4, .tp = 2, .cp = 1, .pp = 1, .ep = 1, .etp = 2};
-  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2}, 1}));
+  EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2, 4}, 1}));
 }
 
 TEST(TorchTitanTarget, ACampaignDrawsBothSidesOfTheReduction) {
