@@ -60,11 +60,6 @@ def _checks(rank, path):
                 dist.all_reduce(largest, op=ReduceOp.MAX)
                 assert torch.equal(largest, _inputs(WORLD - 1)), largest
         assert (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce) == originals
-        try:
-            dist.all_reduce(x.clone(), ReduceOp.PREMUL_SUM(0.5))
-            raise AssertionError("without the shim gloo runs PREMUL_SUM: the shim is no longer needed")
-        except RuntimeError as error:
-            assert "PREMUL_SUM" in str(error), error
     finally:
         dist.barrier()
         dist.destroy_process_group()
