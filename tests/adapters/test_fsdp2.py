@@ -5,11 +5,9 @@ another wrapper's forward hook is set aside for the backward and back after it. 
 without it); ci/real-torchtitan runs it in the torchtitan environment."""
 
 import importlib.util
-import os
-import tempfile
 import unittest
 
-WORLD = 2
+import gloo_ranks
 
 
 def _model():
@@ -24,81 +22,50 @@ def _model():
     return model
 
 
-def _checks(rank, path):
+def _checks(rank):
     import numpy as np
     import torch
-    import torch.distributed as dist
     from tally_adapters import dtensor as tally_dtensor
     from tally_adapters import fsdp2, gloo_shims
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=WORLD)
-    try:
-        # A divide factor makes FSDP2 reduce with PREMUL_SUM, which gloo runs through the shim only
-        # where torch lets it read the factor (torch 2.12 and later).
-        for divide_factor in (None, 1.0) if gloo_shims.premul_sum_readable() else (None,):
-            model = _model()
-            names = [n for n, _ in model.named_parameters()]
-            assert names == ["0.weight", "0.bias", "1.0.weight", "1.0.bias", "2.bias"], names
-            fully_shard(model[1])
-            fully_shard(model)
-            if divide_factor is not None:
-                for m in model.modules():
-                    if hasattr(m, "set_gradient_divide_factor"):
-                        m.set_gradient_divide_factor(divide_factor)
-            calls = []
-            handle = model[1].register_forward_pre_hook(lambda module, args, calls=calls: calls.append(args))
-            shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-            # Rank r gives (r + 1) * base: the sum over ranks is 3 * base, the average 1.5 * base.
-            base = {n: np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + 1 for n, s in shapes.items()}
-            shares = {n: v * (rank + 1) for n, v in base.items()}
-            with gloo_shims.installed():
-                fsdp2.backward_through_fsdp2(model, fsdp2.local_term(shares, torch.device("cpu")))
-            scale = 3.0 if divide_factor == 1.0 else 1.5
-            for name, p in model.named_parameters():
-                offsets, extents = tally_dtensor.local_box(p)
-                want = (base[name] * scale)[tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
-                got = tally_dtensor.local_values(p.grad)
-                assert np.array_equal(got, want.reshape(-1)), (divide_factor, name, got, want)
-            assert calls == [], "another wrapper's forward hook is set aside for the backward"
-            model[1](torch.ones(2, 4))
-            assert len(calls) == 1, "and is back after it"
-            handle.remove()
-            assert "forward" not in model.__dict__ and "forward" not in model[1].__dict__
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _rank_main(rank, path, reports):
-    try:
-        _checks(rank, path)
-        reports.put(f"rank {rank}: ok")
-    except BaseException as error:  # reported by the parent, with the rank
-        reports.put(f"rank {rank}: {type(error).__name__}: {error}")
+    # A divide factor makes FSDP2 reduce with PREMUL_SUM, which gloo runs through the shim only
+    # where torch lets it read the factor (torch 2.12 and later).
+    for divide_factor in (None, 1.0) if gloo_shims.premul_sum_readable() else (None,):
+        model = _model()
+        names = [n for n, _ in model.named_parameters()]
+        assert names == ["0.weight", "0.bias", "1.0.weight", "1.0.bias", "2.bias"], names
+        fully_shard(model[1])
+        fully_shard(model)
+        if divide_factor is not None:
+            for m in model.modules():
+                if hasattr(m, "set_gradient_divide_factor"):
+                    m.set_gradient_divide_factor(divide_factor)
+        calls = []
+        handle = model[1].register_forward_pre_hook(lambda module, args, calls=calls: calls.append(args))
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        # Rank r gives (r + 1) * base: the sum over ranks is 3 * base, the average 1.5 * base.
+        base = {n: np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + 1 for n, s in shapes.items()}
+        shares = {n: v * (rank + 1) for n, v in base.items()}
+        with gloo_shims.installed():
+            fsdp2.backward_through_fsdp2(model, fsdp2.local_term(shares, torch.device("cpu")))
+        scale = 3.0 if divide_factor == 1.0 else 1.5
+        for name, p in model.named_parameters():
+            offsets, extents = tally_dtensor.local_box(p)
+            want = (base[name] * scale)[tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
+            got = tally_dtensor.local_values(p.grad)
+            assert np.array_equal(got, want.reshape(-1)), (divide_factor, name, got, want)
+        assert calls == [], "another wrapper's forward hook is set aside for the backward"
+        model[1](torch.ones(2, 4))
+        assert len(calls) == 1, "and is back after it"
+        handle.remove()
+        assert "forward" not in model.__dict__ and "forward" not in model[1].__dict__
 
 
 @unittest.skipUnless(importlib.util.find_spec("torch"), "needs torch")
 class TwoRanksOnGloo(unittest.TestCase):
     def test_fsdp2_reduces_each_ranks_contribution(self):
-        import torch.multiprocessing as mp
-
-        context = mp.get_context("spawn")
-        reports = context.SimpleQueue()
-        with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "store")
-            processes = [context.Process(target=_rank_main, args=(rank, path, reports)) for rank in range(WORLD)]
-            for p in processes:
-                p.start()
-            for p in processes:
-                p.join(120)
-        reported = []
-        while not reports.empty():
-            reported.append(reports.get())
-        # Each rank's own report decides: torch 2.11's gloo may abort a process as it exits after
-        # its checks passed (terminate called at teardown), which says nothing of what they checked.
-        self.assertEqual(sorted(reported), [f"rank {rank}: ok" for rank in range(WORLD)],
-                         [p.exitcode for p in processes])
+        gloo_ranks.assert_every_rank_passes(self, _checks)
 
 
 if __name__ == "__main__":

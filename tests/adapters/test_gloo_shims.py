@@ -5,11 +5,11 @@ they were (all_reduce's in-place tensor aside); torch's functions are back after
 torch (skipped without it); ci/real-torchtitan runs it in the torchtitan environment."""
 
 import importlib.util
-import os
-import tempfile
 import unittest
 
-WORLD = 2
+import gloo_ranks
+
+WORLD = gloo_ranks.WORLD
 
 
 def _inputs(rank):
@@ -20,84 +20,54 @@ def _inputs(rank):
     return base * (rank + 1) - rank * 0.5
 
 
-def _checks(rank, path):
+def _checks(rank):
     import torch
     import torch.distributed as dist
     from tally_adapters import gloo_shims
     from torch.distributed import ReduceOp
 
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=WORLD)
-    try:
-        has_single = hasattr(dist, "reduce_scatter_single")  # torch 2.12 and later
-        originals = (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce)
-        x = _inputs(rank)
-        for factor in (1.0, 0.5, 0.125):
-            # torch's own: gloo's SUM over each rank's input times the factor.
-            want_scatter = torch.empty(8 // WORLD)
-            dist.reduce_scatter_tensor(want_scatter, x * factor, op=ReduceOp.SUM)
-            want_all = x * factor
-            dist.all_reduce(want_all, op=ReduceOp.SUM)
-            with gloo_shims.installed():
+    has_single = hasattr(dist, "reduce_scatter_single")  # torch 2.12 and later
+    originals = (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce)
+    x = _inputs(rank)
+    for factor in (1.0, 0.5, 0.125):
+        # torch's own: gloo's SUM over each rank's input times the factor.
+        want_scatter = torch.empty(8 // WORLD)
+        dist.reduce_scatter_tensor(want_scatter, x * factor, op=ReduceOp.SUM)
+        want_all = x * factor
+        dist.all_reduce(want_all, op=ReduceOp.SUM)
+        with gloo_shims.installed():
+            got = torch.empty(8 // WORLD)
+            given = x.clone()
+            dist.reduce_scatter_tensor(got, given, op=ReduceOp.PREMUL_SUM(factor))
+            assert torch.equal(got, want_scatter), (factor, got, want_scatter)
+            assert torch.equal(given, x), "the caller's input is left as it was"
+            if has_single:
                 got = torch.empty(8 // WORLD)
-                given = x.clone()
-                dist.reduce_scatter_tensor(got, given, op=ReduceOp.PREMUL_SUM(factor))
+                dist.reduce_scatter_single(output=got, input=given, op=ReduceOp.PREMUL_SUM(factor),
+                                           async_op=True).wait()
                 assert torch.equal(got, want_scatter), (factor, got, want_scatter)
-                assert torch.equal(given, x), "the caller's input is left as it was"
-                if has_single:
-                    got = torch.empty(8 // WORLD)
-                    dist.reduce_scatter_single(output=got, input=given, op=ReduceOp.PREMUL_SUM(factor),
-                                               async_op=True).wait()
-                    assert torch.equal(got, want_scatter), (factor, got, want_scatter)
-                in_place = x.clone()
-                dist.all_reduce(in_place, ReduceOp.PREMUL_SUM(factor))
-                assert torch.equal(in_place, want_all), (factor, in_place, want_all)
-                # Every other op is torch's, untouched.
-                summed, want = torch.empty(8 // WORLD), torch.empty(8 // WORLD)
-                dist.reduce_scatter_tensor(summed, x, op=ReduceOp.SUM)
-                originals[0](want, x, op=ReduceOp.SUM)
-                assert torch.equal(summed, want)
-                largest = x.clone()
-                dist.all_reduce(largest, op=ReduceOp.MAX)
-                assert torch.equal(largest, _inputs(WORLD - 1)), largest
-        assert (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce) == originals
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _rank_main(rank, path, reports):
-    try:
-        _checks(rank, path)
-        reports.put(f"rank {rank}: ok")
-    except BaseException as error:  # reported by the parent, with the rank
-        reports.put(f"rank {rank}: {type(error).__name__}: {error}")
+            in_place = x.clone()
+            dist.all_reduce(in_place, ReduceOp.PREMUL_SUM(factor))
+            assert torch.equal(in_place, want_all), (factor, in_place, want_all)
+            # Every other op is torch's, untouched.
+            summed, want = torch.empty(8 // WORLD), torch.empty(8 // WORLD)
+            dist.reduce_scatter_tensor(summed, x, op=ReduceOp.SUM)
+            originals[0](want, x, op=ReduceOp.SUM)
+            assert torch.equal(summed, want)
+            largest = x.clone()
+            dist.all_reduce(largest, op=ReduceOp.MAX)
+            assert torch.equal(largest, _inputs(WORLD - 1)), largest
+    assert (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce) == originals
 
 
 @unittest.skipUnless(importlib.util.find_spec("torch"), "needs torch")
 class TwoRanksOnGloo(unittest.TestCase):
     def test_premul_sum_is_gloos_sum_of_the_scaled_inputs(self):
-        import torch.multiprocessing as mp
         from tally_adapters import gloo_shims
 
         if not gloo_shims.premul_sum_readable():
             self.skipTest(f"torch {gloo_shims.torch_version()} keeps a PREMUL_SUM's factor out of Python's reach")
-
-        context = mp.get_context("spawn")
-        reports = context.SimpleQueue()
-        with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "store")
-            processes = [context.Process(target=_rank_main, args=(rank, path, reports)) for rank in range(WORLD)]
-            for p in processes:
-                p.start()
-            for p in processes:
-                p.join(120)
-        reported = []
-        while not reports.empty():
-            reported.append(reports.get())
-        # Each rank's own report decides: torch 2.11's gloo may abort a process as it exits after
-        # its checks passed (terminate called at teardown), which says nothing of what they checked.
-        self.assertEqual(sorted(reported), [f"rank {rank}: ok" for rank in range(WORLD)],
-                         [p.exitcode for p in processes])
+        gloo_ranks.assert_every_rank_passes(self, _checks)
 
 
 if __name__ == "__main__":
