@@ -45,6 +45,12 @@ def placement_kind(placement) -> str:
     return "S"
 
 
+def dim_names(mesh) -> List[str]:
+    """A mesh's dim names as plain strings (a framework may name them with a str Enum: Automodel's
+    MeshAxisName)."""
+    return [str(getattr(n, "value", n)) for n in (mesh.mesh_dim_names or ())]
+
+
 def signature(p) -> Tuple[Any, ...]:
     """The mesh and placements a param's norm is reduced by: (mesh dim names, kinds); plain
     tensors have none."""

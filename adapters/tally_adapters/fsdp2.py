@@ -131,7 +131,7 @@ def local_term(shares: Dict[str, object], device, partial_over=()) -> Callable[[
     from . import dtensor as tally_dtensor
 
     def grad_placements(p):
-        names = [str(getattr(n, "value", n)) for n in (p.device_mesh.mesh_dim_names or ())]
+        names = tally_dtensor.dim_names(p.device_mesh)
         return tuple(Partial() if name in partial_over and placement.is_replicate() else placement
                      for name, placement in zip(names, p.placements))
 
@@ -151,7 +151,7 @@ def replicated_over(p, dim_name: str) -> bool:
 
     if not tally_dtensor.is_dtensor(p):
         return False
-    names = [str(getattr(n, "value", n)) for n in (p.device_mesh.mesh_dim_names or ())]
+    names = tally_dtensor.dim_names(p.device_mesh)
     return any(name == dim_name and placement.is_replicate() for name, placement in zip(names, p.placements))
 
 

@@ -18,9 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
-_SHIMMED = ("reduce_scatter_tensor", "reduce_scatter_single", "all_reduce")
-# Each collective's input argument, and whether it works in place.
-_INPUT = {"reduce_scatter_tensor": ("input", False), "reduce_scatter_single": ("input", False),
+# Each collective shimmed: its input argument, and whether it works in place.
+_SHIMMED = {"reduce_scatter_tensor": ("input", False), "reduce_scatter_single": ("input", False),
           "all_reduce": ("tensor", True)}
 
 
@@ -94,7 +93,7 @@ def installed():
         yield  # already in place (a nested block)
         return
     for name, collective in originals.items():
-        setattr(dist, name, _premul_sum_on_gloo(collective, *_INPUT[name]))
+        setattr(dist, name, _premul_sum_on_gloo(collective, *_SHIMMED[name]))
     try:
         yield
     finally:

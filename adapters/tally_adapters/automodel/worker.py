@@ -169,11 +169,6 @@ def local_name(name):
     return name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
 
 
-def axis_names(mesh):
-    """A mesh's dim names as plain strings (Automodel names them with a str Enum, MeshAxisName)."""
-    return [str(getattr(n, "value", n)) for n in (mesh.mesh_dim_names or ())]
-
-
 def group_key(p):
     """Automodel's sharding group of a param (utils.py `_clip_grad_norm_impl`: mesh and placements),
     named the same on every rank."""
@@ -181,7 +176,7 @@ def group_key(p):
 
     if not isinstance(p, DTensor):
         return ("regular",)
-    return tuple(f"{n}:{pl}" for n, pl in zip(axis_names(p.device_mesh), p.placements))
+    return tuple(f"{n}:{pl}" for n, pl in zip(tally_dtensor.dim_names(p.device_mesh), p.placements))
 
 
 def stats_group(p, rank):
@@ -228,7 +223,7 @@ def contributions_of(run, segments):
     import torch.distributed as dist
 
     mesh = run.mesh_context.device_mesh
-    names = axis_names(mesh)
+    names = tally_dtensor.dim_names(mesh)
     mine = {}  # group size -> this rank's share of every logical gradient
 
     def shares_over(axes):
@@ -313,7 +308,7 @@ def manifest(run, producer):
     clips = tally_dtensor.clip_coefficients(children, params, group_key, run.before, run.after, max_norm, run.norm) \
         if max_norm > 0 else None
     device_mesh = run.mesh_context.device_mesh
-    names = axis_names(device_mesh)
+    names = tally_dtensor.dim_names(device_mesh)
     tp_group = tally_dtensor.ranks_along(device_mesh, [names.index("tp")]) if "tp" in names else [rank]
     t = run.case["topology"]
     return tally_dtensor.build_manifest(
