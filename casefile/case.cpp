@@ -17,39 +17,21 @@ std::string_view outcome_name(Expectation::Outcome outcome) {
   return "?";
 }
 
-std::string_view dtensor_clip_name(DTensorClip clip) {
-  return clip == DTensorClip::torch ? "torch" : "torchtitan";
+const nlohmann::ordered_json* section_settings(const Case& c, std::string_view key) {
+  const auto it = c.sections.find(key);
+  return it == c.sections.end() ? nullptr : &it->second.settings;
 }
 
-void drop_other_frameworks_sections(Case& c, std::string_view framework) {
-  if (framework != "deepspeed") c.deepspeed.reset();
-  if (framework != "torchtitan") c.torchtitan.reset();
-  if (framework != "automodel") c.automodel.reset();
-  if (framework != "megatron-core") c.megatron_fsdp.reset();
-}
-
-std::string_view spmd_backend_name(SpmdBackend backend) {
-  return backend == SpmdBackend::partial_dtensor ? "partial_dtensor" : "full_dtensor";
-}
-
-std::string_view fsdp_sharding_name(FsdpSharding sharding) {
-  switch (sharding) {
-    case FsdpSharding::no_shard: return "no_shard";
-    case FsdpSharding::optim: return "optim";
-    case FsdpSharding::optim_grads: return "optim_grads";
-    case FsdpSharding::optim_grads_params: return "optim_grads_params";
-  }
-  return "?";
-}
-
-std::string_view fsdp_outer_sharding_name(FsdpOuterSharding sharding) {
-  return sharding == FsdpOuterSharding::optim ? "optim" : "no_shard";
+void keep_only_section(Case& c, std::string_view key) {
+  std::erase_if(c.sections, [&](const auto& entry) { return entry.first != key; });
 }
 
 std::optional<std::string> check_case(const Case& c) {
   if (std::optional<std::string> error = topologies::check_config(c.topology)) return error;
   if (std::optional<std::string> error = topologies::check_model(c.model, c.topology)) return error;
-  if (!c.deepspeed)
+  const bool megatron_models =
+      std::none_of(c.sections.begin(), c.sections.end(), [](const auto& entry) { return entry.second.own_models; });
+  if (megatron_models)
     if (std::optional<std::string> error = topologies::check_megatron_expert_bias(c.model, c.topology)) return error;
   const vocab::PathOptions& o = c.path;
   for (double p : o.p_values)

@@ -3,11 +3,16 @@
 // generates and shrinks, case files store, and `tally run` and `tally replay` run.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "vocab/path_options.h"
 #include "topologies/model_spec.h"
@@ -30,99 +35,52 @@ std::string_view outcome_name(Expectation::Outcome outcome);  // "pass", "fail",
 // its name and the version its worker reported, and the manifests the run that found the case
 // wrote, saved next to the case file, so replay can judge them where the framework is absent.
 struct RealTarget {
-  std::string framework;  // "megatron-core", "deepspeed", "torchtitan", "automodel"
+  std::string framework;  // as --target names it ("megatron-core"): one of the reader's FrameworkSchemas
   std::string version;    // "0.19.2"
   std::string manifests;  // folder, relative to the case file's folder; "" when none was saved
   friend bool operator==(const RealTarget&, const RealTarget&) = default;
 };
-inline constexpr std::string_view kKnownFrameworks[] = {"megatron-core", "deepspeed", "torchtitan", "automodel"};
 
-// DeepSpeed's engine configuration, read only by the deepspeed target (adapters/tally_adapters/deepspeed). With
-// the gradient dtype (the engine's precision) it picks the code that computes DeepSpeed's norm:
-// ZeRO 0 fp32 clip_grad_norm_, ZeRO 0 bf16/fp16 FP16_UnfusedOptimizer (FP16_Optimizer with
-// fused_adam), ZeRO 1 bf16 with fp32 accumulation BF16_Optimizer, ZeRO 1/2 DeepSpeedZeroOptimizer
-// (docs/real-targets.md).
-struct DeepSpeedConfig {
-  int zero_stage = 0;            // 0..3
-  bool grad_accum_fp32 = false;  // "data_types": {"grad_accum_dtype": "fp32"}
-  int loss_scale = 128;          // fp16's static loss scale: a power of two, 1..2^16
-  bool autotp = false;           // DeepSpeed's AutoTP shards the model over TP, not tally's worker
-  bool autoep = false;           // DeepSpeed's AutoEP replaces the MoE layers, not DeepSpeed's MoE
-  bool fused_adam = false;       // DeepSpeed's FusedAdam, not torch's AdamW: FP16_Optimizer at ZeRO 0 (not bf16 with PP)
-  bool offload_optimizer = false;  // ZeRO-Offload to the CPU (ZeRO 1/2): DeepSpeedZeroOptimizer's CPU-offload norm
-  friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
+// A framework's own settings of a case, its case section (DeepSpeed's engine configuration, say),
+// kept as the framework's reader wrote them, canonical JSON. Only that framework
+// reads them (run/<framework>/section.h); the case reader knows a section by its FrameworkSchema.
+struct FrameworkSection {
+  nlohmann::ordered_json settings;
+  // The framework's worker builds models of its own, not Megatron-LM's, so Megatron-LM's build-time
+  // model rules (topologies::check_megatron_expert_bias) do not bind a case holding this section.
+  bool own_models = false;
+  friend bool operator==(const FrameworkSection&, const FrameworkSection&) = default;
 };
 
-// How a PyTorch-native trainer counts, read only by the torchtitan target
-// (adapters/tally_adapters/torchtitan): whose clip runs over the DTensor params, the SPMD backend
-// torchtitan lays them out with, and the HSDP replicate degree (DP = dp_replicate x dp_shard).
-enum class DTensorClip : std::uint8_t {
-  torchtitan,  // torchtitan.distributed.utils.clip_grad_norm_: the EP and non-EP halves, then PP
-  torch,       // torch.nn.utils.clip_grad_norm_ over every param, as most FSDP2 users call it
+// What the case reader knows of one real framework, from its row in run/'s table of targets
+// (run::case_frameworks()): the name a case's target section gives it, and its case section.
+struct FrameworkSchema {
+  std::string_view name;     // as a case's target.framework names it
+  std::string_view section;  // its section's key, a case's top-level key; "" when it has none
+  // Reads a section strictly (io::JsonReadError naming `path`'s field and the rule) into its canonical JSON.
+  nlohmann::ordered_json (*read_section)(const nlohmann::json& value, const std::string& path) = nullptr;
+  bool own_models = false;  // FrameworkSection::own_models of the sections it reads
 };
-enum class SpmdBackend : std::uint8_t {
-  full_dtensor,     // every param a DTensor of the dense (or sparse) mesh, FSDP over its DP dims
-  partial_dtensor,  // DTensor for the model-parallel dims; fully_shard over (dp_replicate, fsdp)
-};
-std::string_view dtensor_clip_name(DTensorClip clip);         // "torchtitan" | "torch"
-std::string_view spmd_backend_name(SpmdBackend backend);     // "full_dtensor" | "partial_dtensor"
-struct TorchTitanConfig {
-  DTensorClip clip = DTensorClip::torchtitan;
-  SpmdBackend spmd_backend = SpmdBackend::full_dtensor;
-  int dp_replicate = 1;  // HSDP's replicate degree; divides DP, the rest is dp_shard
-  // Where tally's gradients enter: after FSDP2's reduce-scatter (each rank's reduced shard written
-  // in), or before it (each rank's own contribution, as backward leaves it, reduced by FSDP2).
-  bool before_reduction = false;
-  friend bool operator==(const TorchTitanConfig&, const TorchTitanConfig&) = default;
-};
-
-// How NeMo-Automodel lays a case out, read only by the automodel target
-// (adapters/tally_adapters/automodel): the HSDP replicate degree of its FSDP2 mesh (DP =
-// dp_replicate x dp_shard; Automodel's `distributed.dp_replicate_size`) and whether its TP plan
-// shards the sequence (`distributed.sequence_parallel`).
-struct AutomodelConfig {
-  int dp_replicate = 1;
-  bool sequence_parallel = false;
-  // Where tally's gradients enter: after FSDP2's reduction, or before it (each rank's contribution,
-  // averaged by FSDP2's own reduce-scatter over dp_shard_cp and all-reduce over dp_replicate).
-  bool before_reduction = false;
-  friend bool operator==(const AutomodelConfig&, const AutomodelConfig&) = default;
-};
-
-// Megatron-FSDP (DistributedDataParallelConfig.use_megatron_fsdp), read only by the megatron-core
-// target (adapters/tally_adapters/megatron): how its buffers shard over DP
-// (data_parallel_sharding_strategy), and, with several optimizer instances
-// (topology.dist_opt_instances, hybrid FSDP), across them (outer_dp_sharding_strategy).
-enum class FsdpSharding : std::uint8_t { no_shard, optim, optim_grads, optim_grads_params };
-inline constexpr FsdpSharding kFsdpShardings[] = {FsdpSharding::no_shard, FsdpSharding::optim,
-                                                  FsdpSharding::optim_grads, FsdpSharding::optim_grads_params};
-enum class FsdpOuterSharding : std::uint8_t { no_shard, optim };
-std::string_view fsdp_sharding_name(FsdpSharding sharding);              // "no_shard", ..., "optim_grads_params"
-std::string_view fsdp_outer_sharding_name(FsdpOuterSharding sharding);  // "no_shard" | "optim"
-struct MegatronFsdpConfig {
-  FsdpSharding sharding = FsdpSharding::optim_grads_params;  // Megatron-LM's default
-  FsdpOuterSharding outer_sharding = FsdpOuterSharding::no_shard;
-  friend bool operator==(const MegatronFsdpConfig&, const MegatronFsdpConfig&) = default;
-};
+using FrameworkSchemas = std::span<const FrameworkSchema>;
 
 struct Case {
   std::string description;
   topologies::ParallelConfig topology;
   topologies::ModelSpec model;
   vocab::PathOptions path;
-  std::optional<DeepSpeedConfig> deepspeed;  // only for the deepspeed target
-  std::optional<TorchTitanConfig> torchtitan;  // only for the torchtitan target
-  std::optional<MegatronFsdpConfig> megatron_fsdp;  // only for the megatron-core target
-  std::optional<AutomodelConfig> automodel;  // only for the automodel target
+  // By key: the settings only one framework reads (each target keeps its own section alone).
+  std::map<std::string, FrameworkSection, std::less<>> sections;
   std::optional<RealTarget> target;  // absent: tally's model of the path (the model target)
   std::optional<Expectation> expect;
   friend bool operator==(const Case&, const Case&) = default;
 };
 
-// Resets the sections of `c` that only frameworks other than `framework` read (deepspeed,
-// torchtitan, automodel; megatron_fsdp, which megatron-core reads): a target's projection of a case
-// into its space keeps its own section alone.
-void drop_other_frameworks_sections(Case& c, std::string_view framework);
+// The settings of `c`'s section `key`; nullptr when it holds none.
+const nlohmann::ordered_json* section_settings(const Case& c, std::string_view key);
+
+// Drops every section of `c` but `key`'s ("" drops them all): a target's projection of a case into
+// its space keeps its own section alone.
+void keep_only_section(Case& c, std::string_view key);
 
 // A case that breaks a rule of the configuration, the model or the options. exit code 2.
 class InvalidCase : public std::invalid_argument {

@@ -277,17 +277,17 @@ Expectation read_expect(const json& value, const std::string& path) {
   return e;
 }
 
-RealTarget read_target(const json& value, const std::string& path) {
+RealTarget read_target(const json& value, const std::string& path, FrameworkSchemas frameworks) {
   RealTarget t;
   read_object(
       value, path,
       {{"framework",
         [&](const json& v, const std::string& p) {
           t.framework = read_string(v, p, 64);
-          if (std::find(std::begin(kKnownFrameworks), std::end(kKnownFrameworks), t.framework) ==
-              std::end(kKnownFrameworks)) {
+          if (std::none_of(frameworks.begin(), frameworks.end(),
+                           [&](const FrameworkSchema& f) { return f.name == t.framework; })) {
             std::string known;
-            for (std::string_view name : kKnownFrameworks) known += (known.empty() ? "" : ", ") + std::string(name);
+            for (const FrameworkSchema& f : frameworks) known += (known.empty() ? "" : ", ") + std::string(f.name);
             fail(p, "expected a framework tally has a worker for (" + known + "), got " + message_quote(t.framework));
           }
         }},
@@ -299,82 +299,6 @@ RealTarget read_target(const json& value, const std::string& path) {
        {"manifests", [&](const json& v, const std::string& p) { t.manifests = read_string(v, p, 4096); }}},
       "the target", {"framework", "version"});
   return t;
-}
-
-DeepSpeedConfig read_deepspeed(const json& value, const std::string& path) {
-  DeepSpeedConfig d;
-  read_object(
-      value, path,
-      {{"zero_stage", [&](const json& v, const std::string& p) { d.zero_stage = static_cast<int>(read_integer(v, p, 0, 3)); }},
-       {"grad_accum_fp32", [&](const json& v, const std::string& p) { d.grad_accum_fp32 = read_bool(v, p); }},
-       {"autotp", [&](const json& v, const std::string& p) { d.autotp = read_bool(v, p); }},
-       {"autoep", [&](const json& v, const std::string& p) { d.autoep = read_bool(v, p); }},
-       {"fused_adam", [&](const json& v, const std::string& p) { d.fused_adam = read_bool(v, p); }},
-       {"offload_optimizer", [&](const json& v, const std::string& p) { d.offload_optimizer = read_bool(v, p); }},
-       {"loss_scale",
-        [&](const json& v, const std::string& p) {
-          d.loss_scale = static_cast<int>(read_integer(v, p, 1, 1 << 16));
-          if (d.loss_scale & (d.loss_scale - 1))
-            fail(p, "expected a power of two (a loss scale that keeps every gradient exact), got " +
-                        std::to_string(d.loss_scale));
-        }}},
-      "the DeepSpeed configuration");
-  return d;
-}
-
-TorchTitanConfig read_torchtitan(const json& value, const std::string& path) {
-  TorchTitanConfig d;
-  read_object(
-      value, path,
-      {{"clip",
-        [&](const json& v, const std::string& p) {
-          d.clip = read_choice(v, p, {"torchtitan", "torch"}) == 0 ? DTensorClip::torchtitan : DTensorClip::torch;
-        }},
-       {"spmd_backend",
-        [&](const json& v, const std::string& p) {
-          d.spmd_backend = read_choice(v, p, {"full_dtensor", "partial_dtensor"}) == 0 ? SpmdBackend::full_dtensor
-                                                                                      : SpmdBackend::partial_dtensor;
-        }},
-       {"dp_replicate",
-        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }},
-       {"gradients_enter",
-        [&](const json& v, const std::string& p) {
-          d.before_reduction = read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
-        }}},
-      "the torchtitan configuration");
-  return d;
-}
-
-AutomodelConfig read_automodel(const json& value, const std::string& path) {
-  AutomodelConfig d;
-  read_object(
-      value, path,
-      {{"dp_replicate",
-        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(read_integer(v, p, 1, 1 << 20)); }},
-       {"sequence_parallel", [&](const json& v, const std::string& p) { d.sequence_parallel = read_bool(v, p); }},
-       {"gradients_enter",
-        [&](const json& v, const std::string& p) {
-          d.before_reduction = read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
-        }}},
-      "the NeMo-Automodel configuration");
-  return d;
-}
-
-MegatronFsdpConfig read_megatron_fsdp(const json& value, const std::string& path) {
-  MegatronFsdpConfig d;
-  read_object(
-      value, path,
-      {{"data_parallel_sharding_strategy",
-        [&](const json& v, const std::string& p) {
-          d.sharding = kFsdpShardings[read_choice(v, p, {"no_shard", "optim", "optim_grads", "optim_grads_params"})];
-        }},
-       {"outer_dp_sharding_strategy",
-        [&](const json& v, const std::string& p) {
-          d.outer_sharding = read_choice(v, p, {"no_shard", "optim"}) == 0 ? FsdpOuterSharding::no_shard
-                                                                           : FsdpOuterSharding::optim;
-        }}},
-      "the Megatron-FSDP configuration");
-  return d;
 }
 
 void read_tool(const json& value, const std::string& path) {
@@ -413,7 +337,7 @@ void check_expect_names(const Case& c, const std::string& path) {
            message_quote(e.miscounted[i]) + " is not a param of the model (tally layout lists them)");
 }
 
-Case read_case(const json& value, const std::string& path) {
+Case read_case(const json& value, const std::string& path, FrameworkSchemas frameworks) {
   if (!value.is_object())
     fail(path, std::string("expected an object (a tally case), got ") + type_word(value));
   // The version first: a newer file may hold keys this version does not know.
@@ -435,9 +359,8 @@ Case read_case(const json& value, const std::string& path) {
   o.gradients.generator.seed = 1;
   o.accumulation = kernels::Accumulation::fp64;
   o.max_norm = 1.0;
-  read_object(
-      value, path,
-      {{"tally_case", [](const json&, const std::string&) {}},
+  std::vector<io::Field> fields{
+      {"tally_case", [](const json&, const std::string&) {}},
        {"description",
         [&](const json& v, const std::string& p) {
           c.description = read_string(v, p, kMaxDescriptionBytes);
@@ -456,14 +379,17 @@ Case read_case(const json& value, const std::string& path) {
        {"gradients", [&](const json& v, const std::string& p) { read_gradients(v, p, o.gradients); }},
        {"statistics", [&](const json& v, const std::string& p) { read_statistics(v, p, o); }},
        {"faults", [&](const json& v, const std::string& p) { o.faults = read_faults(v, p); }},
-       {"deepspeed", [&](const json& v, const std::string& p) { c.deepspeed = read_deepspeed(v, p); }},
-       {"torchtitan", [&](const json& v, const std::string& p) { c.torchtitan = read_torchtitan(v, p); }},
-       {"megatron_fsdp", [&](const json& v, const std::string& p) { c.megatron_fsdp = read_megatron_fsdp(v, p); }},
-       {"automodel", [&](const json& v, const std::string& p) { c.automodel = read_automodel(v, p); }},
-       {"target", [&](const json& v, const std::string& p) { c.target = read_target(v, p); }},
+       {"target", [&](const json& v, const std::string& p) { c.target = read_target(v, p, frameworks); }},
        {"expect", [&](const json& v, const std::string& p) { c.expect = read_expect(v, p); }},
-       {"tool", [&](const json& v, const std::string& p) { read_tool(v, p); }}},
-      "a case", {"tally_case", "topology", "model"});
+       {"tool", [&](const json& v, const std::string& p) { read_tool(v, p); }}};
+  // Each framework's section, read by the framework's own reader.
+  for (const FrameworkSchema& f : frameworks) {
+    if (f.section.empty()) continue;
+    fields.push_back({f.section, [&c, &f](const json& v, const std::string& p) {
+                        c.sections[std::string(f.section)] = FrameworkSection{f.read_section(v, p), f.own_models};
+                      }});
+  }
+  read_object(value, path, fields, "a case", {"tally_case", "topology", "model"});
   if (std::optional<std::string> error = check_case(c)) throw SemanticError{*error};
   if (c.expect) check_expect_names(c, path + ".expect");
   return c;
@@ -526,31 +452,7 @@ ordered_json case_to_json(const Case& c) {
   for (const vocab::FaultInfo& info : vocab::fault_catalog())
     if (o.faults.has(info.fault)) faults.push_back(info.name);
   j["faults"] = std::move(faults);
-  if (c.deepspeed) {
-    j["deepspeed"] = {{"zero_stage", c.deepspeed->zero_stage},
-                      {"grad_accum_fp32", c.deepspeed->grad_accum_fp32},
-                      {"loss_scale", c.deepspeed->loss_scale}};
-    // absent: false, as in earlier case files
-    if (c.deepspeed->autotp) j["deepspeed"]["autotp"] = true;
-    if (c.deepspeed->autoep) j["deepspeed"]["autoep"] = true;
-    if (c.deepspeed->fused_adam) j["deepspeed"]["fused_adam"] = true;
-    if (c.deepspeed->offload_optimizer) j["deepspeed"]["offload_optimizer"] = true;
-  }
-  if (c.torchtitan) {
-    j["torchtitan"] = {{"clip", dtensor_clip_name(c.torchtitan->clip)},
-                       {"spmd_backend", spmd_backend_name(c.torchtitan->spmd_backend)},
-                       {"dp_replicate", c.torchtitan->dp_replicate}};
-    // absent: after the reduction, as in earlier case files (whose digests stay theirs)
-    if (c.torchtitan->before_reduction) j["torchtitan"]["gradients_enter"] = "before_reduction";
-  }
-  if (c.megatron_fsdp)
-    j["megatron_fsdp"] = {{"data_parallel_sharding_strategy", fsdp_sharding_name(c.megatron_fsdp->sharding)},
-                          {"outer_dp_sharding_strategy", fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)}};
-  if (c.automodel) {
-    j["automodel"] = {{"dp_replicate", c.automodel->dp_replicate}, {"sequence_parallel", c.automodel->sequence_parallel}};
-    // absent: after the reduction, as in earlier case files (whose digests stay theirs)
-    if (c.automodel->before_reduction) j["automodel"]["gradients_enter"] = "before_reduction";
-  }
+  for (const auto& [key, section] : c.sections) j[key] = section.settings;
   if (c.target) {
     j["target"] = {{"framework", c.target->framework}, {"version", c.target->version}};
     if (!c.target->manifests.empty()) j["target"]["manifests"] = c.target->manifests;
@@ -569,9 +471,9 @@ ordered_json case_to_json(const Case& c) {
 
 // Messages quote user input (names, orders): control characters are escaped so that every
 // message is one line, whichever rule produced it.
-Case case_from_json(const json& value, std::string_view path) {
+Case case_from_json(const json& value, FrameworkSchemas frameworks, std::string_view path) {
   try {
-    return read_case(value, std::string(path));
+    return read_case(value, std::string(path), frameworks);
   } catch (const JsonReadError& error) {
     throw CaseFileError(escape_controls(error.what()));
   } catch (const SemanticError& error) {
@@ -585,7 +487,7 @@ std::string case_to_text(const Case& c) {
   return case_to_json(c).dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
 }
 
-Case case_from_text(std::string_view text, std::string_view source) {
+Case case_from_text(std::string_view text, std::string_view source, FrameworkSchemas frameworks) {
   const std::string prefix = std::string(source) + ": ";
   json parsed;
   try {
@@ -594,7 +496,7 @@ Case case_from_text(std::string_view text, std::string_view source) {
     throw CaseFileError(escape_controls(error.what()));
   }
   try {
-    return read_case(parsed, "case");
+    return read_case(parsed, "case", frameworks);
   } catch (const JsonReadError& error) {
     throw CaseFileError(escape_controls(prefix + error.what()));
   } catch (const SemanticError& error) {
@@ -602,14 +504,14 @@ Case case_from_text(std::string_view text, std::string_view source) {
   }
 }
 
-Case load_case_file(const std::string& file) {
+Case load_case_file(const std::string& file, FrameworkSchemas frameworks) {
   std::string text;
   try {
     text = read_bounded_file(file, kMaxCaseFileBytes, "case file");
   } catch (const JsonReadError& error) {
     throw CaseFileError(error.what());
   }
-  return case_from_text(text, file);
+  return case_from_text(text, file, frameworks);
 }
 
 std::optional<std::string> description_error(std::string_view description) {
@@ -633,11 +535,11 @@ std::string fit_description(std::string_view text) {
   return out.substr(0, keep) + std::string(kCut);
 }
 
-void write_case_file(const std::string& file, const Case& c) {
+void write_case_file(const std::string& file, const Case& c, FrameworkSchemas frameworks) {
   const std::string text = case_to_text(c);
   // Whatever tally writes it must read back: a case the reader rejects is a lost finding.
   try {
-    case_from_text(text, file);
+    case_from_text(text, file, frameworks);
   } catch (const CaseFileError& error) {
     throw std::invalid_argument("refusing to write a case file the reader would reject: " +
                                 std::string(error.what()));

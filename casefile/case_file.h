@@ -39,21 +39,22 @@ class CaseFileError : public std::invalid_argument {
 // a subset of the param classes (anything else throws std::invalid_argument).
 nlohmann::ordered_json case_to_json(const Case& c);
 // Reads every field strictly, then checks the case as a whole (check_case, and that expected
-// p-norm statistics and miscounted params exist in the case). Messages: "<path>.<field>: <rule>"
-// for a field, check_case's line for a rule of the whole case.
-Case case_from_json(const nlohmann::json& json, std::string_view path = "case");
+// p-norm statistics and miscounted params exist in the case). `frameworks`: the real frameworks a
+// case may name and the sections they read (run::case_frameworks(); a key of none is unknown).
+// Messages: "<path>.<field>: <rule>" for a field, check_case's line for a rule of the whole case.
+Case case_from_json(const nlohmann::json& json, FrameworkSchemas frameworks, std::string_view path = "case");
 
 // The canonical text of a case file (2-space indented JSON and a final newline).
 std::string case_to_text(const Case& c);
 // Parses (bounded: nesting depth 64, arrays of 10^6 elements, no repeated keys) and reads.
 // Every message starts with `source`: "FILE.json: case.topology.tp: expected ...".
-Case case_from_text(std::string_view text, std::string_view source);
+Case case_from_text(std::string_view text, std::string_view source, FrameworkSchemas frameworks);
 
 // Reads a case file (bounded size). Throws CaseFileError.
-Case load_case_file(const std::string& file);
+Case load_case_file(const std::string& file, FrameworkSchemas frameworks);
 // Writes atomically: a temporary file in the same folder, flushed, then renamed over `file`,
 // so a reader (or a crash) never sees a partial case. Throws std::runtime_error on I/O errors,
 // std::invalid_argument (writing nothing) when load_case_file would reject what it would write.
-void write_case_file(const std::string& file, const Case& c);
+void write_case_file(const std::string& file, const Case& c, FrameworkSchemas frameworks);
 
 }  // namespace tally::casefile

@@ -176,7 +176,7 @@ Outcome replay_one(const Input& input, run::Target& target, const std::string& h
   };
   try {
     run::CaseJob job;
-    job.c = casefile::load_case_file(input.file);
+    job.c = casefile::load_case_file(input.file, run::case_frameworks());
     job.source = input.file;
     job.judge_saved_runs = true;
     job.more_cases_follow = true;

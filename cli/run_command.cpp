@@ -217,7 +217,7 @@ casefile::Case input_case(const RunOptions& o) {
                        option->get_name() + " (edit the file, or give the case by flags only)");
   casefile::Case c;
   try {
-    c = casefile::load_case_file(o.case_file);
+    c = casefile::load_case_file(o.case_file, run::case_frameworks());
   } catch (const casefile::CaseFileError& error) {
     throw UsageError(error.what());
   }

@@ -84,7 +84,7 @@ void add_show_command(CLI::App& app, CommandContext& context) {
   command->callback([options, &context] {
     casefile::Case c;
     try {
-      c = casefile::load_case_file(options->case_file);
+      c = casefile::load_case_file(options->case_file, run::case_frameworks());
     } catch (const casefile::CaseFileError& error) {
       throw UsageError(error.what());
     }

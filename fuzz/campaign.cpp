@@ -10,6 +10,7 @@
 
 #include "io/atomic_file.h"
 #include "casefile/case_file.h"
+#include "run/target.h"
 #include "run/drive_case.h"
 #include "run/case_job.h"
 #include "fuzz/known.h"
@@ -134,7 +135,7 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
     }
     save_target_section(s.c, s.path);
     if (!s.path.empty()) {
-      casefile::write_case_file(s.path, s.c);
+      casefile::write_case_file(s.path, s.c, run::case_frameworks());
       io::write_file_atomically(s.message_path, s.verdict.infra_call + ": " + s.verdict.infra_message + "\n",
                                       "infrastructure error's message");
     }
@@ -230,7 +231,7 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       failure.original_path = corpus_file(options.corpus_dir, options.seed, index, ".json");
     }
     save_target_section(failure.original, failure.original_path);
-    if (!failure.original_path.empty()) casefile::write_case_file(failure.original_path, failure.original);
+    if (!failure.original_path.empty()) casefile::write_case_file(failure.original_path, failure.original, run::case_frameworks());
     if (!options.shrink_repeated_signatures) {
       const auto earlier = std::find_if(result.failures.begin(), result.failures.end(),
                                         [&](const Failure& f) {
@@ -273,7 +274,7 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
     if (!options.corpus_dir.empty())
       failure.shrunk_path = corpus_file(options.corpus_dir, options.seed, index, ".shrunk.json");
     save_target_section(failure.shrunk, failure.shrunk_path);
-    if (!failure.shrunk_path.empty()) casefile::write_case_file(failure.shrunk_path, failure.shrunk);
+    if (!failure.shrunk_path.empty()) casefile::write_case_file(failure.shrunk_path, failure.shrunk, run::case_frameworks());
     result.failures.push_back(failure);
     observer.failure_shrunk(result.failures.back());
     observer.case_done(result.cases, static_cast<int>(result.failures.size()), elapsed());

@@ -9,12 +9,14 @@
 #include <string_view>
 
 #include "casefile/case_file.h"
+#include "run/target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const tally::casefile::FrameworkSchemas frameworks = tally::run::case_frameworks();
   tally::casefile::Case c;
   try {
-    c = tally::casefile::case_from_text(text, "input.json");
+    c = tally::casefile::case_from_text(text, "input.json", frameworks);
   } catch (const tally::casefile::CaseFileError& error) {
     // Every message is one line (the CLI prints it as the one line of a bad input).
     if (std::string_view(error.what()).find('\n') != std::string_view::npos) std::abort();
@@ -22,8 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Round trip: what was read writes back canonically and reads to the same case.
   const std::string canonical = tally::casefile::case_to_text(c);
-  if (!(tally::casefile::case_from_text(canonical, "canonical.json") == c)) std::abort();
-  if (tally::casefile::case_to_text(tally::casefile::case_from_text(canonical, "canonical.json")) != canonical)
+  if (!(tally::casefile::case_from_text(canonical, "canonical.json", frameworks) == c)) std::abort();
+  if (tally::casefile::case_to_text(tally::casefile::case_from_text(canonical, "canonical.json", frameworks)) != canonical)
     std::abort();
   return 0;
 }

@@ -243,7 +243,7 @@ struct Saved {
 std::optional<Saved> saved_failing_run(const std::string& file, std::string_view framework, std::string_view version) {
   Saved s;
   try {
-    s.c = casefile::load_case_file(file);
+    s.c = casefile::load_case_file(file, run::case_frameworks());
   } catch (const std::exception&) {
     return std::nullopt;  // not a case file
   }

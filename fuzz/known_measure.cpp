@@ -56,7 +56,7 @@ MatcherMeasure measure_known_matcher(const std::vector<KnownFinding>& known, con
   hello.version = version;
   hello.megatron_model_rules = true;
   for (const vocab::FaultInfo& info : vocab::fault_catalog()) hello.plants.planted[std::string(info.name)] = "tally's model";
-  hello.cannot_run = {{"megatron_fsdp", "tally's model"}, {"optimizer.layer_wise_param_layout", "tally's model"}};
+  for (std::string_view setting : megatron->cannot_run) hello.cannot_run[std::string(setting)] = "tally's model";
   std::set<vocab::Fault> causes;
   for (const KnownFinding& k : known)
     if (k.spec.fault) causes.insert(*k.spec.fault);

@@ -10,6 +10,7 @@
 
 #include "casefile/case.h"
 #include "casefile/case_file.h"
+#include "run/target.h"
 #include "io/atomic_file.h"
 #include "io/json_read.h"
 #include "run/drive_case.h"
@@ -270,7 +271,7 @@ SweepResult run_sweep_case(const SweepCase& sc, run::Target& target, const Sweep
     r.case_file = (std::filesystem::path(options.corpus_dir) / (sc.id + ".json")).string();
     c.expect = run::observed_expectation(verdict);
     if (std::optional<casefile::RealTarget> section = run::saved_section(target, c, r.case_file)) c.target = *section;
-    casefile::write_case_file(r.case_file, c);
+    casefile::write_case_file(r.case_file, c, run::case_frameworks());
     if (verdict.kind == oracle::Verdict::Kind::infra_error)
       io::write_file_atomically((std::filesystem::path(options.corpus_dir) / (sc.id + ".infra-error.txt")).string(),
                                 r.detail + "\n", "infrastructure error's message");

@@ -8,6 +8,7 @@
 #include "comm/mpi_communicator.h"
 #include "run/backend.h"
 #include "casefile/case_file.h"
+#include "run/target.h"
 #include "run/record_wire.h"
 #include "run/run_case.h"
 #include "kernels/local_stats_cuda.h"
@@ -186,7 +187,7 @@ int serve_mpi_cases(const comm::MpiSession& session, RankEngine& engine) {
       const std::string verb = message.substr(0, newline);
       const std::string body = newline == std::string::npos ? "" : message.substr(newline + 1);
       if (verb == "done") return std::stoi(body);
-      const casefile::Case c = casefile::case_from_text(body, "the case from rank 0");
+      const casefile::Case c = casefile::case_from_text(body, "the case from rank 0", case_frameworks());
       const gradnorm::PathResult result = run_own_ranks(session, engine, c, cached);
       session.gather(frame(result.record), 0, "rank records");
     }

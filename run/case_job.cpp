@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "casefile/case_file.h"
+#include "run/target.h"
 #include "io/atomic_file.h"
 #include "manifest/manifest_json.h"
 #include "run/drive_case.h"
@@ -21,7 +22,7 @@ namespace fs = std::filesystem;
 
 void save_case(const std::string& file, const casefile::Case& c) {
   try {
-    casefile::write_case_file(file, c);
+    casefile::write_case_file(file, c, case_frameworks());
   } catch (const std::exception& error) {
     throw JobOutputError(error.what());
   }

@@ -23,6 +23,7 @@
 
 #include "io/atomic_file.h"
 #include "casefile/case_file.h"
+#include "run/target.h"
 #include "io/json_read.h"
 #include "io/regular_file.h"
 #include "vocab/gradients.h"
@@ -476,7 +477,7 @@ WorkerPool::Worker& WorkerPool::worker(int world) {
   }
   w.track(/*now=*/true);
   try {
-    w.hello = read_hello(read_worker_file(hello, kMaxHelloBytes));
+    w.hello = read_hello(read_worker_file(hello, kMaxHelloBytes), options_.cannot_run_settings);
   } catch (const std::exception& e) {
     stop(w, /*ask=*/false);
     throw std::runtime_error(who + "'s " + hello.string() + " is not a valid hello (docs/schemas/hello.schema.json): " +
@@ -569,7 +570,7 @@ WorkerRun WorkerPool::execute(const casefile::Case& c) {
     if (std::optional<std::string> engine = options_.engine_config(c))
       io::write_file_atomically(engine_file.string(), *engine, "engine configuration");
   // The case last: its appearance tells the worker that everything of the case is there.
-  casefile::write_case_file(request.string(), request_case(c));
+  casefile::write_case_file(request.string(), request_case(c), case_frameworks());
 
   WorkerRun out;
   const Clock::time_point start = Clock::now();

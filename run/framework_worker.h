@@ -63,6 +63,8 @@ struct WorkerOptions {
   double case_seconds = 300;   // until a case's result
   double stop_seconds = 10;    // until a worker asked to stop (or retiring) ends by itself
   WorkerJudge judge;  // required: WorkerPool refuses options without one
+  // The case settings a worker's hello may say it cannot run on its machine (FrameworkTarget::cannot_run).
+  std::vector<std::string_view> cannot_run_settings;
   bool keep_passing = false;   // keep the manifests of passing runs too (else only failing ones)
   std::ostream* progress = nullptr;  // one line per worker started or lost
   // The configuration sent with each case as case-<K>.engine.json (run/target.h); none when it

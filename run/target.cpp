@@ -92,6 +92,7 @@ class WorkerTarget final : public Target {
   // The row's engine configuration sent with each case, and each answer judged as a run of its case.
   static WorkerOptions with_engine(const FrameworkTarget& row, WorkerOptions options) {
     options.judge = judge_as_a_run_of_the_case(oracle::kFrameworkRtol);
+    options.cannot_run_settings.assign(row.cannot_run.begin(), row.cannot_run.end());
     if (row.reduction_groups) options.reduction_groups = row.reduction_groups;
     options.engine_config = [&row](const casefile::Case& c) -> std::optional<std::string> {
       std::optional<nlohmann::ordered_json> config = row.engine_config(c);
@@ -129,6 +130,16 @@ std::span<const FrameworkTarget* const> framework_targets() {
   static const std::array<const FrameworkTarget*, 4> rows{&megatron_core_target(), &deepspeed_target(),
                                                           &torchtitan_target(), &automodel_target()};
   return rows;
+}
+
+casefile::FrameworkSchemas case_frameworks() {
+  static const std::vector<casefile::FrameworkSchema> schemas = [] {
+    std::vector<casefile::FrameworkSchema> out;
+    for (const FrameworkTarget* t : framework_targets())
+      out.push_back({.name = t->name, .section = t->section, .read_section = t->read_section, .own_models = t->own_models});
+    return out;
+  }();
+  return schemas;
 }
 
 const FrameworkTarget* framework_target(std::string_view name) {

@@ -136,6 +136,15 @@ std::unique_ptr<Target> model_target(Backend& backend);
 struct FrameworkTarget {
   std::string_view name;            // as --target, a case file's target.framework and a worker's hello name it
   std::string_view default_worker;  // run by /bin/sh with {world} replaced (tally appends --queue, --parent-pid)
+  // Its case section, the settings only it reads (run/<framework>/section.h): the key ("" for none),
+  // the strict reader giving its canonical JSON, and whether its worker builds models of its own
+  // (casefile::FrameworkSection::own_models). The case reader knows sections only through these.
+  std::string_view section;
+  nlohmann::ordered_json (*read_section)(const nlohmann::json& value, const std::string& path) = nullptr;
+  bool own_models = false;
+  // The case settings its worker may say, in its hello, it cannot run on its machine (an op that
+  // did not build): the rows' refusals name them with the worker's reason.
+  std::span<const std::string_view> cannot_run = {};
   // Why the worker that said `hello` cannot execute `c` (one line naming the field and the rule);
   // nullopt when it can.
   std::optional<std::string> (*refusal)(const casefile::Case& c, const WorkerHello& hello);
@@ -176,6 +185,10 @@ struct FrameworkTarget {
 // (run/<framework>/target_row.cpp) and listed in run/target.cpp.
 std::span<const FrameworkTarget* const> framework_targets();
 
+// What the case reader knows of the real frameworks (each row's name and section): what every
+// command that reads or writes a case file passes to casefile's reader.
+casefile::FrameworkSchemas case_frameworks();
+
 // The row of `name`; nullptr when tally has none.
 const FrameworkTarget* framework_target(std::string_view name);
 
@@ -183,8 +196,9 @@ const FrameworkTarget* framework_target(std::string_view name);
 // nullptr for a case of tally's model.
 const FrameworkTarget* framework_of(const casefile::Case& c);
 
-// Why `framework` does not run `c`: it holds another framework's section (its `deepspeed`,
-// `torchtitan` or `megatron_fsdp` configuration, megatron-core's layer-wise parameter layout), as one line naming the target that does; nullopt when none.
+// Why `framework` does not run `c`: it holds what only another framework runs (that framework's
+// row's own_section: its case section, megatron-core's layer-wise parameter layout), as one line
+// naming the target that does; nullopt when none.
 std::optional<std::string> other_frameworks_section(const casefile::Case& c, std::string_view framework);
 
 // "megatron-core, deepspeed, torchtitan": the names, for messages and --help.

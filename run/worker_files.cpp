@@ -85,15 +85,19 @@ std::vector<std::string> read_dtypes(const json& value, const std::string& path)
   return dtypes;
 }
 
-// cannot_run: a case setting tally knows (kCannotRunSettings) -> why the framework cannot run it.
-std::map<std::string, std::string> read_cannot_run(const json& value, const std::string& path) {
+// cannot_run: a case setting the framework's worker may decline (`settings`) -> why it cannot run it.
+std::map<std::string, std::string> read_cannot_run(const json& value, const std::string& path,
+                                                   std::span<const std::string_view> settings) {
   if (!value.is_object())
     io::fail(path, std::string("expected an object of case settings and reasons, got ") + io::type_word(value));
   std::map<std::string, std::string> table;
   for (const auto& [name, why] : value.items()) {
     const std::string at = io::key_path(path, name);
-    if (std::find(std::begin(kCannotRunSettings), std::end(kCannotRunSettings), name) == std::end(kCannotRunSettings))
-      io::fail(at, "not a case setting a worker may decline (deepspeed.fused_adam, megatron_fsdp)");
+    if (std::find(settings.begin(), settings.end(), name) == settings.end()) {
+      std::string listed;
+      for (std::string_view setting : settings) listed += (listed.empty() ? "" : ", ") + std::string(setting);
+      io::fail(at, "not a case setting this framework's worker may decline (" + (listed.empty() ? "none" : listed) + ")");
+    }
     std::string text = io::read_string(why, at, kMaxTextBytes);
     if (text.empty()) io::fail(at, "expected a non-empty reason");
     table[name] = std::move(text);
@@ -103,7 +107,7 @@ std::map<std::string, std::string> read_cannot_run(const json& value, const std:
 
 }  // namespace
 
-WorkerHello read_hello(std::string_view text) {
+WorkerHello read_hello(std::string_view text, std::span<const std::string_view> cannot_run_settings) {
   const json j = io::parse_json(text, "hello.json");
   WorkerHello h;
   const auto text_field = [](std::string_view key, std::string& target) {
@@ -130,7 +134,7 @@ WorkerHello read_hello(std::string_view text) {
        {"plants", [&](const json& v, const std::string& p) { h.plants.planted = read_fault_table(v, p); }},
        {"cannot_plant",
         [&](const json& v, const std::string& p) { h.plants.not_planted = read_fault_table(v, p); }},
-       {"cannot_run", [&](const json& v, const std::string& p) { h.cannot_run = read_cannot_run(v, p); }},
+       {"cannot_run", [&](const json& v, const std::string& p) { h.cannot_run = read_cannot_run(v, p, cannot_run_settings); }},
        {"model_rules",
         [&](const json& v, const std::string& p) {
           if (!v.is_string() || v.get_ref<const std::string&>() != "megatron")

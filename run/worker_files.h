@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,7 +38,7 @@ struct WorkerHello {
   // models Megatron refuses (expert biases with expert TP).
   bool megatron_model_rules = false;
   // Case settings the framework cannot run on this machine (hello "cannot_run", e.g.
-  // "deepspeed.fused_adam" when DeepSpeed's FusedAdam op did not build), each with why.
+  // DeepSpeed's FusedAdam where its op did not build: the settings its row's cannot_run names), each with why.
   std::map<std::string, std::string> cannot_run;
   // Where the worker runs, for the log: its torch.distributed backend ("nccl", "gloo") and the
   // GPUs its ranks see; empty and absent when it does not say.
@@ -60,18 +61,15 @@ struct WorkerResult {
 // form tally_adapters.queue.framework_setup gives). nullopt when it does.
 std::optional<std::string> refusal_not_the_frameworks(std::string_view message);
 
-// The settings a hello's "cannot_run" may name.
-inline constexpr std::string_view kCannotRunSettings[] = {"deepspeed.fused_adam", "megatron_fsdp",
-                                                          "optimizer.layer_wise_param_layout"};
-
 // The largest hello.json, case-<K>.result.json and retiring read.
 inline constexpr std::size_t kMaxHelloBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kMaxResultBytes = std::size_t{4} << 20;
 inline constexpr std::size_t kMaxRetiringBytes = std::size_t{64} << 10;
 
-// hello.json's text. Throws std::invalid_argument, one line naming the field and the rule
-// ("hello.world: expected a positive integer, got 2.5").
-WorkerHello read_hello(std::string_view text);
+// hello.json's text. `cannot_run_settings`: the case settings its "cannot_run" may name (the
+// framework's row says them, run/target.h). Throws std::invalid_argument, one line naming the field
+// and the rule ("hello.world: expected a positive integer, got 2.5").
+WorkerHello read_hello(std::string_view text, std::span<const std::string_view> cannot_run_settings);
 
 // case-<K>.result.json's text. Throws std::invalid_argument, one line naming the field and the
 // rule ("result.status: expected one of ok, error, got \"done\"").

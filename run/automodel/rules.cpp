@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "run/automodel/section.h"
 #include "run/target.h"
 #include "topologies/model_spec.h"
 #include "vocab/faults.h"
@@ -119,9 +120,10 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
            "Automodel's fp32 master-weight recipe trains in";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
     return "faults: the worker plants no counterpart of " + why;
-  if (!c.automodel) return "automodel: the case has no Automodel configuration (dp_replicate, sequence_parallel)";
+  const std::optional<AutomodelConfig> a = automodel_config(c);
+  if (!a) return "automodel: the case has no Automodel configuration (dp_replicate, sequence_parallel)";
   const int dp = topologies::dp(t);
-  const int replicate = c.automodel->dp_replicate;
+  const int replicate = a->dp_replicate;
   if (dp % replicate != 0)
     return "automodel.dp_replicate " + std::to_string(replicate) + ": must divide the data-parallel size " +
            std::to_string(dp) + " (HSDP: dp_replicate x dp_shard)";
@@ -129,7 +131,7 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
     return "automodel.dp_replicate " + std::to_string(replicate) + " with data-parallel size " + std::to_string(dp) +
            ": Automodel raises ValueError (\"dp_replicate_size must be less than dp_size since DDP usecase is not "
            "supported by FSDP2\", components/distributed/mesh_utils.py:310-314)";
-  if (c.automodel->sequence_parallel && t.tp == 1)
+  if (a->sequence_parallel && t.tp == 1)
     return "automodel.sequence_parallel with topology.tp 1: sequence parallelism shards activations over TP";
   return tp_refuses(m, t.tp);
 }
@@ -139,7 +141,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  casefile::drop_other_frameworks_sections(c, "automodel");
+  casefile::keep_only_section(c, kAutomodelSection);
   as_hf_architecture(m);
   m.first_stage_layers.reset();
   m.last_stage_layers.reset();
@@ -158,38 +160,41 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   t.etp = t.tp;
   casefile::drop_stated_gradients_without_a_param(c, {});
   const int dp = topologies::dp(t);
-  if (!c.automodel) {
-    c.automodel = casefile::AutomodelConfig{};
+  std::optional<AutomodelConfig> stated = automodel_config(c);
+  if (!stated) {
+    stated = AutomodelConfig{};
     // HSDP in half the cases where DP allows it, over one of the divisors Automodel accepts.
     std::vector<int> replications;
     for (int r = 2; r < dp; ++r)
       if (dp % r == 0) replications.push_back(r);
-    if (!replications.empty() && draw % 2 == 1) c.automodel->dp_replicate = replications[(draw / 2) % replications.size()];
-    c.automodel->sequence_parallel = t.tp > 1 && (draw / 64) % 2 == 1;
+    if (!replications.empty() && draw % 2 == 1) stated->dp_replicate = replications[(draw / 2) % replications.size()];
+    stated->sequence_parallel = t.tp > 1 && (draw / 64) % 2 == 1;
     // Half the cases give FSDP2 each rank's contribution, for its own reduction to average.
-    c.automodel->before_reduction = (draw / 128) % 2 == 1;
+    stated->before_reduction = (draw / 128) % 2 == 1;
   }
-  casefile::AutomodelConfig& a = *c.automodel;
+  AutomodelConfig& a = *stated;
   if (dp % a.dp_replicate != 0 || (a.dp_replicate > 1 && a.dp_replicate >= dp)) a.dp_replicate = 1;
   // The replicas' fault shows only where HSDP has replicas.
   if (replicas_fault(o.faults) && a.dp_replicate == 1) a.dp_replicate = smallest_replication(dp);
   if (t.tp == 1) a.sequence_parallel = false;
+  set_automodel_config(c, a);
   return c;
 }
 
 std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& c) {
-  if (!c.automodel || !c.automodel->before_reduction) return std::nullopt;
+  const std::optional<AutomodelConfig> a = automodel_config(c);
+  if (!a || !a->before_reduction) return std::nullopt;
   const topologies::ParallelConfig& t = c.topology;
   const int fsdp_ranks = t.world / (std::max(1, t.tp) * std::max(1, t.pp));
   ReductionGroups groups{{fsdp_ranks}, fsdp_ranks};
   // With sequence parallelism a param TP replicates has a Partial gradient, which FSDP2 sums over
   // TP before it averages over its own group: shares over both.
-  if (t.tp > 1 && c.automodel->sequence_parallel) groups.sizes.push_back(fsdp_ranks * t.tp);
+  if (t.tp > 1 && a->sequence_parallel) groups.sizes.push_back(fsdp_ranks * t.tp);
   return groups;
 }
 
 std::string automodel_norm_code(const casefile::Case& c) {
-  const casefile::AutomodelConfig a = c.automodel.value_or(casefile::AutomodelConfig{});
+  const AutomodelConfig a = automodel_config(c).value_or(AutomodelConfig{});
   return std::string("automodel clip_grad_norm") + (a.dp_replicate > 1 ? " over HSDP" : "") +
          (a.sequence_parallel ? " with sequence parallelism" : "");
 }
@@ -213,8 +218,8 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
         c.path.optimizer = vocab::OptimizerModel::plain;
         c.path.gradients.generator.dtype = kernels::Dtype::fp32;
         for (bool before_reduction : {false, true}) {
-          c.automodel = casefile::AutomodelConfig{
-              .dp_replicate = dp_replicate, .sequence_parallel = sp, .before_reduction = before_reduction};
+          set_automodel_config(
+              c, {.dp_replicate = dp_replicate, .sequence_parallel = sp, .before_reduction = before_reduction});
           out.emplace_back(std::string(qwen3 ? "qwen3-" : "") + (dp_replicate > 1 ? "hsdp" : "fsdp") + (sp ? "-sp" : "") +
                                (before_reduction ? "-unreduced" : ""),
                            c);
@@ -225,7 +230,7 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
 }
 
 nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
-  const casefile::AutomodelConfig a = c.automodel.value_or(casefile::AutomodelConfig{});
+  const AutomodelConfig a = automodel_config(c).value_or(AutomodelConfig{});
   const ParallelConfig& t = c.topology;
   return {{"distributed",
            {{"strategy", "fsdp2"},
@@ -240,7 +245,7 @@ nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
 }
 
 std::string automodel_model_description(const casefile::Case& c) {
-  const casefile::AutomodelConfig a = c.automodel.value_or(casefile::AutomodelConfig{});
+  const AutomodelConfig a = automodel_config(c).value_or(AutomodelConfig{});
   const int dp = topologies::dp(c.topology);
   return std::string("tally's GPT as Automodel's ") + (c.model.qk_layernorm ? "Qwen3" : "Llama") +
          " on its FSDP2 mesh (dp_replicate " + std::to_string(a.dp_replicate) + ", dp_shard " +

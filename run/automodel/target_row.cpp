@@ -1,6 +1,7 @@
 #include "run/automodel/target_row.h"
 
 #include "run/automodel/rules.h"
+#include "run/automodel/section.h"
 
 namespace tally::run {
 
@@ -9,6 +10,10 @@ namespace {
 constexpr FrameworkTarget kAutomodel{
     .name = "automodel",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.automodel.worker",
+    .section = kAutomodelSection,
+    .read_section = [](const nlohmann::json& value, const std::string& path) {
+      return automodel_config_json(read_automodel_config(value, path));
+    },
     .refusal = [](const casefile::Case& c, const WorkerHello& hello) { return automodel_refusal(c, hello.version, hello.plants); },
     .refusal_at_release = [](const casefile::Case& c, std::string_view version) { return automodel_refusal(c, version); },
     .within = [](casefile::Case c, const WorkerHello& hello) {
@@ -19,19 +24,19 @@ constexpr FrameworkTarget kAutomodel{
     },
     // A case the flags describe: FSDP2, no HSDP, no sequence parallelism.
     .from_flags = [](casefile::Case c) {
-      if (!c.automodel) c.automodel = casefile::AutomodelConfig{};
+      if (!automodel_config(c)) set_automodel_config(c, AutomodelConfig{});
       return c;
     },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (!c.automodel) return std::nullopt;
+      if (!casefile::section_settings(c, kAutomodelSection)) return std::nullopt;
       return "automodel: a NeMo-Automodel case (its automodel section is how Automodel lays it out); run it with "
              "--target automodel";
     },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
-      if (!c.automodel) return std::nullopt;
+      if (!casefile::section_settings(c, kAutomodelSection)) return std::nullopt;
       return automodel_recipe(c);
     },
-    .model_description = [](const casefile::Case& c) { return c.automodel ? automodel_model_description(c) : std::string(); },
+    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kAutomodelSection) ? automodel_model_description(c) : std::string(); },
     .sweep_variants = automodel_sweep_variants,
     .norm_code = automodel_norm_code,
     .reduction_groups = automodel_reduction_groups,

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 
+#include "run/deepspeed/section.h"
 #include "topologies/logical_model.h"
 
 namespace tally::run {
 
 nlohmann::ordered_json deepspeed_engine_config(const casefile::Case& c) {
-  const casefile::DeepSpeedConfig& d = *c.deepspeed;
+  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
   const int dp = c.topology.world / std::max(1, c.topology.tp * c.topology.pp);
   nlohmann::ordered_json j = {{"train_micro_batch_size_per_gpu", 1},
                               {"gradient_accumulation_steps", 1},
@@ -64,17 +65,18 @@ nlohmann::ordered_json deepspeed_engine_config(const casefile::Case& c) {
 
 std::string deepspeed_model_description(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
-  const std::string adam = c.deepspeed->fused_adam ? "DeepSpeed's FusedAdam at lr 0" : "torch's AdamW at lr 0";
+  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
+  const std::string adam = d.fused_adam ? "DeepSpeed's FusedAdam at lr 0" : "torch's AdamW at lr 0";
   const std::string autoep_blocks =
       "each MoE layer a block of a router 'gate' (torch.nn.Linear) and 'experts' holding every expert's SwiGLU "
       "gate, up and down projections as 3-D tensors, which DeepSpeed's AutoEP replaces with its AutoEPMoELayer "
       "over EP " + std::to_string(t.ep);
-  if (c.deepspeed->autoep && c.deepspeed->autotp)
+  if (d.autoep && d.autotp)
     return "model: tally's column- and row-parallel params as whole torch.nn.Linear layers that DeepSpeed's AutoTP "
            "shards over TP " + std::to_string(t.tp) + ", the q/k norms with grad_allreduce, other dense params "
            "whole; " + autoep_blocks + ", folded over TP (its EP groups span TP ranks, each expert whole; the "
            "worker gives an expert's gradient times TP, as the folded forward does); the engine's own optimizer, " + adam;
-  if (c.deepspeed->autoep)
+  if (d.autoep)
     return "model: tally's params whole (TP 1), " + autoep_blocks +
            "; the engine's own optimizer, " + adam;
   std::string line;
@@ -85,7 +87,7 @@ std::string deepspeed_model_description(const casefile::Case& c) {
            ")), each stage a layer of the params tally places there (TP shards marked tensor_model_parallel)";
     if (topologies::LogicalModel(c.model, t).last_stage_copy() == topologies::SharedCopy::output_layer)
       line += ", the word embedding a TiedLayerSpec on the first and last stage";
-  } else if (c.deepspeed->autotp) {
+  } else if (d.autotp) {
     line = "model: tally's column- and row-parallel params as whole torch.nn.Linear layers (the output "
            "layer column-parallel) that DeepSpeed's AutoTP shards over TP " + std::to_string(t.tp) +
            ", the q/k norms replicated with their gradients summed over TP (grad_allreduce), every other "
@@ -103,6 +105,7 @@ std::string deepspeed_model_description(const casefile::Case& c) {
 
 ReductionGroups deepspeed_reduction_groups(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
+  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
   const int stage_ranks = t.world / std::max(1, t.pp);
   const int dp = stage_ranks / std::max(1, t.tp);
   ReductionGroups groups{{dp}, dp};
@@ -112,7 +115,7 @@ ReductionGroups deepspeed_reduction_groups(const casefile::Case& c) {
   // every rank of a stage, TP ranks included (:370 _create_expert_and_data_parallel): its MoE
   // layer gives each TP rank other tokens (moe/sharded_moe.py drops the duplicates), so their
   // sums add up.
-  const bool expert_tp = t.tp > 1 && t.etp == t.tp && !c.deepspeed->autoep;
+  const bool expert_tp = t.tp > 1 && t.etp == t.tp && !d.autoep;
   const int expert_dp = (expert_tp ? dp : stage_ranks) / t.ep;
   if (expert_dp >= 1 && expert_dp != dp) groups.sizes.push_back(expert_dp);
   return groups;

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "vocab/faults.h"
+#include "run/deepspeed/section.h"
 #include "run/target.h"
 #include "vocab/gradients.h"
 #include "record/text.h"
@@ -26,15 +27,15 @@ bool computes_in(const std::vector<std::string>& dtypes, Dtype dtype) {
 // The largest value DeepSpeed's fp16 gradients reach: the worker feeds a gradient times the DP
 // size on one rank of each reduction group (an expert of AutoEP folded over TP times TP more, as
 // the folded forward would), and DeepSpeed multiplies it by the loss scale.
-double largest_fp16_gradient(const casefile::Case& c, int loss_scale) {
-  const bool folded = c.deepspeed && c.deepspeed->autoep && c.deepspeed->autotp;
+double largest_fp16_gradient(const casefile::Case& c, const DeepSpeedConfig& d) {
+  const bool folded = d.autoep && d.autotp;
   return vocab::largest_gradient(c.path.gradients) * data_parallel(c.topology) * (folded ? c.topology.tp : 1) *
-         loss_scale;
+         d.loss_scale;
 }
 constexpr double kFp16Max = 65504.0;
 
 // What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype.
-std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dtype dtype, int experts, int pp) {
+std::optional<std::string> engine_refuses(const DeepSpeedConfig& d, Dtype dtype, int experts, int pp) {
   if (pp > 1 && d.zero_stage > 1)
     return "deepspeed.zero_stage " + std::to_string(d.zero_stage) +
            " with topology.pp > 1: DeepSpeed's PipelineEngine asserts that ZeRO 2 and 3 are incompatible "
@@ -61,7 +62,7 @@ std::optional<std::string> engine_refuses(const casefile::DeepSpeedConfig& d, Dt
 
 // What the worker's AutoTP model (adapters/tally_adapters/deepspeed/models.py, build_autotp_model)
 // cannot be: AutoTP shards a plain module's linear layers over TP.
-std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, const topologies::ParallelConfig& t,
+std::optional<std::string> autotp_refuses(const DeepSpeedConfig& d, const topologies::ParallelConfig& t,
                                           int experts) {
   if (!d.autotp) return std::nullopt;
   if (t.tp == 1) return "deepspeed.autotp with topology.tp 1: AutoTP shards over TP; set tp > 1 or leave autotp out";
@@ -76,7 +77,7 @@ std::optional<std::string> autotp_refuses(const casefile::DeepSpeedConfig& d, co
 
 // What the worker's AutoEP model (adapters/tally_adapters/deepspeed/experts.py, build_autoep_model)
 // cannot be: AutoEP replaces Hugging Face-style MoE blocks whose experts are SwiGLU projections.
-std::optional<std::string> autoep_refuses(const casefile::DeepSpeedConfig& d, const topologies::ParallelConfig& t,
+std::optional<std::string> autoep_refuses(const DeepSpeedConfig& d, const topologies::ParallelConfig& t,
                                           const topologies::ModelSpec& m) {
   if (!d.autoep) return std::nullopt;
   if (m.num_experts == 0) return "deepspeed.autoep without experts: AutoEP replaces MoE layers; set model.num_experts";
@@ -217,22 +218,23 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
   if (!computes_in(dtypes, o.gradients.generator.dtype))
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
            ": the worker's DeepSpeed accelerator does not support it on this machine";
-  if (!c.deepspeed) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
-  if (const auto it = cannot_run.find("deepspeed.fused_adam"); c.deepspeed->fused_adam && it != cannot_run.end())
+  const std::optional<DeepSpeedConfig> d = deepspeed_config(c);
+  if (!d) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
+  if (const auto it = cannot_run.find("deepspeed.fused_adam"); d->fused_adam && it != cannot_run.end())
     return "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (" + it->second + ")";
   if (megatron_model_rules)
     if (auto why = topologies::check_megatron_expert_bias(m, t))
       return "model: this worker builds models under Megatron-LM's rules (its hello's model_rules): " + *why;
   if (o.gradients.generator.dtype == Dtype::fp16 &&
-      largest_fp16_gradient(c, c.deepspeed->loss_scale) >= kFp16Max)
-    return "deepspeed.loss_scale " + std::to_string(c.deepspeed->loss_scale) +
+      largest_fp16_gradient(c, *d) >= kFp16Max)
+    return "deepspeed.loss_scale " + std::to_string(d->loss_scale) +
            " with gradients.dtype fp16: the gradients (up to " + record::all_digits(vocab::largest_gradient(o.gradients)) +
            ") times the data-parallel size (" + std::to_string(data_parallel(t)) +
            ") times the loss scale exceed fp16's 65504, so DeepSpeed would skip the step; lower the "
            "loss scale or use bf16";
-  if (auto why = autotp_refuses(*c.deepspeed, t, m.num_experts)) return why;
-  if (auto why = autoep_refuses(*c.deepspeed, t, m)) return why;
-  return engine_refuses(*c.deepspeed, o.gradients.generator.dtype, m.num_experts, t.pp);
+  if (auto why = autotp_refuses(*d, t, m.num_experts)) return why;
+  if (auto why = autoep_refuses(*d, t, m)) return why;
+  return engine_refuses(*d, o.gradients.generator.dtype, m.num_experts, t.pp);
 }
 
 casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultPlants& plants, std::uint64_t draw,
@@ -242,7 +244,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  casefile::drop_other_frameworks_sections(c, "deepspeed");
+  casefile::keep_only_section(c, kDeepSpeedSection);
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
@@ -277,7 +279,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   const bool pipelined = t.pp > 1;
   const bool fused_adam_runs = !cannot_run.contains("deepspeed.fused_adam");
   std::uint64_t path_draws = 1;  // how many engine paths `draw` chose among (its later bits draw the rest)
-  if (!c.deepspeed) {
+  if (!deepspeed_config(c)) {
     std::vector<EnginePath> paths;
     for (const EnginePath& path : kEnginePaths)
       if (computes_in(dtypes, path.dtype) && (fused_adam_runs || !path.fused_adam) && (!pipelined || pipelines(path)) &&
@@ -286,16 +288,17 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     if (paths.empty()) paths.push_back(kEnginePaths[0]);  // fp32 at ZeRO 0 runs everywhere
     path_draws = paths.size();
     const EnginePath& path = paths[draw % path_draws];
-    c.deepspeed = casefile::DeepSpeedConfig{};
-    c.deepspeed->zero_stage = path.zero_stage;
-    c.deepspeed->grad_accum_fp32 = path.grad_accum_fp32;
-    c.deepspeed->fused_adam = path.fused_adam;
-    c.deepspeed->offload_optimizer = path.offload_optimizer;
     o.gradients.generator.dtype = path.dtype;
     // Half of the cases AutoTP (or AutoEP) can take shard with it (the other half with the worker's
     // mpu, or DeepSpeed's MoE layer).
-    c.deepspeed->autotp = (draw / path_draws) % 2 == 1;
-    c.deepspeed->autoep = c.deepspeed->autotp;
+    const bool auto_sharded = (draw / path_draws) % 2 == 1;
+    // In the case before it settles: a DeepSpeed case is not held to Megatron-LM's model rules.
+    set_deepspeed_config(c, {.zero_stage = path.zero_stage,
+                             .grad_accum_fp32 = path.grad_accum_fp32,
+                             .autotp = auto_sharded,
+                             .autoep = auto_sharded,
+                             .fused_adam = path.fused_adam,
+                             .offload_optimizer = path.offload_optimizer});
   }
   // TP (and ETP, where the experts are split) must divide the model's split dims as Megatron's
   // would: with expert TP if the case had it, else without, else halve TP.
@@ -320,7 +323,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     m.add_bias_linear = false;
     casefile::drop_stated_gradients_without_a_param(c, stages);
   }
-  casefile::DeepSpeedConfig& d = *c.deepspeed;
+  DeepSpeedConfig d = *deepspeed_config(c);
   if (!fused_adam_runs) d.fused_adam = false;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
   // DeepSpeed runs experts at ZeRO 3 only with AutoEP. AutoEP's experts are SwiGLU without
@@ -342,18 +345,19 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (pipelined) d.zero_stage = std::min(d.zero_stage, 1);
   // fp16 within range: a lower loss scale (a power of two), else bf16.
   while (o.gradients.generator.dtype == Dtype::fp16 && d.loss_scale > 1 &&
-         largest_fp16_gradient(c, d.loss_scale) >= kFp16Max)
+         largest_fp16_gradient(c, d) >= kFp16Max)
     d.loss_scale /= 2;
-  if (o.gradients.generator.dtype == Dtype::fp16 && largest_fp16_gradient(c, d.loss_scale) >= kFp16Max)
+  if (o.gradients.generator.dtype == Dtype::fp16 && largest_fp16_gradient(c, d) >= kFp16Max)
     o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
+  set_deepspeed_config(c, d);
   return c;
 }
 
 std::string deepspeed_norm_code(const casefile::Case& c) {
-  const casefile::DeepSpeedConfig d = c.deepspeed.value_or(casefile::DeepSpeedConfig{});
+  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
   const bool sixteen = c.path.gradients.generator.dtype != Dtype::fp32;
   // With pipeline parallelism, bf16 at ZeRO 0 is BF16_Optimizer too (DeepSpeed's sanity check).
   const bool pipelined_bf16 = c.topology.pp > 1 && d.zero_stage == 0 && c.path.gradients.generator.dtype == Dtype::bf16;
@@ -375,8 +379,7 @@ std::vector<std::pair<std::string, casefile::Case>> deepspeed_sweep_variants(con
       casefile::Case c = base;
       c.path.optimizer = vocab::OptimizerModel::plain;
       c.path.gradients.generator.dtype = dtype;
-      c.deepspeed = casefile::DeepSpeedConfig{};
-      c.deepspeed->zero_stage = stage;
+      set_deepspeed_config(c, {.zero_stage = stage});
       out.emplace_back("zero" + std::to_string(stage) + "-" + std::string(kernels::dtype_name(dtype)), std::move(c));
     }
   return out;

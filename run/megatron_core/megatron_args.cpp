@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run/megatron_core/section.h"
 #include "vocab/faults.h"
 #include "kernels/gradient_generator.h"
 #include "topologies/model_spec.h"
@@ -112,12 +113,11 @@ MegatronArgs megatron_args(const casefile::Case& c) {
       break;
     case vocab::OptimizerModel::muon: value("--optimizer", "muon"); break;
   }
-  if (c.megatron_fsdp) {
+  if (const std::optional<MegatronFsdpConfig> fsdp = megatron_fsdp_config(c)) {
     flag("--use-megatron-fsdp");
-    value("--data-parallel-sharding-strategy", std::string(casefile::fsdp_sharding_name(c.megatron_fsdp->sharding)));
+    value("--data-parallel-sharding-strategy", std::string(fsdp_sharding_name(fsdp->sharding)));
     if (c.topology.dist_opt_instances > 1)
-      value("--outer-dp-sharding-strategy",
-            std::string(casefile::fsdp_outer_sharding_name(c.megatron_fsdp->outer_sharding)));
+      value("--outer-dp-sharding-strategy", std::string(fsdp_outer_sharding_name(fsdp->outer_sharding)));
     value("--megatron-fsdp-main-grads-dtype", "fp32");  // as tally's worker builds it: the values it gives stay exact
     value("--ckpt-format", "fsdp_dtensor");  // Megatron-LM requires it with --use-megatron-fsdp
   }

@@ -4,6 +4,7 @@
 #include <charconv>
 
 #include "vocab/faults.h"
+#include "run/megatron_core/section.h"
 #include "run/target.h"
 #include "topologies/logical_model.h"
 #include "topologies/parallel_config.h"
@@ -42,8 +43,8 @@ bool sinks_built_on_a_gpu(std::string_view version) { return version.empty() || 
 // optimizer_named_parameters and the DataParallelBuffer shard of each item).
 bool fsdp_not_recorded(std::string_view version) { return megatron_core_older_than(version, 0, 19); }
 
-std::optional<std::string> megatron_fsdp_refusal(const casefile::Case& c, std::string_view version) {
-  const casefile::MegatronFsdpConfig& f = *c.megatron_fsdp;
+std::optional<std::string> megatron_fsdp_refusal(const casefile::Case& c, const MegatronFsdpConfig& f,
+                                                 std::string_view version) {
   const topologies::ParallelConfig& t = c.topology;
   if (fsdp_not_recorded(version))
     return "megatron_fsdp: tally's worker records Megatron-FSDP from megatron-core 0.19's buffers "
@@ -63,12 +64,12 @@ std::optional<std::string> megatron_fsdp_refusal(const casefile::Case& c, std::s
     return "optimizer.bucket_elements " + std::to_string(c.path.bucket_elements) +
            " with megatron_fsdp: tally's worker leaves Megatron-FSDP's bucketing at its default (its FSDP "
            "units, with DDP's bucket size only a suggestion for the params outside them)";
-  if (f.outer_sharding == casefile::FsdpOuterSharding::optim && t.dist_opt_instances == 1)
+  if (f.outer_sharding == FsdpOuterSharding::optim && t.dist_opt_instances == 1)
     return "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1: the outer strategy "
            "shards across optimizer instances (hybrid FSDP), so it needs several";
-  if (f.outer_sharding == casefile::FsdpOuterSharding::optim && f.sharding != casefile::FsdpSharding::optim_grads_params)
+  if (f.outer_sharding == FsdpOuterSharding::optim && f.sharding != FsdpSharding::optim_grads_params)
     return "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy " +
-           std::string(casefile::fsdp_sharding_name(f.sharding)) +
+           std::string(fsdp_sharding_name(f.sharding)) +
            ": megatron-core " + std::string(version) +
            " shards the optimizer across instances only with optim_grads_params (NotImplementedError in "
            "ParamAndGradBuffer)";
@@ -89,7 +90,7 @@ std::optional<std::string> mtp_refusal(const casefile::Case& c, std::string_view
     return field + " with topology.pp " + std::to_string(c.topology.pp) +
            ": the MTP stage builds embeddings of its own (a word embedding and, with learned_absolute, a "
            "position embedding) that tally's worker does not map to tally's params; it runs MTP on one stage";
-  if (c.megatron_fsdp)
+  if (casefile::section_settings(c, kMegatronFsdpSection))
     return field + " with megatron_fsdp: tally's worker records a separate grad-norm group (MTP) on "
            "DistributedDataParallel's buffers only";
   const topologies::ModelSpec& m = c.model;
@@ -161,10 +162,11 @@ std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::s
            std::to_string(c.topology.vpp) +
            ": megatron-core's get_transformer_layer_offset divides by the layers of the middle stages' "
            "chunks, which are none (ZeroDivisionError)";
-  if (const auto it = cannot_run.find("megatron_fsdp"); c.megatron_fsdp && it != cannot_run.end())
+  const std::optional<MegatronFsdpConfig> fsdp = megatron_fsdp_config(c);
+  if (const auto it = cannot_run.find("megatron_fsdp"); fsdp && it != cannot_run.end())
     return "megatron_fsdp: the worker cannot run Megatron-FSDP on this machine: " + it->second;
-  if (c.megatron_fsdp)
-    if (auto why = megatron_fsdp_refusal(c, version)) return why;
+  if (fsdp)
+    if (auto why = megatron_fsdp_refusal(c, *fsdp, version)) return why;
   if (const auto it = cannot_run.find("optimizer.layer_wise_param_layout");
       o.layer_wise_param_layout && it != cannot_run.end())
     return "optimizer.layer_wise_param_layout: the worker cannot run the layer-wise parameter layout on this "
@@ -199,9 +201,10 @@ std::optional<casefile::Case> as_megatron_fsdp(casefile::Case c) {
   if (topologies::check_config(t) || topologies::check_model(c.model, t)) return std::nullopt;
   c.path.optimizer = vocab::OptimizerModel::distributed;
   c.path.bucket_elements = 0;
-  casefile::MegatronFsdpConfig& f = *c.megatron_fsdp;
-  if (t.dist_opt_instances == 1 || f.sharding != casefile::FsdpSharding::optim_grads_params)
-    f.outer_sharding = casefile::FsdpOuterSharding::no_shard;
+  MegatronFsdpConfig f = *megatron_fsdp_config(c);
+  if (t.dist_opt_instances == 1 || f.sharding != FsdpSharding::optim_grads_params)
+    f.outer_sharding = FsdpOuterSharding::no_shard;
+  set_megatron_fsdp_config(c, f);
   return c;
 }
 
@@ -212,9 +215,8 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   topologies::ModelSpec& m = c.model;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  casefile::drop_other_frameworks_sections(c, "megatron-core");
   const bool fsdp_runs = !fsdp_not_recorded(version) && !cannot_run.contains("megatron_fsdp");
-  if (!fsdp_runs) c.megatron_fsdp.reset();
+  casefile::keep_only_section(c, fsdp_runs ? kMegatronFsdpSection : "");
   if (!sinks_built_on_a_gpu(version)) m.softmax_type = topologies::SoftmaxType::vanilla;
   c.topology.gtp = 1;
   c.topology.egtp = 1;
@@ -223,29 +225,29 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   // A fifth of the drawn cases are Megatron-FSDP, about as often as each optimizer model; each
   // strategy as often as the others, and the outer one where instances allow it. Drawn before the
   // instances of other optimizer models are dropped, so hybrid FSDP keeps the drawn instances.
-  if (!c.megatron_fsdp && fsdp_runs && draw % 5 == 0) {
+  const bool holds_fsdp = casefile::section_settings(c, kMegatronFsdpSection) != nullptr;
+  if (!holds_fsdp && fsdp_runs && draw % 5 == 0) {
     casefile::Case fsdp = c;
-    fsdp.megatron_fsdp = casefile::MegatronFsdpConfig{
-        .sharding = casefile::kFsdpShardings[(draw / 5) % 4],
-        .outer_sharding = (draw / 20) % 2 ? casefile::FsdpOuterSharding::optim : casefile::FsdpOuterSharding::no_shard};
-    const casefile::MegatronFsdpConfig drawn = *fsdp.megatron_fsdp;
+    const MegatronFsdpConfig drawn{
+        .sharding = kFsdpShardings[(draw / 5) % 4],
+        .outer_sharding = (draw / 20) % 2 ? FsdpOuterSharding::optim : FsdpOuterSharding::no_shard};
+    set_megatron_fsdp_config(fsdp, drawn);
     if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(std::move(fsdp))) {
       c = std::move(*laid_out);
       // Hybrid FSDP needs several optimizer instances, which the topology draws rarely: a drawn
       // outer `optim` takes two where the laid-out DP x CP and expert DP allow them.
       topologies::ParallelConfig two = c.topology;
       two.dist_opt_instances = 2;
-      if (drawn.outer_sharding == casefile::FsdpOuterSharding::optim &&
-          drawn.sharding == casefile::FsdpSharding::optim_grads_params && c.topology.dist_opt_instances == 1 &&
-          !topologies::check_config(two)) {
+      if (drawn.outer_sharding == FsdpOuterSharding::optim && drawn.sharding == FsdpSharding::optim_grads_params &&
+          c.topology.dist_opt_instances == 1 && !topologies::check_config(two)) {
         c.topology = two;
-        c.megatron_fsdp->outer_sharding = casefile::FsdpOuterSharding::optim;
+        set_megatron_fsdp_config(c, drawn);
       }
     }
-  } else if (c.megatron_fsdp) {
+  } else if (holds_fsdp) {
     // A shrink whose model no longer fits one stage runs on DDP instead.
     if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(c)) c = std::move(*laid_out);
-    else c.megatron_fsdp.reset();
+    else casefile::keep_only_section(c, "");
   }
   if (o.optimizer != vocab::OptimizerModel::distributed) c.topology.dist_opt_instances = 1;
   // Half the layer-wise cases take Megatron-LM 0.19's default parameter layout, where it runs; a

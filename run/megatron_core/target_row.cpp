@@ -1,6 +1,7 @@
 #include "run/megatron_core/target_row.h"
 
 #include "run/megatron_core/rules.h"
+#include "run/megatron_core/section.h"
 #include "gradnorm/releases.h"
 #include "topologies/parallel_config.h"
 #include "vocab/optimizer_models.h"
@@ -11,7 +12,9 @@ namespace {
 
 // Settings only megatron-core runs, which tally's model does not model: Megatron-FSDP's buffers and
 // the layer-wise parameter layout.
-bool megatron_core_alone(const casefile::Case& c) { return c.megatron_fsdp.has_value() || c.path.layer_wise_param_layout; }
+bool megatron_core_alone(const casefile::Case& c) {
+  return casefile::section_settings(c, kMegatronFsdpSection) || c.path.layer_wise_param_layout;
+}
 
 // tally's optimizer models and the layer-wise one over Megatron-LM 0.19's parameter layout, then,
 // on a layout Megatron-FSDP runs (one stage, the default order), each of its strategies (and the
@@ -25,14 +28,14 @@ std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants
     out.emplace_back("layerwise-layout", std::move(c));
   }
   if (base.topology.pp > 1 || !topologies::has_default_order(base.topology)) return out;
-  for (casefile::FsdpSharding sharding : casefile::kFsdpShardings) {
+  for (FsdpSharding sharding : kFsdpShardings) {
     casefile::Case c = base;
     c.path.optimizer = vocab::OptimizerModel::distributed;
     c.path.bucket_elements = 0;
-    c.megatron_fsdp = casefile::MegatronFsdpConfig{.sharding = sharding};
-    out.emplace_back("fsdp-" + std::string(casefile::fsdp_sharding_name(sharding)), c);
-    if (sharding == casefile::FsdpSharding::optim_grads_params && base.topology.dist_opt_instances > 1) {
-      c.megatron_fsdp->outer_sharding = casefile::FsdpOuterSharding::optim;
+    set_megatron_fsdp_config(c, {.sharding = sharding});
+    out.emplace_back("fsdp-" + std::string(fsdp_sharding_name(sharding)), c);
+    if (sharding == FsdpSharding::optim_grads_params && base.topology.dist_opt_instances > 1) {
+      set_megatron_fsdp_config(c, {.sharding = sharding, .outer_sharding = FsdpOuterSharding::optim});
       out.emplace_back("fsdp-optim_grads_params-outer-optim", std::move(c));
     }
   }
@@ -44,17 +47,25 @@ std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants
 // its strategy's shards.
 std::string megatron_core_norm_code(const casefile::Case& c) {
   if (c.path.layer_wise_param_layout) return "layerwise layout";
-  if (!c.megatron_fsdp) return std::string(vocab::optimizer_model_name(c.path.optimizer));
-  std::string code = "megatron-fsdp " + std::string(casefile::fsdp_sharding_name(c.megatron_fsdp->sharding));
-  if (c.megatron_fsdp->outer_sharding == casefile::FsdpOuterSharding::optim) code += " outer optim";
+  const std::optional<MegatronFsdpConfig> fsdp = megatron_fsdp_config(c);
+  if (!fsdp) return std::string(vocab::optimizer_model_name(c.path.optimizer));
+  std::string code = "megatron-fsdp " + std::string(fsdp_sharding_name(fsdp->sharding));
+  if (fsdp->outer_sharding == FsdpOuterSharding::optim) code += " outer optim";
   return code;
 }
+
+constexpr std::string_view kCannotRun[] = {"megatron_fsdp", "optimizer.layer_wise_param_layout"};
 
 // torchrun starts one rank per process; the worker picks gloo or NCCL for the world
 // (adapters/README.md).
 constexpr FrameworkTarget kMegatronCore{
     .name = "megatron-core",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.megatron.worker",
+    .section = kMegatronFsdpSection,
+    .read_section = [](const nlohmann::json& value, const std::string& path) {
+      return megatron_fsdp_config_json(read_megatron_fsdp_config(value, path));
+    },
+    .cannot_run = kCannotRun,
     .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
       return megatron_core_refusal(c, hello.version, hello.plants, hello.cannot_run);
     },
@@ -67,7 +78,7 @@ constexpr FrameworkTarget kMegatronCore{
     },
     .from_flags = [](casefile::Case c) { return c; },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (c.megatron_fsdp)
+      if (casefile::section_settings(c, kMegatronFsdpSection))
         return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
                "run it with --target megatron-core";
       if (c.path.layer_wise_param_layout)

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "run/target.h"
+#include "run/torchtitan/section.h"
 #include "topologies/logical_model.h"
 #include "topologies/model_spec.h"
 #include "vocab/faults.h"
@@ -11,8 +12,6 @@ namespace tally::run {
 
 namespace {
 
-using casefile::DTensorClip;
-using casefile::SpmdBackend;
 
 // The ranks torchtitan's sparse mesh splits into EP x efsdp: dp_shard x cp x tp (ParallelDims:
 // efsdp = dp_shard * cp * tp / ep); dp_replicate stays outside.
@@ -29,13 +28,13 @@ bool ep_fits(const topologies::ParallelConfig& t, const topologies::ModelSpec& m
 // experts (torchtitan/distributed/fsdp.py, apply_fsdp_to_decoder), and fully_shard refuses a dim
 // other than 0 that its shard ranks do not divide. The first expert param that would be split so,
 // as one line; nullopt when none.
-std::optional<std::string> fsdp_refuses_experts(const casefile::Case& c) {
+std::optional<std::string> fsdp_refuses_experts(const casefile::Case& c, const TorchTitanConfig& d) {
   const topologies::ModelSpec& m = c.model;
   const topologies::ParallelConfig& t = c.topology;
-  if (m.num_experts == 0 || !c.torchtitan) return std::nullopt;
-  const int dp_replicate = c.torchtitan->dp_replicate;
+  if (m.num_experts == 0) return std::nullopt;
+  const int dp_replicate = d.dp_replicate;
   const int dp_shard = topologies::dp(t) / std::max(1, dp_replicate);
-  const bool full = c.torchtitan->spmd_backend == casefile::SpmdBackend::full_dtensor;
+  const bool full = d.spmd_backend == SpmdBackend::full_dtensor;
   // The FSDP-and-EP ranks torchtitan compares with the experts, and the ranks FSDP shards over.
   const int efsdp_ep = t.ep > 1 ? dp_shard * t.cp * t.tp : dp_replicate * dp_shard * t.cp * (full ? t.tp : 1);
   const int shard = t.ep > 1 ? dp_shard * t.cp * t.tp / t.ep : dp_shard * t.cp;
@@ -75,8 +74,8 @@ bool any_fault(const vocab::FaultSet& faults, Pred pred) {
 }
 
 // What torch.nn.utils.clip_grad_norm_ cannot do that torchtitan's clip does.
-std::optional<std::string> torch_clip_refuses(const casefile::Case& c) {
-  if (!c.torchtitan || c.torchtitan->clip != DTensorClip::torch) return std::nullopt;
+std::optional<std::string> torch_clip_refuses(const casefile::Case& c, const TorchTitanConfig& d) {
+  if (d.clip != DTensorClip::torch) return std::nullopt;
   if (c.topology.pp > 1)
     return "torchtitan.clip torch with topology.pp " + std::to_string(c.topology.pp) +
            ": torch.nn.utils.clip_grad_norm_ has no pipeline group, so each stage would clip by its own "
@@ -126,8 +125,9 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
            "tally's relative tolerance does not model";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
     return "faults: the worker plants no counterpart of " + why;
-  if (!c.torchtitan) return "torchtitan: the case has no torchtitan configuration (clip, spmd_backend, dp_replicate)";
-  const int dp_replicate = c.torchtitan->dp_replicate;
+  const std::optional<TorchTitanConfig> d = torchtitan_config(c);
+  if (!d) return "torchtitan: the case has no torchtitan configuration (clip, spmd_backend, dp_replicate)";
+  const int dp_replicate = d->dp_replicate;
   if (topologies::dp(t) % dp_replicate != 0)
     return "torchtitan.dp_replicate " + std::to_string(dp_replicate) + ": must divide the data-parallel size " +
            std::to_string(topologies::dp(t)) + " (HSDP: dp_replicate x dp_shard)";
@@ -146,8 +146,8 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
     return "model.untie_embeddings_and_output_weights false with topology.pp " + std::to_string(t.pp) +
            ": torchtitan raises NotImplementedError (\"Weight tying is not supported with Pipeline Parallel\", "
            "torchtitan/models/common/decoder.py)";
-  if (auto why = fsdp_refuses_experts(c)) return why;
-  return torch_clip_refuses(c);
+  if (auto why = fsdp_refuses_experts(c, *d)) return why;
+  return torch_clip_refuses(c, *d);
 }
 
 casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, std::uint64_t draw) {
@@ -155,7 +155,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  casefile::drop_other_frameworks_sections(c, "torchtitan");
+  casefile::keep_only_section(c, kTorchTitanSection);
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
@@ -184,16 +184,16 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   if (t.pp > 1) m.untie_embeddings_and_output_weights = true;
   casefile::drop_stated_gradients_without_a_param(c, stages);
   std::uint64_t rest = draw;
-  const bool drawn = !c.torchtitan;
+  const std::optional<TorchTitanConfig> stated = torchtitan_config(c);
+  const bool drawn = !stated;
+  TorchTitanConfig d = stated.value_or(TorchTitanConfig{});
   if (drawn) {
-    c.torchtitan = casefile::TorchTitanConfig{};
     // A quarter of the cases torch's clip runs, as most FSDP2 users call it.
-    c.torchtitan->clip = rest % 4 == 3 ? DTensorClip::torch : DTensorClip::torchtitan;
+    d.clip = rest % 4 == 3 ? DTensorClip::torch : DTensorClip::torchtitan;
     rest /= 4;
-    c.torchtitan->spmd_backend = rest % 2 == 1 ? SpmdBackend::partial_dtensor : SpmdBackend::full_dtensor;
+    d.spmd_backend = rest % 2 == 1 ? SpmdBackend::partial_dtensor : SpmdBackend::full_dtensor;
     rest /= 2;
   }
-  casefile::TorchTitanConfig& d = *c.torchtitan;
   // A planted expert fault shows only across EP ranks.
   if (m.num_experts > 0 && t.ep == 1 && any_fault(o.faults, expert_fault)) t.ep = 2;
   // TP must divide the model's split dims, EP the experts and the ranks its mesh splits; torchtitan's
@@ -223,27 +223,28 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   }
   // Experts FSDP would split unevenly on dim 1: replicate over more of DP (HSDP), which shards over
   // fewer ranks, until it divides them.
-  while (fsdp_refuses_experts(c) && d.dp_replicate < topologies::dp(t)) {
+  while (fsdp_refuses_experts(c, d) && d.dp_replicate < topologies::dp(t)) {
     d.dp_replicate *= 2;
     if (topologies::dp(t) % d.dp_replicate != 0) d.dp_replicate = topologies::dp(t);
     settle();
   }
   // Else as many experts as those ranks: FSDP then shards them on dim 0, which may be uneven.
-  if (fsdp_refuses_experts(c)) {
+  if (fsdp_refuses_experts(c, d)) {
     const int dp_shard = topologies::dp(t) / d.dp_replicate;
     m.num_experts = t.ep > 1 ? dp_shard * t.cp * t.tp : d.dp_replicate * dp_shard * t.cp *
                     (d.spmd_backend == SpmdBackend::full_dtensor ? t.tp : 1);
   }
-  if (torch_clip_refuses(c)) d.clip = DTensorClip::torchtitan;
+  if (torch_clip_refuses(c, d)) d.clip = DTensorClip::torchtitan;
+  set_torchtitan_config(c, d);
   return c;
 }
 
 std::string torchtitan_norm_code(const casefile::Case& c) {
-  const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
+  const TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
   const std::string code = d.clip == DTensorClip::torch ? "torch.nn.utils.clip_grad_norm_"
                            : c.topology.ep > 1          ? "torchtitan _clip_grad_norm_with_ep"
                                                         : "torchtitan clip_grad_norm_";
-  return code + " on " + std::string(casefile::spmd_backend_name(d.spmd_backend));
+  return code + " on " + std::string(spmd_backend_name(d.spmd_backend));
 }
 
 std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(const casefile::Case& base) {
@@ -255,10 +256,12 @@ std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(co
           casefile::Case c = base;
           c.path.optimizer = vocab::OptimizerModel::plain;
           c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-          c.torchtitan = casefile::TorchTitanConfig{
-              .clip = clip, .spmd_backend = backend, .dp_replicate = dp_replicate, .before_reduction = before_reduction};
-          out.emplace_back(std::string(casefile::dtensor_clip_name(clip)) + "-" +
-                               std::string(casefile::spmd_backend_name(backend)) + (dp_replicate > 1 ? "-hsdp" : "") +
+          set_torchtitan_config(c, {.clip = clip,
+                                    .spmd_backend = backend,
+                                    .dp_replicate = dp_replicate,
+                                    .before_reduction = before_reduction});
+          out.emplace_back(std::string(dtensor_clip_name(clip)) + "-" +
+                               std::string(spmd_backend_name(backend)) + (dp_replicate > 1 ? "-hsdp" : "") +
                                (before_reduction ? "-unreduced" : ""),
                            std::move(c));
         }
@@ -266,7 +269,8 @@ std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(co
 }
 
 std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case& c) {
-  if (!c.torchtitan || !c.torchtitan->before_reduction) return std::nullopt;
+  const std::optional<TorchTitanConfig> d = torchtitan_config(c);
+  if (!d || !d->before_reduction) return std::nullopt;
   const topologies::ParallelConfig& t = c.topology;
   const int stage_ranks = t.world / std::max(1, t.pp);
   const int fsdp_ranks = stage_ranks / std::max(1, t.tp);
@@ -282,7 +286,7 @@ std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case&
 }
 
 nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
-  const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
+  const TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
   const topologies::ParallelConfig& t = c.topology;
   const int dp = topologies::dp(t);
   return {{"parallelism",
@@ -292,15 +296,15 @@ nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
             {"tensor_parallel_degree", t.tp},
             {"pipeline_parallel_degree", t.pp},
             {"expert_parallel_degree", t.ep},
-            {"spmd_backend", std::string(casefile::spmd_backend_name(d.spmd_backend))}}},
+            {"spmd_backend", std::string(spmd_backend_name(d.spmd_backend))}}},
           {"training", {{"max_norm", c.path.max_norm}}},
-          {"clip", std::string(casefile::dtensor_clip_name(d.clip))}};
+          {"clip", std::string(dtensor_clip_name(d.clip))}};
 }
 
 std::string torchtitan_model_description(const casefile::Case& c) {
-  const casefile::TorchTitanConfig d = c.torchtitan.value_or(casefile::TorchTitanConfig{});
+  const TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
   const int dp = topologies::dp(c.topology);
-  return "tally's GPT/MoE as a torchtitan decoder on " + std::string(casefile::spmd_backend_name(d.spmd_backend)) +
+  return "tally's GPT/MoE as a torchtitan decoder on " + std::string(spmd_backend_name(d.spmd_backend)) +
          " meshes (dp_replicate " + std::to_string(d.dp_replicate) + ", dp_shard " +
          std::to_string(dp / std::max(1, d.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +
          std::to_string(c.topology.tp) + ", pp " + std::to_string(c.topology.pp) + ", ep " +

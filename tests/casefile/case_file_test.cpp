@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "casefile/model_json.h"
+#include "io/json_read.h"
 #include "tests/support/fault_cases.h"
 #include "tests/support/model_gen.h"
 #include "topologies/logical_model.h"
@@ -18,6 +19,21 @@ namespace tally::casefile {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A stand-in for run/'s table of targets (run::case_frameworks() is the real one, tested with each
+// framework's section in tests/run/): a framework with a section of one setting whose worker builds
+// models of its own, and one without a section.
+nlohmann::ordered_json read_stand_in_section(const nlohmann::json& value, const std::string& path) {
+  int level = 1;
+  io::read_object(value, path,
+                  {{"level", [&](const nlohmann::json& v, const std::string& p) { level = static_cast<int>(io::read_integer(v, p, 0, 3)); }}},
+                  "the stand-in configuration");
+  return {{"level", level}};
+}
+constexpr FrameworkSchema kFrameworks[] = {
+    {.name = "stand-in", .section = "stand_in", .read_section = read_stand_in_section, .own_models = true},
+    {.name = "megatron-core"},
+};
 
 // Any valid case: a valid (config, model) pair, every option, faults, an expectation that
 // names real params.
@@ -95,9 +111,9 @@ rc::Gen<Case> any_case() {
 RC_GTEST_PROP(CaseFile, RoundTrips, ()) {
   const Case c = *any_case();
   RC_ASSERT(check_case(c) == std::nullopt);
-  RC_ASSERT(case_from_json(nlohmann::json::parse(case_to_json(c).dump())) == c);
+  RC_ASSERT(case_from_json(nlohmann::json::parse(case_to_json(c).dump()), kFrameworks) == c);
   const std::string text = case_to_text(c);
-  const Case read = case_from_text(text, "case.json");
+  const Case read = case_from_text(text, "case.json", kFrameworks);
   RC_ASSERT(read == c);
   RC_ASSERT(case_to_text(read) == text);  // text -> case -> text: the same bytes
 }
@@ -121,26 +137,6 @@ Case founding_case(int world) {
   return c;
 }
 
-TEST(CaseFile, SeedsAreCanonical) {
-  // Every checked-in seed reads, and writing it back gives the same bytes.
-  const fs::path seeds = fs::path(TALLY_SOURCE_DIR) / "seeds";
-  int count = 0;
-  for (auto it = fs::recursive_directory_iterator(seeds); it != fs::recursive_directory_iterator(); ++it) {
-    const fs::directory_entry& entry = *it;
-    if (entry.path().extension() == ".manifests") {  // a real target's saved manifests
-      it.disable_recursion_pending();
-      continue;
-    }
-    // A finding file states a finding beside its saved runs (fuzz/findings.h): no case.
-    if (entry.path().extension() != ".json" || entry.path().filename().string().ends_with(".finding.json")) continue;
-    const std::string text = read_file(entry.path());
-    const Case c = case_from_text(text, entry.path().string());
-    EXPECT_EQ(case_to_text(c), text) << entry.path();
-    ++count;
-  }
-  EXPECT_GE(count, 2 * (vocab::kFaultCount - 1) + 4);
-}
-
 TEST(CaseFile, DocumentedExampleReads) {
   const std::string doc = read_file(fs::path(TALLY_SOURCE_DIR) / "docs" / "case-files.md");
   const std::size_t start = doc.find("```json\n");
@@ -149,14 +145,14 @@ TEST(CaseFile, DocumentedExampleReads) {
   const std::string example = doc.substr(start + 8, end - start - 8);
   // The annotated example is canonical apart from its comments, which JSON does not have:
   // the docs strip them to one in a "description" instead.
-  const Case c = case_from_text(example, "docs/case-files.md");
+  const Case c = case_from_text(example, "docs/case-files.md", kFrameworks);
   EXPECT_EQ(case_to_text(c), example);
   EXPECT_EQ(c.topology, founding_case(8).topology);
 }
 
 TEST(CaseFile, MinimalFileTakesTheDocumentedDefaults) {
   const Case c = case_from_text(
-      R"({"tally_case": 1, "topology": {"world": 4, "tp": 2}, "model": {}})", "min.json");
+      R"({"tally_case": 1, "topology": {"world": 4, "tp": 2}, "model": {}})", "min.json", kFrameworks);
   EXPECT_EQ(c.topology.world, 4);
   EXPECT_EQ(c.topology.etp, 2);  // Megatron-LM's default: etp = tp
   EXPECT_EQ(c.topology.order, "tp-cp-ep-dp-pp");
@@ -187,7 +183,7 @@ TEST(CaseFile, ReadsEveryField) {
     "expect": {"outcome": "fail", "statistics": ["p0.5", "ledger"],
                "miscounted": ["decoder.final_layernorm.weight"]},
     "tool": {"name": "tally", "version": "9.9.9", "eigen": "3.4.0"}})",
-                                "all.json");
+                                "all.json", kFrameworks);
   EXPECT_EQ(c.topology.pp, 2);
   EXPECT_EQ(c.topology.etp, 1);
   EXPECT_EQ(c.path.optimizer, vocab::OptimizerModel::distributed);
@@ -214,7 +210,7 @@ TEST(CaseFile, ReadsEveryField) {
 // The message `text` gives, or "" when it reads.
 std::string error_of(const std::string& text) {
   try {
-    case_from_text(text, "bad.json");
+    case_from_text(text, "bad.json", kFrameworks);
   } catch (const CaseFileError& error) {
     const std::string message = error.what();
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
@@ -320,13 +316,12 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
       {with_section(R"("expect": {"outcome": "fail", "miscounted": ["decoder.layers.9.bias"]})"),
        "bad.json: case.expect.miscounted[0]: \"decoder.layers.9.bias\" is not a param of the model (tally layout lists them)"},
       {with_section(R"("target": {"framework": "paddle", "version": "0.2.0"})"),
-       "bad.json: case.target.framework: expected a framework tally has a worker for (megatron-core, deepspeed, torchtitan, automodel), got \"paddle\""},
-      {with_section(R"("deepspeed": {"zero_stage": 4})"),
-       "bad.json: case.deepspeed.zero_stage: expected an integer >= 0 at most 3, got 4"},
-      {with_section(R"("deepspeed": {"loss_scale": 100})"),
-       "bad.json: case.deepspeed.loss_scale: expected a power of two (a loss scale that keeps every gradient exact), got 100"},
-      {with_section(R"("deepspeed": {"offload": true})"),
-       "bad.json: case.deepspeed.offload: unknown key for the DeepSpeed configuration"},
+       "bad.json: case.target.framework: expected a framework tally has a worker for (stand-in, megatron-core), got \"paddle\""},
+      {with_section(R"("stand_in": {"level": 4})"),
+       "bad.json: case.stand_in.level: expected an integer >= 0 at most 3, got 4"},
+      {with_section(R"("stand_in": {"depth": 1})"),
+       "bad.json: case.stand_in.depth: unknown key for the stand-in configuration"},
+      {with_section(R"("deepspeed": {"zero_stage": 1})"), "bad.json: case.deepspeed: unknown key for a case"},
       {with_section(R"("target": {"framework": "megatron-core"})"),
        "bad.json: case.target: missing key 'version' for the target"},
       {with_section(R"("target": {"framework": "megatron-core", "version": ""})"),
@@ -344,7 +339,7 @@ TEST(CaseFile, FieldErrorsNameThePathAndTheRule) {
 }
 
 TEST(CaseFile, ARealTargetsCaseRoundTripsWithItsSavedManifests) {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", kFrameworks);
   c.target = casefile::RealTarget{"megatron-core", "0.19.2", "found.manifests"};
   const std::string text = casefile::case_to_json(c).dump(2);
   EXPECT_NE(text.find(R"("target": {
@@ -353,40 +348,38 @@ TEST(CaseFile, ARealTargetsCaseRoundTripsWithItsSavedManifests) {
     "manifests": "found.manifests"
   },
   "expect")"), std::string::npos) << "after the faults, before the expectation: " << text;
-  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), kFrameworks, "case"), c);
   c.target->manifests.clear();
   EXPECT_EQ(casefile::case_to_json(c)["target"].size(), 2u) << "no saved manifests: no key";
-  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), kFrameworks, "case"), c);
 }
 
-TEST(CaseFile, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
-  c.deepspeed = casefile::DeepSpeedConfig{2, true, 1024};
-  c.target = casefile::RealTarget{"deepspeed", "0.19.8", ""};
+TEST(CaseFile, AFrameworksSectionIsReadByItsReaderAndWrittenAsItsCanonicalJson) {
+  casefile::Case c = casefile::case_from_text(with_section(R"("stand_in": {})"), "fw.json", kFrameworks);
+  ASSERT_TRUE(section_settings(c, "stand_in"));
+  EXPECT_EQ(*section_settings(c, "stand_in"), nlohmann::ordered_json({{"level", 1}})) << "the reader's defaults";
+  EXPECT_TRUE(c.sections.at("stand_in").own_models);
+  EXPECT_EQ(section_settings(c, "megatron_fsdp"), nullptr);
+  c.target = casefile::RealTarget{"stand-in", "1.0", ""};
   const std::string text = casefile::case_to_json(c).dump(2);
-  EXPECT_NE(text.find(R"("deepspeed": {
-    "zero_stage": 2,
-    "grad_accum_fp32": true,
-    "loss_scale": 1024
+  EXPECT_NE(text.find(R"("stand_in": {
+    "level": 1
   },
   "target")"), std::string::npos) << "after the faults, before the target: " << text;
-  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
-  EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("autotp")) << "absent means false";
-  c.deepspeed->autotp = true;
-  c.deepspeed->autoep = true;  // (the target refuses both at once; the file keeps what it says)
-  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autotp"], true);
-  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autoep"], true);
-  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
-  EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("fused_adam")) << "absent means false";
-  c.deepspeed->fused_adam = true;
-  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["fused_adam"], true);
-  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
-  EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("offload_optimizer")) << "absent means false";
-  c.deepspeed->offload_optimizer = true;
-  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["offload_optimizer"], true);
-  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), "case"), c);
-  c.deepspeed.reset();
-  EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";
+  EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), kFrameworks, "case"), c);
+  keep_only_section(c, "stand_in");
+  EXPECT_TRUE(section_settings(c, "stand_in")) << "its own section stays";
+  keep_only_section(c, "");
+  EXPECT_FALSE(casefile::case_to_json(c).contains("stand_in")) << "dropped: no section";
+}
+
+TEST(CaseFile, ASectionOfAFrameworkWithItsOwnModelsLiftsMegatronsModelRules) {
+  // Expert biases with expert TP: Megatron-LM refuses them; a framework building its own models may not.
+  const std::string biased_experts =
+      R"({"tally_case": 1, "topology": {"world": 4, "tp": 2, "ep": 2, "etp": 2},
+          "model": {"num_layers": 1, "num_experts": 4, "add_bias_linear": true})";
+  EXPECT_NE(error_of(biased_experts + "}").find("need etp 1"), std::string::npos);
+  EXPECT_EQ(error_of(biased_experts + R"(, "stand_in": {}})"), "");
 }
 
 TEST(CaseFile, InvalidJsonIsOneLine) {
@@ -443,7 +436,7 @@ TEST(CaseFile, HostileInputsAreErrorsNotCrashes) {
   const std::string big_model =
       R"({"tally_case": 1, "topology": {"world": 1}, "model": {"kind": "custom", "params": [
           {"name": "w", "class": "replicated", "shape": [1048576, 1048576]}]}})";
-  const Case big = case_from_text(big_model, "big.json");
+  const Case big = case_from_text(big_model, "big.json", kFrameworks);
   EXPECT_EQ(topologies::LogicalModel(big.model, big.topology).total_elements(), std::int64_t{1} << 40);
   EXPECT_EQ(error_of(R"({"tally_case": 1, "topology": {"world": 1}, "model": {"kind": "custom", "params": [
           {"name": "w", "class": "replicated", "shape": [1048576, 1048576]},
@@ -481,11 +474,11 @@ TEST(CaseFile, WritesAtomicallyAndReadsBack) {
   Case c = founding_case(2);
   c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
   c.expect = Expectation{Expectation::Outcome::fail, {"l2"}, {}};
-  write_case_file(file, c);
-  EXPECT_EQ(load_case_file(file), c);
+  write_case_file(file, c, kFrameworks);
+  EXPECT_EQ(load_case_file(file, kFrameworks), c);
   c.description = "overwritten";
-  write_case_file(file, c);
-  EXPECT_EQ(load_case_file(file), c);
+  write_case_file(file, c, kFrameworks);
+  EXPECT_EQ(load_case_file(file, kFrameworks), c);
   EXPECT_EQ(read_file(file), case_to_text(c));
   // Nothing but the file is left behind.
   int entries = 0;
@@ -495,7 +488,7 @@ TEST(CaseFile, WritesAtomicallyAndReadsBack) {
   EXPECT_NE(perms & fs::perms::others_read, fs::perms::none);
   // A folder that does not exist: an error naming the file.
   try {
-    write_case_file((folder / "missing" / "x.json").string(), c);
+    write_case_file((folder / "missing" / "x.json").string(), c, kFrameworks);
     ADD_FAILURE() << "no error";
   } catch (const std::runtime_error& error) {
     EXPECT_NE(std::string(error.what()).find("missing/x.json: cannot write the case file"), std::string::npos)
@@ -506,14 +499,14 @@ TEST(CaseFile, WritesAtomicallyAndReadsBack) {
 
 TEST(CaseFile, LoadErrorsNameTheFile) {
   try {
-    load_case_file("/nonexistent/case.json");
+    load_case_file("/nonexistent/case.json", kFrameworks);
     ADD_FAILURE() << "no error";
   } catch (const CaseFileError& error) {
     EXPECT_STREQ(error.what(), "/nonexistent/case.json: cannot open the case file");
   }
   const fs::path folder = fs::path(::testing::TempDir());
   try {
-    load_case_file(folder.string());
+    load_case_file(folder.string(), kFrameworks);
     ADD_FAILURE() << "no error";
   } catch (const CaseFileError& error) {
     EXPECT_EQ(std::string(error.what()), folder.string() + ": is a folder, not a case file");
@@ -526,7 +519,7 @@ TEST(CaseFile, ReadingAFifoIsRefusedWithoutBlocking) {
   fs::remove(fifo);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   try {
-    load_case_file(fifo.string());
+    load_case_file(fifo.string(), kFrameworks);
     ADD_FAILURE() << "no error";
   } catch (const CaseFileError& error) {
     EXPECT_EQ(std::string(error.what()),
@@ -565,7 +558,7 @@ TEST(CaseFile, FittedDescriptionsAlwaysReadBack) {
   EXPECT_EQ((cut.size() - 3) % 2, 0u);
   Case c = founding_case(2);
   c.description = cut;
-  EXPECT_EQ(case_from_text(case_to_text(c), "fitted").description, cut);
+  EXPECT_EQ(case_from_text(case_to_text(c), "fitted", kFrameworks).description, cut);
 }
 
 TEST(CaseFile, WriterRefusesWhatTheReaderWouldReject) {
@@ -573,7 +566,7 @@ TEST(CaseFile, WriterRefusesWhatTheReaderWouldReject) {
   fs::remove(file);
   Case c = founding_case(2);
   c.description = std::string(kMaxDescriptionBytes + 1, 'x');
-  EXPECT_THROW(write_case_file(file.string(), c), std::invalid_argument);
+  EXPECT_THROW(write_case_file(file.string(), c, kFrameworks), std::invalid_argument);
   EXPECT_FALSE(fs::exists(file));
 }
 
@@ -582,7 +575,7 @@ TEST(CaseFile, StrayClassMaskBitsAreAProgrammingError) {
   c.path.gradients.class_mask = 1u << 31;
   EXPECT_THROW(case_to_json(c), std::invalid_argument);
   c.path.gradients.class_mask = 0;  // no class: every gradient zero, written as []
-  EXPECT_EQ(case_from_text(case_to_text(c), "x.json"), c);
+  EXPECT_EQ(case_from_text(case_to_text(c), "x.json", kFrameworks), c);
 }
 
 }  // namespace

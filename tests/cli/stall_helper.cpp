@@ -22,6 +22,7 @@
 #include "cli/commands.h"
 #include "comm/mpi_communicator.h"
 #include "run/backend.h"
+#include "run/target.h"
 
 namespace {
 
@@ -61,7 +62,7 @@ int run_engine(int stall_rank, double timeout, const std::string& case_file) {
   auto engine = std::make_unique<StallingEngine>(tally::run::make_mpi_engine(session),
                                                  session.rank() == stall_rank);
   if (session.rank() != 0) return tally::run::serve_mpi_cases(session, *engine);
-  const tally::casefile::Case c = tally::casefile::load_case_file(case_file);
+  const tally::casefile::Case c = tally::casefile::load_case_file(case_file, tally::run::case_frameworks());
   tally::run::MpiBackend backend(session, std::move(engine));
   int code = 0;
   try {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "casefile/case_file.h"
+#include "run/target.h"
 
 namespace {
 
@@ -91,9 +92,9 @@ const std::string kSeed = std::string(TALLY_SOURCE_DIR) + "/seeds/average-rank-n
 TEST(StalledProcess, TallyRunEndsWhenAServingProcessStops) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun found when tally was configured";
   const fs::path dir = scratch("run");
-  tally::casefile::Case c = tally::casefile::load_case_file(kSeed);
+  tally::casefile::Case c = tally::casefile::load_case_file(kSeed, tally::run::case_frameworks());
   c.description = std::string(4000, 'x');  // past the eager limit: the broadcast waits for rank 1
-  tally::casefile::write_case_file((dir / "case.json").string(), c);
+  tally::casefile::write_case_file((dir / "case.json").string(), c, tally::run::case_frameworks());
   const JobResult job = run_job(dir, {"cli", "1", "run", (dir / "case.json").string(), "--backend",
                                       "mpi", "--timeout", "2"});
   expect_job_ended(job, 0, "broadcast of a case|MPI_Comm_split of the .* communicators");

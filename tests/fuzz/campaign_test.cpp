@@ -51,7 +51,7 @@ std::vector<MutantResult> mutants_on_model(const MutantOptions& o) {
 
 // Replays a case file as `tally replay` does: its expectation must be met.
 void expect_replays(const std::string& path) {
-  const casefile::Case c = casefile::load_case_file(path);
+  const casefile::Case c = casefile::load_case_file(path, run::case_frameworks());
   ASSERT_TRUE(c.expect.has_value()) << path;
   EXPECT_EQ(c.expect->outcome, casefile::Expectation::Outcome::fail) << path;
   EXPECT_FALSE(c.expect->statistics.empty()) << path;
@@ -186,7 +186,7 @@ class Recorder final : public CampaignObserver {
     EXPECT_TRUE(fs::exists(f.original_path));
     const std::string shrunk = f.original_path.substr(0, f.original_path.size() - 5) + ".shrunk.json";
     EXPECT_FALSE(fs::exists(shrunk));
-    const casefile::Case on_disk = casefile::load_case_file(f.original_path);
+    const casefile::Case on_disk = casefile::load_case_file(f.original_path, run::case_frameworks());
     EXPECT_EQ(on_disk.expect, f.original.expect);
     if (stop) stop->store(true);
   }
@@ -403,7 +403,7 @@ TEST(Campaign, HangsAreFailures) {
   ASSERT_EQ(result.failures.size(), 1u);
   const Failure& f = result.failures[0];
   EXPECT_EQ(f.signature.kind, oracle::Verdict::Kind::infra_error);
-  EXPECT_EQ(casefile::load_case_file(f.shrunk_path).expect->outcome, casefile::Expectation::Outcome::infra_error);
+  EXPECT_EQ(casefile::load_case_file(f.shrunk_path, run::case_frameworks()).expect->outcome, casefile::Expectation::Outcome::infra_error);
   EXPECT_LE(f.shrunk.topology.world, 2);
 }
 
@@ -432,7 +432,7 @@ TEST(Campaign, AnInfraErrorOfARealTargetStopsTheCampaignUnshrunk) {
   EXPECT_EQ(result.stopped_by, CampaignResult::Stop::infra_error);
   ASSERT_TRUE(result.infra_error);
   EXPECT_EQ(result.infra_error->index, 2);
-  EXPECT_EQ(casefile::load_case_file(result.infra_error->path).expect->outcome,
+  EXPECT_EQ(casefile::load_case_file(result.infra_error->path, run::case_frameworks()).expect->outcome,
             casefile::Expectation::Outcome::infra_error);
   std::ifstream message(result.infra_error->message_path);
   std::stringstream text;

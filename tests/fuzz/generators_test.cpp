@@ -10,6 +10,7 @@
 
 #include "casefile/case_file.h"
 #include "fuzz/sweep.h"
+#include "run/target.h"
 #include "tests/support/config_gen.h"
 #include "tests/support/show.h"
 #include "topologies/rank_layout.h"
@@ -144,7 +145,7 @@ RC_GTEST_PROP(Generators, CasesRoundTripThroughCaseFiles, ()) {
   o.big_zeros_one_in = 10;
   casefile::Case c = *gen_case(o);
   if (*rc::gen::arbitrary<bool>()) c.expect = casefile::Expectation{};
-  const casefile::Case back = casefile::case_from_text(casefile::case_to_text(c), "generated");
+  const casefile::Case back = casefile::case_from_text(casefile::case_to_text(c), "generated", run::case_frameworks());
   RC_ASSERT(back == c);
 }
 

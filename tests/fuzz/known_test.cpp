@@ -16,6 +16,7 @@
 #include "fuzz/known_measure.h"
 #include "gradnorm/releases.h"
 #include "manifest/manifest.h"
+#include "run/deepspeed/section.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
 #include "run/target.h"
@@ -144,7 +145,7 @@ TEST(KnownFindings, EverySavedRunIsKnownByTheFindingThatClaimsIt) {
       EXPECT_FALSE(k.only_layout) << k.spec.file << ": a saved failing run no finding file claims";
       for (const SavedRun& r : k.runs) {
         ++runs;
-        const casefile::Case c = casefile::load_case_file(r.file);
+        const casefile::Case c = casefile::load_case_file(r.file, run::case_frameworks());
         const Explanation e = explain(known, c, saved_verdict(c, r.file));
         EXPECT_NE(std::find(e.findings.begin(), e.findings.end(), k.name()), e.findings.end())
             << r.file << " of " << k.name() << ": " << joined(e);
@@ -194,7 +195,7 @@ TEST(KnownFindings, TheNightsFailuresAreKnownByCause) {
   };
   for (const auto& [run, expected] : runs) {
     const std::string file = kCampaigns + run + ".json";
-    const casefile::Case c = casefile::load_case_file(file);
+    const casefile::Case c = casefile::load_case_file(file, run::case_frameworks());
     const std::vector<KnownFinding> known = load_known(kSeeds, c.target->framework, c.target->version);
     const oracle::Verdict verdict = saved_verdict(c, file);
     ASSERT_EQ(verdict.kind, oracle::Verdict::Kind::fail) << run;
@@ -208,7 +209,7 @@ TEST(KnownFindings, TheNightsFailuresAreKnownByCause) {
 // release does not do there: new.
 TEST(KnownFindings, WhereTheReleaseIsModelledAFailureIsKnownOnlyAsTheModelGivesIt) {
   const std::string file = kCampaigns + "megatron-core-0.19.2/layerwise-expert-bias-zeros-gradients.json";
-  const casefile::Case c = casefile::load_case_file(file);
+  const casefile::Case c = casefile::load_case_file(file, run::case_frameworks());
   const std::vector<KnownFinding> known = load_known(kSeeds, "megatron-core", "0.19.2");
   const oracle::Verdict verdict = saved_verdict(c, file);
   ASSERT_FALSE(verdict.miscounted.empty());
@@ -245,7 +246,7 @@ TEST(KnownFindings, WhereTheReleaseIsModelledAFailureIsKnownOnlyAsTheModelGivesI
 // the same param counted fewer times is not that finding, nor is the form at TP 1.
 TEST(KnownFindings, WhereTheReleaseIsNotModelledTheStatedCornerDecides) {
   const std::string file = kCampaigns + "megatron-core-0.19.2/fsdp-optim-zero-count-router-tp2.json";
-  const casefile::Case c = casefile::load_case_file(file);
+  const casefile::Case c = casefile::load_case_file(file, run::case_frameworks());
   const std::vector<KnownFinding> known = load_known(kSeeds, "megatron-core", "0.19.2");
   const oracle::Verdict verdict = saved_verdict(c, file);
   ASSERT_EQ(joined(explain(known, c, verdict)), "megatron-core-0.19.2-fsdp-zero-count-tp-duplicates");
@@ -271,12 +272,12 @@ TEST(KnownFindings, WhereTheReleaseIsNotModelledTheStatedCornerDecides) {
 // another optimizer is another defect.
 TEST(KnownFindings, AFindingIsTiedToItsNormCode) {
   const std::string file = kSeeds + "/deepspeed-0.19.8-zero-drops-expert-partitions-of-tp-ranks.fail.json";
-  casefile::Case c = casefile::load_case_file(file);
+  casefile::Case c = casefile::load_case_file(file, run::case_frameworks());
   const std::vector<KnownFinding> known = load_known(kSeeds, "deepspeed", "0.19.8");
   EXPECT_TRUE(load_known(kSeeds, "deepspeed", "0.19.7").empty()) << "another release";
   const oracle::Verdict verdict = saved_verdict(c, file);
   EXPECT_EQ(joined(explain(known, c, verdict)), "deepspeed-0.19.8-zero-drops-expert-partitions-of-tp-ranks");
-  c.deepspeed->zero_stage = 3;
+  run::change_deepspeed_config(c, [&](run::DeepSpeedConfig& d) { d.zero_stage = 3; });
   EXPECT_EQ(known_path(c), "DeepSpeedZeroOptimizer_Stage3");
   EXPECT_TRUE(explain(known, c, verdict).findings.empty());
   EXPECT_TRUE(explain(known, c, oracle::Verdict{}).findings.empty()) << "a pass is no finding";

@@ -180,7 +180,7 @@ TEST(Sweep, TallysModelOfTheReleaseIsHeldAgainstEachCaseTheReleaseRuns) {
   const std::unique_ptr<run::Target> release = run::model_target(backend);
   SweepCase sc;
   sc.id = "founding-6099";
-  sc.c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.fail.json");
+  sc.c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.fail.json", run::case_frameworks());
   sc.c.expect.reset();
   sc.c.path.faults = {};
   const auto model_with = [](std::vector<vocab::Fault> faults) {
@@ -209,7 +209,7 @@ TEST(Sweep, TallysModelOfTheReleaseIsHeldAgainstEachCaseTheReleaseRuns) {
 }
 
 TEST(Sweep, TwoFailuresDisagreeWhenTheyMiscountOtherParamsOrOtherElements) {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.fail.json");
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.fail.json", run::case_frameworks());
   c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_dedup_on_dense_tp});
   const oracle::Verdict dedup = run::run_case(c);
   ASSERT_EQ(dedup.kind, oracle::Verdict::Kind::fail);
@@ -243,7 +243,7 @@ TEST(Sweep, TheReleaseModelLaysOutTheDistributedOptimizersBuffersAsTheReleaseDoe
   for (const char* name : {"world8-L002-dense-distributed-instances2", "world8-L012-moe-distributed-instances2",
                            "world8-L024-dense-distributed-instances2"}) {
     SCOPED_TRACE(name);
-    const casefile::Case c = casefile::load_case_file(folder + name + ".json");
+    const casefile::Case c = casefile::load_case_file(folder + name + ".json", run::case_frameworks());
     const oracle::Verdict release = run::judge_target_run(c, folder + name + ".manifests", oracle::kFrameworkRtol);
     ASSERT_EQ(release.kind, oracle::Verdict::Kind::fail);
     const std::optional<casefile::Case> model_case = megatron->release_model_case(c, "0.19.2");

@@ -19,6 +19,7 @@
 #include "casefile/case_file.h"
 #include "kernels/gradient_generator.h"
 #include "manifest/manifest_json.h"
+#include "run/deepspeed/section.h"
 #include "run/framework_worker.h"
 #include "run/target_run.h"
 #include "run/model_manifests.h"
@@ -38,6 +39,13 @@ using nlohmann::json;
 using testing::full_instance;
 using testing::load_json_file;
 using testing::schema_errors;
+
+// Every case setting some framework's worker may decline (each row's cannot_run).
+std::vector<std::string_view> every_cannot_run_setting() {
+  std::vector<std::string_view> settings;
+  for (const FrameworkTarget* t : framework_targets()) settings.insert(settings.end(), t->cannot_run.begin(), t->cannot_run.end());
+  return settings;
+}
 
 json schema(const std::string& name) {
   return load_json_file(TALLY_SOURCE_DIR "/docs/schemas/" + name + ".schema.json");
@@ -133,7 +141,7 @@ TEST(BorderSchemas, TheCheckerRefusesWhatTheSchemasRefuse) {
   bad = ok;
   bad["version"] = "0.19.2\n";  // a pattern's end is no "$", which matches before a final newline
   EXPECT_EQ(schema_errors(hello, bad).size(), 1u);
-  EXPECT_THROW(read_hello(bad.dump()), std::invalid_argument);
+  EXPECT_THROW(read_hello(bad.dump(), every_cannot_run_setting()), std::invalid_argument);
   bad = ok;
   bad.erase("version");
   EXPECT_EQ(schema_errors(hello, bad), std::vector<std::string>{": the required property \"version\" is missing"});
@@ -152,7 +160,7 @@ TEST(BorderSchemas, TheGradientIndexOfEverySeedCaseValidates) {
         !entry.path().string().ends_with(".finding.json"))
       files.push_back(entry.path());
   for (const fs::path& file : files) {
-    const casefile::Case c = casefile::load_case_file(file.string());
+    const casefile::Case c = casefile::load_case_file(file.string(), run::case_frameworks());
     // As the case's target sends it: with its reduction groups' shares where the row states them.
     const FrameworkTarget* row = framework_of(c);
     std::optional<ReductionGroups> reduction;
@@ -196,15 +204,15 @@ TEST(BorderSchemas, TheModelTargetsManifestsOfEverySeedCaseValidate) {
   std::set<std::string> seen;
   int folders = 0;
   std::vector<std::pair<std::string, casefile::Case>> cases;
-  for (const fs::path& file : seed_files()) cases.emplace_back(file.stem().string(), casefile::load_case_file(file.string()));
+  for (const fs::path& file : seed_files()) cases.emplace_back(file.stem().string(), casefile::load_case_file(file.string(), run::case_frameworks()));
   // No seed has MTP heads in a grad-norm group of their own, whose norm a manifest reports apart.
-  casefile::Case mtp = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  casefile::Case mtp = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", run::case_frameworks());
   mtp.model.mtp_num_layers = 1;
   mtp.model.mtp_detach_heads = true;
   mtp.expect.reset();
   cases.emplace_back("mtp-detached-heads", mtp);
   for (const auto& [name, c] : cases) {
-    if (c.deepspeed) continue;  // a case of the deepspeed target only: tally's model refuses it
+    if (deepspeed_config(c)) continue;  // a case of the deepspeed target only: tally's model refuses it
     const fs::path dir = write_model_manifests(c, root / name);
     if (dir.empty()) continue;  // a run that hangs (empty-rank-skips-collective) writes none
     ++folders;
@@ -273,7 +281,10 @@ TEST(BorderSchemas, TheCaseSchemasNamesAreTallys) {
   json faults = json::array(), optimizers = json::array(), frameworks = json::array();
   for (const vocab::FaultInfo& f : vocab::fault_catalog()) faults.push_back(std::string(f.name));
   for (const vocab::OptimizerModelInfo& o : vocab::optimizer_models()) optimizers.push_back(std::string(o.name));
-  for (std::string_view f : casefile::kKnownFrameworks) frameworks.push_back(std::string(f));
+  for (const FrameworkTarget* t : framework_targets()) {
+    frameworks.push_back(std::string(t->name));
+    if (!t->section.empty()) EXPECT_TRUE(p.contains(std::string(t->section))) << "the schema lacks " << t->section;
+  }
   const json classes = names_of(topologies::kAllParamClasses, topologies::class_name);
   EXPECT_EQ(p["faults"]["items"]["enum"], faults);
   EXPECT_EQ(p["faults"]["maxItems"], vocab::kFaultCount);
@@ -296,13 +307,17 @@ TEST(BorderSchemas, TheHellosCannotRunSettingsAreTheOnesTallyReads) {
   const json hello = schema("hello");
   std::vector<std::string> listed;
   for (const auto& [name, ignored] : hello["properties"]["cannot_run"]["properties"].items()) listed.push_back(name);
-  EXPECT_EQ(listed, std::vector<std::string>(std::begin(kCannotRunSettings), std::end(kCannotRunSettings)));
+  std::vector<std::string> rows;
+  for (std::string_view setting : every_cannot_run_setting()) rows.emplace_back(setting);
+  std::sort(rows.begin(), rows.end());
+  EXPECT_EQ(listed, rows) << "the schema lists what every row's cannot_run does";
   try {
     read_hello(R"({"framework": "deepspeed", "version": "0.19.8", "world": 2, "producer": "p",
-                  "cannot_run": {"deepspeed.cpu_adam": "no"}})");
+                  "cannot_run": {"deepspeed.cpu_adam": "no"}})",
+               framework_target("deepspeed")->cannot_run);
     ADD_FAILURE() << "a setting tally does not know must be refused";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hello.cannot_run[\"deepspeed.cpu_adam\"]: not a case setting a worker may decline"),
+    EXPECT_NE(std::string(e.what()).find("hello.cannot_run[\"deepspeed.cpu_adam\"]: not a case setting this framework's worker may decline (deepspeed.fused_adam)"),
               std::string::npos)
         << e.what();
   }
@@ -353,7 +368,7 @@ void expect_reader_matches_schema(const json& s, Read read, const std::string& r
 }
 
 TEST(BorderSchemas, TallysHelloReaderTakesExactlyTheFieldsOfTheHelloSchema) {
-  expect_reader_matches_schema(schema("hello"), [](const std::string& text) { return read_hello(text); }, "hello");
+  expect_reader_matches_schema(schema("hello"), [](const std::string& text) { return read_hello(text, every_cannot_run_setting()); }, "hello");
 }
 
 TEST(BorderSchemas, TallysResultReaderTakesExactlyTheFieldsOfTheResultSchema) {
@@ -361,7 +376,7 @@ TEST(BorderSchemas, TallysResultReaderTakesExactlyTheFieldsOfTheResultSchema) {
 }
 
 TEST(BorderSchemas, TheFullHelloIsReadFieldByField) {
-  const WorkerHello h = read_hello(full_instance(schema("hello")).dump());
+  const WorkerHello h = read_hello(full_instance(schema("hello")).dump(), every_cannot_run_setting());
   EXPECT_EQ(h.world, 1);
   EXPECT_EQ(h.backend, "nccl");
   EXPECT_EQ(h.devices, 0);
@@ -385,10 +400,11 @@ TEST(BorderSchemas, TheStandInWorkersHelloAndResultsValidate) {
     o.work_dir = dir.string();
     o.keep_passing = true;
     o.judge = judge_as_a_run_of_the_case(oracle::kFrameworkRtol);
+    o.cannot_run_settings = every_cannot_run_setting();
     {
       WorkerPool pool(o);
       EXPECT_EQ(pool.hello(2).framework, framework);
-      casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+      casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", run::case_frameworks());
       c.expect.reset();
       pool.execute(c);
     }

@@ -9,6 +9,8 @@
 
 #include "casefile/case_file.h"
 #include "run/backend.h"
+#include "run/deepspeed/section.h"
+#include "run/target.h"
 #include "tests/support/runner_target.h"
 #include "tests/support/founding_case.h"
 
@@ -63,7 +65,7 @@ TEST(CaseJob, SavesTheCaseBeforeTheRunSoThatACrashLosesNothing) {
   EXPECT_EQ(r.c.target->framework, "megatron-core");
   EXPECT_EQ(r.c.target->version, "0.0-stand-in");
   EXPECT_EQ(r.c.target->manifests, "") << "a pass saved without an expectation keeps no evidence";
-  EXPECT_EQ(casefile::load_case_file(file), r.c);
+  EXPECT_EQ(casefile::load_case_file(file, run::case_frameworks()), r.c);
 }
 
 TEST(CaseJob, AnInvalidCaseIsBadInputBeforeTheTargetOpens) {
@@ -129,7 +131,7 @@ TEST(CaseJob, AFailureIsSavedAgainWithItsEvidenceNextToTheCaseFile) {
   const CaseJobResult r = run_case_job(target, job);
   EXPECT_EQ(r.verdict.kind, oracle::Verdict::Kind::fail);
   EXPECT_EQ(target.releases_asked, 2) << "the framework and release before the run, and again with the evidence";
-  EXPECT_EQ(casefile::load_case_file(file).target->manifests, "case.manifests");
+  EXPECT_EQ(casefile::load_case_file(file, run::case_frameworks()).target->manifests, "case.manifests");
   EXPECT_TRUE(fs::is_regular_file(fs::path(file).parent_path() / "case.manifests" / "rank-0.json"))
       << "the run's manifests copied next to the case file";
 }
@@ -138,7 +140,7 @@ TEST(CaseJob, AFailureWhoseRunKeptNoManifestsIsSavedWithoutEvidence) {
   const std::string file = fresh_dir("no-evidence") + "/case.json";
   RunnerTarget target(fails, 2);
   run_case_job(target, job_saving_to(file));
-  EXPECT_EQ(casefile::load_case_file(file).target->manifests, "");
+  EXPECT_EQ(casefile::load_case_file(file, run::case_frameworks()).target->manifests, "");
 }
 
 TEST(CaseJob, APassSavedAsAnExpectationKeepsItsEvidence) {
@@ -150,7 +152,7 @@ TEST(CaseJob, APassSavedAsAnExpectationKeepsItsEvidence) {
   job.save = file;
   job.expect = CaseJob::Expect::pass;
   const CaseJobResult r = run_case_job(target, job);
-  const casefile::Case saved = casefile::load_case_file(file);
+  const casefile::Case saved = casefile::load_case_file(file, run::case_frameworks());
   EXPECT_EQ(saved.target->manifests, "case.manifests");
   ASSERT_TRUE(saved.expect);
   EXPECT_EQ(saved.expect->outcome, casefile::Expectation::Outcome::pass);
@@ -161,7 +163,7 @@ TEST(CaseJob, AnObservedExpectationIsWhatTheRunShowed) {
   const std::string file = fresh_dir("observed") + "/case.json";
   RunnerTarget target(fails, 2);
   const CaseJobResult r = run_case_job(target, job_saving_to(file, CaseJob::Expect::observed));
-  const casefile::Case saved = casefile::load_case_file(file);
+  const casefile::Case saved = casefile::load_case_file(file, run::case_frameworks());
   ASSERT_TRUE(saved.expect);
   EXPECT_EQ(saved.expect->outcome, casefile::Expectation::Outcome::fail);
   EXPECT_EQ(saved.expect->statistics, (std::vector<std::string>{"l2", "ledger"}));
@@ -184,7 +186,7 @@ TEST(CaseJob, ACaseOfAnotherFrameworkIsRefusedNamingTheTargetItIsFor) {
   const std::unique_ptr<Target> model = model_target(backend);
   CaseJob job;
   job.c = founding_case();
-  job.c.deepspeed = casefile::DeepSpeedConfig{};
+  set_deepspeed_config(job.c, DeepSpeedConfig{});
   job.source = "ds.json";
   const CaseJobResult with_section = run_case_job(*model, job);
   ASSERT_TRUE(with_section.refused);
@@ -204,7 +206,7 @@ TEST(CaseJob, AReplayWithoutTheFrameworkJudgesTheManifestsTheCaseFileSaved) {
   const std::unique_ptr<Target> model = model_target(backend);
   const std::string file = TALLY_SOURCE_DIR "/seeds/real/megatron-core-0.19.2-distributed-optimizer-dp2-clipped.pass.json";
   CaseJob job;
-  job.c = casefile::load_case_file(file);
+  job.c = casefile::load_case_file(file, run::case_frameworks());
   job.source = file;
   job.judge_saved_runs = true;
   const CaseJobResult r = run_case_job(*model, job);

@@ -23,6 +23,7 @@
 #include "oracle/judge.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
+#include "run/target.h"
 #include "tests/support/fault_cases.h"
 #include "topologies/logical_model.h"
 
@@ -161,7 +162,7 @@ TEST(CheckAgreesWithRun, OnEverySeed) {
   int compared = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::string(TALLY_SOURCE_DIR) + "/seeds")) {
     if (entry.path().extension() != ".json") continue;
-    const casefile::Case c = casefile::load_case_file(entry.path().string());
+    const casefile::Case c = casefile::load_case_file(entry.path().string(), run::case_frameworks());
     // A seed that expects a hang has no manifests: a real run would never write them.
     if (c.expect && c.expect->outcome == casefile::Expectation::Outcome::infra_error) continue;
     compared += expect_check_agrees(c, entry.path().filename().string(), allowed) != Compared::hung;

@@ -11,6 +11,7 @@
 
 #include "kernels/gradient_generator.h"
 #include "run/deepspeed/engine.h"
+#include "run/deepspeed/section.h"
 #include "run/framework_worker.h"
 #include "tests/support/founding_case.h"
 
@@ -78,7 +79,7 @@ TEST(LogicalGradients, SendTheSharesOfEachGroupSizeWithoutChangingTheRequestsIde
 
 TEST(DeepSpeedReduction, DenseOverDpExpertsOverExpertDpBothDividedByDp) {
   casefile::Case c = testing::founding_case();
-  c.deepspeed = casefile::DeepSpeedConfig{};
+  set_deepspeed_config(c, DeepSpeedConfig{});
   c.model.num_experts = 4;
   c.topology = {.world = 8, .tp = 2, .ep = 2, .etp = 2};
   EXPECT_EQ(deepspeed_reduction_groups(c), (ReductionGroups{{4, 2}, 4})) << "expert TP: DP / EP of a TP lane";

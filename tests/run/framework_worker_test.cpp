@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "casefile/case_file.h"
+#include "run/deepspeed/section.h"
 #include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "run/case_job.h"
@@ -53,6 +54,9 @@ WorkerOptions stand_in_options() {
   WorkerOptions o;
   o.command = stand_in_command();
   o.judge = judge_as_a_run_of_the_case(oracle::kFrameworkRtol);
+  // The stand-in says it is megatron-core, and declines what that row's worker may.
+  const std::span<const std::string_view> declines = framework_target("megatron-core")->cannot_run;
+  o.cannot_run_settings.assign(declines.begin(), declines.end());
   o.start_seconds = 30;
   o.case_seconds = 30;
   return o;
@@ -692,7 +696,7 @@ TEST(WorkerPool, SendsEachCaseTheEngineConfigurationItsTargetWrites) {
   };
   casefile::Case c = founding_case();
   c.topology.ep = 1;  // DeepSpeed's expert groups here must not span TP
-  c.deepspeed = casefile::DeepSpeedConfig{};
+  set_deepspeed_config(c, DeepSpeedConfig{});
   {
     WorkerPool pool(o);
     const WorkerRun run = pool.execute(c);

@@ -10,6 +10,7 @@
 
 #include "casefile/case.h"
 #include "casefile/case_file.h"
+#include "run/target.h"
 #include "vocab/gradients.h"
 #include "kernels/gradient_generator.h"
 #include "tests/support/fault_cases.h"
@@ -344,7 +345,7 @@ TEST(ModelManifests, SeedsGiveSoundManifests) {
   for (const char* name : {"founding-6099-world8.fail.json", "missing-ep-reduction.fail.json",
                            "distopt-overlapping-shards.fail.json", "stats-over-replicas.fail.json"}) {
     SCOPED_TRACE(name);
-    expect_structure(run(casefile::load_case_file(std::string(TALLY_SOURCE_DIR) + "/seeds/" + name)));
+    expect_structure(run(casefile::load_case_file(std::string(TALLY_SOURCE_DIR) + "/seeds/" + name, run::case_frameworks())));
   }
 }
 

@@ -7,13 +7,14 @@
 #include "casefile/case_file.h"
 #include "run/model_manifests.h"
 #include "run/run_case.h"
+#include "run/target.h"
 #include "run/target_run.h"
 
 namespace tally::run {
 namespace {
 
 casefile::Case founding_case() {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", run::case_frameworks());
   c.expect.reset();
   c.path.gradients.generator.mode = kernels::GradientMode::normal;
   c.path.gradients.class_mask = ~std::uint32_t{0};
@@ -84,7 +85,7 @@ TEST(TargetRun, ManifestsOfAllZeroGradientsFailOnEveryParamTheyHide) {
 
 TEST(TargetRun, ADeepSpeedCaseJudgedWithAMegatronRunsManifestsIsAnInfraError) {
   const casefile::Case c =
-      casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/real/deepspeed-0.19.8-bf16-optimizer-pipeline-tied.pass.json");
+      casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/real/deepspeed-0.19.8-bf16-optimizer-pipeline-tied.pass.json", run::case_frameworks());
   const oracle::Verdict v = judge_target_run(
       c, TALLY_SOURCE_DIR "/seeds/real/megatron-core-0.19.2-layerwise-expert-weights-etp1-tp2.manifests", 1e-5);
   ASSERT_EQ(v.kind, oracle::Verdict::Kind::infra_error);

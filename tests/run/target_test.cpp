@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 
 #include "casefile/case_file.h"
+#include "run/deepspeed/section.h"
+#include "run/megatron_core/section.h"
 #include "run/target.h"
 #include "tests/support/founding_case.h"
 
@@ -13,23 +16,35 @@ namespace {
 
 using testing::founding_case;
 
-TEST(FrameworkTargets, EveryFrameworkACaseFileMayNameHasARowAndNoOther) {
-  std::vector<std::string> rows, known;
-  for (const FrameworkTarget* t : framework_targets()) rows.emplace_back(t->name);
-  for (std::string_view name : casefile::kKnownFrameworks) known.emplace_back(name);
-  std::sort(rows.begin(), rows.end());
-  std::sort(known.begin(), known.end());
-  EXPECT_EQ(rows, known);
+TEST(FrameworkTargets, TheCaseReaderKnowsEachRowsNameAndSectionAndNoOther) {
+  std::vector<std::string_view> rows, read;
+  for (const FrameworkTarget* t : framework_targets()) rows.push_back(t->name);
+  for (const casefile::FrameworkSchema& f : case_frameworks()) read.push_back(f.name);
+  EXPECT_EQ(rows, read);
   EXPECT_EQ(framework_target("paddle"), nullptr);
+  std::set<std::string_view> keys;
+  for (const FrameworkTarget* t : framework_targets()) {
+    if (t->section.empty()) continue;
+    EXPECT_TRUE(keys.insert(t->section).second) << t->section << " is two rows' section";
+    ASSERT_NE(t->read_section, nullptr) << t->name;
+    // An empty section reads as the framework's defaults, and the case then belongs to it.
+    const casefile::Case c = casefile::case_from_text(
+        R"({"tally_case": 1, "topology": {"world": 2}, "model": {"num_layers": 1}, ")" + std::string(t->section) + R"(": {}})",
+        "section.json", case_frameworks());
+    ASSERT_TRUE(casefile::section_settings(c, t->section)) << t->name;
+    EXPECT_EQ(c.sections.at(std::string(t->section)).own_models, t->own_models) << t->name;
+    ASSERT_NE(framework_of(c), nullptr) << t->name;
+    EXPECT_EQ(framework_of(c)->name, t->name);
+  }
 }
 
 TEST(FrameworkTargets, ACaseBelongsToItsTargetSectionOrToTheSectionItHolds) {
   casefile::Case c = founding_case();
   EXPECT_EQ(framework_of(c), nullptr) << "a case of tally's model";
-  c.deepspeed = casefile::DeepSpeedConfig{};
+  set_deepspeed_config(c, DeepSpeedConfig{});
   ASSERT_NE(framework_of(c), nullptr);
   EXPECT_EQ(framework_of(c)->name, "deepspeed");
-  c.deepspeed.reset();
+  casefile::keep_only_section(c, "");
   c.target = casefile::RealTarget{"megatron-core", "0.19.2", ""};
   ASSERT_NE(framework_of(c), nullptr);
   EXPECT_EQ(framework_of(c)->name, "megatron-core");
@@ -38,8 +53,8 @@ TEST(FrameworkTargets, ACaseBelongsToItsTargetSectionOrToTheSectionItHolds) {
 TEST(FrameworkTargets, DeepSpeedIsSentEveryKeyOfItsConfigurationMegatronNone) {
   casefile::Case c = founding_case();
   c.topology.ep = 1;
-  c.deepspeed = casefile::DeepSpeedConfig{};
-  c.deepspeed->zero_stage = 3;
+  set_deepspeed_config(c, DeepSpeedConfig{});
+  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
   const std::optional<nlohmann::ordered_json> config = framework_target("deepspeed")->engine_config(c);
   ASSERT_TRUE(config);
   EXPECT_EQ((*config)["zero_optimization"]["stage"], 3);
@@ -51,8 +66,8 @@ TEST(FrameworkTargets, DeepSpeedIsSentEveryKeyOfItsConfigurationMegatronNone) {
 
 TEST(FrameworkTargets, AFlagsCaseGetsTheTargetsOwnSection) {
   const casefile::Case c = founding_case();
-  EXPECT_TRUE(framework_target("deepspeed")->from_flags(c).deepspeed);
-  EXPECT_FALSE(framework_target("megatron-core")->from_flags(c).deepspeed);
+  EXPECT_TRUE(deepspeed_config(framework_target("deepspeed")->from_flags(c)));
+  EXPECT_FALSE(deepspeed_config(framework_target("megatron-core")->from_flags(c)));
 }
 
 // A framework's section is stated once, in its own row: every other target refuses a case holding
@@ -65,7 +80,7 @@ TEST(FrameworkTargets, AFrameworksSectionIsRefusedByEveryOtherTargetThroughTheTa
     // The case the row's flags make, or, for a framework whose flags add no section (megatron-core),
     // one that holds what only it runs.
     casefile::Case c = owner->from_flags(plain);
-    if (!owner->own_section(c)) c.megatron_fsdp = casefile::MegatronFsdpConfig{};
+    if (!owner->own_section(c)) set_megatron_fsdp_config(c, MegatronFsdpConfig{});
     const std::optional<std::string> section = owner->own_section(c);
     ASSERT_TRUE(section) << owner->name;
     EXPECT_NE(section->find("--target " + std::string(owner->name)), std::string::npos) << *section;

@@ -4,11 +4,12 @@
 
 #include "casefile/case.h"
 #include "casefile/case_file.h"
+#include "run/target.h"
 
 namespace tally::testing {
 
 inline casefile::Case founding_case() {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", run::case_frameworks());
   c.expect.reset();
   return c;
 }

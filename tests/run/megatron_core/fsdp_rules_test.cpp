@@ -10,6 +10,7 @@
 #include "fuzz/generators.h"
 #include "fuzz/known.h"
 #include "run/megatron_core/rules.h"
+#include "run/megatron_core/section.h"
 #include "run/target.h"
 #include "tests/support/worker_rule_cases.h"
 
@@ -17,11 +18,11 @@ namespace tally::run {
 namespace {
 
 // TP 2, EP 2, ETP 1 on world 2 (the founding case), as Megatron-FSDP with the distributed optimizer.
-casefile::Case fsdp_case(casefile::FsdpSharding sharding = casefile::FsdpSharding::optim_grads_params) {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+casefile::Case fsdp_case(FsdpSharding sharding = FsdpSharding::optim_grads_params) {
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", run::case_frameworks());
   c.expect.reset();
   c.path.optimizer = vocab::OptimizerModel::distributed;
-  c.megatron_fsdp = casefile::MegatronFsdpConfig{.sharding = sharding};
+  set_megatron_fsdp_config(c, MegatronFsdpConfig{.sharding = sharding});
   return c;
 }
 
@@ -41,7 +42,7 @@ RC_GTEST_PROP(MegatronFsdpTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   RC_ASSERT(c.topology.world == world);
   const std::optional<std::string> refusal = megatron_core_refusal(c, "0.19.2");
   RC_ASSERT(!refusal);
-  if (c.megatron_fsdp) {
+  if (megatron_fsdp_config(c)) {
     RC_ASSERT(c.topology.pp == 1);
     RC_ASSERT(c.path.optimizer == vocab::OptimizerModel::distributed);
   }
@@ -59,7 +60,7 @@ RC_GTEST_PROP(MegatronFsdpTarget, ANormCodeCampaignDrawsOnlyThatCode, ()) {
   };
   options.keep_only = fuzz::norm_code_filter("megatron-fsdp");
   const casefile::Case c = *fuzz::gen_case(options);
-  RC_ASSERT(c.megatron_fsdp.has_value());
+  RC_ASSERT(megatron_fsdp_config(c).has_value());
   RC_ASSERT(!megatron_core_refusal(c, "0.19.2"));
 }
 
@@ -67,19 +68,19 @@ TEST(MegatronFsdpTarget, GeneratedCasesDrawEveryStrategyAboutAsOftenAsAnOptimize
   std::map<std::string, int> drawn;
   for (std::uint64_t draw = 0; draw < 400; ++draw) {
     casefile::Case c = fsdp_case();
-    c.megatron_fsdp.reset();
+    casefile::keep_only_section(c, "");
     c.path.optimizer = vocab::OptimizerModel::plain;
     c = within_megatron_core(std::move(c), "0.19.2", {}, draw);
-    drawn[c.megatron_fsdp ? std::string(casefile::fsdp_sharding_name(c.megatron_fsdp->sharding)) : "ddp"] += 1;
+    drawn[megatron_fsdp_config(c) ? std::string(fsdp_sharding_name(megatron_fsdp_config(c)->sharding)) : "ddp"] += 1;
   }
   EXPECT_EQ(drawn["ddp"], 320);
-  for (casefile::FsdpSharding sharding : casefile::kFsdpShardings)
-    EXPECT_EQ(drawn[std::string(casefile::fsdp_sharding_name(sharding))], 20) << casefile::fsdp_sharding_name(sharding);
+  for (FsdpSharding sharding : kFsdpShardings)
+    EXPECT_EQ(drawn[std::string(fsdp_sharding_name(sharding))], 20) << fsdp_sharding_name(sharding);
 }
 
 TEST(MegatronFsdpTarget, HybridFsdpKeepsTheInstancesDrawnForAnotherOptimizer) {
   casefile::Case c = fsdp_case();
-  c.megatron_fsdp.reset();
+  casefile::keep_only_section(c, "");
   c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = {.world = 4, .dist_opt_instances = 2};
   c.model.num_experts = 0;
@@ -87,16 +88,16 @@ TEST(MegatronFsdpTarget, HybridFsdpKeepsTheInstancesDrawnForAnotherOptimizer) {
   ASSERT_FALSE(casefile::check_case(c));
   // 35: a fifth (35 % 5), optim_grads_params (7 % 4), the outer strategy (35 / 20 odd).
   const casefile::Case hybrid = within_megatron_core(c, "0.19.2", {}, 35);
-  ASSERT_TRUE(hybrid.megatron_fsdp);
+  ASSERT_TRUE(megatron_fsdp_config(hybrid));
   EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
-  EXPECT_EQ(hybrid.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::optim);
+  EXPECT_EQ(megatron_fsdp_config(hybrid)->outer_sharding, FsdpOuterSharding::optim);
   EXPECT_FALSE(megatron_core_refusal(hybrid, "0.19.2"));
   EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 36).topology.dist_opt_instances, 1) << "plain Adam: one instance";
 }
 
 TEST(MegatronFsdpTarget, HybridFsdpTakesTwoInstancesWhereTheLayoutAllowsThem) {
   casefile::Case c = fsdp_case();
-  c.megatron_fsdp.reset();
+  casefile::keep_only_section(c, "");
   c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = {.world = 4, .pp = 2};
   c.model.num_layers = 2;
@@ -105,21 +106,21 @@ TEST(MegatronFsdpTarget, HybridFsdpTakesTwoInstancesWhereTheLayoutAllowsThem) {
   ASSERT_FALSE(casefile::check_case(c));
   // 35: a fifth, optim_grads_params, the outer strategy; the stages fold into DP 4.
   const casefile::Case hybrid = within_megatron_core(c, "0.19.2", {}, 35);
-  ASSERT_TRUE(hybrid.megatron_fsdp);
+  ASSERT_TRUE(megatron_fsdp_config(hybrid));
   EXPECT_EQ(hybrid.topology.pp, 1);
   EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
-  EXPECT_EQ(hybrid.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::optim);
+  EXPECT_EQ(megatron_fsdp_config(hybrid)->outer_sharding, FsdpOuterSharding::optim);
   EXPECT_FALSE(megatron_core_refusal(hybrid, "0.19.2"));
   c.topology = {.world = 2, .tp = 2, .etp = 2};  // DP 1: one instance, so the outer strategy goes
   ASSERT_FALSE(casefile::check_case(c));
   const casefile::Case one = within_megatron_core(c, "0.19.2", {}, 35);
-  ASSERT_TRUE(one.megatron_fsdp);
+  ASSERT_TRUE(megatron_fsdp_config(one));
   EXPECT_EQ(one.topology.dist_opt_instances, 1);
-  EXPECT_EQ(one.megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::no_shard);
+  EXPECT_EQ(megatron_fsdp_config(one)->outer_sharding, FsdpOuterSharding::no_shard);
 }
 
 TEST(MegatronFsdpTarget, ANormCodeMatchesWholeWords) {
-  casefile::Case c = fsdp_case(casefile::FsdpSharding::optim_grads);
+  casefile::Case c = fsdp_case(FsdpSharding::optim_grads);
   EXPECT_TRUE(fuzz::norm_code_filter("megatron-fsdp")(c));
   EXPECT_TRUE(fuzz::norm_code_filter("megatron-fsdp optim_grads")(c));
   EXPECT_FALSE(fuzz::norm_code_filter("megatron-fsdp optim")(c));
@@ -129,9 +130,9 @@ TEST(MegatronFsdpTarget, ANormCodeMatchesWholeWords) {
 TEST(MegatronFsdpTarget, ReleasesItsWorkerDoesNotReadDrawNone) {
   casefile::Case c = fsdp_case();
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"), "megatron_fsdp: tally's worker records"));
-  EXPECT_FALSE(within_megatron_core(c, "0.16.1", {}, 0).megatron_fsdp);
-  c.megatron_fsdp.reset();
-  EXPECT_FALSE(within_megatron_core(c, "0.16.1", {}, 0).megatron_fsdp);
+  EXPECT_FALSE(megatron_fsdp_config(within_megatron_core(c, "0.16.1", {}, 0)));
+  casefile::keep_only_section(c, "");
+  EXPECT_FALSE(megatron_fsdp_config(within_megatron_core(c, "0.16.1", {}, 0)));
 }
 
 TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
@@ -165,7 +166,7 @@ TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "optimizer.bucket_elements 64 with megatron_fsdp:"));
 
   c = fsdp_case();
-  c.megatron_fsdp->outer_sharding = casefile::FsdpOuterSharding::optim;
+  change_megatron_fsdp_config(c, [&](MegatronFsdpConfig& d) { d.outer_sharding = FsdpOuterSharding::optim; });
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1:"));
   c.topology = {.world = 4, .tp = 2, .etp = 2, .dist_opt_instances = 2};
@@ -173,11 +174,11 @@ TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
   c.model.moe_ffn_hidden_size.reset();
   ASSERT_FALSE(casefile::check_case(c));
   EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
-  c.megatron_fsdp->sharding = casefile::FsdpSharding::optim_grads;
+  change_megatron_fsdp_config(c, [&](MegatronFsdpConfig& d) { d.sharding = FsdpSharding::optim_grads; });
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy "
                           "optim_grads:"));
-  EXPECT_EQ(within_megatron_core(c, "0.19.2").megatron_fsdp->outer_sharding, casefile::FsdpOuterSharding::no_shard);
+  EXPECT_EQ(megatron_fsdp_config(within_megatron_core(c, "0.19.2"))->outer_sharding, FsdpOuterSharding::no_shard);
 }
 
 TEST(MegatronFsdpTarget, ItsSectionIsMegatronCoresAlone) {
@@ -192,7 +193,7 @@ TEST(MegatronFsdpTarget, ItsSectionIsMegatronCoresAlone) {
 
 TEST(MegatronFsdpTarget, SweepsEveryStrategyOnALayoutItRuns) {
   casefile::Case base = fsdp_case();
-  base.megatron_fsdp.reset();
+  casefile::keep_only_section(base, "");
   base.path.optimizer = vocab::OptimizerModel::plain;
   base.model.add_bias_linear = false;  // the layer-wise parameter layout refuses expert biases
   const FrameworkTarget& row = *framework_target("megatron-core");
@@ -210,12 +211,12 @@ TEST(MegatronFsdpTarget, SweepsEveryStrategyOnALayoutItRuns) {
 }
 
 TEST(MegatronFsdpTarget, ItsSectionRoundTripsThroughACaseFile) {
-  casefile::Case c = fsdp_case(casefile::FsdpSharding::no_shard);
-  EXPECT_EQ(casefile::case_from_text(casefile::case_to_text(c), "fsdp.json"), c);
+  casefile::Case c = fsdp_case(FsdpSharding::no_shard);
+  EXPECT_EQ(casefile::case_from_text(casefile::case_to_text(c), "fsdp.json", run::case_frameworks()), c);
   std::string text = casefile::case_to_text(c);
   text.replace(text.find("\"no_shard\""), 10, "\"zero3\"");
   try {
-    casefile::case_from_text(text, "fsdp.json");
+    casefile::case_from_text(text, "fsdp.json", run::case_frameworks());
     ADD_FAILURE() << "an unknown strategy was read";
   } catch (const casefile::CaseFileError& error) {
     EXPECT_NE(std::string(error.what()).find("case.megatron_fsdp.data_parallel_sharding_strategy"), std::string::npos)

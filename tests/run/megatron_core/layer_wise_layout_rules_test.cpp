@@ -13,6 +13,7 @@
 #include "fuzz/generators.h"
 #include "fuzz/known.h"
 #include "run/megatron_core/rules.h"
+#include "run/megatron_core/section.h"
 #include "run/target.h"
 #include "tests/support/worker_rule_cases.h"
 
@@ -22,7 +23,7 @@ namespace {
 // The founding case (TP 2, EP 2, ETP 1 on world 2) without biases, as Megatron-LM 0.19 trains
 // `--optimizer muon --use-distributed-optimizer`.
 casefile::Case layout_case() {
-  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json");
+  casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", run::case_frameworks());
   c.expect.reset();
   c.model.add_bias_linear = false;
   c.path.optimizer = vocab::OptimizerModel::layerwise;
@@ -57,7 +58,7 @@ TEST(LayerWiseLayout, HalfTheLayerWiseCasesTakeItWhereTheReleaseHasIt) {
     casefile::Case c = layout_case();
     c.path.layer_wise_param_layout = false;
     c = within_megatron_core(std::move(c), "0.19.2", {}, draw);
-    drawn[c.megatron_fsdp ? "fsdp" : c.path.layer_wise_param_layout ? "layout" : "layerwise"] += 1;
+    drawn[megatron_fsdp_config(c) ? "fsdp" : c.path.layer_wise_param_layout ? "layout" : "layerwise"] += 1;
   }
   EXPECT_EQ(drawn["fsdp"], 80) << "a fifth are Megatron-FSDP";
   EXPECT_EQ(drawn["layout"], 160);
@@ -109,7 +110,7 @@ TEST(LayerWiseLayout, RoundTripsThroughACaseFileAndIsWrittenOnlyWhenSet) {
   const casefile::Case c = layout_case();
   const std::string text = casefile::case_to_text(c);
   EXPECT_NE(text.find("\"layer_wise_param_layout\": true"), std::string::npos) << text;
-  EXPECT_EQ(casefile::case_from_text(text, "layout.json"), c);
+  EXPECT_EQ(casefile::case_from_text(text, "layout.json", run::case_frameworks()), c);
   casefile::Case without = c;
   without.path.layer_wise_param_layout = false;
   EXPECT_EQ(casefile::case_to_text(without).find("layer_wise_param_layout"), std::string::npos);

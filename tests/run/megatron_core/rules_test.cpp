@@ -8,6 +8,7 @@
 
 #include "casefile/case_file.h"
 #include "fuzz/generators.h"
+#include "run/deepspeed/section.h"
 #include "run/megatron_core/rules.h"
 #include "topologies/logical_model.h"
 #include "topologies/model_spec.h"
@@ -60,7 +61,7 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   c.path.p_values = {3.0};
   EXPECT_NE(megatron_core_refusal(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
   c = founding_case();
-  c.deepspeed = casefile::DeepSpeedConfig{};
+  set_deepspeed_config(c, DeepSpeedConfig{});
   EXPECT_EQ(megatron_core_refusal(c, "0.19.2").value_or("").rfind("deepspeed: a DeepSpeed case", 0), 0u);
 }
 

@@ -1,0 +1,46 @@
+#include "run/automodel/section.h"
+
+#include "io/json_read.h"
+#include "run/case_section.h"
+
+namespace tally::run {
+
+using nlohmann::json;
+
+AutomodelConfig read_automodel_config(const json& value, const std::string& path) {
+  AutomodelConfig d;
+  io::read_object(
+      value, path,
+      {{"dp_replicate",
+        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(io::read_integer(v, p, 1, 1 << 20)); }},
+       {"sequence_parallel", [&](const json& v, const std::string& p) { d.sequence_parallel = io::read_bool(v, p); }},
+       {"gradients_enter",
+        [&](const json& v, const std::string& p) {
+          d.before_reduction = io::read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+        }}},
+      "the NeMo-Automodel configuration");
+  return d;
+}
+
+nlohmann::ordered_json automodel_config_json(const AutomodelConfig& d) {
+  nlohmann::ordered_json j = {{"dp_replicate", d.dp_replicate}, {"sequence_parallel", d.sequence_parallel}};
+  // absent: after the reduction, as in earlier case files (whose digests stay theirs)
+  if (d.before_reduction) j["gradients_enter"] = "before_reduction";
+  return j;
+}
+
+std::optional<AutomodelConfig> automodel_config(const casefile::Case& c) {
+  return read_case_section(c, kAutomodelSection, read_automodel_config);
+}
+
+void set_automodel_config(casefile::Case& c, const AutomodelConfig& d) {
+  c.sections[std::string(kAutomodelSection)] = casefile::FrameworkSection{automodel_config_json(d), false};
+}
+
+void change_automodel_config(casefile::Case& c, const std::function<void(AutomodelConfig&)>& change) {
+  AutomodelConfig d = automodel_config(c).value_or(AutomodelConfig{});
+  change(d);
+  set_automodel_config(c, d);
+}
+
+}  // namespace tally::run

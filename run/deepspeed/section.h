@@ -1,0 +1,46 @@
+// DeepSpeed's case section, `deepspeed`: the engine configuration the DeepSpeed worker
+// (adapters/tally_adapters/deepspeed) builds DeepSpeed with. With the gradient dtype (the engine's
+// precision) it picks the code that computes DeepSpeed's norm: ZeRO 0 fp32 clip_grad_norm_, ZeRO 0
+// bf16/fp16 FP16_UnfusedOptimizer (FP16_Optimizer with fused_adam), ZeRO 1 bf16 with fp32
+// accumulation BF16_Optimizer, ZeRO 1/2 DeepSpeedZeroOptimizer (docs/real-targets.md).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "casefile/case.h"
+
+namespace tally::run {
+
+struct DeepSpeedConfig {
+  int zero_stage = 0;            // 0..3
+  bool grad_accum_fp32 = false;  // "data_types": {"grad_accum_dtype": "fp32"}
+  int loss_scale = 128;          // fp16's static loss scale: a power of two, 1..2^16
+  bool autotp = false;           // DeepSpeed's AutoTP shards the model over TP, not tally's worker
+  bool autoep = false;           // DeepSpeed's AutoEP replaces the MoE layers, not DeepSpeed's MoE
+  bool fused_adam = false;       // DeepSpeed's FusedAdam, not torch's AdamW: FP16_Optimizer at ZeRO 0 (not bf16 with PP)
+  bool offload_optimizer = false;  // ZeRO-Offload to the CPU (ZeRO 1/2): DeepSpeedZeroOptimizer's CPU-offload norm
+  friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
+};
+
+inline constexpr std::string_view kDeepSpeedSection = "deepspeed";
+// The worker builds DeepSpeed's own models (its MoE takes expert biases Megatron-LM refuses with
+// expert TP): casefile::FrameworkSection::own_models.
+inline constexpr bool kDeepSpeedOwnModels = true;
+
+// Strict: an unknown key, a wrong type or a value out of range throws io::JsonReadError naming the field.
+DeepSpeedConfig read_deepspeed_config(const nlohmann::json& value, const std::string& path);
+// The canonical JSON (the flags that are false left out, as earlier case files wrote them).
+nlohmann::ordered_json deepspeed_config_json(const DeepSpeedConfig& d);
+
+// `c`'s DeepSpeed configuration; nullopt when it holds none.
+std::optional<DeepSpeedConfig> deepspeed_config(const casefile::Case& c);
+void set_deepspeed_config(casefile::Case& c, const DeepSpeedConfig& d);
+// `c`'s section changed by `change` (a case holding none starts from the defaults).
+void change_deepspeed_config(casefile::Case& c, const std::function<void(DeepSpeedConfig&)>& change);
+
+}  // namespace tally::run

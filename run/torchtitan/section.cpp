@@ -1,0 +1,62 @@
+#include "run/torchtitan/section.h"
+
+#include "io/json_read.h"
+#include "run/case_section.h"
+
+namespace tally::run {
+
+using nlohmann::json;
+
+std::string_view dtensor_clip_name(DTensorClip clip) { return clip == DTensorClip::torch ? "torch" : "torchtitan"; }
+
+std::string_view spmd_backend_name(SpmdBackend backend) {
+  return backend == SpmdBackend::partial_dtensor ? "partial_dtensor" : "full_dtensor";
+}
+
+TorchTitanConfig read_torchtitan_config(const json& value, const std::string& path) {
+  TorchTitanConfig d;
+  io::read_object(
+      value, path,
+      {{"clip",
+        [&](const json& v, const std::string& p) {
+          d.clip = io::read_choice(v, p, {"torchtitan", "torch"}) == 0 ? DTensorClip::torchtitan : DTensorClip::torch;
+        }},
+       {"spmd_backend",
+        [&](const json& v, const std::string& p) {
+          d.spmd_backend = io::read_choice(v, p, {"full_dtensor", "partial_dtensor"}) == 0 ? SpmdBackend::full_dtensor
+                                                                                          : SpmdBackend::partial_dtensor;
+        }},
+       {"dp_replicate",
+        [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(io::read_integer(v, p, 1, 1 << 20)); }},
+       {"gradients_enter",
+        [&](const json& v, const std::string& p) {
+          d.before_reduction = io::read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+        }}},
+      "the torchtitan configuration");
+  return d;
+}
+
+nlohmann::ordered_json torchtitan_config_json(const TorchTitanConfig& d) {
+  nlohmann::ordered_json j = {{"clip", dtensor_clip_name(d.clip)},
+                              {"spmd_backend", spmd_backend_name(d.spmd_backend)},
+                              {"dp_replicate", d.dp_replicate}};
+  // absent: after the reduction, as in earlier case files (whose digests stay theirs)
+  if (d.before_reduction) j["gradients_enter"] = "before_reduction";
+  return j;
+}
+
+std::optional<TorchTitanConfig> torchtitan_config(const casefile::Case& c) {
+  return read_case_section(c, kTorchTitanSection, read_torchtitan_config);
+}
+
+void set_torchtitan_config(casefile::Case& c, const TorchTitanConfig& d) {
+  c.sections[std::string(kTorchTitanSection)] = casefile::FrameworkSection{torchtitan_config_json(d), false};
+}
+
+void change_torchtitan_config(casefile::Case& c, const std::function<void(TorchTitanConfig&)>& change) {
+  TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
+  change(d);
+  set_torchtitan_config(c, d);
+}
+
+}  // namespace tally::run
