@@ -120,7 +120,7 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
            "Automodel's fp32 master-weight recipe trains in";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
     return "faults: the worker plants no counterpart of " + why;
-  const std::optional<AutomodelConfig> a = automodel_config(c);
+  const std::optional<AutomodelConfig> a = kAutomodelSection.of(c);
   if (!a) return "automodel: the case has no Automodel configuration (dp_replicate, sequence_parallel)";
   const int dp = topologies::dp(t);
   const int replicate = a->dp_replicate;
@@ -141,7 +141,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  casefile::keep_only_section(c, kAutomodelSection);
+  casefile::keep_only_section(c, kAutomodelSection.key);
   as_hf_architecture(m);
   m.first_stage_layers.reset();
   m.last_stage_layers.reset();
@@ -160,7 +160,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   t.etp = t.tp;
   casefile::drop_stated_gradients_without_a_param(c, {});
   const int dp = topologies::dp(t);
-  std::optional<AutomodelConfig> stated = automodel_config(c);
+  std::optional<AutomodelConfig> stated = kAutomodelSection.of(c);
   if (!stated) {
     stated = AutomodelConfig{};
     // HSDP in half the cases where DP allows it, over one of the divisors Automodel accepts.
@@ -177,12 +177,12 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   // The replicas' fault shows only where HSDP has replicas.
   if (replicas_fault(o.faults) && a.dp_replicate == 1) a.dp_replicate = smallest_replication(dp);
   if (t.tp == 1) a.sequence_parallel = false;
-  set_automodel_config(c, a);
+  kAutomodelSection.set(c, a);
   return c;
 }
 
 std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& c) {
-  const std::optional<AutomodelConfig> a = automodel_config(c);
+  const std::optional<AutomodelConfig> a = kAutomodelSection.of(c);
   if (!a || !a->before_reduction) return std::nullopt;
   const topologies::ParallelConfig& t = c.topology;
   const int fsdp_ranks = t.world / (std::max(1, t.tp) * std::max(1, t.pp));
@@ -194,7 +194,7 @@ std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& 
 }
 
 std::string automodel_norm_code(const casefile::Case& c) {
-  const AutomodelConfig a = automodel_config(c).value_or(AutomodelConfig{});
+  const AutomodelConfig a = kAutomodelSection.of(c).value_or(AutomodelConfig{});
   return std::string("automodel clip_grad_norm") + (a.dp_replicate > 1 ? " over HSDP" : "") +
          (a.sequence_parallel ? " with sequence parallelism" : "");
 }
@@ -218,7 +218,7 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
         c.path.optimizer = vocab::OptimizerModel::plain;
         c.path.gradients.generator.dtype = kernels::Dtype::fp32;
         for (bool before_reduction : {false, true}) {
-          set_automodel_config(
+          kAutomodelSection.set(
               c, {.dp_replicate = dp_replicate, .sequence_parallel = sp, .before_reduction = before_reduction});
           out.emplace_back(std::string(qwen3 ? "qwen3-" : "") + (dp_replicate > 1 ? "hsdp" : "fsdp") + (sp ? "-sp" : "") +
                                (before_reduction ? "-unreduced" : ""),
@@ -230,7 +230,7 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
 }
 
 nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
-  const AutomodelConfig a = automodel_config(c).value_or(AutomodelConfig{});
+  const AutomodelConfig a = kAutomodelSection.of(c).value_or(AutomodelConfig{});
   const ParallelConfig& t = c.topology;
   return {{"distributed",
            {{"strategy", "fsdp2"},
@@ -245,7 +245,7 @@ nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
 }
 
 std::string automodel_model_description(const casefile::Case& c) {
-  const AutomodelConfig a = automodel_config(c).value_or(AutomodelConfig{});
+  const AutomodelConfig a = kAutomodelSection.of(c).value_or(AutomodelConfig{});
   const int dp = topologies::dp(c.topology);
   return std::string("tally's GPT as Automodel's ") + (c.model.qk_layernorm ? "Qwen3" : "Llama") +
          " on its FSDP2 mesh (dp_replicate " + std::to_string(a.dp_replicate) + ", dp_shard " +

@@ -1,7 +1,6 @@
 #include "run/automodel/section.h"
 
 #include "io/json_read.h"
-#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -27,20 +26,6 @@ nlohmann::ordered_json automodel_config_json(const AutomodelConfig& d) {
   // absent: after the reduction, as in earlier case files (whose digests stay theirs)
   if (d.before_reduction) j["gradients_enter"] = "before_reduction";
   return j;
-}
-
-std::optional<AutomodelConfig> automodel_config(const casefile::Case& c) {
-  return read_case_section(c, kAutomodelSection, read_automodel_config);
-}
-
-void set_automodel_config(casefile::Case& c, const AutomodelConfig& d) {
-  c.sections[std::string(kAutomodelSection)] = casefile::FrameworkSection{automodel_config_json(d), false};
-}
-
-void change_automodel_config(casefile::Case& c, const std::function<void(AutomodelConfig&)>& change) {
-  AutomodelConfig d = automodel_config(c).value_or(AutomodelConfig{});
-  change(d);
-  set_automodel_config(c, d);
 }
 
 }  // namespace tally::run

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
+#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -24,17 +25,13 @@ struct AutomodelConfig {
   friend bool operator==(const AutomodelConfig&, const AutomodelConfig&) = default;
 };
 
-inline constexpr std::string_view kAutomodelSection = "automodel";
-
 // Strict: throws io::JsonReadError naming the field.
 AutomodelConfig read_automodel_config(const nlohmann::json& value, const std::string& path);
 // The canonical JSON ("gradients_enter" written only when before the reduction).
 nlohmann::ordered_json automodel_config_json(const AutomodelConfig& d);
 
-// `c`'s Automodel configuration; nullopt when it holds none.
-std::optional<AutomodelConfig> automodel_config(const casefile::Case& c);
-void set_automodel_config(casefile::Case& c, const AutomodelConfig& d);
-// `c`'s section changed by `change` (a case holding none starts from the defaults).
-void change_automodel_config(casefile::Case& c, const std::function<void(AutomodelConfig&)>& change);
+// The section, `automodel` in a case.
+inline constexpr CaseSection<AutomodelConfig> kAutomodelSection{
+    .key = "automodel", .read = read_automodel_config, .write = automodel_config_json, .own_models = false};
 
 }  // namespace tally::run

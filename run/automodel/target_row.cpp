@@ -10,10 +10,9 @@ namespace {
 constexpr FrameworkTarget kAutomodel{
     .name = "automodel",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.automodel.worker",
-    .section = kAutomodelSection,
-    .read_section = [](const nlohmann::json& value, const std::string& path) {
-      return automodel_config_json(read_automodel_config(value, path));
-    },
+    .section = kAutomodelSection.key,
+    .read_section = canonical_section<kAutomodelSection>,
+    .own_models = kAutomodelSection.own_models,
     .refusal = [](const casefile::Case& c, const WorkerHello& hello) { return automodel_refusal(c, hello.version, hello.plants); },
     .refusal_at_release = [](const casefile::Case& c, std::string_view version) { return automodel_refusal(c, version); },
     .within = [](casefile::Case c, const WorkerHello& hello) {
@@ -24,19 +23,19 @@ constexpr FrameworkTarget kAutomodel{
     },
     // A case the flags describe: FSDP2, no HSDP, no sequence parallelism.
     .from_flags = [](casefile::Case c) {
-      if (!automodel_config(c)) set_automodel_config(c, AutomodelConfig{});
+      if (!kAutomodelSection.of(c)) kAutomodelSection.set(c, AutomodelConfig{});
       return c;
     },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (!casefile::section_settings(c, kAutomodelSection)) return std::nullopt;
+      if (!casefile::section_settings(c, kAutomodelSection.key)) return std::nullopt;
       return "automodel: a NeMo-Automodel case (its automodel section is how Automodel lays it out); run it with "
              "--target automodel";
     },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
-      if (!casefile::section_settings(c, kAutomodelSection)) return std::nullopt;
+      if (!casefile::section_settings(c, kAutomodelSection.key)) return std::nullopt;
       return automodel_recipe(c);
     },
-    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kAutomodelSection) ? automodel_model_description(c) : std::string(); },
+    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kAutomodelSection.key) ? automodel_model_description(c) : std::string(); },
     .sweep_variants = automodel_sweep_variants,
     .norm_code = automodel_norm_code,
     .reduction_groups = automodel_reduction_groups,

@@ -8,7 +8,7 @@
 namespace tally::run {
 
 nlohmann::ordered_json deepspeed_engine_config(const casefile::Case& c) {
-  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
+  const DeepSpeedConfig d = kDeepSpeedSection.of(c).value_or(DeepSpeedConfig{});
   const int dp = c.topology.world / std::max(1, c.topology.tp * c.topology.pp);
   nlohmann::ordered_json j = {{"train_micro_batch_size_per_gpu", 1},
                               {"gradient_accumulation_steps", 1},
@@ -65,7 +65,7 @@ nlohmann::ordered_json deepspeed_engine_config(const casefile::Case& c) {
 
 std::string deepspeed_model_description(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
-  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
+  const DeepSpeedConfig d = kDeepSpeedSection.of(c).value_or(DeepSpeedConfig{});
   const std::string adam = d.fused_adam ? "DeepSpeed's FusedAdam at lr 0" : "torch's AdamW at lr 0";
   const std::string autoep_blocks =
       "each MoE layer a block of a router 'gate' (torch.nn.Linear) and 'experts' holding every expert's SwiGLU "
@@ -105,7 +105,7 @@ std::string deepspeed_model_description(const casefile::Case& c) {
 
 ReductionGroups deepspeed_reduction_groups(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
-  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
+  const DeepSpeedConfig d = kDeepSpeedSection.of(c).value_or(DeepSpeedConfig{});
   const int stage_ranks = t.world / std::max(1, t.pp);
   const int dp = stage_ranks / std::max(1, t.tp);
   ReductionGroups groups{{dp}, dp};

@@ -218,7 +218,7 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
   if (!computes_in(dtypes, o.gradients.generator.dtype))
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
            ": the worker's DeepSpeed accelerator does not support it on this machine";
-  const std::optional<DeepSpeedConfig> d = deepspeed_config(c);
+  const std::optional<DeepSpeedConfig> d = kDeepSpeedSection.of(c);
   if (!d) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
   if (const auto it = cannot_run.find("deepspeed.fused_adam"); d->fused_adam && it != cannot_run.end())
     return "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (" + it->second + ")";
@@ -244,7 +244,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  casefile::keep_only_section(c, kDeepSpeedSection);
+  casefile::keep_only_section(c, kDeepSpeedSection.key);
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
@@ -279,7 +279,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   const bool pipelined = t.pp > 1;
   const bool fused_adam_runs = !cannot_run.contains("deepspeed.fused_adam");
   std::uint64_t path_draws = 1;  // how many engine paths `draw` chose among (its later bits draw the rest)
-  if (!deepspeed_config(c)) {
+  if (!kDeepSpeedSection.of(c)) {
     std::vector<EnginePath> paths;
     for (const EnginePath& path : kEnginePaths)
       if (computes_in(dtypes, path.dtype) && (fused_adam_runs || !path.fused_adam) && (!pipelined || pipelines(path)) &&
@@ -293,7 +293,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     // mpu, or DeepSpeed's MoE layer).
     const bool auto_sharded = (draw / path_draws) % 2 == 1;
     // In the case before it settles: a DeepSpeed case is not held to Megatron-LM's model rules.
-    set_deepspeed_config(c, {.zero_stage = path.zero_stage,
+    kDeepSpeedSection.set(c, {.zero_stage = path.zero_stage,
                              .grad_accum_fp32 = path.grad_accum_fp32,
                              .autotp = auto_sharded,
                              .autoep = auto_sharded,
@@ -323,7 +323,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
     m.add_bias_linear = false;
     casefile::drop_stated_gradients_without_a_param(c, stages);
   }
-  DeepSpeedConfig d = *deepspeed_config(c);
+  DeepSpeedConfig d = *kDeepSpeedSection.of(c);
   if (!fused_adam_runs) d.fused_adam = false;
   if (autotp_refuses(d, t, m.num_experts)) d.autotp = false;
   // DeepSpeed runs experts at ZeRO 3 only with AutoEP. AutoEP's experts are SwiGLU without
@@ -352,12 +352,12 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
-  set_deepspeed_config(c, d);
+  kDeepSpeedSection.set(c, d);
   return c;
 }
 
 std::string deepspeed_norm_code(const casefile::Case& c) {
-  const DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
+  const DeepSpeedConfig d = kDeepSpeedSection.of(c).value_or(DeepSpeedConfig{});
   const bool sixteen = c.path.gradients.generator.dtype != Dtype::fp32;
   // With pipeline parallelism, bf16 at ZeRO 0 is BF16_Optimizer too (DeepSpeed's sanity check).
   const bool pipelined_bf16 = c.topology.pp > 1 && d.zero_stage == 0 && c.path.gradients.generator.dtype == Dtype::bf16;
@@ -379,7 +379,7 @@ std::vector<std::pair<std::string, casefile::Case>> deepspeed_sweep_variants(con
       casefile::Case c = base;
       c.path.optimizer = vocab::OptimizerModel::plain;
       c.path.gradients.generator.dtype = dtype;
-      set_deepspeed_config(c, {.zero_stage = stage});
+      kDeepSpeedSection.set(c, {.zero_stage = stage});
       out.emplace_back("zero" + std::to_string(stage) + "-" + std::string(kernels::dtype_name(dtype)), std::move(c));
     }
   return out;

@@ -1,7 +1,6 @@
 #include "run/deepspeed/section.h"
 
 #include "io/json_read.h"
-#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -36,20 +35,6 @@ nlohmann::ordered_json deepspeed_config_json(const DeepSpeedConfig& d) {
   if (d.fused_adam) j["fused_adam"] = true;
   if (d.offload_optimizer) j["offload_optimizer"] = true;
   return j;
-}
-
-std::optional<DeepSpeedConfig> deepspeed_config(const casefile::Case& c) {
-  return read_case_section(c, kDeepSpeedSection, read_deepspeed_config);
-}
-
-void set_deepspeed_config(casefile::Case& c, const DeepSpeedConfig& d) {
-  c.sections[std::string(kDeepSpeedSection)] = casefile::FrameworkSection{deepspeed_config_json(d), kDeepSpeedOwnModels};
-}
-
-void change_deepspeed_config(casefile::Case& c, const std::function<void(DeepSpeedConfig&)>& change) {
-  DeepSpeedConfig d = deepspeed_config(c).value_or(DeepSpeedConfig{});
-  change(d);
-  set_deepspeed_config(c, d);
 }
 
 }  // namespace tally::run

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
+#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -27,20 +28,14 @@ struct DeepSpeedConfig {
   friend bool operator==(const DeepSpeedConfig&, const DeepSpeedConfig&) = default;
 };
 
-inline constexpr std::string_view kDeepSpeedSection = "deepspeed";
-// The worker builds DeepSpeed's own models (its MoE takes expert biases Megatron-LM refuses with
-// expert TP): casefile::FrameworkSection::own_models.
-inline constexpr bool kDeepSpeedOwnModels = true;
-
 // Strict: an unknown key, a wrong type or a value out of range throws io::JsonReadError naming the field.
 DeepSpeedConfig read_deepspeed_config(const nlohmann::json& value, const std::string& path);
 // The canonical JSON (the flags that are false left out, as earlier case files wrote them).
 nlohmann::ordered_json deepspeed_config_json(const DeepSpeedConfig& d);
 
-// `c`'s DeepSpeed configuration; nullopt when it holds none.
-std::optional<DeepSpeedConfig> deepspeed_config(const casefile::Case& c);
-void set_deepspeed_config(casefile::Case& c, const DeepSpeedConfig& d);
-// `c`'s section changed by `change` (a case holding none starts from the defaults).
-void change_deepspeed_config(casefile::Case& c, const std::function<void(DeepSpeedConfig&)>& change);
+// The section, `deepspeed` in a case. Its worker builds DeepSpeed's own models (its MoE takes
+// expert biases Megatron-LM refuses with expert TP).
+inline constexpr CaseSection<DeepSpeedConfig> kDeepSpeedSection{
+    .key = "deepspeed", .read = read_deepspeed_config, .write = deepspeed_config_json, .own_models = true};
 
 }  // namespace tally::run

@@ -13,11 +13,9 @@ constexpr std::string_view kCannotRun[] = {"deepspeed.fused_adam"};
 constexpr FrameworkTarget kDeepSpeed{
     .name = "deepspeed",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.deepspeed.worker",
-    .section = kDeepSpeedSection,
-    .read_section = [](const nlohmann::json& value, const std::string& path) {
-      return deepspeed_config_json(read_deepspeed_config(value, path));
-    },
-    .own_models = kDeepSpeedOwnModels,
+    .section = kDeepSpeedSection.key,
+    .read_section = canonical_section<kDeepSpeedSection>,
+    .own_models = kDeepSpeedSection.own_models,
     .cannot_run = kCannotRun,
     .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
       return deepspeed_refusal(c, hello.version, hello.plants, hello.dtypes, hello.megatron_model_rules,
@@ -33,25 +31,25 @@ constexpr FrameworkTarget kDeepSpeed{
     },
     // A case the flags describe has DeepSpeed's defaults: ZeRO 0, the precision of --grad-dtype.
     .from_flags = [](casefile::Case c) {
-      if (!deepspeed_config(c)) set_deepspeed_config(c, DeepSpeedConfig{});
+      if (!kDeepSpeedSection.of(c)) kDeepSpeedSection.set(c, DeepSpeedConfig{});
       return c;
     },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (!casefile::section_settings(c, kDeepSpeedSection)) return std::nullopt;
+      if (!casefile::section_settings(c, kDeepSpeedSection.key)) return std::nullopt;
       return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); run it with "
              "--target deepspeed";
     },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
-      if (!casefile::section_settings(c, kDeepSpeedSection)) return std::nullopt;
+      if (!casefile::section_settings(c, kDeepSpeedSection.key)) return std::nullopt;
       return deepspeed_engine_config(c);
     },
-    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kDeepSpeedSection) ? deepspeed_model_description(c) : std::string(); },
+    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kDeepSpeedSection.key) ? deepspeed_model_description(c) : std::string(); },
     .sweep_variants = deepspeed_sweep_variants,
     .norm_code = deepspeed_norm_code,
     // No release_model_case: tally models Megatron's path, not DeepSpeed's.
     .release_model_case = nullptr,
     .reduction_groups = [](const casefile::Case& c) -> std::optional<ReductionGroups> {
-      if (!casefile::section_settings(c, kDeepSpeedSection)) return std::nullopt;
+      if (!casefile::section_settings(c, kDeepSpeedSection.key)) return std::nullopt;
       return deepspeed_reduction_groups(c);
     },
 };

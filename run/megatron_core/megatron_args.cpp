@@ -113,7 +113,7 @@ MegatronArgs megatron_args(const casefile::Case& c) {
       break;
     case vocab::OptimizerModel::muon: value("--optimizer", "muon"); break;
   }
-  if (const std::optional<MegatronFsdpConfig> fsdp = megatron_fsdp_config(c)) {
+  if (const std::optional<MegatronFsdpConfig> fsdp = kMegatronFsdpSection.of(c)) {
     flag("--use-megatron-fsdp");
     value("--data-parallel-sharding-strategy", std::string(fsdp_sharding_name(fsdp->sharding)));
     if (c.topology.dist_opt_instances > 1)

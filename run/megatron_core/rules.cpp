@@ -90,7 +90,7 @@ std::optional<std::string> mtp_refusal(const casefile::Case& c, std::string_view
     return field + " with topology.pp " + std::to_string(c.topology.pp) +
            ": the MTP stage builds embeddings of its own (a word embedding and, with learned_absolute, a "
            "position embedding) that tally's worker does not map to tally's params; it runs MTP on one stage";
-  if (casefile::section_settings(c, kMegatronFsdpSection))
+  if (casefile::section_settings(c, kMegatronFsdpSection.key))
     return field + " with megatron_fsdp: tally's worker records a separate grad-norm group (MTP) on "
            "DistributedDataParallel's buffers only";
   const topologies::ModelSpec& m = c.model;
@@ -162,7 +162,7 @@ std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::s
            std::to_string(c.topology.vpp) +
            ": megatron-core's get_transformer_layer_offset divides by the layers of the middle stages' "
            "chunks, which are none (ZeroDivisionError)";
-  const std::optional<MegatronFsdpConfig> fsdp = megatron_fsdp_config(c);
+  const std::optional<MegatronFsdpConfig> fsdp = kMegatronFsdpSection.of(c);
   if (const auto it = cannot_run.find("megatron_fsdp"); fsdp && it != cannot_run.end())
     return "megatron_fsdp: the worker cannot run Megatron-FSDP on this machine: " + it->second;
   if (fsdp)
@@ -201,10 +201,10 @@ std::optional<casefile::Case> as_megatron_fsdp(casefile::Case c) {
   if (topologies::check_config(t) || topologies::check_model(c.model, t)) return std::nullopt;
   c.path.optimizer = vocab::OptimizerModel::distributed;
   c.path.bucket_elements = 0;
-  MegatronFsdpConfig f = *megatron_fsdp_config(c);
+  MegatronFsdpConfig f = *kMegatronFsdpSection.of(c);
   if (t.dist_opt_instances == 1 || f.sharding != FsdpSharding::optim_grads_params)
     f.outer_sharding = FsdpOuterSharding::no_shard;
-  set_megatron_fsdp_config(c, f);
+  kMegatronFsdpSection.set(c, f);
   return c;
 }
 
@@ -216,7 +216,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   const bool fsdp_runs = !fsdp_not_recorded(version) && !cannot_run.contains("megatron_fsdp");
-  casefile::keep_only_section(c, fsdp_runs ? kMegatronFsdpSection : "");
+  casefile::keep_only_section(c, fsdp_runs ? kMegatronFsdpSection.key : "");
   if (!sinks_built_on_a_gpu(version)) m.softmax_type = topologies::SoftmaxType::vanilla;
   c.topology.gtp = 1;
   c.topology.egtp = 1;
@@ -225,13 +225,13 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   // A fifth of the drawn cases are Megatron-FSDP, about as often as each optimizer model; each
   // strategy as often as the others, and the outer one where instances allow it. Drawn before the
   // instances of other optimizer models are dropped, so hybrid FSDP keeps the drawn instances.
-  const bool holds_fsdp = casefile::section_settings(c, kMegatronFsdpSection) != nullptr;
+  const bool holds_fsdp = casefile::section_settings(c, kMegatronFsdpSection.key) != nullptr;
   if (!holds_fsdp && fsdp_runs && draw % 5 == 0) {
     casefile::Case fsdp = c;
     const MegatronFsdpConfig drawn{
         .sharding = kFsdpShardings[(draw / 5) % 4],
         .outer_sharding = (draw / 20) % 2 ? FsdpOuterSharding::optim : FsdpOuterSharding::no_shard};
-    set_megatron_fsdp_config(fsdp, drawn);
+    kMegatronFsdpSection.set(fsdp, drawn);
     if (std::optional<casefile::Case> laid_out = as_megatron_fsdp(std::move(fsdp))) {
       c = std::move(*laid_out);
       // Hybrid FSDP needs several optimizer instances, which the topology draws rarely: a drawn
@@ -241,7 +241,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
       if (drawn.outer_sharding == FsdpOuterSharding::optim && drawn.sharding == FsdpSharding::optim_grads_params &&
           c.topology.dist_opt_instances == 1 && !topologies::check_config(two)) {
         c.topology = two;
-        set_megatron_fsdp_config(c, drawn);
+        kMegatronFsdpSection.set(c, drawn);
       }
     }
   } else if (holds_fsdp) {

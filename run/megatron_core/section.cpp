@@ -1,7 +1,6 @@
 #include "run/megatron_core/section.h"
 
 #include "io/json_read.h"
-#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -41,20 +40,6 @@ MegatronFsdpConfig read_megatron_fsdp_config(const json& value, const std::strin
 nlohmann::ordered_json megatron_fsdp_config_json(const MegatronFsdpConfig& d) {
   return {{"data_parallel_sharding_strategy", fsdp_sharding_name(d.sharding)},
           {"outer_dp_sharding_strategy", fsdp_outer_sharding_name(d.outer_sharding)}};
-}
-
-std::optional<MegatronFsdpConfig> megatron_fsdp_config(const casefile::Case& c) {
-  return read_case_section(c, kMegatronFsdpSection, read_megatron_fsdp_config);
-}
-
-void set_megatron_fsdp_config(casefile::Case& c, const MegatronFsdpConfig& d) {
-  c.sections[std::string(kMegatronFsdpSection)] = casefile::FrameworkSection{megatron_fsdp_config_json(d), false};
-}
-
-void change_megatron_fsdp_config(casefile::Case& c, const std::function<void(MegatronFsdpConfig&)>& change) {
-  MegatronFsdpConfig d = megatron_fsdp_config(c).value_or(MegatronFsdpConfig{});
-  change(d);
-  set_megatron_fsdp_config(c, d);
 }
 
 }  // namespace tally::run

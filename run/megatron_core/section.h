@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
+#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -29,16 +30,12 @@ struct MegatronFsdpConfig {
   friend bool operator==(const MegatronFsdpConfig&, const MegatronFsdpConfig&) = default;
 };
 
-inline constexpr std::string_view kMegatronFsdpSection = "megatron_fsdp";
-
 // Strict: throws io::JsonReadError naming the field.
 MegatronFsdpConfig read_megatron_fsdp_config(const nlohmann::json& value, const std::string& path);
 nlohmann::ordered_json megatron_fsdp_config_json(const MegatronFsdpConfig& d);
 
-// `c`'s Megatron-FSDP configuration; nullopt when it holds none (Megatron's DDP).
-std::optional<MegatronFsdpConfig> megatron_fsdp_config(const casefile::Case& c);
-void set_megatron_fsdp_config(casefile::Case& c, const MegatronFsdpConfig& d);
-// `c`'s section changed by `change` (a case holding none starts from the defaults).
-void change_megatron_fsdp_config(casefile::Case& c, const std::function<void(MegatronFsdpConfig&)>& change);
+// The section, `megatron_fsdp` in a case.
+inline constexpr CaseSection<MegatronFsdpConfig> kMegatronFsdpSection{
+    .key = "megatron_fsdp", .read = read_megatron_fsdp_config, .write = megatron_fsdp_config_json, .own_models = false};
 
 }  // namespace tally::run

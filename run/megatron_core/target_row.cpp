@@ -13,7 +13,7 @@ namespace {
 // Settings only megatron-core runs, which tally's model does not model: Megatron-FSDP's buffers and
 // the layer-wise parameter layout.
 bool megatron_core_alone(const casefile::Case& c) {
-  return casefile::section_settings(c, kMegatronFsdpSection) || c.path.layer_wise_param_layout;
+  return casefile::section_settings(c, kMegatronFsdpSection.key) || c.path.layer_wise_param_layout;
 }
 
 // tally's optimizer models and the layer-wise one over Megatron-LM 0.19's parameter layout, then,
@@ -32,10 +32,10 @@ std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants
     casefile::Case c = base;
     c.path.optimizer = vocab::OptimizerModel::distributed;
     c.path.bucket_elements = 0;
-    set_megatron_fsdp_config(c, {.sharding = sharding});
+    kMegatronFsdpSection.set(c, {.sharding = sharding});
     out.emplace_back("fsdp-" + std::string(fsdp_sharding_name(sharding)), c);
     if (sharding == FsdpSharding::optim_grads_params && base.topology.dist_opt_instances > 1) {
-      set_megatron_fsdp_config(c, {.sharding = sharding, .outer_sharding = FsdpOuterSharding::optim});
+      kMegatronFsdpSection.set(c, {.sharding = sharding, .outer_sharding = FsdpOuterSharding::optim});
       out.emplace_back("fsdp-optim_grads_params-outer-optim", std::move(c));
     }
   }
@@ -47,7 +47,7 @@ std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants
 // its strategy's shards.
 std::string megatron_core_norm_code(const casefile::Case& c) {
   if (c.path.layer_wise_param_layout) return "layerwise layout";
-  const std::optional<MegatronFsdpConfig> fsdp = megatron_fsdp_config(c);
+  const std::optional<MegatronFsdpConfig> fsdp = kMegatronFsdpSection.of(c);
   if (!fsdp) return std::string(vocab::optimizer_model_name(c.path.optimizer));
   std::string code = "megatron-fsdp " + std::string(fsdp_sharding_name(fsdp->sharding));
   if (fsdp->outer_sharding == FsdpOuterSharding::optim) code += " outer optim";
@@ -61,10 +61,9 @@ constexpr std::string_view kCannotRun[] = {"megatron_fsdp", "optimizer.layer_wis
 constexpr FrameworkTarget kMegatronCore{
     .name = "megatron-core",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.megatron.worker",
-    .section = kMegatronFsdpSection,
-    .read_section = [](const nlohmann::json& value, const std::string& path) {
-      return megatron_fsdp_config_json(read_megatron_fsdp_config(value, path));
-    },
+    .section = kMegatronFsdpSection.key,
+    .read_section = canonical_section<kMegatronFsdpSection>,
+    .own_models = kMegatronFsdpSection.own_models,
     .cannot_run = kCannotRun,
     .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
       return megatron_core_refusal(c, hello.version, hello.plants, hello.cannot_run);
@@ -78,7 +77,7 @@ constexpr FrameworkTarget kMegatronCore{
     },
     .from_flags = [](casefile::Case c) { return c; },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (casefile::section_settings(c, kMegatronFsdpSection))
+      if (casefile::section_settings(c, kMegatronFsdpSection.key))
         return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
                "run it with --target megatron-core";
       if (c.path.layer_wise_param_layout)

@@ -125,7 +125,7 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
            "tally's relative tolerance does not model";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
     return "faults: the worker plants no counterpart of " + why;
-  const std::optional<TorchTitanConfig> d = torchtitan_config(c);
+  const std::optional<TorchTitanConfig> d = kTorchTitanSection.of(c);
   if (!d) return "torchtitan: the case has no torchtitan configuration (clip, spmd_backend, dp_replicate)";
   const int dp_replicate = d->dp_replicate;
   if (topologies::dp(t) % dp_replicate != 0)
@@ -155,7 +155,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   topologies::ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
-  casefile::keep_only_section(c, kTorchTitanSection);
+  casefile::keep_only_section(c, kTorchTitanSection.key);
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
@@ -184,7 +184,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   if (t.pp > 1) m.untie_embeddings_and_output_weights = true;
   casefile::drop_stated_gradients_without_a_param(c, stages);
   std::uint64_t rest = draw;
-  const std::optional<TorchTitanConfig> stated = torchtitan_config(c);
+  const std::optional<TorchTitanConfig> stated = kTorchTitanSection.of(c);
   const bool drawn = !stated;
   TorchTitanConfig d = stated.value_or(TorchTitanConfig{});
   if (drawn) {
@@ -235,12 +235,12 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
                     (d.spmd_backend == SpmdBackend::full_dtensor ? t.tp : 1);
   }
   if (torch_clip_refuses(c, d)) d.clip = DTensorClip::torchtitan;
-  set_torchtitan_config(c, d);
+  kTorchTitanSection.set(c, d);
   return c;
 }
 
 std::string torchtitan_norm_code(const casefile::Case& c) {
-  const TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
+  const TorchTitanConfig d = kTorchTitanSection.of(c).value_or(TorchTitanConfig{});
   const std::string code = d.clip == DTensorClip::torch ? "torch.nn.utils.clip_grad_norm_"
                            : c.topology.ep > 1          ? "torchtitan _clip_grad_norm_with_ep"
                                                         : "torchtitan clip_grad_norm_";
@@ -256,7 +256,7 @@ std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(co
           casefile::Case c = base;
           c.path.optimizer = vocab::OptimizerModel::plain;
           c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-          set_torchtitan_config(c, {.clip = clip,
+          kTorchTitanSection.set(c, {.clip = clip,
                                     .spmd_backend = backend,
                                     .dp_replicate = dp_replicate,
                                     .before_reduction = before_reduction});
@@ -269,7 +269,7 @@ std::vector<std::pair<std::string, casefile::Case>> torchtitan_sweep_variants(co
 }
 
 std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case& c) {
-  const std::optional<TorchTitanConfig> d = torchtitan_config(c);
+  const std::optional<TorchTitanConfig> d = kTorchTitanSection.of(c);
   if (!d || !d->before_reduction) return std::nullopt;
   const topologies::ParallelConfig& t = c.topology;
   const int stage_ranks = t.world / std::max(1, t.pp);
@@ -286,7 +286,7 @@ std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case&
 }
 
 nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
-  const TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
+  const TorchTitanConfig d = kTorchTitanSection.of(c).value_or(TorchTitanConfig{});
   const topologies::ParallelConfig& t = c.topology;
   const int dp = topologies::dp(t);
   return {{"parallelism",
@@ -302,7 +302,7 @@ nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
 }
 
 std::string torchtitan_model_description(const casefile::Case& c) {
-  const TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
+  const TorchTitanConfig d = kTorchTitanSection.of(c).value_or(TorchTitanConfig{});
   const int dp = topologies::dp(c.topology);
   return "tally's GPT/MoE as a torchtitan decoder on " + std::string(spmd_backend_name(d.spmd_backend)) +
          " meshes (dp_replicate " + std::to_string(d.dp_replicate) + ", dp_shard " +

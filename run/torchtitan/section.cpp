@@ -1,7 +1,6 @@
 #include "run/torchtitan/section.h"
 
 #include "io/json_read.h"
-#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -43,20 +42,6 @@ nlohmann::ordered_json torchtitan_config_json(const TorchTitanConfig& d) {
   // absent: after the reduction, as in earlier case files (whose digests stay theirs)
   if (d.before_reduction) j["gradients_enter"] = "before_reduction";
   return j;
-}
-
-std::optional<TorchTitanConfig> torchtitan_config(const casefile::Case& c) {
-  return read_case_section(c, kTorchTitanSection, read_torchtitan_config);
-}
-
-void set_torchtitan_config(casefile::Case& c, const TorchTitanConfig& d) {
-  c.sections[std::string(kTorchTitanSection)] = casefile::FrameworkSection{torchtitan_config_json(d), false};
-}
-
-void change_torchtitan_config(casefile::Case& c, const std::function<void(TorchTitanConfig&)>& change) {
-  TorchTitanConfig d = torchtitan_config(c).value_or(TorchTitanConfig{});
-  change(d);
-  set_torchtitan_config(c, d);
 }
 
 }  // namespace tally::run

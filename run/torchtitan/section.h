@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "casefile/case.h"
+#include "run/case_section.h"
 
 namespace tally::run {
 
@@ -37,18 +38,14 @@ struct TorchTitanConfig {
   friend bool operator==(const TorchTitanConfig&, const TorchTitanConfig&) = default;
 };
 
-inline constexpr std::string_view kTorchTitanSection = "torchtitan";
-
 // Strict: throws io::JsonReadError naming the field.
 TorchTitanConfig read_torchtitan_config(const nlohmann::json& value, const std::string& path);
 // The canonical JSON ("gradients_enter" written only when before the reduction, so earlier case
 // files keep their digests).
 nlohmann::ordered_json torchtitan_config_json(const TorchTitanConfig& d);
 
-// `c`'s torchtitan configuration; nullopt when it holds none.
-std::optional<TorchTitanConfig> torchtitan_config(const casefile::Case& c);
-void set_torchtitan_config(casefile::Case& c, const TorchTitanConfig& d);
-// `c`'s section changed by `change` (a case holding none starts from the defaults).
-void change_torchtitan_config(casefile::Case& c, const std::function<void(TorchTitanConfig&)>& change);
+// The section, `torchtitan` in a case.
+inline constexpr CaseSection<TorchTitanConfig> kTorchTitanSection{
+    .key = "torchtitan", .read = read_torchtitan_config, .write = torchtitan_config_json, .own_models = false};
 
 }  // namespace tally::run

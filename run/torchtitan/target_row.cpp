@@ -10,10 +10,9 @@ namespace {
 constexpr FrameworkTarget kTorchTitan{
     .name = "torchtitan",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.torchtitan.worker",
-    .section = kTorchTitanSection,
-    .read_section = [](const nlohmann::json& value, const std::string& path) {
-      return torchtitan_config_json(read_torchtitan_config(value, path));
-    },
+    .section = kTorchTitanSection.key,
+    .read_section = canonical_section<kTorchTitanSection>,
+    .own_models = kTorchTitanSection.own_models,
     .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
       return torchtitan_refusal(c, hello.version, hello.plants);
     },
@@ -26,19 +25,19 @@ constexpr FrameworkTarget kTorchTitan{
     },
     // A case the flags describe: torchtitan's clip on full_dtensor, no HSDP replication.
     .from_flags = [](casefile::Case c) {
-      if (!torchtitan_config(c)) set_torchtitan_config(c, TorchTitanConfig{});
+      if (!kTorchTitanSection.of(c)) kTorchTitanSection.set(c, TorchTitanConfig{});
       return c;
     },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (!casefile::section_settings(c, kTorchTitanSection)) return std::nullopt;
+      if (!casefile::section_settings(c, kTorchTitanSection.key)) return std::nullopt;
       return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
              "with --target torchtitan";
     },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
-      if (!casefile::section_settings(c, kTorchTitanSection)) return std::nullopt;
+      if (!casefile::section_settings(c, kTorchTitanSection.key)) return std::nullopt;
       return torchtitan_job_config(c);
     },
-    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kTorchTitanSection) ? torchtitan_model_description(c) : std::string(); },
+    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kTorchTitanSection.key) ? torchtitan_model_description(c) : std::string(); },
     .sweep_variants = torchtitan_sweep_variants,
     .norm_code = torchtitan_norm_code,
     .reduction_groups = torchtitan_reduction_groups,

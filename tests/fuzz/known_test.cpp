@@ -277,7 +277,7 @@ TEST(KnownFindings, AFindingIsTiedToItsNormCode) {
   EXPECT_TRUE(load_known(kSeeds, "deepspeed", "0.19.7").empty()) << "another release";
   const oracle::Verdict verdict = saved_verdict(c, file);
   EXPECT_EQ(joined(explain(known, c, verdict)), "deepspeed-0.19.8-zero-drops-expert-partitions-of-tp-ranks");
-  run::change_deepspeed_config(c, [&](run::DeepSpeedConfig& d) { d.zero_stage = 3; });
+  run::kDeepSpeedSection.change(c, [&](run::DeepSpeedConfig& d) { d.zero_stage = 3; });
   EXPECT_EQ(known_path(c), "DeepSpeedZeroOptimizer_Stage3");
   EXPECT_TRUE(explain(known, c, verdict).findings.empty());
   EXPECT_TRUE(explain(known, c, oracle::Verdict{}).findings.empty()) << "a pass is no finding";

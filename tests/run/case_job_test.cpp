@@ -186,7 +186,7 @@ TEST(CaseJob, ACaseOfAnotherFrameworkIsRefusedNamingTheTargetItIsFor) {
   const std::unique_ptr<Target> model = model_target(backend);
   CaseJob job;
   job.c = founding_case();
-  set_deepspeed_config(job.c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(job.c, DeepSpeedConfig{});
   job.source = "ds.json";
   const CaseJobResult with_section = run_case_job(*model, job);
   ASSERT_TRUE(with_section.refused);

@@ -4,14 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "casefile/case_file.h"
 #include "run/automodel/section.h"
 #include "run/deepspeed/section.h"
 #include "run/megatron_core/section.h"
 #include "run/target.h"
+#include "tests/support/files.h"
 #include "run/torchtitan/section.h"
 #include "tests/support/founding_case.h"
 #include "vocab/faults.h"
@@ -20,13 +19,6 @@ namespace tally::run {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_file(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(CaseSections, SeedsAreCanonical) {
   // Every checked-in seed reads, and writing it back gives the same bytes (its digest stays).
@@ -40,7 +32,7 @@ TEST(CaseSections, SeedsAreCanonical) {
     }
     // A finding file states a finding beside its saved runs (fuzz/findings.h): no case.
     if (entry.path().extension() != ".json" || entry.path().filename().string().ends_with(".finding.json")) continue;
-    const std::string text = read_file(entry.path());
+    const std::string text = testing::text_of(entry.path());
     const casefile::Case c = casefile::case_from_text(text, entry.path().string(), case_frameworks());
     EXPECT_EQ(casefile::case_to_text(c), text) << entry.path();
     ++count;
@@ -81,7 +73,7 @@ TEST(CaseSections, EachSectionsFieldErrorsNameThePathAndTheRule) {
 
 TEST(CaseSections, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   casefile::Case c = testing::founding_case();
-  set_deepspeed_config(c, {.zero_stage = 2, .grad_accum_fp32 = true, .loss_scale = 1024});
+  kDeepSpeedSection.set(c, {.zero_stage = 2, .grad_accum_fp32 = true, .loss_scale = 1024});
   c.target = casefile::RealTarget{"deepspeed", "0.19.8", ""};
   const std::string text = casefile::case_to_json(c).dump(2);
   EXPECT_NE(text.find(R"("deepspeed": {
@@ -95,7 +87,7 @@ TEST(CaseSections, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   };
   EXPECT_TRUE(round_trips(c));
   EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("autotp")) << "absent means false";
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) {
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) {
     d.autotp = true;
     d.autoep = true;  // (the target refuses both at once; the file keeps what it says)
   });
@@ -103,33 +95,33 @@ TEST(CaseSections, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["autoep"], true);
   EXPECT_TRUE(round_trips(c));
   EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("fused_adam")) << "absent means false";
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.fused_adam = true; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.fused_adam = true; });
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["fused_adam"], true);
   EXPECT_TRUE(round_trips(c));
   EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("offload_optimizer")) << "absent means false";
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.offload_optimizer = true; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.offload_optimizer = true; });
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["offload_optimizer"], true);
   EXPECT_TRUE(round_trips(c));
-  EXPECT_EQ(deepspeed_config(c)->loss_scale, 1024);
+  EXPECT_EQ(kDeepSpeedSection.of(c)->loss_scale, 1024);
   casefile::keep_only_section(c, "");
   EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";
-  EXPECT_EQ(deepspeed_config(c), std::nullopt);
+  EXPECT_EQ(kDeepSpeedSection.of(c), std::nullopt);
 }
 
 TEST(CaseSections, EachFrameworksConfigurationRoundTripsThroughItsSection) {
   casefile::Case c = testing::founding_case();
   const TorchTitanConfig titan{.clip = DTensorClip::torch, .spmd_backend = SpmdBackend::partial_dtensor,
                                .dp_replicate = 2, .before_reduction = true};
-  set_torchtitan_config(c, titan);
-  EXPECT_EQ(torchtitan_config(c), titan);
+  kTorchTitanSection.set(c, titan);
+  EXPECT_EQ(kTorchTitanSection.of(c), titan);
   casefile::keep_only_section(c, "");
   const AutomodelConfig automodel{.dp_replicate = 2, .sequence_parallel = true, .before_reduction = true};
-  set_automodel_config(c, automodel);
-  EXPECT_EQ(automodel_config(c), automodel);
+  kAutomodelSection.set(c, automodel);
+  EXPECT_EQ(kAutomodelSection.of(c), automodel);
   casefile::keep_only_section(c, "");
   const MegatronFsdpConfig fsdp{.sharding = FsdpSharding::optim, .outer_sharding = FsdpOuterSharding::optim};
-  set_megatron_fsdp_config(c, fsdp);
-  EXPECT_EQ(megatron_fsdp_config(c), fsdp);
+  kMegatronFsdpSection.set(c, fsdp);
+  EXPECT_EQ(kMegatronFsdpSection.of(c), fsdp);
   EXPECT_EQ(casefile::case_from_json(casefile::case_to_json(c), case_frameworks(), "case"), c);
 }
 

@@ -79,7 +79,7 @@ TEST(LogicalGradients, SendTheSharesOfEachGroupSizeWithoutChangingTheRequestsIde
 
 TEST(DeepSpeedReduction, DenseOverDpExpertsOverExpertDpBothDividedByDp) {
   casefile::Case c = testing::founding_case();
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   c.model.num_experts = 4;
   c.topology = {.world = 8, .tp = 2, .ep = 2, .etp = 2};
   EXPECT_EQ(deepspeed_reduction_groups(c), (ReductionGroups{{4, 2}, 4})) << "expert TP: DP / EP of a TP lane";

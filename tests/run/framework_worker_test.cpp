@@ -696,7 +696,7 @@ TEST(WorkerPool, SendsEachCaseTheEngineConfigurationItsTargetWrites) {
   };
   casefile::Case c = founding_case();
   c.topology.ep = 1;  // DeepSpeed's expert groups here must not span TP
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   {
     WorkerPool pool(o);
     const WorkerRun run = pool.execute(c);

@@ -41,7 +41,7 @@ TEST(FrameworkTargets, TheCaseReaderKnowsEachRowsNameAndSectionAndNoOther) {
 TEST(FrameworkTargets, ACaseBelongsToItsTargetSectionOrToTheSectionItHolds) {
   casefile::Case c = founding_case();
   EXPECT_EQ(framework_of(c), nullptr) << "a case of tally's model";
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   ASSERT_NE(framework_of(c), nullptr);
   EXPECT_EQ(framework_of(c)->name, "deepspeed");
   casefile::keep_only_section(c, "");
@@ -53,8 +53,8 @@ TEST(FrameworkTargets, ACaseBelongsToItsTargetSectionOrToTheSectionItHolds) {
 TEST(FrameworkTargets, DeepSpeedIsSentEveryKeyOfItsConfigurationMegatronNone) {
   casefile::Case c = founding_case();
   c.topology.ep = 1;
-  set_deepspeed_config(c, DeepSpeedConfig{});
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
   const std::optional<nlohmann::ordered_json> config = framework_target("deepspeed")->engine_config(c);
   ASSERT_TRUE(config);
   EXPECT_EQ((*config)["zero_optimization"]["stage"], 3);
@@ -66,8 +66,8 @@ TEST(FrameworkTargets, DeepSpeedIsSentEveryKeyOfItsConfigurationMegatronNone) {
 
 TEST(FrameworkTargets, AFlagsCaseGetsTheTargetsOwnSection) {
   const casefile::Case c = founding_case();
-  EXPECT_TRUE(deepspeed_config(framework_target("deepspeed")->from_flags(c)));
-  EXPECT_FALSE(deepspeed_config(framework_target("megatron-core")->from_flags(c)));
+  EXPECT_TRUE(kDeepSpeedSection.of(framework_target("deepspeed")->from_flags(c)));
+  EXPECT_FALSE(kDeepSpeedSection.of(framework_target("megatron-core")->from_flags(c)));
 }
 
 // A framework's section is stated once, in its own row: every other target refuses a case holding
@@ -80,7 +80,7 @@ TEST(FrameworkTargets, AFrameworksSectionIsRefusedByEveryOtherTargetThroughTheTa
     // The case the row's flags make, or, for a framework whose flags add no section (megatron-core),
     // one that holds what only it runs.
     casefile::Case c = owner->from_flags(plain);
-    if (!owner->own_section(c)) set_megatron_fsdp_config(c, MegatronFsdpConfig{});
+    if (!owner->own_section(c)) kMegatronFsdpSection.set(c, MegatronFsdpConfig{});
     const std::optional<std::string> section = owner->own_section(c);
     ASSERT_TRUE(section) << owner->name;
     EXPECT_NE(section->find("--target " + std::string(owner->name)), std::string::npos) << *section;

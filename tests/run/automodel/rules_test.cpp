@@ -30,7 +30,7 @@ casefile::Case llama_case() {
   c.model.swiglu = true;
   c.model.add_bias_linear = false;
   c.model.untie_embeddings_and_output_weights = true;
-  set_automodel_config(c, AutomodelConfig{});
+  kAutomodelSection.set(c, AutomodelConfig{});
   return c;
 }
 
@@ -60,7 +60,7 @@ RC_GTEST_PROP(AutomodelTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   }
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
-  RC_ASSERT(automodel_config(c).has_value());
+  RC_ASSERT(kAutomodelSection.of(c).has_value());
   const std::optional<std::string> refusal = automodel_refusal(c, "0.7.0", plants);
   RC_ASSERT(!refusal);
 }
@@ -70,7 +70,7 @@ TEST(AutomodelTarget, AFaultOfTheReplicasGetsReplicasWhereDataParallelAllowsThem
   c.topology = topologies::ParallelConfig{.world = 8, .tp = 2, .etp = 2};  // DP 4
   c.path.faults = vocab::FaultSet::of({vocab::Fault::stats_over_replicas});
   c = within_automodel(std::move(c), every_plant(), 0);
-  EXPECT_EQ(automodel_config(c)->dp_replicate, 2);
+  EXPECT_EQ(kAutomodelSection.of(c)->dp_replicate, 2);
   EXPECT_FALSE(automodel_refusal(c, "0.7.0", every_plant()));
 }
 
@@ -100,7 +100,7 @@ TEST(AutomodelTarget, NamesWhatTheWorkerCannotBuild) {
   c.model.num_query_groups = 1;  // one key-value head on TP 2
   EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("parallelizer.py:1039-1040"), std::string::npos);
   c = llama_case();
-  change_automodel_config(c, [&](AutomodelConfig& d) { d.dp_replicate = 2; });  // DP 2: Automodel's own refusal
+  kAutomodelSection.change(c, [&](AutomodelConfig& d) { d.dp_replicate = 2; });  // DP 2: Automodel's own refusal
   EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("mesh_utils.py:310-314"), std::string::npos);
   c = llama_case();
   c.topology = topologies::ParallelConfig{.world = 4, .pp = 2};
@@ -112,7 +112,7 @@ TEST(AutomodelTarget, NamesWhatTheWorkerCannotBuild) {
   c.path.faults = vocab::FaultSet::of({vocab::Fault::missing_pp_reduction});
   EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0", every_plant()), "faults: the worker plants no counterpart"));
   c = llama_case();
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "deepspeed: a DeepSpeed case"));
 }
 
@@ -133,11 +133,11 @@ TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSeque
   ASSERT_EQ(variants.size(), 16u);
   EXPECT_EQ(variants[0].first, "fsdp");
   EXPECT_EQ(variants[1].first, "fsdp-unreduced");
-  EXPECT_TRUE(automodel_config(variants[1].second)->before_reduction);
+  EXPECT_TRUE(kAutomodelSection.of(variants[1].second)->before_reduction);
   EXPECT_EQ(variants[6].first, "hsdp-sp");
-  EXPECT_EQ(automodel_config(variants[6].second)->dp_replicate, 2);
-  EXPECT_TRUE(automodel_config(variants[6].second)->sequence_parallel);
-  EXPECT_FALSE(automodel_config(variants[6].second)->before_reduction);
+  EXPECT_EQ(kAutomodelSection.of(variants[6].second)->dp_replicate, 2);
+  EXPECT_TRUE(kAutomodelSection.of(variants[6].second)->sequence_parallel);
+  EXPECT_FALSE(kAutomodelSection.of(variants[6].second)->before_reduction);
   EXPECT_EQ(variants[8].first, "qwen3-fsdp");
   EXPECT_TRUE(variants[8].second.model.qk_layernorm);
   for (const auto& [name, c] : variants) {
@@ -154,18 +154,18 @@ TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSeque
 TEST(AutomodelTarget, StatesFsdp2sAverageWhereGradientsEnterBeforeIt) {
   casefile::Case c = llama_case();  // world 4, TP 2
   EXPECT_EQ(automodel_reduction_groups(c), std::nullopt) << "after the reduction: no shares";
-  change_automodel_config(c, [&](AutomodelConfig& d) { d.before_reduction = true; });
+  kAutomodelSection.change(c, [&](AutomodelConfig& d) { d.before_reduction = true; });
   EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{2}, 2}));
-  change_automodel_config(c, [&](AutomodelConfig& d) { d.sequence_parallel = true; });
+  kAutomodelSection.change(c, [&](AutomodelConfig& d) { d.sequence_parallel = true; });
   EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{2, 4}, 2})) << "a TP-replicated param: FSDP x TP";
-  change_automodel_config(c, [&](AutomodelConfig& d) { d.sequence_parallel = false; });
+  kAutomodelSection.change(c, [&](AutomodelConfig& d) { d.sequence_parallel = false; });
   c.topology = {.world = 8, .tp = 1, .cp = 2, .etp = 1};
   EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{8}, 8})) << "CP ranks are FSDP's too";
   const nlohmann::json written = casefile::case_to_json(c);
   EXPECT_EQ(written["automodel"]["gradients_enter"], "before_reduction");
-  EXPECT_EQ(automodel_config(casefile::case_from_json(nlohmann::json::parse(written.dump()), run::case_frameworks(), "case.json")),
-            automodel_config(c));
-  change_automodel_config(c, [&](AutomodelConfig& d) { d.before_reduction = false; });
+  EXPECT_EQ(kAutomodelSection.of(casefile::case_from_json(nlohmann::json::parse(written.dump()), run::case_frameworks(), "case.json")),
+            kAutomodelSection.of(c));
+  kAutomodelSection.change(c, [&](AutomodelConfig& d) { d.before_reduction = false; });
   EXPECT_FALSE(casefile::case_to_json(c)["automodel"].contains("gradients_enter"));
 }
 
@@ -173,14 +173,14 @@ TEST(AutomodelTarget, ACampaignDrawsBothSidesOfTheReduction) {
   casefile::Case c = llama_case();
   casefile::keep_only_section(c, "");
   int before = 0;
-  for (std::uint64_t draw = 0; draw < 1024; draw += 7) before += automodel_config(within_automodel(c, {}, draw))->before_reduction;
+  for (std::uint64_t draw = 0; draw < 1024; draw += 7) before += kAutomodelSection.of(within_automodel(c, {}, draw))->before_reduction;
   EXPECT_GT(before, 20);
   EXPECT_LT(before, 126);
 }
 
 TEST(AutomodelTarget, TheRecipeNamesAutomodelsOwnSettings) {
   casefile::Case c = llama_case();
-  change_automodel_config(c, [&](AutomodelConfig& d) { d.sequence_parallel = true; });
+  kAutomodelSection.change(c, [&](AutomodelConfig& d) { d.sequence_parallel = true; });
   c.path.max_norm = 0.5;
   const nlohmann::ordered_json recipe = automodel_recipe(c);
   EXPECT_EQ(recipe["distributed"]["tp_size"], 2);

@@ -41,29 +41,29 @@ RC_GTEST_PROP(DeepSpeedTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
 TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   casefile::Case c = founding_case();  // TP 2, EP 2, ETP 1, world 2: DeepSpeed's legacy expert groups span TP
   c.path.optimizer = vocab::OptimizerModel::plain;
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   c.topology.etp = 2;  // with expert TP, EP groups lie within DP 1
   EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("topology.ep 2"), std::string::npos);
   c.topology.tp = 1;
   c.topology.etp = 1;
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });  // the founding case has experts
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });  // the founding case has experts
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("deepspeed.zero_stage 3 with experts:", 0), 0u);
   c.model.num_experts = 0;
   c.topology.ep = 1;
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   c.model.num_experts = 2;
   c.topology.ep = 2;
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 0; });
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.grad_accum_fp32 = true; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 0; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.grad_accum_fp32 = true; });
   c.path.gradients.generator.dtype = kernels::Dtype::bf16;
   EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos);
   casefile::keep_only_section(c, "");
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("deepspeed:", 0), 0u);
   c = founding_case();
   c.topology.tp = c.topology.etp = 1;
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
 }
 
@@ -76,18 +76,18 @@ TEST(DeepSpeedTarget, RefusesOffloadWithAutoEpFoldedOverAutoTpAsDeepSpeedDoes) {
   c.model.swiglu = true;
   c.model.add_bias_linear = false;
   c.path.gradients.stated.clear();
-  set_deepspeed_config(c, DeepSpeedConfig{});
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 1; });
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.autotp = d.autoep = true; });
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 1; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.autotp = d.autoep = true; });
   ASSERT_FALSE(casefile::check_case(c));
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << deepspeed_refusal(c, "0.19.8").value_or("");
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.offload_optimizer = true; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.offload_optimizer = true; });
   EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("auto_ep_folding.py:249"), std::string::npos)
       << deepspeed_refusal(c, "0.19.8").value_or("");
   // Generated cases never ask for it: offload stays, the folding goes.
   for (std::uint64_t draw = 0; draw < 64; ++draw) {
     const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, {});
-    EXPECT_FALSE(deepspeed_config(within)->offload_optimizer && deepspeed_config(within)->autoep && within.topology.tp > 1);
+    EXPECT_FALSE(kDeepSpeedSection.of(within)->offload_optimizer && kDeepSpeedSection.of(within)->autoep && within.topology.tp > 1);
   }
 }
 
@@ -97,13 +97,13 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   c.topology = {.world = 8, .tp = 2, .pp = 2};
   c.model = {};
   c.model.num_layers = 4;
-  set_deepspeed_config(c, DeepSpeedConfig{1, false, 128});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{1, false, 128});
   ASSERT_FALSE(casefile::check_case(c));
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 2; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 2; });
   EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("ZeRO 2 and 3 are incompatible"), std::string::npos);
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 0; });
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.grad_accum_fp32 = true; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 0; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.grad_accum_fp32 = true; });
   c.path.gradients.generator.dtype = kernels::Dtype::bf16;
   EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("NotImplementedError"), std::string::npos)
       << "bf16 with fp32 accumulation needs ZeRO in a pipeline too";
@@ -113,7 +113,7 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   c.path.optimizer = vocab::OptimizerModel::plain;
   c.topology = {.world = 4, .pp = 2, .ep = 2};
   c.model.num_layers = 2;
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << "EP 2 within each stage's two ranks";
   c.topology = {.world = 4, .pp = 4};
@@ -135,7 +135,7 @@ TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
     EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
     EXPECT_EQ(within.topology.pp, 2) << "a dense model keeps its pipeline";
     EXPECT_EQ(within.topology.vpp, 1);
-    EXPECT_LE(deepspeed_config(within)->zero_stage, 1);
+    EXPECT_LE(kDeepSpeedSection.of(within)->zero_stage, 1);
   }
   c.topology = {.world = 8, .pp = 2, .ep = 8};
   c.model.num_experts = 8;
@@ -178,7 +178,7 @@ std::vector<casefile::Case> drawn_for_deepspeed(casefile::Case c) {
 TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   casefile::Case c = plain_case({.world = 4, .tp = 2}, 0);
   c.model.qk_layernorm = true;
-  set_deepspeed_config(c, DeepSpeedConfig{.zero_stage = 1, .autotp = true});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 1, .autotp = true});
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   const auto refusal = [](casefile::Case changed) { return deepspeed_refusal(changed, "0.19.8").value_or(""); };
@@ -186,7 +186,7 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   tp1.topology.tp = tp1.topology.etp = 1;
   EXPECT_EQ(refusal(tp1).rfind("deepspeed.autotp with topology.tp 1:", 0), 0u) << refusal(tp1);
   casefile::Case zero3 = c;
-  change_deepspeed_config(zero3, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
+  kDeepSpeedSection.change(zero3, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
   EXPECT_FALSE(deepspeed_refusal(zero3, "0.19.8")) << "ZeRO 3 gathers AutoTP's shards for the worker's forward";
   casefile::Case piped = c;
   piped.topology = {.world = 4, .tp = 2, .pp = 2};
@@ -198,10 +198,10 @@ TEST(DeepSpeedTarget, ShardsWithAutoTpOnlyWhereItsModelCan) {
   moe.topology.etp = 1;
   ASSERT_FALSE(casefile::check_case(moe)) << *casefile::check_case(moe);
   EXPECT_EQ(refusal(moe).rfind("deepspeed.autotp with experts:", 0), 0u) << refusal(moe);
-  EXPECT_FALSE(deepspeed_config(within_deepspeed(moe, "0.19.8", {}, 0))->autotp) << "the generator drops what AutoTP can't take";
+  EXPECT_FALSE(kDeepSpeedSection.of(within_deepspeed(moe, "0.19.8", {}, 0))->autotp) << "the generator drops what AutoTP can't take";
 
   int autotp = 0;
-  for (const casefile::Case& within : drawn_for_deepspeed(c)) autotp += deepspeed_config(within)->autotp;
+  for (const casefile::Case& within : drawn_for_deepspeed(c)) autotp += kDeepSpeedSection.of(within)->autotp;
   EXPECT_GT(autotp, 4) << "AutoTP is drawn";
   EXPECT_LT(autotp, 28) << "so is the worker's own mpu";
 }
@@ -211,7 +211,7 @@ TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   int fused = 0, unfused = 0;
   for (const casefile::Case& within : drawn_for_deepspeed(c)) {
-    const DeepSpeedConfig d = *deepspeed_config(within);
+    const DeepSpeedConfig d = *kDeepSpeedSection.of(within);
     if (!d.fused_adam) {
       unfused += d.zero_stage == 0 && within.path.gradients.generator.dtype != kernels::Dtype::fp32;
       continue;
@@ -222,7 +222,7 @@ TEST(DeepSpeedTarget, DrawsFusedAdamWhereItMakesZeroZeroTakeFp16Optimizer) {
   }
   EXPECT_GT(fused, 0) << "FP16_Optimizer is drawn";
   EXPECT_GT(unfused, 0) << "so is FP16_UnfusedOptimizer";
-  set_deepspeed_config(c, DeepSpeedConfig{.fused_adam = true});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.fused_adam = true});
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << "FusedAdam runs at every stage and precision";
 }
 
@@ -232,11 +232,11 @@ TEST(DeepSpeedTarget, AWorkerWhoseFusedAdamDidNotBuildIsAskedForNoneAndRefusesIt
   casefile::Case c = plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 1}, 2);
   for (std::uint64_t draw = 0; draw < 64; ++draw) {
     const casefile::Case within = within_deepspeed(c, "0.19.8", {}, draw, {}, false, cannot_run);
-    EXPECT_FALSE(deepspeed_config(within)->fused_adam) << "draw " << draw;
+    EXPECT_FALSE(kDeepSpeedSection.of(within)->fused_adam) << "draw " << draw;
     EXPECT_FALSE(deepspeed_refusal(within, "0.19.8", {}, {}, false, cannot_run)) << "draw " << draw;
   }
-  set_deepspeed_config(c, DeepSpeedConfig{.fused_adam = true});
-  EXPECT_FALSE(deepspeed_config(within_deepspeed(c, "0.19.8", {}, 0, {}, false, cannot_run))->fused_adam)
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.fused_adam = true});
+  EXPECT_FALSE(kDeepSpeedSection.of(within_deepspeed(c, "0.19.8", {}, 0, {}, false, cannot_run))->fused_adam)
       << "a shrink keeps within what the worker runs";
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8", {}, {}, false, cannot_run),
             "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (DeepSpeed's FusedAdam "
@@ -248,17 +248,17 @@ TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   int offloaded = 0;
   for (const casefile::Case& within : drawn_for_deepspeed(c)) {
-    if (!deepspeed_config(within)->offload_optimizer) continue;
+    if (!kDeepSpeedSection.of(within)->offload_optimizer) continue;
     ++offloaded;
-    EXPECT_TRUE(deepspeed_config(within)->zero_stage == 1 || deepspeed_config(within)->zero_stage == 2);
+    EXPECT_TRUE(kDeepSpeedSection.of(within)->zero_stage == 1 || kDeepSpeedSection.of(within)->zero_stage == 2);
   }
   EXPECT_GT(offloaded, 0) << "ZeRO-Offload is drawn";
   const auto refusal = [](casefile::Case changed) { return deepspeed_refusal(changed, "0.19.8").value_or(""); };
-  set_deepspeed_config(c, DeepSpeedConfig{.zero_stage = 2, .offload_optimizer = true});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 2, .offload_optimizer = true});
   EXPECT_EQ(refusal(c), "");
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 0; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 0; });
   EXPECT_EQ(refusal(c).rfind("deepspeed.offload_optimizer with zero_stage 0:", 0), 0u) << refusal(c);
-  change_deepspeed_config(c, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
   c.model.num_experts = 0;
   c.topology.ep = 1;
   EXPECT_EQ(refusal(c).rfind("deepspeed.offload_optimizer with zero_stage 3:", 0), 0u) << refusal(c);
@@ -285,7 +285,7 @@ TEST(DeepSpeedTarget, DrawsExpertBiasesWithExpertTpWhichMegatronRefuses) {
   c.model.add_bias_linear = true;
   EXPECT_EQ(casefile::check_case(c).value_or("").rfind("expert biases (add_bias_linear with num_experts 2) need etp 1", 0), 0u)
       << "Megatron's rule, for every case but a DeepSpeed one";
-  set_deepspeed_config(c, DeepSpeedConfig{.zero_stage = 1});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 1});
   EXPECT_FALSE(casefile::check_case(c));
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8", {}, {}, /*megatron_model_rules=*/true).value_or("").rfind(
@@ -300,7 +300,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   casefile::Case c = plain_case({.world = 4, .ep = 2}, 4);
   c.model.swiglu = true;
   c.model.add_bias_linear = false;
-  set_deepspeed_config(c, DeepSpeedConfig{.zero_stage = 2, .autoep = true});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 2, .autoep = true});
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
   const auto refusal = [](casefile::Case changed) { return deepspeed_refusal(changed, "0.19.8").value_or(""); };
@@ -319,17 +319,17 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   biased.model.add_bias_linear = true;
   refused_by(biased, "deepspeed.autoep with model.add_bias_linear:");
   casefile::Case zero3 = c;
-  change_deepspeed_config(zero3, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
+  kDeepSpeedSection.change(zero3, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
   EXPECT_FALSE(deepspeed_refusal(zero3, "0.19.8")) << "AutoEP's experts are the ones DeepSpeed runs at ZeRO 3";
-  change_deepspeed_config(zero3, [&](DeepSpeedConfig& d) { d.autoep = false; });
+  kDeepSpeedSection.change(zero3, [&](DeepSpeedConfig& d) { d.autoep = false; });
   refused_by(zero3, "deepspeed.zero_stage 3 with experts: DeepSpeed asserts");
-  EXPECT_TRUE(deepspeed_config(within_deepspeed(zero3, "0.19.8", {}, 0))->autoep) << "ZeRO 3 with experts takes AutoEP";
+  EXPECT_TRUE(kDeepSpeedSection.of(within_deepspeed(zero3, "0.19.8", {}, 0))->autoep) << "ZeRO 3 with experts takes AutoEP";
   casefile::Case biased_zero3 = zero3;
   biased_zero3.model.add_bias_linear = true;
   ASSERT_FALSE(casefile::check_case(biased_zero3)) << *casefile::check_case(biased_zero3);
   const casefile::Case adapted = within_deepspeed(biased_zero3, "0.19.8", {}, 0);
-  EXPECT_TRUE(deepspeed_config(adapted)->autoep) << "its experts become AutoEP's: SwiGLU without biases";
-  EXPECT_EQ(deepspeed_config(adapted)->zero_stage, 3);
+  EXPECT_TRUE(kDeepSpeedSection.of(adapted)->autoep) << "its experts become AutoEP's: SwiGLU without biases";
+  EXPECT_EQ(kDeepSpeedSection.of(adapted)->zero_stage, 3);
   EXPECT_FALSE(adapted.model.add_bias_linear);
   EXPECT_FALSE(deepspeed_refusal(adapted, "0.19.8"));
   casefile::Case tp2 = c;
@@ -337,7 +337,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   tp2.topology.ep = 1;
   refused_by(tp2, "deepspeed.autoep with topology.tp 2 without deepspeed.autotp:");
   casefile::Case folded = tp2;  // AutoEP folded over AutoTP: experts whole (ETP 1), EP > 1
-  change_deepspeed_config(folded, [&](DeepSpeedConfig& d) { d.autotp = true; });
+  kDeepSpeedSection.change(folded, [&](DeepSpeedConfig& d) { d.autotp = true; });
   refused_by(folded, "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding) and topology.etp 1, "
                      "topology.ep 1:");
   folded.topology.ep = 2;
@@ -348,27 +348,27 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   fp16.path.gradients.generator.dtype = kernels::Dtype::fp16;
   fp16.path.gradients.stated = {{"", topologies::ParamClass::replicated, {topologies::StatedGradient::Kind::constant, 200.0, {}}}};
   refused_by(fp16, "deepspeed.loss_scale 128 with gradients.dtype fp16:");
-  change_deepspeed_config(fp16, [&](DeepSpeedConfig& d) { d.loss_scale = 64; });
+  kDeepSpeedSection.change(fp16, [&](DeepSpeedConfig& d) { d.loss_scale = 64; });
   EXPECT_FALSE(deepspeed_refusal(fp16, "0.19.8")) << refusal(fp16);
   casefile::Case folded_zero3 = folded;
-  set_deepspeed_config(folded_zero3, DeepSpeedConfig{.zero_stage = 3});
+  kDeepSpeedSection.set(folded_zero3, DeepSpeedConfig{.zero_stage = 3});
   const casefile::Case within_zero3 = within_deepspeed(folded_zero3, "0.19.8", {}, 0);
-  EXPECT_TRUE(deepspeed_config(within_zero3)->autoep && deepspeed_config(within_zero3)->autotp)
+  EXPECT_TRUE(kDeepSpeedSection.of(within_zero3)->autoep && kDeepSpeedSection.of(within_zero3)->autotp)
       << "ZeRO 3 with experts at TP 2 folds AutoEP over AutoTP";
-  EXPECT_EQ(deepspeed_config(within_zero3)->zero_stage, 3);
-  change_deepspeed_config(folded, [&](DeepSpeedConfig& d) { d.autoep = false; });
+  EXPECT_EQ(kDeepSpeedSection.of(within_zero3)->zero_stage, 3);
+  kDeepSpeedSection.change(folded, [&](DeepSpeedConfig& d) { d.autoep = false; });
   refused_by(folded, "deepspeed.autotp with experts:");
-  change_deepspeed_config(tp2, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
-  EXPECT_EQ(deepspeed_config(within_deepspeed(tp2, "0.19.8", {}, 0))->zero_stage, 2) << "ZeRO 2 where AutoEP cannot take TP";
+  kDeepSpeedSection.change(tp2, [&](DeepSpeedConfig& d) { d.zero_stage = 3; });
+  EXPECT_EQ(kDeepSpeedSection.of(within_deepspeed(tp2, "0.19.8", {}, 0))->zero_stage, 2) << "ZeRO 2 where AutoEP cannot take TP";
 
   int autoep = 0;
   for (const casefile::Case& within : drawn_for_deepspeed(c)) {
-    EXPECT_FALSE(deepspeed_config(within)->autotp) << "TP 1: no AutoTP, AutoEP unfolded";
-    autoep += deepspeed_config(within)->autoep;
+    EXPECT_FALSE(kDeepSpeedSection.of(within)->autotp) << "TP 1: no AutoTP, AutoEP unfolded";
+    autoep += kDeepSpeedSection.of(within)->autoep;
   }
   EXPECT_GT(autoep, 4) << "AutoEP is drawn";
   EXPECT_LT(autoep, 28) << "so is DeepSpeed's MoE layer";
-  EXPECT_FALSE(deepspeed_config(within_deepspeed(tp2, "0.19.8", {}, 0))->autoep) << "the generator drops what AutoEP can't take";
+  EXPECT_FALSE(kDeepSpeedSection.of(within_deepspeed(tp2, "0.19.8", {}, 0))->autoep) << "the generator drops what AutoEP can't take";
 }
 
 TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
@@ -378,14 +378,14 @@ TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
   c.path.gradients.generator.mode = kernels::GradientMode::normal;
   c.path.gradients.generator.dtype = kernels::Dtype::fp16;
   c.path.gradients.stated = {{"", topologies::ParamClass::replicated, {topologies::StatedGradient::Kind::scale, 64.0, {}}}};
-  set_deepspeed_config(c, DeepSpeedConfig{});  // loss scale 128
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});  // loss scale 128
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
   // 8.58 x 64 x DP 2 x 128 > 65504: DeepSpeed would skip the step.
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("deepspeed.loss_scale 128 with gradients.dtype fp16:", 0), 0u)
       << deepspeed_refusal(c, "0.19.8").value_or("");
   const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
   EXPECT_EQ(within.path.gradients.generator.dtype, kernels::Dtype::fp16);
-  EXPECT_EQ(deepspeed_config(within)->loss_scale, 32) << "the largest power of two that fits: 8.58 x 64 x 2 x 32 < 65504";
+  EXPECT_EQ(kDeepSpeedSection.of(within)->loss_scale, 32) << "the largest power of two that fits: 8.58 x 64 x 2 x 32 < 65504";
   EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
   c.path.gradients.stated.front().gradient = {topologies::StatedGradient::Kind::constant, 40000.0, {}};
   ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);  // 40000 x DP 2 > 65504 at loss scale 1
@@ -397,14 +397,14 @@ TEST(DeepSpeedTarget, Fp16GradientsStayWithinRangeAfterTheLossScale) {
 TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
   casefile::Case c = founding_case();
   c.topology = {.world = 8, .tp = 2, .cp = 2, .ep = 2, .etp = 1};
-  set_deepspeed_config(c, DeepSpeedConfig{2, false, 256});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{2, false, 256});
   ASSERT_FALSE(casefile::check_case(c));
   const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
   EXPECT_FALSE(casefile::check_case(within));
   EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
   EXPECT_EQ(within.topology.world, 8);
   EXPECT_EQ(within.topology.cp * within.topology.pp, 1);
-  EXPECT_EQ(deepspeed_config(within), deepspeed_config(c)) << "a case's own configuration is kept";
+  EXPECT_EQ(kDeepSpeedSection.of(within), kDeepSpeedSection.of(c)) << "a case's own configuration is kept";
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ casefile::Case fsdp_case(FsdpSharding sharding = FsdpSharding::optim_grads_param
   casefile::Case c = casefile::load_case_file(TALLY_SOURCE_DIR "/seeds/founding-6099-world2.pass.json", run::case_frameworks());
   c.expect.reset();
   c.path.optimizer = vocab::OptimizerModel::distributed;
-  set_megatron_fsdp_config(c, MegatronFsdpConfig{.sharding = sharding});
+  kMegatronFsdpSection.set(c, MegatronFsdpConfig{.sharding = sharding});
   return c;
 }
 
@@ -42,7 +42,7 @@ RC_GTEST_PROP(MegatronFsdpTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   RC_ASSERT(c.topology.world == world);
   const std::optional<std::string> refusal = megatron_core_refusal(c, "0.19.2");
   RC_ASSERT(!refusal);
-  if (megatron_fsdp_config(c)) {
+  if (kMegatronFsdpSection.of(c)) {
     RC_ASSERT(c.topology.pp == 1);
     RC_ASSERT(c.path.optimizer == vocab::OptimizerModel::distributed);
   }
@@ -60,7 +60,7 @@ RC_GTEST_PROP(MegatronFsdpTarget, ANormCodeCampaignDrawsOnlyThatCode, ()) {
   };
   options.keep_only = fuzz::norm_code_filter("megatron-fsdp");
   const casefile::Case c = *fuzz::gen_case(options);
-  RC_ASSERT(megatron_fsdp_config(c).has_value());
+  RC_ASSERT(kMegatronFsdpSection.of(c).has_value());
   RC_ASSERT(!megatron_core_refusal(c, "0.19.2"));
 }
 
@@ -71,7 +71,7 @@ TEST(MegatronFsdpTarget, GeneratedCasesDrawEveryStrategyAboutAsOftenAsAnOptimize
     casefile::keep_only_section(c, "");
     c.path.optimizer = vocab::OptimizerModel::plain;
     c = within_megatron_core(std::move(c), "0.19.2", {}, draw);
-    drawn[megatron_fsdp_config(c) ? std::string(fsdp_sharding_name(megatron_fsdp_config(c)->sharding)) : "ddp"] += 1;
+    drawn[kMegatronFsdpSection.of(c) ? std::string(fsdp_sharding_name(kMegatronFsdpSection.of(c)->sharding)) : "ddp"] += 1;
   }
   EXPECT_EQ(drawn["ddp"], 320);
   for (FsdpSharding sharding : kFsdpShardings)
@@ -88,9 +88,9 @@ TEST(MegatronFsdpTarget, HybridFsdpKeepsTheInstancesDrawnForAnotherOptimizer) {
   ASSERT_FALSE(casefile::check_case(c));
   // 35: a fifth (35 % 5), optim_grads_params (7 % 4), the outer strategy (35 / 20 odd).
   const casefile::Case hybrid = within_megatron_core(c, "0.19.2", {}, 35);
-  ASSERT_TRUE(megatron_fsdp_config(hybrid));
+  ASSERT_TRUE(kMegatronFsdpSection.of(hybrid));
   EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
-  EXPECT_EQ(megatron_fsdp_config(hybrid)->outer_sharding, FsdpOuterSharding::optim);
+  EXPECT_EQ(kMegatronFsdpSection.of(hybrid)->outer_sharding, FsdpOuterSharding::optim);
   EXPECT_FALSE(megatron_core_refusal(hybrid, "0.19.2"));
   EXPECT_EQ(within_megatron_core(c, "0.19.2", {}, 36).topology.dist_opt_instances, 1) << "plain Adam: one instance";
 }
@@ -106,17 +106,17 @@ TEST(MegatronFsdpTarget, HybridFsdpTakesTwoInstancesWhereTheLayoutAllowsThem) {
   ASSERT_FALSE(casefile::check_case(c));
   // 35: a fifth, optim_grads_params, the outer strategy; the stages fold into DP 4.
   const casefile::Case hybrid = within_megatron_core(c, "0.19.2", {}, 35);
-  ASSERT_TRUE(megatron_fsdp_config(hybrid));
+  ASSERT_TRUE(kMegatronFsdpSection.of(hybrid));
   EXPECT_EQ(hybrid.topology.pp, 1);
   EXPECT_EQ(hybrid.topology.dist_opt_instances, 2);
-  EXPECT_EQ(megatron_fsdp_config(hybrid)->outer_sharding, FsdpOuterSharding::optim);
+  EXPECT_EQ(kMegatronFsdpSection.of(hybrid)->outer_sharding, FsdpOuterSharding::optim);
   EXPECT_FALSE(megatron_core_refusal(hybrid, "0.19.2"));
   c.topology = {.world = 2, .tp = 2, .etp = 2};  // DP 1: one instance, so the outer strategy goes
   ASSERT_FALSE(casefile::check_case(c));
   const casefile::Case one = within_megatron_core(c, "0.19.2", {}, 35);
-  ASSERT_TRUE(megatron_fsdp_config(one));
+  ASSERT_TRUE(kMegatronFsdpSection.of(one));
   EXPECT_EQ(one.topology.dist_opt_instances, 1);
-  EXPECT_EQ(megatron_fsdp_config(one)->outer_sharding, FsdpOuterSharding::no_shard);
+  EXPECT_EQ(kMegatronFsdpSection.of(one)->outer_sharding, FsdpOuterSharding::no_shard);
 }
 
 TEST(MegatronFsdpTarget, ANormCodeMatchesWholeWords) {
@@ -130,9 +130,9 @@ TEST(MegatronFsdpTarget, ANormCodeMatchesWholeWords) {
 TEST(MegatronFsdpTarget, ReleasesItsWorkerDoesNotReadDrawNone) {
   casefile::Case c = fsdp_case();
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"), "megatron_fsdp: tally's worker records"));
-  EXPECT_FALSE(megatron_fsdp_config(within_megatron_core(c, "0.16.1", {}, 0)));
+  EXPECT_FALSE(kMegatronFsdpSection.of(within_megatron_core(c, "0.16.1", {}, 0)));
   casefile::keep_only_section(c, "");
-  EXPECT_FALSE(megatron_fsdp_config(within_megatron_core(c, "0.16.1", {}, 0)));
+  EXPECT_FALSE(kMegatronFsdpSection.of(within_megatron_core(c, "0.16.1", {}, 0)));
 }
 
 TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
@@ -166,7 +166,7 @@ TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "optimizer.bucket_elements 64 with megatron_fsdp:"));
 
   c = fsdp_case();
-  change_megatron_fsdp_config(c, [&](MegatronFsdpConfig& d) { d.outer_sharding = FsdpOuterSharding::optim; });
+  kMegatronFsdpSection.change(c, [&](MegatronFsdpConfig& d) { d.outer_sharding = FsdpOuterSharding::optim; });
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "megatron_fsdp.outer_dp_sharding_strategy optim with topology.dist_opt_instances 1:"));
   c.topology = {.world = 4, .tp = 2, .etp = 2, .dist_opt_instances = 2};
@@ -174,11 +174,11 @@ TEST(MegatronFsdpTarget, NamesWhatMegatronFsdpCannotRun) {
   c.model.moe_ffn_hidden_size.reset();
   ASSERT_FALSE(casefile::check_case(c));
   EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
-  change_megatron_fsdp_config(c, [&](MegatronFsdpConfig& d) { d.sharding = FsdpSharding::optim_grads; });
+  kMegatronFsdpSection.change(c, [&](MegatronFsdpConfig& d) { d.sharding = FsdpSharding::optim_grads; });
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "megatron_fsdp.outer_dp_sharding_strategy optim with data_parallel_sharding_strategy "
                           "optim_grads:"));
-  EXPECT_EQ(megatron_fsdp_config(within_megatron_core(c, "0.19.2"))->outer_sharding, FsdpOuterSharding::no_shard);
+  EXPECT_EQ(kMegatronFsdpSection.of(within_megatron_core(c, "0.19.2"))->outer_sharding, FsdpOuterSharding::no_shard);
 }
 
 TEST(MegatronFsdpTarget, ItsSectionIsMegatronCoresAlone) {

@@ -58,7 +58,7 @@ TEST(LayerWiseLayout, HalfTheLayerWiseCasesTakeItWhereTheReleaseHasIt) {
     casefile::Case c = layout_case();
     c.path.layer_wise_param_layout = false;
     c = within_megatron_core(std::move(c), "0.19.2", {}, draw);
-    drawn[megatron_fsdp_config(c) ? "fsdp" : c.path.layer_wise_param_layout ? "layout" : "layerwise"] += 1;
+    drawn[kMegatronFsdpSection.of(c) ? "fsdp" : c.path.layer_wise_param_layout ? "layout" : "layerwise"] += 1;
   }
   EXPECT_EQ(drawn["fsdp"], 80) << "a fifth are Megatron-FSDP";
   EXPECT_EQ(drawn["layout"], 160);

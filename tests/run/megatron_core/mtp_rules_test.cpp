@@ -42,7 +42,7 @@ TEST(MegatronMtp, NamesWhatTheWorkerDoesNotRecord) {
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "model.mtp_num_layers 1 with topology.pp 2:"));
   c = mtp_case(2, 1);
   c.path.optimizer = vocab::OptimizerModel::distributed;
-  set_megatron_fsdp_config(c, MegatronFsdpConfig{});
+  kMegatronFsdpSection.set(c, MegatronFsdpConfig{});
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "model.mtp_num_layers 1 with megatron_fsdp:"));
 }
 

@@ -61,7 +61,7 @@ TEST(MegatronCoreTarget, NamesWhatTheWorkerCannotBuild) {
   c.path.p_values = {3.0};
   EXPECT_NE(megatron_core_refusal(c, "0.19.2").value_or("").find("p_norms"), std::string::npos);
   c = founding_case();
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   EXPECT_EQ(megatron_core_refusal(c, "0.19.2").value_or("").rfind("deepspeed: a DeepSpeed case", 0), 0u);
 }
 

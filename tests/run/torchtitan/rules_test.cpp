@@ -21,7 +21,7 @@ casefile::Case moe_case() {
   c.expect.reset();
   c.topology.tp = c.topology.etp = 1;
   c.path.optimizer = vocab::OptimizerModel::plain;
-  set_torchtitan_config(c, TorchTitanConfig{});
+  kTorchTitanSection.set(c, TorchTitanConfig{});
   return c;
 }
 
@@ -54,7 +54,7 @@ RC_GTEST_PROP(TorchTitanTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   }
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
-  RC_ASSERT(torchtitan_config(c).has_value());
+  RC_ASSERT(kTorchTitanSection.of(c).has_value());
   const std::optional<std::string> refusal = torchtitan_refusal(c, "0.3.0", plants);
   RC_ASSERT(!refusal);
 }
@@ -69,13 +69,13 @@ TEST(TorchTitanTarget, NamesWhatTheWorkerCannotBuild) {
   c.path.gradients.generator.dtype = kernels::Dtype::bf16;
   EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "gradients.dtype bf16:"));
   c = moe_case();
-  change_torchtitan_config(c, [&](TorchTitanConfig& d) { d.clip = DTensorClip::torch; });
+  kTorchTitanSection.change(c, [&](TorchTitanConfig& d) { d.clip = DTensorClip::torch; });
   EXPECT_NE(torchtitan_refusal(c, "0.3.0").value_or("").find("two meshes"), std::string::npos)
       << "torch's clip cannot stack the expert mesh's norms with the dense mesh's";
   c = moe_case();
-  change_torchtitan_config(c, [&](TorchTitanConfig& d) { d.dp_replicate = 2; });  // EP 2 needs dp_shard x cp x tp = 1 rank to hold 2
+  kTorchTitanSection.change(c, [&](TorchTitanConfig& d) { d.dp_replicate = 2; });  // EP 2 needs dp_shard x cp x tp = 1 rank to hold 2
   EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "topology.ep 2:"));
-  change_torchtitan_config(c, [&](TorchTitanConfig& d) { d.dp_replicate = 3; });
+  kTorchTitanSection.change(c, [&](TorchTitanConfig& d) { d.dp_replicate = 3; });
   EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "torchtitan.dp_replicate 3:"));
   c = moe_case();
   c.path.optimizer = vocab::OptimizerModel::layerwise;
@@ -85,7 +85,7 @@ TEST(TorchTitanTarget, NamesWhatTheWorkerCannotBuild) {
   EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "faults: the worker plants no counterpart"));
   EXPECT_FALSE(torchtitan_refusal(c, "0.3.0", every_plant()));
   c = moe_case();
-  set_deepspeed_config(c, DeepSpeedConfig{});
+  kDeepSpeedSection.set(c, DeepSpeedConfig{});
   EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "deepspeed: a DeepSpeed case"));
 }
 
@@ -99,10 +99,10 @@ TEST(TorchTitanTarget, RefusesTyingWithPipelineAsTorchTitanDoes) {
             std::string::npos);
   c.model.untie_embeddings_and_output_weights = true;
   EXPECT_FALSE(torchtitan_refusal(c, "0.3.0"));
-  change_torchtitan_config(c, [&](TorchTitanConfig& d) { d.clip = DTensorClip::torch; });
+  kTorchTitanSection.change(c, [&](TorchTitanConfig& d) { d.clip = DTensorClip::torch; });
   EXPECT_NE(torchtitan_refusal(c, "0.3.0").value_or("").find("torchtitan #596"), std::string::npos);
   const casefile::Case within = within_torchtitan(c, {}, 0);
-  EXPECT_EQ(torchtitan_config(within)->clip, DTensorClip::torchtitan) << "torch's clip has no pipeline group";
+  EXPECT_EQ(kTorchTitanSection.of(within)->clip, DTensorClip::torchtitan) << "torch's clip has no pipeline group";
   EXPECT_FALSE(torchtitan_refusal(within, "0.3.0"));
 }
 
@@ -129,11 +129,11 @@ TEST(TorchTitanTarget, SweepsEachClipOnEachBackendOnEachSideOfTheReduction) {
   const std::vector<std::pair<std::string, casefile::Case>> variants = torchtitan_sweep_variants(moe_case());
   ASSERT_EQ(variants.size(), 16u);
   EXPECT_EQ(variants[0].first, "torchtitan-full_dtensor");
-  EXPECT_FALSE(torchtitan_config(variants[0].second)->before_reduction);
+  EXPECT_FALSE(kTorchTitanSection.of(variants[0].second)->before_reduction);
   EXPECT_EQ(variants[1].first, "torchtitan-full_dtensor-unreduced");
-  EXPECT_TRUE(torchtitan_config(variants[1].second)->before_reduction);
+  EXPECT_TRUE(kTorchTitanSection.of(variants[1].second)->before_reduction);
   EXPECT_EQ(variants[2].first, "torchtitan-full_dtensor-hsdp");
-  EXPECT_EQ(torchtitan_config(variants[2].second)->dp_replicate, 2);
+  EXPECT_EQ(kTorchTitanSection.of(variants[2].second)->dp_replicate, 2);
   EXPECT_EQ(variants[15].first, "torch-partial_dtensor-hsdp-unreduced");
   EXPECT_EQ(torchtitan_norm_code(variants[0].second), "torchtitan _clip_grad_norm_with_ep on full_dtensor");
   EXPECT_EQ(torchtitan_norm_code(variants[15].second), "torch.nn.utils.clip_grad_norm_ on partial_dtensor");
@@ -141,13 +141,13 @@ TEST(TorchTitanTarget, SweepsEachClipOnEachBackendOnEachSideOfTheReduction) {
 
 TEST(TorchTitanTarget, ACaseFileKeepsItsSection) {
   casefile::Case c = moe_case();
-  set_torchtitan_config(c, TorchTitanConfig{DTensorClip::torch, SpmdBackend::partial_dtensor, 2, true});
+  kTorchTitanSection.set(c, TorchTitanConfig{DTensorClip::torch, SpmdBackend::partial_dtensor, 2, true});
   const nlohmann::json written = casefile::case_to_json(c);
   EXPECT_EQ(written["torchtitan"]["gradients_enter"], "before_reduction");
   const casefile::Case back = casefile::case_from_json(nlohmann::json::parse(written.dump()), run::case_frameworks(), "case.json");
-  EXPECT_EQ(torchtitan_config(back), torchtitan_config(c));
+  EXPECT_EQ(kTorchTitanSection.of(back), kTorchTitanSection.of(c));
   EXPECT_EQ(framework_of(back)->name, "torchtitan");
-  change_torchtitan_config(c, [&](TorchTitanConfig& d) { d.before_reduction = false; });
+  kTorchTitanSection.change(c, [&](TorchTitanConfig& d) { d.before_reduction = false; });
   EXPECT_FALSE(casefile::case_to_json(c)["torchtitan"].contains("gradients_enter"))
       << "after the reduction is written as earlier case files were, so their digests stay theirs";
 }
@@ -168,7 +168,7 @@ TEST(TorchTitanTarget, ARequestNamingAnotherStageIsRefusedByTheReader) {
 TEST(TorchTitanTarget, StatesFsdp2sReductionGroupsWhereGradientsEnterBeforeIt) {
   casefile::Case c = moe_case();  // world 2, TP 1, EP 2
   EXPECT_EQ(torchtitan_reduction_groups(c), std::nullopt) << "after the reduction: no shares";
-  change_torchtitan_config(c, [&](TorchTitanConfig& d) { d.before_reduction = true; });
+  kTorchTitanSection.change(c, [&](TorchTitanConfig& d) { d.before_reduction = true; });
   EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2, 1}, 1}));
   c.topology = {.world = 8, .tp = 2, .cp = 1, .pp = 2, .ep = 2, .etp = 1};
   EXPECT_EQ(torchtitan_reduction_groups(c), (ReductionGroups{{2, 4}, 1}))
@@ -184,7 +184,7 @@ TEST(TorchTitanTarget, ACampaignDrawsBothSidesOfTheReduction) {
   casefile::Case c = moe_case();
   casefile::keep_only_section(c, "");
   int before = 0;
-  for (std::uint64_t draw = 0; draw < 64; ++draw) before += torchtitan_config(within_torchtitan(c, {}, draw))->before_reduction;
+  for (std::uint64_t draw = 0; draw < 64; ++draw) before += kTorchTitanSection.of(within_torchtitan(c, {}, draw))->before_reduction;
   EXPECT_GT(before, 8);
   EXPECT_LT(before, 56);
 }
