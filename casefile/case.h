@@ -3,7 +3,6 @@
 // generates and shrinks, case files store, and `tally run` and `tally replay` run.
 #pragma once
 
-#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -35,7 +34,7 @@ std::string_view outcome_name(Expectation::Outcome outcome);  // "pass", "fail",
 // its name and the version its worker reported, and the manifests the run that found the case
 // wrote, saved next to the case file, so replay can judge them where the framework is absent.
 struct RealTarget {
-  std::string framework;  // as --target names it ("megatron-core"): one of the reader's FrameworkSchemas
+  std::string framework;  // as --target names it: the name of one of the reader's FrameworkSchemas
   std::string version;    // "0.19.2"
   std::string manifests;  // folder, relative to the case file's folder; "" when none was saved
   friend bool operator==(const RealTarget&, const RealTarget&) = default;
