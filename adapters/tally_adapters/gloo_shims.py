@@ -9,8 +9,17 @@ worker on CPUs (or several ranks sharing one GPU) runs the framework's own reduc
   gloo's SUM, which is the op's definition. Every other op, and every group of another backend,
   goes to torch's collective untouched.
 
-`installed()` puts the shims in place for a `with` block and restores torch's functions after it.
-tests/adapters/torch/test_gloo_shims.py checks each against torch's own collectives on gloo.
+- A coalesced block (`torch.distributed._coalescing_manager`) on a gloo group: megatron-core's DDP
+  issues each bucket's all-reduce inside one (megatron/core/distributed/param_and_grad_buffer.py),
+  which ends in `allreduce_coalesced`, and gloo refuses that on CUDA tensors ("ProcessGroupGloo::
+  allreduce_coalesced: unsupported device type cuda"). The shim runs each collective of the block
+  as it is issued: the same all-reduces (reduce-scatters) over the same group, one per tensor,
+  each rank's tensors summed as the coalesced op sums them. Only synchronous blocks: an async one
+  (overlapped gradient reduction) raises.
+
+`installed()` puts the PREMUL_SUM shims in place for a `with` block, `coalesced_one_by_one()` the
+coalescing one, and each restores torch's functions after it. tests/adapters/test_gloo_shims.py
+checks each against torch's own collectives on gloo.
 """
 
 from __future__ import annotations
@@ -99,3 +108,51 @@ def installed():
     finally:
         for name, f in originals.items():
             setattr(dist, name, f)
+
+
+def _one_by_one_on_gloo(manager):
+    """torch's coalescing manager `manager`, but on a gloo group a block whose collectives run as
+    they are issued (none is queued for a coalesced op)."""
+
+    @contextlib.contextmanager
+    @functools.wraps(manager)
+    def shimmed(group=None, device=None, async_ops=False):
+        from torch.distributed import distributed_c10d as c10d
+
+        if not _on_gloo(group or c10d._get_default_group()):
+            with manager(group, device, async_ops) as cm:
+                yield cm
+            return
+        if async_ops:
+            raise RuntimeError("tally_adapters.gloo_shims runs a coalesced block on gloo one collective at a time, "
+                               "synchronously; an async block (overlapped gradient reduction) is not shimmed")
+        yield c10d._CoalescingManager()
+
+    shimmed.tally_shim = manager
+    return shimmed
+
+
+@contextlib.contextmanager
+def coalesced_one_by_one():
+    """torch's `_coalescing_manager`, in torch.distributed and in every module that imported it by
+    name (megatron-core's param_and_grad_buffer does), run one collective at a time on gloo groups
+    for the `with` block."""
+    import sys
+
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d._coalescing_manager
+    if hasattr(original, "tally_shim"):
+        yield  # already in place (a nested block)
+        return
+    # A module's own dict, not getattr: a lazy module's __getattr__ would import what it names.
+    holders = [m for m in list(sys.modules.values())
+               if m is not None and vars(m).get("_coalescing_manager") is original]
+    shim = _one_by_one_on_gloo(original)
+    for module in holders:
+        module._coalescing_manager = shim
+    try:
+        yield
+    finally:
+        for module in holders:
+            module._coalescing_manager = original

@@ -1,8 +1,10 @@
 """tally_adapters.gloo_shims against torch's own collectives on gloo, two ranks on this CPU: a
 PREMUL_SUM(f) reduce-scatter or all-reduce gives what gloo's SUM of each rank's input times f gives,
 bit for bit; every other op gives exactly torch's result; the inputs a caller passes are left as
-they were (all_reduce's in-place tensor aside); torch's functions are back after the block. Needs
-torch (skipped without it); ci/real-torchtitan runs it in the torchtitan environment."""
+they were (all_reduce's in-place tensor aside); torch's functions are back after the block. A
+coalesced block run one collective at a time gives what gloo's coalesced ops give on CPU tensors
+(which gloo has there), bit for bit. Needs torch (skipped without it); ci/real-torchtitan and
+ci/real-automodel run it in their environments."""
 
 import importlib.util
 import unittest
@@ -60,8 +62,60 @@ def _checks(rank):
     assert (dist.reduce_scatter_tensor, getattr(dist, "reduce_scatter_single", None), dist.all_reduce) == originals
 
 
+def _coalesced_checks(rank):
+    import sys
+    import types
+
+    import torch
+    import torch.distributed as dist
+    from tally_adapters import gloo_shims
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d._coalescing_manager
+    framework = types.ModuleType("tally_test_framework")  # a module that imported it by name
+    framework._coalescing_manager = original
+    sys.modules[framework.__name__] = framework
+    buckets = [_inputs(rank), _inputs(rank)[:6] * 3 + 0.5]
+
+    def reduced(manager, collective, one_by_one):
+        tensors = [b.clone() for b in buckets]
+        outputs = [torch.empty(len(t) // WORLD) for t in tensors]
+        with manager(dist.group.WORLD):
+            for t, out in zip(tensors, outputs):
+                if collective == "all_reduce":
+                    dist.all_reduce(t)
+                else:
+                    dist.reduce_scatter_tensor(out, t)
+                # Run as issued: nothing queued for a coalesced op (gloo's own manager queues it).
+                assert (not c10d._world.pg_coalesce_state.get(dist.group.WORLD)) == one_by_one
+        return tensors if collective == "all_reduce" else outputs
+
+    try:
+        for collective in ("all_reduce", "reduce_scatter_tensor"):
+            want = reduced(original, collective, False)  # gloo's own coalesced op (it has it for CPU tensors)
+            with gloo_shims.coalesced_one_by_one():
+                assert framework._coalescing_manager is not original, "a module that imported it by name"
+                assert dist._coalescing_manager is c10d._coalescing_manager is framework._coalescing_manager
+                got = reduced(framework._coalescing_manager, collective, True)
+                try:
+                    with c10d._coalescing_manager(dist.group.WORLD, async_ops=True):
+                        pass
+                    raise AssertionError("an async block must be refused")
+                except RuntimeError as error:
+                    assert "not shimmed" in str(error), error
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), (collective, g, w)
+        assert framework._coalescing_manager is original and c10d._coalescing_manager is original
+        assert dist._coalescing_manager is original
+    finally:
+        del sys.modules[framework.__name__]
+
+
 @unittest.skipUnless(importlib.util.find_spec("torch"), "needs torch")
 class TwoRanksOnGloo(unittest.TestCase):
+    def test_a_coalesced_block_run_one_by_one_is_gloos_coalesced_op(self):
+        gloo_ranks.assert_every_rank_passes(self, _coalesced_checks)
+
     def test_premul_sum_is_gloos_sum_of_the_scaled_inputs(self):
         from tally_adapters import gloo_shims
 
