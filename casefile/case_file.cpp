@@ -173,6 +173,10 @@ void read_gradients(const json& value, const std::string& path, vocab::GradientS
               v, p, names_of(kernels::kAllDtypes, kernels::dtype_name))];
         }},
        {"seed", [&](const json& v, const std::string& p) { g.generator.seed = read_uint64(v, p); }},
+       {"enter",
+        [&](const json& v, const std::string& p) {
+          g.before_reduction = read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+        }},
        {"classes",
         [&](const json& v, const std::string& p) {
           g.class_mask = 0;
@@ -423,6 +427,8 @@ ordered_json case_to_json(const Case& c) {
   ordered_json gradients = {{"mode", kernels::mode_name(o.gradients.generator.mode)},
                             {"dtype", kernels::dtype_name(o.gradients.generator.dtype)},
                             {"seed", o.gradients.generator.seed}};
+  // Written only when before, so every earlier case keeps its digest and its saved runs.
+  if (o.gradients.before_reduction) gradients["enter"] = "before_reduction";
   if (o.gradients.class_mask != ~std::uint32_t{0}) {
     if (o.gradients.class_mask & ~kAllClassBits)
       throw std::invalid_argument("case_to_json: class_mask " +

@@ -53,6 +53,7 @@ struct RunOptions {
   std::vector<double> p_norms;
   double max_norm = 1.0;
   std::int64_t bucket_elements = 0;
+  std::string gradients_enter = "after_reduction";
   std::vector<std::string> faults;
   std::string megatron_release;  // "": the rules tally checks
   bool list_faults = false;
@@ -184,6 +185,9 @@ casefile::Case case_from_flags(const RunOptions& o) {
   path.p_values = o.p_norms;
   path.max_norm = o.max_norm;
   path.bucket_elements = o.bucket_elements;
+  if (o.gradients_enter != "after_reduction" && o.gradients_enter != "before_reduction")
+    throw UsageError("--gradients-enter " + o.gradients_enter + ": expected after_reduction or before_reduction");
+  path.gradients.before_reduction = o.gradients_enter == "before_reduction";
   for (vocab::Fault fault : parse_fault_list(o.faults, "--fault")) path.faults = path.faults.with(fault);
   with_release_rules(o, c);
   return c;
@@ -285,6 +289,11 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
   command->add_option("--bucket-elements", options->bucket_elements,
                       "Distributed optimizer bucket size in elements (0: one bucket)")
       ->check(whole_number(0, kNoUpperBound))
+      ->capture_default_str();
+  command->add_option("--gradients-enter", options->gradients_enter,
+                      "Where the gradients enter Megatron-LM's path: after_reduction (each rank holds the "
+                      "reduced gradient) or before_reduction (each rank its own share, which megatron-core's "
+                      "own reduction, finalize_model_grads, sums: --target megatron-core)")
       ->capture_default_str();
   command->add_option("--fault", options->faults,
                       "Switch on faults of the catalog: names (repeat, or comma-separate), all, or "

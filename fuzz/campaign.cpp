@@ -203,7 +203,10 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       verdict = run(c);
     }
     ++result.cases;
-    if (target.framework()) ++result.cases_by_norm_code[known_path(c)];
+    if (target.framework()) {
+      ++result.cases_by_norm_code[known_path(c)];
+      if (run::gradients_enter_before_reduction(target.name(), c)) ++result.cases_before_reduction;
+    }
     if (broken) {
       stop_at_infra_error(index, /*while_shrinking=*/false);
       break;

@@ -93,6 +93,9 @@ struct CampaignResult {
   // model, Megatron-FSDP's strategy, DeepSpeed's optimizer): what a campaign drew of each. Empty on
   // tally's model.
   std::map<std::string, std::int64_t> cases_by_norm_code;
+  // Of those, the cases whose gradients entered before the framework's own reduction (each rank's
+  // share, run/contributions.h): both stages are drawn where the worker runs both.
+  std::int64_t cases_before_reduction = 0;
   // Cases a real framework declined with a check of its own while setting them up, by its reason
   // ("deepspeed 0.19.8: rank 0: ValueError: ..."): counted, not failures, and the campaign goes on.
   std::map<std::string, std::int64_t> refused_by_reason;

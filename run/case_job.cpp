@@ -38,6 +38,9 @@ std::string not_for_target(const Target& target, const FrameworkTarget& owner, c
   if (c.target)
     return name + " is a " + framework + " " + c.target->version + " case: run it with --target " + framework +
            " where the framework is installed, or judge its saved manifests with `tally replay " + name + "`";
+  if (!casefile::section_settings(c, owner.section))
+    if (std::optional<std::string> line = owner.own_section(c))  // a setting only it runs, not a section
+      return name + " holds " + *line;
   return name + " has a " + framework + " section, which only --target " + framework + " reads: run it with --target " +
          framework + ", or remove the section to run tally's model of Megatron's path";
 }

@@ -142,6 +142,11 @@ casefile::FrameworkSchemas case_frameworks() {
   return schemas;
 }
 
+bool gradients_enter_before_reduction(std::string_view framework, const casefile::Case& c) {
+  const FrameworkTarget* row = framework_target(framework);
+  return row && row->reduction_groups && row->reduction_groups(c);
+}
+
 const FrameworkTarget* framework_target(std::string_view name) {
   for (const FrameworkTarget* t : framework_targets())
     if (t->name == name) return t;

@@ -181,6 +181,10 @@ struct FrameworkTarget {
   std::optional<ReductionGroups> (*reduction_groups)(const casefile::Case& c) = nullptr;
 };
 
+// Whether `c`'s gradients enter before the own reduction of the framework named `framework` (its
+// row's reduction_groups); false for tally's model and a framework whose worker sets them reduced.
+bool gradients_enter_before_reduction(std::string_view framework, const casefile::Case& c);
+
 // Every real target, in the order --help lists them: each row is defined in its framework's folder
 // (run/<framework>/target_row.cpp) and listed in run/target.cpp.
 std::span<const FrameworkTarget* const> framework_targets();

@@ -33,6 +33,11 @@ struct GradientSpec {
   kernels::GeneratorSpec generator;
   std::uint32_t class_mask = ~std::uint32_t{0};  // bit i: topologies::ParamClass i
   std::vector<StatedFor> stated;
+  // Where the gradients enter Megatron-LM's path: after its data-parallel reduction (every rank
+  // holds the reduced gradient of what it holds), or before it (each rank its own share, which
+  // megatron-core's finalize_model_grads reduces into the gradient; docs/megatron-reference.md
+  // §10). Only the megatron-core target runs "before"; the values generated are the same.
+  bool before_reduction = false;
   friend bool operator==(const GradientSpec&, const GradientSpec&) = default;
 };
 inline std::uint32_t class_bit(topologies::ParamClass c) {

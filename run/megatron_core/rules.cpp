@@ -130,7 +130,48 @@ std::optional<std::string> layer_wise_layout_refusal(const casefile::Case& c, st
   return std::nullopt;
 }
 
+// Megatron's reduction of the gradients, run by the worker where they enter before it: measured at
+// 0.19.2 (docs/megatron-reference.md §10); "" (the rules of every release): some release runs it.
+bool reduction_measured(std::string_view version) { return version.empty() || version == "0.19.2"; }
+
+int dp_cp_size(const topologies::ParallelConfig& t) { return t.world / (std::max(1, t.tp) * std::max(1, t.pp)); }
+
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+std::optional<std::string> before_reduction_refusal(const casefile::Case& c, std::string_view version,
+                                                    const std::map<std::string, std::string>& cannot_run) {
+  const std::string field = "gradients.enter before_reduction";
+  if (const auto it = cannot_run.find("gradients.enter"); it != cannot_run.end())
+    return field + ": the worker cannot run megatron-core's own gradient reduction on this machine: " + it->second;
+  if (!reduction_measured(version))
+    return field + ": tally deals each rank's share by megatron-core 0.19.2's reduction (the factors and groups "
+           "docs/megatron-reference.md §10 measured); megatron-core " + std::string(version) + "'s is not measured";
+  if (casefile::section_settings(c, kMegatronFsdpSection.key))
+    return field + " with megatron_fsdp: tally's worker does not yet run Megatron-FSDP's own reduction "
+           "(finish_grad_sync over its buffers); it runs DistributedDataParallel's";
+  if (const int dp_cp = dp_cp_size(c.topology); !power_of_two(dp_cp))
+    return field + " at DP x CP " + std::to_string(dp_cp) + ": megatron-core multiplies each rank's share by 1/" +
+           std::to_string(dp_cp) + " before it sums them (distributed_data_parallel.py:206-213, "
+           "param_and_grad_buffer.py:656-661 at 0.19.2), which rounds, so tally's shares are exact only where "
+           "DP x CP is a power of two";
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::optional<ReductionGroups> megatron_core_reduction_groups(const casefile::Case& c) {
+  if (!c.path.gradients.before_reduction) return std::nullopt;
+  const topologies::ParallelConfig& t = c.topology;
+  const int dp_cp = dp_cp_size(t);
+  ReductionGroups groups{{dp_cp}, dp_cp};
+  const auto add = [&](int size) {
+    if (std::find(groups.sizes.begin(), groups.sizes.end(), size) == groups.sizes.end()) groups.sizes.push_back(size);
+  };
+  if (c.model.num_experts > 0) add(topologies::edp(t));
+  if (t.pp > 1 && !c.model.untie_embeddings_and_output_weights) add(2 * dp_cp);
+  if (t.tp > 1 && c.model.qk_layernorm) add(t.tp * dp_cp);
+  return groups;
+}
 
 std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::string_view version,
                                                      const FaultPlants& plants,
@@ -178,6 +219,8 @@ std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::s
            ": tally's worker does not overlap the gradient reduction, and without overlap_grad_reduce "
            "megatron-core's DDP lays out one bucket per buffer whatever the bucket size "
            "(distributed_data_parallel.py:66-68 at 0.16.1, :70-72 at 0.19.2)";
+  if (o.gradients.before_reduction)
+    if (auto why = before_reduction_refusal(c, version, cannot_run)) return why;
   if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     return "optimizer.model muon with experts: " + release +
            "'s Muon without LayerWise fails on expert params (get_megatron_muon_optimizer's "
@@ -274,6 +317,11 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   }
   if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     o.optimizer = vocab::OptimizerModel::layerwise;
+  // Half the cases the worker can reduce take their gradients before megatron-core's reduction; a
+  // shrink keeps that only while it still may.
+  if (!o.gradients.before_reduction && (draw / 80) % 2 == 1) o.gradients.before_reduction = true;
+  if (o.gradients.before_reduction && before_reduction_refusal(c, version, cannot_run))
+    o.gradients.before_reduction = false;
   casefile::drop_stated_gradients_without_a_param(c, c.topology);
   return c;
 }

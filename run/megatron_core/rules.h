@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "casefile/case.h"
+#include "run/contributions.h"
 #include "run/framework_worker.h"
 
 namespace tally::run {
@@ -34,6 +35,15 @@ std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::s
 casefile::Case within_megatron_core(casefile::Case c, std::string_view version, const FaultPlants& plants = {},
                                     std::uint64_t draw = 1,
                                     const std::map<std::string, std::string>& cannot_run = {});
+
+// Where the case's gradients enter before Megatron's own reduction (gradients.enter before_reduction),
+// the groups finalize_model_grads reduces them over at megatron-core 0.19.2
+// (docs/megatron-reference.md §10), each rank's share summing to the gradient times |dp_cp|, which
+// every rank first divides its share by: a dense param's over DP x CP; a routed expert's over its
+// expert-DP group (still divided by |dp_cp|); a tied word embedding's over DP x CP of the first
+// and the last stage (Megatron sums the two copies after DP); a q/k layernorm's over DP x CP of
+// every TP rank (Megatron sums it over TP after DP). nullopt where they enter after it.
+std::optional<ReductionGroups> megatron_core_reduction_groups(const casefile::Case& c);
 
 // Whether `version` is older than major.minor (an unparsable version counts as the newest).
 bool megatron_core_older_than(std::string_view version, int major, int minor);

@@ -16,11 +16,20 @@ bool megatron_core_alone(const casefile::Case& c) {
   return casefile::section_settings(c, kMegatronFsdpSection.key) || c.path.layer_wise_param_layout;
 }
 
-// tally's optimizer models and the layer-wise one over Megatron-LM 0.19's parameter layout, then,
+// tally's optimizer models, DDP's and the distributed optimizer's with the gradients before their
+// reduction, and the layer-wise one over Megatron-LM 0.19's parameter layout, then,
 // on a layout Megatron-FSDP runs (one stage, the default order), each of its strategies (and the
 // hybrid one, over several instances). The worker refuses what its release lacks.
 std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out = optimizer_variants(base);
+  // DDP's all-reduce and the distributed optimizer's reduce-scatter, each run on gradients that
+  // enter before it (the worker refuses what its release does not reduce).
+  for (vocab::OptimizerModel optimizer : {vocab::OptimizerModel::plain, vocab::OptimizerModel::distributed}) {
+    casefile::Case c = base;
+    c.path.optimizer = optimizer;
+    c.path.gradients.before_reduction = true;
+    out.emplace_back(std::string(vocab::optimizer_model_name(optimizer)) + "-unreduced", std::move(c));
+  }
   {
     casefile::Case c = base;
     c.path.optimizer = vocab::OptimizerModel::layerwise;
@@ -54,7 +63,7 @@ std::string megatron_core_norm_code(const casefile::Case& c) {
   return code;
 }
 
-constexpr std::string_view kCannotRun[] = {"megatron_fsdp", "optimizer.layer_wise_param_layout"};
+constexpr std::string_view kCannotRun[] = {"megatron_fsdp", "optimizer.layer_wise_param_layout", "gradients.enter"};
 
 // torchrun starts one rank per process; the worker picks gloo or NCCL for the world
 // (adapters/README.md).
@@ -83,6 +92,10 @@ constexpr FrameworkTarget kMegatronCore{
       if (c.path.layer_wise_param_layout)
         return "optimizer.layer_wise_param_layout: megatron-core 0.19's layer-wise parameter layout; run it with "
                "--target megatron-core";
+      if (c.path.gradients.before_reduction)
+        return "gradients.enter before_reduction: gradients that megatron-core's own reduction "
+               "(finalize_model_grads) turns into the case's, which tally's model does not run yet; run it with "
+               "--target megatron-core";
       return std::nullopt;
     },
     .engine_config = [](const casefile::Case&) -> std::optional<nlohmann::ordered_json> { return std::nullopt; },
@@ -96,9 +109,13 @@ constexpr FrameworkTarget kMegatronCore{
       casefile::Case model = c;
       model.target.reset();
       model.expect.reset();
+      // The release's norm of the reduced gradients: what a rank holds after the reduction the judge
+      // checks against the case's gradients on the real run.
+      model.path.gradients.before_reduction = false;
       model.path.faults = model.path.faults.with(gradnorm::release_faults(*release, c.path.optimizer));
       return model;
-    }
+    },
+    .reduction_groups = megatron_core_reduction_groups,
 };
 
 }  // namespace

@@ -22,13 +22,15 @@ grep -Eq "^  MODEL L007-moe-expert-biases-layerwise: tally's model: fail: ledger
 python3 - "$dir/corpus/sweep-state.json" <<'PY' || fail "the state's JSON does not hold the model's verdicts"
 import json, sys
 everything = json.load(open(sys.argv[1]))["results"]
-# The stand-in declines Megatron-FSDP (its hello's cannot_run), of which tally has no model, and
-# megatron-core refuses the layer-wise parameter layout with expert biases. (The distributed
-# optimizer with two instances, on the layouts that allow them, is held against the model too.)
+# The stand-in declines Megatron-FSDP and gradients before megatron-core's own reduction (its
+# hello's cannot_run), of which tally has no model, and megatron-core refuses the layer-wise
+# parameter layout with expert biases. (The distributed optimizer with two instances, on the
+# layouts that allow them, is held against the model too.)
 refused = [r for r in everything if r["outcome"] == "refused"]
 fsdp = [r for r in refused if "-fsdp-" in r["id"] and "megatron_fsdp" in r["detail"]]
+unreduced = [r for r in refused if "-unreduced" in r["id"] and r["detail"].startswith("gradients.enter before_reduction")]
 layout = [r for r in refused if r["id"].endswith("-layerwise-layout") and "with expert biases" in r["detail"]]
-assert (len(fsdp), len(layout), len(refused)) == (34, 7, 41), refused
+assert (len(fsdp), len(unreduced), len(layout), len(refused)) == (34, 16, 7, 57), refused
 results = [r for r in everything if r["outcome"] != "refused"]
 assert len(results) == 30 and all(r.get("model_checked") for r in results), "every case held against the model"
 disagree = sorted(r["id"] for r in results if "model_disagrees" in r)

@@ -55,10 +55,10 @@ mode=${TALLY_TEST_WORKER_MODE:-}
 at=${TALLY_TEST_WORKER_AT:-1}
 framework=${TALLY_TEST_WORKER_FRAMEWORK:-megatron-core}
 version=0.19.2 dtypes=
-# As megatron-core it runs tally's model, which models DDP's path, so it declines Megatron-FSDP and
-# the layer-wise parameter layout.
+# As megatron-core it runs tally's model, which models DDP's path after its reduction, so it declines
+# Megatron-FSDP, the layer-wise parameter layout and gradients that enter before the reduction.
 declines=
-[ "$framework" = megatron-core ] && declines=', "cannot_run": {"megatron_fsdp": "the stand-in runs tally'"'"'s model of DDP'"'"'s path", "optimizer.layer_wise_param_layout": "the stand-in runs tally'"'"'s model, which has no layer-wise parameter layout"}'
+[ "$framework" = megatron-core ] && declines=', "cannot_run": {"megatron_fsdp": "the stand-in runs tally'"'"'s model of DDP'"'"'s path", "optimizer.layer_wise_param_layout": "the stand-in runs tally'"'"'s model, which has no layer-wise parameter layout", "gradients.enter": "the stand-in runs tally'"'"'s model, which has no reduction stage"}'
 # As DeepSpeed it still builds what tally's model of Megatron builds: no expert biases with expert TP.
 if [ "$framework" = deepspeed ]; then version=0.19.8 dtypes=', "dtypes": ["fp32", "bf16"], "model_rules": "megatron"'; fi
 fault=${TALLY_TEST_WORKER_FAULT:-}

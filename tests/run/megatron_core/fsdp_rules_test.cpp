@@ -202,12 +202,12 @@ TEST(MegatronFsdpTarget, SweepsEveryStrategyOnALayoutItRuns) {
     names.push_back(name);
     EXPECT_FALSE(megatron_core_refusal(c, "0.19.2")) << name;
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"plain", "distributed", "layerwise", "muon", "layerwise-layout",
-                                             "fsdp-no_shard", "fsdp-optim", "fsdp-optim_grads",
+  EXPECT_EQ(names, (std::vector<std::string>{"plain", "distributed", "layerwise", "muon", "plain-unreduced",
+                                             "distributed-unreduced", "layerwise-layout", "fsdp-no_shard", "fsdp-optim", "fsdp-optim_grads",
                                              "fsdp-optim_grads_params"}));
   base.topology = {.world = 2, .pp = 2};
   base.model.num_layers = 2;
-  EXPECT_EQ(row.sweep_variants(base).size(), 5u) << "no Megatron-FSDP variant across stages";
+  EXPECT_EQ(row.sweep_variants(base).size(), 7u) << "no Megatron-FSDP variant across stages";
 }
 
 TEST(MegatronFsdpTarget, ItsSectionRoundTripsThroughACaseFile) {
