@@ -272,8 +272,10 @@ def build_optimizer(case, chunks):
     return get_megatron_muon_optimizer(config, chunks, layer_wise_distributed_optimizer=layer_wise)
 
 
-def set_gradients(chunks, tensors):
-    """Every param's main_grad from the logical tensor's box it holds. Returns the tally names of
+def set_gradients(chunks, tensors, share_of=None):
+    """Every param's main_grad from the logical tensor's box it holds: tally's gradient, or, with
+    `share_of` (logical name -> this rank's share of the whole tensor: reduction.Contributions.of),
+    this rank's share of it, for megatron-core's own reduction to sum. Returns the tally names of
     the params this rank holds; raises where the framework's model is not tally's."""
     import torch
 
@@ -295,7 +297,8 @@ def set_gradients(chunks, tensors):
                 f"{list(logical.shape)} in tally's model"
             )
         box = tuple(slice(o, o + e) for o, e in zip(r["offsets"], r["extents"]))
-        values = torch.from_numpy(logical[box].copy())
+        whole = logical if share_of is None else share_of(name)
+        values = torch.from_numpy(whole[box].copy())
         if getattr(p, "__fsdp_param__", False):
             # The range this rank holds, in Megatron-FSDP's main-grad buffer.
             with torch.no_grad():

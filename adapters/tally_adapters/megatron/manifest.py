@@ -202,11 +202,14 @@ def _record_clip(optimizers, after, calls: List[ClipCall]) -> None:
             before["record"]["clip"] = {"max_norm": call.max_norm, "coefficient": call.coefficient()}
 
 
-def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros=None, clip=None, group_norms=None):
+def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros=None, clip=None, group_norms=None,
+                   held=None):
     """This rank's manifest with every group written as its rank list: a version 1 manifest,
     which dump_manifest turns into version 2 (refer_to_groups). It is the one place that reads
     Megatron's parallel_state; runs the collectives get_grad_norm / count_zeros when those
-    values are not given. `clip`: see the module docstring."""
+    values are not given. `clip`: see the module docstring. `held`: id(param) -> the gradient the
+    ranks hold of it where its main_grad is not that (after the distributed optimizer's
+    reduce-scatter: reduction.held_after_reduction)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -220,6 +223,9 @@ def build_manifest(optimizer, model, *, producer=None, grad_norm=None, num_zeros
 
     chunks = model_chunks(model)
     params, param_index, param_objs = describe_params(chunks)
+    for p, entry in zip(param_objs, params):
+        if held and id(p) in held:
+            entry["grad"] = held[id(p)]
     optimizers = describe_optimizers(optimizer, params, param_index, param_objs, world)
 
     fill_stats(params, optimizers)

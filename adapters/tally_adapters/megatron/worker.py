@@ -28,14 +28,17 @@ own, megatron-core 0.19's `_compute_grad_norms_by_group`), and builds each rank'
 What the worker changes around Megatron, and why (never a Megatron file):
 - No forward or backward pass runs: the gradients are set, as after Megatron's own gradient
   reductions (every replica of an element holds the same value), so the norm step sees exactly
-  the gradients tally's truth is made of.
+  the gradients tally's truth is made of. Where the case's gradients enter before the reduction
+  (`gradients.enter`), each rank writes its own share into its DDP bucket instead and
+  megatron-core's `finalize_model_grads` reduces them once, unmodified (reduction.py).
 - Sequence parallelism is off and the model's TransformerConfig says CP 1 while the parallel
   state has the case's CP: the local spec's torch norms refuse sequence parallelism and its
   attention refuses CP, and neither changes a parameter. DDP and the optimizers read the real CP
   groups from the parallel state.
 - With more ranks than GPUs the default process group is gloo (NCCL refuses two ranks of one
-  communicator on one GPU); Megatron's groups then use gloo too. No collective of a training step
-  is run, so none of gloo's gaps (coalesced all-reduce on CUDA tensors) is reached.
+  communicator on one GPU); Megatron's groups then use gloo too. Where megatron-core reduces the
+  gradients, DDP's coalesced all-reduce, which gloo refuses on CUDA tensors, runs one collective at
+  a time (tally_adapters.gloo_shims.coalesced_one_by_one).
 - Megatron's parallel state is kept from one case to the next while the topology is the same (a
   sweep runs a layout's cases one after another; a shrink keeps the topology of the case it
   shrinks): making the groups is most of a case's time on gloo. Another topology, or a case that
@@ -55,6 +58,7 @@ import sys
 from .. import worker as base
 from ..queue import thread_names_of_this_process, threads_of_this_process
 from . import manifest as tally_megatron
+from . import reduction
 from .build import (
     build_model,
     build_optimizer,
@@ -149,10 +153,17 @@ class MegatronCoreWorker(base.Worker):
         run.optimizer = build_optimizer(run.case, run.chunks)
 
     def set_gradients(self, run):
-        return set_gradients(run.chunks, run.tensors)
+        run.before_reduction = reduction.before_reduction(run.case)
+        if not run.before_reduction:
+            return set_gradients(run.chunks, run.tensors)
+        return set_gradients(run.chunks, run.tensors, share_of=reduction.Contributions(run).of)
 
     def norm_step(self, run):
         optimizer = run.optimizer
+        run.held = {}
+        if run.before_reduction:
+            reduction.reduce(run.chunks)
+            run.held = reduction.held_after_reduction(run.chunks)
         optimizer.prepare_grads()
         run.norm = optimizer.get_grad_norm()
         run.zeros = optimizer.count_zeros()
@@ -169,6 +180,7 @@ class MegatronCoreWorker(base.Worker):
             grad_norm=run.norm,
             num_zeros=run.zeros,
             group_norms=run.group_norms,
+            held=run.held,
             clip=functools.partial(tally_megatron.release_clip, run.optimizer) if clipping else None,
         )
 
