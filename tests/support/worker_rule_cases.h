@@ -2,6 +2,9 @@
 // corners included (a worker builds those too), for a test to aim with its target's `within`.
 #pragma once
 
+#include <cstdint>
+#include <utility>
+
 #include "fuzz/generators.h"
 
 namespace tally::testing {
@@ -12,6 +15,18 @@ inline fuzz::CaseGenOptions gpt_cases_of_world(int world) {
   options.topology.max_world = world;
   options.topology.avoid_megatron_corners = false;
   options.gpt_only = true;
+  return options;
+}
+
+// The same, each case made what `within(case, draw)` makes of it, the draw being the case's own
+// gradient seed (as a target's row draws it, so a campaign stays reproducible from its seed).
+template <typename Within>
+fuzz::CaseGenOptions gpt_cases_within(int world, Within within) {
+  fuzz::CaseGenOptions options = gpt_cases_of_world(world);
+  options.restrict_to = [within](casefile::Case c) {
+    const std::uint64_t draw = c.path.gradients.generator.seed;
+    return within(std::move(c), draw);
+  };
   return options;
 }
 

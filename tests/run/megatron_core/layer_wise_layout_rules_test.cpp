@@ -38,12 +38,9 @@ bool starts_with(const std::optional<std::string>& text, std::string_view prefix
 RC_GTEST_PROP(LayerWiseLayout, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const int world = *rc::gen::element(2, 4, 8);
   const std::string version = *rc::gen::element<std::string>("0.16.1", "0.19.2");
-  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
-  options.restrict_to = [&version](casefile::Case c) {
-    const std::uint64_t draw = c.path.gradients.generator.seed;
+  const casefile::Case c = *fuzz::gen_case(testing::gpt_cases_within(world, [&version](casefile::Case c, std::uint64_t draw) {
     return within_megatron_core(std::move(c), version, {}, draw);
-  };
-  const casefile::Case c = *fuzz::gen_case(options);
+  }));
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(!megatron_core_refusal(c, version));
   if (c.path.layer_wise_param_layout) {

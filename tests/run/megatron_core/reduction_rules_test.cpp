@@ -122,12 +122,9 @@ TEST(MegatronCoreReduction, TheCaseFileWritesTheFieldOnlyWhenBefore) {
 RC_GTEST_PROP(MegatronCoreReduction, GeneratedCasesTakeItOnlyWhereTheWorkerRunsIt, ()) {
   const int world = *rc::gen::element(2, 4, 6, 8);
   const std::string version = *rc::gen::element<std::string>("0.16.1", "0.19.2");
-  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
-  options.restrict_to = [&version](casefile::Case c) {
-    const std::uint64_t draw = c.path.gradients.generator.seed;
+  const casefile::Case c = *fuzz::gen_case(testing::gpt_cases_within(world, [&version](casefile::Case c, std::uint64_t draw) {
     return within_megatron_core(std::move(c), version, {}, draw);
-  };
-  const casefile::Case c = *fuzz::gen_case(options);
+  }));
   RC_ASSERT(!megatron_core_refusal(c, version));
   if (c.path.gradients.before_reduction) RC_ASSERT(version == "0.19.2");
 }
