@@ -159,6 +159,14 @@ vocab::StatedFor read_stated_for(const json& value, const std::string& path) {
   return s;
 }
 
+}  // namespace
+
+bool read_before_reduction(const json& value, const std::string& path) {
+  return read_choice(value, path, {"after_reduction", kBeforeReduction}) == 1;
+}
+
+namespace {
+
 void read_gradients(const json& value, const std::string& path, vocab::GradientSpec& g) {
   read_object(
       value, path,
@@ -175,7 +183,7 @@ void read_gradients(const json& value, const std::string& path, vocab::GradientS
        {"seed", [&](const json& v, const std::string& p) { g.generator.seed = read_uint64(v, p); }},
        {"enter",
         [&](const json& v, const std::string& p) {
-          g.before_reduction = read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+          g.before_reduction = read_before_reduction(v, p);
         }},
        {"classes",
         [&](const json& v, const std::string& p) {
@@ -428,7 +436,7 @@ ordered_json case_to_json(const Case& c) {
                             {"dtype", kernels::dtype_name(o.gradients.generator.dtype)},
                             {"seed", o.gradients.generator.seed}};
   // Written only when before, so every earlier case keeps its digest and its saved runs.
-  if (o.gradients.before_reduction) gradients["enter"] = "before_reduction";
+  if (o.gradients.before_reduction) gradients["enter"] = kBeforeReduction;
   if (o.gradients.class_mask != ~std::uint32_t{0}) {
     if (o.gradients.class_mask & ~kAllClassBits)
       throw std::invalid_argument("case_to_json: class_mask " +

@@ -34,6 +34,13 @@ class CaseFileError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Where gradients enter a framework's reduction, as a case writes it (gradients.enter, a
+// framework section's gradients_enter): "after_reduction", the default, which a writer leaves out so
+// earlier case files keep their digests, or kBeforeReduction. Strict: throws io::JsonReadError
+// naming `path`.
+inline constexpr std::string_view kBeforeReduction = "before_reduction";
+bool read_before_reduction(const nlohmann::json& value, const std::string& path);
+
 // The canonical JSON of a case (docs/case-files.md). case_from_json(case_to_json(c)) == c for
 // every valid case whose gradient class_mask is ~0 (all classes, written without "classes") or
 // a subset of the param classes (anything else throws std::invalid_argument).

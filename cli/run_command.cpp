@@ -185,9 +185,13 @@ casefile::Case case_from_flags(const RunOptions& o) {
   path.p_values = o.p_norms;
   path.max_norm = o.max_norm;
   path.bucket_elements = o.bucket_elements;
-  if (o.gradients_enter != "after_reduction" && o.gradients_enter != "before_reduction")
-    throw UsageError("--gradients-enter " + o.gradients_enter + ": expected after_reduction or before_reduction");
-  path.gradients.before_reduction = o.gradients_enter == "before_reduction";
+  path.gradients.before_reduction = parse_choice<bool>(
+      "--gradients-enter", o.gradients_enter,
+      [](std::string_view name) -> std::optional<bool> {
+        if (name == "after_reduction" || name == casefile::kBeforeReduction) return name == casefile::kBeforeReduction;
+        return std::nullopt;
+      },
+      "after_reduction, before_reduction");
   for (vocab::Fault fault : parse_fault_list(o.faults, "--fault")) path.faults = path.faults.with(fault);
   with_release_rules(o, c);
   return c;

@@ -22,6 +22,8 @@ struct CaseSection {
   nlohmann::ordered_json (*write)(const Config& config);  // the canonical JSON
   bool own_models = false;  // casefile::FrameworkSection::own_models
 
+  // Whether `c` holds this section.
+  bool held_by(const casefile::Case& c) const { return casefile::section_settings(c, key) != nullptr; }
   // `c`'s configuration; nullopt when it holds none.
   std::optional<Config> of(const casefile::Case& c) const {
     const nlohmann::ordered_json* settings = casefile::section_settings(c, key);

@@ -7,6 +7,7 @@
 // another size, changes the gradient the framework holds, which the judge checks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -24,6 +25,10 @@ namespace tally::run {
 struct ReductionGroups {
   std::vector<int> sizes;
   int divisor = 1;
+  // One more group size, where it is not one already (one shares file serves every group of a size).
+  void add(int size) {
+    if (std::find(sizes.begin(), sizes.end(), size) == sizes.end()) sizes.push_back(size);
+  }
   friend bool operator==(const ReductionGroups&, const ReductionGroups&) = default;
 };
 

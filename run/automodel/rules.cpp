@@ -189,7 +189,7 @@ std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& 
   ReductionGroups groups{{fsdp_ranks}, fsdp_ranks};
   // With sequence parallelism a param TP replicates has a Partial gradient, which FSDP2 sums over
   // TP before it averages over its own group: shares over both.
-  if (t.tp > 1 && a->sequence_parallel) groups.sizes.push_back(fsdp_ranks * t.tp);
+  if (t.tp > 1 && a->sequence_parallel) groups.add(fsdp_ranks * t.tp);
   return groups;
 }
 

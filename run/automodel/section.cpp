@@ -1,5 +1,6 @@
 #include "run/automodel/section.h"
 
+#include "casefile/case_file.h"
 #include "io/json_read.h"
 
 namespace tally::run {
@@ -15,7 +16,7 @@ AutomodelConfig read_automodel_config(const json& value, const std::string& path
        {"sequence_parallel", [&](const json& v, const std::string& p) { d.sequence_parallel = io::read_bool(v, p); }},
        {"gradients_enter",
         [&](const json& v, const std::string& p) {
-          d.before_reduction = io::read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+          d.before_reduction = casefile::read_before_reduction(v, p);
         }}},
       "the NeMo-Automodel configuration");
   return d;
@@ -24,7 +25,7 @@ AutomodelConfig read_automodel_config(const json& value, const std::string& path
 nlohmann::ordered_json automodel_config_json(const AutomodelConfig& d) {
   nlohmann::ordered_json j = {{"dp_replicate", d.dp_replicate}, {"sequence_parallel", d.sequence_parallel}};
   // absent: after the reduction, as in earlier case files (whose digests stay theirs)
-  if (d.before_reduction) j["gradients_enter"] = "before_reduction";
+  if (d.before_reduction) j["gradients_enter"] = casefile::kBeforeReduction;
   return j;
 }
 

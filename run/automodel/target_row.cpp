@@ -27,15 +27,15 @@ constexpr FrameworkTarget kAutomodel{
       return c;
     },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (!casefile::section_settings(c, kAutomodelSection.key)) return std::nullopt;
+      if (!kAutomodelSection.held_by(c)) return std::nullopt;
       return "automodel: a NeMo-Automodel case (its automodel section is how Automodel lays it out); run it with "
              "--target automodel";
     },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
-      if (!casefile::section_settings(c, kAutomodelSection.key)) return std::nullopt;
+      if (!kAutomodelSection.held_by(c)) return std::nullopt;
       return automodel_recipe(c);
     },
-    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kAutomodelSection.key) ? automodel_model_description(c) : std::string(); },
+    .model_description = [](const casefile::Case& c) { return kAutomodelSection.held_by(c) ? automodel_model_description(c) : std::string(); },
     .sweep_variants = automodel_sweep_variants,
     .norm_code = automodel_norm_code,
     .reduction_groups = automodel_reduction_groups,

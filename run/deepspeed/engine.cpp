@@ -117,7 +117,7 @@ ReductionGroups deepspeed_reduction_groups(const casefile::Case& c) {
   // sums add up.
   const bool expert_tp = t.tp > 1 && t.etp == t.tp && !d.autoep;
   const int expert_dp = (expert_tp ? dp : stage_ranks) / t.ep;
-  if (expert_dp >= 1 && expert_dp != dp) groups.sizes.push_back(expert_dp);
+  if (expert_dp >= 1) groups.add(expert_dp);
   return groups;
 }
 

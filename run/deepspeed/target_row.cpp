@@ -35,21 +35,21 @@ constexpr FrameworkTarget kDeepSpeed{
       return c;
     },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (!casefile::section_settings(c, kDeepSpeedSection.key)) return std::nullopt;
+      if (!kDeepSpeedSection.held_by(c)) return std::nullopt;
       return "deepspeed: a DeepSpeed case (its deepspeed section is DeepSpeed's engine configuration); run it with "
              "--target deepspeed";
     },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
-      if (!casefile::section_settings(c, kDeepSpeedSection.key)) return std::nullopt;
+      if (!kDeepSpeedSection.held_by(c)) return std::nullopt;
       return deepspeed_engine_config(c);
     },
-    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kDeepSpeedSection.key) ? deepspeed_model_description(c) : std::string(); },
+    .model_description = [](const casefile::Case& c) { return kDeepSpeedSection.held_by(c) ? deepspeed_model_description(c) : std::string(); },
     .sweep_variants = deepspeed_sweep_variants,
     .norm_code = deepspeed_norm_code,
     // No release_model_case: tally models Megatron's path, not DeepSpeed's.
     .release_model_case = nullptr,
     .reduction_groups = [](const casefile::Case& c) -> std::optional<ReductionGroups> {
-      if (!casefile::section_settings(c, kDeepSpeedSection.key)) return std::nullopt;
+      if (!kDeepSpeedSection.held_by(c)) return std::nullopt;
       return deepspeed_reduction_groups(c);
     },
 };

@@ -90,7 +90,7 @@ std::optional<std::string> mtp_refusal(const casefile::Case& c, std::string_view
     return field + " with topology.pp " + std::to_string(c.topology.pp) +
            ": the MTP stage builds embeddings of its own (a word embedding and, with learned_absolute, a "
            "position embedding) that tally's worker does not map to tally's params; it runs MTP on one stage";
-  if (casefile::section_settings(c, kMegatronFsdpSection.key))
+  if (kMegatronFsdpSection.held_by(c))
     return field + " with megatron_fsdp: tally's worker records a separate grad-norm group (MTP) on "
            "DistributedDataParallel's buffers only";
   const topologies::ModelSpec& m = c.model;
@@ -146,7 +146,7 @@ std::optional<std::string> before_reduction_refusal(const casefile::Case& c, std
   if (!reduction_measured(version))
     return field + ": tally deals each rank's share by megatron-core 0.19.2's reduction (the factors and groups "
            "docs/megatron-reference.md §10 measured); megatron-core " + std::string(version) + "'s is not measured";
-  if (casefile::section_settings(c, kMegatronFsdpSection.key))
+  if (kMegatronFsdpSection.held_by(c))
     return field + " with megatron_fsdp: tally's worker does not yet run Megatron-FSDP's own reduction "
            "(finish_grad_sync over its buffers); it runs DistributedDataParallel's";
   if (const int dp_cp = dp_cp_size(c.topology); !power_of_two(dp_cp))
@@ -164,12 +164,9 @@ std::optional<ReductionGroups> megatron_core_reduction_groups(const casefile::Ca
   const topologies::ParallelConfig& t = c.topology;
   const int dp_cp = dp_cp_size(t);
   ReductionGroups groups{{dp_cp}, dp_cp};
-  const auto add = [&](int size) {
-    if (std::find(groups.sizes.begin(), groups.sizes.end(), size) == groups.sizes.end()) groups.sizes.push_back(size);
-  };
-  if (c.model.num_experts > 0) add(topologies::edp(t));
-  if (t.pp > 1 && !c.model.untie_embeddings_and_output_weights) add(2 * dp_cp);
-  if (t.tp > 1 && c.model.qk_layernorm) add(t.tp * dp_cp);
+  if (c.model.num_experts > 0) groups.add(topologies::edp(t));
+  if (t.pp > 1 && !c.model.untie_embeddings_and_output_weights) groups.add(2 * dp_cp);
+  if (t.tp > 1 && c.model.qk_layernorm) groups.add(t.tp * dp_cp);
   return groups;
 }
 
@@ -268,7 +265,7 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   // A fifth of the drawn cases are Megatron-FSDP, about as often as each optimizer model; each
   // strategy as often as the others, and the outer one where instances allow it. Drawn before the
   // instances of other optimizer models are dropped, so hybrid FSDP keeps the drawn instances.
-  const bool holds_fsdp = casefile::section_settings(c, kMegatronFsdpSection.key) != nullptr;
+  const bool holds_fsdp = kMegatronFsdpSection.held_by(c);
   if (!holds_fsdp && fsdp_runs && draw % 5 == 0) {
     casefile::Case fsdp = c;
     const MegatronFsdpConfig drawn{

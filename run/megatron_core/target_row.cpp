@@ -13,7 +13,7 @@ namespace {
 // Settings only megatron-core runs, which tally's model does not model: Megatron-FSDP's buffers and
 // the layer-wise parameter layout.
 bool megatron_core_alone(const casefile::Case& c) {
-  return casefile::section_settings(c, kMegatronFsdpSection.key) || c.path.layer_wise_param_layout;
+  return kMegatronFsdpSection.held_by(c) || c.path.layer_wise_param_layout;
 }
 
 // tally's optimizer models, DDP's and the distributed optimizer's with the gradients before their
@@ -86,7 +86,7 @@ constexpr FrameworkTarget kMegatronCore{
     },
     .from_flags = [](casefile::Case c) { return c; },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (casefile::section_settings(c, kMegatronFsdpSection.key))
+      if (kMegatronFsdpSection.held_by(c))
         return "megatron_fsdp: a Megatron-FSDP case (its megatron_fsdp section is megatron-core's FSDP configuration); "
                "run it with --target megatron-core";
       if (c.path.layer_wise_param_layout)

@@ -275,13 +275,10 @@ std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case&
   const int stage_ranks = t.world / std::max(1, t.pp);
   const int fsdp_ranks = stage_ranks / std::max(1, t.tp);
   ReductionGroups groups{{fsdp_ranks}, 1};
-  const auto add = [&](int size) {
-    if (std::find(groups.sizes.begin(), groups.sizes.end(), size) == groups.sizes.end()) groups.sizes.push_back(size);
-  };
   // A param TP replicates has a Partial gradient under torchtitan's sequence parallelism, which
   // FSDP2 all-reduces over TP before its reduce-scatter: its group is the stage's every rank.
-  if (t.tp > 1) add(stage_ranks);
-  if (c.model.num_experts > 0 && t.ep > 1) add(stage_ranks / t.ep);
+  if (t.tp > 1) groups.add(stage_ranks);
+  if (c.model.num_experts > 0 && t.ep > 1) groups.add(stage_ranks / t.ep);
   return groups;
 }
 

@@ -1,5 +1,6 @@
 #include "run/torchtitan/section.h"
 
+#include "casefile/case_file.h"
 #include "io/json_read.h"
 
 namespace tally::run {
@@ -29,7 +30,7 @@ TorchTitanConfig read_torchtitan_config(const json& value, const std::string& pa
         [&](const json& v, const std::string& p) { d.dp_replicate = static_cast<int>(io::read_integer(v, p, 1, 1 << 20)); }},
        {"gradients_enter",
         [&](const json& v, const std::string& p) {
-          d.before_reduction = io::read_choice(v, p, {"after_reduction", "before_reduction"}) == 1;
+          d.before_reduction = casefile::read_before_reduction(v, p);
         }}},
       "the torchtitan configuration");
   return d;
@@ -40,7 +41,7 @@ nlohmann::ordered_json torchtitan_config_json(const TorchTitanConfig& d) {
                               {"spmd_backend", spmd_backend_name(d.spmd_backend)},
                               {"dp_replicate", d.dp_replicate}};
   // absent: after the reduction, as in earlier case files (whose digests stay theirs)
-  if (d.before_reduction) j["gradients_enter"] = "before_reduction";
+  if (d.before_reduction) j["gradients_enter"] = casefile::kBeforeReduction;
   return j;
 }
 

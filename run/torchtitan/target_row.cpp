@@ -29,15 +29,15 @@ constexpr FrameworkTarget kTorchTitan{
       return c;
     },
     .own_section = [](const casefile::Case& c) -> std::optional<std::string> {
-      if (!casefile::section_settings(c, kTorchTitanSection.key)) return std::nullopt;
+      if (!kTorchTitanSection.held_by(c)) return std::nullopt;
       return "torchtitan: a torchtitan case (its torchtitan section is how torchtitan lays out and clips); run it "
              "with --target torchtitan";
     },
     .engine_config = [](const casefile::Case& c) -> std::optional<nlohmann::ordered_json> {
-      if (!casefile::section_settings(c, kTorchTitanSection.key)) return std::nullopt;
+      if (!kTorchTitanSection.held_by(c)) return std::nullopt;
       return torchtitan_job_config(c);
     },
-    .model_description = [](const casefile::Case& c) { return casefile::section_settings(c, kTorchTitanSection.key) ? torchtitan_model_description(c) : std::string(); },
+    .model_description = [](const casefile::Case& c) { return kTorchTitanSection.held_by(c) ? torchtitan_model_description(c) : std::string(); },
     .sweep_variants = torchtitan_sweep_variants,
     .norm_code = torchtitan_norm_code,
     .reduction_groups = torchtitan_reduction_groups,
