@@ -187,6 +187,9 @@ struct MpiCommunicator::Impl {
   const topologies::RankLayout& layout;
   const MpiSession& session;
   std::array<MPI_Comm, topologies::kFamilyCount> comms{};
+  // Split already, by every process: a rank in none of a family's groups (the embedding family's
+  // middle stages) holds MPI_COMM_NULL for it, and must not split it again when the others do not.
+  std::array<bool, topologies::kFamilyCount> split{};
 };
 
 MpiCommunicator::MpiCommunicator(const topologies::RankLayout& layout, const MpiSession& session,
@@ -205,7 +208,8 @@ void MpiCommunicator::add_families(std::span<const topologies::Family> families)
                                             " processes");
   const int rank = session.rank();
   for (topologies::Family family : families) {
-    if (impl_->comms[static_cast<int>(family)] != MPI_COMM_NULL) continue;
+    if (impl_->split[static_cast<int>(family)]) continue;
+    impl_->split[static_cast<int>(family)] = true;
     const std::optional<topologies::GroupId> group = layout.group_of(family, rank);
     const int color = group ? group->index : MPI_UNDEFINED;
     const int key = group ? layout.index_in(family, rank) : 0;
