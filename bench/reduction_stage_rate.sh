@@ -8,23 +8,40 @@
 #
 #   bench/reduction_stage_rate.sh TALLY TARGET ROUNDS
 #
-# TARGET: torchtitan or automodel; run in its environment (PATH=<venv>/bin:$PATH, adapters installed).
+# TARGET: torchtitan or automodel (their world-4 fixtures), or megatron-core (its world-4 fixtures
+# "-unreduced-", each with its twin made here: the same case without gradients.enter); run in its
+# environment (PATH=<venv>/bin:$PATH, adapters installed; for megatron-core, PYTHONPATH with the wheel).
 set -euo pipefail
 tally=${1:?usage: reduction_stage_rate.sh TALLY TARGET ROUNDS}
-target=${2:?torchtitan or automodel}
+target=${2:?torchtitan, automodel or megatron-core}
 rounds=${3:?rounds}
 here=$(cd "$(dirname "$0")/.." && pwd)
-befores=("$here"/seeds/real/"$target"-*-unreduced-*world4.pass.json)
+log=$(mktemp)
+twins=$(mktemp -d)
+trap 'rm -rf "$log" "$twins"' EXIT
+if [ "$target" = megatron-core ]; then
+  befores=("$here"/seeds/real/megatron-core-*-unreduced-*.pass.json)
+  for before in "${befores[@]}"; do
+    python3 - "$before" "$twins/$(basename "${before/-unreduced-/-}")" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["gradients"].pop("enter")
+c["target"].pop("manifests", None)
+json.dump(c, open(sys.argv[2], "w"), indent=2)
+PY
+  done
+else
+  befores=("$here"/seeds/real/"$target"-*-unreduced-*world4.pass.json)
+fi
 cases=()
 for ((r = -1; r < rounds; ++r)); do  # round -1: the warm-up
   for before in "${befores[@]}"; do
     after=${before/-unreduced-/-}
+    [ -e "$after" ] || after=$twins/$(basename "$after")
     [ -e "$after" ] || continue
     if ((r == -1 || r % 2 == 0)); then cases+=("$after" "$before"); else cases+=("$before" "$after"); fi
   done
 done
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 "$tally" replay "${cases[@]}" --target "$target" --case-timeout 300s >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
 python3 - "$log" "$((2 * ${#befores[@]}))" <<'PY'
 import re, statistics, sys

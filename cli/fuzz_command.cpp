@@ -363,10 +363,8 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["new"] = new_failures;
     j["known"] = static_cast<std::int64_t>(result.failures.size()) - new_failures;
     j["infra_error"] = result.infra_error ? infra_stop_json(*result.infra_error) : nlohmann::ordered_json(nullptr);
-    if (!result.cases_by_norm_code.empty()) {
-      j["cases_by_norm_code"] = result.cases_by_norm_code;
-      j["cases_before_reduction"] = result.cases_before_reduction;
-    }
+    if (!result.cases_by_norm_code.empty()) j["cases_by_norm_code"] = result.cases_by_norm_code;
+    j["cases_before_reduction"] = result.cases_before_reduction;
     if (!result.refused_by_reason.empty()) j["refused_by_reason"] = result.refused_by_reason;
     j["refused"] = refused;
     if (nothing_checked) j["nothing_checked"] = *nothing_checked;
@@ -396,9 +394,10 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
         out << separator << code << ' ' << n;
         separator = ", ";
       }
-      out << "\n  gradients before the framework's own reduction: " << result.cases_before_reduction << " of "
-          << result.cases << " cases\n";
+      out << '\n';
     }
+    out << "  gradients before the " << (o.target.target == "model" ? "reduction" : "framework's own reduction") << ": "
+        << result.cases_before_reduction << " of " << result.cases << " cases\n";
     // What the framework itself declined, by its reason: what this campaign could not reach.
     for (const auto& [why, n] : result.refused_by_reason) out << "  refused " << n << "x by " << why << '\n';
     if (nothing_checked) out << "  " << *nothing_checked << '\n';

@@ -296,8 +296,9 @@ void add_run_command(CLI::App& app, CommandContext& context, std::string command
       ->capture_default_str();
   command->add_option("--gradients-enter", options->gradients_enter,
                       "Where the gradients enter Megatron-LM's path: after_reduction (each rank holds the "
-                      "reduced gradient) or before_reduction (each rank its own share, which megatron-core's "
-                      "own reduction, finalize_model_grads, sums: --target megatron-core)")
+                      "reduced gradient) or before_reduction (each rank its own share, summed by tally's model "
+                      "of megatron-core 0.19.2's finalize_model_grads, or with --target megatron-core by "
+                      "megatron-core's own; DP x CP a power of two)")
       ->capture_default_str();
   command->add_option("--fault", options->faults,
                       "Switch on faults of the catalog: names (repeat, or comma-separate), all, or "

@@ -57,6 +57,11 @@ std::optional<run::ReductionGroups> reduction_of(const run::FrameworkTarget& fra
 
 // Where the case's gradients enter the framework: before its own reduction (each rank's share over
 // the groups tally dealt them for) or after it.
+constexpr std::string_view kModelReductionLine =
+    "gradients: before Megatron's reduction: each rank gives its own share, which tally's model scales by "
+    "1/|DP x CP| and sums over megatron-core 0.19.2's groups (gradnorm/reduction.h); --target megatron-core runs "
+    "megatron-core's own";
+
 std::string gradients_line(const run::FrameworkTarget& framework, const casefile::Case& c) {
   const std::optional<run::ReductionGroups> reduction = reduction_of(framework, c);
   if (!reduction)
@@ -108,6 +113,8 @@ void add_show_command(CLI::App& app, CommandContext& context) {
         const std::optional<run::ReductionGroups> reduction = reduction_of(*framework, c);
         j["gradients_enter"] = reduction ? "before the reduction" : "after the reduction";
         if (reduction) j["reduction_groups"] = {{"sizes", reduction->sizes}, {"divisor", reduction->divisor}};
+      } else {
+        j["gradients_enter"] = c.path.gradients.before_reduction ? "before the reduction" : "after the reduction";
       }
       if (!engine) {
         j["megatron_args"] = megatron.args;
@@ -130,6 +137,7 @@ void add_show_command(CLI::App& app, CommandContext& context) {
             << framework->model_description(c) << '\n';
       }
       if (framework) out << gradients_line(*framework, c) << '\n';
+      else if (c.path.gradients.before_reduction) out << kModelReductionLine << '\n';
       if (!engine) {
         out << "Megatron-LM flags:\n" << megatron_command_text(megatron);
         out << "\nnotes:\n";

@@ -68,11 +68,12 @@ namespace {
 // restriction holds `target`: the options live no longer than the campaign.
 CaseGenOptions aimed_at(CaseGenOptions options, run::Target& target, const run::TargetAbilities& opened) {
   if (opened.world > 0) options.topology.exact_world = opened.world;
+  // tally's model too: where its gradients enter (run/model_target.cpp).
+  options.restrict_to = [&target](casefile::Case c) { return target.within(std::move(c)); };
   if (!opened.framework) return options;
   if (opened.world > 0) options.topology.max_world = opened.world;
   options.topology.avoid_megatron_corners = false;
   options.gpt_only = true;
-  options.restrict_to = [&target](casefile::Case c) { return target.within(std::move(c)); };
   return options;
 }
 
@@ -203,10 +204,8 @@ CampaignResult run_campaign_with(const CampaignOptions& options, run::Target& ta
       verdict = run(c);
     }
     ++result.cases;
-    if (target.framework()) {
-      ++result.cases_by_norm_code[known_path(c)];
-      if (run::gradients_enter_before_reduction(target.name(), c)) ++result.cases_before_reduction;
-    }
+    if (target.framework()) ++result.cases_by_norm_code[known_path(c)];
+    if (run::gradients_enter_before_reduction(target.name(), c)) ++result.cases_before_reduction;
     if (broken) {
       stop_at_infra_error(index, /*while_shrinking=*/false);
       break;

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "gradnorm/reduction.h"
 #include "topologies/enumerate.h"
 #include "topologies/rank_layout.h"
 #include "topologies/logical_model.h"
@@ -499,8 +500,13 @@ rc::Gen<casefile::Case> gen_any_case(const CaseGenOptions& options) {
       }
       c.path = *gen_path_options();
       if (big_zeros) c.path.gradients.generator.mode = kernels::GradientMode::zeros;
-      if (!options.faults.empty())
-        c.path.faults = vocab::FaultSet::of({options.faults[static_cast<std::size_t>(fault_index)]});
+      if (!options.faults.empty()) {
+        const vocab::Fault fault = options.faults[static_cast<std::size_t>(fault_index)];
+        c.path.faults = vocab::FaultSet::of({fault});
+        // A reduction fault changes nothing where the gradients enter after the reduction.
+        if (vocab::is_reduction_fault(fault) && !gradnorm::reduction_refusal(c.topology))
+          c.path.gradients.before_reduction = true;
+      }
       // Now and then a report's own numbers for one class the model has, so the stated values'
       // CPU route through the path, the truth and the clip are fuzzed too (picked last: the
       // picks above keep their streams; none is the shrink target).

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <unordered_map>
 
+#include "gradnorm/reduction.h"
 #include "vocab/gradients.h"
 #include "topologies/sharding.h"
 
@@ -173,6 +175,9 @@ class GroupRefs {
 
 struct RankState {
   int rank = 0;
+  // Which of the run's distinct generators each logical param's values on this rank come from: the
+  // case's, or what the reduction left on it (shared by ranks that hold the same).
+  const std::vector<int>* kinds = nullptr;
   std::shared_ptr<const record::LocalRecord> local;
   std::vector<UnitState> units;
   // average-local-norms-over-dp: the rank's main squares over the model-parallel group, then
@@ -286,10 +291,10 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
   const std::size_t p_count = options.p_values.size();
   // Per unit and per statistic group, the shards of each of the run's distinct generators.
   enum Bin : int { kMain = 0, kMtp, kUncounted, kBins };
-  const std::size_t kinds = gradients.distinct.size();
+  const std::size_t generator_count = gradients.distinct.size();
   std::vector<std::array<std::vector<std::vector<kernels::ShardDesc>>, kBins>> shards(units.size());
   for (auto& unit_bins : shards)
-    for (auto& bin : unit_bins) bin.resize(kinds);
+    for (auto& bin : unit_bins) bin.resize(generator_count);
   state.units.resize(units.size());
   for (std::size_t u = 0; u < units.size(); ++u) {
     UnitState& unit = state.units[u];
@@ -320,7 +325,7 @@ void run_local_phase(const topologies::LogicalModel& model, const topologies::Ra
     const int u = unit_of_child[param.child];
     const kernels::ShardDesc shard =
         shard_desc(logical, decisions.params[static_cast<std::size_t>(piece.local_index)].box, piece.range);
-    const int kind = gradients.kind[static_cast<std::size_t>(logical.id)];
+    const int kind = (*state.kinds)[static_cast<std::size_t>(logical.id)];
     const Bin bin = share == NormShare::zeros_only ? kUncounted  // still in the zero count
                     : share == NormShare::mtp      ? kMtp
                                                    : kMain;
@@ -428,10 +433,12 @@ class ClipMemo {
       : model_(model), plan_(plan), gradients_(gradients), clip_scale_(clip_scale) {}
 
   // `child_clip`: each child's coefficient; `mtp_clip`: the MTP norm's.
+  // `kinds`: the rank's generator of each logical param (RankState::kinds).
   std::shared_ptr<const record::ClippedValues> clip(const std::shared_ptr<const record::LocalRecord>& local,
+                                                    const std::vector<int>& kinds,
                                                     const std::vector<double>& child_clip,
                                                     double mtp_clip) {
-    auto& entry = by_rank_[RankKey{local->params.identity(), child_clip, mtp_clip}];
+    auto& entry = by_rank_[RankKey{local->params.identity(), &kinds, child_clip, mtp_clip}];
     if (entry) return entry;
     auto out = std::make_shared<record::ClippedValues>(local->params.size());
     // One kernel call per (generator, coefficient) for the boxes not clipped yet.
@@ -447,11 +454,12 @@ class ClipMemo {
       (*out)[i].coefficient = coefficient;
       (*out)[i].size = static_cast<std::size_t>(param.box.numel());
       if (coefficient >= 1.0) continue;  // Megatron-LM scales only below 1: left as stored
-      auto found = values_.find(BoxKey{param.tensor, param.box.offset, coefficient});
+      const int kind = kinds[static_cast<std::size_t>(logical.id)];
+      auto found = values_.find(BoxKey{param.tensor, param.box.offset, kind, coefficient});
       if (found != values_.end()) {
         (*out)[i].data = found->second;
       } else {
-        missing[{gradients_.kind[static_cast<std::size_t>(logical.id)], coefficient}].push_back(i);
+        missing[{kind, coefficient}].push_back(i);
       }
     }
     for (const auto& [what, indices] : missing) {
@@ -469,7 +477,7 @@ class ClipMemo {
         const std::shared_ptr<const float> values(all, all->data() + at);
         at += n;
         const std::size_t i = indices[k];
-        values_.emplace(BoxKey{local->params[i].tensor, local->params[i].box.offset, what.second}, values);
+        values_.emplace(BoxKey{local->params[i].tensor, local->params[i].box.offset, what.first, what.second}, values);
         (*out)[i].data = values;
       }
     }
@@ -482,12 +490,14 @@ class ClipMemo {
   struct BoxKey {
     int tensor;
     std::array<std::int64_t, record::kMaxDims> offset;
+    int kind;  // the generator of its values
     double coefficient;
     friend auto operator<=>(const BoxKey&, const BoxKey&) = default;
   };
   // Clipped values belong to a rank's params, not its pieces: ranks of equal params share them.
   struct RankKey {
     const void* params;
+    const std::vector<int>* kinds;
     std::vector<double> child_clip;
     double mtp_clip;
     friend auto operator<=>(const RankKey&, const RankKey&) = default;
@@ -579,7 +589,7 @@ record::RankRecord combine(const topologies::RankLayout& layout, const Optimizer
     }
   }
 
-  if (options.max_norm > 0.0) result.clipped = clip_memo.clip(state.local, child_clip, mtp_clip);
+  if (options.max_norm > 0.0) result.clipped = clip_memo.clip(state.local, *state.kinds, child_clip, mtp_clip);
   return result;
 }
 
@@ -606,11 +616,13 @@ void describe_run(const topologies::LogicalModel& model, const vocab::PathOption
 
 }  // namespace
 
-std::vector<Family> families_reduced_over(const OptimizerPlan& plan, const vocab::FaultSet& faults) {
+std::vector<Family> families_reduced_over(const OptimizerPlan& plan, const vocab::PathOptions& options) {
+  const vocab::FaultSet& faults = options.faults;
   std::vector<Family> families;
   auto add = [&](Family family) {
     if (std::find(families.begin(), families.end(), family) == families.end()) families.push_back(family);
   };
+  for (Family family : families_of_reduction(options)) add(family);
   for (const Child& child : plan.children) {
     add(child.stats_family);
     add(child.clip_family);
@@ -640,8 +652,28 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   run.world = layout.world();
   describe_run(model, options, plan, run);
 
-  const ParamGradients gradients = param_gradients(options.gradients, model);
+  ParamGradients gradients = param_gradients(options.gradients, model);
   std::vector<RankState> states(ranks.size());
+  // Where the gradients enter before Megatron's reduction, it runs first (its own phases), and each
+  // rank reads what it left there; ranks left alike share one table of generators.
+  std::set<std::vector<int>> rank_kinds{gradients.kind};
+  std::vector<const std::vector<int>*> kinds_of(ranks.size(), &*rank_kinds.begin());
+  ReducedGradients reduced;
+  if (options.gradients.before_reduction) {
+    reduced = reduce_gradients(model, layout, options, gradients.spec, communicator, ranks);
+    const std::size_t first_list = gradients.distinct.size();
+    for (const std::vector<double>& list : reduced.lists) {
+      kernels::GeneratorSpec spec = options.gradients.generator;
+      spec.stated = {kernels::StatedValues::Kind::listed, 0.0, list.data(), static_cast<std::int64_t>(list.size())};
+      gradients.distinct.push_back(spec);
+    }
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      std::vector<int> kinds = gradients.kind;
+      for (std::size_t id = 0; id < kinds.size(); ++id)
+        if (const int list = reduced.held[i][id]; list >= 0) kinds[id] = static_cast<int>(first_list) + list;
+      kinds_of[i] = &*rank_kinds.insert(std::move(kinds)).first;
+    }
+  }
   HeldMemo held(model, layout, plan, options.faults);
   Ownership ownership;
   StatsMemo memo;
@@ -649,6 +681,7 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
   record::LocalRecord decisions;  // one rank's, before the pool shares it
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     states[i].rank = ranks[i];
+    states[i].kinds = kinds_of[i];
     run_local_phase(model, layout, options, plan, units, gradients, communicator, local_stats, memo, pool,
                     states[i], held, ownership, decisions);
   }

@@ -46,11 +46,12 @@ PathResult run_path(const topologies::LogicalModel& model, const topologies::Ran
                     kernels::LocalStatsFn local_stats = kernels::local_stats_cpu,
                     kernels::ClipScaleFn clip_scale = kernels::clip_scale_cpu);
 
-// The families whose groups the path reduces over for `plan` with `faults`: each child's stats
-// and clip groups, and the groups of average-local-norms-over-dp. Process-per-rank backends
-// create communicators for these only.
+// The families whose groups the path reduces over for `plan` with `options`: each child's stats
+// and clip groups, the groups of average-local-norms-over-dp, and, where the gradients enter
+// before it, those of Megatron's gradient reduction (gradnorm/reduction.h). Process-per-rank
+// backends create communicators for these only.
 std::vector<topologies::Family> families_reduced_over(const OptimizerPlan& plan,
-                                                      const vocab::FaultSet& faults);
+                                                      const vocab::PathOptions& options);
 
 // All ranks of the layout, for the in-process backend.
 std::vector<int> all_ranks(const topologies::RankLayout& layout);

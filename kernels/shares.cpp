@@ -95,4 +95,19 @@ std::optional<std::vector<double>> deal_exact_shares(double total, int ranks, Dt
   return shares;
 }
 
+GroupShares deal_group_shares(double total, int ranks, Dtype dtype) {
+  GroupShares out;
+  const bool dealable = ranks < (1 << dtype_grid(dtype).precision);
+  std::optional<std::vector<double>> dealt =
+      dealable ? deal_exact_shares(total, ranks, dtype, kZeroShareUnit) : std::nullopt;
+  if (dealt) {
+    out.shares = std::move(*dealt);
+    return out;
+  }
+  out.shares.assign(static_cast<std::size_t>(ranks), 0.0);
+  out.shares[0] = total;
+  out.given_whole = true;
+  return out;
+}
+
 }  // namespace tally::kernels

@@ -40,4 +40,19 @@ DtypeGrid dtype_grid(Dtype dtype);
 // would need a grid below the dtype's smallest subnormal.
 std::optional<std::vector<double>> deal_exact_shares(double total, int ranks, Dtype dtype, double zero_unit);
 
+// The magnitude of a zero gradient's cancelling shares, for every reduction group tally deals: a
+// power of two every dtype holds with room for a group's worth of them times fp16's largest static
+// loss scale (2^16), so a framework that scales the loss sees no overflow in a share where the
+// gradient itself has none.
+inline constexpr double kZeroShareUnit = 1.0 / 1024;
+
+// What each of `ranks` gives of `total`: its exact shares (deal_exact_shares with kZeroShareUnit),
+// or, where it has none (or the group is larger than the dtype can count in its significand), the
+// whole total from the first rank and 0 from the others (`given_whole`).
+struct GroupShares {
+  std::vector<double> shares;
+  bool given_whole = false;
+};
+GroupShares deal_group_shares(double total, int ranks, Dtype dtype);
+
 }  // namespace tally::kernels

@@ -87,7 +87,7 @@ gradnorm::PathResult run_own_ranks(const comm::MpiSession& session, RankEngine& 
   const topologies::LogicalModel model(c.model, c.topology);
   // Only the stats groups this case reduces over: every process derives the same list.
   const std::vector<topologies::Family> families = gradnorm::families_reduced_over(
-      gradnorm::plan_optimizer(c.path.optimizer, model, c.path.faults), c.path.faults);
+      gradnorm::plan_optimizer(c.path.optimizer, model, c.path.faults), c.path);
   const bool new_layout = !cached || cached->config != c.topology;
   if (new_layout) {
     cached.reset();

@@ -6,7 +6,8 @@
 //
 // What a manifest cannot say: faults that act outside those decisions (averaged norms, the inf
 // norm combined by L2, a child clipped by its own norm, padding counted as zeros, a float32 zero
-// count) show only in the reported values and clip coefficients; the MTP norm is not in the
+// count, and the reduction faults, whose gradients differ from the case's) show only in the
+// reported values and clip coefficients; the MTP norm is not in the
 // format, so MTP pieces are written as not kept for the (main) norm.
 #pragma once
 

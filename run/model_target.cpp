@@ -1,6 +1,8 @@
 // The model target: tally's own model of the grad-norm path on a backend (sim, mpi, nccl).
 #include <memory>
 
+#include "gradnorm/reduction.h"
+#include "topologies/logical_model.h"
 #include "vocab/faults.h"
 #include "run/run_case.h"
 #include "run/target.h"
@@ -8,6 +10,22 @@
 namespace tally::run {
 
 namespace {
+
+// Where generated cases take their gradients before Megatron's reduction: a quarter of them (and
+// every case with a reduction fault: fuzz/generators.cpp), drawn from the case's own gradient seed
+// (a campaign's stream stays reproducible from its seed), at worlds and sizes where dealing every
+// element to every rank of its groups stays cheap.
+constexpr int kReductionMaxWorld = 64;
+constexpr std::int64_t kReductionMaxElements = std::int64_t{1} << 16;
+
+casefile::Case within_model(casefile::Case c) {
+  vocab::GradientSpec& gradients = c.path.gradients;
+  if (gradients.before_reduction || (gradients.generator.seed / 160) % 4 != 1) return c;
+  if (c.topology.world > kReductionMaxWorld || gradnorm::reduction_refusal(c.topology)) return c;
+  if (topologies::LogicalModel(c.model, c.topology).total_elements() > kReductionMaxElements) return c;
+  gradients.before_reduction = true;
+  return c;
+}
 
 class ModelTarget final : public Target {
  public:
@@ -35,15 +53,20 @@ class ModelTarget final : public Target {
   // before anything is saved.
   std::optional<std::string> refusal(const casefile::Case& c) override {
     if (std::optional<std::string> why = backend_.misfit(c)) throw NotRunnableHere(*why);
+    if (c.path.gradients.before_reduction) return gradnorm::reduction_refusal(c.topology);
     return std::nullopt;
   }
   // On sim a hang is a verdict; on a process-per-rank backend the watchdog ends the whole job.
   bool hang_ends_the_job() const override { return backend_.world() > 0; }
   bool runs_cases_side_by_side() const override { return backend_.runs_cases_side_by_side(); }
-  casefile::Case within(casefile::Case c) override { return c; }
+  casefile::Case within(casefile::Case c) override { return within_model(std::move(c)); }
   casefile::Case from_flags(casefile::Case c) const override { return c; }
   std::vector<std::pair<std::string, casefile::Case>> sweep_variants(const casefile::Case& base) const override {
-    return optimizer_variants(base);
+    std::vector<std::pair<std::string, casefile::Case>> out = optimizer_variants(base);
+    // DDP's all-reduce and the distributed optimizer's, on gradients that enter before them.
+    if (gradnorm::reduction_refusal(base.topology)) return out;
+    for (auto& variant : unreduced_variants(base)) out.push_back(std::move(variant));
+    return out;
   }
 
   // The mpi and nccl backends bring back only the verdict to this process, not the path's

@@ -143,6 +143,7 @@ casefile::FrameworkSchemas case_frameworks() {
 }
 
 bool gradients_enter_before_reduction(std::string_view framework, const casefile::Case& c) {
+  if (framework == "model") return c.path.gradients.before_reduction;
   const FrameworkTarget* row = framework_target(framework);
   return row && row->reduction_groups && row->reduction_groups(c);
 }
@@ -199,6 +200,17 @@ std::vector<std::pair<std::string, casefile::Case>> optimizer_variants(const cas
     casefile::Case c = base;
     c.path.optimizer = info.model;
     out.emplace_back(std::string(info.name), std::move(c));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, casefile::Case>> unreduced_variants(const casefile::Case& base) {
+  std::vector<std::pair<std::string, casefile::Case>> out;
+  for (vocab::OptimizerModel optimizer : {vocab::OptimizerModel::plain, vocab::OptimizerModel::distributed}) {
+    casefile::Case c = base;
+    c.path.optimizer = optimizer;
+    c.path.gradients.before_reduction = true;
+    out.emplace_back(std::string(vocab::optimizer_model_name(optimizer)) + "-unreduced", std::move(c));
   }
   return out;
 }

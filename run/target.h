@@ -182,7 +182,8 @@ struct FrameworkTarget {
 };
 
 // Whether `c`'s gradients enter before the own reduction of the framework named `framework` (its
-// row's reduction_groups); false for tally's model and a framework whose worker sets them reduced.
+// row's reduction_groups; false for a framework whose worker sets them reduced), or, for "model",
+// before tally's model of Megatron's reduction (gradnorm/reduction.h).
 bool gradients_enter_before_reduction(std::string_view framework, const casefile::Case& c);
 
 // Every real target, in the order --help lists them: each row is defined in its framework's folder
@@ -216,6 +217,10 @@ std::unique_ptr<Target> framework_target(const FrameworkTarget& row, WorkerOptio
 // `base` under each of tally's optimizer models, named by them ("plain", "distributed", ...): the
 // sweep axis of tally's model and of megatron-core.
 std::vector<std::pair<std::string, casefile::Case>> optimizer_variants(const casefile::Case& base);
+
+// `base` with its gradients before Megatron's reduction, run by DDP's all-reduce and by the
+// distributed optimizer's: the sweep variants "plain-unreduced" and "distributed-unreduced".
+std::vector<std::pair<std::string, casefile::Case>> unreduced_variants(const casefile::Case& base);
 
 // Why a worker cannot plant fault `name` (its own reason, where it gives one); nullopt when it can.
 std::optional<std::string> why_not_planted(const std::string& name, const FaultPlants& plants);

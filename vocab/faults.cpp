@@ -142,11 +142,56 @@ constexpr std::array<FaultInfo, kFaultCount> kCatalog = {{
      "of an expert-DP group owns and counts the expert params it holds",
      "the layer-wise optimizer with DP x CP = 1 and experts whose expert-DP size, TP / (EP x ETP), "
      "is above 1"},
+    // The reduction of gradients that enter before it (gradients.enter before_reduction).
+    {Fault::grads_averaged_twice, "grads-averaged-twice",
+     "torchtitan #2318 / #2458 (DDP and HSDP gradients divided by the data-parallel size twice: a grad norm "
+     "8x below FSDP's)",
+     "the data-parallel reduction's average is divided by |DP x CP| once more",
+     "gradients before the reduction with DP x CP > 1"},
+    {Fault::grads_not_averaged, "grads-not-averaged",
+     "no single public report: the counterpart of grads-averaged-twice (megatron-core's gradient_scaling_factor "
+     "left at 1 where the loss is not a per-token sum, docs/megatron-reference.md section 10)",
+     "each rank's share is summed over DP x CP without the 1/|DP x CP| scaling: the gradients |DP x CP| times "
+     "too large",
+     "gradients before the reduction with DP x CP > 1"},
+    {Fault::expert_grads_averaged_over_edp, "expert-grads-averaged-over-edp",
+     "Megatron-LM #5956 (Megatron-FSDP v2: expert gradients ep_size times too large, averaged over the wrong "
+     "group)",
+     "routed experts' sums over expert DP are scaled by 1/|EDP| instead of megatron-core's 1/|DP x CP| "
+     "(distributed_data_parallel.py:212-213 at 0.19.2): |DP x CP| / |EDP| times too large",
+     "experts, gradients before the reduction, and |EDP| != |DP x CP| (EP > 1, ETP != TP or CP > 1)"},
+    {Fault::tied_embedding_not_synced, "tied-embedding-not-synced",
+     "no single public report: the reduction's counterpart of tied-copy-not-shared (finalize_model_grads' "
+     "_allreduce_word_embedding_grads skipped)",
+     "the tied word embedding's first- and last-stage copies are not summed after the data-parallel "
+     "reduction: each stage holds only its own ranks' part",
+     "a tied word embedding with PP > 1, gradients before the reduction"},
+    {Fault::tied_embedding_synced_twice, "tied-embedding-synced-twice",
+     "no single public report: the reduction's counterpart of tied-copy-not-shared (the word-embedding "
+     "sync of finalize_model_grads run twice)",
+     "the first- and last-stage copies of the tied word embedding are summed twice: both hold twice the "
+     "gradient",
+     "a tied word embedding with PP > 1, gradients before the reduction"},
+    {Fault::tp_replicated_grads_not_summed, "tp-replicated-grads-not-summed",
+     "no single public report: finalize_model_grads' _allreduce_non_tensor_model_parallel_grads skipped "
+     "(the q/k layernorms' TP all-reduce)",
+     "the q/k layernorms' gradients are not summed over TP after the data-parallel reduction: each TP rank "
+     "holds only its own part",
+     "qk-layernorm with TP > 1, gradients before the reduction"},
+    {Fault::tp_replicated_grads_summed_twice, "tp-replicated-grads-summed-twice",
+     "no single public report: a TP-replicated gradient all-reduced by two callers (sequence-parallel and "
+     "layernorm grads, finalize_model_grads)",
+     "the q/k layernorms' gradients are summed over TP twice: |TP| times the gradient",
+     "qk-layernorm with TP > 1, gradients before the reduction"},
 }};
 
 }  // namespace
 
 const std::array<FaultInfo, kFaultCount>& fault_catalog() { return kCatalog; }
+
+bool is_reduction_fault(Fault fault) {
+  return static_cast<int>(fault) >= static_cast<int>(Fault::grads_averaged_twice);
+}
 
 const FaultInfo& fault_info(Fault fault) { return kCatalog[static_cast<std::size_t>(fault)]; }
 

@@ -40,8 +40,18 @@ enum class Fault : std::uint8_t {
   tp_marking_unseen_by_filter,
   norm_of_scaled_gradients,
   layer_wise_unsharded_at_dp_cp_1,
+  // The reduction of gradients that enter before it (gradients.enter before_reduction, gradnorm/reduction.h).
+  grads_averaged_twice,
+  grads_not_averaged,
+  expert_grads_averaged_over_edp,
+  tied_embedding_not_synced,
+  tied_embedding_synced_twice,
+  tp_replicated_grads_not_summed,
+  tp_replicated_grads_summed_twice,
 };
-inline constexpr int kFaultCount = 28;
+inline constexpr int kFaultCount = 35;
+// Whether `fault` is one of the reduction's: it changes nothing where the gradients enter after it.
+bool is_reduction_fault(Fault fault);
 // norm-of-scaled-gradients: the loss scale the reported norm is still multiplied by (DeepSpeed's
 // first dynamic fp16 loss scale, 2^16, a power of two: the product is exact).
 inline constexpr double kFaultLossScale = 65536.0;

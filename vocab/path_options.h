@@ -36,7 +36,8 @@ struct GradientSpec {
   // Where the gradients enter Megatron-LM's path: after its data-parallel reduction (every rank
   // holds the reduced gradient of what it holds), or before it (each rank its own share, which
   // megatron-core's finalize_model_grads reduces into the gradient; docs/megatron-reference.md
-  // §10). Only the megatron-core target runs "before"; the values generated are the same.
+  // §10). tally's model (gradnorm/reduction.h) and the megatron-core target run "before"; the
+  // values generated are the same.
   bool before_reduction = false;
   friend bool operator==(const GradientSpec&, const GradientSpec&) = default;
 };

@@ -77,6 +77,9 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
     return "model.kind custom: the Automodel worker builds tally's GPT family as a Llama or a Qwen3; a custom layout "
            "has no module";
   if (auto why = other_frameworks_section(c, "automodel")) return why;
+  if (c.path.gradients.before_reduction)
+    return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
+           "model and megatron-core); Automodel's is automodel.gradients_enter";
   if (m.num_experts > 0)
     return "model.num_experts: the worker builds Automodel's dense models only; its MoE models (qwen3_moe, "
            "deepseek_v3, gpt_oss, ...) place their rotary embedding on a CUDA device when built "

@@ -186,6 +186,10 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
     return "model.kind custom: the DeepSpeed worker builds tally's GPT/MoE family; a custom layout has no "
            "module";
   if (auto why = other_frameworks_section(c, "deepspeed")) return why;
+  if (c.path.gradients.before_reduction)
+    return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
+           "model and megatron-core); the DeepSpeed worker always runs DeepSpeed's own reduction, on each rank's "
+           "share (docs/real-targets.md)";
   if (m.mtp_num_layers > 0) return "model.mtp_num_layers: DeepSpeed has no multi-token-prediction block";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: the worker's model has no attention sinks";

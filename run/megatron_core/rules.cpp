@@ -314,8 +314,9 @@ casefile::Case within_megatron_core(casefile::Case c, std::string_view version, 
   }
   if (o.optimizer == vocab::OptimizerModel::muon && m.num_experts > 0 && muon_refuses_experts(version))
     o.optimizer = vocab::OptimizerModel::layerwise;
-  // Half the cases the worker can reduce take their gradients before megatron-core's reduction; a
-  // shrink keeps that only while it still may.
+  // Half the cases the worker can reduce take their gradients before megatron-core's reduction (a
+  // case with a reduction fault always does: fuzz/generators.cpp); a shrink keeps that only while it
+  // still may.
   if (!o.gradients.before_reduction && (draw / 80) % 2 == 1) o.gradients.before_reduction = true;
   if (o.gradients.before_reduction && before_reduction_refusal(c, version, cannot_run))
     o.gradients.before_reduction = false;

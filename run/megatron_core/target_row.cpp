@@ -24,12 +24,7 @@ std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants
   std::vector<std::pair<std::string, casefile::Case>> out = optimizer_variants(base);
   // DDP's all-reduce and the distributed optimizer's reduce-scatter, each run on gradients that
   // enter before it (the worker refuses what its release does not reduce).
-  for (vocab::OptimizerModel optimizer : {vocab::OptimizerModel::plain, vocab::OptimizerModel::distributed}) {
-    casefile::Case c = base;
-    c.path.optimizer = optimizer;
-    c.path.gradients.before_reduction = true;
-    out.emplace_back(std::string(vocab::optimizer_model_name(optimizer)) + "-unreduced", std::move(c));
-  }
+  for (auto& variant : unreduced_variants(base)) out.push_back(std::move(variant));
   {
     casefile::Case c = base;
     c.path.optimizer = vocab::OptimizerModel::layerwise;
@@ -91,10 +86,6 @@ constexpr FrameworkTarget kMegatronCore{
                "run it with --target megatron-core";
       if (c.path.layer_wise_param_layout)
         return "optimizer.layer_wise_param_layout: megatron-core 0.19's layer-wise parameter layout; run it with "
-               "--target megatron-core";
-      if (c.path.gradients.before_reduction)
-        return "gradients.enter before_reduction: gradients that megatron-core's own reduction "
-               "(finalize_model_grads) turns into the case's, which tally's model does not run yet; run it with "
                "--target megatron-core";
       return std::nullopt;
     },

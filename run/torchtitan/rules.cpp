@@ -100,6 +100,9 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
     return "model.kind custom: the torchtitan worker builds tally's GPT/MoE family as a torchtitan decoder; a "
            "custom layout has no module";
   if (auto why = other_frameworks_section(c, "torchtitan")) return why;
+  if (c.path.gradients.before_reduction)
+    return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
+           "model and megatron-core); torchtitan's is torchtitan.gradients_enter";
   if (m.mtp_num_layers > 0) return "model.mtp_num_layers: the worker's torchtitan decoder has no multi-token-prediction block";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: the worker's torchtitan decoder has no attention sinks";

@@ -194,6 +194,28 @@ inline std::vector<FaultCase> fault_cases() {
   add(Fault::distopt_overlapping_shards, "distributed optimizer, DP 2, 128 elements",
       config_of(2, 1, 1, 1, 1), custom_model({custom_param("w", ParamClass::replicated, {128})}),
       ones(OptimizerModel::distributed), ParamClass::replicated);
+  // The reduction of gradients that enter before it: the ledger is right, the values show it.
+  vocab::PathOptions unreduced = ones(OptimizerModel::plain);
+  unreduced.gradients.generator.mode = kernels::GradientMode::dyadic;
+  unreduced.gradients.before_reduction = true;
+  add(Fault::grads_averaged_twice, "torchtitan #2318: DP 2, the average divided by 2 again",
+      config_of(2, 1, 1, 1, 1), dense_model(), unreduced, ParamClass::replicated, false);
+  add(Fault::grads_not_averaged, "DP 2, the shares summed without 1/2", config_of(2, 1, 1, 1, 1), dense_model(),
+      unreduced, ParamClass::replicated, false);
+  add(Fault::expert_grads_averaged_over_edp, "#5956: DP 4, EP 2 (EDP 2): expert sums divided by 2, not 4",
+      config_of(4, 1, 1, 2, 1), small_moe(2), unreduced, ParamClass::expert_column, false);
+  add(Fault::tied_embedding_not_synced, "PP 2, DP 2, tied embeddings: each stage keeps its own part",
+      config_of(4, 1, 2, 1, 1), dense_model(2), unreduced, ParamClass::vocab, false);
+  add(Fault::tied_embedding_synced_twice, "PP 2, tied embeddings: both copies twice the gradient",
+      config_of(2, 1, 2, 1, 1), dense_model(2), unreduced, ParamClass::vocab, false);
+  {
+    topologies::ModelSpec m = dense_model();
+    m.qk_layernorm = true;
+    add(Fault::tp_replicated_grads_not_summed, "TP 2, qk-layernorm: each TP rank keeps its own part",
+        config_of(2, 2, 1, 1, 1), m, unreduced, ParamClass::replicated, false);
+    add(Fault::tp_replicated_grads_summed_twice, "TP 2, qk-layernorm: twice the gradient",
+        config_of(2, 2, 1, 1, 1), m, unreduced, ParamClass::replicated, false);
+  }
   return cases;
 }
 

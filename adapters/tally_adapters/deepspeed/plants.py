@@ -103,6 +103,9 @@ PLANTS = {
     ),
 }
 
+_NOT_BUILT_AVERAGE = ("not built yet: DeepSpeed divides inside the engine's bucket reduction and ZeRO's "
+                      "reduce-scatter (runtime/engine.py:3795-3817 at 0.19.8), which tally does not plant yet")
+_MEGATRON_FINALIZE = "a step of Megatron's finalize_model_grads; DeepSpeed's own pipeline and AutoTP sums are other code"
 NOT_PLANTED = {
     "allreduce-flag-lost-on-main-params": "DeepSpeed reads allreduce on the model params themselves",
     "expert-weights-not-tp-marked": "an attribute of the params: the worker's model sets it",
@@ -127,4 +130,11 @@ NOT_PLANTED = {
     "norm-of-scaled-gradients": "DeepSpeed 0.19.8 never scales an fp16 loss at ZeRO 0 (docs/findings), so "
                                 "FP16_UnfusedOptimizer's norm is of unscaled gradients: #8588 shows once it does",
     "layer-wise-unsharded-at-dp-cp-1": "Megatron's layer-wise optimizer",
+    "grads-averaged-twice": _NOT_BUILT_AVERAGE,
+    "grads-not-averaged": _NOT_BUILT_AVERAGE,
+    "expert-grads-averaged-over-edp": _NOT_BUILT_AVERAGE,
+    "tied-embedding-not-synced": _MEGATRON_FINALIZE,
+    "tied-embedding-synced-twice": _MEGATRON_FINALIZE,
+    "tp-replicated-grads-not-summed": _MEGATRON_FINALIZE,
+    "tp-replicated-grads-summed-twice": _MEGATRON_FINALIZE,
 }

@@ -51,8 +51,39 @@ def _plant_reduction(orig, how):
     return get_grad_norm_fp32
 
 
+def _plant_skipped(orig):
+    return lambda *args, **kwargs: None
+
+
+def _plant_twice(orig):
+    def twice(*args, **kwargs):
+        orig(*args, **kwargs)
+        return orig(*args, **kwargs)
+
+    return twice
+
+
+_FINALIZE = "megatron.core.distributed.finalize_model_grads"
+
 # fault -> ([(the module of the function it replaces, the function, how to make the replacement)], how)
 PLANTS = {
+    # The reduction of gradients that enter before it: finalize_model_grads calls each step by name.
+    "tied-embedding-not-synced": (
+        [(_FINALIZE, "_allreduce_word_embedding_grads", _plant_skipped)],
+        "finalize_model_grads skips _allreduce_word_embedding_grads (the tied copies' sum across stages)",
+    ),
+    "tied-embedding-synced-twice": (
+        [(_FINALIZE, "_allreduce_word_embedding_grads", _plant_twice)],
+        "finalize_model_grads runs _allreduce_word_embedding_grads twice",
+    ),
+    "tp-replicated-grads-not-summed": (
+        [(_FINALIZE, "_allreduce_non_tensor_model_parallel_grads", _plant_skipped)],
+        "finalize_model_grads skips _allreduce_non_tensor_model_parallel_grads (q/k layernorms over TP)",
+    ),
+    "tp-replicated-grads-summed-twice": (
+        [(_FINALIZE, "_allreduce_non_tensor_model_parallel_grads", _plant_twice)],
+        "finalize_model_grads runs _allreduce_non_tensor_model_parallel_grads twice",
+    ),
     "no-dedup-filter": (
         [("megatron.core.tensor_parallel.layers", "param_is_not_tensor_parallel_duplicate", _plant_no_dedup_filter)],
         "param_is_not_tensor_parallel_duplicate keeps every param",
@@ -74,6 +105,10 @@ PLANTS = {
         "get_grad_norm_fp32 reduces over the whole world instead of the child's stats group",
     ),
 }
+
+_SCALING_INLINE = ("a number DistributedDataParallel.__init__ computes inline (gradient_scaling_factor and "
+                   "expert_gradient_scaling_factor, distributed_data_parallel.py:179-213 at 0.19.2): no function "
+                   "decides it")
 
 # Catalog faults without a counterpart planted here, and why.
 NOT_PLANTED = {
@@ -108,4 +143,7 @@ NOT_PLANTED = {
     "norm-of-scaled-gradients": "the worker runs Megatron in bf16, without a loss scale",
     "layer-wise-unsharded-at-dp-cp-1": "megatron-core 0.16.1 and 0.19.2 do it already "
     "(LayerWiseDistributedOptimizer.shard_params returns early at DP x CP 1)",
+    "grads-averaged-twice": _SCALING_INLINE,
+    "grads-not-averaged": _SCALING_INLINE,
+    "expert-grads-averaged-over-edp": _SCALING_INLINE,
 }
