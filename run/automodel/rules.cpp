@@ -145,6 +145,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::keep_only_section(c, kAutomodelSection.key);
+  c.path.gradients.before_reduction = false;  // Automodel's stage is its section's gradients_enter
   as_hf_architecture(m);
   m.first_stage_layers.reset();
   m.last_stage_layers.reset();

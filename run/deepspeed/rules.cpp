@@ -249,6 +249,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::keep_only_section(c, kDeepSpeedSection.key);
+  o.gradients.before_reduction = false;  // the worker always runs DeepSpeed's own reduction on shares
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

@@ -159,6 +159,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::keep_only_section(c, kTorchTitanSection.key);
+  c.path.gradients.before_reduction = false;  // torchtitan's stage is its section's gradients_enter
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

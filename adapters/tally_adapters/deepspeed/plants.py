@@ -70,8 +70,63 @@ def _stage_model_group(orig):
     return get_model_parallel_group
 
 
+def _averaged_twice(orig):
+    def allreduce_bucket(self, bucket, dp_group, dp_world_size=None):
+        from deepspeed import comm as dist
+
+        reduced = orig(self, bucket, dp_group, dp_world_size)
+        return reduced.div_(dp_world_size or dist.get_world_size(group=dp_group))
+
+    return allreduce_bucket
+
+
+def _not_averaged(orig):
+    def allreduce_bucket(self, bucket, dp_group, dp_world_size=None):
+        average, self.gradient_average = self.gradient_average, False
+        try:
+            return orig(self, bucket, dp_group, dp_world_size)
+        finally:
+            self.gradient_average = average
+
+    return allreduce_bucket
+
+
+def _experts_averaged_over_their_group(orig):
+    def _reduce_expert_gradients(self, expert_grads, elements_per_buffer):
+        # The size the experts' sums are divided by is read from the data-parallel group: here it is
+        # their own expert-DP group (Megatron-LM #5956's wrong group).
+        from deepspeed.utils import groups
+
+        dense = groups._get_data_parallel_group
+        names = list(expert_grads)
+        if names:
+            groups._get_data_parallel_group = lambda: groups._get_expert_data_parallel_group(names[0])
+        try:
+            return orig(self, expert_grads, elements_per_buffer)
+        finally:
+            groups._get_data_parallel_group = dense
+
+    return _reduce_expert_gradients
+
+
+_ENGINE = "deepspeed.runtime.engine:DeepSpeedEngine"
+
 # fault -> ([(module, or "module:Class", the function, how to make the replacement), ...], how)
 PLANTS = {
+    # The reduction of the gradients at ZeRO 0 (the engine's bucket all-reduce); ZeRO 1 to 3 divide
+    # inline (stage_1_and_2.py:1688, stage3.py:1878 at 0.19.8), with no function to replace.
+    "grads-averaged-twice": (
+        [(_ENGINE, "allreduce_bucket", _averaged_twice)],
+        "ZeRO 0: allreduce_bucket divides its average by the DP size once more",
+    ),
+    "grads-not-averaged": (
+        [(_ENGINE, "allreduce_bucket", _not_averaged)],
+        "ZeRO 0: allreduce_bucket sums without dividing by the DP size",
+    ),
+    "expert-grads-averaged-over-edp": (
+        [(_ENGINE, "_reduce_expert_gradients", _experts_averaged_over_their_group)],
+        "ZeRO 0: _reduce_expert_gradients divides the experts' sums by their expert-DP size, not the DP size",
+    ),
     "no-dedup-filter": (
         [("deepspeed.runtime.utils", "is_model_parallel_parameter", _keep_every_param)],
         "is_model_parallel_parameter holds for every param, so no TP replica is dropped",
@@ -103,8 +158,6 @@ PLANTS = {
     ),
 }
 
-_NOT_BUILT_AVERAGE = ("not built yet: DeepSpeed divides inside the engine's bucket reduction and ZeRO's "
-                      "reduce-scatter (runtime/engine.py:3795-3817 at 0.19.8), which tally does not plant yet")
 _MEGATRON_FINALIZE = "a step of Megatron's finalize_model_grads; DeepSpeed's own pipeline and AutoTP sums are other code"
 NOT_PLANTED = {
     "allreduce-flag-lost-on-main-params": "DeepSpeed reads allreduce on the model params themselves",
@@ -130,9 +183,6 @@ NOT_PLANTED = {
     "norm-of-scaled-gradients": "DeepSpeed 0.19.8 never scales an fp16 loss at ZeRO 0 (docs/findings), so "
                                 "FP16_UnfusedOptimizer's norm is of unscaled gradients: #8588 shows once it does",
     "layer-wise-unsharded-at-dp-cp-1": "Megatron's layer-wise optimizer",
-    "grads-averaged-twice": _NOT_BUILT_AVERAGE,
-    "grads-not-averaged": _NOT_BUILT_AVERAGE,
-    "expert-grads-averaged-over-edp": _NOT_BUILT_AVERAGE,
     "tied-embedding-not-synced": _MEGATRON_FINALIZE,
     "tied-embedding-synced-twice": _MEGATRON_FINALIZE,
     "tp-replicated-grads-not-summed": _MEGATRON_FINALIZE,
