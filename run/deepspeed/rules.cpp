@@ -170,6 +170,11 @@ bool shows(const vocab::FaultSet& faults, const EnginePath& path, bool pipelined
   if (faults.has(Fault::missing_ep_reduction) && !bf16_optimizer && !fused && path.zero_stage != 3) return false;
   if (faults.has(Fault::expert_norm_dropped) && !bf16_optimizer && !fused && !zero) return false;
   if ((faults.has(Fault::no_dedup_filter) || faults.has(Fault::tp_marking_unseen_by_filter)) && unfused) return false;
+  // The worker plants the reduction faults in the engine's bucket all-reduce, which ZeRO 0 runs.
+  if ((faults.has(Fault::grads_averaged_twice) || faults.has(Fault::grads_not_averaged) ||
+       faults.has(Fault::expert_grads_averaged_over_edp)) &&
+      path.zero_stage != 0)
+    return false;
   return true;
 }
 
