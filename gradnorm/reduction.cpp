@@ -60,6 +60,10 @@ class ShareMemo {
     const std::uint64_t id = static_cast<std::uint64_t>(logical.id);
     for (std::int64_t e : elements) {
       const double total = static_cast<double>(kernels::gradient_value(gen, id, static_cast<std::uint64_t>(e))) * divisor;
+      if (deal_ranks == 1) {  // a group of one gives the whole
+        shares.push_back(total);
+        continue;
+      }
       const kernels::GroupShares dealt = kernels::deal_group_shares(total, deal_ranks, gen.dtype);
       shares.insert(shares.end(), dealt.shares.begin(), dealt.shares.end());
     }
@@ -72,10 +76,38 @@ class ShareMemo {
   std::map<Key, std::vector<double>> memo_;
 };
 
+// What a rank holds, with each param's elements: a function of its TP, ETP, EP, PP and GTP
+// positions (topologies/sharding.h), so computed once per position.
+struct HeldParams {
+  std::vector<topologies::LocalParam> local;
+  std::vector<std::vector<std::int64_t>> elements;
+};
+
+class HeldByPosition {
+ public:
+  HeldByPosition(const topologies::LogicalModel& model, const topologies::RankLayout& layout)
+      : model_(model), layout_(layout) {}
+  const HeldParams& of(int rank) {
+    const topologies::Coordinates at = layout_.coordinates(rank);
+    auto [it, fresh] = memo_.try_emplace({at.tp, at.etp, at.ep, at.pp, at.gtp, at.egtp});
+    if (fresh) {
+      topologies::local_params(model_, layout_, rank, it->second.local);
+      for (const topologies::LocalParam& param : it->second.local)
+        it->second.elements.push_back(element_indices(model_.param(param.logical_id), param.slice));
+    }
+    return it->second;
+  }
+
+ private:
+  const topologies::LogicalModel& model_;
+  const topologies::RankLayout& layout_;
+  std::map<std::array<int, 6>, HeldParams> memo_;
+};
+
 // One param of one rank on its way through the reduction.
 struct Reducing {
   int logical_id = 0;
-  std::vector<std::int64_t> elements;
+  const std::vector<std::int64_t>* elements = nullptr;
   std::vector<Family> steps;
   std::vector<double> values;
 };
@@ -131,19 +163,20 @@ ReducedGradients reduce_gradients(const topologies::LogicalModel& model, const t
   const topologies::ParallelConfig& config = layout.config();
   const vocab::FaultSet& faults = options.faults;
   ShareMemo memo;
+  HeldByPosition held_by_position(model, layout);
   std::vector<std::vector<Reducing>> reducing(ranks.size());
   std::size_t phases = 0;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const int rank = ranks[i];
     const int dp_cp = static_cast<int>(layout.group_ranks(Family::dp_cp, rank).size());
     const int edp = static_cast<int>(layout.group_ranks(Family::expt_dp, rank).size());
-    std::vector<topologies::LocalParam> local;
-    topologies::local_params(model, layout, rank, local);
-    for (const topologies::LocalParam& param : local) {
+    const HeldParams& held = held_by_position.of(rank);
+    for (std::size_t p = 0; p < held.local.size(); ++p) {
+      const topologies::LocalParam& param = held.local[p];
       const topologies::LogicalParam& logical = model.param(param.logical_id);
       Reducing r;
       r.logical_id = param.logical_id;
-      r.elements = element_indices(logical, param.slice);
+      r.elements = &held.elements[p];
       r.steps = steps_of(param, logical, config, faults);
       // The deal is the right reduction's: its groups, in its order, make each rank's index.
       int deal_ranks = 1, index = 0;
@@ -153,13 +186,13 @@ ReducedGradients reduce_gradients(const topologies::LogicalModel& model, const t
         deal_ranks *= static_cast<int>(group.size());
       }
       const std::vector<double>& shares =
-          memo.of(logical, param.slice, r.elements, generators[static_cast<std::size_t>(logical.id)], deal_ranks, dp_cp);
+          memo.of(logical, param.slice, *r.elements, generators[static_cast<std::size_t>(logical.id)], deal_ranks, dp_cp);
       // megatron-core scales every share by 1/|DP x CP| before the sum, experts' too.
       double scale = 1.0 / dp_cp;
       if (faults.has(Fault::grads_not_averaged)) scale = 1.0;
       if (faults.has(Fault::expert_grads_averaged_over_edp) && !param.allreduce) scale = 1.0 / edp;
-      r.values.reserve(r.elements.size());
-      for (std::size_t e = 0; e < r.elements.size(); ++e)
+      r.values.reserve(r.elements->size());
+      for (std::size_t e = 0; e < r.elements->size(); ++e)
         r.values.push_back(shares[e * static_cast<std::size_t>(deal_ranks) + static_cast<std::size_t>(index)] * scale);
       phases = std::max(phases, r.steps.size());
       reducing[i].push_back(std::move(r));
@@ -200,15 +233,16 @@ ReducedGradients reduce_gradients(const topologies::LogicalModel& model, const t
     for (Reducing& r : reducing[i]) {
       const kernels::GeneratorSpec& gen = generators[static_cast<std::size_t>(r.logical_id)];
       const std::uint64_t id = static_cast<std::uint64_t>(r.logical_id);
+      const std::vector<std::int64_t>& elements = *r.elements;
       bool same = true;
-      for (std::size_t e = 0; e < r.elements.size(); ++e) {
+      for (std::size_t e = 0; e < elements.size(); ++e) {
         if (faults.has(Fault::grads_averaged_twice)) r.values[e] /= dp_cp;
         same = same && kernels::round_to(r.values[e], gen.dtype) ==
-                           kernels::gradient_value(gen, id, static_cast<std::uint64_t>(r.elements[e]));
+                           kernels::gradient_value(gen, id, static_cast<std::uint64_t>(elements[e]));
       }
       if (same) continue;
       std::vector<double> list(static_cast<std::size_t>(model.param(r.logical_id).numel), 0.0);
-      for (std::size_t e = 0; e < r.elements.size(); ++e) list[static_cast<std::size_t>(r.elements[e])] = r.values[e];
+      for (std::size_t e = 0; e < elements.size(); ++e) list[static_cast<std::size_t>(elements[e])] = r.values[e];
       auto [it, fresh] = interned.try_emplace(std::move(list), static_cast<int>(out.lists.size()));
       if (fresh) out.lists.push_back(it->first);
       out.held[i][static_cast<std::size_t>(r.logical_id)] = it->second;
