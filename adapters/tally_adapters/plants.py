@@ -1,10 +1,27 @@
 """Replacing a framework's functions for a while, shared by tally's workers and adapters: `Patches`
 (set attributes, put them back), and `Planted`, which plants catalog faults for one case (the real
-mutation score, docs/real-targets.md). No framework import of its own."""
+mutation score, docs/real-targets.md), and the reasons the FSDP2 workers share for the reduction faults
+they do not plant. No framework import of its own."""
 
 import importlib
 import sys
 
+
+def fsdp2_reduction_not_planted(framework):
+    """Why a stack that reduces through FSDP2 (torchtitan, NeMo-Automodel) plants none of the catalog's
+    reduction faults: FSDP2's division happens inside torch, and the step faults are Megatron's."""
+    divides = (f"not built yet: FSDP2 divides inside torch's post-backward reduce-scatter (torch.distributed.fsdp), "
+               f"no function of {framework}; tally does not plant it yet")
+    finalize = f"a step of Megatron's finalize_model_grads, which {framework} does not run"
+    return {
+        "grads-averaged-twice": divides,
+        "grads-not-averaged": divides,
+        "expert-grads-averaged-over-edp": divides,
+        "tied-embedding-not-synced": finalize,
+        "tied-embedding-synced-twice": finalize,
+        "tp-replicated-grads-not-summed": finalize,
+        "tp-replicated-grads-summed-twice": finalize,
+    }
 
 class Patches:
     """Attributes replaced for a while; `restore` puts every original back, last replaced first."""

@@ -40,6 +40,7 @@ import sys
 from .. import dtensor as tally_dtensor
 from .. import fsdp2, hf_models
 from .. import worker as base
+from ..plants import fsdp2_reduction_not_planted
 
 _UTILS = "nemo_automodel.components.training.utils"
 
@@ -122,9 +123,6 @@ PLANTS = {
 
 _NO_ATTRIBUTES = "DTensor counts through placements: Automodel's reducer reads no Megatron attribute"
 _NO_MOE = "the worker builds Automodel's dense models only (its MoE models need CUDA)"
-_FSDP2_DIVIDES = ("not built yet: FSDP2 divides inside torch's post-backward reduce-scatter "
-                  "(torch.distributed.fsdp), no function of Automodel; tally does not plant it yet")
-_MEGATRON_FINALIZE = "a step of Megatron's finalize_model_grads, which Automodel does not run"
 NOT_PLANTED = {
     "expert-dedup-on-dense-tp": _NO_ATTRIBUTES,
     "allreduce-flag-lost-on-main-params": _NO_ATTRIBUTES,
@@ -151,13 +149,7 @@ NOT_PLANTED = {
     "tp-marking-unseen-by-filter": _NO_ATTRIBUTES,
     "norm-of-scaled-gradients": "no loss scale: the worker holds fp32 gradients",
     "layer-wise-unsharded-at-dp-cp-1": "no layer-wise optimizer",
-    "grads-averaged-twice": _FSDP2_DIVIDES,
-    "grads-not-averaged": _FSDP2_DIVIDES,
-    "expert-grads-averaged-over-edp": _FSDP2_DIVIDES,
-    "tied-embedding-not-synced": _MEGATRON_FINALIZE,
-    "tied-embedding-synced-twice": _MEGATRON_FINALIZE,
-    "tp-replicated-grads-not-summed": _MEGATRON_FINALIZE,
-    "tp-replicated-grads-summed-twice": _MEGATRON_FINALIZE,
+    **fsdp2_reduction_not_planted("Automodel"),
 }
 
 

@@ -8,6 +8,8 @@ why each other fault has no counterpart here.
 
 import math
 
+from ..plants import fsdp2_reduction_not_planted
+
 
 def _total_norm(grads, norm_type=2.0, foreach=None):
     import torch
@@ -154,9 +156,6 @@ PLANTS = {
 }
 
 _NO_ATTRIBUTES = "DTensor counts through placements: torchtitan's path reads no Megatron attribute"
-_FSDP2_DIVIDES = ("not built yet: FSDP2 divides inside torch's post-backward reduce-scatter "
-                  "(torch.distributed.fsdp), no function of torchtitan; tally does not plant it yet")
-_MEGATRON_FINALIZE = "a step of Megatron's finalize_model_grads, which torchtitan does not run"
 NOT_PLANTED = {
     "expert-dedup-on-dense-tp": _NO_ATTRIBUTES,
     "allreduce-flag-lost-on-main-params": _NO_ATTRIBUTES,
@@ -180,11 +179,5 @@ NOT_PLANTED = {
     "tp-marking-unseen-by-filter": _NO_ATTRIBUTES,
     "norm-of-scaled-gradients": "no loss scale: FSDP2 holds fp32 gradients",
     "layer-wise-unsharded-at-dp-cp-1": "no layer-wise optimizer",
-    "grads-averaged-twice": _FSDP2_DIVIDES,
-    "grads-not-averaged": _FSDP2_DIVIDES,
-    "expert-grads-averaged-over-edp": _FSDP2_DIVIDES,
-    "tied-embedding-not-synced": _MEGATRON_FINALIZE,
-    "tied-embedding-synced-twice": _MEGATRON_FINALIZE,
-    "tp-replicated-grads-not-summed": _MEGATRON_FINALIZE,
-    "tp-replicated-grads-summed-twice": _MEGATRON_FINALIZE,
+    **fsdp2_reduction_not_planted("torchtitan"),
 }
