@@ -91,6 +91,25 @@ TEST(DeepSpeedTarget, RefusesOffloadWithAutoEpFoldedOverAutoTpAsDeepSpeedDoes) {
   }
 }
 
+// The worker plants the reduction faults in the engine's bucket all-reduce (ZeRO 0), and DeepSpeed
+// always reduces each rank's share itself: the path's gradients.enter, which the generator gives a
+// case with a reduction fault, is dropped.
+TEST(DeepSpeedTarget, AReductionFaultDrawsZeroZero) {
+  FaultPlants plants;
+  plants.planted["grads-averaged-twice"] = "allreduce_bucket divides again";
+  for (std::uint64_t draw = 0; draw < 64; ++draw) {
+    casefile::Case c = founding_case();
+    c.path.optimizer = vocab::OptimizerModel::plain;
+    c.path.faults = vocab::FaultSet::of({vocab::Fault::grads_averaged_twice});
+    c.path.gradients.before_reduction = true;
+    c = within_deepspeed(std::move(c), "0.19.8", plants, draw);
+    EXPECT_FALSE(c.path.gradients.before_reduction);
+    ASSERT_TRUE(c.path.faults.has(vocab::Fault::grads_averaged_twice));
+    EXPECT_EQ(kDeepSpeedSection.of(c)->zero_stage, 0) << "draw " << draw;
+    EXPECT_FALSE(deepspeed_refusal(c, "0.19.8", plants));
+  }
+}
+
 TEST(DeepSpeedTarget, RunsPipelinesAtZeroZeroAndOne) {
   casefile::Case c = founding_case();
   c.path.optimizer = vocab::OptimizerModel::plain;
