@@ -193,6 +193,12 @@ bool is_reduction_fault(Fault fault) {
   return static_cast<int>(fault) >= static_cast<int>(Fault::grads_averaged_twice);
 }
 
+bool any_reduction_fault(const FaultSet& faults) {
+  for (const FaultInfo& info : kCatalog)
+    if (is_reduction_fault(info.fault) && faults.has(info.fault)) return true;
+  return false;
+}
+
 const FaultInfo& fault_info(Fault fault) { return kCatalog[static_cast<std::size_t>(fault)]; }
 
 std::optional<Fault> fault_from_name(std::string_view name) {

@@ -52,6 +52,8 @@ enum class Fault : std::uint8_t {
 inline constexpr int kFaultCount = 35;
 // Whether `fault` is one of the reduction's: it changes nothing where the gradients enter after it.
 bool is_reduction_fault(Fault fault);
+class FaultSet;
+bool any_reduction_fault(const FaultSet& faults);
 // norm-of-scaled-gradients: the loss scale the reported norm is still multiplied by (DeepSpeed's
 // first dynamic fp16 loss scale, 2^16, a power of two: the product is exact).
 inline constexpr double kFaultLossScale = 65536.0;

@@ -1,21 +1,49 @@
 """Replacing a framework's functions for a while, shared by tally's workers and adapters: `Patches`
 (set attributes, put them back), and `Planted`, which plants catalog faults for one case (the real
-mutation score, docs/real-targets.md), and the reasons the FSDP2 workers share for the reduction faults
-they do not plant. No framework import of its own."""
+mutation score, docs/real-targets.md), and the reduction faults the FSDP2 workers plant in torch's
+FSDP2 (and why not the others). No framework import of its own."""
 
 import importlib
 import sys
 
+# FSDP2's choice of how a gradient's reduction divides (the reduce-scatter's and HSDP's all-reduce's
+# ops, and the factors before and after them): a function of torch's, replaced on its own module.
+FSDP2_DIVIDE_FACTORS = ("torch.distributed.fsdp._fully_shard._fsdp_collectives:", "_get_gradient_divide_factors")
+
+
+def fsdp2_divided_again(orig):
+    """grads-averaged-twice: what FSDP2 reduced is divided once more by its data-parallel size."""
+
+    def _get_gradient_divide_factors(reduce_scatter_group, all_reduce_group, *args, **kwargs):
+        predivide, postdivide, reduce_scatter_op, all_reduce_op = orig(reduce_scatter_group, all_reduce_group,
+                                                                         *args, **kwargs)
+        size = 1
+        for group in (reduce_scatter_group, all_reduce_group):
+            size *= group.size() if group is not None else 1
+        return predivide, (postdivide or 1.0) * size, reduce_scatter_op, all_reduce_op
+
+    return _get_gradient_divide_factors
+
+
+def fsdp2_summed(orig):
+    """grads-not-averaged: FSDP2 sums the contributions without dividing."""
+
+    def _get_gradient_divide_factors(*args, **kwargs):
+        from torch.distributed import ReduceOp
+
+        return None, None, ReduceOp.SUM, ReduceOp.SUM
+
+    return _get_gradient_divide_factors
+
 
 def fsdp2_reduction_not_planted(framework):
-    """Why a stack that reduces through FSDP2 (torchtitan, NeMo-Automodel) plants none of the catalog's
-    reduction faults: FSDP2's division happens inside torch, and the step faults are Megatron's."""
-    divides = (f"not built yet: FSDP2 divides inside torch's post-backward reduce-scatter (torch.distributed.fsdp), "
-               f"no function of {framework}; tally does not plant it yet")
+    """Why a stack that reduces through FSDP2 (torchtitan, NeMo-Automodel) does not plant the other
+    reduction faults: FSDP2 divides every param by one rule of torch's, and the step faults are
+    Megatron's."""
+    divides = (f"FSDP2 divides every param's reduction by one rule (_get_gradient_divide_factors), with no "
+               f"separate function of {framework}'s for the experts: not planted")
     finalize = f"a step of Megatron's finalize_model_grads, which {framework} does not run"
     return {
-        "grads-averaged-twice": divides,
-        "grads-not-averaged": divides,
         "expert-grads-averaged-over-edp": divides,
         "tied-embedding-not-synced": finalize,
         "tied-embedding-synced-twice": finalize,
@@ -59,7 +87,8 @@ class Planted:
     """Plants `faults` for the duration of a `with` block. `plants`: fault -> ([(where, attr, make),
     ...], how): `make(original)` gives the replacement. A function of a module ("where" names the
     module) is replaced in every loaded module of `package` that imported it, and restored in those
-    that imported the replacement meanwhile; a method ("where" is "module:Class") on its class.
+    that imported the replacement meanwhile; a method ("where" is "module:Class") on its class, and a
+    function of a module outside `package` ("module:", nothing after the colon) on that module.
     `not_planted`: fault -> why not, for the error naming a fault the worker cannot plant."""
 
     def __init__(self, faults, plants, not_planted, package):

@@ -173,8 +173,9 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
       if (dp % r == 0) replications.push_back(r);
     if (!replications.empty() && draw % 2 == 1) stated->dp_replicate = replications[(draw / 2) % replications.size()];
     stated->sequence_parallel = t.tp > 1 && (draw / 64) % 2 == 1;
-    // Half the cases give FSDP2 each rank's contribution, for its own reduction to average.
-    stated->before_reduction = (draw / 128) % 2 == 1;
+    // Half the cases give FSDP2 each rank's contribution, for its own reduction to average; a
+    // reduction fault changes nothing otherwise.
+    stated->before_reduction = (draw / 128) % 2 == 1 || vocab::any_reduction_fault(o.faults);
   }
   AutomodelConfig& a = *stated;
   if (dp % a.dp_replicate != 0 || (a.dp_replicate > 1 && a.dp_replicate >= dp)) a.dp_replicate = 1;

@@ -222,8 +222,9 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
       d.dp_replicate = replicate;
       settle();
     }
-    // Half the cases give FSDP2 each rank's contribution, for its own reduce-scatter to sum.
-    d.before_reduction = rest % 2 == 1;
+    // Half the cases give FSDP2 each rank's contribution, for its own reduce-scatter to sum; a
+    // reduction fault changes nothing otherwise.
+    d.before_reduction = rest % 2 == 1 || vocab::any_reduction_fault(o.faults);
   }
   // Experts FSDP would split unevenly on dim 1: replicate over more of DP (HSDP), which shards over
   // fewer ranks, until it divides them.

@@ -8,7 +8,7 @@ why each other fault has no counterpart here.
 
 import math
 
-from ..plants import fsdp2_reduction_not_planted
+from ..plants import FSDP2_DIVIDE_FACTORS, fsdp2_divided_again, fsdp2_reduction_not_planted
 
 
 def _total_norm(grads, norm_type=2.0, foreach=None):
@@ -129,6 +129,12 @@ def _each_half_by_its_norm(orig):
 _UTILS = "torchtitan.distributed.utils"
 # fault -> ([(module, the function, how to make the replacement)], how)
 PLANTS = {
+    # Where the gradients enter before FSDP2's reduction (torchtitan.gradients_enter).
+    "grads-averaged-twice": (
+        [(*FSDP2_DIVIDE_FACTORS, fsdp2_divided_again)],
+        "FSDP2's sum of the contributions (torchtitan sets the divide factor 1) is divided by its data-parallel "
+        "size (torchtitan #2318: divided twice)",
+    ),
     "missing-pp-reduction": (
         [(_UTILS, "clip_grad_norm_", _pipeline_not_reduced)],
         "clip_grad_norm_ ignores pp_mesh: each stage's norm is its own (torchtitan #596, before its fix)",
@@ -180,4 +186,6 @@ NOT_PLANTED = {
     "norm-of-scaled-gradients": "no loss scale: FSDP2 holds fp32 gradients",
     "layer-wise-unsharded-at-dp-cp-1": "no layer-wise optimizer",
     **fsdp2_reduction_not_planted("torchtitan"),
+    "grads-not-averaged": "torchtitan sums already: it sets FSDP2's divide factor to 1 (distributed/fsdp.py:41 at "
+    "0.3.0) and scales the loss itself",
 }

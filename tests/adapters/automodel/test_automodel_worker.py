@@ -9,6 +9,7 @@ import unittest
 import fault_catalog
 import tally_adapters.automodel.worker as automodel_worker
 import tally_adapters.hf_models as hf_models
+from tally_adapters.plants import FSDP2_DIVIDE_FACTORS
 
 
 def gpt_index(layers=2, hidden=8, heads=2, groups=1, head_dim=4, ffn=16, vocab=8, bias=False, qk=False, untied=True):
@@ -65,12 +66,15 @@ class PlantTable(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason(self):
         fault_catalog.assert_plants_answer_the_catalog(self, automodel_worker.PLANTS, automodel_worker.NOT_PLANTED)
 
-    def test_every_plant_replaces_a_function_of_automodels_reducer(self):
+    def test_every_plant_replaces_a_function_of_automodels_reducer_or_fsdp2s_divide_rule(self):
         for fault, (targets, how) in automodel_worker.PLANTS.items():
             self.assertTrue(how, fault)
             for where, attr, make in targets:
-                self.assertEqual(where, "nemo_automodel.components.training.utils", fault)
-                self.assertIn(attr, ("_all_reduce_scalar", "_clip_grad_norm_impl"), fault)
+                if fault.startswith("grads-"):  # the reduction, before which the gradients may enter
+                    self.assertEqual((where, attr), FSDP2_DIVIDE_FACTORS, fault)
+                else:
+                    self.assertEqual(where, "nemo_automodel.components.training.utils", fault)
+                    self.assertIn(attr, ("_all_reduce_scalar", "_clip_grad_norm_impl"), fault)
                 self.assertTrue(callable(make(lambda *args: None)), fault)
 
 

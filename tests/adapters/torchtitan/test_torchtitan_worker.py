@@ -9,6 +9,7 @@ import fault_catalog
 import tally_adapters.dtensor as tally_dtensor
 import tally_adapters.torchtitan.plants as torchtitan_plants
 import tally_adapters.torchtitan.worker as torchtitan_worker
+from tally_adapters.plants import FSDP2_DIVIDE_FACTORS
 
 
 class Placement:
@@ -26,12 +27,15 @@ class PlantTable(unittest.TestCase):
     def test_every_catalog_fault_is_planted_or_has_a_reason(self):
         fault_catalog.assert_plants_answer_the_catalog(self, torchtitan_plants.PLANTS, torchtitan_plants.NOT_PLANTED)
 
-    def test_every_plant_replaces_a_function_of_torchtitans_clip(self):
+    def test_every_plant_replaces_a_function_of_torchtitans_clip_or_fsdp2s_divide_rule(self):
         for fault, (targets, how) in torchtitan_plants.PLANTS.items():
             self.assertTrue(how, fault)
             for where, attr, make in targets:
-                self.assertEqual(where, "torchtitan.distributed.utils", fault)
-                self.assertIn(attr, ("clip_grad_norm_", "_clip_grad_norm_with_ep"), fault)
+                if fault.startswith("grads-"):  # the reduction, before which the gradients may enter
+                    self.assertEqual((where, attr), FSDP2_DIVIDE_FACTORS, fault)
+                else:
+                    self.assertEqual(where, "torchtitan.distributed.utils", fault)
+                    self.assertIn(attr, ("clip_grad_norm_", "_clip_grad_norm_with_ep"), fault)
                 self.assertTrue(callable(make(lambda *args: None)), fault)
 
 
