@@ -503,8 +503,9 @@ rc::Gen<casefile::Case> gen_any_case(const CaseGenOptions& options) {
       if (!options.faults.empty()) {
         const vocab::Fault fault = options.faults[static_cast<std::size_t>(fault_index)];
         c.path.faults = vocab::FaultSet::of({fault});
-        // A reduction fault changes nothing where the gradients enter after the reduction.
-        if (vocab::is_reduction_fault(fault) && !gradnorm::reduction_refusal(c.topology))
+        // A reduction fault changes nothing where the gradients enter after the reduction (which
+        // the big-zeros param, dealt to every rank, would make slow: it is for the zero count).
+        if (vocab::is_reduction_fault(fault) && !big_zeros && !gradnorm::reduction_refusal(c.topology))
           c.path.gradients.before_reduction = true;
       }
       // Now and then a report's own numbers for one class the model has, so the stated values'
