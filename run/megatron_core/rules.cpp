@@ -146,9 +146,6 @@ std::optional<std::string> before_reduction_refusal(const casefile::Case& c, std
   if (!reduction_measured(version))
     return field + ": tally deals each rank's share by megatron-core 0.19.2's reduction (the factors and groups "
            "docs/megatron-reference.md §10 measured); megatron-core " + std::string(version) + "'s is not measured";
-  if (kMegatronFsdpSection.held_by(c))
-    return field + " with megatron_fsdp: tally's worker does not yet run Megatron-FSDP's own reduction "
-           "(finish_grad_sync over its buffers); it runs DistributedDataParallel's";
   if (const int dp_cp = dp_cp_size(c.topology); !power_of_two(dp_cp))
     return field + " at DP x CP " + std::to_string(dp_cp) + ": megatron-core multiplies each rank's share by 1/" +
            std::to_string(dp_cp) + " before it sums them (distributed_data_parallel.py:206-213, "

@@ -19,7 +19,8 @@ bool megatron_core_alone(const casefile::Case& c) {
 // tally's optimizer models, DDP's and the distributed optimizer's with the gradients before their
 // reduction, and the layer-wise one over Megatron-LM 0.19's parameter layout, then,
 // on a layout Megatron-FSDP runs (one stage, the default order), each of its strategies (and the
-// hybrid one, over several instances). The worker refuses what its release lacks.
+// hybrid one, over several instances), after and before its reduction. The worker refuses what its
+// release lacks.
 std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out = optimizer_variants(base);
   // DDP's all-reduce and the distributed optimizer's reduce-scatter, each run on gradients that
@@ -37,10 +38,18 @@ std::vector<std::pair<std::string, casefile::Case>> megatron_core_sweep_variants
     c.path.optimizer = vocab::OptimizerModel::distributed;
     c.path.bucket_elements = 0;
     kMegatronFsdpSection.set(c, {.sharding = sharding});
-    out.emplace_back("fsdp-" + std::string(fsdp_sharding_name(sharding)), c);
+    const std::string name = "fsdp-" + std::string(fsdp_sharding_name(sharding));
+    std::vector<std::pair<std::string, casefile::Case>> strategies{{name, c}};
     if (sharding == FsdpSharding::optim_grads_params && base.topology.dist_opt_instances > 1) {
       kMegatronFsdpSection.set(c, {.sharding = sharding, .outer_sharding = FsdpOuterSharding::optim});
-      out.emplace_back("fsdp-optim_grads_params-outer-optim", std::move(c));
+      strategies.emplace_back(name + "-outer-optim", c);
+    }
+    // Each strategy also with the gradients before Megatron-FSDP's own reduction.
+    for (auto& [strategy, strategy_case] : strategies) {
+      casefile::Case unreduced = strategy_case;
+      unreduced.path.gradients.before_reduction = true;
+      out.emplace_back(strategy, std::move(strategy_case));
+      out.emplace_back(strategy + "-unreduced", std::move(unreduced));
     }
   }
   return out;

@@ -30,7 +30,7 @@ refused = [r for r in everything if r["outcome"] == "refused"]
 fsdp = [r for r in refused if "-fsdp-" in r["id"] and "megatron_fsdp" in r["detail"]]
 unreduced = [r for r in refused if "-unreduced" in r["id"] and r["detail"].startswith("gradients.enter before_reduction")]
 layout = [r for r in refused if r["id"].endswith("-layerwise-layout") and "with expert biases" in r["detail"]]
-assert (len(fsdp), len(unreduced), len(layout), len(refused)) == (34, 16, 7, 57), refused
+assert (len(fsdp), len(unreduced), len(layout), len(refused)) == (68, 16, 7, 91), refused
 results = [r for r in everything if r["outcome"] != "refused"]
 assert len(results) == 30 and all(r.get("model_checked") for r in results), "every case held against the model"
 disagree = sorted(r["id"] for r in results if "model_disagrees" in r)

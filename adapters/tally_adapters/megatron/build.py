@@ -279,9 +279,15 @@ def set_gradients(chunks, tensors, share_of=None):
     the params this rank holds; raises where the framework's model is not tally's."""
     import torch
 
-    params, _, objs = model_params.describe_params(model_params.model_chunks(chunks))
+    from . import reduction
+
+    fsdp_before = share_of is not None and any(
+        getattr(p, "__fsdp_param__", False) for c in model_params.model_chunks(chunks) for p in c.parameters()
+    )
+    params, _, objs = model_params.describe_params(model_params.model_chunks(chunks), unsharded_fsdp=fsdp_before)
     held = set()
     fsdp_modules = {}
+    fsdp_shares = []  # (raw param, this rank's share of its TP-local box)
     for entry, p in zip(params, objs):
         r = entry["record"]
         name = r["logical_name"]
@@ -300,11 +306,14 @@ def set_gradients(chunks, tensors, share_of=None):
         whole = logical if share_of is None else share_of(name)
         values = torch.from_numpy(whole[box].copy())
         if getattr(p, "__fsdp_param__", False):
+            fsdp_modules[id(p._megatron_fsdp_model)] = p._megatron_fsdp_model
+            held.add(name)
+            if fsdp_before:
+                fsdp_shares.append((p.orig_param, values))
+                continue
             # The range this rank holds, in Megatron-FSDP's main-grad buffer.
             with torch.no_grad():
                 entry["grad"].copy_(values.reshape(-1).to(entry["grad"].device))
-            fsdp_modules[id(p._megatron_fsdp_model)] = p._megatron_fsdp_model
-            held.add(name)
             continue
         values = values.reshape(p.shape)
         if getattr(p, "main_grad", None) is None:
@@ -312,6 +321,11 @@ def set_gradients(chunks, tensors, share_of=None):
         with torch.no_grad():
             p.main_grad.copy_(values.to(p.main_grad.device))
         held.add(name)
+    if fsdp_before:
+        # The shares go where a backward leaves them, and Megatron-FSDP's own hooks start its
+        # reduction; finalize_model_grads finishes it (reduction.reduce).
+        reduction.fsdp_backward(list(fsdp_modules.values()), fsdp_shares)
+        return held
     # Megatron-FSDP hands its optimizer the buffer's shards as the DTensor params' gradients, as after
     # a backward (attach_grad_to_optimizer_state); its reduction (finish_grad_sync) is not run: the
     # values are already those after it.

@@ -66,8 +66,14 @@ def _group_rank_size(group) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def describe_params(chunks):
-    """The model params: records (stats filled in later), index by id, and the param objects."""
+def describe_params(chunks, unsharded_fsdp=False):
+    """The model params: records (stats filled in later), index by id, and the param objects.
+
+    A Megatron-FSDP param is described by the part of it this rank's shard of the main-grad buffer
+    holds (none where it holds nothing), its gradient that range of the buffer; with
+    `unsharded_fsdp`, by its whole TP-local box, the box a backward gives every DP rank a gradient
+    of before Megatron-FSDP reduces them (its gradient then None: the raw param's main_grad is
+    allocated by Megatron-FSDP when it is written)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -144,7 +150,7 @@ def describe_params(chunks):
                 list(model_p.shape), sharded, 0 if sink else attrs["partition_dim"], grank, gsize
             )
             grad = None if fsdp is not None else _model_grad(p)
-            if fsdp is not None:
+            if fsdp is not None and not unsharded_fsdp:
                 held = held_box(offsets, extents, fsdp.begin, fsdp.end, name)
                 if held is None:
                     continue  # this rank's shard holds none of it

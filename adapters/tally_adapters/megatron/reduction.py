@@ -17,6 +17,16 @@ Which group a param takes is tally's (its class and name in the gradient index),
 attributes, so a reduction over another group, one that leaves a rank out, counts one twice or
 scales by another factor changes what the ranks hold, which tally's judge checks.
 
+Megatron-FSDP (a case with a `megatron_fsdp` section): a backward leaves each param's gradient in
+the main grad Megatron-FSDP allocates for it (`get_main_grad`; the whole TP-local param, in an
+unsharded bucket where the gradients are sharded), and its root post-backward hook starts the
+reduction: the reduce-scatter over its DP-shard group for `optim_grads` and `optim_grads_params`
+(and the all-reduce over the outer DP group at the last microbatch), nothing for `no_shard` and
+`optim`, whose `finish_grad_sync` all-reduces (reduce-scatters) the buffer. `fsdp_backward` does
+exactly the backward's part (fsdp_backward's docstring); `finalize_model_grads` the rest, as for DDP.
+A rank then holds the reduced gradient in its shard of the main-grad buffer, which the manifest
+reads (model_params.fsdp_shard).
+
 After the distributed optimizer's reduce-scatter a rank holds the reduced gradient only in its own
 shard of each bucket; `held_after_reduction` gathers the shards into a copy (the buckets themselves
 untouched, so the optimizer reads what Megatron left it) for the manifest's record of each param.
@@ -84,19 +94,45 @@ def reduce(chunks) -> None:
         finalize_model_grads(list(chunks))
 
 
+def fsdp_backward(modules, shares) -> None:
+    """What one backward of Megatron-LM's training step leaves in Megatron-FSDP's `modules`, with
+    `shares` (raw param, this rank's share of its TP-local gradient) as the gradients: the grad
+    buffers zeroed (train_step's zero_grad_buffer), the root pre-backward hook (`pre_backward`, the
+    hook Megatron-FSDP exposes for a backward it does not see), each share written into the param's
+    main grad as Transformer Engine's fused gradient accumulation writes a weight gradient
+    (`get_main_grad`, then `grad_added_to_main_grad`), so no bf16 `param.grad` rounds it, and the
+    root post-backward hook (`post_backward`), which hands the gradients to Megatron-FSDP's
+    reduction pipeline. Megatron-LM's schedule enters Megatron-FSDP's `no_sync` only with
+    `--overlap-grad-reduce` (megatron/training/training.py, `config.no_sync_func`), which the worker
+    does not set, so `is_last_microbatch` stays unset, as in that training."""
+    import torch
+
+    for module in modules:
+        module.zero_grad_buffer()
+        module.pre_backward()
+    with torch.no_grad():
+        for raw, values in shares:
+            raw.main_grad = raw.get_main_grad()
+            raw.main_grad.copy_(values.reshape(raw.main_grad.shape).to(raw.main_grad.device))
+            raw.grad_added_to_main_grad = True
+    for module in modules:
+        module.post_backward()
+
+
 def held_after_reduction(chunks) -> Dict[int, object]:
     """id(param) -> the reduced gradient of every param of the distributed optimizer's buckets, as
     the ranks of each reduce-scatter hold it together (their shards gathered into a copy, over the
     group and in the order megatron-core's start_grad_sync reduce-scatters them); {} where DDP
-    all-reduced (every rank then holds it whole in its main_grad)."""
+    all-reduced (every rank then holds it whole in its main_grad) and for Megatron-FSDP (a rank's
+    record is its shard, which holds the reduced gradient)."""
     import torch
     import torch.distributed as dist
     from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 
     held: Dict[int, object] = {}
     for chunk in chunks:
-        if not chunk.ddp_config.use_distributed_optimizer:
-            continue
+        if not chunk.ddp_config.use_distributed_optimizer or chunk.ddp_config.use_megatron_fsdp:
+            continue  # DDP all-reduced; Megatron-FSDP's records read its buffer's shard
         for bucket_group in chunk.bucket_groups + chunk.expert_parallel_bucket_groups:
             group = bucket_group.intra_distributed_optimizer_instance_group
             size = bucket_group.intra_distributed_optimizer_instance_size

@@ -46,8 +46,10 @@ What the worker changes around Megatron, and why (never a Megatron file):
   do not exhaust sockets or file descriptors.
 - Megatron-FSDP: its main gradients are fp32 (`megatron_fsdp_main_grads_dtype`; Megatron-LM's
   default is the params' bf16), each rank writes the range of each param its buffer shard holds,
-  and the optimizer gets them through Megatron-FSDP's own `update_main_grads`; its gradient
-  reduction (`finish_grad_sync`, a reduce-scatter gloo lacks) is not run, as DDP's is not.
+  and the optimizer gets them through Megatron-FSDP's own `update_main_grads`. Where the case's
+  gradients enter before the reduction, each rank writes its share of each whole TP-local param
+  where a backward leaves it, and Megatron-FSDP's own hooks and `finish_grad_sync` reduce them
+  (reduction.fsdp_backward).
 - megatron-core 0.16.1's Muon calls emerging_optimizers with a keyword 0.3.0 renamed
   (`use_nesterov`): translated at construction (muon_compat.py).
 """

@@ -203,8 +203,10 @@ TEST(MegatronFsdpTarget, SweepsEveryStrategyOnALayoutItRuns) {
     EXPECT_FALSE(megatron_core_refusal(c, "0.19.2")) << name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"plain", "distributed", "layerwise", "muon", "plain-unreduced",
-                                             "distributed-unreduced", "layerwise-layout", "fsdp-no_shard", "fsdp-optim", "fsdp-optim_grads",
-                                             "fsdp-optim_grads_params"}));
+                                             "distributed-unreduced", "layerwise-layout", "fsdp-no_shard",
+                                             "fsdp-no_shard-unreduced", "fsdp-optim", "fsdp-optim-unreduced",
+                                             "fsdp-optim_grads", "fsdp-optim_grads-unreduced", "fsdp-optim_grads_params",
+                                             "fsdp-optim_grads_params-unreduced"}));
   base.topology = {.world = 2, .pp = 2};
   base.model.num_layers = 2;
   EXPECT_EQ(row.sweep_variants(base).size(), 7u) << "no Megatron-FSDP variant across stages";

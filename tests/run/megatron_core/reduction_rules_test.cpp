@@ -84,7 +84,9 @@ TEST(MegatronCoreReduction, RefusedWhereTheSharesCannotBeExactOrTheReductionIsNo
   casefile::Case fsdp = with_topology(c, 2, 1, 1, 1);
   fsdp.path.optimizer = vocab::OptimizerModel::distributed;
   kMegatronFsdpSection.set(fsdp, {});
-  EXPECT_TRUE(starts_with(megatron_core_refusal(fsdp, "0.19.2"), "gradients.enter before_reduction with megatron_fsdp:"));
+  EXPECT_EQ(megatron_core_refusal(fsdp, "0.19.2"), std::nullopt) << "Megatron-FSDP's own reduction runs too";
+  EXPECT_TRUE(starts_with(megatron_core_refusal(with_topology(fsdp, 6, 2, 1, 1), "0.19.2"),
+                          "gradients.enter before_reduction at DP x CP 3:"));
 
   const std::map<std::string, std::string> declined{{"gradients.enter", "a stand-in"}};
   EXPECT_EQ(megatron_core_refusal(c, "0.19.2", {}, declined),
@@ -150,13 +152,15 @@ TEST(MegatronCoreReduction, AboutHalfTheCasesTheWorkerReducesTakeIt) {
   EXPECT_FALSE(c.path.gradients.before_reduction);
 }
 
-TEST(MegatronCoreReduction, ASweepRunsDdpAndTheDistributedOptimizerOnUnreducedGradients) {
+TEST(MegatronCoreReduction, ASweepRunsDdpTheDistributedOptimizerAndMegatronFsdpOnUnreducedGradients) {
   casefile::Case base = unreduced_case();
   base.path.gradients.before_reduction = false;
   std::set<std::string> unreduced;
   for (const auto& [name, c] : megatron_core_target().sweep_variants(base))
     if (c.path.gradients.before_reduction) unreduced.insert(name);
-  EXPECT_EQ(unreduced, (std::set<std::string>{"plain-unreduced", "distributed-unreduced"}));
+  EXPECT_EQ(unreduced, (std::set<std::string>{"plain-unreduced", "distributed-unreduced", "fsdp-no_shard-unreduced",
+                                              "fsdp-optim-unreduced", "fsdp-optim_grads-unreduced",
+                                              "fsdp-optim_grads_params-unreduced"}));
 }
 
 }  // namespace
