@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "io/json_read.h"
+#include "topologies/moe_layer_pattern.h"
 
 namespace tally::casefile {
 
@@ -74,7 +75,19 @@ std::vector<Field> gpt_fields(ModelSpec& s) {
       optional_field("moe_ffn_hidden_size", s.moe_ffn_hidden_size),
       int_field("moe_shared_expert_intermediate_size", s.moe_shared_expert_intermediate_size, 0),
       bool_field("moe_shared_expert_gate", s.moe_shared_expert_gate),
-      int_field("moe_layer_freq", s.moe_layer_freq, 1),
+      {"moe_layer_freq",
+       [&s](const json& v, const std::string& p) {
+         // Megatron-LM's --moe-layer-freq: an integer, or its list expression as a string.
+         if (!v.is_string()) {
+           s.moe_layer_freq = read_int(v, p, 1);
+           return;
+         }
+         try {
+           s.moe_layer_pattern = topologies::parse_moe_layer_pattern(v.get<std::string>());
+         } catch (const std::invalid_argument& error) {
+           fail(p, error.what());
+         }
+       }},
       int_field("mtp_num_layers", s.mtp_num_layers, 0),
       bool_field("mtp_detach_heads", s.mtp_detach_heads),
       optional_field("decoder_first_pipeline_num_layers", s.first_stage_layers),
@@ -215,7 +228,10 @@ nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
   optional("moe_ffn_hidden_size", s.moe_ffn_hidden_size);
   j["moe_shared_expert_intermediate_size"] = s.moe_shared_expert_intermediate_size;
   j["moe_shared_expert_gate"] = s.moe_shared_expert_gate;
-  j["moe_layer_freq"] = s.moe_layer_freq;
+  if (s.moe_layer_pattern.empty())
+    j["moe_layer_freq"] = s.moe_layer_freq;
+  else
+    j["moe_layer_freq"] = topologies::moe_layer_pattern_text(s.moe_layer_pattern);
   j["mtp_num_layers"] = s.mtp_num_layers;
   j["mtp_detach_heads"] = s.mtp_detach_heads;
   optional("decoder_first_pipeline_num_layers", s.first_stage_layers);

@@ -1,8 +1,12 @@
 #include "cli/model_flags.h"
 
+#include <cctype>
+#include <stdexcept>
+
 #include "cli/number_flags.h"
 #include "cli/usage_error.h"
 #include "casefile/model_json.h"
+#include "topologies/moe_layer_pattern.h"
 
 namespace tally::cli {
 
@@ -53,8 +57,9 @@ void add_model_flags(CLI::App& command, ModelFlags& f) {
                          s.moe_shared_expert_intermediate_size, "Shared expert size (0: none)"));
   add(command.add_flag("--moe-shared-expert-gate", s.moe_shared_expert_gate,
                        "A gate weight on the shared expert"));
-  size(command.add_option("--moe-layer-freq", s.moe_layer_freq,
-                         "Every n-th layer is MoE (layers 0, n, 2n, ...)")
+  add(command.add_option("--moe-layer-freq", f.moe_layer_freq,
+                         "Which layers are MoE, as Megatron-LM takes it: N (layers 0, N, 2N, ...), or a list "
+                         "of 0 (dense) and 1 (MoE) per layer, such as \"([0]*1+[1]*3)\"")
           ->capture_default_str());
   size(command.add_option("--mtp-num-layers", s.mtp_num_layers, "Multi-token prediction layers"));
   add(command.add_flag("--mtp-detach-heads", s.mtp_detach_heads,
@@ -86,6 +91,19 @@ topologies::ModelSpec to_model_spec(const ModelFlags& f) {
                                 : topologies::PositionEmbedding::learned_absolute;
   spec.softmax_type = f.softmax_type == "learnable" ? topologies::SoftmaxType::learnable
                                                     : topologies::SoftmaxType::vanilla;
+  const std::string& freq = f.moe_layer_freq;
+  const std::size_t digits = freq.starts_with('-') ? 1 : 0;
+  const bool integer = freq.size() > digits && freq.find_first_not_of("0123456789", digits) == std::string::npos;
+  try {
+    if (integer)
+      spec.moe_layer_freq = std::stoi(freq);
+    else
+      spec.moe_layer_pattern = topologies::parse_moe_layer_pattern(freq);
+  } catch (const std::out_of_range&) {
+    throw UsageError("--moe-layer-freq " + freq + " is out of range");
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(std::string("--moe-layer-freq: ") + error.what());
+  }
   return spec;
 }
 

@@ -16,6 +16,7 @@ struct ModelFlags {
   std::string normalization = "LayerNorm";
   std::string position_embedding = "learned_absolute";
   std::string softmax_type = "vanilla";
+  std::string moe_layer_freq = "1";  // an integer or Megatron-LM's list expression
   bool disable_bias_linear = false;
   std::vector<CLI::Option*> options;  // the model flags, to reject mixing them with --model
 };

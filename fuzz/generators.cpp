@@ -258,11 +258,18 @@ ModelSpec pick_gpt(const ParallelConfig& c) {
   const bool swiglu = flag(30);
   const int mtp = *weighted_index({80, 15, 5});
   const bool detach = flag(50);
+  // DeepSeek-V3's first dense layers, in Megatron-LM's list form of --moe-layer-freq.
+  const int dense_first = *weighted_index({85, 10, 5});
 
   if (moe) {
     s.num_experts = c.ep * experts_per_ep_rank;
     s.moe_ffn_hidden_size = moe_ffn;
     s.moe_layer_freq = moe_freq;
+    if (dense_first > 0 && s.num_layers > dense_first) {
+      s.moe_layer_freq = 1;
+      s.moe_layer_pattern.assign(static_cast<std::size_t>(s.num_layers), true);
+      for (int layer = 0; layer < dense_first; ++layer) s.moe_layer_pattern[layer] = false;
+    }
   }
   // Megatron-LM: expert biases only with ETP 1; shared experts never have biases.
   s.add_bias_linear = bias && !(moe && c.etp != 1);

@@ -197,8 +197,7 @@ std::int64_t param_count(const ModelSpec& s) {
                                   : 0;
   const std::int64_t moe = sat_add(1 + bias + shared, sat_mul(s.num_experts, per_expert));
   const std::int64_t layers = s.num_layers;
-  const std::int64_t moe_layers =
-      s.num_experts > 0 ? (layers + s.moe_layer_freq - 1) / s.moe_layer_freq : 0;
+  const std::int64_t moe_layers = moe_layer_count(s);
   std::int64_t count = 1 + (s.position_embedding == PositionEmbedding::learned_absolute ? 1 : 0);
   count = sat_add(count, sat_mul(layers, attention));
   count = sat_add(count, sat_mul(layers - moe_layers, dense));

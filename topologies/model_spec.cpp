@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "topologies/detail/model_params.h"
+#include "topologies/moe_layer_pattern.h"
 
 namespace tally::topologies {
 
@@ -142,6 +143,16 @@ std::optional<std::string> check_gpt(const ModelSpec& s) {
            "(disable add_bias_linear)";
   if (s.mtp_detach_heads && s.mtp_num_layers == 0)
     return "mtp_detach_heads needs mtp_num_layers > 0";
+  if (!s.moe_layer_pattern.empty()) {
+    if (s.moe_layer_freq != 1)
+      return "moe_layer_freq " + to_string(s.moe_layer_freq) + " and a layer pattern: Megatron-LM's "
+             "--moe-layer-freq is one or the other";
+    if (static_cast<std::int64_t>(s.moe_layer_pattern.size()) != s.num_layers)
+      return "moe_layer_freq " + moe_layer_pattern_text(s.moe_layer_pattern) + " has " +
+             to_string(s.moe_layer_pattern.size()) + " layers, num_layers is " + to_string(s.num_layers) +
+             " (Megatron-LM: \"Invalid length of moe_layer_pattern\", gpt_layer_specs.py)";
+    if (!moe) return "moe_layer_freq " + moe_layer_pattern_text(s.moe_layer_pattern) + " needs num_experts > 0";
+  }
   return check_bounds(s);
 }
 
@@ -257,8 +268,8 @@ std::optional<std::string> check_gpt_config(const ModelSpec& s, const ParallelCo
   if (auto e = check_divisible("vocab_size", s.vocab_size, "tp", c.tp)) return e;
   if (auto e = check_divisible("num_attention_heads", s.num_attention_heads, "tp", c.tp)) return e;
   if (auto e = check_divisible("num_query_groups", resolved_query_groups(s), "tp", c.tp)) return e;
-  // With moe_layer_freq > 1, layer 1 is dense (MTP layers follow the decoder's MoE spec).
-  const bool dense_mlp = s.num_experts == 0 || (s.moe_layer_freq > 1 && s.num_layers > 1);
+  // A dense layer's FC1 and FC2 are split over TP (MTP layers follow the decoder's MoE spec).
+  const bool dense_mlp = s.num_experts == 0 || moe_layer_count(s) < s.num_layers;
   if (dense_mlp)
     if (auto e = check_divisible("ffn_hidden_size", resolved_ffn_hidden(s), "tp", c.tp)) return e;
   if (s.moe_shared_expert_intermediate_size > 0)
@@ -352,7 +363,26 @@ int resolved_moe_ffn_hidden(const ModelSpec& s) {
   return s.moe_ffn_hidden_size.value_or(resolved_ffn_hidden(s));
 }
 bool is_moe_layer(const ModelSpec& s, int layer) {
-  return s.num_experts > 0 && s.moe_layer_freq > 0 && layer % s.moe_layer_freq == 0;
+  if (s.num_experts == 0) return false;
+  if (!s.moe_layer_pattern.empty())
+    return layer >= 0 && layer < static_cast<int>(s.moe_layer_pattern.size()) && s.moe_layer_pattern[layer];
+  return s.moe_layer_freq > 0 && layer % s.moe_layer_freq == 0;
+}
+
+std::int64_t moe_layer_count(const ModelSpec& s) {
+  if (s.num_experts == 0) return 0;
+  if (!s.moe_layer_pattern.empty()) {
+    std::int64_t count = 0;
+    for (int layer = 0; layer < s.num_layers && layer < static_cast<int>(s.moe_layer_pattern.size()); ++layer)
+      count += s.moe_layer_pattern[layer] ? 1 : 0;
+    return count;
+  }
+  const std::int64_t freq = std::max(1, s.moe_layer_freq);
+  return (s.num_layers + freq - 1) / freq;
+}
+
+std::string moe_layer_freq_text(const ModelSpec& s) {
+  return s.moe_layer_pattern.empty() ? to_string(s.moe_layer_freq) : moe_layer_pattern_text(s.moe_layer_pattern);
 }
 
 std::optional<std::string> check_model(const ModelSpec& spec) {
@@ -414,10 +444,13 @@ std::string describe(const ModelSpec& s) {
   out << "gpt: " << s.num_layers << " layers, hidden " << s.hidden_size << ", heads "
       << s.num_attention_heads << " (query groups " << resolved_query_groups(s) << ", kv_channels "
       << resolved_kv_channels(s) << "), vocab " << s.vocab_size;
-  if (s.num_experts == 0 || s.moe_layer_freq > 1) out << ", ffn " << resolved_ffn_hidden(s);
+  if (s.num_experts == 0 || moe_layer_count(s) < s.num_layers) out << ", ffn " << resolved_ffn_hidden(s);
   if (s.num_experts > 0) {
     out << ", " << s.num_experts << " experts (ffn " << resolved_moe_ffn_hidden(s);
-    if (s.moe_layer_freq > 1) out << ", every " << s.moe_layer_freq << " layers";
+    if (!s.moe_layer_pattern.empty())
+      out << ", layers " << moe_layer_pattern_text(s.moe_layer_pattern);
+    else if (s.moe_layer_freq > 1)
+      out << ", every " << s.moe_layer_freq << " layers";
     out << ")";
     if (s.moe_shared_expert_intermediate_size > 0)
       out << ", shared expert " << s.moe_shared_expert_intermediate_size

@@ -123,6 +123,9 @@ struct ModelSpec {
   int moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
   bool moe_shared_expert_gate = false;
   int moe_layer_freq = 1;
+  // Megatron-LM's list form of --moe-layer-freq (topologies/moe_layer_pattern.h): one entry per
+  // decoder layer, true for MoE; empty: moe_layer_freq decides.
+  std::vector<bool> moe_layer_pattern;
   // Multi-token prediction: layers on the last pipeline stage.
   int mtp_num_layers = 0;
   bool mtp_detach_heads = false;  // MTP params in their own `mtp` grad-norm group
@@ -142,6 +145,9 @@ int resolved_kv_channels(const ModelSpec& spec);
 int resolved_ffn_hidden(const ModelSpec& spec);
 int resolved_moe_ffn_hidden(const ModelSpec& spec);
 bool is_moe_layer(const ModelSpec& spec, int layer);  // a decoder layer (global id)
+std::int64_t moe_layer_count(const ModelSpec& spec);
+// --moe-layer-freq as Megatron-LM takes it: "2", or the pattern's run-length list "([0]*1+[1]*3)".
+std::string moe_layer_freq_text(const ModelSpec& spec);
 
 // The first rule `spec` breaks on its own, as one line naming the sizes and the rule.
 std::optional<std::string> check_model(const ModelSpec& spec);

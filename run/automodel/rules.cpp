@@ -55,6 +55,7 @@ void as_hf_architecture(ModelSpec& m) {
   m.moe_shared_expert_intermediate_size = 0;
   m.moe_shared_expert_gate = false;
   m.moe_layer_freq = 1;
+  m.moe_layer_pattern.clear();
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;

@@ -82,7 +82,8 @@ MegatronArgs megatron_args(const casefile::Case& c) {
     if (s.num_experts > 0) {
       integer("--num-experts", s.num_experts);
       integer("--moe-ffn-hidden-size", topologies::resolved_moe_ffn_hidden(s));
-      if (s.moe_layer_freq != 1) integer("--moe-layer-freq", s.moe_layer_freq);
+      if (s.moe_layer_freq != 1 || !s.moe_layer_pattern.empty())
+        value("--moe-layer-freq", topologies::moe_layer_freq_text(s));
       if (s.moe_shared_expert_intermediate_size > 0) {
         integer("--moe-shared-expert-intermediate-size", s.moe_shared_expert_intermediate_size);
         if (s.moe_shared_expert_gate) flag("--moe-shared-expert-gate");

@@ -95,7 +95,7 @@ std::optional<std::string> mtp_refusal(const casefile::Case& c, std::string_view
            "DistributedDataParallel's buffers only";
   const topologies::ModelSpec& m = c.model;
   if (m.num_experts > 0 && !topologies::is_moe_layer(m, m.num_layers - 1))
-    return field + " with model.moe_layer_freq " + std::to_string(m.moe_layer_freq) +
+    return field + " with model.moe_layer_freq " + topologies::moe_layer_freq_text(m) +
            ": megatron-core builds the MTP layer from the last decoder layer's spec, which is dense here, and "
            "tally's model gives it experts";
   if (m.mtp_detach_heads && c.path.layer_wise_param_layout)

@@ -71,6 +71,32 @@ def parallel_state_arguments(topology):
     )
 
 
+def moe_layer_freq(value):
+    """A case's `moe_layer_freq` as megatron-core's TransformerConfig takes it: an int, or the list
+    of 0 (dense) and 1 (MoE) per layer that Megatron-LM's --moe-layer-freq expression (a string in
+    the case, as tally writes it: "([0]*1+[1]*3)") evaluates to. Only lists, `+`, `*` by an int and
+    parentheses are read; anything else raises ValueError naming the text."""
+    import ast
+
+    if isinstance(value, int):
+        return value
+
+    def evaluate(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            return [evaluate(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = evaluate(node.left), evaluate(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(f"moe_layer_freq {value!r}: not a list expression of 0 and 1 ({ast.dump(node)})")
+
+    pattern = evaluate(ast.parse(value, mode="eval").body)
+    if not isinstance(pattern, list) or any(layer not in (0, 1) for layer in pattern):
+        raise ValueError(f"moe_layer_freq {value!r}: not a list of 0 and 1")
+    return pattern
+
+
 def transformer_config(case):
     import torch
     import torch.nn.functional as F
@@ -126,7 +152,7 @@ def transformer_config(case):
             moe_router_pre_softmax=experts == 1,
             moe_token_dispatcher_type="alltoall",
             moe_grouped_gemm=False,
-            moe_layer_freq=m["moe_layer_freq"],
+            moe_layer_freq=moe_layer_freq(m["moe_layer_freq"]),
         )
         if m["moe_shared_expert_intermediate_size"]:
             kw["moe_shared_expert_intermediate_size"] = m["moe_shared_expert_intermediate_size"]
