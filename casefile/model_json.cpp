@@ -4,6 +4,7 @@
 
 #include "io/json_read.h"
 #include "topologies/moe_layer_pattern.h"
+#include "topologies/presets.h"
 
 namespace tally::casefile {
 
@@ -44,6 +45,12 @@ std::vector<Field> gpt_fields(ModelSpec& s) {
   };
   return {
       {"kind", [](const json&, const std::string&) {}},
+      {"preset",
+       [&s](const json& v, const std::string& p) {
+         s.preset = read_string(v, p);
+         if (!topologies::preset_from_name(s.preset))
+           fail(p, "'" + s.preset + "' is not a preset (" + topologies::preset_names() + ")");
+       }},
       int_field("num_layers", s.num_layers, 1),
       int_field("hidden_size", s.hidden_size, 1),
       int_field("num_attention_heads", s.num_attention_heads, 1),
@@ -209,6 +216,7 @@ nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
   auto optional = [&j](const char* key, const std::optional<int>& value) {
     if (value) j[key] = *value;
   };
+  if (!s.preset.empty()) j["preset"] = s.preset;
   j["num_layers"] = s.num_layers;
   j["hidden_size"] = s.hidden_size;
   j["num_attention_heads"] = s.num_attention_heads;

@@ -276,7 +276,7 @@ void add_layout_command(CLI::App& app, CommandContext& context) {
     const RankLayout layout(to_config(options->topology));
     std::optional<LogicalModel> model;
     try {
-      model.emplace(to_model_spec(options->model), layout.config());
+      model.emplace(to_model_spec(options->model, layout.config()), layout.config());
     } catch (const topologies::InvalidModel& error) {
       throw UsageError(error.what());
     }

@@ -7,6 +7,7 @@
 #include "cli/usage_error.h"
 #include "casefile/model_json.h"
 #include "topologies/moe_layer_pattern.h"
+#include "topologies/presets.h"
 
 namespace tally::cli {
 
@@ -18,6 +19,17 @@ void add_model_flags(CLI::App& command, ModelFlags& f) {
   command.add_option("--model", f.file,
                      "A JSON model spec (kind gpt with these fields in snake_case, or kind "
                      "custom with params by class); excludes the model flags");
+  std::string presets;
+  for (topologies::Preset p : topologies::kAllPresets)
+    presets += "\n  " + std::string(topologies::preset_name(p)) + ": " + std::string(topologies::preset_summary(p));
+  command.add_option("--preset", f.preset,
+                     "The architecture of a family people train, at tiny sizes laid out on the topology "
+                     "(excludes --model and the model flags):" + presets)
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (topologies::Preset p : topologies::kAllPresets) names.emplace_back(topologies::preset_name(p));
+        return names;
+      }()));
   size(command.add_option("--num-layers", s.num_layers, "Decoder layers")->capture_default_str());
   size(command.add_option("--hidden-size", s.hidden_size, "Hidden size")->capture_default_str());
   size(command.add_option("--num-attention-heads", s.num_attention_heads, "Attention heads")
@@ -70,7 +82,18 @@ void add_model_flags(CLI::App& command, ModelFlags& f) {
                          "Layers on the last pipeline stage (uneven stages)"));
 }
 
-topologies::ModelSpec to_model_spec(const ModelFlags& f) {
+topologies::ModelSpec to_model_spec(const ModelFlags& f, const topologies::ParallelConfig& config) {
+  if (!f.preset.empty()) {
+    if (!f.file.empty()) throw UsageError("--preset " + f.preset + " cannot be combined with --model " + f.file);
+    for (const CLI::Option* option : f.options)
+      if (option->count() > 0)
+        throw UsageError("--preset " + f.preset + " cannot be combined with the model flag " + option->get_name() +
+                         " (a preset is the whole model; write it out with `tally layout --preset " + f.preset +
+                         " --json`, whose \"model\" is a --model file to change)");
+    const topologies::PresetModel preset = topologies::preset_model(*topologies::preset_from_name(f.preset), config);
+    if (!preset.model) throw UsageError("--preset " + preset.why_none);
+    return *preset.model;
+  }
   if (!f.file.empty()) {
     for (const CLI::Option* option : f.options)
       if (option->count() > 0)

@@ -13,6 +13,7 @@ namespace tally::cli {
 struct ModelFlags {
   topologies::ModelSpec spec;  // filled by the flags
   std::string file;            // --model
+  std::string preset;          // --preset
   std::string normalization = "LayerNorm";
   std::string position_embedding = "learned_absolute";
   std::string softmax_type = "vanilla";
@@ -23,8 +24,9 @@ struct ModelFlags {
 
 void add_model_flags(CLI::App& command, ModelFlags& flags);
 
-// The spec the flags or the file describe, not yet checked against a configuration. Throws
-// UsageError for an unreadable or malformed file, or flags mixed with --model.
-topologies::ModelSpec to_model_spec(const ModelFlags& flags);
+// The spec the flags, the file or the preset (laid out on `config`) describe, not yet checked
+// against `config`. Throws UsageError for an unreadable or malformed file, flags mixed with
+// --model or --preset, or a preset with no model on `config`.
+topologies::ModelSpec to_model_spec(const ModelFlags& flags, const topologies::ParallelConfig& config);
 
 }  // namespace tally::cli

@@ -167,7 +167,7 @@ casefile::Case case_from_flags(const RunOptions& o) {
   if (o.topology.world == 0) throw UsageError("--world is required (or give a case file)");
   casefile::Case c;
   c.topology = to_valid_config(o.topology);
-  c.model = to_model_spec(o.model);
+  c.model = to_model_spec(o.model, c.topology);
   vocab::PathOptions& path = c.path;
   path.optimizer = parse_choice<vocab::OptimizerModel>(
       "--optimizer", o.optimizer, vocab::optimizer_model_from_name,

@@ -27,6 +27,7 @@
 #include "run/run_case.h"
 #include "run/target.h"
 #include "topologies/parallel_config.h"
+#include "topologies/presets.h"
 
 namespace tally::cli {
 
@@ -38,6 +39,7 @@ using fuzz::SweepResult;
 struct SweepOptions {
   int world = 0;
   std::vector<std::string> features;
+  std::vector<std::string> presets;
   std::string shard;  // "I/N"
   std::string corpus = "tally-sweep";
   std::string state;  // default: <corpus>/sweep-state[-shard-I-of-N].json
@@ -136,6 +138,12 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     if (error) throw UsageError("--html " + o.html + ": cannot create the folder (" + error.message() + ")");
   }
   const std::vector<fuzz::SweepFeature> features = parse_features(o.features);
+  std::vector<topologies::Preset> presets;
+  for (const std::string& name : o.presets) {
+    const std::optional<topologies::Preset> preset = topologies::preset_from_name(name);
+    if (!preset) throw UsageError("--preset '" + name + "' is not a preset (" + topologies::preset_names() + ")");
+    presets.push_back(*preset);
+  }
 
   std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err);
   const run::TargetAbilities* opened = open_or_report(*target, o.world, context.err);
@@ -150,8 +158,9 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
       known_findings(*opened, o.known, o.no_known, o.json ? nullptr : &context.out);
 
   fuzz::SweepDrive drive;
-  drive.plan = fuzz::plan_sweep({.world = o.world, .features = features, .shard = shard, .shards = shards}, *target);
-  drive.head = fuzz::sweep_report_head(drive.plan, o.world, opened->name, opened->version, features, shard, shards);
+  drive.plan = fuzz::plan_sweep(
+      {.world = o.world, .features = features, .presets = presets, .shard = shard, .shards = shards}, *target);
+  drive.head = fuzz::sweep_report_head(drive.plan, o.world, opened->name, opened->version, shard, shards);
   drive.state_file = !o.state.empty() ? o.state : fuzz::default_sweep_state_file(o.corpus, shard, shards);
   if (const int removed = fuzz::remove_killed_sweeps_leftovers(o.corpus, drive.state_file); removed > 0 && !o.json)
     context.out << "removed " << removed << " temporary file" << (removed == 1 ? "" : "s")
@@ -246,8 +255,12 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
   command->add_option("--world", options->world, "The world whose every layout is swept")
       ->check(whole_number(1, topologies::kMaxWorld));
   command->add_option("--features", options->features,
-                      "Model features (comma-separated; default all): dense, moe, moe-expert-biases, "
-                      "moe-shared-untied")
+                      "Model features (comma-separated): dense, moe, moe-expert-biases, moe-shared-untied. "
+                      "Default: every feature and every preset; naming features or presets sweeps only those named")
+      ->delimiter(',');
+  command->add_option("--preset", options->presets,
+                      "Architecture presets (comma-separated), beside the features: " + topologies::preset_names() +
+                      " (tally layout --preset NAME lists one); a preset with no model on a layout is left out there")
       ->delimiter(',');
   command->add_option("--shard", options->shard,
                       "I/N: run only the cases of the layouts whose number mod N is I (CI matrices, Slurm arrays; "

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <system_error>
@@ -113,10 +114,32 @@ std::vector<std::pair<std::string, casefile::Case>> with_instances(const casefil
   return out;
 }
 
-std::string case_id(int layout, SweepFeature feature, const std::string& axis) {
+std::string case_id(int layout, std::string_view model, const std::string& axis) {
   char head[16];
   std::snprintf(head, sizeof head, "L%03d", layout);
-  return std::string(head) + "-" + std::string(sweep_feature_name(feature)) + "-" + axis;
+  return std::string(head) + "-" + std::string(model) + "-" + axis;
+}
+
+// A model the sweep lays out on every layout: a feature's small GPT or a preset's.
+struct SweptModel {
+  std::string name;
+  std::function<SweepModel(const topologies::ParallelConfig&)> on;
+};
+
+std::vector<SweptModel> swept_models(const SweepOptions& options) {
+  const bool every = options.features.empty() && options.presets.empty();
+  std::vector<SweptModel> out;
+  for (SweepFeature f : every ? std::vector<SweepFeature>(std::begin(kAllSweepFeatures), std::end(kAllSweepFeatures))
+                              : options.features)
+    out.push_back({std::string(sweep_feature_name(f)), [f](const topologies::ParallelConfig& c) { return sweep_model(c, f); }});
+  for (topologies::Preset p : every ? std::vector<topologies::Preset>(std::begin(topologies::kAllPresets),
+                                                                      std::end(topologies::kAllPresets))
+                                    : options.presets)
+    out.push_back({std::string(topologies::preset_name(p)), [p](const topologies::ParallelConfig& c) {
+                     topologies::PresetModel m = topologies::preset_model(p, c);
+                     return SweepModel{std::move(m.model), std::move(m.why_none)};
+                   }});
+  return out;
 }
 
 }  // namespace
@@ -141,15 +164,14 @@ SweepLayouts sweep_layouts(int world) {
 SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
   SweepPlan plan;
   plan.layouts = sweep_layouts(options.world);
-  const std::vector<SweepFeature> features =
-      options.features.empty() ? std::vector<SweepFeature>(std::begin(kAllSweepFeatures), std::end(kAllSweepFeatures))
-                               : options.features;
+  const std::vector<SweptModel> models = swept_models(options);
+  for (const SweptModel& m : models) plan.models.push_back(m.name);
   std::int64_t index = 0;
   for (std::size_t l = 0; l < plan.layouts.layouts.size(); ++l) {
     const topologies::ParallelConfig& config = plan.layouts.layouts[l].config;
     std::vector<SweepCase> layout_cases;
-    for (SweepFeature feature : features) {
-      const SweepModel model = sweep_model(config, feature);
+    for (const SweptModel& swept : models) {
+      const SweepModel model = swept.on(config);
       if (!model.model) {
         ++plan.features_not_applicable;
         continue;
@@ -162,7 +184,7 @@ SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target) {
       base.path.max_norm = 1.0;
       for (auto& [axis, c] : with_instances(base, target)) {
         SweepCase sc;
-        sc.id = case_id(static_cast<int>(l), feature, axis);
+        sc.id = case_id(static_cast<int>(l), swept.name, axis);
         sc.layout = static_cast<int>(l);
         sc.c = std::move(c);
         layout_cases.push_back(std::move(sc));

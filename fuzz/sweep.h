@@ -26,6 +26,7 @@
 #include "oracle/verdict.h"
 #include "run/target.h"
 #include "topologies/parallel_config.h"
+#include "topologies/presets.h"
 
 namespace tally::fuzz {
 
@@ -72,7 +73,10 @@ struct SweepCase {
 
 struct SweepOptions {
   int world = 0;
-  std::vector<SweepFeature> features;  // empty: every feature
+  // The models swept: the features, then the architecture presets (topologies/presets.h). Both
+  // empty: every feature and every preset; one of them named: only what it names.
+  std::vector<SweepFeature> features;
+  std::vector<topologies::Preset> presets;
   int shard = 0, shards = 1;           // this shard's cases: those of layouts l with l mod shards == shard
 };
 
@@ -83,7 +87,8 @@ struct SweepPlan {
   SweepLayouts layouts;
   std::vector<SweepCase> cases;
   std::int64_t total_cases = 0;               // of every shard
-  std::int64_t features_not_applicable = 0;   // (layout, feature) pairs without a model
+  std::int64_t features_not_applicable = 0;   // (layout, feature or preset) pairs without a model
+  std::vector<std::string> models;            // the features' and presets' names, in order
 };
 SweepPlan plan_sweep(const SweepOptions& options, const run::Target& target);
 

@@ -19,14 +19,12 @@ std::string default_sweep_state_file(const std::string& corpus, int shard, int s
 }
 
 SweepReport sweep_report_head(const SweepPlan& plan, int world, const std::string& target, const std::string& version,
-                              const std::vector<SweepFeature>& features, int shard, int shards) {
+                              int shard, int shards) {
   SweepReport head;
   head.world = world;
   head.target = target;
   head.version = version;
-  for (SweepFeature f : features.empty() ? std::vector<SweepFeature>(std::begin(kAllSweepFeatures), std::end(kAllSweepFeatures))
-                                         : features)
-    head.features.emplace_back(sweep_feature_name(f));
+  head.features = plan.models;
   head.shard = shard;
   head.shards = shards;
   head.configurations = plan.layouts.configurations;

@@ -25,10 +25,10 @@ namespace tally::fuzz {
 // CORPUS/sweep-state-shard-I-of-N.json for shard I of N.
 std::string default_sweep_state_file(const std::string& corpus, int shard, int shards);
 
-// The sweep's report before any case ran: what it is (world, target, release, features, shard)
-// and its plan's counts.
+// The sweep's report before any case ran: what it is (world, target, release, the plan's features
+// and presets, shard) and its plan's counts.
 SweepReport sweep_report_head(const SweepPlan& plan, int world, const std::string& target, const std::string& version,
-                              const std::vector<SweepFeature>& features, int shard, int shards);
+                              int shard, int shards);
 
 // What a state file gives a new run of the same sweep: the results that stand. Only this shard's
 // cases count, and only where the number still names the same case (an earlier tally numbered a

@@ -6,6 +6,7 @@
 
 #include "topologies/detail/model_params.h"
 #include "topologies/moe_layer_pattern.h"
+#include "topologies/presets.h"
 
 namespace tally::topologies {
 
@@ -120,6 +121,8 @@ std::optional<std::string> check_bounds(const ModelSpec& spec) {
 std::optional<std::string> check_gpt(const ModelSpec& s) {
   if (!s.params.empty())
     return "params is only for a custom layout (kind gpt builds its own parameters)";
+  if (!s.preset.empty() && !preset_from_name(s.preset))
+    return "preset '" + s.preset + "' is not a preset (" + preset_names() + ")";
   if (std::optional<std::string> error = check_sizes(s)) return error;
   if (!s.kv_channels && s.hidden_size % s.num_attention_heads != 0)
     return "hidden_size " + to_string(s.hidden_size) + " is not divisible by num_attention_heads " +
@@ -157,6 +160,7 @@ std::optional<std::string> check_gpt(const ModelSpec& s) {
 }
 
 std::optional<std::string> check_custom(const ModelSpec& s) {
+  if (!s.preset.empty()) return "preset " + s.preset + " is a GPT of its family; a custom layout has none";
   const std::string_view kind = "custom layout";
   if (s.params.empty()) return std::string(kind) + " has no params";
   if (static_cast<std::int64_t>(s.params.size()) > kMaxParams)
@@ -441,7 +445,9 @@ std::string describe(const ModelSpec& s) {
     if (s.num_experts > 0) out << ", " << s.num_experts << " experts";
     return out.str();
   }
-  out << "gpt: " << s.num_layers << " layers, hidden " << s.hidden_size << ", heads "
+  out << "gpt";
+  if (!s.preset.empty()) out << " (preset " << s.preset << ")";
+  out << ": " << s.num_layers << " layers, hidden " << s.hidden_size << ", heads "
       << s.num_attention_heads << " (query groups " << resolved_query_groups(s) << ", kv_channels "
       << resolved_kv_channels(s) << "), vocab " << s.vocab_size;
   if (s.num_experts == 0 || moe_layer_count(s) < s.num_layers) out << ", ffn " << resolved_ffn_hidden(s);

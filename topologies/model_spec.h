@@ -100,6 +100,9 @@ std::string_view model_kind_name(ModelKind kind);  // "gpt" | "custom"
 // (see the resolved_* functions).
 struct ModelSpec {
   ModelKind kind = ModelKind::gpt;
+  // The architecture preset the model was laid out from (topologies/presets.h), "" for none: a
+  // label for reports; the fields below are the model.
+  std::string preset;
 
   // GPT/MoE family.
   int num_layers = 2;

@@ -71,7 +71,7 @@ struct Sweep {
   Sweep() {
     fs::remove_all(dir);
     drive.plan = plan_sweep({.world = 2, .features = {SweepFeature::dense}}, lane);
-    drive.head = sweep_report_head(drive.plan, 2, "model", "test", {SweepFeature::dense}, 0, 1);
+    drive.head = sweep_report_head(drive.plan, 2, "model", "test", 0, 1);
     drive.state_file = default_sweep_state_file(dir.string(), 0, 1);
     drive.run.corpus_dir = dir.string();
   }
@@ -132,7 +132,7 @@ TEST(SweepDriver, AResumedSweepRunsOnlyWhatItsStateDoesNotHoldOfTheSameCases) {
 TEST(SweepDriver, ALaneWhoseMachineryKeepsFailingStopsTheSweepResumably) {
   Sweep s;
   s.drive.plan = plan_sweep({.world = 4}, s.lane);
-  s.drive.head = sweep_report_head(s.drive.plan, 4, "model", "test", {}, 0, 1);
+  s.drive.head = sweep_report_head(s.drive.plan, 4, "model", "test", 0, 1);
   Lane broken(s.backend, "", 2);
   Heard heard;
   run::Target* lanes[] = {&broken};

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <map>
 
 #include <set>
@@ -51,6 +53,29 @@ TEST(Sweep, AFeatureWithoutAModelOnALayoutSaysWhy) {
     const SweepModel m = sweep_model(c, f);
     ASSERT_TRUE(m.model) << sweep_feature_name(f) << ": " << m.why_none;
   }
+}
+
+// Every feature and every preset by default; naming features or presets sweeps only those named.
+TEST(Sweep, SweepsThePresetsBesideTheFeatures) {
+  run::SimBackend backend;
+  const std::unique_ptr<run::Target> model = run::model_target(backend);
+  const SweepPlan every = plan_sweep({.world = 2}, *model);
+  EXPECT_EQ(every.models, (std::vector<std::string>{"dense", "moe", "moe-expert-biases", "moe-shared-untied", "llama3",
+                                                     "mixtral", "qwen3-moe", "gpt-oss", "deepseek-v3"}));
+  const auto ids_with = [](const SweepPlan& plan, const std::string& part) {
+    return std::count_if(plan.cases.begin(), plan.cases.end(),
+                         [&](const SweepCase& c) { return c.id.find(part) != std::string::npos; });
+  };
+  EXPECT_GT(ids_with(every, "-gpt-oss-"), 0);
+  EXPECT_EQ(ids_with(every, "-deepseek-v3-"), 0) << "multi-latent attention is not in tally's model";
+  for (const SweepCase& c : every.cases)
+    if (c.id.find("-qwen3-moe-") != std::string::npos) EXPECT_EQ(c.c.model.preset, "qwen3-moe");
+
+  const SweepPlan features = plan_sweep({.world = 2, .features = {SweepFeature::dense}}, *model);
+  EXPECT_EQ(features.models, std::vector<std::string>{"dense"});
+  const SweepPlan presets = plan_sweep({.world = 2, .presets = {topologies::Preset::mixtral}}, *model);
+  EXPECT_EQ(presets.models, std::vector<std::string>{"mixtral"});
+  EXPECT_EQ(ids_with(presets, "-mixtral-"), static_cast<std::int64_t>(presets.cases.size()));
 }
 
 TEST(Sweep, ShardsPartitionTheLayoutsAndTheirReportsMergeIntoTheWholeSweep) {
