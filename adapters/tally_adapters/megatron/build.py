@@ -163,6 +163,7 @@ def transformer_config(case):
 def build_model(case, config):
     """The model chunks (one per virtual pipeline stage), each in Float16Module and DDP."""
     import torch
+    import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
@@ -185,6 +186,11 @@ def build_model(case, config):
             outer_dp_sharding_strategy=fsdp["outer_dp_sharding_strategy"],
             num_distributed_optimizer_instances=t["dist_opt_instances"],
             megatron_fsdp_main_grads_dtype=torch.float32,
+            # Megatron-FSDP reduces fp32 gradients with NCCL's PREMUL_SUM(1/DP) by default, which gloo
+            # lacks: on gloo the worker runs Megatron-LM's --no-gradient-reduce-div-fusion, each
+            # rank's gradient times the same factor, then summed, which is PREMUL_SUM's definition
+            # (param_and_grad_buffer.py, gradient_reduce_preprocessing).
+            gradient_reduce_div_fusion=dist.get_backend() != "gloo",
         )
     else:
         ddp_config = DistributedDataParallelConfig(

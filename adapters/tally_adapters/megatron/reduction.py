@@ -97,7 +97,8 @@ def reduce(chunks) -> None:
 def fsdp_backward(modules, shares) -> None:
     """What one backward of Megatron-LM's training step leaves in Megatron-FSDP's `modules`, with
     `shares` (raw param, this rank's share of its TP-local gradient) as the gradients: the grad
-    buffers zeroed (train_step's zero_grad_buffer), the root pre-backward hook (`pre_backward`, the
+    buffers zeroed (train_step's zero_grad_buffer), the raw params in place (as its forward
+    begins), the root pre-backward hook (`pre_backward`, the
     hook Megatron-FSDP exposes for a backward it does not see), each share written into the param's
     main grad as Transformer Engine's fused gradient accumulation writes a weight gradient
     (`get_main_grad`, then `grad_added_to_main_grad`), so no bf16 `param.grad` rounds it, and the
@@ -109,6 +110,9 @@ def fsdp_backward(modules, shares) -> None:
 
     for module in modules:
         module.zero_grad_buffer()
+        # What Megatron-FSDP's forward does first: the raw params back in the module, each knowing
+        # its Megatron-FSDP module (their main-grad getters ask it for buffers).
+        module._replace_param_with_raw_if_needed()
         module.pre_backward()
     with torch.no_grad():
         for raw, values in shares:
