@@ -162,8 +162,7 @@ SweepEnd drive_sweep(const SweepDrive& drive, std::span<run::Target* const> lane
     const auto now = std::chrono::steady_clock::now();
     progress.seconds = std::chrono::duration<double>(now - start).count();
     if (r.outcome != SweepResult::Outcome::refused) machinery[lane].push_back(r.outcome == SweepResult::Outcome::infra_error);
-    if ((r.outcome != SweepResult::Outcome::pass && r.outcome != SweepResult::Outcome::refused) ||
-        std::chrono::duration<double>(now - last_save).count() >= drive.save_every_seconds) {
+    if (std::chrono::duration<double>(now - last_save).count() >= drive.save_every_seconds) {
       last_save = now;
       save_state();
     }

@@ -26,11 +26,11 @@ constexpr PresetInfo kPresets[] = {
 const PresetInfo& info(Preset preset) { return kPresets[static_cast<int>(preset)]; }
 
 // Llama 3's shape, which the others build on: query groups a multiple of TP with two heads each,
-// two channels per head, the FFNs and vocabulary multiples of TP, two decoder layers per stage.
+// two channels per head, the FFNs and vocabulary multiples of TP, one decoder layer per stage.
 ModelSpec llama_shape(const ParallelConfig& config) {
   ModelSpec m;
   m.kind = ModelKind::gpt;
-  m.num_layers = 2 * config.pp * config.vpp;
+  m.num_layers = config.pp * config.vpp;
   m.num_query_groups = config.tp;
   m.num_attention_heads = 2 * config.tp;
   m.hidden_size = 2 * m.num_attention_heads;
