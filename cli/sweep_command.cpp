@@ -270,7 +270,7 @@ void add_sweep_command(CLI::App& app, CommandContext& context) {
       ->check(output_folder())
       ->capture_default_str();
   command->add_option("--state", options->state,
-                      "The state file the sweep rewrites after each case and resumes from (default: "
+                      "The state file the sweep rewrites as it goes (at most every 2 s, and at the end) and resumes from (default: "
                       "CORPUS/sweep-state.json, or sweep-state-shard-I-of-N.json)");
   command->add_flag("--fresh", options->fresh, "Start over, ignoring the state file");
   command->add_option("--junit", options->junit, "Write a JUnit XML report here")->check(output_file());

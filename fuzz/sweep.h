@@ -115,7 +115,7 @@ struct SweepResult {
 std::string_view sweep_outcome_name(SweepResult::Outcome outcome);  // "pass", "fail", "refused", "infra-error"
 std::optional<SweepResult::Outcome> sweep_outcome_from_name(std::string_view name);
 
-// A sweep's report, which is also its state: rewritten after each case, so a sweep killed on the
+// A sweep's report, which is also its state: rewritten as the sweep goes, so a sweep killed on the
 // way resumes from it, and the reports of a sweep's shards merge into the whole sweep's.
 struct SweepReport {
   int world = 0;
