@@ -97,15 +97,16 @@ def reduce(chunks) -> None:
 def fsdp_backward(modules, shares) -> None:
     """What one backward of Megatron-LM's training step leaves in Megatron-FSDP's `modules`, with
     `shares` (raw param, this rank's share of its TP-local gradient) as the gradients: the grad
-    buffers zeroed (train_step's zero_grad_buffer), the raw params in place (as its forward
-    begins), the root pre-backward hook (`pre_backward`, the
-    hook Megatron-FSDP exposes for a backward it does not see), each share written into the param's
-    main grad as Transformer Engine's fused gradient accumulation writes a weight gradient
-    (`get_main_grad`, then `grad_added_to_main_grad`), so no bf16 `param.grad` rounds it, and the
-    root post-backward hook (`post_backward`), which hands the gradients to Megatron-FSDP's
-    reduction pipeline. Megatron-LM's schedule enters Megatron-FSDP's `no_sync` only with
-    `--overlap-grad-reduce` (megatron/training/training.py, `config.no_sync_func`), which the worker
-    does not set, so `is_last_microbatch` stays unset, as in that training."""
+    buffers zeroed (train_step's zero_grad_buffer); the raw params in place, as its forward begins;
+    the root pre-backward hook (`pre_backward`, which Megatron-FSDP exposes for a backward it does
+    not see); each share written into the param's main grad as Transformer Engine's fused gradient
+    accumulation writes a weight gradient (`get_main_grad`, then `grad_added_to_main_grad`), so no
+    bf16 `param.grad` rounds it; and the root post-backward hook (`post_backward`), which hands the
+    gradients to Megatron-FSDP's reduction pipeline. Megatron-LM's schedule enters Megatron-FSDP's
+    `no_sync` only with `--overlap-grad-reduce` (megatron/training/training.py, `config.no_sync_func`),
+    which the worker does not set, so `is_last_microbatch` stays unset, as in that training (and the
+    instances of hybrid FSDP are never reduced with each other:
+    docs/findings/megatron-core-0.19.2-hybrid-fsdp-outer-dp-not-reduced.md)."""
     import torch
 
     for module in modules:
