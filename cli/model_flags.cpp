@@ -1,6 +1,6 @@
 #include "cli/model_flags.h"
 
-#include <cctype>
+#include <climits>
 #include <stdexcept>
 
 #include "cli/number_flags.h"
@@ -114,16 +114,16 @@ topologies::ModelSpec to_model_spec(const ModelFlags& f, const topologies::Paral
                                 : topologies::PositionEmbedding::learned_absolute;
   spec.softmax_type = f.softmax_type == "learnable" ? topologies::SoftmaxType::learnable
                                                     : topologies::SoftmaxType::vanilla;
+  // An integer, read as every number flag is, or Megatron-LM's list expression (it has brackets).
   const std::string& freq = f.moe_layer_freq;
-  const std::size_t digits = freq.starts_with('-') ? 1 : 0;
-  const bool integer = freq.size() > digits && freq.find_first_not_of("0123456789", digits) == std::string::npos;
+  if (freq.find_first_of("[(") == std::string::npos) {
+    if (const std::optional<std::string> why = whole_number_error(freq, INT_MIN, INT_MAX))
+      throw UsageError("--moe-layer-freq: " + *why);
+    spec.moe_layer_freq = std::stoi(freq);
+    return spec;
+  }
   try {
-    if (integer)
-      spec.moe_layer_freq = std::stoi(freq);
-    else
-      spec.moe_layer_pattern = topologies::parse_moe_layer_pattern(freq);
-  } catch (const std::out_of_range&) {
-    throw UsageError("--moe-layer-freq " + freq + " is out of range");
+    spec.moe_layer_pattern = topologies::parse_moe_layer_pattern(freq);
   } catch (const std::invalid_argument& error) {
     throw UsageError(std::string("--moe-layer-freq: ") + error.what());
   }
