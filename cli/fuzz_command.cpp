@@ -14,6 +14,7 @@
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
+#include "cli/model_flags.h"
 #include "cli/number_flags.h"
 #include "cli/path_flags.h"
 #include "cli/target_flags.h"
@@ -90,6 +91,7 @@ struct FuzzOptions {
   std::string known;  // --known; "": seeds/real where it exists
   bool no_known = false;
   unsigned jobs = 0;  // 0: one per core where the target runs cases side by side, else 1
+  std::vector<std::string> presets;  // --preset: every case's model one of these; empty: generated models
 };
 
 // One testcase per failure (its shrunk case once shrunk), or one passing testcase for a
@@ -253,6 +255,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.generator.topology.max_world = o.max_world;
   campaign.generator.topology.exact_world = context.backend.world();
   if (!o.norm_code.empty()) campaign.generator.keep_only = fuzz::norm_code_filter(o.norm_code);
+  campaign.generator.presets = parse_presets(o.presets, "--preset", /*every_one_laid_out=*/true);
   campaign.corpus_dir = o.corpus;
   // What a campaign killed mid-write left behind.
   if (const int removed = io::remove_orphaned_temporaries(o.corpus); removed > 0 && !o.json)
@@ -314,6 +317,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (o.max_failures != 20) repeat += " --max-failures " + std::to_string(o.max_failures);
   if (!o.shrink.empty()) repeat += " --shrink " + o.shrink;
   if (!o.norm_code.empty()) repeat += " --norm-code " + shell_quote(o.norm_code);
+  if (!o.presets.empty()) repeat += " --preset " + presets_text(campaign.generator.presets);
   if (context.backend.world() > 0)  // the same job size, the same cases
     repeat = "mpirun -np <the same> " + repeat + " --backend " + std::string(context.backend.name());
   repeat += target_flags_text(o.target, opened->framework ? opened->world : 0);
@@ -322,6 +326,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   if (!o.json) {
     out << "tally fuzz: seed " << campaign.seed << ", " << shown_target << ", faults "
         << faults_text(asked, o.faults == "all") << ", max world " << o.max_world << ", ";
+    if (!o.presets.empty()) out << "presets " << presets_text(campaign.generator.presets) << ", ";
     if (o.cases > 0) out << o.cases << " cases";
     if (o.cases > 0 && campaign.max_seconds > 0) out << " or ";
     if (campaign.max_seconds > 0) out << seconds_text(campaign.max_seconds);
@@ -358,6 +363,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
     j["stopped_by"] = std::string(fuzz::stop_name(result.stopped_by));
     j["target"] = o.target.target;
     j["faults"] = faults_text(asked, o.faults == "all");
+    if (!o.presets.empty()) j["presets"] = presets_text(campaign.generator.presets);
     j["failures"] = nlohmann::ordered_json::array();
     for (const fuzz::Failure& f : result.failures) j["failures"].push_back(failure_json(f));
     j["new"] = new_failures;
@@ -455,6 +461,11 @@ void add_fuzz_command(CLI::App& app, CommandContext& context) {
                       "(comma-separated; each must be one the target plants): each case switches on one")
       ->capture_default_str();
   add_norm_code_flag(*command, options->norm_code);
+  command->add_option("--preset", options->presets,
+                      "Architecture presets (comma-separated: " + topologies::preset_names() +
+                          "): every case's model is one of them, laid out on its drawn configuration (tally "
+                          "layout --preset NAME lists one). Default: tally's generated models")
+      ->delimiter(',');
   command->add_option("--corpus", options->corpus, "Folder for the case files of failures")
       ->check(output_folder())
       ->capture_default_str();

@@ -1,5 +1,6 @@
 #include "cli/model_flags.h"
 
+#include <algorithm>
 #include <climits>
 #include <stdexcept>
 
@@ -128,6 +129,29 @@ topologies::ModelSpec to_model_spec(const ModelFlags& f, const topologies::Paral
     throw UsageError(std::string("--moe-layer-freq: ") + error.what());
   }
   return spec;
+}
+
+std::vector<topologies::Preset> parse_presets(const std::vector<std::string>& names, const std::string& flag,
+                                              bool every_one_laid_out) {
+  std::vector<topologies::Preset> presets;
+  for (const std::string& name : names) {
+    const std::optional<topologies::Preset> preset = topologies::preset_from_name(name);
+    if (!preset) throw UsageError(flag + " '" + name + "' is not a preset (" + topologies::preset_names() + ")");
+    // A preset's sizes follow the configuration, so one that has no model on a single rank is
+    // missing a kind of parameter, not a size.
+    if (every_one_laid_out) {
+      const topologies::PresetModel one_rank = topologies::preset_model(*preset, topologies::ParallelConfig{});
+      if (!one_rank.model) throw UsageError(flag + " " + one_rank.why_none);
+    }
+    if (std::find(presets.begin(), presets.end(), *preset) == presets.end()) presets.push_back(*preset);
+  }
+  return presets;
+}
+
+std::string presets_text(const std::vector<topologies::Preset>& presets) {
+  std::string out;
+  for (topologies::Preset p : presets) out += (out.empty() ? "" : ",") + std::string(topologies::preset_name(p));
+  return out;
 }
 
 }  // namespace tally::cli

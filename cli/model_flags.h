@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "topologies/model_spec.h"
+#include "topologies/presets.h"
 
 namespace tally::cli {
 
@@ -28,5 +29,13 @@ void add_model_flags(CLI::App& command, ModelFlags& flags);
 // against `config`. Throws UsageError for an unreadable or malformed file, flags mixed with
 // --model or --preset, or a preset with no model on `config`.
 topologies::ModelSpec to_model_spec(const ModelFlags& flags, const topologies::ParallelConfig& config);
+
+// The presets `flag` names (a sweep's or a campaign's --preset list). Throws UsageError for a name
+// that is no preset, or, with `every_one_laid_out`, for one tally cannot lay out on any
+// configuration (a kind of parameter its model lacks), which a campaign would draw in vain.
+std::vector<topologies::Preset> parse_presets(const std::vector<std::string>& names, const std::string& flag,
+                                              bool every_one_laid_out);
+// "gpt-oss,llama3": the presets as --preset takes them.
+std::string presets_text(const std::vector<topologies::Preset>& presets);
 
 }  // namespace tally::cli

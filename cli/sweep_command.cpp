@@ -14,6 +14,7 @@
 #include "cli/backend_flags.h"
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
+#include "cli/model_flags.h"
 #include "cli/number_flags.h"
 #include "cli/path_flags.h"
 #include "cli/sweep_reports.h"
@@ -138,12 +139,7 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     if (error) throw UsageError("--html " + o.html + ": cannot create the folder (" + error.message() + ")");
   }
   const std::vector<fuzz::SweepFeature> features = parse_features(o.features);
-  std::vector<topologies::Preset> presets;
-  for (const std::string& name : o.presets) {
-    const std::optional<topologies::Preset> preset = topologies::preset_from_name(name);
-    if (!preset) throw UsageError("--preset '" + name + "' is not a preset (" + topologies::preset_names() + ")");
-    presets.push_back(*preset);
-  }
+  const std::vector<topologies::Preset> presets = parse_presets(o.presets, "--preset", /*every_one_laid_out=*/false);
 
   std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err);
   const run::TargetAbilities* opened = open_or_report(*target, o.world, context.err);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "gradnorm/reduction.h"
 #include "topologies/enumerate.h"
@@ -479,6 +481,23 @@ rc::Gen<vocab::PathOptions> gen_path_options() {
 
 namespace {
 
+// A configuration drawn with `topology` and one of `presets` laid out on it. A preset's sizes follow
+// the configuration, so few configurations lack its model (Megatron-LM's expert-bias rule, say);
+// those are drawn again.
+std::pair<ParallelConfig, ModelSpec> pick_preset_case(const TopologyGenOptions& topology,
+                                                      const std::vector<topologies::Preset>& presets) {
+  std::string last_why;
+  for (int attempt = 0; attempt < kPresetDraws; ++attempt) {
+    const ParallelConfig config = *gen_config(topology);
+    const topologies::Preset preset = presets[static_cast<std::size_t>(*fixed_index(static_cast<int>(presets.size())))];
+    topologies::PresetModel laid_out = topologies::preset_model(preset, config);
+    if (laid_out.model) return {config, std::move(*laid_out.model)};
+    last_why = std::move(laid_out.why_none);
+  }
+  throw rc::GenerationFailure("no configuration of " + std::to_string(kPresetDraws) +
+                              " drawn in a row lays out a preset asked for; the last said: " + last_why);
+}
+
 rc::Gen<casefile::Case> gen_any_case(const CaseGenOptions& options) {
   return rc::Gen<casefile::Case>([options](const rc::Random& random, int size) {
     return rc::gen::exec([options] {
@@ -490,11 +509,14 @@ rc::Gen<casefile::Case> gen_any_case(const CaseGenOptions& options) {
           options.faults[static_cast<std::size_t>(fault_index)] == vocab::Fault::zero_count_in_float32;
       const int one_in = std::max(0, zero_count_fault ? options.big_zeros_one_in_for_its_fault
                                                       : options.big_zeros_one_in);
-      const bool big_zeros = one_in > 0 && *weighted_index({one_in - 1, 1}) == 1 && !options.gpt_only;
+      const bool big_zeros =
+          one_in > 0 && *weighted_index({one_in - 1, 1}) == 1 && !options.gpt_only && options.presets.empty();
       TopologyGenOptions topology = options.topology;
       if (big_zeros && topology.exact_world == 0) topology.max_world = std::min(topology.max_world, 4);
-      c.topology = *gen_config(topology);
-      if (big_zeros) {
+      if (!options.presets.empty()) {
+        std::tie(c.topology, c.model) = pick_preset_case(topology, options.presets);
+      } else if (big_zeros) {
+        c.topology = *gen_config(topology);
         c.model = *gen_custom_model(c.topology);
         topologies::CustomParam big;
         big.name = "big";
@@ -502,6 +524,7 @@ rc::Gen<casefile::Case> gen_any_case(const CaseGenOptions& options) {
         big.shape = {kBigZerosElements};
         c.model.params.insert(c.model.params.begin(), std::move(big));
       } else {
+        c.topology = *gen_config(topology);
         c.model = *gen_model(c.topology);
         if (options.gpt_only && c.model.kind != topologies::ModelKind::gpt) c.model = *gen_gpt_model(c.topology);
       }

@@ -29,6 +29,7 @@
 #include "casefile/case.h"
 #include "vocab/faults.h"
 #include "topologies/model_spec.h"
+#include "topologies/presets.h"
 #include "topologies/parallel_config.h"
 
 namespace tally::fuzz {
@@ -98,6 +99,10 @@ struct CaseGenOptions {
   // GPT models only and never the big-zeros scenario: a real framework builds no custom layout.
   // The picks are made all the same, so a campaign's other choices do not move.
   bool gpt_only = false;
+  // Non-empty: every case's model is one of these architecture presets (drawn uniformly) laid out on
+  // its configuration, which is drawn again where the drawn preset has no model (never the
+  // big-zeros scenario). Empty: tally's generated models, with the same picks as ever.
+  std::vector<topologies::Preset> presets;
   // Applied to every generated case and to every shrink of it: a real target's limits
   // (run::Target::within). Empty: none.
   std::function<casefile::Case(casefile::Case)> restrict_to;
@@ -108,6 +113,8 @@ struct CaseGenOptions {
 };
 // How many draws in a row keep_only may drop before the generator gives up.
 inline constexpr int kKeepOnlyDraws = 20000;
+// How many configurations a case with presets may draw before one lays out its preset.
+inline constexpr int kPresetDraws = 1000;
 
 // A whole case (topology, model, path options with its fault); passes casefile::check_case. Its
 // description is empty (the campaign names it). Its expectation is unset.

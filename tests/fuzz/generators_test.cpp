@@ -13,6 +13,7 @@
 #include "run/target.h"
 #include "tests/support/config_gen.h"
 #include "tests/support/show.h"
+#include "topologies/presets.h"
 #include "topologies/rank_layout.h"
 
 namespace tally::fuzz {
@@ -236,6 +237,32 @@ TEST(Generators, BigZerosMostlyForItsFault) {
   CaseGenOptions other = targeted;
   other.faults = {vocab::Fault::no_dedup_filter};
   EXPECT_LE(big_zeros(other, 2000), 2);
+}
+
+// A campaign of presets: every case's model is one of them exactly as it lays out on the case's
+// configuration, both are drawn, the cases are valid, and their shrinks stay presets.
+TEST(Generators, PresetCampaignsDrawOnlyThePresetsOnTheirConfigurations) {
+  CaseGenOptions o = fault_free(64);
+  o.presets = {topologies::Preset::gpt_oss, topologies::Preset::llama3};
+  o.big_zeros_one_in = 1;  // never with presets: they are GPT models
+  std::map<std::string, int> drawn;
+  for (int i = 0; i < 400; ++i) {
+    const rc::Shrinkable<casefile::Case> shrinkable = generate_case(o, 9, i);
+    const casefile::Case c = shrinkable.value();
+    ASSERT_FALSE(casefile::check_case(c)) << *casefile::check_case(c);
+    ++drawn[c.model.preset];
+    const std::optional<topologies::Preset> preset = topologies::preset_from_name(c.model.preset);
+    ASSERT_TRUE(preset) << "case " << i << "'s model is no preset: '" << c.model.preset << "'";
+    const topologies::PresetModel expected = topologies::preset_model(*preset, c.topology);
+    ASSERT_TRUE(expected.model) << c.model.preset << ": " << expected.why_none;
+    EXPECT_TRUE(*expected.model == c.model) << "case " << i;
+    if (i % 40 == 0)
+      if (rc::Maybe<rc::Shrinkable<casefile::Case>> shrunk = shrinkable.shrinks().next())
+        EXPECT_TRUE(shrunk->value().model.preset == "gpt-oss" || shrunk->value().model.preset == "llama3");
+  }
+  EXPECT_EQ(drawn.size(), 2u);
+  EXPECT_GE(drawn["gpt-oss"], 120);
+  EXPECT_GE(drawn["llama3"], 120);
 }
 
 // casefile::Case i of a campaign is a function of (seed, i) alone.
