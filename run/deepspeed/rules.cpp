@@ -34,71 +34,140 @@ double largest_fp16_gradient(const casefile::Case& c, const DeepSpeedConfig& d) 
 }
 constexpr double kFp16Max = 65504.0;
 
-// What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype.
+// What DeepSpeed 0.19 does with a precision, a ZeRO stage and the gradient accumulation dtype. Each
+// of DeepSpeed's own checks is cited at 0.19.8 (issue 50), in the order its engine makes them;
+// what DeepSpeed would run but the worker does not is said so.
 std::optional<std::string> engine_refuses(const DeepSpeedConfig& d, Dtype dtype, int experts, int pp) {
+  // ZeRO 3's optimizer is built in DeepSpeedEngine.__init__, before PipelineEngine's own assert.
+  if (d.zero_stage == 3 && experts > 0 && !d.autoep)
+    return "deepspeed.zero_stage 3 with experts: DeepSpeed asserts that its native MoE layer is not supported with "
+           "ZeRO stage 3 (AssertionError \"Native DeepSpeed MoE is not supported with ZeRO Stage 3\", "
+           "deepspeed/runtime/engine.py:2215 at 0.19.8); AutoEP's layers are: set deepspeed.autoep";
   if (pp > 1 && d.zero_stage > 1)
     return "deepspeed.zero_stage " + std::to_string(d.zero_stage) +
            " with topology.pp > 1: DeepSpeed's PipelineEngine asserts that ZeRO 2 and 3 are incompatible "
-           "with pipeline parallelism";
-  if (d.zero_stage == 3 && experts > 0 && !d.autoep)
-    return "deepspeed.zero_stage 3 with experts: DeepSpeed asserts that its native MoE layer is not "
-           "supported with ZeRO stage 3 (only AutoEP's layers are: set deepspeed.autoep)";
+           "with pipeline parallelism (AssertionError, deepspeed/runtime/pipe/engine.py:76 at 0.19.8)";
   if (d.zero_stage == 3 && d.grad_accum_fp32)
-    return "deepspeed.grad_accum_fp32 with zero_stage 3: not run by the worker";
+    return "deepspeed.grad_accum_fp32 with zero_stage 3: tally's worker does not build ZeRO 3 with fp32 "
+           "accumulation (DeepSpeed runs it)";
+  // Not a limit of DeepSpeed's: with fp32 gradients the flag changes nothing it computes.
   if (d.grad_accum_fp32 && dtype == Dtype::fp32)
-    return "deepspeed.grad_accum_fp32 with gradients.dtype fp32: the gradients are fp32 already";
-  if (d.offload_optimizer && (d.zero_stage == 0 || d.zero_stage == 3))
-    return "deepspeed.offload_optimizer with zero_stage " + std::to_string(d.zero_stage) +
-           ": the worker offloads at ZeRO 1 and 2 (DeepSpeedZeroOptimizer's CPU-offload norm); ZeRO 0 has no "
-           "partitioned optimizer to offload, and ZeRO 3's offload is not run";
+    return "deepspeed.grad_accum_fp32 with gradients.dtype fp32: the gradients are fp32 already, so the flag "
+           "changes nothing; tally's worker does not build it as a case of its own";
+  // DeepSpeed hands offload_optimizer only to its ZeRO optimizers: at ZeRO 0 it offloads nothing.
+  if (d.offload_optimizer && d.zero_stage == 0)
+    return "deepspeed.offload_optimizer with zero_stage 0: DeepSpeed gives offload_optimizer only to a ZeRO "
+           "optimizer (deepspeed/runtime/engine.py:2688 at 0.19.8) and ZeRO 0 builds none, so nothing would be "
+           "offloaded; tally's worker does not build it";
+  if (d.offload_optimizer && d.zero_stage == 3)
+    return "deepspeed.offload_optimizer with zero_stage 3: tally's worker does not build ZeRO 3's offload (it "
+           "offloads at ZeRO 1 and 2: DeepSpeedZeroOptimizer's CPU-offload norm)";
   if (d.offload_optimizer && pp > 1)
-    return "deepspeed.offload_optimizer with topology.pp > 1: not run by the worker";
+    return "deepspeed.offload_optimizer with topology.pp > 1: tally's worker does not build ZeRO-Offload in a "
+           "pipeline";
   if (d.grad_accum_fp32 && d.zero_stage == 0)
-    return "deepspeed.grad_accum_fp32 with zero_stage 0: DeepSpeed raises NotImplementedError (unsupported "
-           "mix of model_dtype and grad_accum_dtype) for a 16-bit model with fp32 gradient accumulation "
-           "without ZeRO";
+    return "deepspeed.grad_accum_fp32 with zero_stage 0: DeepSpeed raises NotImplementedError (\"unsupported mix "
+           "of model_dtype and grad_accum_dtype\") for a 16-bit model with fp32 gradient accumulation without ZeRO "
+           "(deepspeed/runtime/engine.py:2323 at 0.19.8)";
   return std::nullopt;
 }
 
 // What the worker's AutoTP model (adapters/tally_adapters/deepspeed/models.py, build_autotp_model)
-// cannot be: AutoTP shards a plain module's linear layers over TP.
+// cannot be: AutoTP shards a plain module's linear layers over TP. DeepSpeed itself refuses none of
+// these.
 std::optional<std::string> autotp_refuses(const DeepSpeedConfig& d, const topologies::ParallelConfig& t,
                                           int experts) {
   if (!d.autotp) return std::nullopt;
-  if (t.tp == 1) return "deepspeed.autotp with topology.tp 1: AutoTP shards over TP; set tp > 1 or leave autotp out";
+  // DeepSpeed would run it, unsharded: not a case of AutoTP.
+  if (t.tp == 1)
+    return "deepspeed.autotp with topology.tp 1: DeepSpeed applies AutoTP only above autotp_size 1 "
+           "(deepspeed/runtime/engine.py:595 at 0.19.8), so nothing would be sharded; set tp > 1 or leave "
+           "autotp out";
   if (t.pp > 1)
-    return "deepspeed.autotp with topology.pp > 1: the worker shards with AutoTP only a plain module, not a "
-           "PipelineModule (whose grid makes its own TP groups)";
+    return "deepspeed.autotp with topology.pp > 1: tally's worker does not build AutoTP in a PipelineModule (it "
+           "shards a plain module; the pipeline's grid makes its own TP groups)";
   if (experts > 0 && !d.autoep)
-    return "deepspeed.autotp with experts: AutoTP leaves DeepSpeed's MoE layers whole; set deepspeed.autoep "
-           "(AutoEP's folding over TP)";
+    return "deepspeed.autotp with experts: tally's worker does not build DeepSpeed's MoE layer in an AutoTP model; "
+           "set deepspeed.autoep (AutoEP folded over AutoTP)";
   return std::nullopt;
 }
 
 // What the worker's AutoEP model (adapters/tally_adapters/deepspeed/experts.py, build_autoep_model)
 // cannot be: AutoEP replaces Hugging Face-style MoE blocks whose experts are SwiGLU projections.
+// DeepSpeed's own checks, at deepspeed.initialize, in the order it makes them (tally's campaigns once
+// ended at the offload one).
 std::optional<std::string> autoep_refuses(const DeepSpeedConfig& d, const topologies::ParallelConfig& t,
                                           const topologies::ModelSpec& m) {
   if (!d.autoep) return std::nullopt;
-  if (m.num_experts == 0) return "deepspeed.autoep without experts: AutoEP replaces MoE layers; set model.num_experts";
+  // Without an AutoTP of TP > 1, the worker's TP would come from its mpu.
   if (t.tp > 1 && !d.autotp)
     return "deepspeed.autoep with topology.tp " + std::to_string(t.tp) +
-           " without deepspeed.autotp: AutoEP folds its experts over AutoTP's TP groups";
-  if (d.autotp && (t.etp != 1 || t.ep == 1))
-    return "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding) and topology.etp " +
-           std::to_string(t.etp) + ", topology.ep " + std::to_string(t.ep) +
-           ": DeepSpeed 0.19 folds experts whole over TP (etp 1) into EP groups of consecutive ranks, with "
-           "autoep_size > 1 (ep > 1)";
-  // DeepSpeed's own check, at deepspeed.initialize: tally's campaigns once ended at it.
+           " without deepspeed.autotp: DeepSpeed raises ValueError \"AutoEP does not currently support tensor model "
+           "parallelism from mpu\" (deepspeed/runtime/engine.py:836 at 0.19.8); AutoEP takes TP only folded over "
+           "AutoTP";
+  // tally's expert TP would be AutoEP's expert_tensor_parallel_size (autotp_refuses has made TP > 1).
+  if (d.autotp && t.etp != 1)
+    return "deepspeed.autoep with deepspeed.autotp and topology.etp " + std::to_string(t.etp) +
+           ": DeepSpeed raises ValueError for an expert_tensor_parallel_size other than 1 (\"reserved for "
+           "expert-internal tensor parallelism\", deepspeed/module_inject/auto_ep_folding.py:215 at 0.19.8): "
+           "folded experts are whole";
+  if (d.autotp && t.ep == 1)
+    return "deepspeed.autoep with deepspeed.autotp and topology.ep 1: DeepSpeed raises ValueError \"AutoEP+AutoTP "
+           "folding requires expert_parallel.autoep_size > 1\" (deepspeed/module_inject/auto_ep_folding.py:241 at "
+           "0.19.8)";
   if (d.autotp && t.tp > 1 && d.offload_optimizer)
     return "deepspeed.offload_optimizer with deepspeed.autoep folded over deepspeed.autotp (topology.tp " +
-           std::to_string(t.tp) + "): DeepSpeed 0.19 refuses ZeRO offload with AutoEP+AutoTP folding as \"not "
-           "validated yet\" (deepspeed/module_inject/auto_ep_folding.py:249 at 0.19.8)";
-  if (t.pp > 1) return "deepspeed.autoep with topology.pp > 1: AutoEP replaces layers of a plain module, not a PipelineModule";
-  if (!m.swiglu) return "deepspeed.autoep without model.swiglu: AutoEP's experts are SwiGLU (gate, up and down projections)";
+           std::to_string(t.tp) + "): DeepSpeed raises ValueError, ZeRO offload with AutoEP+AutoTP folding \"is "
+           "not validated yet\" (deepspeed/module_inject/auto_ep_folding.py:249 at 0.19.8)";
+  // The worker's engine config names its blocks (moe_layer_pattern): DeepSpeed must find one.
+  if (m.num_experts == 0)
+    return "deepspeed.autoep without experts: DeepSpeed raises ValueError \"AutoEP: no MoE layers detected\" for the "
+           "worker's moe_layer_pattern (deepspeed/module_inject/auto_ep.py:760 at 0.19.8); set model.num_experts";
+  if (t.pp > 1)
+    return "deepspeed.autoep with topology.pp > 1: tally's worker does not build AutoEP in a PipelineModule (it "
+           "replaces layers of a plain module)";
+  if (!m.swiglu)
+    return "deepspeed.autoep without model.swiglu: tally's worker does not build AutoEP's experts from an ungated "
+           "MLP: AutoEP's GroupedExperts are gated, w1, w3 and w2 (deepspeed/moe/ep_experts.py:423 at 0.19.8)";
   if (m.add_bias_linear)
-    return "deepspeed.autoep with model.add_bias_linear: AutoEP's experts and router have no biases";
-  return std::nullopt;  // EP must divide the experts and the world: ep_fits, as for DeepSpeed's MoE layer
+    return "deepspeed.autoep with model.add_bias_linear: tally's worker does not build expert biases for AutoEP: "
+           "its GroupedExperts hold weights only (deepspeed/moe/ep_experts.py:423 at 0.19.8)";
+  return std::nullopt;
+}
+
+// DeepSpeed's checks of EP, in the order it makes them: AutoEP's (`autoep`) sizes its groups before it
+// finds the layers whose experts it counts; its MoE layer counts the experts when it is built, and
+// makes its groups in the engine. Where none fires, ep_fits holds.
+std::optional<std::string> ep_refuses(const topologies::ParallelConfig& t, const topologies::ModelSpec& m,
+                                      bool autoep) {
+  if (m.num_experts == 0 || t.ep < 1) return std::nullopt;
+  const std::string ep = "topology.ep " + std::to_string(t.ep);
+  const std::string experts = std::to_string(m.num_experts);
+  const int stage_ranks = t.world / std::max(1, t.pp);
+  if (autoep) {
+    if (stage_ranks % t.ep != 0)
+      return ep + " with deepspeed.autoep: DeepSpeed raises ValueError unless autoep_size divides the ranks of a "
+                  "pipeline stage (" + std::to_string(stage_ranks) +
+             "; deepspeed/module_inject/auto_ep_folding.py:112 at 0.19.8)";
+    if (t.ep > m.num_experts)
+      return ep + " with deepspeed.autoep: DeepSpeed raises ValueError, autoep_size exceeds num_experts=" + experts +
+             " (deepspeed/module_inject/auto_ep_config.py:371 at 0.19.8)";
+    if (m.num_experts % t.ep != 0)
+      return ep + " with deepspeed.autoep: DeepSpeed raises ValueError, num_experts=" + experts +
+             " is not divisible by autoep_size (deepspeed/module_inject/auto_ep_config.py:380 at 0.19.8)";
+    return std::nullopt;
+  }
+  if (m.num_experts % t.ep != 0)
+    return ep + ": DeepSpeed's MoE layer asserts that EP divides the experts (" + experts +
+           "; deepspeed/moe/layer.py:59 at 0.19.8)";
+  if (t.etp == 1 && stage_ranks % t.ep != 0)
+    return ep + ": without expert TP DeepSpeed's expert groups are consecutive ranks of a pipeline stage (they span "
+                "TP), and it asserts that EP divides them (" + std::to_string(stage_ranks) +
+           "; deepspeed/utils/groups.py:417 at 0.19.8)";
+  if (t.etp != 1 && data_parallel(t) % t.ep != 0)
+    return ep + ": with expert TP DeepSpeed asserts that EP divides the data-parallel size (" +
+           std::to_string(data_parallel(t)) + "; deepspeed/utils/groups.py:634 at 0.19.8)";
+  return std::nullopt;
 }
 
 // The MoE layer's expert groups: without expert TP, DeepSpeed's legacy groups are consecutive
@@ -187,59 +256,82 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
   const topologies::ModelSpec& m = c.model;
   const topologies::ParallelConfig& t = c.topology;
   const vocab::PathOptions& o = c.path;
+  // Each text names the input and either DeepSpeed's own check at 0.19.8 (file:line) or says that
+  // tally's worker does not build the case (issue 50).
   if (m.kind != topologies::ModelKind::gpt)
-    return "model.kind custom: the DeepSpeed worker builds tally's GPT/MoE family; a custom layout has no "
-           "module";
-  if (auto why = other_frameworks_section(c, "deepspeed")) return why;
+    return "model.kind custom: tally's worker does not build a custom layout (it has no module); it builds "
+           "tally's GPT/MoE family";
+  if (auto why = other_frameworks_section(c, "deepspeed"))
+    return *why + "; tally's worker does not build another framework's case";
   if (c.path.gradients.before_reduction)
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
-           "model and megatron-core); the DeepSpeed worker always runs DeepSpeed's own reduction, on each rank's "
-           "share (docs/real-targets.md)";
-  if (m.mtp_num_layers > 0) return "model.mtp_num_layers: DeepSpeed has no multi-token-prediction block";
+           "model and megatron-core); tally's worker does not build that choice for DeepSpeed: it always gives "
+           "each rank's share to DeepSpeed's own reduction (docs/real-targets.md)";
+  if (m.mtp_num_layers > 0)
+    return "model.mtp_num_layers: tally's worker does not build multi-token-prediction layers for DeepSpeed";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
-    return "model.softmax_type learnable: the worker's model has no attention sinks";
-  if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not DeepSpeed's";
-  if (t.cp > 1) return "topology.cp: the DeepSpeed worker runs TP x DP x EP and PP (no sequence parallelism)";
-  if (t.vpp > 1) return "topology.vpp: DeepSpeed's PipelineEngine has one model chunk per stage";
+    return "model.softmax_type learnable: tally's worker does not build attention sinks";
+  if (topologies::uses_gtp(t))
+    return "topology.gtp/egtp: generalized TP is megatron-core's; tally's worker does not build it for DeepSpeed";
+  if (t.cp > 1)
+    return "topology.cp: tally's worker does not build context (or DeepSpeed's Ulysses sequence) parallelism: it "
+           "runs TP x DP x EP and PP";
+  if (t.vpp > 1)
+    return "topology.vpp: tally's worker does not build virtual pipeline stages: DeepSpeed's PipelineModule gives "
+           "each stage one contiguous range of layers (deepspeed/runtime/pipe/module.py:447 at 0.19.8)";
   // DeepSpeed's grid is TP fastest, then DP, then PP (PipeModelDataParallelTopology), its expert
   // groups consecutive ranks of a DP group: tally's default order with CP 1.
   if (!topologies::has_default_order(t))
-    return "topology.order " + t.order + ": the worker's groups are TP fastest, then DP (tally's "
-           "default order); DeepSpeed makes its expert groups from them";
+    return "topology.order " + t.order + ": tally's worker does not build other orders: its groups are TP "
+           "fastest, then DP (tally's default order), and DeepSpeed makes its expert groups from them";
   if (t.dist_opt_instances > 1)
-    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances have no DeepSpeed counterpart";
+    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances have no DeepSpeed counterpart; "
+           "tally's worker does not build them";
   if (t.etp != 1 && t.etp != t.tp)
     return "topology.etp " + std::to_string(t.etp) + " with tp " + std::to_string(t.tp) +
-           ": DeepSpeed's experts are whole on every TP rank (etp 1) or split over the TP group "
-           "(etp = tp, enable_expert_tensor_parallelism)";
-  if (m.num_experts > 0 && !ep_fits(t, m))
-    return "topology.ep " + std::to_string(t.ep) + ": DeepSpeed's MoE needs EP to divide the experts (" +
-           std::to_string(m.num_experts) + ") and " +
-           (t.etp == 1 ? "the ranks of a pipeline stage (" + std::to_string(t.world / std::max(1, t.pp)) +
-                             "; without expert TP its groups span TP)"
-                       : "the data-parallel size (" + std::to_string(data_parallel(t)) + ", with expert TP)");
+           ": tally's worker does not build it: DeepSpeed's MoE layer holds its experts whole on every TP rank "
+           "(etp 1) or splits them over the whole TP group (etp = tp, enable_expert_tensor_parallelism, "
+           "deepspeed/moe/layer.py:52 at 0.19.8)";
+  const std::optional<DeepSpeedConfig> d = kDeepSpeedSection.of(c);
+  if (auto why = ep_refuses(t, m, d && d->autoep)) return why;
   if (o.optimizer != vocab::OptimizerModel::plain)
     return "optimizer.model " + std::string(vocab::optimizer_model_name(o.optimizer)) +
-           ": Megatron's optimizers; DeepSpeed's is chosen by the deepspeed section (leave plain)";
-  if (!o.p_values.empty()) return "statistics.p_norms: DeepSpeed reports the L2 norm only";
+           ": Megatron's optimizers; tally's worker does not build them for DeepSpeed, whose optimizer the "
+           "deepspeed section chooses (leave plain)";
+  if (!o.p_values.empty())
+    return "statistics.p_norms: tally's worker does not build other p-norms: DeepSpeed's engine reports the L2 "
+           "norm";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
-    return "faults: the worker plants no counterpart of " + why;
-  if (!computes_in(dtypes, o.gradients.generator.dtype))
-    return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
-           ": the worker's DeepSpeed accelerator does not support it on this machine";
-  const std::optional<DeepSpeedConfig> d = kDeepSpeedSection.of(c);
-  if (!d) return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale)";
+    return "faults: tally's worker does not build a counterpart of " + why;
+  // The worker's hello lists the dtypes DeepSpeed's accelerator supports, as the engine asks it.
+  if (!computes_in(dtypes, o.gradients.generator.dtype)) {
+    const std::string dtype(kernels::dtype_name(o.gradients.generator.dtype));
+    const std::string where = o.gradients.generator.dtype == Dtype::fp16   ? "2004"
+                              : o.gradients.generator.dtype == Dtype::bf16 ? "2007"
+                                                                           : "";
+    if (where.empty()) return "gradients.dtype " + dtype + ": tally's worker does not build it on this machine";
+    return "gradients.dtype " + dtype + ": DeepSpeed's accelerator on this machine does not support it: the engine "
+           "raises ValueError \"Type " + dtype + " is not supported on your device.\" (deepspeed/runtime/engine.py:" +
+           where + " at 0.19.8)";
+  }
+  if (!d)
+    return "deepspeed: the case has no DeepSpeed configuration (zero_stage, grad_accum_fp32, loss_scale); tally's "
+           "worker does not build an engine without one";
   if (const auto it = cannot_run.find("deepspeed.fused_adam"); d->fused_adam && it != cannot_run.end())
-    return "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (" + it->second + ")";
+    return "deepspeed.fused_adam: tally's worker does not build DeepSpeed's FusedAdam on this machine (" + it->second +
+           ")";
   if (megatron_model_rules)
     if (auto why = topologies::check_megatron_expert_bias(m, t))
-      return "model: this worker builds models under Megatron-LM's rules (its hello's model_rules): " + *why;
+      return "model: this worker builds models under Megatron-LM's rules (its hello's model_rules), so tally's "
+             "worker does not build this one: " + *why;
+  // Not a limit of DeepSpeed's: it would run the case, skip the step, and leave no norm to judge.
   if (o.gradients.generator.dtype == Dtype::fp16 &&
       largest_fp16_gradient(c, *d) >= kFp16Max)
     return "deepspeed.loss_scale " + std::to_string(d->loss_scale) +
            " with gradients.dtype fp16: the gradients (up to " + record::all_digits(vocab::largest_gradient(o.gradients)) +
            ") times the data-parallel size (" + std::to_string(data_parallel(t)) +
-           ") times the loss scale exceed fp16's 65504, so DeepSpeed would skip the step; lower the "
+           ") times the loss scale exceed fp16's 65504, so DeepSpeed would skip the step on its overflow check "
+           "(e.g. deepspeed/runtime/zero/stage_1_and_2.py:3050 at 0.19.8) and leave no norm to judge; lower the "
            "loss scale or use bf16";
   if (auto why = autotp_refuses(*d, t, m.num_experts)) return why;
   if (auto why = autoep_refuses(*d, t, m)) return why;

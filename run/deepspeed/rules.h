@@ -23,7 +23,8 @@
 namespace tally::run {
 
 // Why the DeepSpeed worker at `version` cannot execute `c`, as one line naming the field and the
-// rule; nullopt when it can. Faults must be among those the worker plants (`plants`, from its
+// rule: DeepSpeed's own check it mirrors (file:line at 0.19.8), or that tally's worker does not
+// build the case; nullopt when it can. Faults must be among those the worker plants (`plants`, from its
 // hello).
 // `dtypes`: the precisions the worker's machine computes in (WorkerHello::dtypes; empty: all).
 // `megatron_model_rules`: the worker builds models under Megatron-LM's rules

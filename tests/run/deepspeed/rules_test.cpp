@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <functional>
+#include <map>
+#include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -258,8 +262,8 @@ TEST(DeepSpeedTarget, AWorkerWhoseFusedAdamDidNotBuildIsAskedForNoneAndRefusesIt
   EXPECT_FALSE(kDeepSpeedSection.of(within_deepspeed(c, "0.19.8", {}, 0, {}, false, cannot_run))->fused_adam)
       << "a shrink keeps within what the worker runs";
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8", {}, {}, false, cannot_run),
-            "deepspeed.fused_adam: the worker cannot run DeepSpeed's FusedAdam on this machine (DeepSpeed's FusedAdam "
-            "op did not build on rank 0: RuntimeError: nvcc failed)");
+            "deepspeed.fused_adam: tally's worker does not build DeepSpeed's FusedAdam on this machine (DeepSpeed's "
+            "FusedAdam op did not build on rank 0: RuntimeError: nvcc failed)");
 }
 
 TEST(DeepSpeedTarget, OffloadsTheOptimizerAtZeroOneAndTwoOnly) {
@@ -357,8 +361,7 @@ TEST(DeepSpeedTarget, ReplacesExpertsWithAutoEpOnlyWhereItsModelCan) {
   refused_by(tp2, "deepspeed.autoep with topology.tp 2 without deepspeed.autotp:");
   casefile::Case folded = tp2;  // AutoEP folded over AutoTP: experts whole (ETP 1), EP > 1
   kDeepSpeedSection.change(folded, [&](DeepSpeedConfig& d) { d.autotp = true; });
-  refused_by(folded, "deepspeed.autoep with deepspeed.autotp (AutoEP's expert-TP folding) and topology.etp 1, "
-                     "topology.ep 1:");
+  refused_by(folded, "deepspeed.autoep with deepspeed.autotp and topology.ep 1:");
   folded.topology.ep = 2;
   folded.topology.etp = 1;
   EXPECT_FALSE(deepspeed_refusal(folded, "0.19.8")) << refusal(folded);
@@ -424,6 +427,196 @@ TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
   EXPECT_EQ(within.topology.world, 8);
   EXPECT_EQ(within.topology.cp * within.topology.pp, 1);
   EXPECT_EQ(kDeepSpeedSection.of(within), kDeepSpeedSection.of(c)) << "a case's own configuration is kept";
+}
+
+
+// Issue 50: every refusal names DeepSpeed's own check it mirrors (file:line at 0.19.8) or says
+// plainly that tally's worker does not build the case. One case per rule, each refused by that rule
+// (its text begins with `rule`), its text holding the citation or the words its kind asks for.
+TEST(DeepSpeedTarget, EveryRefusalCitesDeepSpeedsCheckOrSaysTheWorkerDoesNotBuildIt) {
+  enum class Says { citation, not_built, either };
+  struct Row {
+    std::string name;
+    std::function<std::optional<std::string>()> refusal;
+    std::string rule;  // how its text begins
+    Says says;
+  };
+  const auto section = [](casefile::Case c, DeepSpeedConfig d) {
+    kDeepSpeedSection.set(c, d);
+    return c;
+  };
+  const auto refused = [](const casefile::Case& c) { return [c] { return deepspeed_refusal(c, "0.19.8"); }; };
+  const casefile::Case dense = section(plain_case({.world = 4, .tp = 2}, 0), {});
+  const casefile::Case moe = section(plain_case({.world = 4, .ep = 2}, 2), {});
+  ASSERT_FALSE(deepspeed_refusal(dense, "0.19.8")) << *deepspeed_refusal(dense, "0.19.8");
+  ASSERT_FALSE(deepspeed_refusal(moe, "0.19.8")) << *deepspeed_refusal(moe, "0.19.8");
+  const auto changed = [](casefile::Case c, const std::function<void(casefile::Case&)>& change) {
+    change(c);
+    return c;
+  };
+  // AutoEP's kind of experts (SwiGLU without biases) on `topology`.
+  const auto autoep_case = [&](topologies::ParallelConfig topology, int experts, DeepSpeedConfig d) {
+    casefile::Case c = plain_case(topology, experts);
+    c.model.swiglu = true;
+    c.model.add_bias_linear = false;
+    d.autoep = true;
+    return section(c, d);
+  };
+  const auto bf16 = [](casefile::Case& c) { c.path.gradients.generator.dtype = kernels::Dtype::bf16; };
+  FaultPlants no_plants;
+  const std::vector<Row> rows = {
+      {"custom model", refused(changed(dense, [](casefile::Case& c) { c.model.kind = topologies::ModelKind::custom; })),
+       "model.kind custom:", Says::not_built},
+      {"another framework's section",
+       refused(changed(dense, [](casefile::Case& c) { c.sections["torchtitan"] = casefile::FrameworkSection{nlohmann::ordered_json::object(), false}; })),
+       "torchtitan:", Says::not_built},
+      {"gradients before the reduction",
+       refused(changed(dense, [](casefile::Case& c) { c.path.gradients.before_reduction = true; })),
+       "gradients.enter before_reduction:", Says::not_built},
+      {"MTP", refused(changed(dense, [](casefile::Case& c) { c.model.mtp_num_layers = 1; })), "model.mtp_num_layers:",
+       Says::not_built},
+      {"attention sinks",
+       refused(changed(dense, [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; })),
+       "model.softmax_type learnable:", Says::not_built},
+      {"GTP", refused(changed(dense, [](casefile::Case& c) { c.topology.gtp = 2; })), "topology.gtp/egtp:",
+       Says::not_built},
+      {"CP", refused(changed(dense, [](casefile::Case& c) { c.topology.cp = 2; })), "topology.cp:", Says::not_built},
+      {"VPP", refused(changed(dense, [](casefile::Case& c) { c.topology.vpp = 2; })), "topology.vpp:", Says::not_built},
+      {"order", refused(changed(dense, [](casefile::Case& c) { c.topology.order = "tp-cp-ep-pp-dp"; })),
+       "topology.order tp-cp-ep-pp-dp:", Says::not_built},
+      {"optimizer instances", refused(changed(dense, [](casefile::Case& c) { c.topology.dist_opt_instances = 2; })),
+       "topology.dist_opt_instances:", Says::not_built},
+      {"ETP neither 1 nor TP",
+       refused(section(plain_case({.world = 8, .tp = 4, .ep = 2, .etp = 2}, 2), {})), "topology.etp 2 with tp 4:",
+       Says::not_built},
+      {"EP not dividing the experts", refused(section(plain_case({.world = 4, .ep = 2}, 3), {})),
+       "topology.ep 2: DeepSpeed's MoE layer asserts", Says::citation},
+      {"EP not dividing a stage's ranks", refused(section(plain_case({.world = 4, .ep = 8}, 8), {})),
+       "topology.ep 8: without expert TP", Says::citation},
+      {"EP not dividing DP with expert TP", refused(section(plain_case({.world = 4, .tp = 2, .ep = 4, .etp = 2}, 4), {})),
+       "topology.ep 4: with expert TP", Says::citation},
+      {"AutoEP's EP not dividing a stage's ranks", refused(autoep_case({.world = 4, .ep = 8}, 8, {})),
+       "topology.ep 8 with deepspeed.autoep: DeepSpeed raises ValueError unless", Says::citation},
+      {"AutoEP's EP above the experts", refused(autoep_case({.world = 4, .ep = 4}, 2, {})),
+       "topology.ep 4 with deepspeed.autoep: DeepSpeed raises ValueError, autoep_size exceeds", Says::citation},
+      {"AutoEP's EP not dividing the experts", refused(autoep_case({.world = 4, .ep = 4}, 6, {})),
+       "topology.ep 4 with deepspeed.autoep: DeepSpeed raises ValueError, num_experts=6", Says::citation},
+      {"Megatron's optimizer model",
+       refused(changed(dense, [](casefile::Case& c) { c.path.optimizer = vocab::OptimizerModel::distributed; })),
+       "optimizer.model distributed:", Says::not_built},
+      {"p-norms", refused(changed(dense, [](casefile::Case& c) { c.path.p_values = {1.0}; })), "statistics.p_norms:",
+       Says::not_built},
+      {"a fault the worker does not plant",
+       [&] {
+         const casefile::Case faulty = changed(dense, [](casefile::Case& c) {
+           c.path.faults = vocab::FaultSet::of({vocab::Fault::grads_averaged_twice});
+         });
+         return deepspeed_refusal(faulty, "0.19.8", no_plants);
+       },
+       "faults:", Says::not_built},
+      {"fp16 the accelerator lacks",
+       [&] {
+         const casefile::Case fp16 =
+             changed(dense, [](casefile::Case& c) { c.path.gradients.generator.dtype = kernels::Dtype::fp16; });
+         return deepspeed_refusal(fp16, "0.19.8", {}, {"fp32", "bf16"});
+       },
+       "gradients.dtype fp16: DeepSpeed's accelerator", Says::citation},
+      {"bf16 the accelerator lacks",
+       [&] { return deepspeed_refusal(changed(dense, bf16), "0.19.8", {}, {"fp32"}); },
+       "gradients.dtype bf16: DeepSpeed's accelerator", Says::citation},
+      {"fp32 the worker lacks", [&] { return deepspeed_refusal(dense, "0.19.8", {}, {"bf16"}); }, "gradients.dtype fp32:",
+       Says::not_built},
+      {"no deepspeed section", refused(changed(dense, [](casefile::Case& c) { casefile::keep_only_section(c, ""); })),
+       "deepspeed: the case has no DeepSpeed configuration", Says::not_built},
+      {"FusedAdam that did not build",
+       [&] {
+         return deepspeed_refusal(section(dense, {.fused_adam = true}), "0.19.8", {}, {}, false,
+                                  {{"deepspeed.fused_adam", "DeepSpeed's FusedAdam op did not build"}});
+       },
+       "deepspeed.fused_adam:", Says::not_built},
+      {"expert biases under Megatron-LM's rules",
+       [&] {
+         casefile::Case c = section(plain_case({.world = 4, .tp = 2, .ep = 2, .etp = 2}, 2), {});
+         c.model.add_bias_linear = true;
+         return deepspeed_refusal(c, "0.19.8", {}, {}, /*megatron_model_rules=*/true);
+       },
+       "model: this worker builds models under Megatron-LM's rules", Says::not_built},
+      {"fp16 beyond its range",
+       refused(changed(moe,
+                       [](casefile::Case& c) {
+                         c.path.gradients.generator.dtype = kernels::Dtype::fp16;
+                         c.path.gradients.stated = {{"", topologies::ParamClass::replicated,
+                                                     {topologies::StatedGradient::Kind::constant, 40000.0, {}}}};
+                       })),
+       "deepspeed.loss_scale 128 with gradients.dtype fp16:", Says::citation},
+      {"AutoTP at TP 1",
+       refused(section(plain_case({.world = 4}, 0), {.autotp = true})), "deepspeed.autotp with topology.tp 1:",
+       Says::citation},
+      {"AutoTP with PP",
+       refused(changed(section(plain_case({.world = 4, .tp = 2, .pp = 2}, 0), {.autotp = true}),
+                       [](casefile::Case& c) { c.model.num_layers = 2; })),
+       "deepspeed.autotp with topology.pp > 1:", Says::not_built},
+      {"AutoTP with DeepSpeed's MoE layer",
+       refused(section(plain_case({.world = 4, .tp = 2, .ep = 2}, 2), {.autotp = true})), "deepspeed.autotp with experts:",
+       Says::not_built},
+      {"AutoEP with TP from an mpu", refused(autoep_case({.world = 4, .tp = 2}, 2, {})),
+       "deepspeed.autoep with topology.tp 2 without deepspeed.autotp:", Says::citation},
+      {"AutoEP folded with expert TP", refused(autoep_case({.world = 4, .tp = 2, .ep = 2, .etp = 2}, 2, {.autotp = true})),
+       "deepspeed.autoep with deepspeed.autotp and topology.etp 2:", Says::citation},
+      {"AutoEP folded at EP 1", refused(autoep_case({.world = 4, .tp = 2}, 2, {.autotp = true})),
+       "deepspeed.autoep with deepspeed.autotp and topology.ep 1:", Says::citation},
+      {"AutoEP folded with offload",
+       refused(autoep_case({.world = 4, .tp = 2, .ep = 2}, 2, {.zero_stage = 1, .autotp = true, .offload_optimizer = true})),
+       "deepspeed.offload_optimizer with deepspeed.autoep folded", Says::citation},
+      {"AutoEP without experts", refused(autoep_case({.world = 4}, 0, {})), "deepspeed.autoep without experts:",
+       Says::citation},
+      {"AutoEP with PP",
+       refused(changed(autoep_case({.world = 4, .pp = 2, .ep = 2}, 2, {}), [](casefile::Case& c) { c.model.num_layers = 2; })),
+       "deepspeed.autoep with topology.pp > 1:", Says::not_built},
+      {"AutoEP without SwiGLU",
+       refused(changed(autoep_case({.world = 4, .ep = 2}, 2, {}), [](casefile::Case& c) { c.model.swiglu = false; })),
+       "deepspeed.autoep without model.swiglu:", Says::not_built},
+      {"AutoEP with expert biases",
+       refused(changed(autoep_case({.world = 4, .ep = 2}, 2, {}), [](casefile::Case& c) { c.model.add_bias_linear = true; })),
+       "deepspeed.autoep with model.add_bias_linear:", Says::not_built},
+      {"ZeRO 3 with DeepSpeed's MoE layer", refused(section(moe, {.zero_stage = 3})),
+       "deepspeed.zero_stage 3 with experts:", Says::citation},
+      {"ZeRO 2 in a pipeline",
+       refused(changed(section(plain_case({.world = 4, .tp = 2, .pp = 2}, 0), {.zero_stage = 2}),
+                       [](casefile::Case& c) { c.model.num_layers = 2; })),
+       "deepspeed.zero_stage 2 with topology.pp > 1:", Says::citation},
+      {"fp32 accumulation at ZeRO 3",
+       refused(changed(section(dense, {.zero_stage = 3, .grad_accum_fp32 = true}), bf16)),
+       "deepspeed.grad_accum_fp32 with zero_stage 3:", Says::not_built},
+      {"fp32 accumulation of fp32", refused(section(dense, {.zero_stage = 1, .grad_accum_fp32 = true})),
+       "deepspeed.grad_accum_fp32 with gradients.dtype fp32:", Says::not_built},
+      {"offload at ZeRO 0", refused(section(dense, {.offload_optimizer = true})),
+       "deepspeed.offload_optimizer with zero_stage 0:", Says::either},
+      {"offload at ZeRO 3",
+       refused(section(dense, {.zero_stage = 3, .offload_optimizer = true})),
+       "deepspeed.offload_optimizer with zero_stage 3:", Says::not_built},
+      {"offload in a pipeline",
+       refused(changed(section(plain_case({.world = 4, .tp = 2, .pp = 2}, 0), {.zero_stage = 1, .offload_optimizer = true}),
+                       [](casefile::Case& c) { c.model.num_layers = 2; })),
+       "deepspeed.offload_optimizer with topology.pp > 1:", Says::not_built},
+      {"fp32 accumulation of bf16 at ZeRO 0",
+       refused(changed(section(dense, {.grad_accum_fp32 = true}), bf16)),
+       "deepspeed.grad_accum_fp32 with zero_stage 0:", Says::citation},
+  };
+  const std::regex citation("[A-Za-z0-9_/]+\\.py:[0-9]+");
+  const std::string not_built = "tally's worker does not build";
+  for (const Row& row : rows) {
+    const std::string why = row.refusal().value_or("");
+    EXPECT_EQ(why.rfind(row.rule, 0), 0u) << row.name << ": " << why;
+    const bool cites = std::regex_search(why, citation), says = why.find(not_built) != std::string::npos;
+    if (row.says == Says::citation) {
+      EXPECT_TRUE(cites) << row.name << ": " << why;
+    }
+    if (row.says == Says::not_built) {
+      EXPECT_TRUE(says) << row.name << ": " << why;
+    }
+    EXPECT_TRUE(cites || says) << row.name << ": " << why;
+  }
 }
 
 }  // namespace
