@@ -49,9 +49,10 @@ std::optional<std::string> fsdp_refuses_experts(const casefile::Case& c, const T
     if (rows % shard != 0)
       return "model: " + p.name + " (" + std::to_string(rows) + " rows per expert on each rank): torchtitan has FSDP2 "
              "shard the routed experts on dim 1 where the FSDP and EP ranks (" + std::to_string(efsdp_ep) +
-             ") outnumber the experts (" + std::to_string(m.num_experts) + "), and fully_shard raises "
-             "NotImplementedError (\"FSDP does not support uneven sharding on dim 1\") where its " +
-             std::to_string(shard) + " shard ranks do not divide them";
+             ") outnumber the experts (" + std::to_string(m.num_experts) + ") (torchtitan/distributed/fsdp.py:230), "
+             "and fully_shard raises NotImplementedError (\"FSDP does not support uneven sharding on dim 1\", "
+             "torch/distributed/fsdp/_fully_shard/_fsdp_param.py:344) where its " + std::to_string(shard) +
+             " shard ranks do not divide them";
   }
   return std::nullopt;
 }
@@ -73,19 +74,28 @@ bool any_fault(const vocab::FaultSet& faults, Pred pred) {
   return false;
 }
 
-// What torch.nn.utils.clip_grad_norm_ cannot do that torchtitan's clip does.
+// Where the case asks for torch.nn.utils.clip_grad_norm_ and cannot have it: DTensor refuses it with EP;
+// with PP torch's clip runs, but per stage (a known misuse, not a case); a fault planted in torchtitan's
+// clip is not in torch's.
 std::optional<std::string> torch_clip_refuses(const casefile::Case& c, const TorchTitanConfig& d) {
   if (d.clip != DTensorClip::torch) return std::nullopt;
   if (c.topology.pp > 1)
     return "torchtitan.clip torch with topology.pp " + std::to_string(c.topology.pp) +
-           ": torch.nn.utils.clip_grad_norm_ has no pipeline group, so each stage would clip by its own "
-           "norm (torchtitan #596, the reason torchtitan has its own clip_grad_norm_); use clip torchtitan";
+           ": tally's worker does not build it: torch.nn.utils.clip_grad_norm_ runs but has no pipeline group, so "
+           "each stage would clip by its own norm (torchtitan #596, the reason torchtitan has its own "
+           "clip_grad_norm_, torchtitan/distributed/utils.py:599); use clip torchtitan";
   if (c.topology.ep > 1)
     return "torchtitan.clip torch with topology.ep " + std::to_string(c.topology.ep) +
-           ": torch.nn.utils.clip_grad_norm_ stacks the norms of DTensors on two meshes (the experts' "
-           "sparse mesh and the dense one), which DTensor refuses; torchtitan splits them (clip torchtitan)";
-  if (!c.path.faults.empty())
-    return "faults with torchtitan.clip torch: the worker plants them in torchtitan's clip_grad_norm_";
+           ": torch.nn.utils.clip_grad_norm_ stacks the norms of DTensors on two meshes (the experts' sparse mesh "
+           "and the dense one), and DTensor raises RuntimeError (\"All operands in aten.stack.default must have the "
+           "same mesh\": torch/nn/utils/clip_grad.py:106, torch/distributed/tensor/_ops/_tensor_ops.py:721); "
+           "torchtitan's clip splits them (clip torchtitan)";
+  // The pipeline and expert faults are planted in torchtitan's clip; grads-averaged-twice in FSDP2's
+  // reduction, which runs under either clip.
+  for (const vocab::FaultInfo& info : vocab::fault_catalog())
+    if (c.path.faults.has(info.fault) && (pipeline_fault(info.fault) || expert_fault(info.fault)))
+      return "faults " + std::string(info.name) + " with torchtitan.clip torch: tally's worker does not build it "
+             "into torch's clip (it plants it in torchtitan's clip_grad_norm_)";
   return std::nullopt;
 }
 
@@ -97,58 +107,83 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
   const topologies::ParallelConfig& t = c.topology;
   const vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt)
-    return "model.kind custom: the torchtitan worker builds tally's GPT/MoE family as a torchtitan decoder; a "
-           "custom layout has no module";
+    return "model.kind custom: tally's worker does not build a custom layout as a torchtitan decoder (it builds "
+           "tally's GPT/MoE family)";
   if (auto why = other_frameworks_section(c, "torchtitan")) return why;
   if (c.path.gradients.before_reduction)
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); torchtitan's is torchtitan.gradients_enter";
-  if (m.mtp_num_layers > 0) return "model.mtp_num_layers: the worker's torchtitan decoder has no multi-token-prediction block";
+  // torchtitan has both (deepseek_v3's MTP, gpt_oss's sinks); the worker's decoder has neither.
+  if (m.mtp_num_layers > 0)
+    return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
+           ": tally's worker does not build a multi-token-prediction block in its torchtitan decoder yet";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
-    return "model.softmax_type learnable: the worker's torchtitan decoder has no attention sinks";
-  if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not torchtitan's";
+    return "model.softmax_type " + std::string(topologies::softmax_type_name(m.softmax_type)) +
+           ": tally's worker does not build attention sinks in its torchtitan decoder yet";
+  // Megatron's own fields, with no torchtitan counterpart: not a torchtitan limit.
+  if (topologies::uses_gtp(t))
+    return "topology.gtp/egtp: generalized TP is megatron-core's (torchtitan's parallelism has no such degree); "
+           "tally's worker does not build it";
   if (t.vpp > 1)
-    return "topology.vpp: the worker builds one model part per pipeline rank (torchtitan's looped schedules, "
-           "which hold several, are not run)";
-  // torchtitan's meshes unflatten the world as (pp, dp_replicate, dp_shard, cp, tp): tally's default order.
+    return "topology.vpp " + std::to_string(t.vpp) + ": tally's worker does not build torchtitan's looped pipeline "
+           "schedules (several model parts per rank) yet; it builds one part per pipeline rank";
+  // torchtitan has no order option: ParallelDims unflattens the world as (pp, dp_replicate, dp_shard, cp, tp).
   if (!topologies::has_default_order(t))
-    return "topology.order " + t.order + ": torchtitan's meshes unflatten the world as (pp, dp_replicate, "
-           "dp_shard, cp, tp), TP fastest: tally's default order";
+    return "topology.order " + t.order + ": torchtitan's ParallelDims.build_mesh unflattens the world as (pp, "
+           "dp_replicate, dp_shard, cp, tp), TP fastest, whatever the job (torchtitan/distributed/"
+           "parallel_dims.py:297; :330 under partial_dtensor): tally's default order";
   if (t.dist_opt_instances > 1)
-    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances; HSDP's replicate degree is "
-           "torchtitan.dp_replicate";
+    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances, which tally's worker does not "
+           "build for torchtitan; HSDP's replicate degree is torchtitan.dp_replicate";
   if (o.optimizer != vocab::OptimizerModel::plain)
     return "optimizer.model " + std::string(vocab::optimizer_model_name(o.optimizer)) +
-           ": Megatron's optimizers; the norm is torchtitan's or torch's clip over the DTensor params (leave plain)";
-  if (!o.p_values.empty()) return "statistics.p_norms: the worker records the L2 norm only";
+           ": Megatron's optimizers, which tally's worker does not build for torchtitan; the norm is torchtitan's "
+           "or torch's clip over the DTensor params (leave plain)";
+  if (!o.p_values.empty())
+    return "statistics.p_norms: tally's worker does not build norms other than L2 yet (torchtitan's "
+           "clip_grad_norm_ takes a norm_type)";
+  // torchtitan holds fp32 gradients by default and bf16 ones under training.dtype bfloat16: the limit is
+  // tally's tolerance, not torchtitan.
   if (o.gradients.generator.dtype != kernels::Dtype::fp32)
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
-           ": torchtitan's FSDP2 reduces and holds gradients in fp32 (mixed_precision_reduce float32), the "
-           "precision the worker runs; torch computes a 16-bit gradient's norm in 16 bits, a rounding "
-           "tally's relative tolerance does not model";
+           ": tally's worker does not build 16-bit gradients: torchtitan's FSDP2 holds them in fp32 by default "
+           "(mixed_precision_reduce float32), 16-bit only under training.dtype bfloat16, where torch computes "
+           "their norm in 16 bits, a rounding tally's relative tolerance does not model";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
-    return "faults: the worker plants no counterpart of " + why;
+    return "faults: tally's worker does not build (plant) a counterpart of " + why;
   const std::optional<TorchTitanConfig> d = kTorchTitanSection.of(c);
   if (!d) return "torchtitan: the case has no torchtitan configuration (clip, spmd_backend, dp_replicate)";
   const int dp_replicate = d->dp_replicate;
+  // tally writes dp_shard = DP / dp_replicate into the job config, as torchtitan's ParallelDims takes it.
   if (topologies::dp(t) % dp_replicate != 0)
     return "torchtitan.dp_replicate " + std::to_string(dp_replicate) + ": must divide the data-parallel size " +
-           std::to_string(topologies::dp(t)) + " (HSDP: dp_replicate x dp_shard)";
+           std::to_string(topologies::dp(t)) + " (HSDP: dp_replicate x dp_shard): torchtitan's ParallelDims "
+           "asserts dp_replicate x dp_shard x cp x tp x pp == WORLD_SIZE (\"Invalid parallel dims\", "
+           "torchtitan/distributed/parallel_dims.py:186; \"dp_shard must -1 or >=1\", :181, where it exceeds DP)";
+  // torchtitan 0.3 has no expert-TP degree: its MoE sharding places the experts by whether EP is on.
   if (m.num_experts > 0 && t.ep > 1 && t.etp != 1)
     return "topology.etp " + std::to_string(t.etp) + " with ep " + std::to_string(t.ep) +
-           ": torchtitan 0.3 keeps each expert whole on its EP rank (EP borrows the ranks of dp_shard x cp x tp); "
-           "set etp 1";
+           ": torchtitan 0.3 has no expert-TP degree; with EP it places each routed expert whole on its EP rank "
+           "(Shard(0) over ep alone: torchtitan/models/common/moe_sharding.py:208); set etp 1";
   if (m.num_experts > 0 && t.ep == 1 && t.etp != t.tp)
     return "topology.etp " + std::to_string(t.etp) + " with ep 1 and tp " + std::to_string(t.tp) +
-           ": without EP torchtitan shards the experts over TP as the dense MLP (etp = tp)";
-  if (m.num_experts > 0 && !ep_fits(t, m, dp_replicate))
-    return "topology.ep " + std::to_string(t.ep) + ": torchtitan needs EP to divide the experts (" +
-           std::to_string(m.num_experts) + ") and dp_shard x cp x tp (" + std::to_string(expert_ranks(t, dp_replicate)) +
-           ", the ranks its sparse mesh splits into efsdp x ep)";
+           ": torchtitan 0.3 has no expert-TP degree; without EP it splits the routed experts over TP as the dense "
+           "MLP (torchtitan/models/common/moe_sharding.py:215): etp = tp";
+  if (m.num_experts > 0 && t.ep > 1 && expert_ranks(t, dp_replicate) % t.ep != 0)
+    return "topology.ep " + std::to_string(t.ep) + ": must divide dp_shard x cp x tp (" +
+           std::to_string(expert_ranks(t, dp_replicate)) + "), the ranks torchtitan's sparse mesh splits into "
+           "efsdp x ep: ParallelDims.build_mesh unflattens the world as (pp, dp_replicate, efsdp, ep) "
+           "(torchtitan/distributed/parallel_dims.py:336), and torch raises ValueError (\"The product of "
+           "mesh_sizes ... must be equal\", torch/distributed/device_mesh.py:1463)";
+  // torchtitan checks it nowhere; its EP token dispatch fails in the forward.
+  if (m.num_experts > 0 && t.ep > 1 && m.num_experts % t.ep != 0)
+    return "topology.ep " + std::to_string(t.ep) + ": must divide the experts (" + std::to_string(m.num_experts) +
+           "): torchtitan's all-to-all token dispatch views the per-expert token counts as (ep, experts / ep), a "
+           "RuntimeError in the forward (torchtitan/models/common/token_dispatcher.py:262)";
   if (t.pp > 1 && !m.untie_embeddings_and_output_weights)
     return "model.untie_embeddings_and_output_weights false with topology.pp " + std::to_string(t.pp) +
-           ": torchtitan raises NotImplementedError (\"Weight tying is not supported with Pipeline Parallel\", "
-           "torchtitan/models/common/decoder.py)";
+           ": torchtitan raises NotImplementedError (\"Weight tying is not supported with Pipeline Parallel.\", "
+           "torchtitan/models/common/decoder.py:140)";
   if (auto why = fsdp_refuses_experts(c, *d)) return why;
   return torch_clip_refuses(c, *d);
 }

@@ -34,9 +34,9 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
 // ETP 1 with EP (torchtitan's experts are whole per EP rank) and TP without it (sharded like the
 // dense MLP), EP dividing the experts and dp_shard x cp x tp, an untied output with PP (torchtitan
 // refuses tying there). A case without a `torchtitan` section gets one drawn from `draw`: whose
-// clip (torch's only where it runs: no PP, no EP; torchtitan's where a fault is planted), the SPMD
-// backend, and the HSDP replicate degree (a divisor of DP that leaves EP its ranks). A custom layout
-// has no torchtitan counterpart and is returned as it is.
+// clip (torch's only where it runs: no PP, no EP; torchtitan's where a fault is planted in its
+// clip), the SPMD backend, and the HSDP replicate degree (a divisor of DP that leaves EP its ranks).
+// A custom layout has no torchtitan counterpart and is returned as it is.
 casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, std::uint64_t draw);
 
 // The code that computes the norm of `c`: "torchtitan clip_grad_norm_", "torchtitan

@@ -1,5 +1,8 @@
 // What the torchtitan worker runs (run/torchtitan/rules.h): every generated case is one it builds,
 // and each case it cannot build is refused in one line naming the field and the rule.
+#include <functional>
+#include <regex>
+
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -82,11 +85,106 @@ TEST(TorchTitanTarget, NamesWhatTheWorkerCannotBuild) {
   EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "optimizer.model layerwise:"));
   c = moe_case();
   c.path.faults = c.path.faults.with(vocab::Fault::missing_pp_reduction);
-  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "faults: the worker plants no counterpart"));
+  EXPECT_TRUE(
+      starts_with(torchtitan_refusal(c, "0.3.0"), "faults: tally's worker does not build (plant) a counterpart"));
   EXPECT_FALSE(torchtitan_refusal(c, "0.3.0", every_plant()));
   c = moe_case();
   kDeepSpeedSection.set(c, DeepSpeedConfig{});
   EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "deepspeed: a DeepSpeed case"));
+}
+
+// Every refusal names the check of torchtitan 0.3.0 or torch 2.15 it mirrors (a file:line, which
+// tests/adapters/torchtitan/test_framework_refusals.py calls), or says that tally's worker does not
+// build the case (issue 50). One case per rule; the prefix says which rule fired.
+TEST(TorchTitanTarget, EveryRefusalCitesTorchTitansCheckOrSaysTheWorkerDoesNotBuildIt) {
+  using Edit = std::function<void(casefile::Case&)>;
+  const auto section = [](auto change) {
+    return [change](casefile::Case& c) { kTorchTitanSection.change(c, change); };
+  };
+  const auto without_ep = [](casefile::Case& c) { c.topology.ep = 1; };
+  const auto piped = [](casefile::Case& c) {  // world 4 on PP 2, as RefusesTyingWithPipelineAsTorchTitanDoes
+    c.topology = {.world = 4, .pp = 2};
+    c.model = {};
+    c.model.num_layers = 2;
+  };
+  const struct {
+    const char* rule;
+    Edit edit;
+    const char* prefix;
+    FaultPlants plants = {};
+  } rules[] = {
+      {"custom layout", [](casefile::Case& c) { c.model.kind = topologies::ModelKind::custom; }, "model.kind custom:"},
+      {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "model.mtp_num_layers 1:"},
+      {"attention sinks", [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; },
+       "model.softmax_type learnable:"},
+      {"generalized TP", [](casefile::Case& c) { c.topology.gtp = 2; }, "topology.gtp/egtp:"},
+      {"VPP", [](casefile::Case& c) { c.topology.vpp = 2; }, "topology.vpp 2:"},
+      {"order", [](casefile::Case& c) { c.topology.order = "tp-dp-cp-ep-pp"; }, "topology.order tp-dp-cp-ep-pp:"},
+      {"distributed-optimizer instances", [](casefile::Case& c) { c.topology.dist_opt_instances = 2; },
+       "topology.dist_opt_instances:"},
+      {"optimizer model", [](casefile::Case& c) { c.path.optimizer = vocab::OptimizerModel::layerwise; },
+       "optimizer.model layerwise:"},
+      {"p-norms", [](casefile::Case& c) { c.path.p_values = {1.0}; }, "statistics.p_norms:"},
+      {"16-bit gradients", [](casefile::Case& c) { c.path.gradients.generator.dtype = kernels::Dtype::bf16; },
+       "gradients.dtype bf16:"},
+      {"unplanted fault",
+       [](casefile::Case& c) { c.path.faults = c.path.faults.with(vocab::Fault::missing_pp_reduction); }, "faults: "},
+      {"dp_replicate not dividing DP", section([](TorchTitanConfig& d) { d.dp_replicate = 3; }),
+       "torchtitan.dp_replicate 3:"},
+      {"ETP with EP", [](casefile::Case& c) { c.topology.etp = 2; }, "topology.etp 2 with ep 2:"},
+      {"ETP other than TP without EP", [&](casefile::Case& c) { without_ep(c); c.topology.etp = 2; },
+       "topology.etp 2 with ep 1 and tp 1:"},
+      {"EP not dividing dp_shard x cp x tp", section([](TorchTitanConfig& d) { d.dp_replicate = 2; }),
+       "topology.ep 2: must divide dp_shard x cp x tp (1)"},
+      {"EP not dividing the experts", [](casefile::Case& c) { c.model.num_experts = 3; },
+       "topology.ep 2: must divide the experts (3)"},
+      {"tying with PP", piped, "model.untie_embeddings_and_output_weights false with topology.pp 2:"},
+      {"experts FSDP2 splits unevenly on dim 1",
+       [&](casefile::Case& c) {  // one expert of 15 rows, sharded over 2 FSDP ranks on dim 1
+         without_ep(c);
+         c.model.num_experts = 1;
+         c.model.moe_ffn_hidden_size = 15;
+       },
+       "model: "},
+      {"torch's clip with PP",
+       [&](casefile::Case& c) {
+         piped(c);
+         c.model.untie_embeddings_and_output_weights = true;
+         kTorchTitanSection.change(c, [](TorchTitanConfig& d) { d.clip = DTensorClip::torch; });
+       },
+       "torchtitan.clip torch with topology.pp 2:"},
+      {"torch's clip with EP", section([](TorchTitanConfig& d) { d.clip = DTensorClip::torch; }),
+       "torchtitan.clip torch with topology.ep 2:"},
+      {"a fault of torchtitan's clip with torch's",
+       [&](casefile::Case& c) {
+         without_ep(c);
+         kTorchTitanSection.change(c, [](TorchTitanConfig& d) { d.clip = DTensorClip::torch; });
+         c.path.faults = c.path.faults.with(vocab::Fault::missing_pp_reduction);
+       },
+       "faults missing-pp-reduction with torchtitan.clip torch:", every_plant()},
+  };
+  const std::regex citation(R"([A-Za-z0-9_/]+\.py:[0-9]+)");
+  for (const auto& r : rules) {
+    casefile::Case c = moe_case();
+    r.edit(c);
+    const std::string text = torchtitan_refusal(c, "0.3.0", r.plants).value_or("(not refused)");
+    EXPECT_EQ(text.rfind(r.prefix, 0), 0u) << r.rule << ": " << text;
+    EXPECT_TRUE(std::regex_search(text, citation) || text.find("tally's worker does not build") != std::string::npos)
+        << r.rule << " names neither torchtitan's check nor what tally's worker does not build: " << text;
+  }
+  // Refusals in tally's own terms (a field of another target, a case with no torchtitan section) claim
+  // no torchtitan limit and cite none.
+  casefile::Case c = moe_case();
+  c.path.gradients.before_reduction = true;
+  EXPECT_TRUE(starts_with(torchtitan_refusal(c, "0.3.0"), "gradients.enter before_reduction:"));
+  // grads-averaged-twice is planted in FSDP2's reduction, which runs under torch's clip too.
+  c = moe_case();
+  without_ep(c);
+  kTorchTitanSection.change(c, [](TorchTitanConfig& d) { d.clip = DTensorClip::torch; });
+  FaultPlants plants;
+  plants.planted["grads-averaged-twice"] = "planted";
+  c.path.faults = c.path.faults.with(vocab::Fault::grads_averaged_twice);
+  EXPECT_FALSE(torchtitan_refusal(c, "0.3.0", plants));
 }
 
 TEST(TorchTitanTarget, RefusesTyingWithPipelineAsTorchTitanDoes) {
