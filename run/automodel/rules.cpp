@@ -17,33 +17,43 @@ using topologies::ParallelConfig;
 bool replicas_fault(const vocab::FaultSet& faults) { return faults.has(vocab::Fault::stats_over_replicas); }
 
 // The smallest HSDP replicate degree Automodel accepts above 1: a divisor of DP below it
-// (mesh_utils.py:310-314), or 1 where there is none.
+// (mesh_utils.py:308-311 at nemo_automodel 0.7.0), or 1 where there is none.
 int smallest_replication(int dp) {
   for (int r = 2; r < dp; ++r)
     if (dp % r == 0) return r;
   return 1;
 }
 
-// What Automodel's TP plan and its check of it refuse (parallelizer.py:1022-1042, validate_tp_mesh:
-// heads and key-value heads; the plan shards the embedding, the projections and the MLP by rows or
-// columns, which FSDP2's even TP sharding needs divisible).
+// What a TP size refuses: Automodel's own check of the heads (validate_tp_mesh, key-value heads first
+// as it checks them), then the uneven shards its plan would make of the MLP and the vocabulary, which
+// tally's worker does not build (Automodel has no check of them: an uneven vocabulary runs, an uneven
+// MLP fails in torch 2.11's DTensor matmul of the forward).
 std::optional<std::string> tp_refuses(const ModelSpec& m, int tp) {
   if (tp == 1) return std::nullopt;
-  const auto divides = [&](int size, const char* what, const char* why) -> std::optional<std::string> {
+  const auto divides = [&](int size, const char* what, const std::string& why) -> std::optional<std::string> {
     if (size % tp == 0) return std::nullopt;
-    return "topology.tp " + std::to_string(tp) + ": " + what + " " + std::to_string(size) + " is not divisible by it (" +
-           why + ")";
+    return "topology.tp " + std::to_string(tp) + ": " + what + " " + std::to_string(size) + " is not divisible by it: " +
+           why;
   };
-  if (auto why = divides(m.num_attention_heads, "model.num_attention_heads",
-                         "Automodel's validate_tp_mesh, parallelizer.py:1041-1042"))
+  const auto validate_tp_mesh = [&](const char* field, int size, const char* line) {
+    return "Automodel's validate_tp_mesh raises ValueError (\"" + std::string(field) + " (" + std::to_string(size) +
+           ") must be divisible by TP size (" + std::to_string(tp) +
+           ")\", nemo_automodel/components/distributed/parallelizer.py:" + line + ")";
+  };
+  const int groups = topologies::resolved_query_groups(m);
+  if (auto why = divides(groups, "model.num_query_groups (the key-value heads)",
+                         validate_tp_mesh("num_key_value_heads", groups, "1040")))
     return why;
-  if (auto why = divides(topologies::resolved_query_groups(m), "model.num_query_groups (the key-value heads)",
-                         "Automodel's validate_tp_mesh, parallelizer.py:1039-1040"))
+  if (auto why = divides(m.num_attention_heads, "model.num_attention_heads",
+                         validate_tp_mesh("num_attention_heads", m.num_attention_heads, "1042")))
     return why;
   if (auto why = divides(topologies::resolved_ffn_hidden(m), "model.ffn_hidden_size",
-                         "its TP plan shards gate_proj and up_proj by rows, down_proj by columns"))
+                         "tally's worker does not build uneven TP shards (Automodel's plan shards gate_proj and "
+                         "up_proj by rows, down_proj by columns)"))
     return why;
-  return divides(m.vocab_size, "model.vocab_size", "its TP plan shards embed_tokens and lm_head by rows");
+  return divides(m.vocab_size, "model.vocab_size",
+                 "tally's worker does not build uneven TP shards (Automodel's plan shards embed_tokens and lm_head by "
+                 "rows)");
 }
 
 // `m` as the Llama (or, with qk-layernorm, the Qwen3) of its size: RMSNorm, rotary positions, a gated
@@ -70,73 +80,105 @@ void as_hf_architecture(ModelSpec& m) {
 
 }  // namespace
 
+// Each refusal names the input first, then the framework's own check it mirrors (file:line at
+// nemo_automodel 0.7.0, transformers 5.18.0), or what tally's worker does not build.
 std::optional<std::string> automodel_refusal(const casefile::Case& c, std::string_view, const FaultPlants& plants) {
   const ModelSpec& m = c.model;
   const ParallelConfig& t = c.topology;
   const vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt)
-    return "model.kind custom: the Automodel worker builds tally's GPT family as a Llama or a Qwen3; a custom layout "
-           "has no module";
+    return "model.kind custom: tally's worker does not build a custom layout (it builds tally's GPT family as "
+           "Automodel's Llama or Qwen3)";
   if (auto why = other_frameworks_section(c, "automodel")) return why;
+  // Not a limit of Automodel's: the field is Megatron-LM's stage; Automodel's has its own field.
   if (c.path.gradients.before_reduction)
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); Automodel's is automodel.gradients_enter";
+  // Automodel has MoE models; they do not build on CPUs, where the worker has run.
   if (m.num_experts > 0)
-    return "model.num_experts: the worker builds Automodel's dense models only; its MoE models (qwen3_moe, "
-           "deepseek_v3, gpt_oss, ...) place their rotary embedding on a CUDA device when built "
-           "(components/models/qwen3_moe/model.py:184), and that path is not built yet";
-  if (m.mtp_num_layers > 0) return "model.mtp_num_layers: Llama and Qwen3 have no multi-token-prediction block";
+    return "model.num_experts: tally's worker does not build Automodel's MoE models (qwen3_moe, gpt_oss, ...) yet, "
+           "only its dense ones; qwen3_moe's places its rotary embedding on a CUDA device when built "
+           "(nemo_automodel/components/models/qwen3_moe/model.py:184)";
+  // Automodel has other architectures with these (MTP, sinks, LayerNorm, ...); the worker builds two.
+  if (m.mtp_num_layers > 0)
+    return "model.mtp_num_layers: tally's worker does not build multi-token prediction (it builds Llama and Qwen3, "
+           "which have none)";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
-    return "model.softmax_type learnable: Llama and Qwen3 have no attention sinks";
+    return "model.softmax_type learnable: tally's worker does not build attention sinks (it builds Llama and Qwen3, "
+           "which have none)";
   if (m.normalization != topologies::Normalization::rms_norm)
-    return "model.normalization LayerNorm: Llama and Qwen3 normalize with RMSNorm (a weight, no bias)";
+    return "model.normalization LayerNorm: tally's worker does not build LayerNorm (it builds Llama and Qwen3, which "
+           "normalize with RMSNorm: a weight, no bias)";
   if (m.position_embedding != topologies::PositionEmbedding::rope)
-    return "model.position_embedding_type learned_absolute: Llama and Qwen3 use rotary positions (no position-"
-           "embedding param)";
-  if (!m.swiglu) return "model.swiglu false: Llama's and Qwen3's MLPs are gated (gate_proj and up_proj)";
+    return "model.position_embedding_type learned_absolute: tally's worker does not build learned positions (it "
+           "builds Llama and Qwen3, which use rotary positions)";
+  if (!m.swiglu)
+    return "model.swiglu false: tally's worker does not build an ungated MLP (Llama's and Qwen3's have gate_proj and "
+           "up_proj)";
   if (m.qk_layernorm && m.add_bias_linear)
-    return "model.add_bias_linear with qk_layernorm: a Qwen3 (qk-layernorm) has no MLP biases (transformers' "
-           "Qwen3MLP builds gate_proj, up_proj and down_proj with bias=False)";
+    return "model.add_bias_linear with qk_layernorm: tally's worker does not build it: a qk-layernorm model is "
+           "Automodel's Qwen3, whose MLP, transformers' Qwen3MLP, has no biases "
+           "(transformers/models/qwen3/modeling_qwen3.py:76)";
   if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
     return "model.hidden_size " + std::to_string(m.hidden_size) + " with num_attention_heads " +
            std::to_string(m.num_attention_heads) + ": transformers' LlamaConfig raises ValueError (\"The hidden size (" +
            std::to_string(m.hidden_size) + ") is not a multiple of the number of attention heads (" +
-           std::to_string(m.num_attention_heads) + ")\", models/llama/configuration_llama.py:94-100)";
-  if (topologies::uses_gtp(t)) return "topology.gtp/egtp: generalized TP is megatron-core's, not Automodel's";
+           std::to_string(m.num_attention_heads) +
+           ").\", transformers/models/llama/configuration_llama.py:97), as StrictDataclassClassValidationError";
+  // Not a limit of Automodel's: megatron-core's fields, which Automodel has no counterpart of.
+  if (topologies::uses_gtp(t))
+    return "topology.gtp/egtp: generalized TP is megatron-core's, which tally's worker does not build for Automodel "
+           "(Automodel has none)";
   if (t.pp > 1 || t.vpp > 1)
     return "topology.pp " + std::to_string(t.pp) +
-           ": the worker builds no pipeline (Automodel's AutoPipeline, which splits the model into stages, is not "
-           "built yet)";
+           ": tally's worker does not build a pipeline yet (Automodel's AutoPipeline, which splits the model into "
+           "stages)";
+  // Automodel can lay its mesh over a list of ranks (MeshContext.build's `ranks`); the worker builds its default.
   if (!topologies::has_default_order(t))
-    return "topology.order " + t.order + ": Automodel's FSDP2 mesh unflattens the world as (pp, dp_replicate, "
-           "dp_shard, cp, tp), TP fastest (mesh_utils.py:322-331): tally's default order";
+    return "topology.order " + t.order +
+           ": tally's worker does not build other orders: it builds Automodel's default FSDP2 mesh, (pp, "
+           "dp_replicate, dp_shard, cp, tp) with TP fastest (nemo_automodel/components/distributed/mesh_utils.py:324), "
+           "tally's default order";
   if (t.dist_opt_instances > 1)
-    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances; HSDP's replicate degree is "
-           "automodel.dp_replicate";
-  if (t.ep > 1) return "topology.ep " + std::to_string(t.ep) + ": Automodel's dense models have no experts";
+    return "topology.dist_opt_instances: Megatron's distributed-optimizer instances, which tally's worker does not "
+           "build for Automodel; HSDP's replicate degree is automodel.dp_replicate";
+  // tally's own check refuses EP without experts (topologies/model_spec.cpp) before a case gets here.
+  if (t.ep > 1)
+    return "topology.ep " + std::to_string(t.ep) +
+           " without experts: Automodel's parallelize_model sends EP > 1 to its MoE parallelizer "
+           "(nemo_automodel/components/distributed/model_parallelizer.py:71), which raises AttributeError for a dense "
+           "model (\"MoE models must expose moe_config ...\", nemo_automodel/components/moe/parallelizer.py:245)";
   if (o.optimizer != vocab::OptimizerModel::plain)
     return "optimizer.model " + std::string(vocab::optimizer_model_name(o.optimizer)) +
-           ": Megatron's optimizers; the norm is Automodel's clip_grad_norm over the DTensor params (leave plain)";
-  if (!o.p_values.empty()) return "statistics.p_norms: the worker records the L2 norm only";
+           ": a model of Megatron's optimizers, which tally's worker does not build for Automodel; its norm is "
+           "Automodel's clip_grad_norm over the DTensor params (leave plain)";
+  if (!o.p_values.empty())
+    return "statistics.p_norms: tally's worker does not build other p-norms: it records the L2 norm only "
+           "(Automodel's clip_grad_norm at its default norm_type 2)";
   if (o.gradients.generator.dtype != kernels::Dtype::fp32)
     return "gradients.dtype " + std::string(kernels::dtype_name(o.gradients.generator.dtype)) +
-           ": the worker holds fp32 parameters and gradients (FSDP2 reduce_dtype float32), the precision "
-           "Automodel's fp32 master-weight recipe trains in";
+           ": tally's worker does not build 16-bit gradients: it holds fp32 parameters and gradients (FSDP2 "
+           "reduce_dtype float32)";
   if (std::string why = unplantable(o.faults, plants); !why.empty())
-    return "faults: the worker plants no counterpart of " + why;
+    return "faults: tally's worker does not build a counterpart of " + why;
   const std::optional<AutomodelConfig> a = kAutomodelSection.of(c);
   if (!a) return "automodel: the case has no Automodel configuration (dp_replicate, sequence_parallel)";
   const int dp = topologies::dp(t);
   const int replicate = a->dp_replicate;
   if (dp % replicate != 0)
-    return "automodel.dp_replicate " + std::to_string(replicate) + ": must divide the data-parallel size " +
-           std::to_string(dp) + " (HSDP: dp_replicate x dp_shard)";
+    return "automodel.dp_replicate " + std::to_string(replicate) + " with data-parallel size " + std::to_string(dp) +
+           ": Automodel raises ValueError (\"dp_size must be a multiple of dp_replicate_size\", "
+           "nemo_automodel/components/distributed/mesh_utils.py:309)";
   if (replicate > 1 && replicate >= dp)
     return "automodel.dp_replicate " + std::to_string(replicate) + " with data-parallel size " + std::to_string(dp) +
-           ": Automodel raises ValueError (\"dp_replicate_size must be less than dp_size since DDP usecase is not "
-           "supported by FSDP2\", components/distributed/mesh_utils.py:310-314)";
+           ": Automodel raises ValueError (\"dp_replicate_size=" + std::to_string(replicate) +
+           " must be less than dp_size=" + std::to_string(dp) +
+           " since DDP usecase is not supported by FSDP2\", nemo_automodel/components/distributed/mesh_utils.py:311)";
+  // Automodel would run it: its parallelizer reads sequence_parallel only where TP > 1.
   if (a->sequence_parallel && t.tp == 1)
-    return "automodel.sequence_parallel with topology.tp 1: sequence parallelism shards activations over TP";
+    return "automodel.sequence_parallel with topology.tp 1: tally's worker does not build it, the same run as "
+           "without it (Automodel applies no TP plan at TP 1, nemo_automodel/components/distributed/"
+           "parallelizer.py:317)";
   return tp_refuses(m, t.tp);
 }
 
