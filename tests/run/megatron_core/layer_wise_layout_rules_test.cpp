@@ -76,9 +76,11 @@ TEST(LayerWiseLayout, NamesWhatTheWorkerCannotRun) {
   casefile::Case c = layout_case();
   EXPECT_FALSE(megatron_core_refusal(c, "0.19.2"));
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"),
-                          "optimizer.layer_wise_param_layout: megatron-core 0.16.1 has no layer-wise parameter layout"));
+                          "optimizer.layer_wise_param_layout: tally's worker does not build the layer-wise "
+                          "parameter layout with megatron-core 0.16.1"));
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2", {}, {{"optimizer.layer_wise_param_layout", "why"}}),
-                          "optimizer.layer_wise_param_layout: the worker cannot run"));
+                          "optimizer.layer_wise_param_layout: tally's worker does not build the layer-wise "
+                          "parameter layout on this machine"));
   c.path.bucket_elements = 64;
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"),
                           "optimizer.bucket_elements 64 with optimizer.layer_wise_param_layout:"));

@@ -36,7 +36,8 @@ TEST(MegatronMtp, RunsOnOneStageOfRelease0_19) {
 TEST(MegatronMtp, NamesWhatTheWorkerDoesNotRecord) {
   casefile::Case c = mtp_case(2, 1);
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"),
-                          "model.mtp_num_layers 1: tally's worker builds multi-token prediction from megatron-core 0.19"));
+                          "model.mtp_num_layers 1: tally's worker does not build multi-token prediction with "
+                          "megatron-core 0.16.1"));
   c = mtp_case(2, 2);
   ASSERT_FALSE(casefile::check_case(c));
   EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.19.2"), "model.mtp_num_layers 1 with topology.pp 2:"));

@@ -76,7 +76,8 @@ TEST(MegatronCoreReduction, RefusedWhereTheSharesCannotBeExactOrTheReductionIsNo
   casefile::Case c = unreduced_case();
   c.model.add_bias_linear = false;
   ASSERT_EQ(megatron_core_refusal(c, "0.19.2"), std::nullopt);
-  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"), "gradients.enter before_reduction: tally deals"));
+  EXPECT_TRUE(starts_with(megatron_core_refusal(c, "0.16.1"),
+                          "gradients.enter before_reduction: tally's worker does not build it with megatron-core 0.16.1"));
 
   casefile::Case three = with_topology(c, 6, 2, 1, 1);  // DP 3
   EXPECT_TRUE(starts_with(megatron_core_refusal(three, "0.19.2"), "gradients.enter before_reduction at DP x CP 3:"));
@@ -90,8 +91,8 @@ TEST(MegatronCoreReduction, RefusedWhereTheSharesCannotBeExactOrTheReductionIsNo
 
   const std::map<std::string, std::string> declined{{"gradients.enter", "a stand-in"}};
   EXPECT_EQ(megatron_core_refusal(c, "0.19.2", {}, declined),
-            "gradients.enter before_reduction: the worker cannot run megatron-core's own gradient reduction on "
-            "this machine: a stand-in");
+            "gradients.enter before_reduction: tally's worker does not build megatron-core's own gradient reduction "
+            "on this machine: a stand-in");
 }
 
 // tally's model runs it too (gradnorm/reduction.h), so the field is no framework's section; the
