@@ -76,6 +76,12 @@ std::vector<Field> gpt_fields(ModelSpec& s) {
          s.softmax_type =
              static_cast<topologies::SoftmaxType>(read_choice(v, p, {"vanilla", "learnable"}));
        }},
+      bool_field("multi_latent_attention", s.multi_latent_attention),
+      optional_field("q_lora_rank", s.q_lora_rank),
+      int_field("kv_lora_rank", s.kv_lora_rank, 1),
+      int_field("qk_head_dim", s.qk_head_dim, 1),
+      int_field("qk_pos_emb_head_dim", s.qk_pos_emb_head_dim, 1),
+      int_field("v_head_dim", s.v_head_dim, 1),
       bool_field("untie_embeddings_and_output_weights", s.untie_embeddings_and_output_weights),
       bool_field("swiglu", s.swiglu),
       int_field("num_experts", s.num_experts, 0),
@@ -230,6 +236,14 @@ nlohmann::ordered_json model_spec_to_json(const ModelSpec& s) {
   j["qk_layernorm"] = s.qk_layernorm;
   j["position_embedding_type"] = topologies::position_embedding_name(s.position_embedding);
   j["softmax_type"] = topologies::softmax_type_name(s.softmax_type);
+  if (s.multi_latent_attention) {  // only then: the sizes are not read without it
+    j["multi_latent_attention"] = true;
+    optional("q_lora_rank", s.q_lora_rank);
+    j["kv_lora_rank"] = s.kv_lora_rank;
+    j["qk_head_dim"] = s.qk_head_dim;
+    j["qk_pos_emb_head_dim"] = s.qk_pos_emb_head_dim;
+    j["v_head_dim"] = s.v_head_dim;
+  }
   j["untie_embeddings_and_output_weights"] = s.untie_embeddings_and_output_weights;
   j["swiglu"] = s.swiglu;
   j["num_experts"] = s.num_experts;
@@ -253,8 +267,14 @@ ModelSpec model_spec_from_json(const json& value, std::string_view path_view) tr
   ModelSpec spec;
   if (value.contains("kind"))
     spec.kind = static_cast<ModelKind>(read_choice(value["kind"], path + ".kind", {"gpt", "custom"}));
-  if (spec.kind == ModelKind::gpt)
+  if (spec.kind == ModelKind::gpt) {
     read_object(value, path, gpt_fields(spec), "a gpt model");
+    // A size of multi-latent attention without it would be silently unused.
+    if (!spec.multi_latent_attention)
+      for (const char* key : {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"})
+        if (value.contains(key))
+          fail(path + "." + key, "is a size of multi-latent attention: set multi_latent_attention true, or leave it out");
+  }
   else
     read_object(value, path, custom_fields(spec), "a custom layout", {"params"});
   return spec;

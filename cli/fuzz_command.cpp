@@ -255,7 +255,7 @@ void run_fuzz(const FuzzOptions& o, CommandContext& context) {
   campaign.generator.topology.max_world = o.max_world;
   campaign.generator.topology.exact_world = context.backend.world();
   if (!o.norm_code.empty()) campaign.generator.keep_only = fuzz::norm_code_filter(o.norm_code);
-  campaign.generator.presets = parse_presets(o.presets, "--preset", /*every_one_laid_out=*/true);
+  campaign.generator.presets = parse_presets(o.presets, "--preset");
   campaign.corpus_dir = o.corpus;
   // What a campaign killed mid-write left behind.
   if (const int removed = io::remove_orphaned_temporaries(o.corpus); removed > 0 && !o.json)

@@ -16,7 +16,10 @@ void add_model_flags(CLI::App& command, ModelFlags& f) {
   topologies::ModelSpec& s = f.spec;
   auto add = [&](CLI::Option* option) { f.options.push_back(option); };
   // Model sizes: any int here; check_model states their bounds.
-  auto size = [&](CLI::Option* option) { f.options.push_back(option->check(any_int())); };
+  auto size = [&](CLI::Option* option) {
+    f.options.push_back(option->check(any_int()));
+    return option;
+  };
   command.add_option("--model", f.file,
                      "A JSON model spec (kind gpt with these fields in snake_case, or kind "
                      "custom with params by class); excludes the model flags");
@@ -51,6 +54,20 @@ void add_model_flags(CLI::App& command, ModelFlags& f) {
           ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
           ->capture_default_str());
   add(command.add_flag("--qk-layernorm", s.qk_layernorm, "Norms on queries and keys"));
+  add(command.add_flag("--multi-latent-attention", s.multi_latent_attention,
+                       "Multi-latent attention (DeepSeek-V2/V3): low-rank query and key-value projections, laid out "
+                       "as megatron-core's Transformer Engine spec builds them"));
+  f.mla_sizes = {
+      size(command.add_option("--q-lora-rank", s.q_lora_rank,
+                              "MLA: rank of the query's low-rank projection (default: none, one linear_q_proj)")),
+      size(command.add_option("--kv-lora-rank", s.kv_lora_rank, "MLA: rank of the key-value low-rank projection")
+               ->capture_default_str()),
+      size(command.add_option("--qk-head-dim", s.qk_head_dim, "MLA: query and key head width without rope")
+               ->capture_default_str()),
+      size(command.add_option("--qk-pos-emb-head-dim", s.qk_pos_emb_head_dim,
+                              "MLA: the rope part of each query and key head")
+               ->capture_default_str()),
+      size(command.add_option("--v-head-dim", s.v_head_dim, "MLA: value head width")->capture_default_str())};
   add(command.add_option("--position-embedding-type", f.position_embedding,
                          "learned_absolute (a replicated table) or rope (no parameter)")
           ->check(CLI::IsMember({"learned_absolute", "rope"}))
@@ -107,6 +124,10 @@ topologies::ModelSpec to_model_spec(const ModelFlags& f, const topologies::Paral
     }
   }
   topologies::ModelSpec spec = f.spec;
+  if (!spec.multi_latent_attention)
+    for (const CLI::Option* option : f.mla_sizes)
+      if (option->count() > 0)
+        throw UsageError(option->get_name() + " is a size of multi-latent attention: add --multi-latent-attention");
   spec.add_bias_linear = !f.disable_bias_linear;
   spec.normalization = f.normalization == "RMSNorm" ? topologies::Normalization::rms_norm
                                                     : topologies::Normalization::layer_norm;
@@ -131,18 +152,11 @@ topologies::ModelSpec to_model_spec(const ModelFlags& f, const topologies::Paral
   return spec;
 }
 
-std::vector<topologies::Preset> parse_presets(const std::vector<std::string>& names, const std::string& flag,
-                                              bool every_one_laid_out) {
+std::vector<topologies::Preset> parse_presets(const std::vector<std::string>& names, const std::string& flag) {
   std::vector<topologies::Preset> presets;
   for (const std::string& name : names) {
     const std::optional<topologies::Preset> preset = topologies::preset_from_name(name);
     if (!preset) throw UsageError(flag + " '" + name + "' is not a preset (" + topologies::preset_names() + ")");
-    // A preset's sizes follow the configuration, so one that has no model on a single rank is
-    // missing a kind of parameter, not a size.
-    if (every_one_laid_out) {
-      const topologies::PresetModel one_rank = topologies::preset_model(*preset, topologies::ParallelConfig{});
-      if (!one_rank.model) throw UsageError(flag + " " + one_rank.why_none);
-    }
     if (std::find(presets.begin(), presets.end(), *preset) == presets.end()) presets.push_back(*preset);
   }
   return presets;

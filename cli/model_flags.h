@@ -21,6 +21,7 @@ struct ModelFlags {
   std::string moe_layer_freq = "1";  // an integer or Megatron-LM's list expression
   bool disable_bias_linear = false;
   std::vector<CLI::Option*> options;  // the model flags, to reject mixing them with --model
+  std::vector<CLI::Option*> mla_sizes;  // multi-latent attention's, read only with --multi-latent-attention
 };
 
 void add_model_flags(CLI::App& command, ModelFlags& flags);
@@ -30,11 +31,9 @@ void add_model_flags(CLI::App& command, ModelFlags& flags);
 // --model or --preset, or a preset with no model on `config`.
 topologies::ModelSpec to_model_spec(const ModelFlags& flags, const topologies::ParallelConfig& config);
 
-// The presets `flag` names (a sweep's or a campaign's --preset list). Throws UsageError for a name
-// that is no preset, or, with `every_one_laid_out`, for one tally cannot lay out on any
-// configuration (a kind of parameter its model lacks), which a campaign would draw in vain.
-std::vector<topologies::Preset> parse_presets(const std::vector<std::string>& names, const std::string& flag,
-                                              bool every_one_laid_out);
+// The presets `flag` names (a sweep's or a campaign's --preset list), each once. Throws UsageError
+// for a name that is no preset.
+std::vector<topologies::Preset> parse_presets(const std::vector<std::string>& names, const std::string& flag);
 // "gpt-oss,llama3": the presets as --preset takes them.
 std::string presets_text(const std::vector<topologies::Preset>& presets);
 

@@ -139,7 +139,7 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
     if (error) throw UsageError("--html " + o.html + ": cannot create the folder (" + error.message() + ")");
   }
   const std::vector<fuzz::SweepFeature> features = parse_features(o.features);
-  const std::vector<topologies::Preset> presets = parse_presets(o.presets, "--preset", /*every_one_laid_out=*/false);
+  const std::vector<topologies::Preset> presets = parse_presets(o.presets, "--preset");
 
   std::unique_ptr<run::Target> target = chosen_target(o.target, context.backend, context.err);
   const run::TargetAbilities* opened = open_or_report(*target, o.world, context.err);

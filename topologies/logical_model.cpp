@@ -97,17 +97,30 @@ class GptWalker {
   void transformer_layer(std::string_view prefix, bool moe) {
     const std::int64_t h = s_.hidden_size;
     const std::int64_t heads = s_.num_attention_heads;
-    const std::int64_t kv = resolved_kv_channels(s_);
-    const std::int64_t groups = resolved_query_groups(s_);
-    const bool bias = s_.add_bias_linear;
     norm(prefix, "input_layernorm.", h);
-    // Attention registers core_attention and linear_proj, then SelfAttention linear_qkv and
-    // the q/k norms.
+    // Attention registers core_attention and linear_proj, then its projections and norms.
     const std::string& attn = attn_.assign(prefix).append("self_attention.");
     if (s_.softmax_type == SoftmaxType::learnable)
       emit({attn, "core_attention.softmax_offset"}, ParamClass::head_sharded, {heads});
-    emit({attn, "linear_proj.weight"}, ParamClass::row, {h, heads * kv});
-    if (bias) emit({attn, "linear_proj.bias"}, ParamClass::replicated, {h});
+    if (s_.multi_latent_attention) {
+      multi_latent_attention(attn);
+    } else {
+      emit({attn, "linear_proj.weight"}, ParamClass::row, {h, heads * resolved_kv_channels(s_)});
+      if (s_.add_bias_linear) emit({attn, "linear_proj.bias"}, ParamClass::replicated, {h});
+      standard_attention(attn);
+    }
+    norm(prefix, "pre_mlp_layernorm.", h);
+    mlp_block(prefix, moe);
+  }
+
+  // SelfAttention after linear_proj: linear_qkv and the q/k norms (per head, so split over TP with
+  // the heads: megatron-core sums their gradients over TP).
+  void standard_attention(std::string_view attn) {
+    const std::int64_t h = s_.hidden_size;
+    const std::int64_t heads = s_.num_attention_heads;
+    const std::int64_t kv = resolved_kv_channels(s_);
+    const std::int64_t groups = resolved_query_groups(s_);
+    const bool bias = s_.add_bias_linear;
     const std::int64_t qkv = (heads + 2 * groups) * kv;
     emit({attn, "linear_qkv.weight"}, ParamClass::column, {qkv, h});
     if (bias) emit({attn, "linear_qkv.bias"}, ParamClass::column_bias, {qkv});
@@ -115,7 +128,45 @@ class GptWalker {
       norm(attn, "q_layernorm.", kv);
       norm(attn, "k_layernorm.", kv);
     }
-    norm(prefix, "pre_mlp_layernorm.", h);
+  }
+
+  // MLASelfAttention as megatron-core 0.19's Transformer Engine spec registers it: linear_proj, the
+  // query projection (one, or down and up), then the key-value down and up projections. The down
+  // projections are TE linears in "duplicated" mode (whole on every TP rank, not marked tensor
+  // parallel); the up projections are column-parallel and, with qk_layernorm, carry the q/kv norm
+  // fused in (layer_norm_weight), which normalises the whole latent every TP rank holds. Only
+  // linear_proj has a bias.
+  void multi_latent_attention(std::string_view attn) {
+    const std::int64_t h = s_.hidden_size;
+    const std::int64_t heads = s_.num_attention_heads;
+    const std::int64_t q_head = std::int64_t{s_.qk_head_dim} + s_.qk_pos_emb_head_dim;
+    emit({attn, "linear_proj.weight"}, ParamClass::row, {h, heads * s_.v_head_dim});
+    if (s_.add_bias_linear) emit({attn, "linear_proj.bias"}, ParamClass::replicated, {h});
+    if (!s_.q_lora_rank) {
+      emit({attn, "linear_q_proj.weight"}, ParamClass::column, {heads * q_head, h});
+    } else {
+      emit({attn, "linear_q_down_proj.weight"}, ParamClass::replicated, {*s_.q_lora_rank, h});
+      up_projection(attn, "linear_q_up_proj.", heads * q_head, *s_.q_lora_rank);
+    }
+    emit({attn, "linear_kv_down_proj.weight"}, ParamClass::replicated,
+         {std::int64_t{s_.kv_lora_rank} + s_.qk_pos_emb_head_dim, h});
+    up_projection(attn, "linear_kv_up_proj.", heads * (std::int64_t{s_.qk_head_dim} + s_.v_head_dim),
+                  s_.kv_lora_rank);
+  }
+
+  // TELayerNormColumnParallelLinear registers its norm before its weight.
+  void up_projection(std::string_view attn, std::string_view name, std::int64_t rows, std::int64_t latent) {
+    if (s_.qk_layernorm) {
+      emit({attn, name, "layer_norm_weight"}, ParamClass::replicated, {latent});
+      if (s_.normalization == Normalization::layer_norm)
+        emit({attn, name, "layer_norm_bias"}, ParamClass::replicated, {latent});
+    }
+    emit({attn, name, "weight"}, ParamClass::column, {rows, latent});
+  }
+
+  void mlp_block(std::string_view prefix, bool moe) {
+    const std::int64_t h = s_.hidden_size;
+    const bool bias = s_.add_bias_linear;
     const std::string& mlp = mlp_.assign(prefix).append("mlp.");
     const std::int64_t gate = s_.swiglu ? 2 : 1;
     if (!moe) {
@@ -188,8 +239,14 @@ std::int64_t param_count(const ModelSpec& s) {
   if (s.kind == ModelKind::custom) return static_cast<std::int64_t>(s.params.size());
   const std::int64_t norm = s.normalization == Normalization::layer_norm ? 2 : 1;
   const std::int64_t bias = s.add_bias_linear ? 1 : 0;
-  const std::int64_t attention = norm + (s.softmax_type == SoftmaxType::learnable ? 1 : 0) + 2 +
-                                 2 * bias + (s.qk_layernorm ? 2 * norm : 0) + norm;
+  // input_layernorm, the sink, the attention's own params, pre_mlp_layernorm.
+  const std::int64_t up_projection = 1 + (s.qk_layernorm ? norm : 0);
+  const std::int64_t attention_params =
+      s.multi_latent_attention
+          ? 1 + bias + (s.q_lora_rank ? 1 + up_projection : 1) + 1 + up_projection
+          : 2 + 2 * bias + (s.qk_layernorm ? 2 * norm : 0);
+  const std::int64_t attention =
+      norm + (s.softmax_type == SoftmaxType::learnable ? 1 : 0) + attention_params + norm;
   const std::int64_t dense = 2 + 2 * bias;
   const std::int64_t per_expert = 2 + 2 * bias;
   const std::int64_t shared = s.moe_shared_expert_intermediate_size > 0

@@ -49,13 +49,17 @@ bool valid_name_char(char ch) {
 }
 
 std::optional<std::string> check_sizes(const ModelSpec& s) {
-  const std::array<std::pair<const char*, int>, 6> positive = {{
+  const std::array<std::pair<const char*, int>, 10> positive = {{
       {"num_layers", s.num_layers},
       {"hidden_size", s.hidden_size},
       {"num_attention_heads", s.num_attention_heads},
       {"vocab_size", s.vocab_size},
       {"max_position_embeddings", s.max_position_embeddings},
       {"moe_layer_freq", s.moe_layer_freq},
+      {"kv_lora_rank", s.kv_lora_rank},
+      {"qk_head_dim", s.qk_head_dim},
+      {"qk_pos_emb_head_dim", s.qk_pos_emb_head_dim},
+      {"v_head_dim", s.v_head_dim},
   }};
   for (const auto& [name, value] : positive) {
     if (value < 1) return std::string(name) + " must be at least 1 (got " + to_string(value) + ")";
@@ -63,8 +67,9 @@ std::optional<std::string> check_sizes(const ModelSpec& s) {
       return std::string(name) + " " + to_string(value) + " is larger than tally supports (at most " +
              to_string(kMaxSize) + ")";
   }
-  const std::array<std::pair<const char*, std::optional<int>>, 6> optional_positive = {{
+  const std::array<std::pair<const char*, std::optional<int>>, 7> optional_positive = {{
       {"num_query_groups", s.num_query_groups},
+      {"q_lora_rank", s.q_lora_rank},
       {"kv_channels", s.kv_channels},
       {"ffn_hidden_size", s.ffn_hidden_size},
       {"moe_ffn_hidden_size", s.moe_ffn_hidden_size},
@@ -124,7 +129,15 @@ std::optional<std::string> check_gpt(const ModelSpec& s) {
   if (!s.preset.empty() && !preset_from_name(s.preset))
     return "preset '" + s.preset + "' is not a preset (" + preset_names() + ")";
   if (std::optional<std::string> error = check_sizes(s)) return error;
-  if (!s.kv_channels && s.hidden_size % s.num_attention_heads != 0)
+  if (s.multi_latent_attention) {
+    if (s.num_query_groups && *s.num_query_groups != s.num_attention_heads)
+      return "num_query_groups " + to_string(*s.num_query_groups) + " with multi_latent_attention: Megatron-LM holds "
+             "group query attention and multi-latent attention mutually exclusive (arguments.py:1892-1893 at "
+             "core_v0.19.0)";
+    if (s.kv_channels)
+      return "kv_channels " + to_string(*s.kv_channels) + " with multi_latent_attention: its heads are qk_head_dim + "
+             "qk_pos_emb_head_dim wide for queries and keys and v_head_dim for values; kv_channels is not read";
+  } else if (!s.kv_channels && s.hidden_size % s.num_attention_heads != 0)
     return "hidden_size " + to_string(s.hidden_size) + " is not divisible by num_attention_heads " +
            to_string(s.num_attention_heads) + " (kv_channels defaults to their quotient)";
   const int groups = resolved_query_groups(s);
@@ -447,9 +460,10 @@ std::string describe(const ModelSpec& s) {
   }
   out << "gpt";
   if (!s.preset.empty()) out << " (preset " << s.preset << ")";
-  out << ": " << s.num_layers << " layers, hidden " << s.hidden_size << ", heads "
-      << s.num_attention_heads << " (query groups " << resolved_query_groups(s) << ", kv_channels "
-      << resolved_kv_channels(s) << "), vocab " << s.vocab_size;
+  out << ": " << s.num_layers << " layers, hidden " << s.hidden_size << ", heads " << s.num_attention_heads;
+  if (!s.multi_latent_attention)
+    out << " (query groups " << resolved_query_groups(s) << ", kv_channels " << resolved_kv_channels(s) << ")";
+  out << ", vocab " << s.vocab_size;
   if (s.num_experts == 0 || moe_layer_count(s) < s.num_layers) out << ", ffn " << resolved_ffn_hidden(s);
   if (s.num_experts > 0) {
     out << ", " << s.num_experts << " experts (ffn " << resolved_moe_ffn_hidden(s);
@@ -465,6 +479,12 @@ std::string describe(const ModelSpec& s) {
   out << ", " << normalization_name(s.normalization)
       << (s.add_bias_linear ? ", linear biases" : ", no linear biases");
   if (s.swiglu) out << ", swiglu";
+  if (s.multi_latent_attention) {
+    out << ", multi-latent attention (";
+    if (s.q_lora_rank) out << "q_lora_rank " << *s.q_lora_rank << ", ";
+    out << "kv_lora_rank " << s.kv_lora_rank << ", heads qk " << s.qk_head_dim << " + rope " << s.qk_pos_emb_head_dim
+        << ", v " << s.v_head_dim << ")";
+  }
   if (s.qk_layernorm) out << ", qk norms";
   if (s.softmax_type == SoftmaxType::learnable) out << ", attention sink";
   out << ", " << position_embedding_name(s.position_embedding) << ", "

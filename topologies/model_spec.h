@@ -118,6 +118,17 @@ struct ModelSpec {
   bool qk_layernorm = false;
   PositionEmbedding position_embedding = PositionEmbedding::learned_absolute;
   SoftmaxType softmax_type = SoftmaxType::vanilla;
+  // Multi-latent attention (Megatron-LM's --multi-latent-attention; DeepSeek-V2 and V3): low-rank
+  // query and key-value projections in place of linear_qkv, laid out as megatron-core's Transformer
+  // Engine spec builds it (the down projections duplicated on every TP rank, the up projections
+  // split over TP, the q/kv norms fused into the up projections with qk_layernorm). The sizes
+  // take Megatron-LM's defaults; without multi_latent_attention they are not read.
+  bool multi_latent_attention = false;
+  std::optional<int> q_lora_rank;  // none: one linear_q_proj, no query down projection
+  int kv_lora_rank = 32;
+  int qk_head_dim = 128;
+  int qk_pos_emb_head_dim = 64;
+  int v_head_dim = 128;
   bool untie_embeddings_and_output_weights = false;
   bool swiglu = false;  // gated FC1: twice the rows
   // MoE: num_experts > 0 turns every moe_layer_freq-th layer (0, freq, 2*freq, ...) into MoE.

@@ -83,8 +83,23 @@ PresetModel preset_model(Preset preset, const ParallelConfig& config) {
       m.softmax_type = SoftmaxType::learnable;
       break;
     case Preset::deepseek_v3:
-      return {std::nullopt, "deepseek-v3: multi-latent attention (its low-rank q and kv projections and their "
-                            "norms) is not in tally's model yet"};
+      // Multi-latent attention with both low-rank projections and their norms (no GQA), two layers
+      // per stage with the first layer dense and the others MoE with a shared expert, one MTP layer.
+      with_experts(m, config);
+      m.num_query_groups.reset();
+      m.multi_latent_attention = true;
+      m.qk_layernorm = true;
+      m.q_lora_rank = 4;
+      m.kv_lora_rank = 2;
+      m.qk_head_dim = 2;
+      m.qk_pos_emb_head_dim = 2;
+      m.v_head_dim = 2;
+      m.num_layers = 2 * config.pp * config.vpp;
+      m.moe_layer_pattern.assign(static_cast<std::size_t>(m.num_layers), true);
+      m.moe_layer_pattern[0] = false;
+      m.moe_shared_expert_intermediate_size = 2 * config.tp;
+      m.mtp_num_layers = 1;
+      break;
   }
   m.preset = std::string(preset_name(preset));
   if (std::optional<std::string> why = check_model(m, config))

@@ -69,6 +69,7 @@ void as_hf_architecture(ModelSpec& m) {
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.multi_latent_attention = false;
   m.normalization = topologies::Normalization::rms_norm;
   m.position_embedding = topologies::PositionEmbedding::rope;
   m.swiglu = true;
@@ -106,6 +107,9 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: tally's worker does not build attention sinks (it builds Llama and Qwen3, "
            "which have none)";
+  if (m.multi_latent_attention)
+    return "model.multi_latent_attention: tally's worker does not build multi-latent attention (it builds Llama and "
+           "Qwen3, which have none)";
   if (m.normalization != topologies::Normalization::rms_norm)
     return "model.normalization LayerNorm: tally's worker does not build LayerNorm (it builds Llama and Qwen3, which "
            "normalize with RMSNorm: a weight, no bias)";

@@ -271,6 +271,8 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
     return "model.mtp_num_layers: tally's worker does not build multi-token-prediction layers for DeepSpeed";
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type learnable: tally's worker does not build attention sinks";
+  if (m.multi_latent_attention)
+    return "model.multi_latent_attention: tally's worker does not build multi-latent attention for DeepSpeed yet";
   if (topologies::uses_gtp(t))
     return "topology.gtp/egtp: generalized TP is megatron-core's; tally's worker does not build it for DeepSpeed";
   if (t.cp > 1)
@@ -350,6 +352,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.multi_latent_attention = false;
   t.gtp = t.egtp = 1;
   t.tp *= t.cp;  // the ranks stay: CP folds into TP
   t.cp = 1;

@@ -75,6 +75,14 @@ MegatronArgs megatron_args(const casefile::Case& c) {
     value("--normalization", std::string(topologies::normalization_name(s.normalization)));
     if (!s.add_bias_linear) flag("--disable-bias-linear");
     if (s.qk_layernorm) flag("--qk-layernorm");
+    if (s.multi_latent_attention) {
+      flag("--multi-latent-attention");
+      if (s.q_lora_rank) integer("--q-lora-rank", *s.q_lora_rank);
+      integer("--kv-lora-rank", s.kv_lora_rank);
+      integer("--qk-head-dim", s.qk_head_dim);
+      integer("--qk-pos-emb-head-dim", s.qk_pos_emb_head_dim);
+      integer("--v-head-dim", s.v_head_dim);
+    }
     if (s.softmax_type != topologies::SoftmaxType::vanilla)
       value("--softmax-type", std::string(topologies::softmax_type_name(s.softmax_type)));
     if (s.untie_embeddings_and_output_weights) flag("--untie-embeddings-and-output-weights");

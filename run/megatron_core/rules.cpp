@@ -248,6 +248,14 @@ std::optional<std::string> megatron_core_refusal(const casefile::Case& c, std::s
            "custom layout has no Megatron module";
   if (auto why = other_frameworks_section(c, "megatron-core")) return why;
   if (auto why = mtp_refusal(c, version)) return why;
+  // The local spec's MLA passes k_channels and v_channels to the local DotProductAttention, whose
+  // __init__ takes neither; only Transformer Engine's core attention builds it.
+  if (m.multi_latent_attention)
+    return "model.multi_latent_attention with " + release + ": the local layer spec, which tally's worker builds "
+           "(no Transformer Engine), cannot build it: MLASelfAttention passes k_channels and v_channels to the "
+           "local DotProductAttention (" + cite("megatron/core/transformer/multi_latent_attention.py", "162", "214", version) +
+           "), whose __init__ takes neither (" +
+           cite("megatron/core/transformer/dot_product_attention.py", "42-52", "42-52", version) + "): a TypeError";
   // Not megatron-core's limit: tally does not judge the worker's build before it has run on a GPU.
   if (m.softmax_type != topologies::SoftmaxType::vanilla && !sinks_built_on_a_gpu(version))
     return "model.softmax_type learnable with " + release + ": the worker builds attention sinks (the local "

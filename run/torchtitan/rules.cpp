@@ -120,6 +120,9 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
   if (m.softmax_type != topologies::SoftmaxType::vanilla)
     return "model.softmax_type " + std::string(topologies::softmax_type_name(m.softmax_type)) +
            ": tally's worker does not build attention sinks in its torchtitan decoder yet";
+  if (m.multi_latent_attention)
+    return "model.multi_latent_attention: tally's worker does not build multi-latent attention in its torchtitan "
+           "decoder yet (torchtitan's deepseek_v3 model has it)";
   // Megatron's own fields, with no torchtitan counterpart: not a torchtitan limit.
   if (topologies::uses_gtp(t))
     return "topology.gtp/egtp: generalized TP is megatron-core's (torchtitan's parallelism has no such degree); "
@@ -198,6 +201,7 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.multi_latent_attention = false;
   t.gtp = t.egtp = 1;
   t.vpp = 1;
   t.order = std::string(topologies::kDefaultOrder);

@@ -76,6 +76,56 @@ TEST(LogicalModel, MoeGptElementCountMatchesTheFormula) {
   EXPECT_EQ(LogicalModel(s).total_elements(), expected);
 }
 
+// Multi-latent attention as megatron-core's Transformer Engine spec builds it: the down projections
+// whole on every TP rank, the up projections split over TP with their norms fused in, no linear_qkv.
+TEST(LogicalModel, MultiLatentAttentionElementCountAndClassesMatchTheSpec) {
+  ModelSpec s;
+  s.num_layers = 1;
+  s.hidden_size = 8;
+  s.num_attention_heads = 2;
+  s.vocab_size = 16;
+  s.ffn_hidden_size = 4;
+  s.normalization = Normalization::layer_norm;
+  s.position_embedding = PositionEmbedding::rope;
+  s.multi_latent_attention = true;
+  s.qk_layernorm = true;
+  s.q_lora_rank = 6;
+  s.kv_lora_rank = 4;
+  s.qk_head_dim = 3;
+  s.qk_pos_emb_head_dim = 2;
+  s.v_head_dim = 5;
+  const std::int64_t h = 8, heads = 2, q = 6, kv = 4, qk = 3, rope = 2, v = 5, f = 4, V = 16;
+  const std::int64_t attention = 2 * h                          // input_layernorm (LayerNorm)
+                                 + h * heads * v + h            // linear_proj and its bias
+                                 + q * h                        // linear_q_down_proj
+                                 + 2 * q + heads * (qk + rope) * q  // linear_q_up_proj: norm, weight
+                                 + (kv + rope) * h              // linear_kv_down_proj
+                                 + 2 * kv + heads * (qk + v) * kv   // linear_kv_up_proj: norm, weight
+                                 + 2 * h;                       // pre_mlp_layernorm
+  const std::int64_t mlp = f * h + f + h * f + h;
+  const LogicalModel model(s, testing::config_of(2, 2, 1, 1, 1));
+  EXPECT_EQ(model.total_elements(), V * h + attention + mlp + 2 * h);
+  EXPECT_EQ(find(model, "decoder.layers.0.self_attention.linear_qkv.weight"), nullptr);
+  const auto class_of = [&](const char* name) {
+    const LogicalParam* p = find(model, std::string("decoder.layers.0.self_attention.") + name);
+    EXPECT_NE(p, nullptr) << name;
+    return p ? p->param_class : ParamClass::replicated;
+  };
+  EXPECT_EQ(class_of("linear_q_down_proj.weight"), ParamClass::replicated);
+  EXPECT_EQ(class_of("linear_kv_down_proj.weight"), ParamClass::replicated);
+  EXPECT_EQ(class_of("linear_q_up_proj.layer_norm_weight"), ParamClass::replicated);
+  EXPECT_EQ(class_of("linear_kv_up_proj.layer_norm_bias"), ParamClass::replicated);
+  EXPECT_EQ(class_of("linear_q_up_proj.weight"), ParamClass::column);
+  EXPECT_EQ(class_of("linear_kv_up_proj.weight"), ParamClass::column);
+  EXPECT_EQ(class_of("linear_proj.weight"), ParamClass::row);
+  // Without a query rank one column-parallel projection takes the query.
+  s.q_lora_rank.reset();
+  const LogicalModel direct(s, testing::config_of(2, 2, 1, 1, 1));
+  ASSERT_NE(find(direct, "decoder.layers.0.self_attention.linear_q_proj.weight"), nullptr);
+  EXPECT_EQ(find(direct, "decoder.layers.0.self_attention.linear_q_proj.weight")->param_class, ParamClass::column);
+  EXPECT_EQ(find(direct, "decoder.layers.0.self_attention.linear_q_down_proj.weight"), nullptr);
+}
+
 TEST(LogicalModel, NamesUseGlobalLayerAndExpertIds) {
   ModelSpec s;
   s.num_layers = 4;

@@ -62,8 +62,27 @@ TEST(Presets, SayWhyTheyHaveNoModel) {
             "MoE is only supported when ETP==1)");
   EXPECT_EQ(preset_model(Preset::llama3, etp2).why_none,
             "llama3: ep 2 needs num_experts > 0 (expert parallelism needs MoE layers)");
-  EXPECT_NE(preset_model(Preset::deepseek_v3, ParallelConfig{.world = 1}).why_none.find("multi-latent attention"),
-            std::string::npos);
+}
+
+// DeepSeek-V3: multi-latent attention with both low-rank projections and their fused norms, no
+// linear_qkv, the first layer dense and the next MoE with a shared expert, and an MTP layer.
+TEST(Presets, DeepSeekV3HasMultiLatentAttentionAFirstDenseLayerASharedExpertAndMtp) {
+  const ParallelConfig config{.world = 8, .tp = 2, .pp = 2, .ep = 2, .etp = 2};
+  const PresetModel laid_out = preset_model(Preset::deepseek_v3, config);
+  ASSERT_TRUE(laid_out.model) << laid_out.why_none;
+  const ModelSpec& v3 = *laid_out.model;
+  EXPECT_EQ(v3.num_layers, 4);
+  EXPECT_EQ(moe_layer_count(v3), 3) << "the first layer dense";
+  EXPECT_FALSE(is_moe_layer(v3, 0));
+  const std::set<std::string> params = param_suffixes(v3, config);
+  for (const char* name : {"linear_q_down_proj.weight", "linear_q_up_proj.layer_norm_weight", "linear_q_up_proj.weight",
+                           "linear_kv_down_proj.weight", "linear_kv_up_proj.layer_norm_weight",
+                           "linear_kv_up_proj.weight", "eh_proj.weight"})
+    EXPECT_TRUE(params.contains(name)) << name;
+  EXPECT_GT(v3.moe_shared_expert_intermediate_size, 0);
+  EXPECT_EQ(v3.mtp_num_layers, 1);
+  EXPECT_FALSE(params.contains("linear_qkv.weight"));
+  EXPECT_FALSE(params.contains("linear_q_proj.weight")) << "q_lora_rank set: down and up instead";
 }
 
 // A preset is laid out on every configuration of a world whose axes its family has.

@@ -151,6 +151,12 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
       {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "model.mtp_num_layers:", Kind::not_built},
       {"attention sinks", [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; },
        "model.softmax_type learnable:", Kind::not_built},
+      {"multi-latent attention",
+       [](casefile::Case& c) {
+         c.model.multi_latent_attention = true;
+         c.model.num_query_groups.reset();
+       },
+       "model.multi_latent_attention:", Kind::not_built},
       {"LayerNorm", [](casefile::Case& c) { c.model.normalization = topologies::Normalization::layer_norm; },
        "model.normalization LayerNorm:", Kind::not_built},
       {"learned positions",

@@ -478,6 +478,12 @@ TEST(DeepSpeedTarget, EveryRefusalCitesDeepSpeedsCheckOrSaysTheWorkerDoesNotBuil
       {"attention sinks",
        refused(changed(dense, [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; })),
        "model.softmax_type learnable:", Says::not_built},
+      {"multi-latent attention",
+       refused(changed(dense, [](casefile::Case& c) {
+         c.model.multi_latent_attention = true;
+         c.model.num_query_groups.reset();
+       })),
+       "model.multi_latent_attention:", Says::not_built},
       {"GTP", refused(changed(dense, [](casefile::Case& c) { c.topology.gtp = 2; })), "topology.gtp/egtp:",
        Says::not_built},
       {"CP", refused(changed(dense, [](casefile::Case& c) { c.topology.cp = 2; })), "topology.cp:", Says::not_built},

@@ -118,6 +118,10 @@ TEST(MegatronCoreTarget, EveryRefusalCitesMegatronsCheckOrSaysTallysWorkerDoesNo
          return c;
        }, "model.mtp_num_layers 1 with model.moe_layer_freq 2:"},
       {"0.19.2", [&] { return layout(mtp(2, 1)); }, "model.mtp_detach_heads with optimizer.layer_wise_param_layout:"},
+      {"0.19.2", [&] { casefile::Case c = dense(2); c.model.multi_latent_attention = true; return c; },
+       "model.multi_latent_attention with megatron-core 0.19.2:"},
+      {"0.16.1", [&] { casefile::Case c = dense(2); c.model.multi_latent_attention = true; return c; },
+       "model.multi_latent_attention with megatron-core 0.16.1:"},
       {"0.16.1", [&] { casefile::Case c = dense(2); c.model.softmax_type = topologies::SoftmaxType::learnable; return c; },
        "model.softmax_type learnable with megatron-core 0.16.1:"},
       {"0.16.1", [&] { casefile::Case c = dense(4); c.topology.gtp = 2; return c; }, "topology.gtp/egtp:"},

@@ -117,6 +117,12 @@ TEST(TorchTitanTarget, EveryRefusalCitesTorchTitansCheckOrSaysTheWorkerDoesNotBu
       {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "model.mtp_num_layers 1:"},
       {"attention sinks", [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; },
        "model.softmax_type learnable:"},
+      {"multi-latent attention",
+       [](casefile::Case& c) {
+         c.model.multi_latent_attention = true;
+         c.model.num_query_groups.reset();
+       },
+       "model.multi_latent_attention:"},
       {"generalized TP", [](casefile::Case& c) { c.topology.gtp = 2; }, "topology.gtp/egtp:"},
       {"VPP", [](casefile::Case& c) { c.topology.vpp = 2; }, "topology.vpp 2:"},
       {"order", [](casefile::Case& c) { c.topology.order = "tp-dp-cp-ep-pp"; }, "topology.order tp-dp-cp-ep-pp:"},
