@@ -94,7 +94,7 @@ TEST(TorchTitanTarget, NamesWhatTheWorkerCannotBuild) {
 }
 
 // Every refusal names the check of torchtitan 0.3.0 or torch 2.15 it mirrors (a file:line, which
-// tests/adapters/torchtitan/test_framework_refusals.py calls), or says that tally's worker does not
+// tests/adapters/torchtitan/test_torchtitan_refusals.py calls), or says that tally's worker does not
 // build the case (issue 50). One case per rule; the prefix says which rule fired.
 TEST(TorchTitanTarget, EveryRefusalCitesTorchTitansCheckOrSaysTheWorkerDoesNotBuildIt) {
   using Edit = std::function<void(casefile::Case&)>;
