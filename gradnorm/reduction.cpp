@@ -178,9 +178,15 @@ ReducedGradients reduce_gradients(const topologies::LogicalModel& model, const t
       r.logical_id = param.logical_id;
       r.elements = &held.elements[p];
       r.steps = steps_of(param, logical, config, faults);
-      // The deal is the right reduction's: its groups, in its order, make each rank's index.
+      // The deal is the right reduction's: its groups, in its order, make each rank's index. An expert's
+      // right group is its expert-DP group even where Megatron's size rule treats it as dense (EP 1,
+      // ETP = TP): there the two groups hold the same ranks in Megatron-LM's orders, and only a release
+      // that reduces it over the dense group in another order mixes shards, as it does on the real run,
+      // whose worker deals by the param's class too (tally_adapters/megatron/reduction.py placement).
+      topologies::LocalParam dealt = param;
+      dealt.allreduce = !topologies::is_expert_class(logical.param_class);
       int deal_ranks = 1, index = 0;
-      for (Family family : steps_of(param, logical, config, {})) {
+      for (Family family : steps_of(dealt, logical, config, {})) {
         const std::span<const int> group = layout.group_ranks(family, rank);
         index += position_in(group, rank) * deal_ranks;
         deal_ranks *= static_cast<int>(group.size());

@@ -2,6 +2,7 @@
 
 #include "run/megatron_core/rules.h"
 #include "run/megatron_core/section.h"
+#include "gradnorm/reduction.h"
 #include "gradnorm/releases.h"
 #include "topologies/parallel_config.h"
 #include "vocab/optimizer_models.h"
@@ -109,9 +110,10 @@ constexpr FrameworkTarget kMegatronCore{
       casefile::Case model = c;
       model.target.reset();
       model.expect.reset();
-      // The release's norm of the reduced gradients: what a rank holds after the reduction the judge
-      // checks against the case's gradients on the real run.
-      model.path.gradients.before_reduction = false;
+      // Before the reduction, the release's reduction too, over the groups its layout gives each param
+      // (experts treated as dense reduced over the dense group), where tally's model reduces; else the
+      // release's norm of the reduced gradients, which the judge checks the held ones against.
+      if (gradnorm::reduction_refusal(model.topology)) model.path.gradients.before_reduction = false;
       model.path.faults = model.path.faults.with(gradnorm::release_faults(*release, c.path.optimizer));
       return model;
     },

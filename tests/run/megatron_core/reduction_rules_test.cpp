@@ -102,10 +102,16 @@ TEST(MegatronCoreReduction, MegatronCoreAndTallysModelRunIt) {
   EXPECT_EQ(framework_of(c), nullptr);
   EXPECT_FALSE(other_frameworks_section(c, "deepspeed"));
   EXPECT_TRUE(starts_with(deepspeed_refusal(c, "0.19.8"), "gradients.enter before_reduction:"));
-  // The release's model of it: the norm of the reduced gradients.
+  // The release's model of it reduces too, over the groups the release's layout gives each param;
+  // where tally's model cannot reduce (DP x CP 3), it is the norm of the reduced gradients.
   const std::optional<casefile::Case> model = megatron_core_target().release_model_case(c, "0.19.2");
   ASSERT_TRUE(model);
-  EXPECT_FALSE(model->path.gradients.before_reduction);
+  EXPECT_TRUE(model->path.gradients.before_reduction);
+  casefile::Case odd = c;
+  odd.topology = {.world = 3};
+  const std::optional<casefile::Case> odd_model = megatron_core_target().release_model_case(odd, "0.19.2");
+  ASSERT_TRUE(odd_model);
+  EXPECT_FALSE(odd_model->path.gradients.before_reduction);
 }
 
 TEST(MegatronCoreReduction, TheCaseFileWritesTheFieldOnlyWhenBefore) {
