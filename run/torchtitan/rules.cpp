@@ -113,13 +113,11 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
   if (c.path.gradients.before_reduction)
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); torchtitan's is torchtitan.gradients_enter";
-  // torchtitan has both (deepseek_v3's MTP, gpt_oss's sinks); the worker's decoder has neither.
+  // torchtitan has MTP (deepseek_v3's); the worker's decoder has none. Attention sinks it places as
+  // gpt_oss shards them, Shard(0) over TP (models/gpt_oss/sharding.py:104), the split of their class.
   if (m.mtp_num_layers > 0)
     return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
            ": tally's worker does not build a multi-token-prediction block in its torchtitan decoder yet";
-  if (m.softmax_type != topologies::SoftmaxType::vanilla)
-    return "model.softmax_type " + std::string(topologies::softmax_type_name(m.softmax_type)) +
-           ": tally's worker does not build attention sinks in its torchtitan decoder yet";
   if (m.multi_latent_attention)
     return "model.multi_latent_attention: tally's worker does not build multi-latent attention in its torchtitan "
            "decoder yet (torchtitan's deepseek_v3 model has it)";
@@ -200,7 +198,6 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   c.path.gradients.before_reduction = false;  // torchtitan's stage is its section's gradients_enter
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
-  m.softmax_type = topologies::SoftmaxType::vanilla;
   m.multi_latent_attention = false;
   t.gtp = t.egtp = 1;
   t.vpp = 1;

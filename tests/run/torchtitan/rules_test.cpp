@@ -115,8 +115,6 @@ TEST(TorchTitanTarget, EveryRefusalCitesTorchTitansCheckOrSaysTheWorkerDoesNotBu
   } rules[] = {
       {"custom layout", [](casefile::Case& c) { c.model.kind = topologies::ModelKind::custom; }, "model.kind custom:"},
       {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "model.mtp_num_layers 1:"},
-      {"attention sinks", [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; },
-       "model.softmax_type learnable:"},
       {"multi-latent attention",
        [](casefile::Case& c) {
          c.model.multi_latent_attention = true;
