@@ -10,8 +10,11 @@ import types
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-deepspeed = pytest.importorskip("deepspeed")
 torch = pytest.importorskip("torch")
+# A submodule: tests/adapters/deepspeed itself imports as a namespace package named deepspeed where
+# the real one is not installed.
+pytest.importorskip("deepspeed.runtime")
+import deepspeed  # noqa: E402
 
 from deepspeed.module_inject.auto_ep_config import parse_autoep_config, validate_autoep_post_detection  # noqa: E402
 from deepspeed.module_inject.auto_ep_folding import build_folding_spec, validate_folding_global  # noqa: E402
