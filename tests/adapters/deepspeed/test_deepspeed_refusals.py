@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 # the real one is not installed.
 pytest.importorskip("deepspeed.runtime")
 import deepspeed  # noqa: E402
-
 from deepspeed.module_inject.auto_ep_config import parse_autoep_config, validate_autoep_post_detection  # noqa: E402
 from deepspeed.module_inject.auto_ep_folding import build_folding_spec, validate_folding_global  # noqa: E402
 from deepspeed.moe.layer import MoE  # noqa: E402
