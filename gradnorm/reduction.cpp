@@ -112,10 +112,11 @@ struct Reducing {
   std::vector<double> values;
 };
 
-std::vector<Family> steps_of(const topologies::LocalParam& local, const topologies::LogicalParam& logical,
+// `allreduce`: the param is reduced over DP x CP (Megatron's attribute), else over its expert-DP group.
+std::vector<Family> steps_of(bool allreduce, const topologies::LogicalParam& logical,
                              const topologies::ParallelConfig& config, const vocab::FaultSet& faults) {
   using vocab::Fault;
-  std::vector<Family> steps = {local.allreduce ? Family::dp_cp : Family::expt_dp};
+  std::vector<Family> steps = {allreduce ? Family::dp_cp : Family::expt_dp};
   if (logical.tied && config.pp > 1) {
     if (!faults.has(Fault::tied_embedding_not_synced)) steps.push_back(Family::embedding);
     if (faults.has(Fault::tied_embedding_synced_twice)) steps.push_back(Family::embedding);
@@ -143,11 +144,10 @@ std::optional<std::string> reduction_refusal(const topologies::ParallelConfig& c
 
 std::vector<Family> reduction_steps(const topologies::LogicalParam& param, const topologies::ParallelConfig& config,
                                     const vocab::FaultSet& faults) {
-  topologies::LocalParam local;
-  local.allreduce = !topologies::is_expert_class(param.param_class) ||
-                    !topologies::expert_topology({config.tp, config.etp, config.ep, config.pp, config.vpp,
-                                                  config.gtp, config.egtp});
-  return steps_of(local, param, config, faults);
+  const bool allreduce = !topologies::is_expert_class(param.param_class) ||
+                         !topologies::expert_topology({config.tp, config.etp, config.ep, config.pp, config.vpp,
+                                                       config.gtp, config.egtp});
+  return steps_of(allreduce, param, config, faults);
 }
 
 std::vector<Family> families_of_reduction(const vocab::PathOptions& options) {
@@ -177,16 +177,14 @@ ReducedGradients reduce_gradients(const topologies::LogicalModel& model, const t
       Reducing r;
       r.logical_id = param.logical_id;
       r.elements = &held.elements[p];
-      r.steps = steps_of(param, logical, config, faults);
+      r.steps = steps_of(param.allreduce, logical, config, faults);
       // The deal is the right reduction's: its groups, in its order, make each rank's index. An expert's
       // right group is its expert-DP group even where Megatron's size rule treats it as dense (EP 1,
       // ETP = TP): there the two groups hold the same ranks in Megatron-LM's orders, and only a release
       // that reduces it over the dense group in another order mixes shards, as it does on the real run,
       // whose worker deals by the param's class too (tally_adapters/megatron/reduction.py placement).
-      topologies::LocalParam dealt = param;
-      dealt.allreduce = !topologies::is_expert_class(logical.param_class);
       int deal_ranks = 1, index = 0;
-      for (Family family : steps_of(dealt, logical, config, {})) {
+      for (Family family : steps_of(!topologies::is_expert_class(logical.param_class), logical, config, {})) {
         const std::span<const int> group = layout.group_ranks(family, rank);
         index += position_in(group, rank) * deal_ranks;
         deal_ranks *= static_cast<int>(group.size());
