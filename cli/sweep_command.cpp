@@ -25,7 +25,9 @@
 #include "fuzz/sweep_driver.h"
 #include "io/atomic_file.h"
 #include "io/json_read.h"
+#include "oracle/judge.h"
 #include "run/run_case.h"
+#include "run/target_run.h"
 #include "run/target.h"
 #include "topologies/parallel_config.h"
 #include "topologies/presets.h"
@@ -127,6 +129,26 @@ std::vector<std::unique_ptr<run::Target>> more_lanes(const SweepOptions& o, bool
   return lanes;
 }
 
+// A failure a sweep saved, judged again: a real target's from the manifests its case file saved
+// (the framework is not run again), tally's model's by running the case.
+fuzz::SavedFailureJudge judge_saved_failure(bool framework) {
+  return [framework](const std::string& file) -> std::optional<std::pair<casefile::Case, oracle::Verdict>> {
+    try {
+      casefile::Case c = casefile::load_case_file(file, run::case_frameworks());
+      if (!framework) {
+        oracle::Verdict verdict = run::run_case(c);
+        return std::pair{std::move(c), std::move(verdict)};
+      }
+      if (!c.target || c.target->manifests.empty()) return std::nullopt;
+      const std::string dir = (fs::path(file).parent_path() / c.target->manifests).string();
+      oracle::Verdict verdict = run::judge_saved_run_of(c, dir, oracle::kFrameworkRtol);
+      return std::pair{std::move(c), std::move(verdict)};
+    } catch (const std::exception&) {
+      return std::nullopt;  // a case file that no longer reads: its record stands
+    }
+  };
+}
+
 void run_sweep(const SweepOptions& o, CommandContext& context) {
   if (!o.merge.empty()) return run_merge(o, context);
   if (o.world < 1) throw UsageError("--world is required: the world whose every layout is swept");
@@ -178,6 +200,17 @@ void run_sweep(const SweepOptions& o, CommandContext& context) {
   drive.run.known = [&known, framework = opened->framework](const casefile::Case& c, const oracle::Verdict& v) {
     return fuzz::known_finding_of(known, framework, c, v);
   };
+  if (!o.no_known && !drive.resumed.done.empty()) {
+    const fuzz::RematchedFailures rematched =
+        fuzz::rematch_new_failures(drive.resumed, drive.state_file, judge_saved_failure(opened->framework), drive.run.known);
+    if ((rematched.now_known > 0 || rematched.still_new > 0 || rematched.not_judged > 0) && !o.json)
+      context.out << "state: its new failures matched again against the known findings: " << rematched.now_known
+                  << " known now, " << rematched.still_new << " still new"
+                  << (rematched.not_judged > 0 ? ", " + std::to_string(rematched.not_judged) +
+                                                     " kept as recorded (case file or manifests gone, or no longer failing)"
+                                               : std::string())
+                  << "\n";
+  }
   // A release tally models is held against that model, case by case (docs/real-targets.md).
   if (const run::FrameworkTarget* row = opened->framework ? run::framework_target(opened->name) : nullptr;
       row && row->release_model_case)

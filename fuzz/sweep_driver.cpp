@@ -54,6 +54,25 @@ ResumedSweep resume_sweep(const SweepReport& previous, const SweepReport& head, 
   return resumed;
 }
 
+RematchedFailures rematch_new_failures(ResumedSweep& resumed, const std::string& state_file, const SavedFailureJudge& judge,
+                                       const KnownFindingOf& known) {
+  RematchedFailures counts;
+  for (auto& [index, r] : resumed.done) {
+    if (r.outcome != SweepResult::Outcome::fail || !r.known.empty()) continue;
+    std::string file = r.case_file;
+    if (!file.empty() && !fs::exists(file)) file = (fs::path(state_file).parent_path() / fs::path(file).filename()).string();
+    std::optional<std::pair<casefile::Case, oracle::Verdict>> judged;
+    if (!file.empty() && fs::exists(file)) judged = judge(file);
+    if (!judged || judged->second.kind != oracle::Verdict::Kind::fail) {
+      ++counts.not_judged;
+      continue;
+    }
+    r.known = known(judged->first, judged->second);
+    ++(r.known.empty() ? counts.still_new : counts.now_known);
+  }
+  return counts;
+}
+
 SweepCounts count_sweep(const std::vector<SweepResult>& results) {
   SweepCounts c;
   for (const SweepResult& r : results) {

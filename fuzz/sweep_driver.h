@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "casefile/case.h"
@@ -42,6 +43,21 @@ struct ResumedSweep {
 // than `head` (world, target, release, features or shard).
 ResumedSweep resume_sweep(const SweepReport& previous, const SweepReport& head, const SweepPlan& plan,
                           const std::string& state_file);
+
+// A resumed state's new failures matched again against today's known findings, so that a finding
+// filed since the state was written (a saved run of it added to the --known folder) stops paging
+// as new on the sweep's next resume. `judge` gives a saved failure's case and verdict again (from
+// its case file and, on a real target, the manifests it saved), nullopt where the file is gone or
+// no longer reads; a case file not where the state says is looked for beside the state file (a
+// corpus copied elsewhere). A failure judged again that no longer fails keeps its record.
+struct RematchedFailures {
+  std::int64_t now_known = 0, still_new = 0, not_judged = 0;
+};
+using SavedFailureJudge =
+    std::function<std::optional<std::pair<casefile::Case, oracle::Verdict>>(const std::string& case_file)>;
+using KnownFindingOf = std::function<std::string(const casefile::Case&, const oracle::Verdict&)>;
+RematchedFailures rematch_new_failures(ResumedSweep& resumed, const std::string& state_file, const SavedFailureJudge& judge,
+                                       const KnownFindingOf& known);
 
 // What a sweep's results count, and what they mean for the night.
 struct SweepCounts {

@@ -1,6 +1,7 @@
 // A sweep's run (fuzz/sweep_driver.h): it resumes only what its state holds of the same sweep and
-// the same cases, writes its state as cases end, stops on a lane whose machinery keeps failing,
-// refuses lanes of different releases, and tells its observers in order.
+// the same cases, matching the state's new failures again against today's known findings; writes
+// its state as cases end, stops on a lane whose machinery keeps failing, refuses lanes of
+// different releases, and tells its observers in order.
 #include "fuzz/sweep_driver.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "io/json_read.h"
 #include "run/backend.h"
@@ -127,6 +129,54 @@ TEST(SweepDriver, AResumedSweepRunsOnlyWhatItsStateDoesNotHoldOfTheSameCases) {
   } catch (const std::invalid_argument& error) {
     EXPECT_EQ(std::string(error.what()), "dir/state.json is of another sweep (model another, world 2, shard 0/1)");
   }
+}
+
+TEST(SweepDriver, AResumedNewFailureFiledSinceCountsAsKnownAndNothingElseIsTouched) {
+  const fs::path dir = fs::temp_directory_path() / ("tally-rematch-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "moved");
+  const auto touch = [](const fs::path& p) { std::ofstream(p) << "{}"; };
+  touch(dir / "moved" / "L001-new.json");  // its state says /elsewhere/: found beside the state
+  touch(dir / "moved" / "L002-new.json");
+  touch(dir / "moved" / "L003-passes-now.json");
+  const auto failure = [](std::int64_t index, std::string file, std::string known) {
+    SweepResult r;
+    r.index = index;
+    r.id = "L00" + std::to_string(index);
+    r.outcome = SweepResult::Outcome::fail;
+    r.case_file = std::move(file);
+    r.known = std::move(known);
+    return r;
+  };
+  ResumedSweep resumed;
+  resumed.done = {{1, failure(1, "/elsewhere/L001-new.json", "")},
+                  {2, failure(2, (dir / "moved" / "L002-new.json").string(), "")},
+                  {3, failure(3, (dir / "moved" / "L003-passes-now.json").string(), "")},
+                  {4, failure(4, (dir / "moved" / "L004-gone.json").string(), "")},
+                  {5, failure(5, "/elsewhere/L005-known.json", "finding-b")}};
+  std::vector<std::string> judged;
+  const SavedFailureJudge judge = [&](const std::string& file) -> std::optional<std::pair<casefile::Case, oracle::Verdict>> {
+    judged.push_back(fs::path(file).filename().string());
+    oracle::Verdict v;
+    v.kind = file.find("passes-now") != std::string::npos ? oracle::Verdict::Kind::pass : oracle::Verdict::Kind::fail;
+    casefile::Case c;
+    c.description = fs::path(file).stem().string();
+    return std::pair{c, v};
+  };
+  const KnownFindingOf known = [](const casefile::Case& c, const oracle::Verdict&) {
+    return c.description == "L001-new" ? std::string("finding-a") : std::string();
+  };
+  const RematchedFailures counts = rematch_new_failures(resumed, (dir / "moved" / "sweep-state.json").string(), judge, known);
+  EXPECT_EQ(counts.now_known, 1);
+  EXPECT_EQ(counts.still_new, 1);
+  EXPECT_EQ(counts.not_judged, 2) << "one passes when judged again, one's file is gone";
+  EXPECT_EQ(judged, (std::vector<std::string>{"L001-new.json", "L002-new.json", "L003-passes-now.json"}))
+      << "only new failures are judged again, a known one's record stands";
+  EXPECT_EQ(resumed.done[1].known, "finding-a");
+  EXPECT_EQ(resumed.done[2].known, "");
+  EXPECT_EQ(resumed.done[3].outcome, SweepResult::Outcome::fail) << "a failure that passes now keeps its record";
+  EXPECT_EQ(resumed.done[5].known, "finding-b");
+  fs::remove_all(dir);
 }
 
 TEST(SweepDriver, ALaneWhoseMachineryKeepsFailingStopsTheSweepResumably) {
