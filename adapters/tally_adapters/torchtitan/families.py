@@ -323,3 +323,49 @@ def inventory(tt_model) -> List[Dict]:
     """A built torchtitan model's params: name, shape, element count, in its own order."""
     return [{"name": n, "shape": [int(s) for s in p.shape], "numel": int(p.numel())}
             for n, p in tt_model.named_parameters()]
+
+
+def set_sharding(config, family: str, enable_sp: bool, enable_ep: bool) -> None:
+    """The family's own sharding config on `config`, as its `update_from_config` sets it
+    (llama3/model.py:85, qwen3/model.py:101, gpt_oss/model.py:210, deepseek_v3/model.py:210 at 0.3.0);
+    called directly, since that method imports torchtitan's trainer (and its data loaders) first."""
+    if family == "llama3":
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        set_llama3_sharding_config(config, enable_sp=enable_sp)
+    elif family == "qwen3":
+        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+        set_qwen3_sharding_config(config, enable_sp=enable_sp, enable_ep=enable_ep)
+    elif family == "gpt_oss":
+        from torchtitan.models.gpt_oss.sharding import set_gpt_oss_sharding_config
+
+        set_gpt_oss_sharding_config(config, enable_sp=enable_sp, enable_ep=enable_ep)
+    else:
+        from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
+
+        set_deepseek_v3_sharding_config(config, enable_sp=enable_sp, enable_ep=enable_ep)
+
+
+def fsdp_of(family: str):
+    """The FSDP wrapping the family's parallelize function applies: deepseek_v3's wraps its MTP
+    layers too (deepseek_v3/parallelize.py:84), the others `apply_fsdp_to_decoder`."""
+    if family == "deepseek_v3":
+        from torchtitan.models.deepseek_v3.mtp import apply_fsdp_to_mtp_decoder
+
+        return apply_fsdp_to_mtp_decoder
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    return apply_fsdp_to_decoder
+
+
+def assemble(tt_name: str, shape: Sequence[int], segs: Sequence[Segment], values_of):
+    """A torchtitan param's whole tensor (numpy, float32, of `shape`) from the logical tensors
+    `values_of(name)` its segments hold."""
+    import numpy as np
+
+    rows, width = rows_and_width(tt_name, shape)
+    out = np.empty([rows] + width, dtype=np.float32)
+    for s in segs:
+        out[s.begin:s.end] = values_of(s.logical)[s.logical_begin:s.logical_begin + s.end - s.begin]
+    return out.reshape([int(d) for d in shape])

@@ -5,6 +5,7 @@ weight under `moe.routed_experts.inner_experts`, as torchtitan's grouped experts
 
 import re
 
+from ..hf_models import Segment
 from ..module_keys import module_key
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -41,8 +42,9 @@ def placed(full, mesh, split_dim, over):
 
 class StageModel:
     """This rank's stage of tally's model as a torchtitan decoder, and what each of its params holds:
-    `logical[id(param)]` is (full logical tensor, the logical params it holds: [(name, class, shape)],
-    stacked: whether its dim 0 is experts)."""
+    `logical[id(param)]` is (full logical tensor, the rows of logical params it holds: one Segment of a
+    whole param, or of a stack expert e's at rows e*R.. of its first two dims, stacked: whether its
+    dim 0 is experts), as tally_adapters.torchtitan.families gives them for torchtitan's own models."""
 
     def __init__(self, index, tensors, stage, meshes, ep, tied, device):
         import numpy as np
@@ -97,7 +99,7 @@ class StageModel:
             module = holder(named)
             for local, name in entries.items():
                 param = getattr(module, module_key(local))
-                self.logical[id(param)] = (tensors[name], [(name, classes[name], shapes[name])], False)
+                self.logical[id(param)] = (tensors[name], [Segment(0, shapes[name][0], name, 0)], False)
             return module
 
         self.model = holder()
@@ -117,7 +119,8 @@ class StageModel:
                         raise ValueError(f"model mismatch: layer {layer}'s experts of {suffix} are {sorted(by_expert)}")
                     full = np.stack([tensors[n] for n in names])
                     param = nn.Parameter(make(names[0], full, stacked=True))
-                    stacked[suffix] = (param, full, [(n, classes[n], shapes[n]) for n in names])
+                    rows = shapes[names[0]][0]
+                    stacked[suffix] = (param, full, [Segment(e * rows, (e + 1) * rows, n, 0) for e, n in enumerate(names)])
                 inner = holder()
                 inner.num_experts = len(next(iter(experts[layer].values())))
                 for suffix, (param, full, logical) in stacked.items():

@@ -46,6 +46,8 @@ import sys
 from .. import dtensor as tally_dtensor
 from .. import fsdp2, gloo_shims
 from .. import worker as base
+from . import families
+from .family_model import FamilyModel
 from .plants import NOT_PLANTED, PLANTS
 from .stage_model import StageModel
 
@@ -104,28 +106,52 @@ def layout_meshes(dims, backend):
     return (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims)
 
 
-def pieces_of(named_params, logical, boxes):
-    """The manifest pieces of every param: its local box (`boxes`), split per expert where it is a stack."""
+def _row_pieces(p, local_name, segs, lo, hi, row, at, dims, attributes, shapes):
+    """The pieces of rows [lo, hi) of `p` (over its expert dim too where it stacks experts), which
+    begin at flat element `at` of this rank's shard: one per segment they meet, each a box of its
+    logical param (the remaining dims of the shard's box, `dims`: offsets, extents)."""
+    pieces = []
+    offsets, extents = dims
+    for s in segs:
+        a, b = max(lo, s.begin), min(hi, s.end)
+        if a >= b:
+            continue
+        pieces.append(tally_dtensor.Piece(p, local_name, at + (a - lo) * row, at + (b - lo) * row, s.logical,
+                                          shapes[s.logical],
+                                          [s.logical_begin + a - s.begin] + offsets, [b - a] + extents, attributes))
+    return pieces
+
+
+def pieces_of(named_params, holdings, boxes, shapes):
+    """The manifest pieces of every param: its local box (`boxes`), split where it holds rows of
+    several logical params (an expert stack, torchtitan's gate and up projections)."""
     pieces = []
     for local_name, p in named_params:
-        full, held, stacked = logical[id(p)]
+        _, segs, stacked = holdings[id(p)]
         offsets, extents = boxes[id(p)]
         if 0 in extents:  # FSDP left this rank no element of it (fewer rows than ranks)
             continue
         if not stacked:
-            name, cls, shape = held[0]
-            piece = tally_dtensor.Piece(p, local_name, 0, int(math.prod(extents)), name, shape, offsets, extents,
-                                        tally_dtensor.attributes_of(p))
-            pieces.append(piece)
+            pieces += _row_pieces(p, local_name, segs, offsets[0], offsets[0] + extents[0],
+                                  int(math.prod(extents[1:])), 0, (offsets[1:], extents[1:]),
+                                  tally_dtensor.attributes_of(p), shapes)
             continue
-        per_expert = int(math.prod(extents[1:]))
+        rows = int(p.shape[1])  # an expert's rows
+        row = int(math.prod(extents[2:]))
+        attributes = tally_dtensor.attributes_of(p, expert=True, dim_offset=1)
         for k in range(extents[0]):
-            name, cls, shape = held[offsets[0] + k]
-            piece = tally_dtensor.Piece(p, f"{local_name}[{offsets[0] + k}]", k * per_expert, (k + 1) * per_expert,
-                                        name, shape, offsets[1:], extents[1:],
-                                        tally_dtensor.attributes_of(p, expert=True, dim_offset=1))
-            pieces.append(piece)
+            e = offsets[0] + k
+            lo = e * rows + offsets[1]
+            pieces += _row_pieces(p, f"{local_name}[{e}]", segs, lo, lo + extents[1], row, k * extents[1] * row,
+                                  (offsets[2:], extents[2:]), attributes, shapes)
     return pieces
+
+
+def _family_of_case(case):
+    """torchtitan's family of the case's preset where the worker builds it on torchtitan's own model
+    (one pipeline stage: torchtitan splits its models into stages by its own pipelining); None for
+    tally's decoder of holder modules."""
+    return families.FAMILIES.get(case["model"].get("preset")) if case["topology"]["pp"] == 1 else None
 
 
 def build(run, layouts, world):
@@ -143,6 +169,11 @@ def build(run, layouts, world):
     run.pp_mesh = dims.get_optional_mesh("pp")
     stage = run.pp_mesh.get_local_rank() if run.pp_mesh is not None else 0
     (dense, sparse), (dp_mesh, dp_dims, edp_mesh, edp_dims) = layout_meshes(dims, parallelism["spmd_backend"])
+    if _family_of_case(run.case):
+        built = FamilyModel(run.case["model"], run.index, run.tensors, dims, parallelism["spmd_backend"],
+                            (dp_mesh, dp_dims, edp_mesh, edp_dims), run.device)
+        run.model, run.by_name = built.model, built.by_name
+        return
     tied = not run.case["model"]["untie_embeddings_and_output_weights"]
     ep = run.case["topology"]["ep"]
     built = StageModel(run.index, run.tensors, stage, (dense, sparse), ep, tied, run.device)
@@ -177,17 +208,17 @@ def contributions_of(run):
     # "loss" spans dp_replicate x dp_shard x cp: the ranks of one (pp, tp) lane, FSDP's dense group.
     groups = {"dense": group_position(dims, ["loss"]), "tp-replicated": group_position(dims, ["loss", "tp"])}
     groups["expert"] = group_position(dims, ["dp_replicate", "efsdp"]) if dims.ep_enabled else groups["dense"]
+    classes = {p["name"]: p["class"] for p in run.index}
     shares = {}
     out = {}
     for path, p in run.model.named_parameters():
-        _, held, stacked = run.by_name[path]
-        group = "expert" if dims.ep_enabled and held[0][1].startswith("expert-") else \
+        _, segs, _ = run.by_name[path]
+        group = "expert" if dims.ep_enabled and classes[segs[0].logical].startswith("expert-") else \
             "tp-replicated" if fsdp2.replicated_over(p, "tp") else "dense"
         at, size = groups[group]
         if size not in shares:
             shares[size] = run.request.shares(size)
-        values = [shares[size][name][at] for name, _, _ in held]
-        out[path] = np.stack(values) if stacked else values[0]
+        out[path] = families.assemble(path, p.shape, segs, lambda name, of=shares[size], at=at: np.asarray(of[name][at]))
     return out
 
 
@@ -218,7 +249,7 @@ def set_gradients(run):
             full = torch.from_numpy(np.ascontiguousarray(logical[id(p)][0])).to(run.device)
             boxes[id(p)], run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
     run.params = [p for _, p in named]
-    run.pieces = pieces_of(named, logical, boxes)
+    run.pieces = pieces_of(named, logical, boxes, {p["name"]: p["shape"] for p in run.index})
     return {piece.logical_name for piece in run.pieces}
 
 
