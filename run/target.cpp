@@ -8,6 +8,7 @@
 #include "run/automodel/target_row.h"
 #include "run/deepspeed/target_row.h"
 #include "run/evidence.h"
+#include "run/hf/target_row.h"
 #include "run/target_run.h"
 #include "run/torchtitan/target_row.h"
 #include "vocab/optimizer_models.h"
@@ -127,8 +128,8 @@ class WorkerTarget final : public Target {
 
 std::span<const FrameworkTarget* const> framework_targets() {
   // Every framework's row, from its folder, in the order --help lists them.
-  static const std::array<const FrameworkTarget*, 4> rows{&megatron_core_target(), &deepspeed_target(),
-                                                          &torchtitan_target(), &automodel_target()};
+  static const std::array<const FrameworkTarget*, 5> rows{&megatron_core_target(), &deepspeed_target(),
+                                                          &torchtitan_target(), &automodel_target(), &hf_target()};
   return rows;
 }
 

@@ -1,0 +1,1 @@
+"""tally's Hugging Face target (transformers and accelerate): its worker (tally_adapters.hf.worker)."""

@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""tally's worker for the Hugging Face stack: executes tally's cases with transformers' own model
+classes laid out by accelerate, then accelerate's or the Trainer's own grad-norm code, unmodified,
+and writes the manifests `tally` judges (`tally fuzz|run|replay --target hf`).
+
+Started by tally, once per world size, under torchrun (one process per rank):
+
+    torchrun --standalone --nproc-per-node WORLD -m tally_adapters.hf.worker \\
+        --queue DIR --parent-pid PID [--backend auto|nccl|gloo]
+
+It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per case, on every rank:
+
+1. The case's GPT as the transformers architecture of its shape (tally_adapters.hf_models: Llama, or
+   Qwen3 with qk-layernorm), transformers' own `LlamaForCausalLM` / `Qwen3ForCausalLM`, fp32.
+2. Laid out as an accelerate user lays it out: an `Accelerator` with a `ParallelismConfig`
+   (dp_replicate, dp_shard, tp) and, for FSDP2, `FullyShardedDataParallelPlugin(fsdp_version=2)`;
+   for TP, the model distributed by transformers' own TP plan on accelerate's `tp` mesh (the two
+   steps `from_pretrained(distributed_config=DistributedConfig(tp_size=...))` runs around the
+   model's init: `prepare_distribute_model`, `maybe_distribute_model`); then `Accelerator.prepare`
+   of the model and an optimizer.
+3. Every param's gradient: after the reduction (the default), tally's values placed as the param is;
+   before it (`hf.gradients_enter`, FSDP2 only), each rank's share left by a backward under FSDP2's
+   hooks and averaged by FSDP2's own reduce-scatter (and HSDP's all-reduce: accelerate sets no
+   divide factor), what it leaves recorded (tally_adapters.fsdp2).
+4. The norm the case names (`hf.norm`): `Accelerator.clip_grad_norm_` (accelerator.py, which
+   dispatches to `_clip_grad_norm_dtensor_aware`), or the Trainer's `_clip_grad_norm` (trainer.py:
+   its mixed-mesh path where DTensor and plain gradients mix, else accelerate's), with the case's
+   max_norm; where the case does not clip, the Trainer's `_get_grad_norm` (what `train()` calls at
+   max_grad_norm 0) and accelerate's clip at infinity. The manifests of what it returned and of the
+   gradients after it, judged by DTensor's rule (tally_adapters.dtensor).
+
+On CPUs (gloo). accelerate 1.15 sets `DistributedType.FSDP`, and accepts a `ParallelismConfig`, only
+on an accelerator device's distributed type (accelerate/state.py:986 lists MULTI_GPU, MULTI_NPU, ...,
+not MULTI_CPU; parallelism_config.py:390 raises for MULTI_CPU), although nothing of its layout or
+norm computes on the device. So on CPUs the worker starts accelerate's process state on the CPU over
+tally's gloo group and names its distributed type MULTI_GPU before the `Accelerator` is made
+(`_cpu_ranks_as_devices`): accelerate's own `Accelerator`, `prepare`, FSDP2 wrapping
+(`fsdp2_prepare_model`) and clip then run as on GPUs. On GPUs (nccl) nothing is changed.
+"""
+
+import math
+import sys
+
+from .. import dtensor as tally_dtensor
+from .. import fsdp2, hf_models
+from .. import worker as base
+from ..plants import FSDP2_DIVIDE_FACTORS, fsdp2_divided_again, fsdp2_reduction_not_planted, fsdp2_summed
+
+_ACCELERATOR = "accelerate.accelerator:Accelerator"  # its methods, replaced on the class
+
+
+# --- planted faults (the real mutation score) -------------------------------------------------
+#
+# A catalog fault with a counterpart in accelerate's norm is planted for one case by replacing the
+# function that decides it (tally_adapters.plants); the original is put back after the case. Each
+# replacement is the function with one rule changed.
+
+
+def _each_mesh_by_its_norm(orig):
+    # The total norm is reported, but each of _clip_grad_norm_dtensor_aware's groups (a mesh's
+    # DTensor gradients, the plain ones) is clipped by its own norm (Megatron-LM #785's rule, in
+    # accelerate's per-mesh clip).
+    def _clip_grad_norm_dtensor_aware(self, parameters, max_norm, norm_type=2):
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        parameters = list(parameters)
+        total = orig(self, parameters, math.inf, norm_type)
+        groups = {}
+        for p in parameters:
+            if p.grad is not None:
+                key = ("mesh", id(p.grad.device_mesh)) if isinstance(p.grad, DTensor) else ("plain",)
+                groups.setdefault(key, []).append(p)
+        for params in groups.values():
+            own = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+            own = own.full_tensor() if isinstance(own, DTensor) else own
+            if isinstance(params[0].grad, DTensor):
+                own = DTensor.from_local(own, params[0].grad.device_mesh)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, own)
+        return total
+
+    return _clip_grad_norm_dtensor_aware
+
+
+def _local_norms_averaged(orig):
+    # Each rank's norm of its own shards, averaged over the world: per-rank contributions averaged
+    # instead of summed (DeepSpeed #8475's rule, in accelerate's norm).
+    def _clip_grad_norm_dtensor_aware(self, parameters, max_norm, norm_type=2):
+        import torch
+        import torch.distributed as dist
+
+        parameters = [p for p in parameters if p.grad is not None]
+        squares = sum(float(tally_dtensor.local_values(p.grad).astype("float64") @
+                            tally_dtensor.local_values(p.grad).astype("float64")) for p in parameters)
+        mean = torch.tensor([squares], dtype=torch.float64)
+        dist.all_reduce(mean)
+        total = torch.tensor(math.sqrt(float(mean) / dist.get_world_size()), dtype=torch.float32)
+        coefficient = min(1.0, max_norm / (float(total) + 1e-6))
+        for p in parameters:
+            (p.grad.to_local() if tally_dtensor.is_dtensor(p.grad) else p.grad).mul_(coefficient)
+        return total
+
+    return _clip_grad_norm_dtensor_aware
+
+
+# fault -> ([(module, the function, how to make the replacement)], how)
+PLANTS = {
+    # Where the gradients enter before FSDP2's reduction (hf.gradients_enter).
+    "grads-averaged-twice": (
+        [(*FSDP2_DIVIDE_FACTORS, fsdp2_divided_again)],
+        "FSDP2's average of the contributions is divided by its data-parallel size once more",
+    ),
+    "grads-not-averaged": (
+        [(*FSDP2_DIVIDE_FACTORS, fsdp2_summed)],
+        "FSDP2 sums the contributions without dividing",
+    ),
+    "average-rank-norms": (
+        [(_ACCELERATOR, "_clip_grad_norm_dtensor_aware", _local_norms_averaged)],
+        "_clip_grad_norm_dtensor_aware averages the ranks' local sums of squares instead of summing them",
+    ),
+    "clip-per-child-norm": (
+        [(_ACCELERATOR, "_clip_grad_norm_dtensor_aware", _each_mesh_by_its_norm)],
+        "each of _clip_grad_norm_dtensor_aware's groups (a mesh, the plain gradients) is clipped by its own "
+        "norm, the total reported",
+    ),
+}
+
+_NO_ATTRIBUTES = "DTensor counts through placements: accelerate's norm reads no Megatron attribute"
+_NO_MOE = "the worker builds transformers' dense models only"
+NOT_PLANTED = {
+    "expert-dedup-on-dense-tp": _NO_ATTRIBUTES,
+    "allreduce-flag-lost-on-main-params": _NO_ATTRIBUTES,
+    "expert-weights-not-tp-marked": _NO_ATTRIBUTES,
+    "expert-label-from-ep-only": _NO_ATTRIBUTES,
+    "expert-label-ignores-gtp": "no generalized TP",
+    "expert-stats-over-dense-mp": _NO_MOE,
+    "tied-copy-not-shared": "a tied output is one param without PP, and the worker builds no pipeline",
+    "tp-sharded-param-unmarked": _NO_ATTRIBUTES,
+    "replicated-marked-tp": _NO_ATTRIBUTES,
+    "no-dedup-filter": _NO_ATTRIBUTES,
+    "expert-norm-dropped": _NO_MOE,
+    "missing-ep-reduction": _NO_MOE,
+    "missing-pp-reduction": "the worker builds no pipeline",
+    "stats-over-replicas": "accelerate's norm reduces each mesh's DTensor norm by torch's placements, with no "
+                           "reduction of its own over HSDP's replicas",
+    "zero-count-in-float32": "accelerate reports no zero count",
+    "empty-rank-skips-collective": "not planted: a rank that skips a collective hangs the worker",
+    "inf-norm-combined-by-l2": "the worker records the L2 norm only",
+    "distopt-padding-counted": "no distributed optimizer",
+    "distopt-overlapping-shards": "no distributed optimizer",
+    "clip-per-stage-norm": "the worker builds no pipeline",
+    "clip-per-ep-group-norm": _NO_MOE,
+    "average-local-norms-over-dp": "FSDP's shards are summed by DTensor's placements; no per-rank norms over DP",
+    "muon-expert-stats-without-egtp": "no Muon",
+    "tp-marking-unseen-by-filter": _NO_ATTRIBUTES,
+    "norm-of-scaled-gradients": "no loss scale: the worker holds fp32 gradients",
+    "layer-wise-unsharded-at-dp-cp-1": "no layer-wise optimizer",
+    **fsdp2_reduction_not_planted("accelerate"),
+}
+
+
+# --- one case ----------------------------------------------------------------------------------
+
+
+def model_class(model_json):
+    """transformers' class of the case's architecture."""
+    if hf_models.architecture(model_json) == "qwen3":
+        from transformers import Qwen3ForCausalLM
+
+        return Qwen3ForCausalLM
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM
+
+
+def _cpu_ranks_as_devices():
+    """accelerate's process state on the CPU over the process group the worker started, its
+    distributed type named MULTI_GPU, so the `Accelerator` made next takes FSDP2 and a
+    ParallelismConfig as on GPUs (module docstring: accelerate/state.py:986 gates both on an
+    accelerator device's type). The device stays the CPU."""
+    from accelerate.state import DistributedType, PartialState
+
+    state = PartialState(cpu=True)
+    state.distributed_type = DistributedType.MULTI_GPU
+
+
+def build(run):
+    """The case's model, laid out by accelerate as the case's `hf` section and topology say, onto
+    `run` (`accelerator`, `model`, `trainer`)."""
+    import torch
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    from accelerate.parallelism_config import ParallelismConfig
+
+    run.config = run.request.engine_config()  # run/hf/rules.cpp wrote it; `tally show` prints the same
+    sizes = run.config["parallelism_config"]
+    trainer_args = None
+    if run.config["norm"] == "trainer":
+        # Made first: TrainingArguments sets up accelerate's process state as the Trainer does.
+        from transformers import TrainingArguments
+
+        trainer_args = TrainingArguments(output_dir=run.request.manifests_dir, report_to=[],
+                                         max_grad_norm=float(run.config["max_grad_norm"]),
+                                         use_cpu=run.device.type == "cpu")
+    if run.device.type == "cpu":
+        _cpu_ranks_as_devices()
+    fsdp = run.config["fsdp_version"] == 2
+    accelerator = Accelerator(
+        parallelism_config=ParallelismConfig(dp_replicate_size=sizes["dp_replicate_size"],
+                                             dp_shard_size=sizes["dp_shard_size"], tp_size=sizes["tp_size"]),
+        fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2) if fsdp else None,
+    )
+    cls = model_class(run.case["model"])
+    config = hf_models.hf_config(run.case["model"], run.index)
+    with torch.device(run.device):
+        model = cls(config)
+    if sizes["tp_size"] > 1:
+        from transformers.distributed import DistributedConfig
+
+        distributed, _, tp_mesh = cls.prepare_distribute_model(DistributedConfig(tp_size=sizes["tp_size"]),
+                                                               device_mesh=accelerator.torch_device_mesh)
+        model = cls.maybe_distribute_model(model, distributed, tp_mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    run.model, run.optimizer = accelerator.prepare(model, optimizer)
+    run.accelerator = accelerator
+    run.trainer = None
+    if trainer_args is not None:
+        # The Trainer's own methods on a Trainer holding this accelerator and these arguments:
+        # Trainer.__init__ would make an Accelerator of its own, and train() runs a data loop.
+        from transformers import Trainer
+
+        run.trainer = Trainer.__new__(Trainer)
+        run.trainer.args = trainer_args
+        run.trainer.accelerator = accelerator
+        run.trainer._mixed_mesh_grads = None
+
+
+def local_name(name):
+    """A param's name without a wrapper's module names."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
+
+
+def contributions_of(run, segments):
+    """This rank's share of each param's gradient (path -> numpy array of the param's shape): FSDP2
+    averages every gradient over dp_replicate x dp_shard (accelerate sets no divide factor), so tally
+    dealt every gradient times that size into one nonzero share per rank of the world
+    (run/hf/rules.h: FSDP2 runs at TP 1 only). A rank takes the share at its rank."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    at = dist.get_rank()
+    mine = {name: values[at] for name, values in run.request.shares(world).items()}
+    return {n: hf_models.full_gradient(segments[local_name(n)], p.shape, mine)
+            for n, p in run.model.named_parameters() if p.requires_grad}
+
+
+def set_gradients(run):
+    """Every param's gradient (`before`, by param) and the manifest pieces of each (`pieces`);
+    returns the logical names held. After the reduction: tally's values placed as the param is.
+    Before it: each rank's contribution, reduced by FSDP2 itself (tally_adapters.fsdp2)."""
+    import torch
+
+    named = [(local_name(n), p) for n, p in run.model.named_parameters() if p.requires_grad]
+    segments = hf_models.segments(run.case["model"], run.index)
+    hf_models.check_cover(segments, {n: list(p.shape) for n, p in named}, run.index)
+    shapes = {p["name"]: list(p["shape"]) for p in run.index}
+    run.pieces, run.before = [], {}
+    reduced = run.case["hf"].get("gradients_enter") == "before_reduction"
+    if reduced:
+        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, segments), run.device))
+        boxes, run.before = fsdp2.held_gradients([p for _, p in named])
+    for name, p in named:
+        if reduced:
+            offsets, extents = boxes[id(p)]
+        else:
+            full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, run.tensors)).to(run.device)
+            (offsets, extents), run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
+        for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
+            run.pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
+                                                  logical_extents, tally_dtensor.attributes_of(p)))
+    run.params = [p for _, p in named]
+    return {piece.logical_name for piece in run.pieces}
+
+
+def clip(run):
+    """The norm the case names, over the model's params, with the case's max_norm (infinity where the
+    case does not clip): its norm (`norm`) and the gradients after it (`after`)."""
+    from torch.distributed.tensor import DTensor
+
+    max_norm = float(run.config["max_grad_norm"])
+    if run.trainer is not None:
+        # As Trainer's training step calls them (trainer.py: _clip_grad_norm where max_grad_norm > 0,
+        # then _get_grad_norm, which returns the norm it was given).
+        total = run.trainer._clip_grad_norm(run.model) if max_norm > 0 else None
+        total = run.trainer._get_grad_norm(run.model, grad_norm=total)
+    else:
+        total = run.accelerator.clip_grad_norm_(run.model.parameters(), max_norm if max_norm > 0 else math.inf)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    run.norm = float(total)
+    run.after = {id(p): tally_dtensor.local_values(p.grad) for p in run.params}
+
+
+def group_key(p):
+    """accelerate's group of a param (`_clip_grad_norm_dtensor_aware`: a DTensor's mesh, or the plain
+    gradients), cut by placements, named the same on every rank."""
+    if not tally_dtensor.is_dtensor(p):
+        return ("plain",)
+    return ("mesh " + ",".join(tally_dtensor.dim_names(p.device_mesh)),) + tally_dtensor.signature(p)
+
+
+def manifest(run, producer):
+    """This rank's manifest: one child per accelerate group and placements, each over the world
+    (DTensor's rule: a piece kept on the first replica of its Replicate dims; a plain param, whole on
+    every rank, kept on each)."""
+    import torch.distributed as dist
+
+    params, world = run.params, dist.get_world_size()
+    max_norm = float(run.config["max_grad_norm"])
+    children = tally_dtensor.canonical_children([group_key(p) for p in params], world)
+    clips = tally_dtensor.clip_coefficients(children, params, group_key, run.before, run.after, max_norm, run.norm) \
+        if max_norm > 0 else None
+    mesh = run.accelerator.torch_device_mesh
+    names = tally_dtensor.dim_names(mesh)
+    rank = dist.get_rank()
+    tp_group = tally_dtensor.ranks_along(mesh, [names.index("tp")]) if "tp" in names else [rank]
+    t = run.case["topology"]
+    code = "Trainer._clip_grad_norm" if run.trainer is not None else "Accelerator.clip_grad_norm_"
+    return tally_dtensor.build_manifest(
+        run.pieces, group_key, children, lambda p: run.before[id(p)],
+        child_names=lambda key: f"{code} group {key[0]}" + (f" on ({', '.join(key[1:])})" if len(key) > 1 else ""),
+        groups={"tp": tp_group, "expt_tp": [rank]},
+        parallel={"tp": t["tp"], "cp": t["cp"], "pp": t["pp"], "dp": world // (t["tp"] * t["cp"] * t["pp"]),
+                  "ep": t["ep"], "etp": t["etp"]},
+        producer=producer,
+        reported_norm=run.norm,
+        clips=clips,
+        clipped_of=lambda p: run.after[id(p)],
+    )
+
+
+def release(run):
+    """accelerate's process state forgotten, so the next case's Accelerator is made with its own
+    configuration (accelerate keeps one shared state per process)."""
+    from accelerate.state import AcceleratorState
+
+    for name in ("model", "optimizer", "accelerator", "trainer"):
+        if hasattr(run, name):
+            setattr(run, name, None)
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+class HfWorker(base.Worker):
+    """tally's worker for transformers and accelerate: transformers' models, accelerate's layout, and
+    accelerate's or the Trainer's norm."""
+
+    framework = "hf"
+    package = "accelerate"
+    plants = PLANTS
+    not_planted = NOT_PLANTED
+
+    def framework_version(self):
+        import accelerate
+        import transformers
+
+        # accelerate's release, which lays the case out and computes the norm, then transformers' (the
+        # models and the Trainer), as one release string: "1.15.0+transformers-5.17.0".
+        return f"{accelerate.__version__}+transformers-{transformers.__version__}"
+
+    def start(self):
+        import accelerate.accelerator  # noqa: F401  (planted faults replace its functions)
+
+    def dtypes(self):
+        return ["fp32"]
+
+    def build(self, run):
+        build(run)
+
+    def set_gradients(self, run):
+        return set_gradients(run)
+
+    def norm_step(self, run):
+        clip(run)
+
+    def manifest(self, run):
+        return manifest(run, self.producer())
+
+    def release(self, run, failed):
+        release(run)
+
+
+def main(argv=None):
+    return base.run(HfWorker, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
