@@ -27,7 +27,8 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
    its mixed-mesh path where DTensor and plain gradients mix, else accelerate's), with the case's
    max_norm; where the case does not clip, the Trainer's `_get_grad_norm` (what `train()` calls at
    max_grad_norm 0) and accelerate's clip at infinity. The manifests of what it returned and of the
-   gradients after it, judged by DTensor's rule (tally_adapters.dtensor).
+   gradients after it: each group of the norm (a mesh and placements, the plain gradients) summed
+   over the ranks that norm reduces it over on this rank (`stats_group`), every shard kept there.
 
 On CPUs (gloo). accelerate 1.15 sets `DistributedType.FSDP`, and accepts a `ParallelismConfig`, only
 on an accelerator device's distributed type (accelerate/state.py:986 lists MULTI_GPU, MULTI_NPU, ...,
@@ -308,23 +309,45 @@ def group_key(p):
     return ("mesh " + ",".join(tally_dtensor.dim_names(p.device_mesh)),) + tally_dtensor.signature(p)
 
 
+def stats_group(p, rank, mixed_mesh):
+    """The ranks the norm sums `p`'s squares over on this rank. accelerate's (torch's get_total_norm
+    over each mesh's DTensors, `full_tensor` of each group's norm): a DTensor's mesh dims that are not
+    Replicate; a plain gradient, this rank alone. The Trainer's mixed-mesh path
+    (`_mixed_mesh_grad_norm`, where DTensor and plain gradients mix): every DTensor's local squares
+    all-reduced over the first DTensor's whole mesh, whatever its placements; a plain one, this rank."""
+    if not tally_dtensor.is_dtensor(p):
+        return [rank]
+    mesh = p.device_mesh
+    if mixed_mesh:
+        return tally_dtensor.ranks_along(mesh, list(range(mesh.ndim)))
+    return tally_dtensor.ranks_along(mesh, [d for d, pl in enumerate(p.placements) if not pl.is_replicate()])
+
+
 def manifest(run, producer):
-    """This rank's manifest: one child per accelerate group and placements, each over the world
-    (DTensor's rule: a piece kept on the first replica of its Replicate dims; a plain param, whole on
-    every rank, kept on each)."""
+    """This rank's manifest: one child per accelerate group (a mesh, the plain gradients) and
+    placements, each summed over the ranks the norm that ran sums it over on this rank."""
     import torch.distributed as dist
 
-    params, world = run.params, dist.get_world_size()
+    params, world, rank = run.params, dist.get_world_size(), dist.get_rank()
     max_norm = float(run.config["max_grad_norm"])
     children = tally_dtensor.canonical_children([group_key(p) for p in params], world)
+    # The Trainer decided it itself (Trainer._has_mixed_mesh_grads, cached on the first call).
+    mixed_mesh = run.trainer is not None and bool(run.trainer._mixed_mesh_grads)
+    groups_of = {}
+    for p in params:
+        groups_of.setdefault(group_key(p), stats_group(p, rank, mixed_mesh))
+    missing = [key for key in children if key not in groups_of]
+    if missing:
+        raise ValueError(f"rank {rank} holds no param of the norm's groups {missing}: the ranks would not reduce "
+                         "the same groups")
     clips = tally_dtensor.clip_coefficients(children, params, group_key, run.before, run.after, max_norm, run.norm) \
         if max_norm > 0 else None
     mesh = run.accelerator.torch_device_mesh
     names = tally_dtensor.dim_names(mesh)
-    rank = dist.get_rank()
     tp_group = tally_dtensor.ranks_along(mesh, [names.index("tp")]) if "tp" in names else [rank]
     t = run.case["topology"]
-    code = "Trainer._clip_grad_norm" if run.trainer is not None else "Accelerator.clip_grad_norm_"
+    code = ("Trainer._mixed_mesh_grad_norm" if mixed_mesh else "Trainer._clip_grad_norm") if run.trainer is not None \
+        else "Accelerator.clip_grad_norm_"
     return tally_dtensor.build_manifest(
         run.pieces, group_key, children, lambda p: run.before[id(p)],
         child_names=lambda key: f"{code} group {key[0]}" + (f" on ({', '.join(key[1:])})" if len(key) > 1 else ""),
@@ -335,6 +358,7 @@ def manifest(run, producer):
         reported_norm=run.norm,
         clips=clips,
         clipped_of=lambda p: run.after[id(p)],
+        stats_groups={key: groups_of[key] for key in children},
     )
 
 
