@@ -113,14 +113,18 @@ std::optional<std::string> torchtitan_refusal(const casefile::Case& c, std::stri
   if (c.path.gradients.before_reduction)
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); torchtitan's is torchtitan.gradients_enter";
-  // torchtitan has MTP (deepseek_v3's); the worker's decoder has none. Attention sinks it places as
+  // MTP and multi-latent attention are torchtitan's deepseek_v3 model's, which the worker builds for
+  // the deepseek-v3 preset on one stage; its own decoder has neither. Attention sinks it places as
   // gpt_oss shards them, Shard(0) over TP (models/gpt_oss/sharding.py:104), the split of their class.
-  if (m.mtp_num_layers > 0)
+  const bool deepseek_v3 = torchtitan_family(c) == "deepseek_v3";
+  if (m.mtp_num_layers > 0 && !deepseek_v3)
     return "model.mtp_num_layers " + std::to_string(m.mtp_num_layers) +
-           ": tally's worker does not build a multi-token-prediction block in its torchtitan decoder yet";
-  if (m.multi_latent_attention)
+           ": tally's worker does not build a multi-token-prediction block in its torchtitan decoder; it builds "
+           "torchtitan's own deepseek_v3 model, which has one, for model.preset deepseek-v3 on one pipeline stage";
+  if (m.multi_latent_attention && !deepseek_v3)
     return "model.multi_latent_attention: tally's worker does not build multi-latent attention in its torchtitan "
-           "decoder yet (torchtitan's deepseek_v3 model has it)";
+           "decoder; it builds torchtitan's own deepseek_v3 model, which has it, for model.preset deepseek-v3 on "
+           "one pipeline stage";
   // Megatron's own fields, with no torchtitan counterpart: not a torchtitan limit.
   if (topologies::uses_gtp(t))
     return "topology.gtp/egtp: generalized TP is megatron-core's (torchtitan's parallelism has no such degree); "
@@ -196,9 +200,14 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::keep_only_section(c, kTorchTitanSection.key);
   c.path.gradients.before_reduction = false;  // torchtitan's stage is its section's gradients_enter
-  m.mtp_num_layers = 0;
-  m.mtp_detach_heads = false;
-  m.multi_latent_attention = false;
+  // The deepseek-v3 preset keeps its MTP and multi-latent attention on one stage (torchtitan's own
+  // deepseek_v3 model builds them); any other case is the worker's decoder, which has neither.
+  const bool deepseek_v3 = m.preset == "deepseek-v3";
+  if (!deepseek_v3) {
+    m.mtp_num_layers = 0;
+    m.mtp_detach_heads = false;
+    m.multi_latent_attention = false;
+  }
   t.gtp = t.egtp = 1;
   t.vpp = 1;
   t.order = std::string(topologies::kDefaultOrder);
@@ -216,6 +225,12 @@ casefile::Case within_torchtitan(casefile::Case c, const FaultPlants& plants, st
   // Named on the stages alone: logical names do not depend on the sharding.
   topologies::ParallelConfig stages{.world = t.pp, .pp = t.pp};
   if (topologies::check_model(m, stages)) {
+    t.pp = 1;
+    m.first_stage_layers.reset();
+    m.last_stage_layers.reset();
+    stages = {};
+  }
+  if (deepseek_v3 && t.pp > 1) {
     t.pp = 1;
     m.first_stage_layers.reset();
     m.last_stage_layers.reset();
@@ -339,9 +354,27 @@ nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c) {
           {"clip", std::string(dtensor_clip_name(d.clip))}};
 }
 
+std::string_view torchtitan_family(const casefile::Case& c) {
+  if (c.topology.pp != 1) return {};
+  const std::string& preset = c.model.preset;
+  if (preset == "llama3") return "llama3";
+  if (preset == "qwen3-moe") return "qwen3";
+  if (preset == "gpt-oss") return "gpt_oss";
+  if (preset == "deepseek-v3") return "deepseek_v3";
+  return {};  // mixtral: torchtitan 0.3.0 has no such family (torchtitan/models)
+}
+
 std::string torchtitan_model_description(const casefile::Case& c) {
   const TorchTitanConfig d = kTorchTitanSection.of(c).value_or(TorchTitanConfig{});
   const int dp = topologies::dp(c.topology);
+  if (const std::string_view family = torchtitan_family(c); !family.empty())
+    return "torchtitan's own " + std::string(family) + " model (preset " + c.model.preset +
+           ") by its sharding config and parallelize on " + std::string(spmd_backend_name(d.spmd_backend)) +
+           " meshes (dp_replicate " + std::to_string(d.dp_replicate) + ", dp_shard " +
+           std::to_string(dp / std::max(1, d.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +
+           std::to_string(c.topology.tp) + ", ep " + std::to_string(c.topology.ep) + "), FSDP2 by " +
+           (family == "deepseek_v3" ? "apply_fsdp_to_mtp_decoder" : "apply_fsdp_to_decoder") + ", the norm by " +
+           torchtitan_norm_code(c);
   return "tally's GPT/MoE as a torchtitan decoder on " + std::string(spmd_backend_name(d.spmd_backend)) +
          " meshes (dp_replicate " + std::to_string(d.dp_replicate) + ", dp_shard " +
          std::to_string(dp / std::max(1, d.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +

@@ -5,7 +5,8 @@
 // (ParallelDims: pp, dp_replicate, dp_shard, cp, tp; the sparse mesh pp, dp_replicate, efsdp, ep)
 // sharded by torchtitan's FSDP2 wrapping (apply_fsdp_to_decoder), and the norm computed by
 // torchtitan's clip_grad_norm_ or by torch.nn.utils.clip_grad_norm_ (the case's `torchtitan`
-// section). What lies outside is named with the reason, so `tally run --target torchtitan` refuses
+// section). A preset case on one stage is torchtitan's own model of its family instead, placed by
+// the family's sharding config and parallelize (torchtitan_family). What lies outside is named with the reason, so `tally run --target torchtitan` refuses
 // such a case in one line and the fuzzer never generates one.
 #pragma once
 
@@ -67,6 +68,11 @@ nlohmann::ordered_json torchtitan_job_config(const casefile::Case& c);
 // divided (apply_fsdp_to_decoder sets every FSDP module's gradient_divide_factor to 1:
 // torchtitan/distributed/fsdp.py:27-41, :316; the trainer scales the loss by the global token count).
 std::optional<ReductionGroups> torchtitan_reduction_groups(const casefile::Case& c);
+
+// torchtitan 0.3.0's own model family the worker builds `c` as: its preset's ("llama3", "qwen3",
+// "gpt_oss", "deepseek_v3"; tally_adapters/torchtitan/families.py) on one pipeline stage; empty
+// where it builds tally's model as its own decoder (no preset, mixtral, or PP).
+std::string_view torchtitan_family(const casefile::Case& c);
 
 // One line of what the worker gives torchtitan, for `tally show`.
 std::string torchtitan_model_description(const casefile::Case& c);

@@ -12,6 +12,7 @@
 #include "run/target.h"
 #include "run/torchtitan/rules.h"
 #include "run/torchtitan/section.h"
+#include "topologies/presets.h"
 #include "vocab/faults.h"
 #include "tests/support/worker_rule_cases.h"
 
@@ -206,6 +207,37 @@ TEST(TorchTitanTarget, RefusesTyingWithPipelineAsTorchTitanDoes) {
   const casefile::Case within = within_torchtitan(c, {}, 0);
   EXPECT_EQ(kTorchTitanSection.of(within)->clip, DTensorClip::torchtitan) << "torch's clip has no pipeline group";
   EXPECT_FALSE(torchtitan_refusal(within, "0.3.0"));
+}
+
+// A preset on one stage is torchtitan's own model of its family; MTP and multi-latent attention only
+// deepseek_v3's has, so the deepseek-v3 preset runs there and nowhere else.
+TEST(TorchTitanTarget, BuildsAPresetAsTorchTitansOwnFamilyOnOneStage) {
+  const topologies::ParallelConfig config{.world = 4, .tp = 2, .ep = 2, .etp = 1};
+  casefile::Case c = moe_case();
+  c.topology = config;
+  c.model = *topologies::preset_model(topologies::Preset::deepseek_v3, config).model;
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_EQ(torchtitan_family(c), "deepseek_v3");
+  EXPECT_FALSE(torchtitan_refusal(c, "0.3.0"));
+  EXPECT_NE(torchtitan_model_description(c).find("torchtitan's own deepseek_v3 model"), std::string::npos);
+  EXPECT_NE(torchtitan_model_description(c).find("apply_fsdp_to_mtp_decoder"), std::string::npos);
+  const casefile::Case within = within_torchtitan(c, {}, 0);
+  EXPECT_TRUE(within.model.multi_latent_attention);
+  EXPECT_EQ(within.model.mtp_num_layers, 1);
+  EXPECT_FALSE(torchtitan_refusal(within, "0.3.0"));
+  casefile::Case piped = c;
+  piped.topology = {.world = 4, .tp = 2, .pp = 2};
+  const topologies::PresetModel staged = topologies::preset_model(topologies::Preset::deepseek_v3, piped.topology);
+  ASSERT_TRUE(staged.model) << staged.why_none;
+  piped.model = *staged.model;
+  EXPECT_EQ(torchtitan_family(piped), "");
+  EXPECT_NE(torchtitan_refusal(piped, "0.3.0").value_or("").find("for model.preset deepseek-v3 on one pipeline stage"),
+            std::string::npos);
+  EXPECT_EQ(within_torchtitan(piped, {}, 0).topology.pp, 1) << "kept on one stage, where torchtitan builds it";
+  c.model = *topologies::preset_model(topologies::Preset::mixtral, config).model;
+  EXPECT_EQ(torchtitan_family(c), "") << "torchtitan 0.3.0 has no Mixtral";
+  c.model = *topologies::preset_model(topologies::Preset::qwen3_moe, config).model;
+  EXPECT_EQ(torchtitan_family(c), "qwen3");
 }
 
 TEST(TorchTitanTarget, APlantedFaultGetsTheAxisItShowsOn) {
