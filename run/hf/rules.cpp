@@ -41,7 +41,7 @@ std::optional<std::string> tp_refuses(const ModelSpec& m, int tp) {
                          "ValueError (\"The output size of `lm_head` (" +
                              std::to_string(m.vocab_size) + ") must be divisible by the tensor parallel size (" +
                              std::to_string(tp) +
-                             ") when gathering a colwise output.\", transformers/distributed/tensor_parallel.py:183)"))
+                             ") when gathering a colwise output.\", transformers/distributed/tensor_parallel.py:186)"))
     return why;
   const std::string uneven = "tally's worker does not build uneven TP shards (transformers' plan shards ";
   if (auto why = divides(topologies::resolved_query_groups(m), "model.num_query_groups (the key-value heads)",
@@ -120,7 +120,7 @@ std::optional<std::string> hf_refusal(const casefile::Case& c, std::string_view,
            std::to_string(m.num_attention_heads) + ": transformers' LlamaConfig raises ValueError (\"The hidden size (" +
            std::to_string(m.hidden_size) + ") is not a multiple of the number of attention heads (" +
            std::to_string(m.num_attention_heads) +
-           ").\", transformers/models/llama/configuration_llama.py:96), as StrictDataclassClassValidationError";
+           ").\", transformers/models/llama/configuration_llama.py:97), as StrictDataclassClassValidationError";
   if (topologies::uses_gtp(t))
     return "topology.gtp/egtp: generalized TP is megatron-core's, which tally's worker does not build for the "
            "Hugging Face stack (accelerate has none)";
@@ -173,7 +173,7 @@ std::optional<std::string> hf_refusal(const casefile::Case& c, std::string_view,
   if (t.tp > 1 && h->dp_replicate > 1)
     return "hf.dp_replicate " + std::to_string(h->dp_replicate) + " with topology.tp " + std::to_string(t.tp) +
            " over the whole world: accelerate raises ValueError (\"Tensor/Context parallelism (tp/cp_size > 1) cannot "
-           "be used with pure data parallelism ...\", accelerate/parallelism_config.py:336)";
+           "be used with pure data parallelism ...\", accelerate/parallelism_config.py:337)";
   if (t.tp > 1 && h->before_reduction)
     return "hf.gradients_enter before_reduction with topology.tp " + std::to_string(t.tp) +
            ": tally's worker does not build it: gradients enter before a reduction through FSDP2's hooks, and TP "
@@ -183,12 +183,12 @@ std::optional<std::string> hf_refusal(const casefile::Case& c, std::string_view,
       return "hf.dp_replicate " + std::to_string(h->dp_replicate) + " with data-parallel size " + std::to_string(dp) +
              ": no dp_shard_size makes the world: accelerate raises ValueError (\"ParallelismConfig total_size (...) "
              "does not match num_processes (" +
-             std::to_string(t.world) + ")\", accelerate/parallelism_config.py:372)";
+             std::to_string(t.world) + ")\", accelerate/parallelism_config.py:373)";
     if (dp / h->dp_replicate == 1)
       return "hf.dp_replicate " + std::to_string(h->dp_replicate) + " with data-parallel size " + std::to_string(dp) +
              ": FSDP2 has no dimension to shard across (dp_shard_size 1): accelerate raises ValueError (\"FSDP is "
              "enabled but the parallelism config has no dimension for FSDP to shard across ...\", "
-             "accelerate/parallelism_config.py:381)";
+             "accelerate/parallelism_config.py:382)";
   }
   return tp_refuses(m, t.tp);
 }
