@@ -40,14 +40,21 @@ std::optional<std::string> fsdp_refuses_experts(const casefile::Case& c, const T
   const int shard = t.ep > 1 ? dp_shard * t.cp * t.tp / t.ep : dp_shard * t.cp;
   if (efsdp_ep <= m.num_experts || shard == 1) return std::nullopt;
   const topologies::LogicalModel model(m, topologies::ParallelConfig{.world = t.pp, .pp = t.pp});
+  // torchtitan's own qwen3 and deepseek_v3 models hold a gated linear_fc1 as two stacked params, its
+  // gate and up halves (w1_EFD, w3_EFD: torchtitan/models/common/moe.py:45-56); gpt_oss's mlp1 and
+  // the worker's own decoder hold it whole.
+  const std::string_view family = torchtitan_family(c);
+  const bool fc1_halves = m.swiglu && (family == "qwen3" || family == "deepseek_v3");
   for (const topologies::LogicalParam& p : model.params()) {
     if (p.expert != 0) continue;
     // Each expert's first dim in the stacked tensor, as this rank holds it: split over TP without EP.
     const bool tp_split_rows = t.ep == 1 && (p.param_class == topologies::ParamClass::expert_column ||
                                              p.param_class == topologies::ParamClass::expert_column_bias);
-    const std::int64_t rows = p.shape[0] / (tp_split_rows ? t.tp : 1);
+    const bool halves = fc1_halves && p.param_class == topologies::ParamClass::expert_column;
+    const std::int64_t rows = p.shape[0] / (halves ? 2 : 1) / (tp_split_rows ? t.tp : 1);
     if (rows % shard != 0)
-      return "model: " + p.name + " (" + std::to_string(rows) + " rows per expert on each rank): torchtitan has FSDP2 "
+      return "model: " + p.name + " (" + std::to_string(rows) + " rows per expert on each rank" +
+             (halves ? " in each of torchtitan's w1_EFD and w3_EFD, its halves" : "") + "): torchtitan has FSDP2 "
              "shard the routed experts on dim 1 where the FSDP and EP ranks (" + std::to_string(efsdp_ep) +
              ") outnumber the experts (" + std::to_string(m.num_experts) + ") (torchtitan/distributed/fsdp.py:230), "
              "and fully_shard raises NotImplementedError (\"FSDP does not support uneven sharding on dim 1\", "

@@ -238,6 +238,15 @@ TEST(TorchTitanTarget, BuildsAPresetAsTorchTitansOwnFamilyOnOneStage) {
   EXPECT_EQ(torchtitan_family(c), "") << "torchtitan 0.3.0 has no Mixtral";
   c.model = *topologies::preset_model(topologies::Preset::qwen3_moe, config).model;
   EXPECT_EQ(torchtitan_family(c), "qwen3");
+  // FSDP2 shards two experts over four ranks on dim 1: linear_fc1's 4 rows divide, but torchtitan's
+  // qwen3 holds them as w1_EFD and w3_EFD, 2 rows each, which fully_shard refuses to split unevenly.
+  casefile::Case dp4 = moe_case();
+  dp4.topology = {.world = 4};
+  dp4.model = *topologies::preset_model(topologies::Preset::qwen3_moe, dp4.topology).model;
+  ASSERT_EQ(dp4.model.num_experts, 2);
+  EXPECT_NE(torchtitan_refusal(dp4, "0.3.0").value_or("").find("w1_EFD and w3_EFD"), std::string::npos);
+  dp4.model.preset.clear();  // the worker's own decoder holds linear_fc1 whole
+  EXPECT_FALSE(torchtitan_refusal(dp4, "0.3.0"));
 }
 
 TEST(TorchTitanTarget, APlantedFaultGetsTheAxisItShowsOn) {
