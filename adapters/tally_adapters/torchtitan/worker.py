@@ -14,7 +14,10 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
    dp_shard the rest of DP, CP, TP, PP, EP; its `spmd_backend`) builds the meshes: the dense one
    (pp, dp_replicate, dp_shard, cp, tp) and the sparse one (pp, dp_replicate, efsdp, ep). Kept
    across cases of one layout: making them is most of a case's time on gloo.
-2. The case's model as a torchtitan decoder on this rank's pipeline stage: `tok_embeddings` (the
+2. A preset case on one pipeline stage: torchtitan's own model of its family (family_model,
+   families), placed by the family's sharding config and `parallelize`, FSDP-wrapped as its
+   parallelize function does (step 3), each param holding rows of tally's logical params. Any
+   other case: the case's model as a torchtitan decoder on this rank's pipeline stage: `tok_embeddings` (the
    embeddings), `layers` (each decoder layer; a MoE layer's routed experts stacked into one tensor
    per weight under `moe.routed_experts.inner_experts`, as torchtitan's grouped experts are),
    `norm` and `lm_head`; `enable_weight_tying` where the output is the embedding. Each param is a
