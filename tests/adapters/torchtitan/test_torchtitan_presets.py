@@ -105,3 +105,47 @@ def test_torchtitans_model_is_the_recorded_one(record):
     assert live == [{k: p[k] for k in ("name", "shape", "numel")} for p in record["torchtitan"]["params"]]
     families.check_cover(families.segments(layout["model"], layout["params"]),
                          {p["name"]: p["shape"] for p in live}, layout["params"])
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=IDS)
+def test_each_shards_pieces_are_the_logical_boxes_it_holds(record):
+    """The worker's manifest pieces of a torchtitan param's shard (split in two along dim 0, or along
+    an expert stack's dim 0 or 1, as EP, TP and FSDP split them): each piece's flat elements of the
+    shard are the values of the logical box it names, and the boxes of all shards tile every logical
+    param once."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    import tally_adapters.torchtitan.worker as torchtitan_worker
+
+    layout = record["tally_layout"]
+    shapes = {p["name"]: p["shape"] for p in layout["params"]}
+    holds = families.segments(layout["model"], layout["params"])
+    values, start = {}, 0
+    for name, shape in shapes.items():  # every logical element a distinct value
+        size = int(np.prod(shape))
+        values[name] = np.arange(start, start + size, dtype=np.float32).reshape(shape)
+        start += size
+    for split in (0, 1):
+        seen = {name: np.zeros(shape, dtype=int) for name, shape in shapes.items()}
+        for tt in record["torchtitan"]["params"]:
+            name, shape = tt["name"], tt["shape"]
+            stacked = families.stacked(name)
+            dim = split if stacked else 0
+            full = families.assemble(name, shape, holds[name], values.__getitem__)
+            param = torch.nn.Parameter(torch.from_numpy(full))
+            parts = 2 if shape[dim] % 2 == 0 else 1
+            for part in range(parts):
+                offsets, extents = [0] * len(shape), list(shape)
+                offsets[dim], extents[dim] = part * shape[dim] // parts, shape[dim] // parts
+                local = full[tuple(slice(o, o + e) for o, e in zip(offsets, extents))].reshape(-1)
+                pieces = torchtitan_worker.pieces_of([(name, param)], {id(param): (full, holds[name], stacked)},
+                                                     {id(param): (offsets, extents)}, shapes)
+                assert sorted((p.begin, p.end) for p in pieces)[0][0] == 0
+                assert sum(p.end - p.begin for p in pieces) == local.size
+                for p in pieces:
+                    box = tuple(slice(o, o + e) for o, e in zip(p.offsets, p.extents))
+                    assert p.logical_shape == shapes[p.logical_name]
+                    assert np.array_equal(local[p.begin:p.end], values[p.logical_name][box].reshape(-1)), p.name
+                    seen[p.logical_name][box] += 1
+        for name, counts in seen.items():
+            assert (counts == 1).all(), f"{name} split along {split}: counted {counts.min()} to {counts.max()} times"
