@@ -163,6 +163,9 @@ std::optional<std::string> hf_refusal(const casefile::Case& c, std::string_view,
     return "faults: the fault is planted in accelerate's _clip_grad_norm_dtensor_aware, which the Trainer's "
            "_clip_grad_norm does not call under TP (its gradients mix DTensor and plain tensors: "
            "_mixed_mesh_grad_norm, transformers/trainer.py:2618); run it with hf.norm accelerate";
+  if (vocab::any_reduction_fault(o.faults) && !h->before_reduction)
+    return "faults: a reduction fault is planted in FSDP2's reduction (torch's _get_gradient_divide_factors), which "
+           "the case's gradients do not go through: give them hf.gradients_enter before_reduction, at TP 1";
   const int dp = topologies::dp(t);
   if (t.tp > 1 && t.tp < t.world)
     return "topology.tp " + std::to_string(t.tp) + " with data-parallel size " + std::to_string(dp) +
@@ -217,7 +220,8 @@ casefile::Case within_hf(casefile::Case c, const FaultPlants& plants, std::uint6
   // TP over the whole world or none; the whole world where the case asked for some TP, unless what
   // the plan shards does not divide. A fault planted in a per-mesh clip shows only where a mesh's
   // DTensors meet plain params: under TP.
-  const bool wants_tp = t.tp > 1 || o.faults.has(vocab::Fault::clip_per_child_norm);
+  const bool wants_tp =
+      (t.tp > 1 && !vocab::any_reduction_fault(o.faults)) || o.faults.has(vocab::Fault::clip_per_child_norm);
   t.tp = wants_tp && t.world > 1 && !tp_refuses(m, t.world) ? t.world : 1;
   t.etp = t.tp;
   casefile::drop_stated_gradients_without_a_param(c, {});
@@ -237,6 +241,8 @@ casefile::Case within_hf(casefile::Case c, const FaultPlants& plants, std::uint6
   }
   HfConfig& h = *stated;
   if (t.tp > 1 || dp % h.dp_replicate != 0 || (h.dp_replicate > 1 && h.dp_replicate >= dp)) h.dp_replicate = 1;
+  // A reduction fault changes nothing unless FSDP2 reduces the gradients.
+  if (t.tp == 1 && vocab::any_reduction_fault(o.faults)) h.before_reduction = true;
   if (t.tp > 1) h.before_reduction = false;
   if (accelerate_norm_fault(o.faults)) h.norm = HfNorm::accelerate;
   kHfSection.set(c, h);
