@@ -32,7 +32,7 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
 
 On CPUs (gloo). accelerate 1.15 sets `DistributedType.FSDP`, and accepts a `ParallelismConfig`, only
 on an accelerator device's distributed type (accelerate/state.py:986 lists MULTI_GPU, MULTI_NPU, ...,
-not MULTI_CPU; parallelism_config.py:390 raises for MULTI_CPU), although nothing of its layout or
+not MULTI_CPU; parallelism_config.py:395 raises for MULTI_CPU), although nothing of its layout or
 norm computes on the device. So on CPUs the worker starts accelerate's process state on the CPU over
 tally's gloo group and names its distributed type MULTI_GPU before the `Accelerator` is made
 (`_cpu_ranks_as_devices`): accelerate's own `Accelerator`, `prepare`, FSDP2 wrapping
@@ -40,6 +40,7 @@ tally's gloo group and names its distributed type MULTI_GPU before the `Accelera
 """
 
 import math
+import os
 import sys
 
 from .. import dtensor as tally_dtensor
@@ -193,6 +194,9 @@ def build(run):
     from accelerate.parallelism_config import ParallelismConfig
 
     run.config = run.request.engine_config()  # run/hf/rules.cpp wrote it; `tally show` prints the same
+    # What accelerate writes into the environment (Accelerator sets ACCELERATE_USE_FSDP for a FSDP
+    # plugin, accelerator.py:397, and reads it for every Accelerator after): put back after the case.
+    run.environ = dict(os.environ)
     sizes = run.config["parallelism_config"]
     trainer_args = None
     if run.config["norm"] == "trainer":
@@ -363,14 +367,20 @@ def manifest(run, producer):
 
 
 def release(run):
-    """accelerate's process state forgotten, so the next case's Accelerator is made with its own
-    configuration (accelerate keeps one shared state per process)."""
+    """accelerate's process state and environment forgotten, so the next case's Accelerator is made
+    with its own configuration alone (a user's process makes one; accelerate keeps one shared state
+    per process, and reads back what it wrote into the environment)."""
     from accelerate.state import AcceleratorState
 
     for name in ("model", "optimizer", "accelerator", "trainer"):
         if hasattr(run, name):
             setattr(run, name, None)
     AcceleratorState._reset_state(reset_partial_state=True)
+    saved = getattr(run, "environ", None)
+    if saved is not None:
+        for key in [k for k in os.environ if k not in saved]:
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 class HfWorker(base.Worker):
