@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "run/deepspeed/rules.h"
 #include "run/deepspeed/section.h"
 #include "topologies/logical_model.h"
 
@@ -52,6 +53,12 @@ nlohmann::ordered_json deepspeed_engine_config(const casefile::Case& c) {
     const auto spec = [](std::string pattern, std::string type) {
       return nlohmann::ordered_json{{"patterns", {std::move(pattern)}}, {"partition_type", std::move(type)}};
     };
+    // A preset's transformers class is cut by its own tensor-parallel plan, as DeepSpeed's users
+    // have it (families.py): only the size.
+    if (builds_family(c, d)) {
+      j["tensor_parallel"] = {{"autotp_size", c.topology.tp}};
+      return j;
+    }
     nlohmann::ordered_json summed = spec("^tp_summed\\..*", "skip");
     summed["grad_allreduce"] = true;
     j["tensor_parallel"] = {

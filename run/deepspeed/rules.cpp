@@ -249,6 +249,16 @@ bool shows(const vocab::FaultSet& faults, const EnginePath& path, bool pipelined
 
 }  // namespace
 
+bool builds_family(const casefile::Case& c, const DeepSpeedConfig& d) {
+  const topologies::ModelSpec& m = c.model;
+  const topologies::ParallelConfig& t = c.topology;
+  // tally_adapters.hf_families.FAMILIES: every preset has a transformers class of its family.
+  static constexpr std::array<std::string_view, 5> kFamilies = {"llama3", "mixtral", "qwen3-moe", "gpt-oss",
+                                                                "deepseek-v3"};
+  return std::find(kFamilies.begin(), kFamilies.end(), m.preset) != kFamilies.end() && t.pp == 1 && !d.autoep &&
+         (t.tp == 1 || d.autotp) && (m.num_experts == 0 || t.ep == 1) && d.zero_stage != 3;
+}
+
 std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::string_view,
                                                  const FaultPlants& plants, const std::vector<std::string>& dtypes,
                                                  bool megatron_model_rules,
@@ -267,12 +277,19 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); tally's worker does not build that choice for DeepSpeed: it always gives "
            "each rank's share to DeepSpeed's own reduction (docs/real-targets.md)";
+  const std::optional<DeepSpeedConfig> d = kDeepSpeedSection.of(c);
+  // The preset's transformers class holds sinks and multi-latent attention; the worker's own model does not.
+  const bool family = d && builds_family(c, *d);
   if (m.mtp_num_layers > 0)
-    return "model.mtp_num_layers: tally's worker does not build multi-token-prediction layers for DeepSpeed";
-  if (m.softmax_type != topologies::SoftmaxType::vanilla)
-    return "model.softmax_type learnable: tally's worker does not build attention sinks";
-  if (m.multi_latent_attention)
-    return "model.multi_latent_attention: tally's worker does not build multi-latent attention for DeepSpeed yet";
+    return "model.mtp_num_layers: tally's worker does not build multi-token-prediction layers for DeepSpeed: "
+           "transformers' DeepseekV3ForCausalLM, the class DeepSpeed's users train deepseek-v3 as, has none "
+           "(transformers 5.18.0 builds them only for speculative decoding, MtpModel, modeling_layers.py:360)";
+  if (m.softmax_type != topologies::SoftmaxType::vanilla && !family)
+    return "model.softmax_type learnable: tally's worker does not build attention sinks outside a preset's "
+           "transformers class (GptOssForCausalLM's, without PP, AutoEP or ZeRO 3, TP through AutoTP)";
+  if (m.multi_latent_attention && !family)
+    return "model.multi_latent_attention: tally's worker does not build multi-latent attention outside a preset's "
+           "transformers class (DeepseekV3ForCausalLM's, without PP, AutoEP or ZeRO 3, TP through AutoTP)";
   if (topologies::uses_gtp(t))
     return "topology.gtp/egtp: generalized TP is megatron-core's; tally's worker does not build it for DeepSpeed";
   if (t.cp > 1)
@@ -294,7 +311,6 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
            ": tally's worker does not build it: DeepSpeed's MoE layer holds its experts whole on every TP rank "
            "(etp 1) or splits them over the whole TP group (etp = tp, enable_expert_tensor_parallelism, "
            "deepspeed/moe/layer.py:52 at 0.19.8)";
-  const std::optional<DeepSpeedConfig> d = kDeepSpeedSection.of(c);
   if (auto why = ep_refuses(t, m, d && d->autoep)) return why;
   if (o.optimizer != vocab::OptimizerModel::plain)
     return "optimizer.model " + std::string(vocab::optimizer_model_name(o.optimizer)) +
@@ -349,6 +365,9 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::keep_only_section(c, kDeepSpeedSection.key);
   o.gradients.before_reduction = false;  // the worker always runs DeepSpeed's own reduction on shares
+  // Sinks and multi-latent attention stay where the case becomes a preset's transformers class (below).
+  const topologies::SoftmaxType softmax = m.softmax_type;
+  const bool latent = m.multi_latent_attention;
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
@@ -458,6 +477,14 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
   kDeepSpeedSection.set(c, d);
+  // A preset built as its transformers class keeps the sinks (GptOssForCausalLM) and multi-latent
+  // attention (DeepseekV3ForCausalLM) the worker's own model lacks; its MTP stays out, as the class has none.
+  if (builds_family(c, d) && (softmax != m.softmax_type || latent != m.multi_latent_attention)) {
+    casefile::Case with = c;
+    with.model.softmax_type = softmax;
+    with.model.multi_latent_attention = latent;
+    if (!casefile::check_case(with)) return with;
+  }
   return c;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "casefile/case.h"
+#include "run/deepspeed/section.h"
 #include "run/framework_worker.h"
 
 namespace tally::run {
@@ -37,6 +38,11 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
                                                  bool megatron_model_rules = false,
                                                  const std::map<std::string, std::string>& cannot_run = {});
 
+// Whether the worker builds `c` as its preset's Hugging Face transformers class, as DeepSpeed's
+// users train those families (adapters/tally_adapters/deepspeed/families.py, uses_family: the same
+// rule): a preset, no PP, no AutoEP, TP only through AutoTP (which then cuts the class by its own
+// tensor-parallel plan), experts only at EP 1, below ZeRO 3.
+bool builds_family(const casefile::Case& c, const DeepSpeedConfig& d);
 // `c` within the worker's space: CP and VPP become 1, the order tally's default, ETP 1 or TP, EP a
 // divisor of the experts and of the ranks DeepSpeed makes its expert groups from, one optimizer
 // instance and the plain optimizer model. A case without a `deepspeed` section gets one drawn from

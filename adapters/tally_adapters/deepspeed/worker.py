@@ -62,6 +62,7 @@ from .experts import (
     describe_experts,
     moe_param_names,
 )
+from .families import build_family_model, describe_family, family_pieces, flat_values, uses_family
 from .fused_adam import prepare_fused_adam
 from .groups import (
     CaseGroups,
@@ -134,6 +135,7 @@ def build(run, world):
     run.dtype = getattr(torch, DTYPES[case["gradients"]["dtype"]])
     run.tp, run.pp = t["tp"], t["pp"]
     run.autotp, run.autoep = section.get("autotp", False), section.get("autoep", False)  # written where true
+    run.family = uses_family(case)  # the preset's transformers class (families.py)
     run.made = CaseGroups()
     run.made.__enter__()
     # The configuration for deepspeed.initialize, as tally's run/deepspeed/engine.cpp wrote it (the one
@@ -151,6 +153,9 @@ def build(run, world):
         run.moe_parts = [(block.layers, block.shapes, block.splits) for block in run.blocks]
         if moe["experts"]:
             make_expert_groups_on_every_stage(module, moe)
+    elif run.family:  # as DeepSpeed's users train the preset: AutoTP (with TP) cuts the class by its own plan
+        module, run.emap = build_family_model(case, index, dtype)
+        run.described, run.layers, run.moe_parts = {}, {}, []
     elif run.autotp:  # DeepSpeed makes the TP and DP groups and shards the model itself
         moe_names = moe_param_names(index)
         module = build_autotp_model([p for p in index if p["name"] not in moe_names], tensors, dtype)
@@ -186,6 +191,12 @@ def describe(run):
         from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
         whole = GatheredParameters(list(engine.module.parameters()))
+    if run.family:
+        run.held = describe_family(engine.module, run.emap, run.index)
+        run.pieces = family_pieces(run.held, run.index)
+        values = flat_values(tensors, run.index)
+        run.local_values = {key: values[ids] for key, ids in run.held.items()}
+        return sorted({piece["logical_name"] for ps in run.pieces.values() for piece in ps})
     mismatch = None
     with whole:
         try:
@@ -261,6 +272,9 @@ def term_weights_of(run):
     contribution = contributions_of(run)
     local_shares = autoep_values(engine.module, {p["name"]: list(p["shape"]) for p in run.index}, contribution) \
         if run.autoep else {}
+    if run.family:
+        shares = flat_values(contribution, run.index)
+        local_shares = {key: shares[ids] for key, ids in run.held.items()}
 
     def share_of(p):
         if id(p) in local_shares:
@@ -268,8 +282,12 @@ def term_weights_of(run):
         name, _, offsets, extents = run.described[id(p)]
         return contribution[name][tuple(slice(o, o + e) for o, e in zip(offsets, extents))]
 
-    # AutoTP sums a q/k norm's gradient over TP: only TP rank 0 gives it.
-    tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if run.autotp else set()
+    # AutoTP sums a q/k norm's gradient over TP: only TP rank 0 gives it. The family's class has
+    # its tensor-parallel plan's `replicated_with_grad_allreduce` params summed so (hooks AutoTP marks).
+    if run.family:
+        tp_summed = {id(p) for p in engine.module.parameters() if getattr(p, "_ds_grad_allreduce_registered", False)}
+    else:
+        tp_summed = {id(p) for p in engine.module.tp_summed.parameters()} if run.autotp else set()
     tp_first = mpu is None or mpu.get_tensor_model_parallel_rank() == 0
     # AutoEP folded over TP divides an expert's gradient by TP: its forward's all-gather back over TP
     # leaves that factor on it, which the worker's loss does not, so it gives it.
@@ -330,7 +348,7 @@ def groups_of_every_rank(run):
     engine, mpu, world = run.engine, run.engine.mpu, dist.get_world_size()
     if run.pp > 1:
         mine = expert_groups(pipeline_groups(mpu, run.moe["expert_tp"]), run.layers)
-    elif run.autotp or run.autoep:
+    elif run.autotp or run.autoep or run.family:
         rank = dist.get_rank()
         mine = autotp_groups(mpu) if run.autotp else {"tp": [rank], "mp": [rank], "dp": list(range(world)),
                                                       "expert_tp": False}

@@ -16,6 +16,7 @@
 #include "run/deepspeed/section.h"
 #include "topologies/logical_model.h"
 #include "topologies/model_spec.h"
+#include "topologies/presets.h"
 #include "vocab/optimizer_models.h"
 #include "tests/support/founding_case.h"
 #include "tests/support/worker_rule_cases.h"
@@ -433,6 +434,35 @@ TEST(DeepSpeedTarget, ACaseKeepsItsWorldAndItsOwnConfiguration) {
 // Issue 50: every refusal names DeepSpeed's own check it mirrors (file:line at 0.19.8) or says
 // plainly that tally's worker does not build the case. One case per rule, each refused by that rule
 // (its text begins with `rule`), its text holding the citation or the words its kind asks for.
+// A preset without PP, AutoEP or ZeRO 3, TP through AutoTP and experts at EP 1, is built as its
+// transformers class (adapters/tally_adapters/deepspeed/families.py), which has gpt-oss's sinks and
+// DeepSeek-V3's multi-latent attention but no MTP layer; elsewhere the worker's own model has none.
+TEST(DeepSpeedTarget, BuildsAPresetAsItsTransformersClassWithItsSinksAndLatentAttention) {
+  const topologies::ParallelConfig config{.world = 4};
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = config;
+  c.model = *topologies::preset_model(topologies::Preset::gpt_oss, config).model;
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 1});
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_TRUE(builds_family(c, *kDeepSpeedSection.of(c)));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
+  EXPECT_EQ(within_deepspeed(c, "0.19.8", {}, 0).model.softmax_type, topologies::SoftmaxType::learnable);
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 3, .autoep = true});  // not the class: no sinks there
+  EXPECT_FALSE(builds_family(c, *kDeepSpeedSection.of(c)));
+  EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("model.softmax_type learnable"), std::string::npos);
+  EXPECT_EQ(within_deepspeed(c, "0.19.8", {}, 0).model.softmax_type, topologies::SoftmaxType::vanilla);
+
+  c.model = *topologies::preset_model(topologies::Preset::deepseek_v3, config).model;
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 2});
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_NE(deepspeed_refusal(c, "0.19.8").value_or("").find("DeepseekV3ForCausalLM"), std::string::npos);
+  const casefile::Case within = within_deepspeed(c, "0.19.8", {}, 0);
+  EXPECT_TRUE(within.model.multi_latent_attention);
+  EXPECT_EQ(within.model.mtp_num_layers, 0);
+  EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
+}
+
 TEST(DeepSpeedTarget, EveryRefusalCitesDeepSpeedsCheckOrSaysTheWorkerDoesNotBuildIt) {
   enum class Says { citation, not_built, either };
   struct Row {
