@@ -1,6 +1,7 @@
 #include "run/automodel/rules.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "run/automodel/section.h"
 #include "run/target.h"
@@ -79,11 +80,71 @@ void as_hf_architecture(ModelSpec& m) {
     m.hidden_size = (m.hidden_size / m.num_attention_heads + 1) * m.num_attention_heads;
 }
 
+// `m` as Automodel's Qwen3-MoE of its size: a MoE GPT with qk-layernorm, RMSNorm, rotary
+// positions, gated MLPs and an untied output layer; no linear biases, shared expert, MTP, sinks or
+// multi-latent attention.
+void as_qwen3_moe(ModelSpec& m) {
+  m.qk_layernorm = true;
+  m.untie_embeddings_and_output_weights = true;
+  m.add_bias_linear = false;
+  m.moe_shared_expert_intermediate_size = 0;
+  m.moe_shared_expert_gate = false;
+  m.mtp_num_layers = 0;
+  m.mtp_detach_heads = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.multi_latent_attention = false;
+  m.normalization = topologies::Normalization::rms_norm;
+  m.position_embedding = topologies::PositionEmbedding::rope;
+  m.swiglu = true;
+}
+
+// What keeps a MoE case from Automodel's Qwen3-MoE as the worker builds it: the model's kinds of
+// params first, then the layout (Automodel's own check of EP, then what the worker does not build).
+std::optional<std::string> qwen3_moe_refuses(const ModelSpec& m, const ParallelConfig& t) {
+  // Automodel has other MoE models (gpt_oss, deepseek_v3, ...); the worker builds one.
+  if (!m.qk_layernorm)
+    return "model.num_experts without qk_layernorm: tally's worker does not build Automodel's MoE models other than its "
+           "Qwen3-MoE (which has q/k layernorms) yet: not its gpt_oss, deepseek_v3, ...";
+  if (m.add_bias_linear)
+    return "model.add_bias_linear with experts: tally's worker does not build linear biases in Automodel's Qwen3-MoE "
+           "(it builds the model without them, as Qwen3-MoE is)";
+  if (m.moe_shared_expert_intermediate_size > 0)
+    return "model.moe_shared_expert_intermediate_size: tally's worker does not build a shared expert (Automodel's "
+           "Qwen3-MoE has none)";
+  if (!m.untie_embeddings_and_output_weights)
+    return "model.untie_embeddings_and_output_weights false with experts: Automodel's Qwen3-MoE raises "
+           "NotImplementedError (\"... does not support tie_word_embeddings=True\", "
+           "nemo_automodel/components/models/common/tie_word_embeddings.py:61)";
+  if (m.mtp_num_layers > 0 || m.softmax_type != topologies::SoftmaxType::vanilla || m.multi_latent_attention ||
+      m.normalization != topologies::Normalization::rms_norm ||
+      m.position_embedding != topologies::PositionEmbedding::rope || !m.swiglu)
+    return "model: tally's worker does not build MTP, sinks, multi-latent attention, LayerNorm, learned positions or "
+           "an ungated MLP in Automodel's Qwen3-MoE, which has none of them";
+  // EP divides every stage's ranks (Automodel's check, mesh_utils.py:317-318), as tally's topology has it.
+  // FSDP2 shards the stacked experts over ep_shard along dim 1 (Automodel's _moe_shard_placement,
+  // nemo_automodel/components/moe/parallelizer.py:112): the hidden size of gate_and_up_projs, the
+  // expert FFN of down_projs.
+  const int ep_shard = t.world / std::max(1, t.pp) / t.ep;
+  for (const auto& [field, size] : {std::pair{"model.hidden_size", m.hidden_size},
+                                    std::pair{"model.moe_ffn_hidden_size", topologies::resolved_moe_ffn_hidden(m)}})
+    if (size % ep_shard != 0)
+      return std::string(field) + " " + std::to_string(size) + " with ep_shard " + std::to_string(ep_shard) +
+             " (the ranks of a stage over EP): Automodel's FSDP2 shards its stacked experts along dim 1, and torch "
+             "raises NotImplementedError (\"FSDP does not support uneven sharding on dim 1\", "
+             "torch/distributed/fsdp/_fully_shard/_fsdp_param.py:377 at torch 2.11.0)";
+  if (t.tp > 1)
+    return "topology.tp " + std::to_string(t.tp) + " with experts: tally's worker does not build TP with Automodel's MoE yet";
+  if (t.cp > 1)
+    return "topology.cp " + std::to_string(t.cp) + " with experts: tally's worker does not build CP with Automodel's MoE yet";
+  return std::nullopt;
+}
+
 }  // namespace
 
 // Each refusal names the input first, then the framework's own check it mirrors (file:line at
 // nemo_automodel 0.7.0, transformers 5.18.0), or what tally's worker does not build.
-std::optional<std::string> automodel_refusal(const casefile::Case& c, std::string_view, const FaultPlants& plants) {
+std::optional<std::string> automodel_refusal(const casefile::Case& c, std::string_view, const FaultPlants& plants,
+                                             const std::map<std::string, std::string>& cannot_run) {
   const ModelSpec& m = c.model;
   const ParallelConfig& t = c.topology;
   const vocab::PathOptions& o = c.path;
@@ -95,11 +156,12 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
   if (c.path.gradients.before_reduction)
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); Automodel's is automodel.gradients_enter";
-  // Automodel has MoE models; they do not build on CPUs, where the worker has run.
-  if (m.num_experts > 0)
-    return "model.num_experts: tally's worker does not build Automodel's MoE models (qwen3_moe, gpt_oss, ...) yet, "
-           "only its dense ones; qwen3_moe's places its rotary embedding on a CUDA device when built "
-           "(nemo_automodel/components/models/qwen3_moe/model.py:184)";
+  if (m.num_experts > 0) {
+    // The worker says why where it cannot (no GPU: Qwen3-MoE builds its rotary embedding on CUDA).
+    if (const auto it = cannot_run.find("model.num_experts"); it != cannot_run.end())
+      return "model.num_experts: " + it->second;
+    if (auto why = qwen3_moe_refuses(m, t)) return why;
+  }
   // Automodel has other architectures with these (MTP, sinks, LayerNorm, ...); the worker builds two.
   if (m.mtp_num_layers > 0)
     return "model.mtp_num_layers: tally's worker does not build multi-token prediction (it builds Llama and Qwen3, "
@@ -147,7 +209,7 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
     return "topology.dist_opt_instances: Megatron's distributed-optimizer instances, which tally's worker does not "
            "build for Automodel; HSDP's replicate degree is automodel.dp_replicate";
   // tally's own check refuses EP without experts (topologies/model_spec.cpp) before a case gets here.
-  if (t.ep > 1)
+  if (t.ep > 1 && m.num_experts == 0)
     return "topology.ep " + std::to_string(t.ep) +
            " without experts: Automodel's parallelize_model sends EP > 1 to its MoE parallelizer "
            "(nemo_automodel/components/distributed/model_parallelizer.py:71), which raises AttributeError for a dense "
@@ -178,6 +240,13 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
            ": Automodel raises ValueError (\"dp_replicate_size=" + std::to_string(replicate) +
            " must be less than dp_size=" + std::to_string(dp) +
            " since DDP usecase is not supported by FSDP2\", nemo_automodel/components/distributed/mesh_utils.py:311)";
+  if (m.num_experts > 0 && replicate > 1)
+    return "automodel.dp_replicate " + std::to_string(replicate) +
+           " with experts: tally's worker does not build HSDP with Automodel's MoE yet";
+  if (m.num_experts > 0 && a->before_reduction)
+    return "automodel.gradients_enter before_reduction with experts: tally's worker does not build FSDP2's reduction "
+           "of Automodel's MoE yet (its recipe then divides expert gradients by DP / ep_shard, "
+           "nemo_automodel/components/training/utils.py:722-727)";
   // Automodel would run it: its parallelizer reads sequence_parallel only where TP > 1.
   if (a->sequence_parallel && t.tp == 1)
     return "automodel.sequence_parallel with topology.tp 1: tally's worker does not build it, the same run as "
@@ -186,20 +255,36 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
   return tp_refuses(m, t.tp);
 }
 
-casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw) {
+casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw,
+                                const std::map<std::string, std::string>& cannot_run) {
   ModelSpec& m = c.model;
   ParallelConfig& t = c.topology;
   vocab::PathOptions& o = c.path;
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::keep_only_section(c, kAutomodelSection.key);
   c.path.gradients.before_reduction = false;  // Automodel's stage is its section's gradients_enter
-  as_hf_architecture(m);
+  const bool moe = m.num_experts > 0 && !cannot_run.contains("model.num_experts");
+  if (moe) {
+    as_qwen3_moe(m);
+    t.cp = 1;
+    t.tp = 1;
+    if (m.num_experts % t.ep != 0 || t.world % t.ep != 0) t.ep = 1;
+    // What FSDP2 shards along dim 1 over ep_shard (qwen3_moe_refuses): the next sizes it divides,
+    // the hidden size a multiple of the heads too where they give the channels.
+    const int ep_shard = t.world / t.ep;
+    const int hidden_step = m.kv_channels ? ep_shard : std::lcm(ep_shard, m.num_attention_heads);
+    if (m.hidden_size % hidden_step != 0) m.hidden_size = (m.hidden_size / hidden_step + 1) * hidden_step;
+    if (const int ffn = topologies::resolved_moe_ffn_hidden(m); ffn % ep_shard != 0)
+      m.moe_ffn_hidden_size = (ffn / ep_shard + 1) * ep_shard;
+  } else {
+    as_hf_architecture(m);
+  }
   m.first_stage_layers.reset();
   m.last_stage_layers.reset();
   t.gtp = t.egtp = 1;
   t.vpp = 1;
   t.pp = 1;
-  t.ep = 1;
+  if (!moe) t.ep = 1;
   t.order = std::string(topologies::kDefaultOrder);
   t.dist_opt_instances = 1;
   o.optimizer = vocab::OptimizerModel::plain;
@@ -226,8 +311,12 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   }
   AutomodelConfig& a = *stated;
   if (dp % a.dp_replicate != 0 || (a.dp_replicate > 1 && a.dp_replicate >= dp)) a.dp_replicate = 1;
+  if (moe) {  // FSDP2 after its reduction: what the worker builds of Automodel's MoE
+    a.dp_replicate = 1;
+    a.before_reduction = false;
+  }
   // The replicas' fault shows only where HSDP has replicas.
-  if (replicas_fault(o.faults) && a.dp_replicate == 1) a.dp_replicate = smallest_replication(dp);
+  if (replicas_fault(o.faults) && a.dp_replicate == 1 && !moe) a.dp_replicate = smallest_replication(dp);
   if (t.tp == 1) a.sequence_parallel = false;
   kAutomodelSection.set(c, a);
   return c;
@@ -247,15 +336,25 @@ std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& 
 
 std::string automodel_norm_code(const casefile::Case& c) {
   const AutomodelConfig a = kAutomodelSection.of(c).value_or(AutomodelConfig{});
-  return std::string("automodel clip_grad_norm") + (a.dp_replicate > 1 ? " over HSDP" : "") +
+  return std::string("automodel clip_grad_norm") + (c.model.num_experts > 0 ? " with experts over EP" : "") +
+         (a.dp_replicate > 1 ? " over HSDP" : "") +
          (a.sequence_parallel ? " with sequence parallelism" : "");
 }
 
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out;
-  // The sweep's model of each feature as Automodel's architecture of its size; a MoE feature keeps
-  // its experts, which the worker refuses with its reason.
+  // The sweep's model of each feature as Automodel's architecture of its size; a MoE feature as its
+  // Qwen3-MoE, with FSDP after the reduction (the worker refuses it without a GPU, with its reason).
   const bool dense = base.model.kind == topologies::ModelKind::gpt && base.model.num_experts == 0;
+  if (base.model.kind == topologies::ModelKind::gpt && !dense) {
+    casefile::Case c = base;
+    as_qwen3_moe(c.model);
+    c.path.optimizer = vocab::OptimizerModel::plain;
+    c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+    kAutomodelSection.set(c, {.dp_replicate = 1, .sequence_parallel = false, .before_reduction = false});
+    out.emplace_back("qwen3-moe-fsdp", c);
+    return out;
+  }
   for (bool qwen3 : {false, true}) {
     if (qwen3 && !dense) continue;  // one refusal of the experts is enough
     casefile::Case projected = base;
@@ -293,16 +392,21 @@ nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
             {"ep_size", t.ep},
             {"sequence_parallel", a.sequence_parallel}}},
           {"clip_grad", {{"max_norm", c.path.max_norm}}},
-          {"architecture", c.model.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}};
+          {"architecture", c.model.num_experts > 0 ? "Qwen3MoeForCausalLM"
+                           : c.model.qk_layernorm  ? "Qwen3ForCausalLM"
+                                                   : "LlamaForCausalLM"}};
 }
 
 std::string automodel_model_description(const casefile::Case& c) {
   const AutomodelConfig a = kAutomodelSection.of(c).value_or(AutomodelConfig{});
   const int dp = topologies::dp(c.topology);
-  return std::string("tally's GPT as Automodel's ") + (c.model.qk_layernorm ? "Qwen3" : "Llama") +
+  const std::string experts =
+      c.model.num_experts > 0 ? ", its experts on the MoE mesh over EP " + std::to_string(c.topology.ep) : "";
+  return std::string("tally's GPT as Automodel's ") +
+         (c.model.num_experts > 0 ? "Qwen3-MoE" : c.model.qk_layernorm ? "Qwen3" : "Llama") +
          " on its FSDP2 mesh (dp_replicate " + std::to_string(a.dp_replicate) + ", dp_shard " +
          std::to_string(dp / std::max(1, a.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +
-         std::to_string(c.topology.tp) + (a.sequence_parallel ? ", sequence parallel" : "") +
+         std::to_string(c.topology.tp) + (a.sequence_parallel ? ", sequence parallel" : "") + experts +
          "), parallelized by parallelize_model, the norm by " + automodel_norm_code(c);
 }
 

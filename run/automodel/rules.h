@@ -1,6 +1,7 @@
 // The part of tally's case space the NeMo-Automodel worker executes
 // (adapters/tally_adapters/automodel/worker.py): tally's dense GPT as the Hugging Face architecture
-// of its shape (Llama; Qwen3 with qk-layernorm), built with the class Automodel's registry names for
+// of its shape (Llama; Qwen3 with qk-layernorm), a MoE GPT as Automodel's own Qwen3-MoE (on a GPU:
+// EP over its MoE mesh, FSDP2 over the rest), built with the class Automodel's registry names for
 // it, parallelized by Automodel's own parallelizer on its own meshes (pp, dp_replicate, dp_shard, cp,
 // tp: FSDP2 over dp_shard_cp, HSDP over dp_replicate, its TP plan with or without sequence
 // parallelism), and its norm computed by Automodel's clip_grad_norm. What lies outside is named
@@ -9,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,33 +26,40 @@
 namespace tally::run {
 
 // Why the Automodel worker at `version` cannot execute `c`, as one line naming the field and the
-// rule; nullopt when it can. Faults must be among those the worker plants (`plants`, its hello's).
+// rule; nullopt when it can. Faults must be among those the worker plants (`plants`, its hello's);
+// `cannot_run`: what the worker cannot run on its machine, with why (its hello's: MoE without a GPU).
 std::optional<std::string> automodel_refusal(const casefile::Case& c, std::string_view version,
-                                                 const FaultPlants& plants = {});
+                                             const FaultPlants& plants = {},
+                                             const std::map<std::string, std::string>& cannot_run = {});
 
 // `c` within the worker's space: a dense GPT with RMSNorm, rotary positions and a gated MLP (no
 // linear biases with qk-layernorm), PP 1, VPP 1, tally's default order, one optimizer instance, the
 // plain optimizer model, fp32 gradients, TP dividing the heads and query groups. A case without an
 // `automodel` section gets one drawn from `draw`: the HSDP replicate degree (a divisor of DP below
 // it, or 1) and sequence parallelism where TP > 1. A planted fault gets what shows it (HSDP for the
-// replicas' one). A custom layout has no Automodel counterpart and is returned as it is.
-casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw);
+// replicas' one). A MoE GPT, where the worker can build MoE (`cannot_run` does not name
+// model.num_experts), stays MoE as Automodel's Qwen3-MoE: qk-layernorm, no biases or shared expert,
+// TP 1, CP 1, FSDP without HSDP, after FSDP2's reduction, EP kept where it divides the experts.
+// A custom layout has no Automodel counterpart and is returned as it is.
+casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw,
+                                const std::map<std::string, std::string>& cannot_run = {});
 
-// The code that computes the norm of `c`: "automodel clip_grad_norm", then " over HSDP" or " with
-// sequence parallelism" where the case asks.
+// The code that computes the norm of `c`: "automodel clip_grad_norm", then " with experts over EP"
+// (a MoE model), " over HSDP" or " with sequence parallelism" where the case asks.
 std::string automodel_norm_code(const casefile::Case& c);
 
 // `base`, a dense model as the Llama and as the Qwen3 of its size, with FSDP and with HSDP
 // replicating over two, each with and, where TP > 1, without sequence parallelism, and each with
 // the gradients entering after FSDP2's reduction and before it ("fsdp", "fsdp-unreduced",
-// "fsdp-sp", "hsdp", "hsdp-sp-unreduced", "qwen3-fsdp", ...); a MoE model once per FSDP variant, for the
-// worker to refuse. The worker's refusals decide which run.
+// "fsdp-sp", "hsdp", "hsdp-sp-unreduced", "qwen3-fsdp", ...); a MoE model as Automodel's Qwen3-MoE
+// with FSDP after the reduction ("qwen3-moe-fsdp"), EP as the layout has it. The worker's refusals
+// decide which run.
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base);
 
 // The configuration the worker builds Automodel with (`case-<K>.engine.json`, and `tally show`), in
 // the names of an Automodel recipe: `distributed` (dp_replicate_size, tp_size, cp_size, pp_size,
-// ep_size, sequence_parallel), `clip_grad.max_norm`, and `architecture` ("LlamaForCausalLM" or
-// "Qwen3ForCausalLM").
+// ep_size, sequence_parallel), `clip_grad.max_norm`, and `architecture` ("LlamaForCausalLM",
+// "Qwen3ForCausalLM" or "Qwen3MoeForCausalLM").
 nlohmann::ordered_json automodel_recipe(const casefile::Case& c);
 
 // How FSDP2 reduces `c`'s gradients under Automodel, where the case's gradients enter before that

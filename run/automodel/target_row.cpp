@@ -7,19 +7,25 @@ namespace tally::run {
 
 namespace {
 
+// The worker builds Automodel's MoE on a GPU only (its hello names model.num_experts elsewhere).
+constexpr std::string_view kCannotRun[] = {"model.num_experts"};
+
 constexpr FrameworkTarget kAutomodel{
     .name = "automodel",
     .default_worker = "torchrun --standalone --nproc-per-node {world} -m tally_adapters.automodel.worker",
     .section = kAutomodelSection.key,
     .read_section = canonical_section<kAutomodelSection>,
     .own_models = kAutomodelSection.own_models,
-    .refusal = [](const casefile::Case& c, const WorkerHello& hello) { return automodel_refusal(c, hello.version, hello.plants); },
+    .cannot_run = kCannotRun,
+    .refusal = [](const casefile::Case& c, const WorkerHello& hello) {
+      return automodel_refusal(c, hello.version, hello.plants, hello.cannot_run);
+    },
     .refusal_at_release = [](const casefile::Case& c, std::string_view version) { return automodel_refusal(c, version); },
     .within = [](casefile::Case c, const WorkerHello& hello) {
       // Drawn from the case's own gradient seed, so a campaign's stream of cases, and a shrink's,
       // stay reproducible from the campaign seed.
       const std::uint64_t draw = c.path.gradients.generator.seed;
-      return within_automodel(std::move(c), hello.plants, draw);
+      return within_automodel(std::move(c), hello.plants, draw, hello.cannot_run);
     },
     // A case the flags describe: FSDP2, no HSDP, no sequence parallelism.
     .from_flags = [](casefile::Case c) {

@@ -11,8 +11,9 @@ Started by tally, once per world size, under torchrun (one process per rank):
 It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per case, on every rank:
 
 1. The case's GPT as the Hugging Face architecture of its shape (tally_adapters.hf_models: Llama,
-   or Qwen3 with qk-layernorm), built with the class Automodel's registry names for it
-   (`nemo_automodel._transformers.registry`: its own Llama and Qwen3 implementations), fp32.
+   or Qwen3 with qk-layernorm; a MoE model Automodel's own Qwen3-MoE, tally_adapters.automodel.moe),
+   built with the class Automodel's registry names for it (`nemo_automodel._transformers.registry`:
+   its own Llama, Qwen3 and Qwen3-MoE implementations), fp32. Qwen3-MoE builds on a GPU only.
 2. Automodel's meshes (`MeshContext.build` with `ParallelismSizes`: pp, dp_replicate, dp_shard, cp,
    tp, as its recipes' `distributed` section gives them) and its parallelizer
    (`parallelize_model`: its TP plan for the architecture, sequence parallelism where the case
@@ -25,7 +26,11 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
    averaged by FSDP2's own reduce-scatter (and HSDP's all-reduce); what it leaves is recorded.
 4. Automodel's `clip_grad_norm` (components/training/utils.py), as its training recipes call it
    after the gradients are synchronized, with the case's max_norm (infinity where the case does
-   not clip), and the manifests of what it returned and of the gradients after it. Automodel
+   not clip) and, for a MoE model, its MoE mesh and EP axis as the recipe passes them, and the
+   manifests of what it returned and of the gradients after it. (The recipe's
+   `scale_grads_and_clip_grad_norm` first divides expert gradients by DP / ep_shard, undoing what
+   its FSDP2 reduction of them left; after the reduction tally gives the true gradients, so the
+   worker calls the clip it ends in.) Automodel
    groups params by mesh and placements and sums each group's squares over the group's sharded
    mesh dims (not over its replicated ones), so each group's stats group on this rank is exactly
    those ranks (tally_adapters.dtensor.ranks_along) and every shard counts there.
@@ -41,6 +46,7 @@ from .. import dtensor as tally_dtensor
 from .. import fsdp2, hf_models
 from .. import worker as base
 from ..plants import FSDP2_DIVIDE_FACTORS, fsdp2_divided_again, fsdp2_reduction_not_planted, fsdp2_summed
+from . import moe
 
 _UTILS = "nemo_automodel.components.training.utils"
 
@@ -165,14 +171,43 @@ NOT_PLANTED = {
 # --- one case ----------------------------------------------------------------------------------
 
 
+def is_moe(model_json):
+    return int(model_json["num_experts"]) > 0
+
+
 def build_model(model_json, index):
-    """The case's architecture as Automodel builds it: the class its registry names, fp32."""
+    """The case's architecture as Automodel builds it: the class its registry names (its own Llama,
+    Qwen3 and Qwen3-MoE), fp32, with Automodel's default backends."""
     from nemo_automodel._transformers.registry import get_registry
 
-    config = hf_models.hf_config(model_json, index)
-    arch = "Qwen3ForCausalLM" if hf_models.architecture(model_json) == "qwen3" else "LlamaForCausalLM"
+    if is_moe(model_json):
+        config, arch = moe.qwen3_moe_config(model_json, index), "Qwen3MoeForCausalLM"
+    else:
+        config = hf_models.hf_config(model_json, index)
+        arch = "Qwen3ForCausalLM" if hf_models.architecture(model_json) == "qwen3" else "LlamaForCausalLM"
     cls = get_registry().get_model_cls_from_model_arch(arch)
     return cls(config)
+
+
+class Mapping:
+    """Where tally's logical params lie in the model's params: `held[name]` the parts a param holds,
+    and the functions of hf_models (a dense model: whole rows) or moe (Qwen3-MoE: rows, and stacks of
+    transposed experts) that read them."""
+
+    def __init__(self, case, index, shapes_here):
+        model = case["model"]
+        self.module = moe if is_moe(model) else hf_models
+        self.held = moe.parts(model, index) if is_moe(model) else hf_models.segments(model, index)
+        self.module.check_cover(self.held, shapes_here, index)
+
+    def full_gradient(self, name, shape, tensors):
+        return self.module.full_gradient(self.held[name], shape, tensors)
+
+    def boxes(self, name, offsets, extents):
+        return self.module.boxes(self.held[name], offsets, extents)
+
+    def is_expert(self, name):
+        return self.module is moe and moe.is_expert(self.held[name])
 
 
 def local_name(name):
@@ -223,9 +258,9 @@ def build(run):
     run.model = parallelize_model(model, run.mesh_context)
 
 
-def contributions_of(run, segments):
+def contributions_of(run, mapping):
     """This rank's share of each param's gradient (path in `named_parameters` -> numpy array of the
-    param's shape, its segments of the logical shares): FSDP2 averages every gradient over
+    param's shape, its parts of the logical shares: `mapping`): FSDP2 averages every gradient over
     dp_replicate x dp_shard x cp (Automodel sets no divide factor), so tally dealt every gradient
     times that size into one nonzero share per rank of such a group (run/automodel/rules.h). A rank
     takes the share at its position among the group's ranks in Automodel's mesh. With sequence
@@ -250,7 +285,7 @@ def contributions_of(run, segments):
             continue
         partial = run.config["distributed"]["sequence_parallel"] and fsdp2.replicated_over(p, "tp")
         axes = ("dp_replicate", "dp_shard", "cp") + (("tp",) if partial else ())
-        out[n] = hf_models.full_gradient(segments[local_name(n)], p.shape, shares_over(axes))
+        out[n] = mapping.full_gradient(local_name(n), p.shape, shares_over(axes))
     return out
 
 
@@ -263,25 +298,28 @@ def set_gradients(run):
     import torch
 
     named = [(local_name(n), p) for n, p in run.model.named_parameters() if p.requires_grad]
-    segments = hf_models.segments(run.case["model"], run.index)
-    hf_models.check_cover(segments, {n: list(p.shape) for n, p in named}, run.index)
+    mapping = Mapping(run.case, run.index, {n: list(p.shape) for n, p in named})
     shapes = {p["name"]: list(p["shape"]) for p in run.index}
     run.pieces, run.before = [], {}
     reduced = run.case["automodel"].get("gradients_enter") == "before_reduction"
+    if reduced and is_moe(run.case["model"]):
+        raise ValueError("a MoE case before FSDP2's reduction, which tally's worker does not build (run/automodel/rules.cpp "
+                         "refuses it)")
     if reduced:
         partial_over = ("tp",) if run.config["distributed"]["sequence_parallel"] else ()
-        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, segments), run.device,
+        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, mapping), run.device,
                                                                  partial_over))
         boxes, run.before = fsdp2.held_gradients([p for _, p in named])
     for name, p in named:
         if reduced:
             offsets, extents = boxes[id(p)]
         else:
-            full = torch.from_numpy(hf_models.full_gradient(segments[name], p.shape, run.tensors)).to(run.device)
+            full = torch.from_numpy(mapping.full_gradient(name, p.shape, run.tensors)).to(run.device)
             (offsets, extents), run.before[id(p)] = tally_dtensor.place_gradient(p, full, name)
-        for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
+        attributes = tally_dtensor.attributes_of(p, expert=mapping.is_expert(name))
+        for begin, end, logical, logical_offsets, logical_extents in mapping.boxes(name, offsets, extents):
             run.pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
-                                                  logical_extents, tally_dtensor.attributes_of(p)))
+                                                  logical_extents, attributes))
     run.params = [p for _, p in named]
     return {piece.logical_name for piece in run.pieces}
 
@@ -293,8 +331,12 @@ def clip(run):
     from torch.distributed.tensor import DTensor
 
     max_norm = float(run.config["clip_grad"]["max_norm"])
+    # The MoE mesh and its EP axis as Automodel's recipe passes them (recipes/llm/train_ft.py:1501-1509).
+    moe_mesh = run.mesh_context.moe_mesh
+    ep_axis = "ep" if moe_mesh is not None and "ep" in tally_dtensor.dim_names(moe_mesh) else None
     total = automodel_utils.clip_grad_norm(max_norm if max_norm > 0 else math.inf, [run.model],
-                                           device_mesh=run.mesh_context.device_mesh)
+                                           device_mesh=run.mesh_context.device_mesh, moe_mesh=moe_mesh,
+                                           ep_axis_name=ep_axis)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     run.norm = float(total)
@@ -351,6 +393,15 @@ class AutomodelWorker(base.Worker):
 
     def start(self):
         import nemo_automodel.components.training.utils  # noqa: F401  (planted faults replace its functions)
+
+    def cannot_run(self):
+        import torch
+
+        if torch.cuda.is_available():
+            return {}
+        return {"model.num_experts": "Automodel's Qwen3-MoE builds its rotary embedding on cuda:current_device() "
+                                     "(nemo_automodel/components/models/qwen3_moe/model.py:184), and this worker sees no "
+                                     "CUDA device"}
 
     def dtypes(self):
         return ["fp32"]

@@ -2,6 +2,7 @@
 // and each case it cannot build is refused in one line naming the field and the rule (Automodel's own
 // check where it has one).
 #include <functional>
+#include <map>
 #include <regex>
 
 #include <gtest/gtest.h>
@@ -47,24 +48,30 @@ FaultPlants every_plant() {
   return plants;
 }
 
+// A worker on a machine without a GPU says it cannot build MoE (its hello's cannot_run).
+const std::map<std::string, std::string> kNoGpu = {{"model.num_experts", "no CUDA device (as the test says)"}};
+
 RC_GTEST_PROP(AutomodelTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   const int world = *rc::gen::element(2, 4, 8);
+  const std::map<std::string, std::string> cannot_run = *rc::gen::arbitrary<bool>() ? kNoGpu : std::map<std::string, std::string>{};
   fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
   const FaultPlants plants = every_plant();
-  options.restrict_to = [plants](casefile::Case c) {
+  options.restrict_to = [plants, cannot_run](casefile::Case c) {
     const std::uint64_t draw = c.path.gradients.generator.seed;
-    return within_automodel(std::move(c), plants, draw);
+    return within_automodel(std::move(c), plants, draw, cannot_run);
   };
   casefile::Case c = *fuzz::gen_case(options);
   if (*rc::gen::arbitrary<bool>()) {
     c.path.faults = vocab::FaultSet::of({*rc::gen::element(vocab::Fault::average_rank_norms, vocab::Fault::stats_over_replicas,
                                                            vocab::Fault::clip_per_child_norm)});
-    c = within_automodel(std::move(c), plants, c.path.gradients.generator.seed);
+    c = within_automodel(std::move(c), plants, c.path.gradients.generator.seed, cannot_run);
   }
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
   RC_ASSERT(kAutomodelSection.of(c).has_value());
-  const std::optional<std::string> refusal = automodel_refusal(c, "0.7.0", plants);
+  RC_ASSERT(cannot_run.empty() || c.model.num_experts == 0);
+  const std::optional<std::string> refusal = automodel_refusal(c, "0.7.0", plants, cannot_run);
+  RC_LOG() << refusal.value_or("") << "\n";
   RC_ASSERT(!refusal);
 }
 
@@ -88,7 +95,15 @@ TEST(AutomodelTarget, NamesWhatTheWorkerCannotBuild) {
   EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "model.normalization LayerNorm:"));
   c = llama_case();
   c.model.num_experts = 4;
-  EXPECT_NE(automodel_refusal(c, "0.7.0").value_or("").find("qwen3_moe/model.py:184"), std::string::npos);
+  c.model.qk_layernorm = true;
+  const std::map<std::string, std::string> no_gpu = {
+      {"model.num_experts", "Automodel's Qwen3-MoE builds its rotary embedding on cuda:current_device() "
+                            "(nemo_automodel/components/models/qwen3_moe/model.py:184), and this worker sees no CUDA device"}};
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0", {}, no_gpu), "model.num_experts: Automodel's Qwen3-MoE builds"))
+      << "the worker's own reason, where it cannot build MoE";
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "topology.tp 2 with experts:")) << "where it can";
+  c.topology = topologies::ParallelConfig{.world = 4, .ep = 2};
+  EXPECT_FALSE(automodel_refusal(c, "0.7.0")) << "Qwen3-MoE on EP 2 x FSDP 2";
   c = llama_case();
   c.model.qk_layernorm = true;
   c.model.add_bias_linear = true;
@@ -147,7 +162,45 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
        "deepspeed: a DeepSpeed case", Kind::tally_terms},
       {"Megatron's gradients stage", [](casefile::Case& c) { c.path.gradients.before_reduction = true; },
        "automodel.gradients_enter", Kind::tally_terms},
-      {"experts", [](casefile::Case& c) { c.model.num_experts = 4; }, "qwen3_moe/model.py:184", Kind::not_built},
+      {"experts without q/k layernorms", [](casefile::Case& c) { c.model.num_experts = 4; },
+       "model.num_experts without qk_layernorm:", Kind::not_built},
+      {"experts over TP",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.qk_layernorm = true;
+       },
+       "topology.tp 2 with experts:", Kind::not_built},
+      {"a shared expert",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.qk_layernorm = true;
+         c.model.moe_shared_expert_intermediate_size = 8;
+       },
+       "model.moe_shared_expert_intermediate_size:", Kind::not_built},
+      {"stacked experts FSDP2 cannot shard evenly",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.qk_layernorm = true;
+         c.model.hidden_size = 6;
+         c.model.num_attention_heads = 2;
+         c.topology = topologies::ParallelConfig{.world = 8, .ep = 2};  // ep_shard 4
+       },
+       "_fsdp_param.py:377", Kind::cited},
+      {"experts with a tied output layer",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.qk_layernorm = true;
+         c.model.untie_embeddings_and_output_weights = false;
+       },
+       "tie_word_embeddings.py:61", Kind::cited},
+      {"experts before FSDP2's reduction",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.qk_layernorm = true;
+         c.topology = topologies::ParallelConfig{.world = 4, .ep = 2};
+         kAutomodelSection.change(c, [](AutomodelConfig& d) { d.before_reduction = true; });
+       },
+       "automodel.gradients_enter before_reduction with experts:", Kind::not_built},
       {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "model.mtp_num_layers:", Kind::not_built},
       {"attention sinks", [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; },
        "model.softmax_type learnable:", Kind::not_built},
@@ -268,7 +321,11 @@ TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSeque
   megatron_gpt.topology = topologies::ParallelConfig{.world = 4};
   EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 8u) << "no sequence parallelism without TP";
   megatron_gpt.model.num_experts = 4;
-  EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 4u) << "the experts' refusal once per FSDP variant";
+  const auto moe = automodel_sweep_variants(megatron_gpt);
+  ASSERT_EQ(moe.size(), 1u) << "a MoE model as Qwen3-MoE with FSDP";
+  EXPECT_EQ(moe[0].first, "qwen3-moe-fsdp");
+  EXPECT_TRUE(moe[0].second.model.qk_layernorm);
+  EXPECT_EQ(moe[0].second.model.num_experts, 4);
 }
 
 // FSDP2 averages every gradient over dp_replicate x dp_shard x cp (Automodel sets no divide factor).

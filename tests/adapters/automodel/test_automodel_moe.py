@@ -1,0 +1,116 @@
+"""tally_adapters.automodel.moe without torch: every logical param of a MoE GPT is held exactly once by
+Automodel's Qwen3-MoE params (attention and dense MLPs by rows, routed experts stacked and transposed),
+a shard of a stacked expert tensor lands in the transposed box of each expert it holds, and the
+stacked gradient is each expert's logical gradient transposed. Automodel's Qwen3-MoE itself builds on
+a GPU only (tests/adapters/automodel's ci/real-automodel runs the dense models)."""
+
+import unittest
+
+import numpy as np
+import tally_adapters.automodel.moe as moe
+
+
+def moe_index(layers=2, dense_layers=(0,), hidden=4, heads=2, groups=1, head_dim=2, ffn=4, moe_ffn=2, experts=2, vocab=4):
+    """The gradient index tally writes for a Qwen3-MoE-like GPT: names and shapes."""
+    qkv = (heads + 2 * groups) * head_dim
+    params = [("embedding.word_embeddings.weight", [vocab, hidden])]
+    for L in range(layers):
+        p = f"decoder.layers.{L}."
+        params += [(p + "input_layernorm.weight", [hidden]),
+                   (p + "self_attention.linear_proj.weight", [hidden, heads * head_dim]),
+                   (p + "self_attention.linear_qkv.weight", [qkv, hidden]),
+                   (p + "self_attention.q_layernorm.weight", [head_dim]),
+                   (p + "self_attention.k_layernorm.weight", [head_dim]),
+                   (p + "pre_mlp_layernorm.weight", [hidden])]
+        if L in dense_layers:
+            params += [(p + "mlp.linear_fc1.weight", [2 * ffn, hidden]), (p + "mlp.linear_fc2.weight", [hidden, ffn])]
+        else:
+            params.append((p + "mlp.router.weight", [experts, hidden]))
+            for e in range(experts):
+                params += [(p + f"mlp.experts.local_experts.{e}.linear_fc1.weight", [2 * moe_ffn, hidden]),
+                           (p + f"mlp.experts.local_experts.{e}.linear_fc2.weight", [hidden, moe_ffn])]
+    params += [("decoder.final_layernorm.weight", [hidden]), ("output_layer.weight", [vocab, hidden])]
+    model = {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "num_query_groups": groups,
+             "kv_channels": head_dim, "vocab_size": vocab, "max_position_embeddings": 16, "num_experts": experts,
+             "untie_embeddings_and_output_weights": True}
+    return model, [{"name": n, "shape": s} for n, s in params]
+
+
+def qwen3_moe_shapes(layers=2, dense_layers=(0,), hidden=4, heads=2, groups=1, head_dim=2, ffn=4, moe_ffn=2, experts=2,
+                     vocab=4):
+    """The params Automodel's Qwen3-MoE builds for that model (as named_parameters gives them)."""
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden], "lm_head.weight": [vocab, hidden]}
+    for L in range(layers):
+        p = f"model.layers.{L}."
+        shapes.update({p + "self_attn.q_proj.weight": [heads * head_dim, hidden],
+                       p + "self_attn.k_proj.weight": [groups * head_dim, hidden],
+                       p + "self_attn.v_proj.weight": [groups * head_dim, hidden],
+                       p + "self_attn.o_proj.weight": [hidden, heads * head_dim],
+                       p + "self_attn.q_norm.weight": [head_dim], p + "self_attn.k_norm.weight": [head_dim],
+                       p + "input_layernorm.weight": [hidden], p + "post_attention_layernorm.weight": [hidden]})
+        if L in dense_layers:
+            shapes.update({p + "mlp.gate_proj.weight": [ffn, hidden], p + "mlp.up_proj.weight": [ffn, hidden],
+                           p + "mlp.down_proj.weight": [hidden, ffn]})
+        else:
+            shapes.update({p + "mlp.gate.weight": [experts, hidden],
+                           p + "mlp.experts.gate_and_up_projs": [experts, hidden, 2 * moe_ffn],
+                           p + "mlp.experts.down_projs": [experts, moe_ffn, hidden]})
+    return shapes
+
+
+class Cover(unittest.TestCase):
+    def test_every_logical_element_is_held_exactly_once(self):
+        model, index = moe_index()
+        moe.check_cover(moe.parts(model, index), qwen3_moe_shapes(), index)
+
+    def test_the_dense_layers_are_qwen3_moes_mlp_only_layers(self):
+        model, index = moe_index(layers=3, dense_layers=(0, 1))
+        d = moe.dimensions(model, index)
+        self.assertEqual(d["dense_layers"], [0, 1])
+        self.assertEqual((d["ffn"], d["moe_ffn"], d["experts"]), (4, 2, 2))
+
+    def test_an_expert_held_twice_or_a_missing_param_is_a_model_mismatch(self):
+        model, index = moe_index()
+        held = moe.parts(model, index)
+        stack = held["model.layers.1.mlp.experts.down_projs"]
+        held["model.layers.1.mlp.experts.down_projs"] = [stack[0], moe.Transposed(1, stack[0].logical)]
+        with self.assertRaisesRegex(LookupError, "local_experts.0.linear_fc2.weight are held 2 times, not once"):
+            moe.check_cover(held, qwen3_moe_shapes(), index)
+        shapes = qwen3_moe_shapes()
+        del shapes["model.layers.1.mlp.gate.weight"]
+        with self.assertRaisesRegex(LookupError, "model mismatch: the model lacks"):
+            moe.check_cover(moe.parts(model, index), shapes, index)
+
+    def test_a_stack_that_is_not_the_transpose_is_a_model_mismatch(self):
+        model, index = moe_index()
+        shapes = qwen3_moe_shapes()
+        shapes["model.layers.1.mlp.experts.down_projs"] = [2, 4, 2]  # Megatron's orientation, not Automodel's
+        with self.assertRaisesRegex(LookupError, "transposed"):
+            moe.check_cover(moe.parts(model, index), shapes, index)
+
+
+class StackedExperts(unittest.TestCase):
+    def test_the_stacked_gradient_is_each_experts_gradient_transposed(self):
+        model, index = moe_index()
+        held = moe.parts(model, index)
+        tensors = {p["name"]: np.arange(np.prod(p["shape"]), dtype=np.float32).reshape(p["shape"]) for p in index}
+        full = moe.full_gradient(held["model.layers.1.mlp.experts.gate_and_up_projs"], [2, 4, 4], tensors)
+        np.testing.assert_array_equal(full[1], tensors["decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight"].T)
+
+    def test_a_shard_over_ep_and_ep_shard_is_a_transposed_box_of_each_expert_it_holds(self):
+        model, index = moe_index(experts=4)
+        held = moe.parts(model, index)["model.layers.1.mlp.experts.down_projs"]
+        # EP 2 holds experts 2 and 3; FSDP2's Shard(1) over ep_shard 2 holds ffn row 1 of each.
+        got = moe.boxes(held, [2, 1, 0], [2, 1, 4])
+        self.assertEqual(got, [(0, 4, "decoder.layers.1.mlp.experts.local_experts.2.linear_fc2.weight", [0, 1], [4, 1]),
+                               (4, 8, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight", [0, 1], [4, 1])])
+
+    def test_a_shard_of_the_rows_keeps_hf_models_boxes(self):
+        model, index = moe_index()
+        held = moe.parts(model, index)["model.layers.0.self_attn.k_proj.weight"]
+        self.assertEqual(moe.boxes(held, [1, 0], [1, 4]),
+                         [(0, 4, "decoder.layers.0.self_attention.linear_qkv.weight", [5, 0], [1, 4])])
+
+
+if __name__ == "__main__":
+    unittest.main()
