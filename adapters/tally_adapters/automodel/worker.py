@@ -86,6 +86,78 @@ def _over_replicas_too(orig):
     return _all_reduce_scalar
 
 
+def _without_ep(orig):
+    # The scalar is not reduced over the EP axis: each EP group's "global" norm is its own
+    # (NeMo-Automodel #3816's rule): the EP dim of the MoE mesh, or the flat EP mesh of EP-local
+    # experts, left out.
+    def _all_reduce_scalar(scalar, op, mesh, mesh_dim=None):
+        names = tally_dtensor.dim_names(mesh)
+        if (mesh_dim is not None and names[mesh_dim] == "ep") or (mesh_dim is None and names == ["ep"]):
+            return scalar
+        return orig(scalar, op, mesh, mesh_dim)
+
+    return _all_reduce_scalar
+
+
+def _on_ep(p):
+    """Whether `p` lives on the EP axis (Automodel's experts: a DTensor on the MoE mesh)."""
+    return tally_dtensor.is_dtensor(p) and "ep" in tally_dtensor.dim_names(p.device_mesh)
+
+
+def _clip_by(parameters, max_norm, norm, foreach):
+    """Each of Automodel's sharding groups (mesh and placements) clipped by `norm`, as its impl clips."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    by_group = {}
+    for p in parameters:
+        key = (id(p.device_mesh), tuple(str(pl) for pl in p.placements)) if isinstance(p, DTensor) else None
+        if p.grad is not None:
+            by_group.setdefault(key, []).append(p)
+    for params in by_group.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach)
+
+
+def _experts_left_out(orig):
+    # The norm leaves the experts out (DeepSpeed #8613's rule): taken over the other params, and
+    # every gradient clipped by it.
+    def _clip_grad_norm_impl(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
+                             pp_mesh=None, ep_mesh=None, ep_param_ids=None, **kwargs):
+        import torch
+
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        total = orig([p for p in parameters if not _on_ep(p)], math.inf, norm_type, error_if_nonfinite, foreach,
+                     pp_mesh, ep_mesh, ep_param_ids, **kwargs)
+        _clip_by(parameters, max_norm, total, foreach)
+        return total
+
+    return _clip_grad_norm_impl
+
+
+def _clip_norm_without_ep(orig):
+    # The norm reported is right, but the one the gradients are clipped by is not reduced over EP
+    # (ColossalAI #2192's rule): each EP position clips by its own.
+    def _clip_grad_norm_impl(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
+                             pp_mesh=None, ep_mesh=None, ep_param_ids=None, **kwargs):
+        import torch
+
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        total = orig(parameters, math.inf, norm_type, error_if_nonfinite, foreach, pp_mesh, ep_mesh, ep_param_ids,
+                     **kwargs)
+        utils = sys.modules[_UTILS]
+        reduce = utils._all_reduce_scalar
+        utils._all_reduce_scalar = _without_ep(reduce)
+        try:
+            clip_norm = orig(parameters, math.inf, norm_type, error_if_nonfinite, foreach, pp_mesh, ep_mesh,
+                             ep_param_ids, **kwargs)
+        finally:
+            utils._all_reduce_scalar = reduce
+        _clip_by(parameters, max_norm, clip_norm, foreach)
+        return total
+
+    return _clip_grad_norm_impl
+
+
 def _each_group_by_its_norm(orig):
     # The total norm is reported, but each sharding group (mesh and placements, as Automodel groups)
     # is clipped by its own (Megatron-LM #785's rule, in Automodel's per-group clip).
@@ -134,23 +206,33 @@ PLANTS = {
         [(_UTILS, "_clip_grad_norm_impl", _each_group_by_its_norm)],
         "each of _clip_grad_norm_impl's sharding groups is clipped by its own norm, the total reported",
     ),
+    # Experts on the MoE mesh (Automodel's Qwen3-MoE, on a GPU).
+    "missing-ep-reduction": (
+        [(_UTILS, "_all_reduce_scalar", _without_ep)],
+        "_all_reduce_scalar skips the EP axis: each EP group's norm is its own (NeMo-Automodel #3816)",
+    ),
+    "expert-norm-dropped": (
+        [(_UTILS, "_clip_grad_norm_impl", _experts_left_out)],
+        "_clip_grad_norm_impl takes the norm without the experts on the EP axis and clips every gradient by it",
+    ),
+    "clip-per-ep-group-norm": (
+        [(_UTILS, "_clip_grad_norm_impl", _clip_norm_without_ep)],
+        "_clip_grad_norm_impl reports the total norm but clips by one not reduced over EP",
+    ),
 }
 
 _NO_ATTRIBUTES = "DTensor counts through placements: Automodel's reducer reads no Megatron attribute"
-_NO_MOE = "the worker builds Automodel's dense models only (its MoE models need CUDA)"
 NOT_PLANTED = {
     "expert-dedup-on-dense-tp": _NO_ATTRIBUTES,
     "allreduce-flag-lost-on-main-params": _NO_ATTRIBUTES,
     "expert-weights-not-tp-marked": _NO_ATTRIBUTES,
     "expert-label-from-ep-only": _NO_ATTRIBUTES,
     "expert-label-ignores-gtp": "no generalized TP",
-    "expert-stats-over-dense-mp": _NO_MOE,
+    "expert-stats-over-dense-mp": "no Muon: Automodel groups its experts by their own MoE mesh",
     "tied-copy-not-shared": "a tied output is one param without PP, and the worker builds no pipeline",
     "tp-sharded-param-unmarked": _NO_ATTRIBUTES,
     "replicated-marked-tp": _NO_ATTRIBUTES,
     "no-dedup-filter": _NO_ATTRIBUTES,
-    "expert-norm-dropped": _NO_MOE,
-    "missing-ep-reduction": _NO_MOE,
     "missing-pp-reduction": "the worker builds no pipeline (Automodel's AutoPipeline is not run)",
     "zero-count-in-float32": "Automodel reports no zero count",
     "empty-rank-skips-collective": "not planted: a rank that skips a collective hangs the worker",
@@ -158,7 +240,6 @@ NOT_PLANTED = {
     "distopt-padding-counted": "no distributed optimizer",
     "distopt-overlapping-shards": "no distributed optimizer",
     "clip-per-stage-norm": "the worker builds no pipeline",
-    "clip-per-ep-group-norm": _NO_MOE,
     "average-local-norms-over-dp": "FSDP's shards are summed over their mesh dims; no per-rank norms to average",
     "muon-expert-stats-without-egtp": "no Muon",
     "tp-marking-unseen-by-filter": _NO_ATTRIBUTES,
