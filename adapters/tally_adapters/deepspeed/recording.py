@@ -413,8 +413,7 @@ def build_manifest(
     mine = groups_by_rank[rank]
     params, index = [], {}  # index: param -> [(its manifest entry, begin, end of its flat elements)]
     for name, p in engine.module.named_parameters():
-        # A shard of no elements (AutoTP's cut of a kv head on a TP rank that gets none) holds nothing to count.
-        if not p.requires_grad or p.numel() == 0:
+        if not p.requires_grad:
             continue
         values = gradient_of(p).reshape(-1)
         described = describe(p)
@@ -467,8 +466,6 @@ def build_manifest(
         main_params = []
         max_norm, coefficient, clipped = recording.clips.get(child, (None, None, None))
         for k, (p, begin, end, kept, held) in enumerate(pieces):
-            if begin == end and p.numel() == 0:  # an empty shard: nothing counted
-                continue
             if id(p) not in index:
                 raise LookupError(f"{name}: counts a param that is not the model's ({tuple(p.shape)})")
             # What the norm code read where it was given a tensor; else the values tally gave it.
