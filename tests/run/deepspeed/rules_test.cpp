@@ -12,6 +12,7 @@
 
 #include "casefile/case_file.h"
 #include "fuzz/generators.h"
+#include "run/deepspeed/engine.h"
 #include "run/deepspeed/rules.h"
 #include "run/deepspeed/section.h"
 #include "topologies/logical_model.h"
@@ -461,6 +462,23 @@ TEST(DeepSpeedTarget, BuildsAPresetAsItsTransformersClassWithItsSinksAndLatentAt
   EXPECT_TRUE(within.model.multi_latent_attention);
   EXPECT_EQ(within.model.mtp_num_layers, 0);
   EXPECT_FALSE(deepspeed_refusal(within, "0.19.8"));
+}
+
+// AutoTP cuts a preset's transformers class by the class's own tensor-parallel plan: the engine
+// configuration names only the size; the worker's own model gets its layer specs.
+TEST(DeepSpeedTarget, AutoTpCutsAPresetsClassByItsOwnPlan) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 2, .tp = 2, .etp = 2};
+  c.model = *topologies::preset_model(topologies::Preset::llama3, {.world = 2}).model;
+  c.model.num_query_groups = 2;  // a Llama whose KV heads AutoTP can cut in two
+  kDeepSpeedSection.set(c, DeepSpeedConfig{.zero_stage = 1, .autotp = true});
+  ASSERT_FALSE(casefile::check_case(c));
+  ASSERT_TRUE(builds_family(c, *kDeepSpeedSection.of(c)));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8"));
+  EXPECT_EQ(deepspeed_engine_config(c)["tensor_parallel"], nlohmann::ordered_json({{"autotp_size", 2}}));
+  c.model.preset.clear();
+  EXPECT_TRUE(deepspeed_engine_config(c)["tensor_parallel"].contains("partition_config"));
 }
 
 TEST(DeepSpeedTarget, EveryRefusalCitesDeepSpeedsCheckOrSaysTheWorkerDoesNotBuildIt) {
