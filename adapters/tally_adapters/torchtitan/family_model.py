@@ -26,7 +26,7 @@ class FamilyModel:
                               enable_ep=dims.ep_enabled)
         with torch.device(device):
             model = config.build()
-        # As the family's parallelize function does (e.g. torchtitan/models/qwen3/parallelize.py:43-58).
+        # As the family's parallelize function does (e.g. torchtitan/models/qwen3/parallelize.py:44-57).
         if spmd_backend in ("full_dtensor", "spmd_types"):
             validate_config(dims, model)
             model.parallelize(dims)
