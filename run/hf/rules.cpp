@@ -75,6 +75,19 @@ void as_hf_architecture(ModelSpec& m) {
     m.hidden_size = (m.hidden_size / m.num_attention_heads + 1) * m.num_attention_heads;
 }
 
+// `m` with what transformers' TP plan shards over `tp` divisible by it (rounded up: the vocabulary,
+// the MLP, the heads, each head its own key-value head) and an untied output, so the plan runs.
+void divisible_by_tp(ModelSpec& m, int tp) {
+  const auto round_up = [tp](int n) { return (n + tp - 1) / tp * tp; };
+  m.untie_embeddings_and_output_weights = true;
+  m.vocab_size = round_up(m.vocab_size);
+  m.ffn_hidden_size = round_up(topologies::resolved_ffn_hidden(m));
+  m.num_attention_heads = round_up(m.num_attention_heads);
+  m.num_query_groups = m.num_attention_heads;
+  if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
+    m.hidden_size = (m.hidden_size / m.num_attention_heads + 1) * m.num_attention_heads;
+}
+
 }  // namespace
 
 // Each refusal names the input first, then the stack's own check it mirrors (file:line at
@@ -220,8 +233,9 @@ casefile::Case within_hf(casefile::Case c, const FaultPlants& plants, std::uint6
   // TP over the whole world or none; the whole world where the case asked for some TP, unless what
   // the plan shards does not divide. A fault planted in a per-mesh clip shows only where a mesh's
   // DTensors meet plain params: under TP.
-  const bool wants_tp =
-      (t.tp > 1 && !vocab::any_reduction_fault(o.faults)) || o.faults.has(vocab::Fault::clip_per_child_norm);
+  const bool per_mesh_clip = o.faults.has(vocab::Fault::clip_per_child_norm);
+  const bool wants_tp = (t.tp > 1 && !vocab::any_reduction_fault(o.faults)) || per_mesh_clip;
+  if (per_mesh_clip && t.world > 1) divisible_by_tp(m, t.world);
   t.tp = wants_tp && t.world > 1 && !tp_refuses(m, t.world) ? t.world : 1;
   t.etp = t.tp;
   casefile::drop_stated_gradients_without_a_param(c, {});

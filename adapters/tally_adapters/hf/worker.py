@@ -68,10 +68,10 @@ def _each_mesh_by_its_norm(orig):
 
         parameters = list(parameters)
         total = orig(self, parameters, math.inf, norm_type)
-        groups = {}
+        groups = {}  # keyed as accelerate keys them: by the mesh itself (DeviceMesh's equality), then the plain ones
         for p in parameters:
             if p.grad is not None:
-                key = ("mesh", id(p.grad.device_mesh)) if isinstance(p.grad, DTensor) else ("plain",)
+                key = ("mesh", p.grad.device_mesh) if isinstance(p.grad, DTensor) else ("plain",)
                 groups.setdefault(key, []).append(p)
         for params in groups.values():
             own = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
