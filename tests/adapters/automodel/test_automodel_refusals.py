@@ -72,7 +72,21 @@ def _distributed_checks():
         lambda: parallelized(llama(heads=2, kv_heads=2, hidden=8, head_dim=4), sequence_parallel=True, tp_size=1))
     context, _ = parallelized(llama(heads=2, kv_heads=2, hidden=8, head_dim=4), tp_size=2)
     out["mesh_axes"] = tuple(context.device_mesh.mesh_dim_names)
+    out["uneven_dim_1"] = caught(_stacked_experts_sharded_along_dim_1)
     return out
+
+
+def _stacked_experts_sharded_along_dim_1():
+    """FSDP2 over two ranks of a stacked expert tensor whose dim 1 is 1, along dim 1 as Automodel's
+    MoE parallelizer shards it (moe/parallelizer.py:112)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    module = torch.nn.Module()
+    module.down_projs = torch.nn.Parameter(torch.zeros(2, 1, 4))
+    fully_shard(module, mesh=init_device_mesh("cpu", (WORLD,)), shard_placement_fn=lambda p: Shard(1))
 
 
 def _rank_main(rank, path, reports):
@@ -207,3 +221,45 @@ def test_automodels_qwen3_has_no_mlp_biases():
     names = [n for n, _ in model.named_parameters()]
     assert "model.layers.0.self_attn.q_proj.bias" in names  # attention biases it has, where asked
     assert not [n for n in names if ".mlp." in n and n.endswith(".bias")]
+
+
+def qwen3_moe(tied):
+    """Automodel's own Qwen3-MoE (the class its registry names), as the worker builds it."""
+    from nemo_automodel._transformers.registry import get_registry
+    from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(vocab_size=4, hidden_size=4, intermediate_size=4, moe_intermediate_size=2, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=2, num_experts=2, num_experts_per_tok=1,
+                            max_position_embeddings=4, tie_word_embeddings=tied, dtype="float32")
+    return get_registry().get_model_cls_from_model_arch("Qwen3MoeForCausalLM")(config)
+
+
+def test_qwen3_moe_refuses_a_tied_output_layer():
+    """model.untie_embeddings_and_output_weights false with experts:
+    nemo_automodel/components/models/common/tie_word_embeddings.py:61."""
+    name, message, frames = caught(lambda: qwen3_moe(tied=True))
+    assert name == "NotImplementedError", (name, message)
+    assert "does not support tie_word_embeddings=True" in message
+    assert raised_at(frames, "nemo_automodel/components/models/common/tie_word_embeddings.py", 61)
+
+
+def test_qwen3_moe_builds_its_rotary_embedding_on_cuda():
+    """The worker's cannot_run reason for model.num_experts where it sees no GPU:
+    nemo_automodel/components/models/qwen3_moe/model.py:184 asks torch.cuda for the current device."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: Qwen3-MoE builds here")
+    name, message, frames = caught(lambda: qwen3_moe(tied=False))
+    assert name == "RuntimeError", (name, message)
+    assert passes_through(frames, "nemo_automodel/components/models/qwen3_moe/model.py", 184)
+    assert raised_at(frames, "torch/cuda/__init__.py", frames[-1][1])
+
+
+def test_fsdp2_refuses_an_uneven_shard_along_dim_1(on_two_ranks):
+    """model.hidden_size or moe_ffn_hidden_size that ep_shard does not divide:
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py:377 at torch 2.11.0."""
+    name, message, frames = on_two_ranks["uneven_dim_1"]
+    assert name == "NotImplementedError", (name, message)
+    assert message.startswith("FSDP does not support uneven sharding on dim 1")
+    assert raised_at(frames, "torch/distributed/fsdp/_fully_shard/_fsdp_param.py", 377)
