@@ -17,6 +17,8 @@ The info string's second word says what the block needs:
 - `gpu`: a GPU (--gpu), with the framework the script imports.
 - `megatron-cpu`: CPUs (gloo; CUDA hidden) where megatron-core imports (it needs Python 3.12, so not
   in CI's environment: skipped, saying so, where it does not import).
+- `hf-cpu`: CPUs (gloo; CUDA hidden) where transformers 5.17.0 and accelerate import (ci/real-hf runs
+  these in ci/hf-venv's environment; skipped, saying so, elsewhere).
 
 Every reproducer in docs/findings/ must appear in some block (not checked with --only). Exit 0 when every block run passed, 1
 when one failed, 2 on a write-up this script cannot read.
@@ -107,6 +109,17 @@ def megatron_imports():
         return False
 
 
+def hf_imports():
+    """Whether the Hugging Face write-ups' stack imports: transformers 5.17.0 with accelerate."""
+    try:
+        import accelerate  # noqa: F401
+        import transformers
+
+        return transformers.__version__ == "5.17.0"
+    except Exception:
+        return False
+
+
 def run(command, on_gpu, timeout):
     """The command's exit status, the ranks' stdout lines (rank order) and its other output."""
     shown_env, rest, plain = argv_of(command)
@@ -155,6 +168,7 @@ def main():
 
     fp16 = args.gpu or fp16_on_cpu()
     megatron = megatron_imports()
+    hf = hf_imports()
     passed, failed, skipped = 0, [], []
     start_all = time.time()
     for writeup, line, needs, commands in found:
@@ -166,11 +180,11 @@ def main():
                 print(f"{where} [{needs}] $ {command}")
                 continue
             if (needs == "gpu" and not args.gpu) or (needs == "fp16" and not fp16) or \
-                    (needs == "megatron-cpu" and not megatron):
+                    (needs == "megatron-cpu" and not megatron) or (needs == "hf-cpu" and not hf):
                 skipped.append(f"{where} [{needs}] $ {command}")
                 continue
             started = time.time()
-            status, out, other = run(command, on_gpu=args.gpu and needs not in ("cpu", "megatron-cpu"),
+            status, out, other = run(command, on_gpu=args.gpu and needs not in ("cpu", "megatron-cpu", "hf-cpu"),
                                      timeout=args.timeout)
             missing = [e for e in expected if e not in out]
             want = 1 if any(e.startswith("DEFECT SHOWN") for e in expected) else 0
@@ -200,7 +214,8 @@ def main():
     for s in skipped:
         print(f"skip {s}")
     print(f"findings-reproducers: {passed} passed, {len(failed)} failed, {len(skipped)} skipped "
-          f"(gpu blocks need --gpu; fp16 ones a device with fp16; megatron-cpu ones megatron-core) in "
+          f"(gpu blocks need --gpu; fp16 ones a device with fp16; megatron-cpu ones megatron-core; hf-cpu ones "
+          f"transformers 5.17.0 with accelerate) in "
           f"{time.time() - start_all:.0f} s")
     return 1 if failed else 0
 
