@@ -82,6 +82,7 @@ void divisible_by_tp(ModelSpec& m, int tp) {
   m.untie_embeddings_and_output_weights = true;
   m.vocab_size = round_up(m.vocab_size);
   m.ffn_hidden_size = round_up(topologies::resolved_ffn_hidden(m));
+  m.kv_channels = topologies::resolved_kv_channels(m);  // each head keeps its width as the heads grow
   m.num_attention_heads = round_up(m.num_attention_heads);
   m.num_query_groups = m.num_attention_heads;
   if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
