@@ -382,11 +382,12 @@ TEST(BorderSchemas, TheFullHelloIsReadFieldByField) {
   EXPECT_EQ(h.devices, 0);
   EXPECT_EQ(h.dtypes, std::vector<std::string>{"fp32"});
   EXPECT_TRUE(h.megatron_model_rules);
-  ASSERT_EQ(h.cannot_run.size(), 4u);
+  ASSERT_EQ(h.cannot_run.size(), 5u);
   EXPECT_EQ(h.cannot_run.begin()->first, "deepspeed.fused_adam");
   EXPECT_EQ(std::next(h.cannot_run.begin())->first, "gradients.enter");
   EXPECT_EQ(std::next(h.cannot_run.begin(), 2)->first, "megatron_fsdp");
-  EXPECT_EQ(std::next(h.cannot_run.begin(), 3)->first, "optimizer.layer_wise_param_layout");
+  EXPECT_EQ(std::next(h.cannot_run.begin(), 3)->first, "model.num_experts");
+  EXPECT_EQ(std::next(h.cannot_run.begin(), 4)->first, "optimizer.layer_wise_param_layout");
   EXPECT_EQ(h.plants.planted.size(), vocab::fault_catalog().size());
   EXPECT_EQ(h.plants.not_planted.size(), vocab::fault_catalog().size());
 }
