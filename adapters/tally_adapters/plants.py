@@ -36,6 +36,20 @@ def fsdp2_summed(orig):
     return _get_gradient_divide_factors
 
 
+# The two reduction faults a stack that reduces through FSDP2 plants in torch's divide rule, as
+# plant-table rows (fault -> ([(where, attr, make)], how)).
+FSDP2_REDUCTION_PLANTS = {
+    "grads-averaged-twice": (
+        [(*FSDP2_DIVIDE_FACTORS, fsdp2_divided_again)],
+        "FSDP2's average of the contributions is divided by its data-parallel size once more",
+    ),
+    "grads-not-averaged": (
+        [(*FSDP2_DIVIDE_FACTORS, fsdp2_summed)],
+        "FSDP2 sums the contributions without dividing",
+    ),
+}
+
+
 def fsdp2_reduction_not_planted(framework):
     """Why a stack that reduces through FSDP2 (torchtitan, NeMo-Automodel) does not plant the other
     reduction faults: FSDP2 divides every param by one rule of torch's, and the step faults are

@@ -45,7 +45,7 @@ import sys
 from .. import dtensor as tally_dtensor
 from .. import fsdp2, hf_models
 from .. import worker as base
-from ..plants import FSDP2_DIVIDE_FACTORS, fsdp2_divided_again, fsdp2_reduction_not_planted, fsdp2_summed
+from ..plants import FSDP2_REDUCTION_PLANTS, fsdp2_reduction_not_planted
 from . import moe
 
 _UTILS = "nemo_automodel.components.training.utils"
@@ -186,14 +186,7 @@ def _each_group_by_its_norm(orig):
 # fault -> ([(module, the function, how to make the replacement)], how)
 PLANTS = {
     # Where the gradients enter before FSDP2's reduction (automodel.gradients_enter).
-    "grads-averaged-twice": (
-        [(*FSDP2_DIVIDE_FACTORS, fsdp2_divided_again)],
-        "FSDP2's average of the contributions is divided by its data-parallel size once more",
-    ),
-    "grads-not-averaged": (
-        [(*FSDP2_DIVIDE_FACTORS, fsdp2_summed)],
-        "FSDP2 sums the contributions without dividing",
-    ),
+    **FSDP2_REDUCTION_PLANTS,
     "average-rank-norms": (
         [(_UTILS, "_all_reduce_scalar", _averaged_over_shards)],
         "_all_reduce_scalar averages each sharded mesh dim's sum of squares instead of summing it",

@@ -46,7 +46,7 @@ import sys
 from .. import dtensor as tally_dtensor
 from .. import fsdp2, hf_models
 from .. import worker as base
-from ..plants import FSDP2_DIVIDE_FACTORS, fsdp2_divided_again, fsdp2_reduction_not_planted, fsdp2_summed
+from ..plants import FSDP2_REDUCTION_PLANTS, fsdp2_reduction_not_planted
 
 _ACCELERATOR = "accelerate.accelerator:Accelerator"  # its methods, replaced on the class
 
@@ -108,14 +108,7 @@ def _local_norms_averaged(orig):
 # fault -> ([(module, the function, how to make the replacement)], how)
 PLANTS = {
     # Where the gradients enter before FSDP2's reduction (hf.gradients_enter).
-    "grads-averaged-twice": (
-        [(*FSDP2_DIVIDE_FACTORS, fsdp2_divided_again)],
-        "FSDP2's average of the contributions is divided by its data-parallel size once more",
-    ),
-    "grads-not-averaged": (
-        [(*FSDP2_DIVIDE_FACTORS, fsdp2_summed)],
-        "FSDP2 sums the contributions without dividing",
-    ),
+    **FSDP2_REDUCTION_PLANTS,
     "average-rank-norms": (
         [(_ACCELERATOR, "_clip_grad_norm_dtensor_aware", _local_norms_averaged)],
         "_clip_grad_norm_dtensor_aware averages the ranks' local sums of squares instead of summing them",
