@@ -104,9 +104,9 @@ def _on_ep(p):
     return tally_dtensor.is_dtensor(p) and "ep" in tally_dtensor.dim_names(p.device_mesh)
 
 
-def _clip_by(parameters, max_norm, norm, foreach):
-    """Each of Automodel's sharding groups (mesh and placements) clipped by `norm`, as its impl clips."""
-    import torch
+def _sharding_groups(parameters):
+    """The params with gradients in each of Automodel's sharding groups (mesh and placements), as its
+    impl groups them to clip."""
     from torch.distributed.tensor import DTensor
 
     by_group = {}
@@ -114,7 +114,14 @@ def _clip_by(parameters, max_norm, norm, foreach):
         key = (id(p.device_mesh), tuple(str(pl) for pl in p.placements)) if isinstance(p, DTensor) else None
         if p.grad is not None:
             by_group.setdefault(key, []).append(p)
-    for params in by_group.values():
+    return list(by_group.values())
+
+
+def _clip_by(parameters, max_norm, norm, foreach):
+    """Each of Automodel's sharding groups clipped by `norm`, as its impl clips."""
+    import torch
+
+    for params in _sharding_groups(parameters):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach)
 
 
@@ -169,12 +176,7 @@ def _each_group_by_its_norm(orig):
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         total = orig(parameters, math.inf, norm_type, error_if_nonfinite, foreach, pp_mesh, ep_mesh, ep_param_ids,
                      **kwargs)
-        by_group = {}
-        for p in parameters:
-            key = (id(p.device_mesh), tuple(str(pl) for pl in p.placements)) if isinstance(p, DTensor) else None
-            if p.grad is not None:
-                by_group.setdefault(key, []).append(p)
-        for params in by_group.values():
+        for params in _sharding_groups(parameters):
             own = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type, False, foreach)
             own = own.full_tensor() if isinstance(own, DTensor) else own
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, own, foreach)
