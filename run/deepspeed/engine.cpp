@@ -70,7 +70,9 @@ nlohmann::ordered_json deepspeed_engine_config(const casefile::Case& c) {
   return j;
 }
 
-std::string deepspeed_model_description(const casefile::Case& c) {
+namespace {
+
+std::string model_line(const casefile::Case& c) {
   const topologies::ParallelConfig& t = c.topology;
   const DeepSpeedConfig d = kDeepSpeedSection.of(c).value_or(DeepSpeedConfig{});
   const std::string adam = d.fused_adam ? "DeepSpeed's FusedAdam at lr 0" : "torch's AdamW at lr 0";
@@ -108,6 +110,24 @@ std::string deepspeed_model_description(const casefile::Case& c) {
             ", ep_size=" + std::to_string(t.ep) + ", enable_expert_tensor_parallelism=" +
             (t.tp > 1 && t.etp == t.tp ? "True" : "False") + ")";
   return line + "; " + adam + (t.pp > 1 ? "; one train_batch" : "");
+}
+
+}  // namespace
+
+std::string deepspeed_model_description(const casefile::Case& c) {
+  const DeepSpeedConfig d = kDeepSpeedSection.of(c).value_or(DeepSpeedConfig{});
+  switch (d.launcher) {
+    case DeepSpeedLauncher::accelerate:
+      return model_line(c) + "; the engine built by accelerate's Accelerator(deepspeed_plugin=DeepSpeedPlugin("
+             "hf_ds_config=this config)).prepare(model, optimizer), stepped by accelerator.backward, the norm what "
+             "accelerator.clip_grad_norm_ returns";
+    case DeepSpeedLauncher::trainer:
+      return model_line(c) + "; the engine built by the accelerator of a transformers Trainer with "
+             "TrainingArguments(deepspeed=this config), prepared as Trainer's train does (deepspeed_init, "
+             "accelerator.prepare), the norm what Trainer._get_grad_norm returns";
+    case DeepSpeedLauncher::deepspeed: break;
+  }
+  return model_line(c);
 }
 
 ReductionGroups deepspeed_reduction_groups(const casefile::Case& c) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 
 #include "vocab/faults.h"
 #include "run/deepspeed/section.h"
@@ -132,6 +133,37 @@ std::optional<std::string> autoep_refuses(const DeepSpeedConfig& d, const topolo
   if (m.add_bias_linear)
     return "deepspeed.autoep with model.add_bias_linear: tally's worker does not build expert biases for AutoEP: "
            "its GroupedExperts hold weights only (deepspeed/moe/ep_experts.py:423 at 0.19.8)";
+  return std::nullopt;
+}
+
+// What accelerate (and the Trainer, which prepares through it) cannot give DeepSpeed, cited at
+// accelerate 1.15.0 and DeepSpeed 0.19.8. accelerate fills only a config's "auto" values
+// (accelerate/utils/dataclasses.py:1363 fill_match) and tally's engine config has none, so what it
+// adds (steps_per_print, fp16/bf16 "enabled": false where absent, zero_allow_untested_optimizer)
+// changes no norm code.
+std::optional<std::string> launcher_refuses(const DeepSpeedConfig& d, const topologies::ParallelConfig& t, Dtype dtype) {
+  if (d.launcher == DeepSpeedLauncher::deepspeed) return std::nullopt;
+  const std::string launcher = "deepspeed.launcher " + std::string(deepspeed_launcher_name(d.launcher));
+  if (t.pp > 1)
+    return launcher + " with topology.pp > 1: accelerate's backward calls the engine's backward and step "
+           "(accelerate/utils/deepspeed.py:270-281 at 1.15.0), which DeepSpeed's PipelineEngine refuses "
+           "(PipelineError \"Only train_batch() is accessible in pipeline mode.\", deepspeed/runtime/pipe/engine.py:1302 "
+           "at 0.19.8)";
+  if (t.tp > 1 && !d.autotp)
+    return launcher + " with topology.tp " + std::to_string(t.tp) + " without deepspeed.autotp: accelerate's "
+           "prepare passes deepspeed.initialize no mpu (only Ulysses sequence parallelism's, "
+           "accelerate/accelerator.py:2394-2433 at 1.15.0), so DeepSpeed has no Megatron-style TP groups; "
+           "through accelerate TP is AutoTP's (set deepspeed.autotp)";
+  if (t.tp > 1 && t.world != t.tp)
+    return launcher + " with deepspeed.autotp and data parallelism (topology.tp " + std::to_string(t.tp) + " of " +
+           std::to_string(t.world) + " ranks): accelerate's prepare makes a one-dimensional device mesh of "
+           "autotp_size ranks (init_device_mesh(device, (tp_size,)), accelerate/accelerator.py:2172 at 1.15.0), "
+           "which torch refuses unless it spans the world";
+  if (dtype == Dtype::fp32 && d.zero_stage == 0)
+    return launcher + " with gradients.dtype fp32 at zero_stage 0: accelerate's clip_grad_norm_ returns the "
+           "engine's get_global_grad_norm() (accelerate/accelerator.py:3023-3026 at 1.15.0), which DeepSpeed leaves "
+           "None on this path (clip_fp32_gradients keeps no norm; only an optimizer's _global_grad_norm sets it, "
+           "deepspeed/runtime/engine.py:3502-3519 at 0.19.8): there is no reported norm to judge";
   return std::nullopt;
 }
 
@@ -353,6 +385,7 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
            "loss scale or use bf16";
   if (auto why = autotp_refuses(*d, t, m.num_experts)) return why;
   if (auto why = autoep_refuses(*d, t, m)) return why;
+  if (auto why = launcher_refuses(*d, t, o.gradients.generator.dtype)) return why;
   return engine_refuses(*d, o.gradients.generator.dtype, m.num_experts, t.pp);
 }
 
@@ -403,7 +436,8 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   const bool pipelined = t.pp > 1;
   const bool fused_adam_runs = !cannot_run.contains("deepspeed.fused_adam");
   std::uint64_t path_draws = 1;  // how many engine paths `draw` chose among (its later bits draw the rest)
-  if (!kDeepSpeedSection.of(c)) {
+  const bool drawn_section = !kDeepSpeedSection.of(c);
+  if (drawn_section) {
     std::vector<EnginePath> paths;
     for (const EnginePath& path : kEnginePaths)
       if (computes_in(dtypes, path.dtype) && (fused_adam_runs || !path.fused_adam) && (!pipelined || pipelines(path)) &&
@@ -476,6 +510,9 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::bf16;
   if (!computes_in(dtypes, o.gradients.generator.dtype)) o.gradients.generator.dtype = Dtype::fp32;
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
+  // A Hugging Face user's engine (accelerate's prepare, the Trainer's) where accelerate builds the case.
+  if (drawn_section) d.launcher = static_cast<DeepSpeedLauncher>((draw / path_draws / 4) % std::size(kDeepSpeedLauncherNames));
+  if (launcher_refuses(d, t, o.gradients.generator.dtype)) d.launcher = DeepSpeedLauncher::deepspeed;
   kDeepSpeedSection.set(c, d);
   // A preset built as its transformers class keeps the sinks (GptOssForCausalLM) and multi-latent
   // attention (DeepseekV3ForCausalLM) the worker's own model lacks; its MTP stays out, as the class has none.
@@ -501,6 +538,9 @@ std::string deepspeed_norm_code(const casefile::Case& c) {
   // AutoTP and AutoEP shard the model with DeepSpeed's own code: a defect there is theirs.
   if (d.autotp) code += " with AutoTP";
   if (d.autoep) code += d.autotp ? " and AutoEP" : " with AutoEP";
+  // The same code through a Hugging Face user's engine: a finding of the code's matches it too.
+  if (d.launcher == DeepSpeedLauncher::accelerate) code += " through accelerate";
+  if (d.launcher == DeepSpeedLauncher::trainer) code += " through the Trainer";
   return code;
 }
 

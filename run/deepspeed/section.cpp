@@ -16,6 +16,10 @@ DeepSpeedConfig read_deepspeed_config(const json& value, const std::string& path
        {"autoep", [&](const json& v, const std::string& p) { d.autoep = io::read_bool(v, p); }},
        {"fused_adam", [&](const json& v, const std::string& p) { d.fused_adam = io::read_bool(v, p); }},
        {"offload_optimizer", [&](const json& v, const std::string& p) { d.offload_optimizer = io::read_bool(v, p); }},
+       {"launcher",
+        [&](const json& v, const std::string& p) {
+          d.launcher = static_cast<DeepSpeedLauncher>(io::read_choice(v, p, {"deepspeed", "accelerate", "trainer"}));
+        }},
        {"loss_scale",
         [&](const json& v, const std::string& p) {
           d.loss_scale = static_cast<int>(io::read_integer(v, p, 1, 1 << 16));
@@ -34,6 +38,7 @@ nlohmann::ordered_json deepspeed_config_json(const DeepSpeedConfig& d) {
   if (d.autoep) j["autoep"] = true;
   if (d.fused_adam) j["fused_adam"] = true;
   if (d.offload_optimizer) j["offload_optimizer"] = true;
+  if (d.launcher != DeepSpeedLauncher::deepspeed) j["launcher"] = deepspeed_launcher_name(d.launcher);
   return j;
 }
 

@@ -53,6 +53,7 @@ import os
 import sys
 
 from .. import worker as base
+from . import launchers
 from . import recording as tally_deepspeed
 from .experts import (
     add_autoep_blocks,
@@ -168,13 +169,19 @@ def build(run, world):
         case_mpu = Mpu(run.tp)
         module, run.described, run.layers, shapes, splits = build_model(case, index, case_mpu, moe, dtype)
         run.moe_parts = [(run.layers, shapes, splits)]
-    if run.autoep:  # the engine's own optimizer: it splits the params AutoEP makes into MoE groups
+    # the engine's own optimizer with AutoEP: it splits the params AutoEP makes into MoE groups
+    optimizer = None if run.autoep else client_optimizer(module, run.layers, section.get("fused_adam", False))
+    run.launcher = section.get("launcher", "deepspeed")  # written where not deepspeed
+    if run.launcher != "deepspeed":  # as a Hugging Face user gets it: no mpu (TP 1 or AutoTP's)
+        run.engine = launchers.prepare(run, module, optimizer, run.launcher)
+    elif optimizer is None:
         run.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
                                                    config=run.config)
     else:  # no mpu for a pipeline (its grid is one) or AutoTP (whose groups are)
-        optimizer = client_optimizer(module, run.layers, section.get("fused_adam", False))
         run.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, mpu=case_mpu,
                                                    config=run.config)
+    # The groups the worker reads: the engine's, or at TP 1 through accelerate (no mpu) its own of TP 1.
+    run.mpu = run.engine.mpu if run.engine.mpu is not None else case_mpu
 
 
 def describe(run):
@@ -183,7 +190,7 @@ def describe(run):
     logical names this rank holds. Raises LookupError where DeepSpeed holds a param the worker did
     not build."""
     engine, tensors = run.engine, run.tensors
-    mpu = engine.mpu  # None with AutoEP (TP 1): no model parallelism
+    mpu = run.mpu  # None with AutoEP (TP 1): no model parallelism
     run.pieces, run.local_values = {}, {}
     # At ZeRO 3 each rank holds a partition: AutoTP's and AutoEP's tensors are checked whole.
     whole = contextlib.nullcontext()
@@ -240,7 +247,7 @@ def contributions_of(run):
     import torch.distributed as dist
     from deepspeed.utils import groups
 
-    mpu = run.engine.mpu  # None with AutoEP at TP 1: one DP group of the world
+    mpu = run.mpu  # None with AutoEP at TP 1: one DP group of the world
     if mpu is None:
         dp_size, dp_rank = dist.get_world_size(), dist.get_rank()
     else:
@@ -267,7 +274,7 @@ def term_weights_of(run):
     import torch
 
     engine = run.engine
-    mpu = engine.mpu
+    mpu = run.mpu
     device = next(engine.module.parameters()).device
     contribution = contributions_of(run)
     local_shares = autoep_values(engine.module, {p["name"]: list(p["shape"]) for p in run.index}, contribution) \
@@ -323,13 +330,22 @@ def step(run):
             loss = engine()
         else:
             loss = sum((p * run.term_weights(p)).sum() for p in engine.module.parameters())
-        engine.backward(loss)
-        if os.environ.get("TALLY_DEBUG_GRADS") and engine.zero_optimization_stage() == 0:
-            print_gradient_distance(engine, functools.partial(box_of, run))
-        with tally_deepspeed.Recording(engine, grad_scale) as recording:
-            engine.step()
+        if run.launcher != "deepspeed":
+            # accelerate's backward is the engine's backward and step together (launchers.step)
+            with tally_deepspeed.Recording(engine, grad_scale) as recording:
+                launchers.step(run, engine, loss)
+        else:
+            engine.backward(loss)
+            if os.environ.get("TALLY_DEBUG_GRADS") and engine.zero_optimization_stage() == 0:
+                print_gradient_distance(engine, functools.partial(box_of, run))
+            with tally_deepspeed.Recording(engine, grad_scale) as recording:
+                engine.step()
     norm = engine.get_global_grad_norm()
-    if norm is None:
+    if run.launcher != "deepspeed":
+        # What accelerate's clip_grad_norm_ (or the Trainer) returns: None where the engine keeps none
+        # (run/deepspeed/rules.cpp refuses those cases).
+        norm = launchers.reported_norm(run, engine, float(run.config["gradient_clipping"]))
+    elif norm is None:
         norm = recording.clip_norm
     norm = float(norm) if norm is not None else None
     # A skipped step (an fp16 overflow) computed no norm to judge: the same on every rank.
@@ -345,7 +361,7 @@ def groups_of_every_rank(run):
     """Every rank's groups by name (recording.build_manifest's `groups_by_rank`), gathered."""
     import torch.distributed as dist
 
-    engine, mpu, world = run.engine, run.engine.mpu, dist.get_world_size()
+    engine, mpu, world = run.engine, run.mpu, dist.get_world_size()
     if run.pp > 1:
         mine = expert_groups(pipeline_groups(mpu, run.moe["expert_tp"]), run.layers)
     elif run.autotp or run.autoep or run.family:
@@ -453,6 +469,7 @@ class DeepSpeedWorker(base.Worker):
         made = getattr(run, "made", None)
         # Every step runs, whichever raises: a step left out would leak into the next case.
         with contextlib.ExitStack() as cleanup:
+            cleanup.callback(launchers.release, run)
             if made is not None:
                 cleanup.callback(made.__exit__, None, None, None)
             cleanup.callback(forget_deepspeed_groups)
