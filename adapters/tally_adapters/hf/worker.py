@@ -47,6 +47,7 @@ from .. import dtensor as tally_dtensor
 from .. import fsdp2, hf_models
 from .. import worker as base
 from ..plants import FSDP2_REDUCTION_PLANTS, fsdp2_reduction_not_planted
+from . import families
 
 _ACCELERATOR = "accelerate.accelerator:Accelerator"  # its methods, replaced on the class
 
@@ -105,8 +106,62 @@ def _local_norms_averaged(orig):
     return _clip_grad_norm_dtensor_aware
 
 
+def _trainer_mixed_mesh_norm(drop_experts=False, sum_experts=True, clip_with_local=False):
+    """A replacement of Trainer._mixed_mesh_grad_norm (transformers/trainer.py:2618) with one of its
+    rules changed. Its rules: plain gradients' squares counted on this rank, the DTensor gradients'
+    local squares all-reduced over the first one's mesh, the root of the two the norm, every gradient
+    clipped by max_norm over it. Under EP its DTensors are the experts: `drop_experts` leaves their
+    squares out (DeepSpeed #8613's rule), `sum_experts` False skips the all-reduce over the EP mesh
+    (NeMo-Automodel #3816's), `clip_with_local` clips with the norm before that all-reduce while
+    reporting the right one (ColossalAI #2192's)."""
+    def factory(orig):
+        def _mixed_mesh_grad_norm(self, model, max_norm):
+            import torch
+            import torch.distributed as dist
+            from torch.distributed.tensor import DTensor
+
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            experts = [g for g in grads if isinstance(g, DTensor)]
+            plain = [g for g in grads if not isinstance(g, DTensor)]
+            plain_sq = sum((g.double().pow(2).sum() for g in plain), torch.zeros((), dtype=torch.float64))
+            local_sq = sum((g.to_local().double().pow(2).sum() for g in experts), torch.zeros((), dtype=torch.float64))
+            summed_sq = local_sq.clone()
+            if experts and sum_experts:
+                dist.all_reduce(summed_sq, group=experts[0].device_mesh.get_group())
+            total = (plain_sq + (0.0 if drop_experts else summed_sq)).sqrt().float()
+            clip_norm = (plain_sq + local_sq).sqrt().float() if clip_with_local else total
+            if max_norm != float("inf"):
+                coefficient = (max_norm / (clip_norm + 1e-6)).clamp(max=1.0)
+                for g in plain:
+                    g.mul_(coefficient)
+                for g in experts:
+                    g.to_local().mul_(coefficient)
+            return total
+
+        return _mixed_mesh_grad_norm
+
+    return factory
+
+
+_TRAINER = "transformers.trainer:Trainer"
+
 # fault -> ([(module, the function, how to make the replacement)], how)
 PLANTS = {
+    # In the Trainer's mixed-mesh norm, which under EP reduces the experts (DTensors) apart from the
+    # plain rest (run/hf/rules.cpp gives these faults EP and the Trainer).
+    "expert-norm-dropped": (
+        [(_TRAINER, "_mixed_mesh_grad_norm", _trainer_mixed_mesh_norm(drop_experts=True))],
+        "_mixed_mesh_grad_norm leaves the experts' (the DTensor gradients') squares out of the norm",
+    ),
+    "missing-ep-reduction": (
+        [(_TRAINER, "_mixed_mesh_grad_norm", _trainer_mixed_mesh_norm(sum_experts=False))],
+        "_mixed_mesh_grad_norm does not all-reduce the experts' squares over the EP mesh: each rank's own experts",
+    ),
+    "clip-per-ep-group-norm": (
+        [(_TRAINER, "_mixed_mesh_grad_norm", _trainer_mixed_mesh_norm(clip_with_local=True))],
+        "_mixed_mesh_grad_norm reports the right norm but clips with each rank's norm before the all-reduce "
+        "over the EP mesh",
+    ),
     # Where the gradients enter before FSDP2's reduction (hf.gradients_enter).
     **FSDP2_REDUCTION_PLANTS,
     "average-rank-norms": (
@@ -121,20 +176,18 @@ PLANTS = {
 }
 
 _NO_ATTRIBUTES = "DTensor counts through placements: accelerate's norm reads no Megatron attribute"
-_NO_MOE = "the worker builds transformers' dense models only"
 NOT_PLANTED = {
     "expert-dedup-on-dense-tp": _NO_ATTRIBUTES,
     "allreduce-flag-lost-on-main-params": _NO_ATTRIBUTES,
     "expert-weights-not-tp-marked": _NO_ATTRIBUTES,
     "expert-label-from-ep-only": _NO_ATTRIBUTES,
     "expert-label-ignores-gtp": "no generalized TP",
-    "expert-stats-over-dense-mp": _NO_MOE,
+    "expert-stats-over-dense-mp": "transformers' EP has no dense model parallelism beside it (its EP plan replaces "
+                                  "the TP plan), and its TP counts experts through placements like every param",
     "tied-copy-not-shared": "a tied output is one param without PP, and the worker builds no pipeline",
     "tp-sharded-param-unmarked": _NO_ATTRIBUTES,
     "replicated-marked-tp": _NO_ATTRIBUTES,
     "no-dedup-filter": _NO_ATTRIBUTES,
-    "expert-norm-dropped": _NO_MOE,
-    "missing-ep-reduction": _NO_MOE,
     "missing-pp-reduction": "the worker builds no pipeline",
     "stats-over-replicas": "accelerate's norm reduces each mesh's DTensor norm by torch's placements, with no "
                            "reduction of its own over HSDP's replicas",
@@ -144,7 +197,6 @@ NOT_PLANTED = {
     "distopt-padding-counted": "no distributed optimizer",
     "distopt-overlapping-shards": "no distributed optimizer",
     "clip-per-stage-norm": "the worker builds no pipeline",
-    "clip-per-ep-group-norm": _NO_MOE,
     "average-local-norms-over-dp": "FSDP's shards are summed by DTensor's placements; no per-rank norms over DP",
     "muon-expert-stats-without-egtp": "no Muon",
     "tp-marking-unseen-by-filter": _NO_ATTRIBUTES,
@@ -207,14 +259,22 @@ def build(run):
                                              dp_shard_size=sizes["dp_shard_size"], tp_size=sizes["tp_size"]),
         fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2) if fsdp else None,
     )
-    cls = model_class(run.case["model"])
-    config = hf_models.hf_config(run.case["model"], run.index)
+    family = run.config.get("family")
+    run.emap = None
     with torch.device(run.device):
-        model = cls(config)
+        if family:
+            cls, model, run.emap = families.build(run.case["model"], family, run.index)
+        else:
+            cls = model_class(run.case["model"])
+            model = cls(hf_models.hf_config(run.case["model"], run.index))
     if sizes["tp_size"] > 1:
         from transformers.distributed import DistributedConfig
 
-        distributed, _, tp_mesh = cls.prepare_distribute_model(DistributedConfig(tp_size=sizes["tp_size"]),
+        # Under EP the class's EP plan replaces its TP plan on the same mesh (transformers'
+        # distributed/mixin.py:89): the experts sharded on dim 0, every other param plain.
+        distributed_config = DistributedConfig(tp_size=sizes["tp_size"],
+                                               enable_expert_parallel=bool(run.config.get("expert_parallel")))
+        distributed, _, tp_mesh = cls.prepare_distribute_model(distributed_config,
                                                                device_mesh=accelerator.torch_device_mesh)
         model = cls.maybe_distribute_model(model, distributed, tp_mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -247,6 +307,9 @@ def contributions_of(run, segments):
     world = dist.get_world_size()
     at = dist.get_rank()
     mine = {name: values[at] for name, values in run.request.shares(world).items()}
+    if run.emap is not None:
+        flat = families.flat_values(mine, run.index)
+        return {n: flat[run.emap.params[local_name(n)]] for n, p in run.model.named_parameters() if p.requires_grad}
     return {n: hf_models.full_gradient(segments[local_name(n)], p.shape, mine)
             for n, p in run.model.named_parameters() if p.requires_grad}
 
@@ -258,6 +321,9 @@ def set_gradients(run):
     import torch
 
     named = [(local_name(n), p) for n, p in run.model.named_parameters() if p.requires_grad]
+    run.params = [p for _, p in named]
+    if run.emap is not None:
+        return set_family_gradients(run, named)
     segments = hf_models.segments(run.case["model"], run.index)
     hf_models.check_cover(segments, {n: list(p.shape) for n, p in named}, run.index)
     shapes = {p["name"]: list(p["shape"]) for p in run.index}
@@ -275,7 +341,41 @@ def set_gradients(run):
         for begin, end, logical, logical_offsets, logical_extents in hf_models.boxes(segments[name], offsets, extents):
             run.pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shapes[logical], logical_offsets,
                                                   logical_extents, tally_dtensor.attributes_of(p)))
-    run.params = [p for _, p in named]
+    return {piece.logical_name for piece in run.pieces}
+
+
+def set_family_gradients(run, named):
+    """set_gradients for a family's class (run.emap, tally_adapters.hf.families): each param's
+    gradient is tally's values at its element ids, placed as the param is (or, before the reduction,
+    each rank's contribution reduced by FSDP2); its pieces are the ids its shard holds."""
+    import numpy as np
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    run.pieces, run.before = [], {}
+    flat = families.flat_values(run.tensors, run.index)
+    reduced = run.case["hf"].get("gradients_enter") == "before_reduction"
+    if reduced:
+        fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, None), run.device))
+        boxes, run.before = fsdp2.held_gradients([p for _, p in named])
+    for name, p in named:
+        ids = run.emap.params[name]
+        if reduced:
+            offsets, extents = boxes[id(p)]
+            held = ids[tuple(slice(o, o + e) for o, e in zip(offsets, extents))].reshape(-1)
+        else:
+            full = torch.from_numpy(flat[ids]).to(run.device)
+            p.grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) \
+                if tally_dtensor.is_dtensor(p) else full.clone()
+            run.before[id(p)] = tally_dtensor.local_values(p.grad)
+            held = families.placed_ids(p, ids)
+            if not np.array_equal(flat[held], run.before[id(p)]):
+                raise ValueError(f"{name}: its gradient shard is not tally's values at the element ids its placements "
+                                 f"{getattr(p, 'placements', None)} give it")
+        expert = ".mlp.experts." in name
+        for begin, end, logical, shape, offsets, extents in families.pieces(held, run.index):
+            run.pieces.append(tally_dtensor.Piece(p, name, begin, end, logical, shape, offsets, extents,
+                                                  tally_dtensor.attributes_of(p, expert=expert)))
     return {piece.logical_name for piece in run.pieces}
 
 
@@ -310,13 +410,14 @@ def stats_group(p, rank, mixed_mesh):
     """The ranks the norm sums `p`'s squares over on this rank. accelerate's (torch's get_total_norm
     over each mesh's DTensors, `full_tensor` of each group's norm): a DTensor's mesh dims that are not
     Replicate; a plain gradient, this rank alone. The Trainer's mixed-mesh path
-    (`_mixed_mesh_grad_norm`, where DTensor and plain gradients mix): every DTensor's local squares
-    all-reduced over the first DTensor's whole mesh, whatever its placements; a plain one, this rank."""
+    (`_mixed_mesh_grad_norm`, where DTensor and plain gradients mix; `mixed_mesh` is then the mesh of
+    the first DTensor gradient in model.parameters()): every DTensor's local squares all-reduced over
+    that mesh's group, whatever its own mesh and placements; a plain one, this rank."""
     if not tally_dtensor.is_dtensor(p):
         return [rank]
+    if mixed_mesh is not None:
+        return tally_dtensor.ranks_along(mixed_mesh, list(range(mixed_mesh.ndim)))
     mesh = p.device_mesh
-    if mixed_mesh:
-        return tally_dtensor.ranks_along(mesh, list(range(mesh.ndim)))
     return tally_dtensor.ranks_along(mesh, [d for d, pl in enumerate(p.placements) if not pl.is_replicate()])
 
 
@@ -328,8 +429,11 @@ def manifest(run, producer):
     params, world, rank = run.params, dist.get_world_size(), dist.get_rank()
     max_norm = float(run.config["max_grad_norm"])
     children = tally_dtensor.canonical_children([group_key(p) for p in params], world)
-    # The Trainer decided it itself (Trainer._has_mixed_mesh_grads, cached on the first call).
-    mixed_mesh = run.trainer is not None and bool(run.trainer._mixed_mesh_grads)
+    # The Trainer decided it itself (Trainer._has_mixed_mesh_grads, cached on the first call); its
+    # all-reduce is over the group of the first DTensor gradient's mesh (trainer.py:2644).
+    mixed = run.trainer is not None and bool(run.trainer._mixed_mesh_grads)
+    first = next((p for p in run.model.parameters() if p.grad is not None and tally_dtensor.is_dtensor(p.grad)), None)
+    mixed_mesh = first.grad.device_mesh if mixed and first is not None else None
     groups_of = {}
     for p in params:
         groups_of.setdefault(group_key(p), stats_group(p, rank, mixed_mesh))
@@ -341,14 +445,16 @@ def manifest(run, producer):
         if max_norm > 0 else None
     mesh = run.accelerator.torch_device_mesh
     names = tally_dtensor.dim_names(mesh)
-    tp_group = tally_dtensor.ranks_along(mesh, [names.index("tp")]) if "tp" in names else [rank]
     t = run.case["topology"]
-    code = ("Trainer._mixed_mesh_grad_norm" if mixed_mesh else "Trainer._clip_grad_norm") if run.trainer is not None \
+    # Under EP accelerate's tp mesh holds the experts alone: no TP group of tally's.
+    tp_group = tally_dtensor.ranks_along(mesh, [names.index("tp")]) if "tp" in names and t["tp"] > 1 else [rank]
+    code = ("Trainer._mixed_mesh_grad_norm" if mixed else "Trainer._clip_grad_norm") if run.trainer is not None \
         else "Accelerator.clip_grad_norm_"
     return tally_dtensor.build_manifest(
         run.pieces, group_key, children, lambda p: run.before[id(p)],
         child_names=lambda key: f"{code} group {key[0]}" + (f" on ({', '.join(key[1:])})" if len(key) > 1 else ""),
-        groups={"tp": tp_group, "expt_tp": [rank]},
+        # The experts are sharded over TP with the rest where the case's ETP is its TP (run/hf/rules.cpp).
+        groups={"tp": tp_group, "expt_tp": tp_group if t["etp"] > 1 else [rank]},
         parallel={"tp": t["tp"], "cp": t["cp"], "pp": t["pp"], "dp": world // (t["tp"] * t["cp"] * t["pp"]),
                   "ep": t["ep"], "etp": t["etp"]},
         producer=producer,
@@ -395,6 +501,7 @@ class HfWorker(base.Worker):
 
     def start(self):
         import accelerate.accelerator  # noqa: F401  (planted faults replace its functions)
+        import transformers.trainer  # noqa: F401
 
     def dtypes(self):
         return ["fp32"]

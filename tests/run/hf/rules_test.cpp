@@ -39,6 +39,16 @@ casefile::Case llama_case() {
   return c;
 }
 
+// The same with four experts in every layer: built as transformers' MixtralForCausalLM.
+casefile::Case mixtral_case() {
+  casefile::Case c = llama_case();
+  c.model.num_experts = 4;
+  c.model.moe_ffn_hidden_size = 8;
+  return c;
+}
+
+void on_ep(casefile::Case& c, int world, int ep) { c.topology = topologies::ParallelConfig{.world = world, .ep = ep}; }
+
 void on_tp(casefile::Case& c, int world, int tp) { c.topology = topologies::ParallelConfig{.world = world, .tp = tp, .etp = tp}; }
 
 bool starts_with(const std::optional<std::string>& text, std::string_view prefix) {
@@ -47,7 +57,8 @@ bool starts_with(const std::optional<std::string>& text, std::string_view prefix
 
 FaultPlants every_plant() {
   FaultPlants plants;
-  for (const char* name : {"average-rank-norms", "clip-per-child-norm", "grads-averaged-twice", "grads-not-averaged"})
+  for (const char* name : {"average-rank-norms", "clip-per-child-norm", "grads-averaged-twice", "grads-not-averaged",
+                            "expert-norm-dropped", "missing-ep-reduction", "clip-per-ep-group-norm"})
     plants.planted[name] = "planted";
   return plants;
 }
@@ -60,13 +71,15 @@ RC_GTEST_PROP(HfTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   if (*rc::gen::arbitrary<bool>()) {
     c.path.faults = vocab::FaultSet::of({*rc::gen::element(vocab::Fault::average_rank_norms,
                                                            vocab::Fault::clip_per_child_norm,
-                                                           vocab::Fault::grads_averaged_twice)});
+                                                           vocab::Fault::grads_averaged_twice,
+                                                           vocab::Fault::missing_ep_reduction)});
     c = within_hf(std::move(c), plants, c.path.gradients.generator.seed);
   }
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
   RC_ASSERT(kHfSection.of(c).has_value());
   RC_ASSERT(c.topology.tp == 1 || c.topology.tp == world);
+  RC_ASSERT(c.topology.ep == 1 || (c.topology.ep == world && c.topology.tp == 1 && c.model.num_experts > 0));
   const std::optional<std::string> refusal = hf_refusal(c, kRelease, plants);
   RC_LOG() << refusal.value_or("") << "\n";
   RC_ASSERT(!refusal);
@@ -85,6 +98,38 @@ TEST(HfTarget, AFaultGetsTheLayoutAndTheNormThatShowIt) {
   c = within_hf(std::move(c), every_plant(), 0);
   EXPECT_TRUE(kHfSection.of(c)->before_reduction) << "a reduction fault enters before FSDP2's reduction";
   EXPECT_FALSE(hf_refusal(c, kRelease, every_plant()));
+}
+
+TEST(HfTarget, ExpertsAreTheirFamilysClassOnEpOverTheWholeWorld) {
+  casefile::Case c = mixtral_case();
+  on_ep(c, 4, 2);
+  c.model.add_bias_linear = true;  // Mixtral's experts have no biases: dropped
+  c = within_hf(std::move(c), {}, 0);
+  EXPECT_EQ(c.topology.ep, 4) << "transformers places the experts over the whole tp mesh";
+  EXPECT_EQ(c.topology.tp, 1);
+  EXPECT_FALSE(c.model.add_bias_linear);
+  EXPECT_EQ(hf_architecture(c.model), "MixtralForCausalLM");
+  EXPECT_FALSE(hf_refusal(c, kRelease));
+  c.model.qk_layernorm = true;
+  EXPECT_EQ(hf_architecture(c.model), "Qwen3MoeForCausalLM");
+  c.model.preset = "gpt-oss";
+  EXPECT_EQ(hf_architecture(c.model), "GptOssForCausalLM") << "a preset is its own family";
+  c = mixtral_case();
+  c.model.num_experts = 6;  // six experts do not divide among four ranks: no EP
+  on_ep(c, 4, 2);
+  c = within_hf(std::move(c), {}, 0);
+  EXPECT_EQ(c.topology.ep, 1);
+  EXPECT_FALSE(hf_refusal(c, kRelease));
+  c = mixtral_case();
+  c.path.faults = vocab::FaultSet::of({vocab::Fault::missing_ep_reduction});
+  c = within_hf(std::move(c), every_plant(), 0);
+  EXPECT_EQ(c.topology.ep, 4) << "a fault in the Trainer's expert norm shows under EP";
+  EXPECT_EQ(kHfSection.of(c)->norm, HfNorm::trainer);
+  EXPECT_FALSE(hf_refusal(c, kRelease, every_plant()));
+  c = llama_case();
+  c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_norm_dropped});
+  c = within_hf(std::move(c), every_plant(), 0);
+  EXPECT_TRUE(c.path.faults.empty()) << "no experts to show it on";
 }
 
 TEST(HfTarget, TpIsTheWholeWorldOrNone) {
@@ -125,7 +170,71 @@ TEST(HfTarget, EveryRefusalCitesTheStacksCheckOrSaysTheWorkerDoesNotBuildIt) {
        "deepspeed: a DeepSpeed case", Kind::tally_terms},
       {"Megatron's gradients stage", [](casefile::Case& c) { c.path.gradients.before_reduction = true; },
        "hf.gradients_enter", Kind::tally_terms},
-      {"experts", [](casefile::Case& c) { c.model.num_experts = 4; }, "model.num_experts:", Kind::not_built},
+      {"EP beside TP",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         c.topology = topologies::ParallelConfig{.world = 4, .tp = 2, .ep = 2, .etp = 1};
+       },
+       "mixin.py:89", Kind::cited},
+      {"EP over part of the world",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         on_ep(c, 4, 2);
+       },
+       "topology.ep 2 with expert data-parallel size 2", Kind::not_built},
+      {"HSDP with EP",
+       [&](casefile::Case& c) {
+         c = mixtral_case();
+         on_ep(c, 4, 4);
+         section(c, 2, false);
+       },
+       "parallelism_config.py:337", Kind::cited},
+      {"EP before a reduction",
+       [&](casefile::Case& c) {
+         c = mixtral_case();
+         on_ep(c, 4, 4);
+         section(c, 1, true);
+       },
+       "hf.gradients_enter before_reduction with topology.ep 4:", Kind::not_built},
+      {"biases in a Mixtral",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         c.model.add_bias_linear = true;
+       },
+       "model.add_bias_linear with model.num_experts", Kind::not_built},
+      {"shared experts in a Mixtral",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         c.model.moe_shared_expert_intermediate_size = 8;
+       },
+       "model.moe_shared_expert_intermediate_size", Kind::not_built},
+      {"dense layers in a Mixtral",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         c.model.moe_layer_freq = 2;
+       },
+       "model.moe_layer_freq", Kind::not_built},
+      {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "modeling_layers.py:359", Kind::cited},
+      {"expert TP of its own",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         c.topology = topologies::ParallelConfig{.world = 4, .etp = 2};
+       },
+       "topology.etp 2 with topology.tp 1", Kind::not_built},
+      {"experts over TP",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         on_tp(c, 4, 4);
+         c.model.moe_ffn_hidden_size = 6;
+       },
+       "model.moe_ffn_hidden_size 6", Kind::not_built},
+      {"the Trainer's expert fault without EP",
+       [](casefile::Case& c) {
+         c = mixtral_case();
+         c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_norm_dropped});
+         kHfSection.change(c, [](HfConfig& h) { h.norm = HfNorm::trainer; });
+       },
+       "trainer.py:2618", Kind::cited},
       {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "model.mtp_num_layers:", Kind::not_built},
       {"attention sinks", [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; },
        "model.softmax_type learnable:", Kind::not_built},
@@ -283,7 +392,14 @@ TEST(HfTarget, TheSweepTriesLlamaAndQwen3WithEachNormOnFsdpHsdpAndTp) {
   ASSERT_EQ(tp.size(), 4u) << "TP over the world: no HSDP, no stage before a reduction";
   EXPECT_EQ(tp[1].first, "trainer-tp");
   megatron_gpt.model.num_experts = 4;
-  EXPECT_EQ(hf_sweep_variants(megatron_gpt).size(), 2u) << "a MoE model once per norm";
+  EXPECT_EQ(hf_sweep_variants(megatron_gpt).size(), 2u) << "a MoE model at TP over the world: its class, per norm";
+  megatron_gpt.topology = topologies::ParallelConfig{.world = 4, .ep = 4};
+  const auto ep = hf_sweep_variants(megatron_gpt);
+  ASSERT_EQ(ep.size(), 2u);
+  EXPECT_EQ(ep[1].first, "trainer-ep");
+  EXPECT_EQ(hf_architecture(ep[0].second.model), "MixtralForCausalLM");
+  EXPECT_EQ(ep[0].second.model.normalization, topologies::Normalization::rms_norm);
+  EXPECT_FALSE(hf_refusal(ep[1].second, kRelease));
 }
 
 // FSDP2 averages every gradient over the world at TP 1 (accelerate sets no divide factor).
@@ -319,6 +435,16 @@ TEST(HfTarget, TheRecipeIsAcceleratesConfiguration) {
   on_tp(c, 4, 4);
   EXPECT_TRUE(hf_recipe(c)["fsdp_version"].is_null());
   EXPECT_EQ(hf_recipe(c)["parallelism_config"]["dp_shard_size"], 1);
+  EXPECT_TRUE(hf_recipe(c)["family"].is_null());
+  c = mixtral_case();
+  on_ep(c, 4, 4);
+  const nlohmann::ordered_json ep = hf_recipe(c);
+  EXPECT_EQ(ep["parallelism_config"]["tp_size"], 4) << "the experts are placed on accelerate's tp mesh";
+  EXPECT_TRUE(ep["fsdp_version"].is_null());
+  EXPECT_EQ(ep["expert_parallel"], true);
+  EXPECT_EQ(ep["family"], "mixtral");
+  EXPECT_EQ(ep["architecture"], "MixtralForCausalLM");
+  EXPECT_EQ(hf_norm_code(c), "accelerate Accelerator.clip_grad_norm_ over EP");
 }
 
 }  // namespace
