@@ -80,50 +80,104 @@ void as_hf_architecture(ModelSpec& m) {
     m.hidden_size = (m.hidden_size / m.num_attention_heads + 1) * m.num_attention_heads;
 }
 
-// `m` as Automodel's Qwen3-MoE of its size: a MoE GPT with qk-layernorm, RMSNorm, rotary
-// positions, gated MLPs and an untied output layer; no linear biases, shared expert, MTP, sinks or
-// multi-latent attention.
-void as_qwen3_moe(ModelSpec& m) {
-  m.qk_layernorm = true;
+// Which of Automodel's MoE models a MoE case is built as (tally_adapters/automodel/moe.py `family`):
+// with qk-layernorm its Qwen3-MoE, else its GPT-OSS.
+bool is_gpt_oss(const ModelSpec& m) { return !m.qk_layernorm; }
+
+// What both MoE models have: RMSNorm, rotary positions, gated MLPs, an untied output layer, no shared
+// expert, MTP or multi-latent attention.
+void as_automodel_moe(ModelSpec& m) {
   m.untie_embeddings_and_output_weights = true;
-  m.add_bias_linear = false;
   m.moe_shared_expert_intermediate_size = 0;
   m.moe_shared_expert_gate = false;
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
-  m.softmax_type = topologies::SoftmaxType::vanilla;
   m.multi_latent_attention = false;
   m.normalization = topologies::Normalization::rms_norm;
   m.position_embedding = topologies::PositionEmbedding::rope;
   m.swiglu = true;
 }
 
-// What keeps a MoE case from Automodel's Qwen3-MoE as the worker builds it: the model's kinds of
-// params first, then the layout (Automodel's own check of EP, then what the worker does not build).
-std::optional<std::string> qwen3_moe_refuses(const ModelSpec& m, const ParallelConfig& t) {
-  // Automodel has other MoE models (gpt_oss, deepseek_v3, ...); the worker builds one.
-  if (!m.qk_layernorm)
-    return "model.num_experts without qk_layernorm: tally's worker does not build Automodel's MoE models other than its "
-           "Qwen3-MoE (which has q/k layernorms) yet: not its gpt_oss, deepseek_v3, ...";
-  if (m.add_bias_linear)
-    return "model.add_bias_linear with experts: tally's worker does not build linear biases in Automodel's Qwen3-MoE "
-           "(it builds the model without them, as Qwen3-MoE is)";
+// `m` as Automodel's Qwen3-MoE of its size: qk-layernorm, no linear biases or sinks.
+void as_qwen3_moe(ModelSpec& m) {
+  as_automodel_moe(m);
+  m.qk_layernorm = true;
+  m.add_bias_linear = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+}
+
+// `m` as Automodel's GPT-OSS of its size: a learnable sink per head, linear, router and expert
+// biases, no qk-layernorm, every layer MoE.
+void as_gpt_oss(ModelSpec& m) {
+  as_automodel_moe(m);
+  m.qk_layernorm = false;
+  m.add_bias_linear = true;
+  m.softmax_type = topologies::SoftmaxType::learnable;
+  m.moe_layer_freq = 1;
+  m.moe_layer_pattern.clear();
+}
+
+void as_automodel_moe_family(ModelSpec& m) {
+  if (is_gpt_oss(m))
+    as_gpt_oss(m);
+  else
+    as_qwen3_moe(m);
+}
+
+constexpr const char* kGptOssModel = "nemo_automodel/components/models/gpt_oss/";
+
+// What keeps a MoE case without qk-layernorm from Automodel's GPT-OSS: each is built into the model
+// whatever its config says.
+std::optional<std::string> gpt_oss_refuses(const ModelSpec& m) {
+  if (m.softmax_type != topologies::SoftmaxType::learnable)
+    return std::string("model.softmax_type vanilla with experts and without qk_layernorm: tally's worker does not "
+                       "build Automodel's other MoE models; it builds Qwen3-MoE (with qk-layernorm) and GPT-OSS, whose "
+                       "attention always has a learnable sink per head (GptOssAttention.sinks, ") +
+           kGptOssModel + "layers.py:97)";
+  if (!m.add_bias_linear)
+    return std::string("model.add_bias_linear false with experts and without qk_layernorm: tally's worker does not "
+                       "build Automodel's other MoE models; it builds Qwen3-MoE (with qk-layernorm) and GPT-OSS, whose "
+                       "q/k/v/o projections are built with bias=True (") +
+           kGptOssModel + "layers.py:59-70) and its router and experts with biases (router_bias, expert_bias True, " +
+           kGptOssModel + "model.py:127-128)";
+  for (int layer = 0; layer < m.num_layers; ++layer)
+    if (!topologies::is_moe_layer(m, layer))
+      return "model.moe_layer_freq " + topologies::moe_layer_freq_text(m) + ": layer " + std::to_string(layer) +
+             " is dense, and Automodel's GPT-OSS builds every layer as MoE (its Block always has a MoE, " +
+             kGptOssModel + "model.py:112)";
+  return std::nullopt;
+}
+
+// What keeps a MoE case from Automodel's Qwen3-MoE or GPT-OSS as the worker builds them: the model's
+// kinds of params first, then the layout (Automodel's own check of EP, then what the worker does not
+// build).
+std::optional<std::string> moe_refuses(const ModelSpec& m, const ParallelConfig& t) {
+  const std::string name = is_gpt_oss(m) ? "GPT-OSS" : "Qwen3-MoE";
+  if (is_gpt_oss(m)) {
+    if (auto why = gpt_oss_refuses(m)) return why;
+  } else if (m.add_bias_linear) {
+    return "model.add_bias_linear with experts and qk_layernorm: tally's worker does not build linear biases in "
+           "Automodel's Qwen3-MoE (it builds the model without them, as Qwen3-MoE is)";
+  } else if (m.softmax_type != topologies::SoftmaxType::vanilla) {
+    return "model.softmax_type learnable with experts and qk_layernorm: tally's worker does not build attention sinks "
+           "in Automodel's Qwen3-MoE, which has none";
+  }
   if (m.moe_shared_expert_intermediate_size > 0)
-    return "model.moe_shared_expert_intermediate_size: tally's worker does not build a shared expert (Automodel's "
-           "Qwen3-MoE has none)";
+    return "model.moe_shared_expert_intermediate_size: tally's worker does not build a shared expert (Automodel's " +
+           name + " has none)";
   if (!m.untie_embeddings_and_output_weights)
-    return "model.untie_embeddings_and_output_weights false with experts: Automodel's Qwen3-MoE raises "
-           "NotImplementedError (\"... does not support tie_word_embeddings=True\", "
+    return "model.untie_embeddings_and_output_weights false with experts: Automodel's " + name +
+           " raises NotImplementedError (\"... does not support tie_word_embeddings=True\", "
            "nemo_automodel/components/models/common/tie_word_embeddings.py:61)";
-  if (m.mtp_num_layers > 0 || m.softmax_type != topologies::SoftmaxType::vanilla || m.multi_latent_attention ||
-      m.normalization != topologies::Normalization::rms_norm ||
+  if (m.mtp_num_layers > 0 || m.multi_latent_attention || m.normalization != topologies::Normalization::rms_norm ||
       m.position_embedding != topologies::PositionEmbedding::rope || !m.swiglu)
-    return "model: tally's worker does not build MTP, sinks, multi-latent attention, LayerNorm, learned positions or "
-           "an ungated MLP in Automodel's Qwen3-MoE, which has none of them";
+    return "model: tally's worker does not build MTP, multi-latent attention, LayerNorm, learned positions or an "
+           "ungated MLP in Automodel's " +
+           name + ", which has none of them";
   // EP divides every stage's ranks (Automodel's check, mesh_utils.py:317-318), as tally's topology has it.
   // FSDP2 shards the stacked experts over ep_shard along dim 1 (Automodel's _moe_shard_placement,
-  // nemo_automodel/components/moe/parallelizer.py:112): the hidden size of gate_and_up_projs, the
-  // expert FFN of down_projs.
+  // nemo_automodel/components/moe/parallelizer.py:112): the hidden size of gate_and_up_projs (and of
+  // GPT-OSS's down_proj_bias), the expert FFN of down_projs (twice it in gate_up_proj_bias).
   const int ep_shard = t.world / std::max(1, t.pp) / t.ep;
   for (const auto& [field, size] : {std::pair{"model.hidden_size", m.hidden_size},
                                     std::pair{"model.moe_ffn_hidden_size", topologies::resolved_moe_ffn_hidden(m)}})
@@ -133,9 +187,11 @@ std::optional<std::string> qwen3_moe_refuses(const ModelSpec& m, const ParallelC
              "raises NotImplementedError (\"FSDP does not support uneven sharding on dim 1\", "
              "torch/distributed/fsdp/_fully_shard/_fsdp_param.py:377 at torch 2.11.0)";
   if (t.tp > 1)
-    return "topology.tp " + std::to_string(t.tp) + " with experts: tally's worker does not build TP with Automodel's MoE yet";
+    return "topology.tp " + std::to_string(t.tp) + " with experts: tally's worker does not build TP with Automodel's " +
+           name + " yet";
   if (t.cp > 1)
-    return "topology.cp " + std::to_string(t.cp) + " with experts: tally's worker does not build CP with Automodel's MoE yet";
+    return "topology.cp " + std::to_string(t.cp) + " with experts: tally's worker does not build CP with Automodel's " +
+           name + " yet";
   return std::nullopt;
 }
 
@@ -157,40 +213,43 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); Automodel's is automodel.gradients_enter";
   if (m.num_experts > 0) {
-    // The worker says why where it cannot (no GPU: Qwen3-MoE builds its rotary embedding on CUDA).
+    // The worker says why where it cannot (no GPU: its MoE models build their rotary embedding on CUDA).
     if (const auto it = cannot_run.find("model.num_experts"); it != cannot_run.end())
       return "model.num_experts: " + it->second;
-    if (auto why = qwen3_moe_refuses(m, t)) return why;
+    if (auto why = moe_refuses(m, t)) return why;
   }
-  // Automodel has other architectures with these (MTP, sinks, LayerNorm, ...); the worker builds two.
-  if (m.mtp_num_layers > 0)
-    return "model.mtp_num_layers: tally's worker does not build multi-token prediction (it builds Llama and Qwen3, "
-           "which have none)";
-  if (m.softmax_type != topologies::SoftmaxType::vanilla)
-    return "model.softmax_type learnable: tally's worker does not build attention sinks (it builds Llama and Qwen3, "
-           "which have none)";
-  if (m.multi_latent_attention)
-    return "model.multi_latent_attention: tally's worker does not build multi-latent attention (it builds Llama and "
-           "Qwen3, which have none)";
-  if (m.normalization != topologies::Normalization::rms_norm)
-    return "model.normalization LayerNorm: tally's worker does not build LayerNorm (it builds Llama and Qwen3, which "
-           "normalize with RMSNorm: a weight, no bias)";
-  if (m.position_embedding != topologies::PositionEmbedding::rope)
-    return "model.position_embedding_type learned_absolute: tally's worker does not build learned positions (it "
-           "builds Llama and Qwen3, which use rotary positions)";
-  if (!m.swiglu)
-    return "model.swiglu false: tally's worker does not build an ungated MLP (Llama's and Qwen3's have gate_proj and "
-           "up_proj)";
-  if (m.qk_layernorm && m.add_bias_linear)
-    return "model.add_bias_linear with qk_layernorm: tally's worker does not build it: a qk-layernorm model is "
-           "Automodel's Qwen3, whose MLP, transformers' Qwen3MLP, has no biases "
-           "(transformers/models/qwen3/modeling_qwen3.py:76)";
-  if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
-    return "model.hidden_size " + std::to_string(m.hidden_size) + " with num_attention_heads " +
-           std::to_string(m.num_attention_heads) + ": transformers' LlamaConfig raises ValueError (\"The hidden size (" +
-           std::to_string(m.hidden_size) + ") is not a multiple of the number of attention heads (" +
-           std::to_string(m.num_attention_heads) +
-           ").\", transformers/models/llama/configuration_llama.py:97), as StrictDataclassClassValidationError";
+  // A dense model: Automodel has other architectures with these (MTP, sinks, LayerNorm, ...); the worker
+  // builds two (a MoE model's were checked above, for its family).
+  if (m.num_experts == 0) {
+    if (m.mtp_num_layers > 0)
+      return "model.mtp_num_layers: tally's worker does not build multi-token prediction (it builds Llama and Qwen3, "
+             "which have none)";
+    if (m.softmax_type != topologies::SoftmaxType::vanilla)
+      return "model.softmax_type learnable: tally's worker does not build attention sinks (it builds Llama and Qwen3, "
+             "which have none)";
+    if (m.multi_latent_attention)
+      return "model.multi_latent_attention: tally's worker does not build multi-latent attention (it builds Llama and "
+             "Qwen3, which have none)";
+    if (m.normalization != topologies::Normalization::rms_norm)
+      return "model.normalization LayerNorm: tally's worker does not build LayerNorm (it builds Llama and Qwen3, which "
+             "normalize with RMSNorm: a weight, no bias)";
+    if (m.position_embedding != topologies::PositionEmbedding::rope)
+      return "model.position_embedding_type learned_absolute: tally's worker does not build learned positions (it "
+             "builds Llama and Qwen3, which use rotary positions)";
+    if (!m.swiglu)
+      return "model.swiglu false: tally's worker does not build an ungated MLP (Llama's and Qwen3's have gate_proj and "
+             "up_proj)";
+    if (m.qk_layernorm && m.add_bias_linear)
+      return "model.add_bias_linear with qk_layernorm: tally's worker does not build it: a qk-layernorm model is "
+             "Automodel's Qwen3, whose MLP, transformers' Qwen3MLP, has no biases "
+             "(transformers/models/qwen3/modeling_qwen3.py:76)";
+    if (!m.qk_layernorm && m.hidden_size % m.num_attention_heads != 0)
+      return "model.hidden_size " + std::to_string(m.hidden_size) + " with num_attention_heads " +
+             std::to_string(m.num_attention_heads) + ": transformers' LlamaConfig raises ValueError (\"The hidden size (" +
+             std::to_string(m.hidden_size) + ") is not a multiple of the number of attention heads (" +
+             std::to_string(m.num_attention_heads) +
+             ").\", transformers/models/llama/configuration_llama.py:97), as StrictDataclassClassValidationError";
+  }
   // Not a limit of Automodel's: megatron-core's fields, which Automodel has no counterpart of.
   if (topologies::uses_gtp(t))
     return "topology.gtp/egtp: generalized TP is megatron-core's, which tally's worker does not build for Automodel "
@@ -265,11 +324,11 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   c.path.gradients.before_reduction = false;  // Automodel's stage is its section's gradients_enter
   const bool moe = m.num_experts > 0 && !cannot_run.contains("model.num_experts");
   if (moe) {
-    as_qwen3_moe(m);
+    as_automodel_moe_family(m);
     t.cp = 1;
     t.tp = 1;
     if (m.num_experts % t.ep != 0 || t.world % t.ep != 0) t.ep = 1;
-    // What FSDP2 shards along dim 1 over ep_shard (qwen3_moe_refuses): the next sizes it divides,
+    // What FSDP2 shards along dim 1 over ep_shard (moe_refuses): the next sizes it divides,
     // the hidden size a multiple of the heads too where they give the channels.
     const int ep_shard = t.world / t.ep;
     const int hidden_step = m.kv_channels ? ep_shard : std::lcm(ep_shard, m.num_attention_heads);
@@ -344,15 +403,21 @@ std::string automodel_norm_code(const casefile::Case& c) {
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out;
   // The sweep's model of each feature as Automodel's architecture of its size; a MoE feature as its
-  // Qwen3-MoE, with FSDP after the reduction (the worker refuses it without a GPU, with its reason).
+  // Qwen3-MoE and as its GPT-OSS, with FSDP after the reduction (the worker refuses them without a
+  // GPU, with its reason).
   const bool dense = base.model.kind == topologies::ModelKind::gpt && base.model.num_experts == 0;
   if (base.model.kind == topologies::ModelKind::gpt && !dense) {
-    casefile::Case c = base;
-    as_qwen3_moe(c.model);
-    c.path.optimizer = vocab::OptimizerModel::plain;
-    c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-    kAutomodelSection.set(c, {.dp_replicate = 1, .sequence_parallel = false, .before_reduction = false});
-    out.emplace_back("qwen3-moe-fsdp", c);
+    for (bool gpt_oss : {false, true}) {
+      casefile::Case c = base;
+      if (gpt_oss)
+        as_gpt_oss(c.model);
+      else
+        as_qwen3_moe(c.model);
+      c.path.optimizer = vocab::OptimizerModel::plain;
+      c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+      kAutomodelSection.set(c, {.dp_replicate = 1, .sequence_parallel = false, .before_reduction = false});
+      out.emplace_back(gpt_oss ? "gpt-oss-fsdp" : "qwen3-moe-fsdp", c);
+    }
     return out;
   }
   for (bool qwen3 : {false, true}) {
@@ -380,6 +445,11 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
   return out;
 }
 
+std::string automodel_architecture(const ModelSpec& m) {
+  if (m.num_experts > 0) return is_gpt_oss(m) ? "GptOssForCausalLM" : "Qwen3MoeForCausalLM";
+  return m.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+}
+
 nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
   const AutomodelConfig a = kAutomodelSection.of(c).value_or(AutomodelConfig{});
   const ParallelConfig& t = c.topology;
@@ -392,9 +462,7 @@ nlohmann::ordered_json automodel_recipe(const casefile::Case& c) {
             {"ep_size", t.ep},
             {"sequence_parallel", a.sequence_parallel}}},
           {"clip_grad", {{"max_norm", c.path.max_norm}}},
-          {"architecture", c.model.num_experts > 0 ? "Qwen3MoeForCausalLM"
-                           : c.model.qk_layernorm  ? "Qwen3ForCausalLM"
-                                                   : "LlamaForCausalLM"}};
+          {"architecture", automodel_architecture(c.model)}};
 }
 
 std::string automodel_model_description(const casefile::Case& c) {
@@ -402,8 +470,10 @@ std::string automodel_model_description(const casefile::Case& c) {
   const int dp = topologies::dp(c.topology);
   const std::string experts =
       c.model.num_experts > 0 ? ", its experts on the MoE mesh over EP " + std::to_string(c.topology.ep) : "";
-  return std::string("tally's GPT as Automodel's ") +
-         (c.model.num_experts > 0 ? "Qwen3-MoE" : c.model.qk_layernorm ? "Qwen3" : "Llama") +
+  const std::string family = c.model.num_experts == 0 ? (c.model.qk_layernorm ? "Qwen3" : "Llama")
+                             : is_gpt_oss(c.model)    ? "GPT-OSS"
+                                                      : "Qwen3-MoE";
+  return "tally's GPT as Automodel's " + family +
          " on its FSDP2 mesh (dp_replicate " + std::to_string(a.dp_replicate) + ", dp_shard " +
          std::to_string(dp / std::max(1, a.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +
          std::to_string(c.topology.tp) + (a.sequence_parallel ? ", sequence parallel" : "") + experts +

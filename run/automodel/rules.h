@@ -1,7 +1,8 @@
 // The part of tally's case space the NeMo-Automodel worker executes
 // (adapters/tally_adapters/automodel/worker.py): tally's dense GPT as the Hugging Face architecture
-// of its shape (Llama; Qwen3 with qk-layernorm), a MoE GPT as Automodel's own Qwen3-MoE (on a GPU:
-// EP over its MoE mesh, FSDP2 over the rest), built with the class Automodel's registry names for
+// of its shape (Llama; Qwen3 with qk-layernorm), a MoE GPT as Automodel's own Qwen3-MoE (with
+// qk-layernorm) or GPT-OSS (with sinks and biases; on a GPU: EP over its MoE mesh, FSDP2 over the
+// rest), built with the class Automodel's registry names for
 // it, parallelized by Automodel's own parallelizer on its own meshes (pp, dp_replicate, dp_shard, cp,
 // tp: FSDP2 over dp_shard_cp, HSDP over dp_replicate, its TP plan with or without sequence
 // parallelism), and its norm computed by Automodel's clip_grad_norm. What lies outside is named
@@ -38,8 +39,8 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
 // `automodel` section gets one drawn from `draw`: the HSDP replicate degree (a divisor of DP below
 // it, or 1) and sequence parallelism where TP > 1. A planted fault gets what shows it (HSDP for the
 // replicas' one). A MoE GPT, where the worker can build MoE (`cannot_run` does not name
-// model.num_experts), stays MoE as Automodel's Qwen3-MoE: qk-layernorm, no biases or shared expert,
-// TP 1, CP 1, FSDP without HSDP, after FSDP2's reduction, EP kept where it divides the experts.
+// model.num_experts), stays MoE as Automodel's Qwen3-MoE (with qk-layernorm: no biases, sinks or
+// shared expert) or GPT-OSS (without: sinks, biases, every layer MoE, no shared expert), TP 1, CP 1, FSDP without HSDP, after FSDP2's reduction, EP kept where it divides the experts.
 // A custom layout has no Automodel counterpart and is returned as it is.
 casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw,
                                 const std::map<std::string, std::string>& cannot_run = {});
@@ -52,15 +53,19 @@ std::string automodel_norm_code(const casefile::Case& c);
 // replicating over two, each with and, where TP > 1, without sequence parallelism, and each with
 // the gradients entering after FSDP2's reduction and before it ("fsdp", "fsdp-unreduced",
 // "fsdp-sp", "hsdp", "hsdp-sp-unreduced", "qwen3-fsdp", ...); a MoE model as Automodel's Qwen3-MoE
-// with FSDP after the reduction ("qwen3-moe-fsdp"), EP as the layout has it. The worker's refusals
+// and as its GPT-OSS, with FSDP after the reduction ("qwen3-moe-fsdp", "gpt-oss-fsdp"), EP as the layout has it. The worker's refusals
 // decide which run.
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base);
 
 // The configuration the worker builds Automodel with (`case-<K>.engine.json`, and `tally show`), in
 // the names of an Automodel recipe: `distributed` (dp_replicate_size, tp_size, cp_size, pp_size,
-// ep_size, sequence_parallel), `clip_grad.max_norm`, and `architecture` ("LlamaForCausalLM",
-// "Qwen3ForCausalLM" or "Qwen3MoeForCausalLM").
+// ep_size, sequence_parallel), `clip_grad.max_norm`, and `architecture` (automodel_architecture).
 nlohmann::ordered_json automodel_recipe(const casefile::Case& c);
+
+// The name of the class in Automodel's registry the worker builds `m` as: "LlamaForCausalLM",
+// "Qwen3ForCausalLM", "Qwen3MoeForCausalLM" (experts with qk-layernorm) or "GptOssForCausalLM"
+// (experts without).
+std::string automodel_architecture(const topologies::ModelSpec& m);
 
 // How FSDP2 reduces `c`'s gradients under Automodel, where the case's gradients enter before that
 // reduction (nullopt where they enter after it): summed over dp_replicate x dp_shard x cp (FSDP2

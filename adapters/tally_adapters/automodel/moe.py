@@ -1,15 +1,21 @@
-"""tally's MoE GPT as NeMo-Automodel's own Qwen3-MoE (`nemo_automodel/components/models/qwen3_moe`),
-and where each of tally's logical params lies in that model's params.
+"""tally's MoE GPT as one of NeMo-Automodel's own MoE models, and where each of tally's logical params
+lies in that model's params. Two families (`family`): a MoE GPT with qk-layernorm is Automodel's
+Qwen3-MoE (`nemo_automodel/components/models/qwen3_moe`); one with attention sinks and linear biases
+is its GPT-OSS (`.../models/gpt_oss`).
 
-Automodel's Qwen3-MoE keeps Hugging Face's names for attention, norms, embeddings and a dense layer's
-MLP (`gate_proj`, `up_proj`, `down_proj`), but stacks a MoE layer's routed experts into two tensors:
+Both keep Hugging Face's names for attention, norms, embeddings and a dense layer's MLP
+(`gate_proj`, `up_proj`, `down_proj`), but stack a MoE layer's routed experts into two tensors:
 `mlp.experts.gate_and_up_projs` of shape [experts, hidden, 2 x ffn] and `mlp.experts.down_projs` of
 [experts, ffn, hidden], each expert's slice the transpose of Megatron's `linear_fc1` ([2 x ffn,
-hidden]) and `linear_fc2` ([hidden, ffn]); the router is `mlp.gate.weight`. So a param here is
-either whole rows of logical params (`Rows`, as tally_adapters.hf_models maps a dense model) or a
-stack of transposed experts (`Transposed`). Any bijection counts every element once; which of an
-expert's columns are its gate and which its up projection is the framework's business, not the
-norm's. No torch or transformers import at module level.
+hidden]) and `linear_fc2` ([hidden, ffn]); the router is `mlp.gate.weight`. GPT-OSS adds the
+biases: q/k/v/o projections', the router's (`mlp.gate.bias`), and the experts' stacked into
+`mlp.experts.gate_up_proj_bias` [experts, 2 x ffn] and `down_proj_bias` [experts, hidden], each
+expert's row its whole `linear_fc1.bias` / `linear_fc2.bias`; and a learnable sink per head
+(`self_attn.sinks`, Megatron's `core_attention.softmax_offset`). So a param here is whole rows of
+logical params (`Rows`, as tally_adapters.hf_models maps a dense model), a stack of transposed
+experts (`Transposed`), or a stack of whole expert biases (`Stacked`). Any bijection counts every
+element once; which of an expert's columns are its gate and which its up projection is the
+framework's business, not the norm's. No torch or transformers import at module level.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from .. import hf_models
 from ..hf_models import Segment as Rows  # rows [begin, end) of a param are rows [logical_begin, ...) of `logical`
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.(weight|bias)$")
 
 
 class Transposed(NamedTuple):
@@ -31,7 +37,22 @@ class Transposed(NamedTuple):
     logical: str
 
 
-Part = Union[Rows, Transposed]
+class Stacked(NamedTuple):
+    """The param's row `expert` (dim 0) is the whole 1-D param `logical` (an expert's bias)."""
+
+    expert: int
+    logical: str
+
+
+Part = Union[Rows, Transposed, Stacked]
+
+QWEN3_MOE, GPT_OSS = "qwen3-moe", "gpt-oss"
+
+
+def family(model: Dict) -> str:
+    """Which of Automodel's MoE models a MoE case is built as (run/automodel/rules.cpp refuses what
+    neither is): qk-layernorm makes it Qwen3-MoE, anything else GPT-OSS."""
+    return QWEN3_MOE if model.get("qk_layernorm") else GPT_OSS
 
 
 def _shapes(index: Sequence[Dict]) -> Dict[str, List[int]]:
@@ -98,6 +119,39 @@ def qwen3_moe_config(model: Dict, index: Sequence[Dict]):
     )
 
 
+def gpt_oss_config(model: Dict, index: Sequence[Dict]):
+    """transformers' GptOssConfig of the case's size, fp32: the config Automodel's GPT-OSS reads. Its
+    experts' FFN is the config's intermediate_size (Automodel's GptOssModel, model.py:113-114), and
+    every layer is MoE."""
+    d = dimensions(model, index)
+    if d["dense_layers"]:
+        raise LookupError(f"model mismatch: layers {d['dense_layers']} are dense, and every layer of GPT-OSS is MoE")
+    from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
+
+    return GptOssConfig(
+        vocab_size=d["vocab"],
+        hidden_size=d["hidden"],
+        intermediate_size=d["moe_ffn"],
+        num_hidden_layers=d["layers"],
+        num_attention_heads=d["heads"],
+        num_key_value_heads=d["groups"],
+        head_dim=d["head_dim"],
+        num_local_experts=d["experts"],
+        num_experts_per_tok=min(2, d["experts"]),
+        layer_types=["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(d["layers"])],
+        max_position_embeddings=int(model["max_position_embeddings"]),
+        tie_word_embeddings=not model["untie_embeddings_and_output_weights"],
+        dtype="float32",
+    )
+
+
+# family -> (Automodel's architecture name in its registry, the config of the case's size)
+ARCHITECTURES = {
+    QWEN3_MOE: ("Qwen3MoeForCausalLM", qwen3_moe_config),
+    GPT_OSS: ("GptOssForCausalLM", gpt_oss_config),
+}
+
+
 _WHOLE = {
     "input_layernorm.weight": "input_layernorm.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
@@ -106,6 +160,16 @@ _WHOLE = {
     "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
     "mlp.router.weight": "mlp.gate.weight",
+    # GPT-OSS's own
+    "self_attention.linear_proj.bias": "self_attn.o_proj.bias",
+    "mlp.router.bias": "mlp.gate.bias",
+    "self_attention.core_attention.softmax_offset": "self_attn.sinks",
+}
+_STACKED = {  # an expert's param -> the stacked param of its layer
+    ("linear_fc1", "weight"): "gate_and_up_projs",
+    ("linear_fc2", "weight"): "down_projs",
+    ("linear_fc1", "bias"): "gate_up_proj_bias",
+    ("linear_fc2", "bias"): "down_proj_bias",
 }
 
 
@@ -131,22 +195,24 @@ def parts(model: Dict, index: Sequence[Dict]) -> Dict[str, List[Part]]:
         elif layer:
             prefix, rest = f"model.layers.{layer.group(1)}.", layer.group(2)
             expert = _EXPERT.match(rest)
-            if rest == "self_attention.linear_qkv.weight":
-                out[prefix + "self_attn.q_proj.weight"] = [Rows(0, q_rows, name, 0)]
-                out[prefix + "self_attn.k_proj.weight"] = [Rows(0, kv_rows, name, q_rows)]
-                out[prefix + "self_attn.v_proj.weight"] = [Rows(0, kv_rows, name, q_rows + kv_rows)]
+            if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+                kind = rest.rsplit(".", 1)[1]
+                out[f"{prefix}self_attn.q_proj.{kind}"] = [Rows(0, q_rows, name, 0)]
+                out[f"{prefix}self_attn.k_proj.{kind}"] = [Rows(0, kv_rows, name, q_rows)]
+                out[f"{prefix}self_attn.v_proj.{kind}"] = [Rows(0, kv_rows, name, q_rows + kv_rows)]
             elif rest == "mlp.linear_fc1.weight":
                 out[prefix + "mlp.gate_proj.weight"] = [Rows(0, f, name, 0)]
                 out[prefix + "mlp.up_proj.weight"] = [Rows(0, f, name, f)]
             elif expert:
-                stacked = "gate_and_up_projs" if expert.group(2) == "linear_fc1" else "down_projs"
-                out.setdefault(f"{prefix}mlp.experts.{stacked}", []).append(Transposed(int(expert.group(1)), name))
+                number, linear, kind = int(expert.group(1)), expert.group(2), expert.group(3)
+                part = Transposed(number, name) if kind == "weight" else Stacked(number, name)
+                out.setdefault(f"{prefix}mlp.experts.{_STACKED[(linear, kind)]}", []).append(part)
             elif rest in _WHOLE:
                 whole(prefix + _WHOLE[rest], name)
             else:
-                raise LookupError(f"model mismatch: Automodel's Qwen3-MoE has no place for {name}")
+                raise LookupError(f"model mismatch: Automodel's {family(model)} has no place for {name}")
         else:
-            raise LookupError(f"model mismatch: Automodel's Qwen3-MoE has no place for {name}")
+            raise LookupError(f"model mismatch: Automodel's {family(model)} has no place for {name}")
     return out
 
 
@@ -172,6 +238,12 @@ def check_cover(held: Dict[str, List[Part]], shapes_here: Dict[str, Sequence[int
                                       f"{part.logical} {logical} transposed")
                 counts[part.logical] += 1
                 covered += 1
+            elif isinstance(part, Stacked):
+                if len(shape) != 2 or len(logical) != 1 or shape[1:] != logical or not 0 <= part.expert < shape[0]:
+                    raise LookupError(f"model mismatch: {param} {shape}: its row {part.expert} is not "
+                                      f"{part.logical} {logical}")
+                counts[part.logical] += 1
+                covered += 1
             else:
                 if shape[1:] != logical[1:]:
                     raise LookupError(f"model mismatch: {param} rows are {shape[1:]} wide, {part.logical}'s {logical[1:]}")
@@ -194,6 +266,8 @@ def full_gradient(its_parts: Sequence[Part], shape: Sequence[int], tensors: Dict
     for part in its_parts:
         if isinstance(part, Transposed):
             out[part.expert] = tensors[part.logical].T
+        elif isinstance(part, Stacked):
+            out[part.expert] = tensors[part.logical]
         else:
             out[part.begin:part.end] = tensors[part.logical][part.logical_begin:part.logical_begin + part.end - part.begin]
     return out
@@ -204,7 +278,7 @@ def boxes(its_parts: Sequence[Part], offsets: Sequence[int],
     """Where this rank's shard (the box `offsets`, `extents` of the param) lies in the logical params:
     (begin, end) of the shard's flattened elements, the logical param, and the box of it they are.
     Each part is whole slices along dim 0, so its share of a shard is contiguous; a transposed
-    expert's box swaps its two dims."""
+    expert's box swaps its two dims, a stacked bias's is its row's."""
     row = 1
     for e in extents[1:]:
         row *= int(e)
@@ -217,9 +291,14 @@ def boxes(its_parts: Sequence[Part], offsets: Sequence[int],
                 out.append((begin, begin + row, part.logical, [int(offsets[2]), int(offsets[1])],
                             [int(extents[2]), int(extents[1])]))
             continue
+        if isinstance(part, Stacked):
+            if lo_shard <= part.expert < hi_shard:
+                begin = (part.expert - lo_shard) * row
+                out.append((begin, begin + row, part.logical, [int(offsets[1])], [int(extents[1])]))
+            continue
         out.extend(hf_models.boxes([part], offsets, extents))
     return out
 
 
 def is_expert(its_parts: Sequence[Part]) -> bool:
-    return any(isinstance(part, Transposed) for part in its_parts)
+    return any(isinstance(part, (Transposed, Stacked)) for part in its_parts)

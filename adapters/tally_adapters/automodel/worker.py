@@ -11,9 +11,10 @@ Started by tally, once per world size, under torchrun (one process per rank):
 It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per case, on every rank:
 
 1. The case's GPT as the Hugging Face architecture of its shape (tally_adapters.hf_models: Llama,
-   or Qwen3 with qk-layernorm; a MoE model Automodel's own Qwen3-MoE, tally_adapters.automodel.moe),
-   built with the class Automodel's registry names for it (`nemo_automodel._transformers.registry`:
-   its own Llama, Qwen3 and Qwen3-MoE implementations), fp32. Qwen3-MoE builds on a GPU only.
+   or Qwen3 with qk-layernorm; a MoE model Automodel's own Qwen3-MoE with qk-layernorm, else its
+   GPT-OSS, with sinks and biases: tally_adapters.automodel.moe), built with the class Automodel's
+   registry names for it (`nemo_automodel._transformers.registry`: its own Llama, Qwen3, Qwen3-MoE
+   and GPT-OSS implementations), fp32. Its MoE models build on a GPU only.
 2. Automodel's meshes (`MeshContext.build` with `ParallelismSizes`: pp, dp_replicate, dp_shard, cp,
    tp, as its recipes' `distributed` section gives them) and its parallelizer
    (`parallelize_model`: its TP plan for the architecture, sequence parallelism where the case
@@ -201,7 +202,7 @@ PLANTS = {
         [(_UTILS, "_clip_grad_norm_impl", _each_group_by_its_norm)],
         "each of _clip_grad_norm_impl's sharding groups is clipped by its own norm, the total reported",
     ),
-    # Experts on the MoE mesh (Automodel's Qwen3-MoE, on a GPU).
+    # Experts on the MoE mesh (Automodel's Qwen3-MoE and GPT-OSS, on a GPU).
     "missing-ep-reduction": (
         [(_UTILS, "_all_reduce_scalar", _without_ep)],
         "_all_reduce_scalar skips the EP axis: each EP group's norm is its own (NeMo-Automodel #3816)",
@@ -253,11 +254,12 @@ def is_moe(model_json):
 
 def build_model(model_json, index):
     """The case's architecture as Automodel builds it: the class its registry names (its own Llama,
-    Qwen3 and Qwen3-MoE), fp32, with Automodel's default backends."""
+    Qwen3, Qwen3-MoE and GPT-OSS), fp32, with Automodel's default backends."""
     from nemo_automodel._transformers.registry import get_registry
 
     if is_moe(model_json):
-        config, arch = moe.qwen3_moe_config(model_json, index), "Qwen3MoeForCausalLM"
+        arch, config_of = moe.ARCHITECTURES[moe.family(model_json)]
+        config = config_of(model_json, index)
     else:
         config = hf_models.hf_config(model_json, index)
         arch = "Qwen3ForCausalLM" if hf_models.architecture(model_json) == "qwen3" else "LlamaForCausalLM"
@@ -267,8 +269,8 @@ def build_model(model_json, index):
 
 class Mapping:
     """Where tally's logical params lie in the model's params: `held[name]` the parts a param holds,
-    and the functions of hf_models (a dense model: whole rows) or moe (Qwen3-MoE: rows, and stacks of
-    transposed experts) that read them."""
+    and the functions of hf_models (a dense model: whole rows) or moe (Qwen3-MoE, GPT-OSS: rows, stacks
+    of transposed experts and of expert biases) that read them."""
 
     def __init__(self, case, index, shapes_here):
         model = case["model"]
@@ -475,9 +477,9 @@ class AutomodelWorker(base.Worker):
 
         if torch.cuda.is_available():
             return {}
-        return {"model.num_experts": "Automodel's Qwen3-MoE builds its rotary embedding on cuda:current_device() "
-                                     "(nemo_automodel/components/models/qwen3_moe/model.py:184), and this worker sees no "
-                                     "CUDA device"}
+        return {"model.num_experts": "Automodel's MoE models build their rotary embedding on cuda:current_device() "
+                                     "(nemo_automodel/components/models/qwen3_moe/model.py:184, gpt_oss/model.py:160), "
+                                     "and this worker sees no CUDA device"}
 
     def dtypes(self):
         return ["fp32"]

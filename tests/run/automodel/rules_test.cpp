@@ -162,8 +162,36 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
        "deepspeed: a DeepSpeed case", Kind::tally_terms},
       {"Megatron's gradients stage", [](casefile::Case& c) { c.path.gradients.before_reduction = true; },
        "automodel.gradients_enter", Kind::tally_terms},
-      {"experts without q/k layernorms", [](casefile::Case& c) { c.model.num_experts = 4; },
-       "model.num_experts without qk_layernorm:", Kind::not_built},
+      {"experts without q/k layernorms or sinks", [](casefile::Case& c) { c.model.num_experts = 4; },
+       "gpt_oss/layers.py:97", Kind::not_built},
+      {"GPT-OSS without biases",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.softmax_type = topologies::SoftmaxType::learnable;
+       },
+       "gpt_oss/layers.py:59-70", Kind::not_built},
+      {"GPT-OSS with a dense layer",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.softmax_type = topologies::SoftmaxType::learnable;
+         c.model.add_bias_linear = true;
+         c.model.moe_layer_freq = 2;
+       },
+       "gpt_oss/model.py:112", Kind::cited},
+      {"GPT-OSS over TP",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.softmax_type = topologies::SoftmaxType::learnable;
+         c.model.add_bias_linear = true;
+       },
+       "topology.tp 2 with experts: tally's worker does not build TP with Automodel's GPT-OSS", Kind::not_built},
+      {"sinks in Qwen3-MoE",
+       [](casefile::Case& c) {
+         c.model.num_experts = 4;
+         c.model.qk_layernorm = true;
+         c.model.softmax_type = topologies::SoftmaxType::learnable;
+       },
+       "model.softmax_type learnable with experts and qk_layernorm:", Kind::not_built},
       {"experts over TP",
        [](casefile::Case& c) {
          c.model.num_experts = 4;
@@ -298,7 +326,7 @@ TEST(AutomodelTarget, EachOtherTargetRefusesAnAutomodelCase) {
   }
 }
 
-TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSequenceParallelism) {
+TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSequenceParallelismAndEachMoeFamily) {
   casefile::Case megatron_gpt = llama_case();  // the sweep's own dense GPT: LayerNorm, learned positions
   megatron_gpt.model.normalization = topologies::Normalization::layer_norm;
   megatron_gpt.model.position_embedding = topologies::PositionEmbedding::learned_absolute;
@@ -322,10 +350,16 @@ TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSeque
   EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 8u) << "no sequence parallelism without TP";
   megatron_gpt.model.num_experts = 4;
   const auto moe = automodel_sweep_variants(megatron_gpt);
-  ASSERT_EQ(moe.size(), 1u) << "a MoE model as Qwen3-MoE with FSDP";
+  ASSERT_EQ(moe.size(), 2u) << "a MoE model as Qwen3-MoE and as GPT-OSS, with FSDP";
   EXPECT_EQ(moe[0].first, "qwen3-moe-fsdp");
   EXPECT_TRUE(moe[0].second.model.qk_layernorm);
   EXPECT_EQ(moe[0].second.model.num_experts, 4);
+  EXPECT_EQ(moe[1].first, "gpt-oss-fsdp");
+  EXPECT_FALSE(moe[1].second.model.qk_layernorm);
+  EXPECT_TRUE(moe[1].second.model.add_bias_linear);
+  EXPECT_EQ(moe[1].second.model.softmax_type, topologies::SoftmaxType::learnable);
+  EXPECT_EQ(automodel_architecture(moe[1].second.model), "GptOssForCausalLM");
+  EXPECT_EQ(automodel_architecture(moe[0].second.model), "Qwen3MoeForCausalLM");
 }
 
 // FSDP2 averages every gradient over dp_replicate x dp_shard x cp (Automodel sets no divide factor).
