@@ -372,8 +372,18 @@ casefile::Case within_hf(casefile::Case c, const FaultPlants& plants, std::uint6
   // Experts: EP over the whole world where the case asked for EP or a fault planted in the Trainer's
   // expert norm needs it, and the experts divide among the ranks; else TP or FSDP2, as a dense model.
   const bool per_mesh_clip = o.faults.has(vocab::Fault::clip_per_child_norm);
-  if (trainer_expert_fault(o.faults) && (m.num_experts == 0 || t.world == 1 || m.num_experts % t.world != 0))
-    o.faults = {};  // it has no experts to show it on
+  // A fault in the Trainer's expert norm shows on experts under EP: the model gets experts (as many
+  // as the ranks, or its own count rounded up to a multiple of them) in every layer.
+  if (trainer_expert_fault(o.faults) && t.world > 1) {
+    if (m.num_experts == 0) {
+      m.moe_ffn_hidden_size = topologies::resolved_ffn_hidden(m);
+      m.moe_layer_freq = 1;
+      m.moe_layer_pattern.clear();
+    }
+    m.num_experts = (std::max(m.num_experts, 1) + t.world - 1) / t.world * t.world;
+    as_hf_architecture(m);
+  }
+  if (trainer_expert_fault(o.faults) && t.world == 1) o.faults = {};  // no EP on one rank
   const bool wants_ep = m.num_experts > 0 && t.world > 1 && m.num_experts % t.world == 0 &&
                         !vocab::any_reduction_fault(o.faults) && (t.ep > 1 || trainer_expert_fault(o.faults));
   const bool wants_tp = !wants_ep && ((t.tp > 1 && !vocab::any_reduction_fault(o.faults)) || per_mesh_clip);

@@ -61,9 +61,34 @@ def tensor_parallel(model):
     return type(model).maybe_distribute_model(model, distributed, tp_mesh)
 
 
+def mixtral(experts):
+    """transformers' own Mixtral, fp32, as the worker builds a case with experts and no qk-layernorm."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=8, hidden_size=8, intermediate_size=4, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, head_dim=4, max_position_embeddings=16,
+                           num_local_experts=experts, num_experts_per_tok=1, tie_word_embeddings=False)
+    return MixtralForCausalLM(config)
+
+
+def expert_parallel(model):
+    """`model` distributed by transformers' EP over a mesh of the world, as the worker calls it."""
+    import torch.distributed as dist
+    from transformers.distributed import DistributedConfig
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
+    distributed, _, tp_mesh = type(model).prepare_distribute_model(
+        DistributedConfig(tp_size=WORLD, enable_expert_parallel=True), device_mesh=mesh)
+    return type(model).maybe_distribute_model(model, distributed, tp_mesh)
+
+
 def _distributed_checks():
     """What each distributed call does on this rank: name -> caught(...), or a fact."""
     out = {}
+    out["experts_over_ep"] = caught(lambda: expert_parallel(mixtral(experts=3)))
+    placed = expert_parallel(mixtral(experts=2))
+    out["ep_shards"] = (tuple(sorted(n for n, p in placed.named_parameters() if hasattr(p, "placements"))),
+                        tuple(sorted({str(p.placements) for p in placed.parameters() if hasattr(p, "placements")})))
     out["vocab_over_tp"] = caught(lambda: tensor_parallel(llama(vocab=5)))
     tied = tensor_parallel(llama(vocab=8, tied=True))
     out["tied_under_tp"] = (tied.model.embed_tokens.weight is tied.lm_head.weight,
@@ -234,3 +259,50 @@ def test_accelerates_mesh_is_tp_fastest():
     import accelerate.parallelism_config as parallelism_config
 
     assert source_line(parallelism_config, 267) == 'mesh_order = ["dp_replicate", "dp_shard", "cp", "sp", "tp"]'
+
+
+def test_experts_must_divide_among_the_ep_ranks(on_two_ranks):
+    """topology.ep not dividing model.num_experts: transformers/distributed/tensor_parallel.py:539."""
+    kind, message, frames = on_two_ranks["experts_over_ep"]
+    assert (kind, message) == ("ValueError", "Cannot evenly shard 3 experts across 2 expert-parallel ranks.")
+    assert raised_at(frames, "transformers/distributed/tensor_parallel.py", 539)
+
+
+def test_ep_shards_the_experts_alone_on_dim_0(on_two_ranks):
+    """EP beside TP: with enable_expert_parallel the model's TP plan is its EP plan
+    (transformers/distributed/mixin.py:89), which makes DTensors of the experts alone, on dim 0."""
+    import transformers.distributed.mixin as mixin
+
+    assert source_line(mixin, 89).startswith("if hasattr(self.config, \"distributed_config\") and "
+                                             "self.config.distributed_config.enable_expert_parallel:")
+    names, placements = on_two_ranks["ep_shards"]
+    assert names == ("model.layers.0.mlp.experts.down_proj", "model.layers.0.mlp.experts.gate_up_proj")
+    assert placements == ("(Shard(dim=0),)",)
+
+
+def test_tp_shards_the_experts_over_the_tp_mesh_with_the_rest():
+    """topology.etp apart from topology.tp: the TP plans of the families tally builds name the experts
+    beside attention, over one mesh; gpt-oss's names lm_head alone (its class's _tp_plan)."""
+    from transformers import GptOssConfig, GptOssForCausalLM, MixtralConfig, Qwen3MoeConfig
+
+    for config in (MixtralConfig, Qwen3MoeConfig):
+        plan = config.base_model_tp_plan
+        assert plan["layers.*.mlp.experts.gate_up_proj"] == "packed_colwise"
+        assert plan["layers.*.self_attn.q_proj"] == "colwise"
+    assert not GptOssConfig.base_model_tp_plan
+    assert GptOssForCausalLM._tp_plan == {"lm_head": "colwise_gather_output"}
+
+
+def test_deepseek_v3s_class_trains_no_mtp_layer():
+    """model.mtp_num_layers: transformers 5.17.0 builds MTP layers in MtpModel
+    (transformers/modeling_layers.py:359), for speculative decoding; DeepseekV3ForCausalLM has none."""
+    import transformers.modeling_layers as modeling_layers
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    assert source_line(modeling_layers, 359) == "class MtpModel(PreTrainedModel):"
+    config = DeepseekV3Config(vocab_size=8, hidden_size=8, intermediate_size=8, moe_intermediate_size=4,
+                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=2,
+                              n_shared_experts=1, num_experts_per_tok=1, n_group=1, topk_group=1, q_lora_rank=4,
+                              kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2,
+                              num_mtp_layers=1, max_position_embeddings=16)
+    assert not [n for n, _ in DeepseekV3ForCausalLM(config).named_parameters() if "mtp" in n]

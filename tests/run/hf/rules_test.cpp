@@ -129,7 +129,9 @@ TEST(HfTarget, ExpertsAreTheirFamilysClassOnEpOverTheWholeWorld) {
   c = llama_case();
   c.path.faults = vocab::FaultSet::of({vocab::Fault::expert_norm_dropped});
   c = within_hf(std::move(c), every_plant(), 0);
-  EXPECT_TRUE(c.path.faults.empty()) << "no experts to show it on";
+  EXPECT_EQ(c.model.num_experts, 4) << "experts to show it on, one a rank";
+  EXPECT_EQ(c.topology.ep, 4);
+  EXPECT_FALSE(hf_refusal(c, kRelease, every_plant()));
 }
 
 TEST(HfTarget, TpIsTheWholeWorldOrNone) {
