@@ -136,7 +136,7 @@ std::optional<std::string> autoep_refuses(const DeepSpeedConfig& d, const topolo
   return std::nullopt;
 }
 
-// What accelerate (and the Trainer, which prepares through it) cannot give DeepSpeed, cited at
+// What accelerate cannot give DeepSpeed, cited at
 // accelerate 1.15.0 and DeepSpeed 0.19.8. accelerate fills only a config's "auto" values
 // (accelerate/utils/dataclasses.py:1363 fill_match) and tally's engine config has none, so what it
 // adds (steps_per_print, fp16/bf16 "enabled": false where absent, zero_allow_untested_optimizer)
@@ -154,11 +154,6 @@ std::optional<std::string> launcher_refuses(const DeepSpeedConfig& d, const topo
            "prepare passes deepspeed.initialize no mpu (only Ulysses sequence parallelism's, "
            "accelerate/accelerator.py:2394-2433 at 1.15.0), so DeepSpeed has no Megatron-style TP groups; "
            "through accelerate TP is AutoTP's (set deepspeed.autotp)";
-  if (t.tp > 1 && t.world != t.tp)
-    return launcher + " with deepspeed.autotp and data parallelism (topology.tp " + std::to_string(t.tp) + " of " +
-           std::to_string(t.world) + " ranks): accelerate's prepare makes a one-dimensional device mesh of "
-           "autotp_size ranks (init_device_mesh(device, (tp_size,)), accelerate/accelerator.py:2172 at 1.15.0), "
-           "which torch refuses unless it spans the world";
   if (dtype == Dtype::fp32 && d.zero_stage == 0)
     return launcher + " with gradients.dtype fp32 at zero_stage 0: accelerate's clip_grad_norm_ returns the "
            "engine's get_global_grad_norm() (accelerate/accelerator.py:3023-3026 at 1.15.0), which DeepSpeed leaves "
@@ -540,7 +535,6 @@ std::string deepspeed_norm_code(const casefile::Case& c) {
   if (d.autoep) code += d.autotp ? " and AutoEP" : " with AutoEP";
   // The same code through a Hugging Face user's engine: a finding of the code's matches it too.
   if (d.launcher == DeepSpeedLauncher::accelerate) code += " through accelerate";
-  if (d.launcher == DeepSpeedLauncher::trainer) code += " through the Trainer";
   return code;
 }
 

@@ -20,10 +20,9 @@ namespace tally::run {
 // Who builds the engine: DeepSpeed's own deepspeed.initialize (the worker's call), or accelerate's
 // Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)).prepare, as a Hugging Face user
 // with a DeepSpeed config gets it, the norm being what accelerate's clip_grad_norm_ returns
-// (`accelerate`), or the Trainer's accelerator made from TrainingArguments(deepspeed=...), the norm
-// what Trainer._get_grad_norm returns (`trainer`).
-enum class DeepSpeedLauncher { deepspeed, accelerate, trainer };
-inline constexpr std::string_view kDeepSpeedLauncherNames[] = {"deepspeed", "accelerate", "trainer"};
+// (`accelerate`).
+enum class DeepSpeedLauncher { deepspeed, accelerate };
+inline constexpr std::string_view kDeepSpeedLauncherNames[] = {"deepspeed", "accelerate"};
 inline std::string_view deepspeed_launcher_name(DeepSpeedLauncher l) { return kDeepSpeedLauncherNames[static_cast<int>(l)]; }
 
 struct DeepSpeedConfig {

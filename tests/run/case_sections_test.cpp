@@ -102,6 +102,13 @@ TEST(CaseSections, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.offload_optimizer = true; });
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["offload_optimizer"], true);
   EXPECT_TRUE(round_trips(c));
+  EXPECT_FALSE(casefile::case_to_json(c)["deepspeed"].contains("launcher")) << "absent means deepspeed";
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.launcher = DeepSpeedLauncher::accelerate; });
+  EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["launcher"], "accelerate");
+  EXPECT_TRUE(round_trips(c));
+  nlohmann::json wrong = casefile::case_to_json(c);
+  wrong["deepspeed"]["launcher"] = "trainer";  // read strictly: only the launchers the worker builds
+  EXPECT_THROW(casefile::case_from_json(wrong, case_frameworks(), "case"), std::exception);
   EXPECT_EQ(kDeepSpeedSection.of(c)->loss_scale, 1024);
   casefile::keep_only_section(c, "");
   EXPECT_FALSE(casefile::case_to_json(c).contains("deepspeed")) << "a Megatron case has no section";

@@ -44,6 +44,15 @@ AutoTP cuts (build_autotp_model), Hugging Face-style MoE blocks AutoEP replaces
 optimizer (an AdamW at lr 0), since AutoEP makes its params inside `deepspeed.initialize`.
 At ZeRO 3 the loss is the module's forward (weighted_sum_model), which makes ZeRO 3 gather every
 param.
+
+With `deepspeed.launcher accelerate` (launchers.py) the same model, optimizer and configuration go
+to accelerate's `Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)).prepare` instead of
+`deepspeed.initialize` (no mpu: TP 1, or AutoTP's), the step is `accelerator.backward(loss)` (the
+engine's backward and step), and the reported norm is what `accelerator.clip_grad_norm_` returns,
+which at ZeRO 0 fp32 would be None (refused). The engine's own norm is the reported norm of the same
+case with launcher deepspeed. On CPUs the worker first starts accelerate's process state as a CPU
+one over its gloo group, so it counts every rank (launchers.cpu_ranks_as_processes; accelerate finds
+no backend without a device, accelerate/state.py:769-815); nothing of the norm reads it.
 """
 
 import contextlib
@@ -123,7 +132,7 @@ def client_optimizer(module, layers, fused_adam):
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def build(run, world):
+def build(run, world, devices):
     """DeepSpeed's engine for the case onto `run`: the groups the case makes (`made`), the model as
     DeepSpeed is given it (`module`, `blocks` with PP; `described`, `layers` and `moe_parts` of what
     the worker built), `deepspeed.initialize` with the configuration tally sent (`engine`)."""
@@ -173,7 +182,7 @@ def build(run, world):
     optimizer = None if run.autoep else client_optimizer(module, run.layers, section.get("fused_adam", False))
     run.launcher = section.get("launcher", "deepspeed")  # written where not deepspeed
     if run.launcher != "deepspeed":  # as a Hugging Face user gets it: no mpu (TP 1 or AutoTP's)
-        run.engine = launchers.prepare(run, module, optimizer, run.launcher)
+        run.engine = launchers.prepare(run, module, optimizer, cpu=devices == 0)
     elif optimizer is None:
         run.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
                                                    config=run.config)
@@ -333,7 +342,7 @@ def step(run):
         if run.launcher != "deepspeed":
             # accelerate's backward is the engine's backward and step together (launchers.step)
             with tally_deepspeed.Recording(engine, grad_scale) as recording:
-                launchers.step(run, engine, loss)
+                launchers.step(run, loss)
         else:
             engine.backward(loss)
             if os.environ.get("TALLY_DEBUG_GRADS") and engine.zero_optimization_stage() == 0:
@@ -342,7 +351,7 @@ def step(run):
                 engine.step()
     norm = engine.get_global_grad_norm()
     if run.launcher != "deepspeed":
-        # What accelerate's clip_grad_norm_ (or the Trainer) returns: None where the engine keeps none
+        # What accelerate's clip_grad_norm_ (and the Trainer) returns: None where the engine keeps none
         # (run/deepspeed/rules.cpp refuses those cases).
         norm = launchers.reported_norm(run, engine, float(run.config["gradient_clipping"]))
     elif norm is None:
@@ -432,7 +441,7 @@ class DeepSpeedWorker(base.Worker):
                                                          ("fp16", accelerator.is_fp16_supported)) if supported()]
 
     def build(self, run):
-        build(run, self.world)
+        build(run, self.world, self.devices)
 
     def set_gradients(self, run):
         held = describe(run)

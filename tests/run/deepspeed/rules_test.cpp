@@ -73,6 +73,44 @@ TEST(DeepSpeedTarget, NamesWhatTheWorkerCannotBuild) {
   EXPECT_EQ(deepspeed_refusal(c, "0.19.8").value_or("").rfind("optimizer.model layerwise:", 0), 0u);
 }
 
+// accelerate's prepare (deepspeed.launcher accelerate) takes what it can give DeepSpeed: TP 1 or
+// AutoTP over the whole world, no pipeline, and a path whose engine keeps a norm for clip_grad_norm_.
+TEST(DeepSpeedTarget, BuildsThroughAccelerateWhereItsPrepareCan) {
+  casefile::Case c = founding_case();
+  c.path.optimizer = vocab::OptimizerModel::plain;
+  c.topology = {.world = 2, .ep = 2};
+  c.path.gradients.generator.dtype = kernels::Dtype::bf16;
+  kDeepSpeedSection.set(c, {.zero_stage = 2, .launcher = DeepSpeedLauncher::accelerate});
+  ASSERT_FALSE(casefile::check_case(c));
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << deepspeed_refusal(c, "0.19.8").value_or("");
+  EXPECT_EQ(deepspeed_norm_code(c), "DeepSpeedZeroOptimizer through accelerate");
+  const auto refusal = [](const casefile::Case& c) { return deepspeed_refusal(c, "0.19.8").value_or(""); };
+  c.path.gradients.generator.dtype = kernels::Dtype::fp32;
+  kDeepSpeedSection.change(c, [&](DeepSpeedConfig& d) { d.zero_stage = 0; });
+  EXPECT_NE(refusal(c).find("engine.py:3502-3519"), std::string::npos) << refusal(c);
+  c.path.gradients.generator.dtype = kernels::Dtype::bf16;
+  EXPECT_FALSE(deepspeed_refusal(c, "0.19.8")) << refusal(c);
+  casefile::Case tp = c;
+  tp.topology = {.world = 2, .tp = 2, .ep = 1};
+  tp.path.gradients.stated.clear();
+  EXPECT_NE(refusal(tp).find("accelerator.py:2394-2433"), std::string::npos) << refusal(tp);
+  // The same case through deepspeed.initialize builds.
+  kDeepSpeedSection.change(tp, [&](DeepSpeedConfig& d) { d.launcher = DeepSpeedLauncher::deepspeed; });
+  EXPECT_FALSE(deepspeed_refusal(tp, "0.19.8")) << refusal(tp);
+  // Generated cases draw the launcher, and never one accelerate cannot build.
+  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(4);
+  int through_accelerate = 0;
+  for (std::uint64_t draw = 0; draw < 256; ++draw) {
+    casefile::Case drawn = founding_case();
+    drawn.topology = {.world = 4, .ep = 2};
+    drawn.path.gradients.generator.seed = draw;
+    drawn = within_deepspeed(drawn, "0.19.8", {}, draw, {"fp32", "bf16"});
+    if (kDeepSpeedSection.of(drawn)->launcher == DeepSpeedLauncher::accelerate) ++through_accelerate;
+    EXPECT_FALSE(deepspeed_refusal(drawn, "0.19.8", {}, {"fp32", "bf16"})) << refusal(drawn);
+  }
+  EXPECT_GT(through_accelerate, 0);
+}
+
 // DeepSpeed 0.19.8 refuses offload with AutoEP folded over AutoTP at deepspeed.initialize
 // (auto_ep_folding.py:249); a campaign once drew such a case and ended at the framework's refusal.
 TEST(DeepSpeedTarget, RefusesOffloadWithAutoEpFoldedOverAutoTpAsDeepSpeedDoes) {
@@ -656,6 +694,16 @@ TEST(DeepSpeedTarget, EveryRefusalCitesDeepSpeedsCheckOrSaysTheWorkerDoesNotBuil
       {"fp32 accumulation of bf16 at ZeRO 0",
        refused(changed(section(dense, {.grad_accum_fp32 = true}), bf16)),
        "deepspeed.grad_accum_fp32 with zero_stage 0:", Says::citation},
+      {"accelerate with a pipeline",
+       refused(changed(section(plain_case({.world = 4, .pp = 2}, 0), {.launcher = DeepSpeedLauncher::accelerate}),
+                       [](casefile::Case& c) { c.model.num_layers = 2; })),
+       "deepspeed.launcher accelerate with topology.pp > 1:", Says::citation},
+      {"accelerate with TP from an mpu",
+       refused(changed(section(dense, {.launcher = DeepSpeedLauncher::accelerate}), bf16)),
+       "deepspeed.launcher accelerate with topology.tp 2 without deepspeed.autotp:", Says::citation},
+      {"accelerate at fp32 ZeRO 0",
+       refused(section(plain_case({.world = 4}, 0), {.launcher = DeepSpeedLauncher::accelerate})),
+       "deepspeed.launcher accelerate with gradients.dtype fp32 at zero_stage 0:", Says::citation},
   };
   const std::regex citation("[A-Za-z0-9_/]+\\.py:[0-9]+");
   const std::string not_built = "tally's worker does not build";

@@ -1,0 +1,56 @@
+"""One case run through both engine builders gives the same verdict (issue 52): each seeds/real case
+with `deepspeed.launcher accelerate` is run again with the launcher DeepSpeed's own
+(deepspeed.initialize), and both give the same verdict, the same reported norm (accelerate's
+clip_grad_norm_ returns the engine's get_global_grad_norm()) and the same miscounted params.
+
+Runs the real DeepSpeed and accelerate through $TALLY (ci/real-deepspeed sets it; skips where none).
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SEEDS = Path(__file__).resolve().parents[3] / "seeds" / "real"
+CASES = sorted(p for p in SEEDS.glob("deepspeed-*.json")
+               if not p.name.endswith(".finding.json")
+               and json.loads(p.read_text()).get("deepspeed", {}).get("launcher") == "accelerate")
+
+
+@pytest.fixture
+def tally():
+    binary = os.environ.get("TALLY")
+    if not binary:
+        pytest.skip("TALLY names no tally binary")
+    return binary
+
+
+def verdict(tally, case, tmp_path, launcher):
+    """`tally run --json` of `case` with its launcher set to `launcher` (its saved manifests and
+    expectation left out: a fresh run)."""
+    doc = json.loads(case.read_text())
+    doc["deepspeed"]["launcher"] = launcher
+    for key in ("target", "expect"):
+        doc.pop(key, None)
+    path = tmp_path / f"{launcher}.json"
+    path.write_text(json.dumps(doc))
+    run = subprocess.run([tally, "run", str(path), "--target", "deepspeed", "--json", "--case-timeout", "300s"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode in (0, 1), run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+def test_there_are_cases_through_accelerate():
+    assert len(CASES) >= 2, "seeds/real holds a pass and a known-finding fail through accelerate"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[p.stem for p in CASES])
+def test_accelerate_gives_the_verdict_and_norm_of_deepspeed_initialize(tally, case, tmp_path):
+    through_accelerate = verdict(tally, case, tmp_path, "accelerate")
+    through_deepspeed = verdict(tally, case, tmp_path, "deepspeed")
+    assert through_accelerate["verdict"] == through_deepspeed["verdict"]
+    assert through_accelerate["verdict"] == json.loads(case.read_text())["expect"]["outcome"]
+    assert through_accelerate["stats"]["l2"]["got"] == through_deepspeed["stats"]["l2"]["got"]
+    assert through_accelerate["miscounted"] == through_deepspeed["miscounted"]
