@@ -139,12 +139,12 @@ std::optional<std::string> gpt_oss_refuses(const ModelSpec& m) {
                        "build Automodel's other MoE models; it builds Qwen3-MoE (with qk-layernorm) and GPT-OSS, whose "
                        "q/k/v/o projections are built with bias=True (") +
            kGptOssModel + "layers.py:59-70) and its router and experts with biases (router_bias, expert_bias True, " +
-           kGptOssModel + "model.py:127-128)";
+           kGptOssModel + "model.py:129-130)";
   for (int layer = 0; layer < m.num_layers; ++layer)
     if (!topologies::is_moe_layer(m, layer))
       return "model.moe_layer_freq " + topologies::moe_layer_freq_text(m) + ": layer " + std::to_string(layer) +
              " is dense, and Automodel's GPT-OSS builds every layer as MoE (its Block always has a MoE, " +
-             kGptOssModel + "model.py:112)";
+             kGptOssModel + "model.py:54)";
   return std::nullopt;
 }
 

@@ -256,6 +256,73 @@ def test_qwen3_moe_builds_its_rotary_embedding_on_cuda():
     assert raised_at(frames, "torch/cuda/__init__.py", frames[-1][1])
 
 
+def gpt_oss_config(tied=False):
+    from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
+
+    return GptOssConfig(vocab_size=4, hidden_size=4, intermediate_size=2, num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=2, num_local_experts=2, num_experts_per_tok=1,
+                        max_position_embeddings=4, tie_word_embeddings=tied, dtype="float32",
+                        layer_types=["sliding_attention", "full_attention"])
+
+
+def gpt_oss(tied=False):
+    """Automodel's own GPT-OSS (the class its registry names), as the worker builds it."""
+    from nemo_automodel._transformers.registry import get_registry
+
+    return get_registry().get_model_cls_from_model_arch("GptOssForCausalLM")(gpt_oss_config(tied))
+
+
+def cited_line(path, line):
+    """The text of `line` of the installed Automodel's file `path` (under nemo_automodel/)."""
+    import linecache
+
+    import nemo_automodel
+
+    return linecache.getline(os.path.join(os.path.dirname(nemo_automodel.__file__), path), line)
+
+
+def test_gpt_oss_attention_always_has_sinks_and_biases():
+    """model.softmax_type vanilla / model.add_bias_linear false with experts and without qk_layernorm:
+    GPT-OSS's attention is built with a learnable sink per head (gpt_oss/layers.py:97) and q/k/v/o
+    biases (layers.py:59-70), whatever its config says; its MoE with router and expert biases
+    (model.py:129-130). The attention alone builds on CPUs."""
+    from nemo_automodel.components.models.common import BackendConfig
+    from nemo_automodel.components.models.gpt_oss.layers import GptOssAttention
+
+    config = gpt_oss_config()
+    config.attention_bias = False  # what a user could set: the projections keep their biases
+    attention = GptOssAttention(config, BackendConfig(attn="flex"))
+    names = sorted(n for n, _ in attention.named_parameters())
+    assert names == sorted(["sinks"] + [f"{p}_proj.{k}" for p in "qkvo" for k in ("weight", "bias")]), names
+    assert "self.sinks = nn.Parameter" in cited_line("components/models/gpt_oss/layers.py", 97)
+    assert all("bias=True" in cited_line("components/models/gpt_oss/layers.py", n) for n in (60, 63, 66, 69))
+    assert "expert_bias=True" in cited_line("components/models/gpt_oss/model.py", 129)
+    assert "router_bias=True" in cited_line("components/models/gpt_oss/model.py", 130)
+
+
+def test_gpt_oss_builds_every_layer_as_moe():
+    """model.moe_layer_freq with a dense layer in GPT-OSS: its Block always has a MoE (gpt_oss/model.py:54)."""
+    assert "self.mlp = MoE(" in cited_line("components/models/gpt_oss/model.py", 54)
+
+
+def test_gpt_oss_refuses_a_tied_output_layer():
+    """model.untie_embeddings_and_output_weights false with experts: tie_word_embeddings.py:61."""
+    name, message, frames = caught(lambda: gpt_oss(tied=True))
+    assert name == "NotImplementedError", (name, message)
+    assert raised_at(frames, "nemo_automodel/components/models/common/tie_word_embeddings.py", 61)
+
+
+def test_gpt_oss_builds_its_rotary_embedding_on_cuda():
+    """The worker's cannot_run reason for model.num_experts where it sees no GPU: gpt_oss/model.py:160."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: GPT-OSS builds here")
+    name, message, frames = caught(lambda: gpt_oss(tied=False))
+    assert name == "RuntimeError", (name, message)
+    assert passes_through(frames, "nemo_automodel/components/models/gpt_oss/model.py", 160)
+
+
 def test_fsdp2_refuses_an_uneven_shard_along_dim_1(on_two_ranks):
     """model.hidden_size or moe_ffn_hidden_size that ep_shard does not divide:
     torch/distributed/fsdp/_fully_shard/_fsdp_param.py:377 at torch 2.11.0."""

@@ -177,7 +177,7 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
          c.model.add_bias_linear = true;
          c.model.moe_layer_freq = 2;
        },
-       "gpt_oss/model.py:112", Kind::cited},
+       "gpt_oss/model.py:54", Kind::cited},
       {"GPT-OSS over TP",
        [](casefile::Case& c) {
          c.model.num_experts = 4;
