@@ -121,6 +121,10 @@ std::string deepspeed_model_description(const casefile::Case& c) {
       return model_line(c) + "; the engine built by accelerate's Accelerator(deepspeed_plugin=DeepSpeedPlugin("
              "hf_ds_config=this config)).prepare(model, optimizer), stepped by accelerator.backward, the norm what "
              "accelerator.clip_grad_norm_ returns";
+    case DeepSpeedLauncher::trainer:
+      return model_line(c) + "; the engine built by the accelerator of a transformers Trainer with "
+             "TrainingArguments(deepspeed=this config), prepared as Trainer.train does (deepspeed_init with the "
+             "Trainer's own AdamW at lr 0, accelerator.prepare), the norm what Trainer._get_grad_norm returns";
     case DeepSpeedLauncher::deepspeed: break;
   }
   return model_line(c);

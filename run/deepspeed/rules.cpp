@@ -136,12 +136,13 @@ std::optional<std::string> autoep_refuses(const DeepSpeedConfig& d, const topolo
   return std::nullopt;
 }
 
-// What accelerate cannot give DeepSpeed, cited at
+// What accelerate (and the Trainer, which prepares through it) cannot give DeepSpeed, cited at
 // accelerate 1.15.0 and DeepSpeed 0.19.8. accelerate fills only a config's "auto" values
 // (accelerate/utils/dataclasses.py:1363 fill_match) and tally's engine config has none, so what it
 // adds (steps_per_print, fp16/bf16 "enabled": false where absent, zero_allow_untested_optimizer)
 // changes no norm code.
-std::optional<std::string> launcher_refuses(const DeepSpeedConfig& d, const topologies::ParallelConfig& t, Dtype dtype) {
+std::optional<std::string> launcher_refuses(const DeepSpeedConfig& d, const topologies::ParallelConfig& t, Dtype dtype,
+                                            int experts) {
   if (d.launcher == DeepSpeedLauncher::deepspeed) return std::nullopt;
   const std::string launcher = "deepspeed.launcher " + std::string(deepspeed_launcher_name(d.launcher));
   if (t.pp > 1)
@@ -154,6 +155,18 @@ std::optional<std::string> launcher_refuses(const DeepSpeedConfig& d, const topo
            "prepare passes deepspeed.initialize no mpu (only Ulysses sequence parallelism's, "
            "accelerate/accelerator.py:2394-2433 at 1.15.0), so DeepSpeed has no Megatron-style TP groups; "
            "through accelerate TP is AutoTP's (set deepspeed.autotp)";
+  // The Trainer's deepspeed_init drops any optimizer given and makes its own from its arguments
+  // (transformers/integrations/deepspeed.py:630, 559 at 5.18.0): one AdamW without MoE groups.
+  if (d.launcher == DeepSpeedLauncher::trainer && d.fused_adam)
+    return launcher + " with deepspeed.fused_adam: the Trainer's deepspeed_init makes its own optimizer from its "
+           "arguments (trainer.create_optimizer, transformers/integrations/deepspeed.py:630, 559 at 5.18.0), a torch "
+           "AdamW; tally's worker does not build DeepSpeed's FusedAdam there";
+  if (d.launcher == DeepSpeedLauncher::trainer && experts > 0 && !d.autoep)
+    return launcher + " with DeepSpeed's MoE layer (model.num_experts without deepspeed.autoep): the Trainer's "
+           "deepspeed_init makes its own optimizer (transformers/integrations/deepspeed.py:630, 559 at 5.18.0) without "
+           "the MoE param groups DeepSpeed requires (AssertionError \"The model has moe layers, but None of the param "
+           "groups are marked as MoE\", deepspeed/runtime/zero/stage_1_and_2.py:874, bf16_optimizer.py:140 at 0.19.8); "
+           "tally's worker does not build it at the other paths either";
   if (dtype == Dtype::fp32 && d.zero_stage == 0)
     return launcher + " with gradients.dtype fp32 at zero_stage 0: accelerate's clip_grad_norm_ returns the "
            "engine's get_global_grad_norm() (accelerate/accelerator.py:3023-3026 at 1.15.0), which DeepSpeed leaves "
@@ -365,6 +378,10 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
   if (const auto it = cannot_run.find("deepspeed.fused_adam"); d->fused_adam && it != cannot_run.end())
     return "deepspeed.fused_adam: tally's worker does not build DeepSpeed's FusedAdam on this machine (" + it->second +
            ")";
+  // A CPU worker's Trainer takes no bf16 (its hello says why: TrainingArguments' own check).
+  if (const auto it = cannot_run.find("deepspeed.launcher");
+      d->launcher == DeepSpeedLauncher::trainer && o.gradients.generator.dtype == Dtype::bf16 && it != cannot_run.end())
+    return "deepspeed.launcher trainer with gradients.dtype bf16: not on this machine: " + it->second;
   if (megatron_model_rules)
     if (auto why = topologies::check_megatron_expert_bias(m, t))
       return "model: this worker builds models under Megatron-LM's rules (its hello's model_rules), so tally's "
@@ -380,7 +397,7 @@ std::optional<std::string> deepspeed_refusal(const casefile::Case& c, std::strin
            "loss scale or use bf16";
   if (auto why = autotp_refuses(*d, t, m.num_experts)) return why;
   if (auto why = autoep_refuses(*d, t, m)) return why;
-  if (auto why = launcher_refuses(*d, t, o.gradients.generator.dtype)) return why;
+  if (auto why = launcher_refuses(*d, t, o.gradients.generator.dtype, m.num_experts)) return why;
   return engine_refuses(*d, o.gradients.generator.dtype, m.num_experts, t.pp);
 }
 
@@ -507,7 +524,10 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view, const FaultP
   if (engine_refuses(d, o.gradients.generator.dtype, m.num_experts, t.pp)) d.grad_accum_fp32 = false;
   // A Hugging Face user's engine (accelerate's prepare, the Trainer's) where accelerate builds the case.
   if (drawn_section) d.launcher = static_cast<DeepSpeedLauncher>((draw / path_draws / 4) % std::size(kDeepSpeedLauncherNames));
-  if (launcher_refuses(d, t, o.gradients.generator.dtype)) d.launcher = DeepSpeedLauncher::deepspeed;
+  if (launcher_refuses(d, t, o.gradients.generator.dtype, m.num_experts) ||
+      (d.launcher == DeepSpeedLauncher::trainer && o.gradients.generator.dtype == Dtype::bf16 &&
+       cannot_run.contains("deepspeed.launcher")))
+    d.launcher = DeepSpeedLauncher::deepspeed;
   kDeepSpeedSection.set(c, d);
   // A preset built as its transformers class keeps the sinks (GptOssForCausalLM) and multi-latent
   // attention (DeepseekV3ForCausalLM) the worker's own model lacks; its MTP stays out, as the class has none.
@@ -535,6 +555,7 @@ std::string deepspeed_norm_code(const casefile::Case& c) {
   if (d.autoep) code += d.autotp ? " and AutoEP" : " with AutoEP";
   // The same code through a Hugging Face user's engine: a finding of the code's matches it too.
   if (d.launcher == DeepSpeedLauncher::accelerate) code += " through accelerate";
+  if (d.launcher == DeepSpeedLauncher::trainer) code += " through the Trainer";
   return code;
 }
 

@@ -62,7 +62,7 @@ casefile::Case within_deepspeed(casefile::Case c, std::string_view version, cons
 // "clip_grad_norm_", "FP16_UnfusedOptimizer", "FP16_Optimizer", "BF16_Optimizer",
 // "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer CPU offload" or "DeepSpeedZeroOptimizer_Stage3",
 // then " with AutoTP", " with AutoEP" or " with AutoTP and AutoEP" where DeepSpeed shards the model,
-// then " through accelerate" where accelerate's prepare builds the engine.
+// then " through accelerate" or " through the Trainer" where accelerate's prepare builds the engine.
 std::string deepspeed_norm_code(const casefile::Case& c);
 
 // `base` on each of DeepSpeed's engine paths a sweep covers: ZeRO 0 to 3, each in fp32 and bf16

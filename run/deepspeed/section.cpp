@@ -18,7 +18,7 @@ DeepSpeedConfig read_deepspeed_config(const json& value, const std::string& path
        {"offload_optimizer", [&](const json& v, const std::string& p) { d.offload_optimizer = io::read_bool(v, p); }},
        {"launcher",
         [&](const json& v, const std::string& p) {
-          d.launcher = static_cast<DeepSpeedLauncher>(io::read_choice(v, p, {"deepspeed", "accelerate"}));
+          d.launcher = static_cast<DeepSpeedLauncher>(io::read_choice(v, p, {"deepspeed", "accelerate", "trainer"}));
         }},
        {"loss_scale",
         [&](const json& v, const std::string& p) {

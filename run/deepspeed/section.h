@@ -20,9 +20,10 @@ namespace tally::run {
 // Who builds the engine: DeepSpeed's own deepspeed.initialize (the worker's call), or accelerate's
 // Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)).prepare, as a Hugging Face user
 // with a DeepSpeed config gets it, the norm being what accelerate's clip_grad_norm_ returns
-// (`accelerate`).
-enum class DeepSpeedLauncher { deepspeed, accelerate };
-inline constexpr std::string_view kDeepSpeedLauncherNames[] = {"deepspeed", "accelerate"};
+// (`accelerate`), or the accelerator of a transformers Trainer made with
+// TrainingArguments(deepspeed=...), the norm what the Trainer logs, _get_grad_norm (`trainer`).
+enum class DeepSpeedLauncher { deepspeed, accelerate, trainer };
+inline constexpr std::string_view kDeepSpeedLauncherNames[] = {"deepspeed", "accelerate", "trainer"};
 inline std::string_view deepspeed_launcher_name(DeepSpeedLauncher l) { return kDeepSpeedLauncherNames[static_cast<int>(l)]; }
 
 struct DeepSpeedConfig {

@@ -8,7 +8,7 @@ namespace tally::run {
 
 namespace {
 
-constexpr std::string_view kCannotRun[] = {"deepspeed.fused_adam"};
+constexpr std::string_view kCannotRun[] = {"deepspeed.fused_adam", "deepspeed.launcher"};
 
 constexpr FrameworkTarget kDeepSpeed{
     .name = "deepspeed",

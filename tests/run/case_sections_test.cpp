@@ -107,7 +107,7 @@ TEST(CaseSections, ADeepSpeedCaseRoundTripsItsEngineConfiguration) {
   EXPECT_EQ(casefile::case_to_json(c)["deepspeed"]["launcher"], "accelerate");
   EXPECT_TRUE(round_trips(c));
   nlohmann::json wrong = casefile::case_to_json(c);
-  wrong["deepspeed"]["launcher"] = "trainer";  // read strictly: only the launchers the worker builds
+  wrong["deepspeed"]["launcher"] = "Trainer";  // read strictly: the names as written
   EXPECT_THROW(casefile::case_from_json(wrong, case_frameworks(), "case"), std::exception);
   EXPECT_EQ(kDeepSpeedSection.of(c)->loss_scale, 1024);
   casefile::keep_only_section(c, "");

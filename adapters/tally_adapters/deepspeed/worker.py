@@ -182,7 +182,7 @@ def build(run, world, devices):
     optimizer = None if run.autoep else client_optimizer(module, run.layers, section.get("fused_adam", False))
     run.launcher = section.get("launcher", "deepspeed")  # written where not deepspeed
     if run.launcher != "deepspeed":  # as a Hugging Face user gets it: no mpu (TP 1 or AutoTP's)
-        run.engine = launchers.prepare(run, module, optimizer, cpu=devices == 0)
+        run.engine = launchers.prepare(run, module, optimizer, run.launcher, cpu=devices == 0)
     elif optimizer is None:
         run.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
                                                    config=run.config)
@@ -393,6 +393,7 @@ class DeepSpeedWorker(base.Worker):
     plants = PLANTS
     not_planted = NOT_PLANTED
     fused_adam_unavailable = None  # why DeepSpeed's FusedAdam cannot run here (start() finds out)
+    trainer_bf16_unavailable = None  # why the Trainer cannot take bf16 here (start() finds out)
 
     def framework_version(self):
         import deepspeed
@@ -427,11 +428,15 @@ class DeepSpeedWorker(base.Worker):
 
             stage_pipeline_p2p_through_host(p2p)
         self.fused_adam_unavailable = prepare_fused_adam(self.devices)
+        self.trainer_bf16_unavailable = launchers.trainer_cannot_run()
 
     def cannot_run(self):
+        out = {}
         if self.fused_adam_unavailable:
-            return {"deepspeed.fused_adam": self.fused_adam_unavailable}
-        return {}
+            out["deepspeed.fused_adam"] = self.fused_adam_unavailable
+        if self.trainer_bf16_unavailable:
+            out["deepspeed.launcher"] = self.trainer_bf16_unavailable
+        return out
 
     def dtypes(self):
         from deepspeed.accelerator import get_accelerator
