@@ -11,13 +11,17 @@ Started by tally, once per world size, under torchrun (one process per rank):
 It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per case, on every rank:
 
 1. The case's GPT as the transformers architecture of its shape (tally_adapters.hf_models: Llama, or
-   Qwen3 with qk-layernorm), transformers' own `LlamaForCausalLM` / `Qwen3ForCausalLM`, fp32.
+   Qwen3 with qk-layernorm), transformers' own `LlamaForCausalLM` / `Qwen3ForCausalLM`, fp32; a GPT
+   with experts as the MoE class of the family the recipe names (`family`: Mixtral, Qwen3-MoE,
+   gpt-oss, DeepSeek-V3; tally_adapters.hf.families over hf_families' element maps).
 2. Laid out as an accelerate user lays it out: an `Accelerator` with a `ParallelismConfig`
    (dp_replicate, dp_shard, tp) and, for FSDP2, `FullyShardedDataParallelPlugin(fsdp_version=2)`;
    for TP, the model distributed by transformers' own TP plan on accelerate's `tp` mesh (the two
    steps `from_pretrained(distributed_config=DistributedConfig(tp_size=...))` runs around the
-   model's init: `prepare_distribute_model`, `maybe_distribute_model`); then `Accelerator.prepare`
-   of the model and an optimizer.
+   model's init: `prepare_distribute_model`, `maybe_distribute_model`), and for EP (the recipe's
+   `expert_parallel`) the same with `enable_expert_parallel=True`, the class's EP plan: the experts
+   sharded on dim 0 over that mesh, the rest plain; then `Accelerator.prepare` of the model and an
+   optimizer.
 3. Every param's gradient: after the reduction (the default), tally's values placed as the param is;
    before it (`hf.gradients_enter`, FSDP2 only), each rank's share left by a backward under FSDP2's
    hooks and averaged by FSDP2's own reduce-scatter (and HSDP's all-reduce: accelerate sets no
