@@ -81,47 +81,84 @@ void as_hf_architecture(ModelSpec& m) {
 }
 
 // Which of Automodel's MoE models a MoE case is built as (tally_adapters/automodel/moe.py `family`):
-// with qk-layernorm its Qwen3-MoE, else its GPT-OSS.
-bool is_gpt_oss(const ModelSpec& m) { return !m.qk_layernorm; }
+// with multi-latent attention its DeepSeek-V3, else with qk-layernorm its Qwen3-MoE, else its GPT-OSS.
+enum class MoeFamily { qwen3_moe, gpt_oss, deepseek_v3 };
 
-// What both MoE models have: RMSNorm, rotary positions, gated MLPs, an untied output layer, no shared
-// expert, MTP or multi-latent attention.
+MoeFamily moe_family(const ModelSpec& m) {
+  if (m.multi_latent_attention) return MoeFamily::deepseek_v3;
+  return m.qk_layernorm ? MoeFamily::qwen3_moe : MoeFamily::gpt_oss;
+}
+
+std::string moe_family_name(MoeFamily f) {
+  switch (f) {
+    case MoeFamily::qwen3_moe: return "Qwen3-MoE";
+    case MoeFamily::gpt_oss: return "GPT-OSS";
+    case MoeFamily::deepseek_v3: return "DeepSeek-V3";
+  }
+  return "";
+}
+
+// What the three MoE models share: RMSNorm, rotary positions, gated MLPs, an untied output layer, no
+// MTP (DeepSeek-V3's has none in Automodel).
 void as_automodel_moe(ModelSpec& m) {
   m.untie_embeddings_and_output_weights = true;
-  m.moe_shared_expert_intermediate_size = 0;
-  m.moe_shared_expert_gate = false;
   m.mtp_num_layers = 0;
   m.mtp_detach_heads = false;
-  m.multi_latent_attention = false;
   m.normalization = topologies::Normalization::rms_norm;
   m.position_embedding = topologies::PositionEmbedding::rope;
   m.swiglu = true;
+  m.moe_shared_expert_gate = false;
 }
 
-// `m` as Automodel's Qwen3-MoE of its size: qk-layernorm, no linear biases or sinks.
+// `m` as Automodel's Qwen3-MoE of its size: qk-layernorm, no linear biases, sinks or shared expert.
 void as_qwen3_moe(ModelSpec& m) {
   as_automodel_moe(m);
+  m.multi_latent_attention = false;
   m.qk_layernorm = true;
   m.add_bias_linear = false;
   m.softmax_type = topologies::SoftmaxType::vanilla;
+  m.moe_shared_expert_intermediate_size = 0;
 }
 
 // `m` as Automodel's GPT-OSS of its size: a learnable sink per head, linear, router and expert
-// biases, no qk-layernorm, every layer MoE.
+// biases, no qk-layernorm or shared expert, every layer MoE.
 void as_gpt_oss(ModelSpec& m) {
   as_automodel_moe(m);
+  m.multi_latent_attention = false;
   m.qk_layernorm = false;
   m.add_bias_linear = true;
   m.softmax_type = topologies::SoftmaxType::learnable;
+  m.moe_shared_expert_intermediate_size = 0;
   m.moe_layer_freq = 1;
   m.moe_layer_pattern.clear();
 }
 
+// `m`, a MoE GPT with multi-latent attention, as Automodel's DeepSeek-V3 of its size: the latent
+// norms, no linear biases or sinks, its dense layers the first ones, a shared expert (where there is
+// one) a whole number of experts wide.
+void as_deepseek_v3(ModelSpec& m) {
+  as_automodel_moe(m);
+  m.qk_layernorm = true;
+  m.add_bias_linear = false;
+  m.softmax_type = topologies::SoftmaxType::vanilla;
+  // Dense layers first: as many as the case has, at the front (first_k_dense_replace).
+  int dense = 0;
+  for (int layer = 0; layer < m.num_layers; ++layer) dense += topologies::is_moe_layer(m, layer) ? 0 : 1;
+  dense = std::min(dense, m.num_layers - 1);
+  m.moe_layer_pattern.assign(static_cast<std::size_t>(m.num_layers), true);
+  std::fill_n(m.moe_layer_pattern.begin(), dense, false);
+  m.moe_layer_freq = 1;
+  const int expert = topologies::resolved_moe_ffn_hidden(m);
+  if (m.moe_shared_expert_intermediate_size % expert != 0)
+    m.moe_shared_expert_intermediate_size = (m.moe_shared_expert_intermediate_size / expert + 1) * expert;
+}
+
 void as_automodel_moe_family(ModelSpec& m) {
-  if (is_gpt_oss(m))
-    as_gpt_oss(m);
-  else
-    as_qwen3_moe(m);
+  switch (moe_family(m)) {
+    case MoeFamily::qwen3_moe: as_qwen3_moe(m); break;
+    case MoeFamily::gpt_oss: as_gpt_oss(m); break;
+    case MoeFamily::deepseek_v3: as_deepseek_v3(m); break;
+  }
 }
 
 constexpr const char* kGptOssModel = "nemo_automodel/components/models/gpt_oss/";
@@ -148,31 +185,79 @@ std::optional<std::string> gpt_oss_refuses(const ModelSpec& m) {
   return std::nullopt;
 }
 
-// What keeps a MoE case from Automodel's Qwen3-MoE or GPT-OSS as the worker builds them: the model's
-// kinds of params first, then the layout (Automodel's own check of EP, then what the worker does not
-// build).
-std::optional<std::string> moe_refuses(const ModelSpec& m, const ParallelConfig& t) {
-  const std::string name = is_gpt_oss(m) ? "GPT-OSS" : "Qwen3-MoE";
-  if (is_gpt_oss(m)) {
-    if (auto why = gpt_oss_refuses(m)) return why;
-  } else if (m.add_bias_linear) {
-    return "model.add_bias_linear with experts and qk_layernorm: tally's worker does not build linear biases in "
-           "Automodel's Qwen3-MoE (it builds the model without them, as Qwen3-MoE is)";
-  } else if (m.softmax_type != topologies::SoftmaxType::vanilla) {
-    return "model.softmax_type learnable with experts and qk_layernorm: tally's worker does not build attention sinks "
-           "in Automodel's Qwen3-MoE, which has none";
+constexpr const char* kDeepseekV3Model = "nemo_automodel/components/models/deepseek_v3/";
+
+// What keeps a MoE case with multi-latent attention from Automodel's DeepSeek-V3.
+std::optional<std::string> deepseek_v3_refuses(const ModelSpec& m) {
+  if (!m.qk_layernorm)
+    return std::string("model.qk_layernorm false with multi-latent attention: tally's worker does not build it: "
+                       "Automodel's DeepSeek-V3 always has its latent norms (kv_a_layernorm, ") +
+           kDeepseekV3Model + "layers.py:114; q_a_layernorm with q_lora_rank, :96)";
+  if (m.add_bias_linear)
+    return std::string("model.add_bias_linear with multi-latent attention: tally's worker does not build it: "
+                       "Automodel's DeepSeek-V3 builds its projections with bias=False (") +
+           kDeepseekV3Model + "layers.py:85-128)";
+  if (m.softmax_type != topologies::SoftmaxType::vanilla)
+    return "model.softmax_type learnable with multi-latent attention: tally's worker does not build attention sinks "
+           "in Automodel's DeepSeek-V3, which has none";
+  bool moe_seen = false;
+  for (int layer = 0; layer < m.num_layers; ++layer) {
+    const bool moe = topologies::is_moe_layer(m, layer);
+    if (moe_seen && !moe)
+      return "model.moe_layer_freq " + topologies::moe_layer_freq_text(m) + ": layer " + std::to_string(layer) +
+             " is dense after a MoE layer, and Automodel's DeepSeek-V3 makes exactly its first "
+             "first_k_dense_replace layers dense (" +
+             kDeepseekV3Model + "model.py:55)";
+    moe_seen = moe_seen || moe;
   }
-  if (m.moe_shared_expert_intermediate_size > 0)
+  const int expert = topologies::resolved_moe_ffn_hidden(m);
+  if (m.moe_shared_expert_intermediate_size % expert != 0)
+    return "model.moe_shared_expert_intermediate_size " + std::to_string(m.moe_shared_expert_intermediate_size) +
+           " with moe_ffn_hidden_size " + std::to_string(expert) +
+           ": tally's worker does not build it: Automodel's DeepSeek-V3 sizes its shared experts as n_shared_experts "
+           "experts (" +
+           kDeepseekV3Model + "model.py:152)";
+  if (m.moe_shared_expert_gate)
+    return "model.moe_shared_expert_gate: tally's worker does not build a gated shared expert (Automodel's "
+           "DeepSeek-V3 has none)";
+  if (m.mtp_num_layers > 0)
+    return "model.mtp_num_layers: tally's worker does not build multi-token prediction with Automodel: its "
+           "DeepSeek-V3 (0.7.0) builds no MTP layer";
+  return std::nullopt;
+}
+
+// What keeps a MoE case from Automodel's Qwen3-MoE, GPT-OSS or DeepSeek-V3 as the worker builds
+// them: the model's kinds of params first, then the layout (Automodel's own check of EP, then what
+// the worker does not build).
+std::optional<std::string> moe_refuses(const ModelSpec& m, const ParallelConfig& t) {
+  const MoeFamily family = moe_family(m);
+  const std::string name = moe_family_name(family);
+  switch (family) {
+    case MoeFamily::gpt_oss:
+      if (auto why = gpt_oss_refuses(m)) return why;
+      break;
+    case MoeFamily::deepseek_v3:
+      if (auto why = deepseek_v3_refuses(m)) return why;
+      break;
+    case MoeFamily::qwen3_moe:
+      if (m.add_bias_linear)
+        return "model.add_bias_linear with experts and qk_layernorm: tally's worker does not build linear biases in "
+               "Automodel's Qwen3-MoE (it builds the model without them, as Qwen3-MoE is)";
+      if (m.softmax_type != topologies::SoftmaxType::vanilla)
+        return "model.softmax_type learnable with experts and qk_layernorm: tally's worker does not build attention "
+               "sinks in Automodel's Qwen3-MoE, which has none";
+      break;
+  }
+  if (family != MoeFamily::deepseek_v3 && m.moe_shared_expert_intermediate_size > 0)
     return "model.moe_shared_expert_intermediate_size: tally's worker does not build a shared expert (Automodel's " +
            name + " has none)";
   if (!m.untie_embeddings_and_output_weights)
     return "model.untie_embeddings_and_output_weights false with experts: Automodel's " + name +
            " raises NotImplementedError (\"... does not support tie_word_embeddings=True\", "
            "nemo_automodel/components/models/common/tie_word_embeddings.py:61)";
-  if (m.mtp_num_layers > 0 || m.multi_latent_attention || m.normalization != topologies::Normalization::rms_norm ||
+  if (m.mtp_num_layers > 0 || m.normalization != topologies::Normalization::rms_norm ||
       m.position_embedding != topologies::PositionEmbedding::rope || !m.swiglu)
-    return "model: tally's worker does not build MTP, multi-latent attention, LayerNorm, learned positions or an "
-           "ungated MLP in Automodel's " +
+    return "model: tally's worker does not build MTP, LayerNorm, learned positions or an ungated MLP in Automodel's " +
            name + ", which has none of them";
   // EP divides every stage's ranks (Automodel's check, mesh_utils.py:317-318), as tally's topology has it.
   // FSDP2 shards the stacked experts over ep_shard along dim 1 (Automodel's _moe_shard_placement,
@@ -213,9 +298,10 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
     return "gradients.enter before_reduction: the field says where gradients enter Megatron-LM's path (tally's "
            "model and megatron-core); Automodel's is automodel.gradients_enter";
   if (m.num_experts > 0) {
-    // The worker says why where it cannot (no GPU: its MoE models build their rotary embedding on CUDA).
-    if (const auto it = cannot_run.find("model.num_experts"); it != cannot_run.end())
-      return "model.num_experts: " + it->second;
+    // The worker says why where it cannot (no GPU: Qwen3-MoE and GPT-OSS build their rotary embedding
+    // on CUDA; DeepSeek-V3, the MoE model with multi-latent attention, builds on CPUs).
+    if (const auto it = cannot_run.find("model.num_experts"); it != cannot_run.end() && !m.multi_latent_attention)
+      return "model.num_experts without multi_latent_attention: " + it->second;
     if (auto why = moe_refuses(m, t)) return why;
   }
   // A dense model: Automodel has other architectures with these (MTP, sinks, LayerNorm, ...); the worker
@@ -322,7 +408,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   if (m.kind != topologies::ModelKind::gpt) return c;
   casefile::keep_only_section(c, kAutomodelSection.key);
   c.path.gradients.before_reduction = false;  // Automodel's stage is its section's gradients_enter
-  const bool moe = m.num_experts > 0 && !cannot_run.contains("model.num_experts");
+  const bool moe = m.num_experts > 0 && (m.multi_latent_attention || !cannot_run.contains("model.num_experts"));
   if (moe) {
     as_automodel_moe_family(m);
     t.cp = 1;
@@ -403,20 +489,22 @@ std::string automodel_norm_code(const casefile::Case& c) {
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out;
   // The sweep's model of each feature as Automodel's architecture of its size; a MoE feature as its
-  // Qwen3-MoE and as its GPT-OSS, with FSDP after the reduction (the worker refuses them without a
-  // GPU, with its reason).
+  // Qwen3-MoE and as its GPT-OSS, and one with multi-latent attention as its DeepSeek-V3, with FSDP
+  // after the reduction (the worker refuses them without a GPU, with its reason).
   const bool dense = base.model.kind == topologies::ModelKind::gpt && base.model.num_experts == 0;
   if (base.model.kind == topologies::ModelKind::gpt && !dense) {
-    for (bool gpt_oss : {false, true}) {
+    for (MoeFamily family : {MoeFamily::qwen3_moe, MoeFamily::gpt_oss, MoeFamily::deepseek_v3}) {
+      if (family == MoeFamily::deepseek_v3 && !base.model.multi_latent_attention) continue;
       casefile::Case c = base;
-      if (gpt_oss)
-        as_gpt_oss(c.model);
-      else
-        as_qwen3_moe(c.model);
+      if (family == MoeFamily::qwen3_moe) as_qwen3_moe(c.model);
+      if (family == MoeFamily::gpt_oss) as_gpt_oss(c.model);
+      if (family == MoeFamily::deepseek_v3) as_deepseek_v3(c.model);
       c.path.optimizer = vocab::OptimizerModel::plain;
       c.path.gradients.generator.dtype = kernels::Dtype::fp32;
       kAutomodelSection.set(c, {.dp_replicate = 1, .sequence_parallel = false, .before_reduction = false});
-      out.emplace_back(gpt_oss ? "gpt-oss-fsdp" : "qwen3-moe-fsdp", c);
+      const std::string name = family == MoeFamily::qwen3_moe ? "qwen3-moe" : family == MoeFamily::gpt_oss ? "gpt-oss"
+                                                                                                          : "deepseek-v3";
+      out.emplace_back(name + "-fsdp", c);
     }
     return out;
   }
@@ -446,7 +534,13 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
 }
 
 std::string automodel_architecture(const ModelSpec& m) {
-  if (m.num_experts > 0) return is_gpt_oss(m) ? "GptOssForCausalLM" : "Qwen3MoeForCausalLM";
+  if (m.num_experts > 0) {
+    switch (moe_family(m)) {
+      case MoeFamily::qwen3_moe: return "Qwen3MoeForCausalLM";
+      case MoeFamily::gpt_oss: return "GptOssForCausalLM";
+      case MoeFamily::deepseek_v3: return "DeepseekV3ForCausalLM";
+    }
+  }
   return m.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
 }
 
@@ -471,8 +565,7 @@ std::string automodel_model_description(const casefile::Case& c) {
   const std::string experts =
       c.model.num_experts > 0 ? ", its experts on the MoE mesh over EP " + std::to_string(c.topology.ep) : "";
   const std::string family = c.model.num_experts == 0 ? (c.model.qk_layernorm ? "Qwen3" : "Llama")
-                             : is_gpt_oss(c.model)    ? "GPT-OSS"
-                                                      : "Qwen3-MoE";
+                                                      : moe_family_name(moe_family(c.model));
   return "tally's GPT as Automodel's " + family +
          " on its FSDP2 mesh (dp_replicate " + std::to_string(a.dp_replicate) + ", dp_shard " +
          std::to_string(dp / std::max(1, a.dp_replicate)) + ", cp " + std::to_string(c.topology.cp) + ", tp " +

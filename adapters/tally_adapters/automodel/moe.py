@@ -1,9 +1,10 @@
 """tally's MoE GPT as one of NeMo-Automodel's own MoE models, and where each of tally's logical params
-lies in that model's params. Two families (`family`): a MoE GPT with qk-layernorm is Automodel's
-Qwen3-MoE (`nemo_automodel/components/models/qwen3_moe`); one with attention sinks and linear biases
-is its GPT-OSS (`.../models/gpt_oss`).
+lies in that model's params. Three families (`family`): a MoE GPT with multi-latent attention is
+Automodel's DeepSeek-V3 (`nemo_automodel/components/models/deepseek_v3`), one with qk-layernorm its
+Qwen3-MoE (`.../models/qwen3_moe`), one with attention sinks and linear biases its GPT-OSS
+(`.../models/gpt_oss`).
 
-Both keep Hugging Face's names for attention, norms, embeddings and a dense layer's MLP
+All keep Hugging Face's names for attention, norms, embeddings and a dense layer's MLP
 (`gate_proj`, `up_proj`, `down_proj`), but stack a MoE layer's routed experts into two tensors:
 `mlp.experts.gate_and_up_projs` of shape [experts, hidden, 2 x ffn] and `mlp.experts.down_projs` of
 [experts, ffn, hidden], each expert's slice the transpose of Megatron's `linear_fc1` ([2 x ffn,
@@ -11,7 +12,11 @@ hidden]) and `linear_fc2` ([hidden, ffn]); the router is `mlp.gate.weight`. GPT-
 biases: q/k/v/o projections', the router's (`mlp.gate.bias`), and the experts' stacked into
 `mlp.experts.gate_up_proj_bias` [experts, 2 x ffn] and `down_proj_bias` [experts, hidden], each
 expert's row its whole `linear_fc1.bias` / `linear_fc2.bias`; and a learnable sink per head
-(`self_attn.sinks`, Megatron's `core_attention.softmax_offset`). So a param here is whole rows of
+(`self_attn.sinks`, Megatron's `core_attention.softmax_offset`). DeepSeek-V3 has transformers'
+names for multi-latent attention (`q_a_proj` Megatron's `linear_q_down_proj`, `q_a_layernorm` the
+layernorm of `linear_q_up_proj`, `q_b_proj` it, and the same for kv: `kv_a_proj_with_mqa`,
+`kv_a_layernorm`, `kv_b_proj`), each one logical param whole, and a shared expert with a dense MLP's
+names under `mlp.shared_experts`. So a param here is whole rows of
 logical params (`Rows`, as tally_adapters.hf_models maps a dense model), a stack of transposed
 experts (`Transposed`), or a stack of whole expert biases (`Stacked`). Any bijection counts every
 element once; which of an expert's columns are its gate and which its up projection is the
@@ -46,12 +51,15 @@ class Stacked(NamedTuple):
 
 Part = Union[Rows, Transposed, Stacked]
 
-QWEN3_MOE, GPT_OSS = "qwen3-moe", "gpt-oss"
+QWEN3_MOE, GPT_OSS, DEEPSEEK_V3 = "qwen3-moe", "gpt-oss", "deepseek-v3"
 
 
 def family(model: Dict) -> str:
     """Which of Automodel's MoE models a MoE case is built as (run/automodel/rules.cpp refuses what
-    neither is): qk-layernorm makes it Qwen3-MoE, anything else GPT-OSS."""
+    none is): multi-latent attention makes it DeepSeek-V3, else qk-layernorm Qwen3-MoE, anything else
+    GPT-OSS."""
+    if model.get("multi_latent_attention"):
+        return DEEPSEEK_V3
     return QWEN3_MOE if model.get("qk_layernorm") else GPT_OSS
 
 
@@ -60,18 +68,30 @@ def _shapes(index: Sequence[Dict]) -> Dict[str, List[int]]:
 
 
 def dimensions(model: Dict, index: Sequence[Dict]) -> Dict:
-    """The sizes Qwen3-MoE's config needs, read from the case's model and checked against the shapes
+    """The sizes a family's config needs, read from the case's model and checked against the shapes
     of its gradient index; `dense_layers`: the layers whose MLP is dense (Qwen3-MoE's
-    `mlp_only_layers`)."""
+    `mlp_only_layers`, DeepSeek-V3's first k)."""
     shapes = _shapes(index)
     hidden = int(model["hidden_size"])
     heads = int(model["num_attention_heads"])
     groups = int(model.get("num_query_groups") or heads)
     head_dim = int(model.get("kv_channels") or hidden // heads)
-    qkv = shapes.get("decoder.layers.0.self_attention.linear_qkv.weight")
-    if qkv != [(heads + 2 * groups) * head_dim, hidden]:
-        raise LookupError(f"model mismatch: linear_qkv is {qkv}, heads {heads}, groups {groups}, head dim {head_dim} "
-                         f"give {[(heads + 2 * groups) * head_dim, hidden]}")
+    latent = {}
+    if model.get("multi_latent_attention"):
+        latent = {"q_lora": int(model["q_lora_rank"]), "kv_lora": int(model["kv_lora_rank"]),
+                  "qk_head": int(model["qk_head_dim"]), "qk_rope": int(model["qk_pos_emb_head_dim"]),
+                  "v_head": int(model["v_head_dim"]),
+                  "shared_ffn": int(model.get("moe_shared_expert_intermediate_size") or 0)}
+        up = shapes.get("decoder.layers.0.self_attention.linear_kv_up_proj.weight")
+        want = [heads * (latent["qk_head"] + latent["v_head"]), latent["kv_lora"]]
+        if up != want:
+            raise LookupError(f"model mismatch: linear_kv_up_proj is {up}; heads {heads}, kv_lora_rank "
+                              f"{latent['kv_lora']}, qk and v head dims give {want}")
+    else:
+        qkv = shapes.get("decoder.layers.0.self_attention.linear_qkv.weight")
+        if qkv != [(heads + 2 * groups) * head_dim, hidden]:
+            raise LookupError(f"model mismatch: linear_qkv is {qkv}, heads {heads}, groups {groups}, head dim "
+                              f"{head_dim} give {[(heads + 2 * groups) * head_dim, hidden]}")
     layers = int(model["num_layers"])
     dense_layers = [n for n in range(layers) if f"decoder.layers.{n}.mlp.linear_fc2.weight" in shapes]
     moe_layers = [n for n in range(layers) if f"decoder.layers.{n}.mlp.router.weight" in shapes]
@@ -92,6 +112,7 @@ def dimensions(model: Dict, index: Sequence[Dict]) -> Dict:
         "layers": layers,
         "dense_layers": dense_layers,
         "vocab": int(shapes["embedding.word_embeddings.weight"][0]),
+        **latent,
     }
 
 
@@ -145,10 +166,50 @@ def gpt_oss_config(model: Dict, index: Sequence[Dict]):
     )
 
 
+def deepseek_v3_config(model: Dict, index: Sequence[Dict]):
+    """transformers' DeepseekV3Config of the case's size, fp32: the config Automodel's DeepSeek-V3
+    reads. Its dense layers are its first k (first_k_dense_replace), its shared experts n experts'
+    FFN wide (n_shared_experts), and it builds no MTP layer."""
+    d = dimensions(model, index)
+    k = len(d["dense_layers"])
+    if d["dense_layers"] != list(range(k)):
+        raise LookupError(f"model mismatch: dense layers {d['dense_layers']}; DeepSeek-V3's dense layers are its "
+                          "first k (first_k_dense_replace)")
+    if d["shared_ffn"] % d["moe_ffn"]:
+        raise LookupError(f"model mismatch: a shared expert of {d['shared_ffn']} is not a whole number of experts of "
+                          f"{d['moe_ffn']} (n_shared_experts)")
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=d["vocab"],
+        hidden_size=d["hidden"],
+        intermediate_size=d["ffn"],
+        moe_intermediate_size=d["moe_ffn"],
+        num_hidden_layers=d["layers"],
+        num_attention_heads=d["heads"],
+        num_key_value_heads=d["heads"],
+        n_routed_experts=d["experts"],
+        n_shared_experts=d["shared_ffn"] // d["moe_ffn"],
+        num_experts_per_tok=min(2, d["experts"]),
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=k,
+        q_lora_rank=d["q_lora"],
+        kv_lora_rank=d["kv_lora"],
+        qk_nope_head_dim=d["qk_head"],
+        qk_rope_head_dim=d["qk_rope"],
+        v_head_dim=d["v_head"],
+        max_position_embeddings=int(model["max_position_embeddings"]),
+        tie_word_embeddings=not model["untie_embeddings_and_output_weights"],
+        dtype="float32",
+    )
+
+
 # family -> (Automodel's architecture name in its registry, the config of the case's size)
 ARCHITECTURES = {
     QWEN3_MOE: ("Qwen3MoeForCausalLM", qwen3_moe_config),
     GPT_OSS: ("GptOssForCausalLM", gpt_oss_config),
+    DEEPSEEK_V3: ("DeepseekV3ForCausalLM", deepseek_v3_config),
 }
 
 
@@ -164,6 +225,15 @@ _WHOLE = {
     "self_attention.linear_proj.bias": "self_attn.o_proj.bias",
     "mlp.router.bias": "mlp.gate.bias",
     "self_attention.core_attention.softmax_offset": "self_attn.sinks",
+    # DeepSeek-V3's multi-latent attention and shared experts
+    "self_attention.linear_q_proj.weight": "self_attn.q_proj.weight",  # without q_lora_rank
+    "self_attention.linear_q_down_proj.weight": "self_attn.q_a_proj.weight",
+    "self_attention.linear_q_up_proj.layer_norm_weight": "self_attn.q_a_layernorm.weight",
+    "self_attention.linear_q_up_proj.weight": "self_attn.q_b_proj.weight",
+    "self_attention.linear_kv_down_proj.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "self_attention.linear_kv_up_proj.layer_norm_weight": "self_attn.kv_a_layernorm.weight",
+    "self_attention.linear_kv_up_proj.weight": "self_attn.kv_b_proj.weight",
+    "mlp.shared_experts.linear_fc2.weight": "mlp.shared_experts.down_proj.weight",
 }
 _STACKED = {  # an expert's param -> the stacked param of its layer
     ("linear_fc1", "weight"): "gate_and_up_projs",
@@ -203,6 +273,10 @@ def parts(model: Dict, index: Sequence[Dict]) -> Dict[str, List[Part]]:
             elif rest == "mlp.linear_fc1.weight":
                 out[prefix + "mlp.gate_proj.weight"] = [Rows(0, f, name, 0)]
                 out[prefix + "mlp.up_proj.weight"] = [Rows(0, f, name, f)]
+            elif rest == "mlp.shared_experts.linear_fc1.weight":
+                shared = d["shared_ffn"]
+                out[prefix + "mlp.shared_experts.gate_proj.weight"] = [Rows(0, shared, name, 0)]
+                out[prefix + "mlp.shared_experts.up_proj.weight"] = [Rows(0, shared, name, shared)]
             elif expert:
                 number, linear, kind = int(expert.group(1)), expert.group(2), expert.group(3)
                 part = Transposed(number, name) if kind == "weight" else Stacked(number, name)

@@ -477,9 +477,11 @@ class AutomodelWorker(base.Worker):
 
         if torch.cuda.is_available():
             return {}
-        return {"model.num_experts": "Automodel's MoE models build their rotary embedding on cuda:current_device() "
-                                     "(nemo_automodel/components/models/qwen3_moe/model.py:184, gpt_oss/model.py:160), "
-                                     "and this worker sees no CUDA device"}
+        # Its DeepSeek-V3 builds on CPUs: tally runs MoE with multi-latent attention here all the same
+        # (run/automodel/rules.cpp).
+        return {"model.num_experts": "Automodel's Qwen3-MoE and GPT-OSS build their rotary embedding on "
+                                     "cuda:current_device() (nemo_automodel/components/models/qwen3_moe/model.py:184, "
+                                     "gpt_oss/model.py:160), and this worker sees no CUDA device"}
 
     def dtypes(self):
         return ["fp32"]

@@ -105,6 +105,86 @@ def gpt_oss_shapes(layers=2, hidden=4, heads=2, groups=1, head_dim=2, moe_ffn=2,
     return shapes
 
 
+def deepseek_v3_index(layers=2, dense_layers=(0,), hidden=4, heads=2, q_lora=4, kv_lora=2, qk_head=2, qk_rope=2, v_head=2,
+                      ffn=4, moe_ffn=2, shared=2, experts=2, vocab=4):
+    """The gradient index tally writes for its deepseek-v3 preset's shape without MTP: multi-latent
+    attention with its latent norms, the first layer dense, a shared expert."""
+    params = [("embedding.word_embeddings.weight", [vocab, hidden])]
+    for L in range(layers):
+        p = f"decoder.layers.{L}."
+        a = p + "self_attention."
+        params += [(p + "input_layernorm.weight", [hidden]),
+                   (a + "linear_proj.weight", [hidden, heads * v_head]),
+                   (a + "linear_q_down_proj.weight", [q_lora, hidden]),
+                   (a + "linear_q_up_proj.layer_norm_weight", [q_lora]),
+                   (a + "linear_q_up_proj.weight", [heads * (qk_head + qk_rope), q_lora]),
+                   (a + "linear_kv_down_proj.weight", [kv_lora + qk_rope, hidden]),
+                   (a + "linear_kv_up_proj.layer_norm_weight", [kv_lora]),
+                   (a + "linear_kv_up_proj.weight", [heads * (qk_head + v_head), kv_lora]),
+                   (p + "pre_mlp_layernorm.weight", [hidden])]
+        if L in dense_layers:
+            params += [(p + "mlp.linear_fc1.weight", [2 * ffn, hidden]), (p + "mlp.linear_fc2.weight", [hidden, ffn])]
+            continue
+        params.append((p + "mlp.router.weight", [experts, hidden]))
+        for e in range(experts):
+            params += [(p + f"mlp.experts.local_experts.{e}.linear_fc1.weight", [2 * moe_ffn, hidden]),
+                       (p + f"mlp.experts.local_experts.{e}.linear_fc2.weight", [hidden, moe_ffn])]
+        params += [(p + "mlp.shared_experts.linear_fc1.weight", [2 * shared, hidden]),
+                   (p + "mlp.shared_experts.linear_fc2.weight", [hidden, shared])]
+    params += [("decoder.final_layernorm.weight", [hidden]), ("output_layer.weight", [vocab, hidden])]
+    model = {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "vocab_size": vocab,
+             "max_position_embeddings": 16, "num_experts": experts, "untie_embeddings_and_output_weights": True,
+             "qk_layernorm": True, "multi_latent_attention": True, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora,
+             "qk_head_dim": qk_head, "qk_pos_emb_head_dim": qk_rope, "v_head_dim": v_head,
+             "moe_shared_expert_intermediate_size": shared}
+    return model, [{"name": n, "shape": s} for n, s in params]
+
+
+def deepseek_v3_shapes(layers=2, hidden=4, heads=2, q_lora=4, kv_lora=2, qk_head=2, qk_rope=2, v_head=2, ffn=4, moe_ffn=2,
+                       shared=2, experts=2, vocab=4):
+    """The params Automodel's DeepseekV3ForCausalLM builds for that model (as named_parameters gives
+    them; nemo_automodel 0.7.0 on CPUs)."""
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden], "lm_head.weight": [vocab, hidden]}
+    for L in range(layers):
+        p = f"model.layers.{L}."
+        shapes.update({p + "self_attn.q_a_proj.weight": [q_lora, hidden], p + "self_attn.q_a_layernorm.weight": [q_lora],
+                       p + "self_attn.q_b_proj.weight": [heads * (qk_head + qk_rope), q_lora],
+                       p + "self_attn.kv_a_proj_with_mqa.weight": [kv_lora + qk_rope, hidden],
+                       p + "self_attn.kv_a_layernorm.weight": [kv_lora],
+                       p + "self_attn.kv_b_proj.weight": [heads * (qk_head + v_head), kv_lora],
+                       p + "self_attn.o_proj.weight": [hidden, heads * v_head],
+                       p + "input_layernorm.weight": [hidden], p + "post_attention_layernorm.weight": [hidden]})
+        if L == 0:
+            shapes.update({p + "mlp.gate_proj.weight": [ffn, hidden], p + "mlp.up_proj.weight": [ffn, hidden],
+                           p + "mlp.down_proj.weight": [hidden, ffn]})
+        else:
+            shapes.update({p + "mlp.gate.weight": [experts, hidden],
+                           p + "mlp.experts.gate_and_up_projs": [experts, hidden, 2 * moe_ffn],
+                           p + "mlp.experts.down_projs": [experts, moe_ffn, hidden],
+                           p + "mlp.shared_experts.gate_proj.weight": [shared, hidden],
+                           p + "mlp.shared_experts.up_proj.weight": [shared, hidden],
+                           p + "mlp.shared_experts.down_proj.weight": [hidden, shared]})
+    return shapes
+
+
+class DeepseekV3(unittest.TestCase):
+    def test_every_logical_element_is_held_exactly_once(self):
+        model, index = deepseek_v3_index()
+        self.assertEqual(moe.family(model), moe.DEEPSEEK_V3)
+        moe.check_cover(moe.parts(model, index), deepseek_v3_shapes(), index)
+
+    def test_the_shared_expert_is_split_into_gate_and_up_rows(self):
+        model, index = deepseek_v3_index()
+        held = moe.parts(model, index)
+        self.assertEqual(held["model.layers.1.mlp.shared_experts.up_proj.weight"],
+                         [moe.Rows(0, 2, "decoder.layers.1.mlp.shared_experts.linear_fc1.weight", 2)])
+
+    def test_dense_layers_after_a_moe_layer_are_not_deepseek_v3(self):
+        model, index = deepseek_v3_index(dense_layers=(1,))
+        with self.assertRaisesRegex(LookupError, r"dense layers \[1\]; DeepSeek-V3's dense layers are its first k"):
+            moe.deepseek_v3_config(model, index)
+
+
 class Family(unittest.TestCase):
     def test_qk_layernorm_makes_qwen3_moe_and_its_absence_gpt_oss(self):
         self.assertEqual(moe.family({"qk_layernorm": True}), moe.QWEN3_MOE)

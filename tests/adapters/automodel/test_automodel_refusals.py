@@ -323,6 +323,32 @@ def test_gpt_oss_builds_its_rotary_embedding_on_cuda():
     assert passes_through(frames, "nemo_automodel/components/models/gpt_oss/model.py", 160)
 
 
+def test_deepseek_v3_builds_on_cpus_without_mtp_biases_or_a_dense_layer_after_moe():
+    """DeepSeek-V3 (multi-latent attention) is the MoE model the worker runs without a GPU; what its
+    refusals cite: no MTP layer though the config asks one, projections with bias=False
+    (deepseek_v3/layers.py:85-128), the latent norms always there (:96, :114), dense exactly the first
+    first_k_dense_replace layers (model.py:55), shared experts n_shared_experts experts wide (:152)."""
+    from nemo_automodel._transformers.registry import get_registry
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+
+    config = DeepseekV3Config(vocab_size=4, hidden_size=4, intermediate_size=4, moe_intermediate_size=2, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=2, n_routed_experts=2, n_shared_experts=1,
+                              num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=4,
+                              kv_lora_rank=2, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2, num_nextn_predict_layers=1,
+                              max_position_embeddings=4, tie_word_embeddings=False, dtype="float32")
+    model = get_registry().get_model_cls_from_model_arch("DeepseekV3ForCausalLM")(config)
+    names = [n for n, _ in model.named_parameters()]
+    assert not [n for n in names if "mtp" in n or "nextn" in n or not n.startswith(("model.", "lm_head."))], names
+    assert not [n for n in names if n.endswith(".bias")], names
+    assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.1.mlp.experts.down_projs" in names
+    assert "model.layers.1.mlp.shared_experts.up_proj.weight" in names
+    layers = "components/models/deepseek_v3/layers.py"
+    assert "self.q_a_layernorm = " in cited_line(layers, 96) and "self.kv_a_layernorm = " in cited_line(layers, 114)
+    assert sum("bias=False" in cited_line(layers, n) for n in range(85, 129)) == 6  # q_proj or q_a, q_b; kv_a, kv_b; o
+    assert "layer_idx >= config.first_k_dense_replace" in cited_line("components/models/deepseek_v3/model.py", 55)
+    assert "n_shared_experts=config.n_shared_experts" in cited_line("components/models/deepseek_v3/model.py", 152)
+
+
 def test_fsdp2_refuses_an_uneven_shard_along_dim_1(on_two_ranks):
     """model.hidden_size or moe_ffn_hidden_size that ep_shard does not divide:
     torch/distributed/fsdp/_fully_shard/_fsdp_param.py:377 at torch 2.11.0."""

@@ -69,7 +69,7 @@ RC_GTEST_PROP(AutomodelTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   RC_ASSERT(!casefile::check_case(c));
   RC_ASSERT(c.topology.world == world);
   RC_ASSERT(kAutomodelSection.of(c).has_value());
-  RC_ASSERT(cannot_run.empty() || c.model.num_experts == 0);
+  RC_ASSERT(cannot_run.empty() || c.model.num_experts == 0 || c.model.multi_latent_attention);
   const std::optional<std::string> refusal = automodel_refusal(c, "0.7.0", plants, cannot_run);
   RC_LOG() << refusal.value_or("") << "\n";
   RC_ASSERT(!refusal);
@@ -99,11 +99,25 @@ TEST(AutomodelTarget, NamesWhatTheWorkerCannotBuild) {
   const std::map<std::string, std::string> no_gpu = {
       {"model.num_experts", "Automodel's Qwen3-MoE builds its rotary embedding on cuda:current_device() "
                             "(nemo_automodel/components/models/qwen3_moe/model.py:184), and this worker sees no CUDA device"}};
-  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0", {}, no_gpu), "model.num_experts: Automodel's Qwen3-MoE builds"))
+  EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0", {}, no_gpu),
+                          "model.num_experts without multi_latent_attention: Automodel's Qwen3-MoE builds"))
       << "the worker's own reason, where it cannot build MoE";
   EXPECT_TRUE(starts_with(automodel_refusal(c, "0.7.0"), "topology.tp 2 with experts:")) << "where it can";
   c.topology = topologies::ParallelConfig{.world = 4, .ep = 2};
   EXPECT_FALSE(automodel_refusal(c, "0.7.0")) << "Qwen3-MoE on EP 2 x FSDP 2";
+  // DeepSeek-V3 (multi-latent attention) builds on CPUs: the worker's reason does not reach it.
+  c.model.multi_latent_attention = true;
+  c.model.num_query_groups.reset();
+  c.model.q_lora_rank = 4;
+  c.model.kv_lora_rank = 2;
+  c.model.qk_head_dim = 2;
+  c.model.qk_pos_emb_head_dim = 2;
+  c.model.v_head_dim = 2;
+  c.model.moe_ffn_hidden_size = 2;
+  EXPECT_FALSE(automodel_refusal(c, "0.7.0", {}, no_gpu)) << "DeepSeek-V3 on EP 2 x FSDP 2, without a GPU";
+  const casefile::Case kept = within_automodel(c, {}, 1, no_gpu);
+  EXPECT_EQ(kept.model.num_experts, 4) << "stays MoE where the worker sees no GPU";
+  EXPECT_TRUE(kept.model.multi_latent_attention);
   c = llama_case();
   c.model.qk_layernorm = true;
   c.model.add_bias_linear = true;
@@ -155,6 +169,22 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
       d.sequence_parallel = sp;
     });
   };
+  // tally's deepseek-v3 preset's shape on the case: multi-latent attention, a dense first layer, a
+  // shared expert of one expert's width.
+  const auto deepseek_v3 = [](casefile::Case& c) {
+    c.model.num_experts = 4;
+    c.model.multi_latent_attention = true;
+    c.model.qk_layernorm = true;
+    c.model.num_query_groups.reset();
+    c.model.q_lora_rank = 4;
+    c.model.kv_lora_rank = 2;
+    c.model.qk_head_dim = 2;
+    c.model.qk_pos_emb_head_dim = 2;
+    c.model.v_head_dim = 2;
+    c.model.moe_ffn_hidden_size = 2;
+    c.model.moe_shared_expert_intermediate_size = 2;
+    c.model.moe_layer_pattern = {false, true};
+  };
   const std::vector<Row> rows = {
       {"custom layout", [](casefile::Case& c) { c.model.kind = topologies::ModelKind::custom; }, "model.kind custom:",
        Kind::not_built},
@@ -185,6 +215,31 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
          c.model.add_bias_linear = true;
        },
        "topology.tp 2 with experts: tally's worker does not build TP with Automodel's GPT-OSS", Kind::not_built},
+      {"DeepSeek-V3 with a dense layer after a MoE one",
+       [&](casefile::Case& c) {
+         deepseek_v3(c);
+         c.model.num_layers = 3;
+         c.model.moe_layer_pattern = {false, true, false};
+       },
+       "deepseek_v3/model.py:55", Kind::cited},
+      {"DeepSeek-V3 with MTP",
+       [&](casefile::Case& c) {
+         deepseek_v3(c);
+         c.model.mtp_num_layers = 1;
+       },
+       "model.mtp_num_layers: tally's worker does not build multi-token prediction with Automodel", Kind::not_built},
+      {"DeepSeek-V3 with a shared expert not a whole number of experts",
+       [&](casefile::Case& c) {
+         deepseek_v3(c);
+         c.model.moe_shared_expert_intermediate_size = 3;
+       },
+       "deepseek_v3/model.py:152", Kind::not_built},
+      {"DeepSeek-V3 without its latent norms",
+       [&](casefile::Case& c) {
+         deepseek_v3(c);
+         c.model.qk_layernorm = false;
+       },
+       "deepseek_v3/layers.py:114", Kind::not_built},
       {"sinks in Qwen3-MoE",
        [](casefile::Case& c) {
          c.model.num_experts = 4;
@@ -360,6 +415,15 @@ TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSeque
   EXPECT_EQ(moe[1].second.model.softmax_type, topologies::SoftmaxType::learnable);
   EXPECT_EQ(automodel_architecture(moe[1].second.model), "GptOssForCausalLM");
   EXPECT_EQ(automodel_architecture(moe[0].second.model), "Qwen3MoeForCausalLM");
+  megatron_gpt.model.multi_latent_attention = true;  // a MoE model with MLA: also as DeepSeek-V3
+  megatron_gpt.model.num_query_groups.reset();
+  megatron_gpt.model.q_lora_rank = 4;
+  const auto latent = automodel_sweep_variants(megatron_gpt);
+  ASSERT_EQ(latent.size(), 3u);
+  EXPECT_EQ(latent[2].first, "deepseek-v3-fsdp");
+  EXPECT_TRUE(latent[2].second.model.multi_latent_attention);
+  EXPECT_EQ(automodel_architecture(latent[2].second.model), "DeepseekV3ForCausalLM");
+  EXPECT_FALSE(latent[0].second.model.multi_latent_attention) << "the Qwen3-MoE of its size has GQA attention";
 }
 
 // FSDP2 averages every gradient over dp_replicate x dp_shard x cp (Automodel sets no divide factor).
