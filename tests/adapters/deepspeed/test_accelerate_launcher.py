@@ -1,7 +1,8 @@
 """One case run through both engine builders gives the same verdict (issue 52): each seeds/real case
-with `deepspeed.launcher accelerate` is run again with the launcher DeepSpeed's own
+with `deepspeed.launcher accelerate` or `trainer` is run again with the launcher DeepSpeed's own
 (deepspeed.initialize), and both give the same verdict, the same reported norm (accelerate's
-clip_grad_norm_ returns the engine's get_global_grad_norm()) and the same miscounted params.
+clip_grad_norm_, and the Trainer's _get_grad_norm, return the engine's get_global_grad_norm()) and
+the same miscounted params.
 
 Runs the real DeepSpeed and accelerate through $TALLY (ci/real-deepspeed sets it; skips where none).
 """
@@ -16,7 +17,7 @@ import pytest
 SEEDS = Path(__file__).resolve().parents[3] / "seeds" / "real"
 CASES = sorted(p for p in SEEDS.glob("deepspeed-*.json")
                if not p.name.endswith(".finding.json")
-               and json.loads(p.read_text()).get("deepspeed", {}).get("launcher") == "accelerate")
+               and json.loads(p.read_text()).get("deepspeed", {}).get("launcher") in ("accelerate", "trainer"))
 
 
 @pytest.fixture
@@ -42,13 +43,24 @@ def verdict(tally, case, tmp_path, launcher):
     return json.loads(run.stdout)
 
 
-def test_there_are_cases_through_accelerate():
-    assert len(CASES) >= 2, "seeds/real holds a pass and a known-finding fail through accelerate"
+def launcher_of(case):
+    return json.loads(case.read_text())["deepspeed"]["launcher"]
+
+
+def test_there_are_cases_through_accelerate_and_the_trainer():
+    for launcher in ("accelerate", "trainer"):
+        outcomes = {json.loads(p.read_text())["expect"]["outcome"] for p in CASES if launcher_of(p) == launcher}
+        assert outcomes == {"pass", "fail"}, f"seeds/real holds a pass and a known-finding fail through {launcher}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[p.stem for p in CASES])
 def test_accelerate_gives_the_verdict_and_norm_of_deepspeed_initialize(tally, case, tmp_path):
-    through_accelerate = verdict(tally, case, tmp_path, "accelerate")
+    if json.loads(case.read_text())["gradients"]["dtype"] == "fp16":
+        import torch
+
+        if not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+            pytest.skip("fp16 on CPUs without fp16 (ci/real-deepspeed skips such seeds too)")
+    through_accelerate = verdict(tally, case, tmp_path, launcher_of(case))
     through_deepspeed = verdict(tally, case, tmp_path, "deepspeed")
     assert through_accelerate["verdict"] == through_deepspeed["verdict"]
     assert through_accelerate["verdict"] == json.loads(case.read_text())["expect"]["outcome"]

@@ -701,6 +701,23 @@ TEST(DeepSpeedTarget, EveryRefusalCitesDeepSpeedsCheckOrSaysTheWorkerDoesNotBuil
       {"accelerate with TP from an mpu",
        refused(changed(section(dense, {.launcher = DeepSpeedLauncher::accelerate}), bf16)),
        "deepspeed.launcher accelerate with topology.tp 2 without deepspeed.autotp:", Says::citation},
+      {"the Trainer with FusedAdam",
+       refused(changed(section(plain_case({.world = 4}, 0), {.zero_stage = 1, .fused_adam = true,
+                                                             .launcher = DeepSpeedLauncher::trainer}), bf16)),
+       "deepspeed.launcher trainer with deepspeed.fused_adam:", Says::either},
+      {"the Trainer with DeepSpeed's MoE layer",
+       refused(changed(section(moe, {.zero_stage = 1, .launcher = DeepSpeedLauncher::trainer}), bf16)),
+       "deepspeed.launcher trainer with DeepSpeed's MoE layer", Says::citation},
+      {"the Trainer's bf16 without a bf16 GPU",
+       [&] {
+         return deepspeed_refusal(changed(section(plain_case({.world = 4}, 0), {.zero_stage = 1,
+                                                                                .launcher = DeepSpeedLauncher::trainer}),
+                                          bf16),
+                                  "0.19.8", {}, {}, false,
+                                  {{"deepspeed.launcher", "the Trainer with bf16: TrainingArguments raises ValueError "
+                                                          "(transformers/training_args.py:1745-1750 at 5.18.0)"}});
+       },
+       "deepspeed.launcher trainer with gradients.dtype bf16:", Says::citation},
       {"accelerate at fp32 ZeRO 0",
        refused(section(plain_case({.world = 4}, 0), {.launcher = DeepSpeedLauncher::accelerate})),
        "deepspeed.launcher accelerate with gradients.dtype fp32 at zero_stage 0:", Says::citation},
