@@ -133,6 +133,13 @@ void as_gpt_oss(ModelSpec& m) {
   m.moe_layer_pattern.clear();
 }
 
+// A shared expert as Automodel's DeepSeek-V3 sizes it: n_shared_experts experts wide (rounded up).
+void shared_expert_in_whole_experts(ModelSpec& m) {
+  const int expert = topologies::resolved_moe_ffn_hidden(m);
+  if (m.moe_shared_expert_intermediate_size % expert != 0)
+    m.moe_shared_expert_intermediate_size = (m.moe_shared_expert_intermediate_size / expert + 1) * expert;
+}
+
 // `m`, a MoE GPT with multi-latent attention, as Automodel's DeepSeek-V3 of its size: the latent
 // norms, no linear biases or sinks, its dense layers the first ones, a shared expert (where there is
 // one) a whole number of experts wide.
@@ -148,9 +155,7 @@ void as_deepseek_v3(ModelSpec& m) {
   m.moe_layer_pattern.assign(static_cast<std::size_t>(m.num_layers), true);
   std::fill_n(m.moe_layer_pattern.begin(), dense, false);
   m.moe_layer_freq = 1;
-  const int expert = topologies::resolved_moe_ffn_hidden(m);
-  if (m.moe_shared_expert_intermediate_size % expert != 0)
-    m.moe_shared_expert_intermediate_size = (m.moe_shared_expert_intermediate_size / expert + 1) * expert;
+  shared_expert_in_whole_experts(m);
 }
 
 void as_automodel_moe_family(ModelSpec& m) {
@@ -421,6 +426,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
     if (m.hidden_size % hidden_step != 0) m.hidden_size = (m.hidden_size / hidden_step + 1) * hidden_step;
     if (const int ffn = topologies::resolved_moe_ffn_hidden(m); ffn % ep_shard != 0)
       m.moe_ffn_hidden_size = (ffn / ep_shard + 1) * ep_shard;
+    if (moe_family(m) == MoeFamily::deepseek_v3) shared_expert_in_whole_experts(m);
   } else {
     as_hf_architecture(m);
   }

@@ -75,6 +75,25 @@ RC_GTEST_PROP(AutomodelTarget, EveryGeneratedCaseIsOneTheWorkerBuilds, ()) {
   RC_ASSERT(!refusal);
 }
 
+// The presets as a campaign with --preset draws them, each made the worker's: every one it keeps MoE
+// (Qwen3-MoE, GPT-OSS, DeepSeek-V3 without MTP) is one it builds, with or without a GPU.
+RC_GTEST_PROP(AutomodelTarget, EveryPresetCaseIsOneTheWorkerBuilds, ()) {
+  const int world = *rc::gen::element(2, 4, 8);
+  const std::map<std::string, std::string> cannot_run = *rc::gen::arbitrary<bool>() ? kNoGpu : std::map<std::string, std::string>{};
+  fuzz::CaseGenOptions options = testing::gpt_cases_of_world(world);
+  options.presets = {topologies::Preset::llama3, topologies::Preset::mixtral, topologies::Preset::qwen3_moe,
+                     topologies::Preset::gpt_oss, topologies::Preset::deepseek_v3};
+  const FaultPlants plants = every_plant();
+  options.restrict_to = [plants, cannot_run](casefile::Case c) {
+    return within_automodel(std::move(c), plants, c.path.gradients.generator.seed, cannot_run);
+  };
+  const casefile::Case c = *fuzz::gen_case(options);
+  RC_ASSERT(!casefile::check_case(c));
+  const std::optional<std::string> refusal = automodel_refusal(c, "0.7.0", plants, cannot_run);
+  RC_LOG() << refusal.value_or("") << "\n";
+  RC_ASSERT(!refusal);
+}
+
 TEST(AutomodelTarget, AFaultOfTheReplicasGetsReplicasWhereDataParallelAllowsThem) {
   casefile::Case c = llama_case();
   c.topology = topologies::ParallelConfig{.world = 8, .tp = 2, .etp = 2};  // DP 4
