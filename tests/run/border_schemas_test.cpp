@@ -317,7 +317,7 @@ TEST(BorderSchemas, TheHellosCannotRunSettingsAreTheOnesTallyReads) {
                framework_target("deepspeed")->cannot_run);
     ADD_FAILURE() << "a setting tally does not know must be refused";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hello.cannot_run[\"deepspeed.cpu_adam\"]: not a case setting this framework's worker may decline (deepspeed.fused_adam)"),
+    EXPECT_NE(std::string(e.what()).find("hello.cannot_run[\"deepspeed.cpu_adam\"]: not a case setting this framework's worker may decline (deepspeed.fused_adam, deepspeed.launcher)"),
               std::string::npos)
         << e.what();
   }
@@ -382,12 +382,13 @@ TEST(BorderSchemas, TheFullHelloIsReadFieldByField) {
   EXPECT_EQ(h.devices, 0);
   EXPECT_EQ(h.dtypes, std::vector<std::string>{"fp32"});
   EXPECT_TRUE(h.megatron_model_rules);
-  ASSERT_EQ(h.cannot_run.size(), 5u);
+  ASSERT_EQ(h.cannot_run.size(), 6u);
   EXPECT_EQ(h.cannot_run.begin()->first, "deepspeed.fused_adam");
-  EXPECT_EQ(std::next(h.cannot_run.begin())->first, "gradients.enter");
-  EXPECT_EQ(std::next(h.cannot_run.begin(), 2)->first, "megatron_fsdp");
-  EXPECT_EQ(std::next(h.cannot_run.begin(), 3)->first, "model.num_experts");
-  EXPECT_EQ(std::next(h.cannot_run.begin(), 4)->first, "optimizer.layer_wise_param_layout");
+  EXPECT_EQ(std::next(h.cannot_run.begin())->first, "deepspeed.launcher");
+  EXPECT_EQ(std::next(h.cannot_run.begin(), 2)->first, "gradients.enter");
+  EXPECT_EQ(std::next(h.cannot_run.begin(), 3)->first, "megatron_fsdp");
+  EXPECT_EQ(std::next(h.cannot_run.begin(), 4)->first, "model.num_experts");
+  EXPECT_EQ(std::next(h.cannot_run.begin(), 5)->first, "optimizer.layer_wise_param_layout");
   EXPECT_EQ(h.plants.planted.size(), vocab::fault_catalog().size());
   EXPECT_EQ(h.plants.not_planted.size(), vocab::fault_catalog().size());
 }
