@@ -161,6 +161,11 @@ std::optional<std::string> launcher_refuses(const DeepSpeedConfig& d, const topo
     return launcher + " with deepspeed.fused_adam: the Trainer's deepspeed_init makes its own optimizer from its "
            "arguments (trainer.create_optimizer, transformers/integrations/deepspeed.py:630, 559 at 5.18.0), a torch "
            "AdamW; tally's worker does not build DeepSpeed's FusedAdam there";
+  if (d.launcher == DeepSpeedLauncher::trainer && d.autotp)
+    return launcher + " with deepspeed.autotp: the Trainer's deepspeed_init shards the model with "
+           "deepspeed.tp_model_init before prepare (transformers/integrations/deepspeed.py:631-640 at 5.18.0), which "
+           "finds no policy for the worker's AutoTP model (AssertionError \"Not able to determine model policy "
+           "automatically\", deepspeed/module_inject/auto_tp.py:300 at 0.19.8); tally's worker does not build it";
   if (d.launcher == DeepSpeedLauncher::trainer && experts > 0 && !d.autoep)
     return launcher + " with DeepSpeed's MoE layer (model.num_experts without deepspeed.autoep): the Trainer's "
            "deepspeed_init makes its own optimizer (transformers/integrations/deepspeed.py:630, 559 at 5.18.0) without "

@@ -152,6 +152,11 @@ def forget_deepspeed_groups():
     for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK", "mesh_device"):
         setattr(groups, name, None)
+    # what deepspeed.tp_model_init records (the Trainer's deepspeed_init calls it with AutoTP) and
+    # every later deepspeed.initialize merges into its config: the next case states its own
+    from deepspeed.runtime.tensor_parallel import init_utils
+
+    init_utils._TP_MODEL_INIT_ARGS = None
     # deepspeed.initialize puts AutoTP's layers into training mode for the whole process
     from deepspeed.module_inject import layers
 
