@@ -10,6 +10,7 @@
 #include "cli/campaign_output.h"
 #include "cli/commands.h"
 #include "cli/fault_flags.h"
+#include "cli/model_flags.h"
 #include "cli/number_flags.h"
 #include "cli/path_flags.h"
 #include "cli/target_flags.h"
@@ -35,6 +36,7 @@ struct MutantsOptions {
   std::string shrink_time = "60s";
   bool json = false;
   std::string norm_code;  // only cases of this norm code (prefix); "": all
+  std::vector<std::string> presets;  // --preset: every case's model one of these; empty: generated models
   TargetOptions target;
   int world = 2;  // --target: every case's world
 };
@@ -50,6 +52,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   m.generator.topology.max_world = o.max_world;
   m.generator.topology.exact_world = context.backend.world();
   if (!o.norm_code.empty()) m.generator.keep_only = fuzz::norm_code_filter(o.norm_code);
+  m.generator.presets = parse_presets(o.presets, "--preset");
   m.shrink.max_runs = o.shrink_runs;
   m.corpus_dir = o.corpus;
   m.shrink.max_seconds = parse_duration(o.shrink_time, "--shrink-time");
@@ -73,7 +76,7 @@ void run_mutants_command(const MutantsOptions& o, CommandContext& context) {
   const char* format = "%-36s %-6s %6s  %-44s %s\n";
   if (!o.json) {
     out << "tally mutants: seed " << o.seed << ", budget " << o.budget << " cases per fault, "
-        << target_text << "\n";
+        << (o.presets.empty() ? "" : "presets " + presets_text(m.generator.presets) + ", ") << target_text << "\n";
     std::snprintf(row, sizeof row, format, "fault", "found", "cases", "shrunk world", "shrunk model");
     out << row << std::flush;
   }
@@ -192,6 +195,11 @@ void add_mutants_command(CLI::App& app, CommandContext& context) {
   command->add_option("--faults", options->faults, "all, or fault names (comma-separated)")
       ->capture_default_str();
   add_norm_code_flag(*command, options->norm_code);
+  command->add_option("--preset", options->presets,
+                      "Architecture presets (comma-separated: " + topologies::preset_names() +
+                          "): every case's model is one of them, laid out on its drawn configuration (a fault's "
+                          "cases too). Default: tally's generated models")
+      ->delimiter(',');
   command->add_option("--corpus", options->corpus, "Write each finding's case files here")
       ->check(output_folder());
   command->add_option("--shrink-runs", options->shrink_runs, "Cases run while shrinking one finding")
