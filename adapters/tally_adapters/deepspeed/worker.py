@@ -49,10 +49,14 @@ With `deepspeed.launcher accelerate` (launchers.py) the same model, optimizer an
 to accelerate's `Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)).prepare` instead of
 `deepspeed.initialize` (no mpu: TP 1, or AutoTP's), the step is `accelerator.backward(loss)` (the
 engine's backward and step), and the reported norm is what `accelerator.clip_grad_norm_` returns,
-which at ZeRO 0 fp32 would be None (refused). The engine's own norm is the reported norm of the same
+which at ZeRO 0 fp32 would be None (refused). With `deepspeed.launcher trainer` a transformers
+Trainer made with TrainingArguments(deepspeed=...) builds it as its train() does before its loop
+(deepspeed_init with the Trainer's own optimizer, then its accelerator's prepare), and the reported
+norm is what Trainer._get_grad_norm returns. The engine's own norm is the reported norm of the same
 case with launcher deepspeed. On CPUs the worker first starts accelerate's process state as a CPU
 one over its gloo group, so it counts every rank (launchers.cpu_ranks_as_processes; accelerate finds
-no backend without a device, accelerate/state.py:769-815); nothing of the norm reads it.
+no backend without a device, accelerate/state.py:769-815), which the Trainer's arguments are told
+to use; nothing of the norm reads it.
 """
 
 import contextlib
