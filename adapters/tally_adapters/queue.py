@@ -315,7 +315,10 @@ def serve(queue, parent_pid, hello, execute, thread_budget=THREAD_BUDGET):
                 write_atomically(retiring + "\n", os.path.join(queue, "retiring"))
             result = result_document([(s, m) for s, m, _ in results], time.monotonic() - start)
             write_atomically(json.dumps(result) + "\n", os.path.join(queue, f"case-{k}.result.json"))
-            print(f"case {k}: {result['status']} in {result['seconds']:.2f} s {result['message']}", flush=True)
+            # Each rank's threads after the case: the log shows a case that keeps some (queue.THREAD_BUDGET).
+            threads = " ".join(str(t) for _, _, t in results)
+            print(f"case {k}: {result['status']} in {result['seconds']:.2f} s (threads {threads}) {result['message']}",
+                  flush=True)
         if retiring:
             print(f"tally's worker retires after case {k}: {retiring}", file=sys.stderr, flush=True)
             return

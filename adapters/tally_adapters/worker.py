@@ -185,6 +185,39 @@ class Worker:
         return hello
 
 
+def destroy_groups_but_the_world() -> int:
+    """Destroys every process group torch holds but the default one and takes each destroyed group
+    out of every DeviceMesh still alive; returns how many groups it destroyed. For a worker whose
+    framework builds its meshes anew each case (Automodel's MeshContext.build, accelerate's
+    ParallelismConfig), as a user's process builds them once. A gloo group keeps its threads (three
+    on CPUs) while anything refers to it, destroyed or not, and a DeviceMesh holds its groups (its
+    `_pg_registry`); torch keeps some of a case's meshes past it through its DTensor sharding
+    strategies, from somewhere the collector cannot see, so destroying the groups alone gave no
+    thread back (bench/RESULTS.md). A mesh left so names a group no case can use again: what the
+    framework computes is unchanged, since the next case builds its own."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    # torch's registry of the groups it made (private: getattr, so a torch without it destroys none).
+    registry = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    groups = [g for g in list(getattr(registry, "pg_map", {})) if g is not dist.group.WORLD]
+    for group in groups:
+        dist.destroy_process_group(group)
+    # Output specs cached by value name the case's meshes: no later case is handed one of them.
+    _clear_sharding_prop_cache()
+    # Only what came since the worker's start (gc.freeze in run): the case's objects. type(), not
+    # isinstance: an object's __class__ may be a property (torch's deprecated reduce_op warns).
+    for mesh in [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]:
+        held = getattr(mesh, "_pg_registry", None) or {}
+        for name in [name for name, g in held.items() if any(g is d for d in groups)]:
+            del held[name]
+    destroyed = len(groups)
+    del groups
+    gc.collect()
+    return destroyed
+
+
 def parse_args(description: str, argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--queue", required=True, help="the queue folder tally writes cases into")

@@ -343,27 +343,35 @@ def contributions_of(run, mapping):
     times that size into one nonzero share per rank of such a group (run/automodel/rules.h). A rank
     takes the share at its position among the group's ranks in Automodel's mesh. With sequence
     parallelism a param TP replicates has a Partial gradient over TP, which FSDP2 sums before it
-    averages: its group is the FSDP group times TP."""
+    averages: its group is the FSDP group times TP. An expert on the MoE mesh's EP axis is FSDP2's
+    over ep_shard alone, and the recipe's scale_grads_and_clip_grad_norm divides what FSDP2 leaves by
+    DP / ep_shard: tally dealt it times DP over ep_shard's ranks."""
     import torch.distributed as dist
 
-    mesh = run.mesh_context.device_mesh
-    names = tally_dtensor.dim_names(mesh)
-    mine = {}  # group size -> this rank's share of every logical gradient
+    values_of = {}  # group size -> every rank's shares of every logical gradient
+    mine = {}  # the group's ranks -> this rank's share of every logical gradient
 
-    def shares_over(axes):
-        ranks = tally_dtensor.ranks_along(mesh, [d for d, name in enumerate(names) if name in axes])
-        if len(ranks) not in mine:
+    def shares_over(mesh, axes):
+        names = tally_dtensor.dim_names(mesh)
+        ranks = tuple(tally_dtensor.ranks_along(mesh, [d for d, name in enumerate(names) if name in axes]))
+        if ranks not in mine:
+            if len(ranks) not in values_of:
+                values_of[len(ranks)] = run.request.shares(len(ranks))
             at = ranks.index(dist.get_rank())
-            mine[len(ranks)] = {name: values[at] for name, values in run.request.shares(len(ranks)).items()}
-        return mine[len(ranks)]
+            mine[ranks] = {name: values[at] for name, values in values_of[len(ranks)].items()}
+        return mine[ranks]
 
+    device_mesh, moe_mesh = run.mesh_context.device_mesh, run.mesh_context.moe_mesh
     out = {}
     for n, p in run.model.named_parameters():
         if not p.requires_grad:
             continue
+        if moe_mesh is not None and mapping.is_expert(local_name(n)):
+            out[n] = mapping.full_gradient(local_name(n), p.shape, shares_over(moe_mesh, ("ep_shard",)))
+            continue
         partial = run.config["distributed"]["sequence_parallel"] and fsdp2.replicated_over(p, "tp")
         axes = ("dp_replicate", "dp_shard", "cp") + (("tp",) if partial else ())
-        out[n] = mapping.full_gradient(local_name(n), p.shape, shares_over(axes))
+        out[n] = mapping.full_gradient(local_name(n), p.shape, shares_over(device_mesh, axes))
     return out
 
 
@@ -380,9 +388,6 @@ def set_gradients(run):
     shapes = {p["name"]: list(p["shape"]) for p in run.index}
     run.pieces, run.before = [], {}
     reduced = run.case["automodel"].get("gradients_enter") == "before_reduction"
-    if reduced and is_moe(run.case["model"]):
-        raise ValueError("a MoE case before FSDP2's reduction, which tally's worker does not build (run/automodel/rules.cpp "
-                         "refuses it)")
     if reduced:
         partial_over = ("tp",) if run.config["distributed"]["sequence_parallel"] else ()
         fsdp2.backward_through_fsdp2(run.model, fsdp2.local_term(contributions_of(run, mapping), run.device,
@@ -402,19 +407,49 @@ def set_gradients(run):
     return {piece.logical_name for piece in run.pieces}
 
 
+def dp_group_size(device_mesh):
+    """The data-parallel size the recipe passes scale_grads_and_clip_grad_norm: its flat "dp" mesh's,
+    or "dp_cp"'s where CP > 1 (BaseRecipe._get_dp_group_size(include_cp=True), recipes/base_recipe.py:749-759)."""
+    from nemo_automodel.components.distributed.mesh_utils import get_flat_mesh
+
+    return get_flat_mesh(device_mesh, "dp_cp" if device_mesh["cp"].size() > 1 else "dp").size()
+
+
 def clip(run):
-    """Automodel's clip_grad_norm over the model, with the case's max_norm (infinity where the case does
-    not clip): its norm (`norm`) and the gradients after it (`after`)."""
+    """Automodel's clip over the model, with the case's max_norm (infinity where the case does not
+    clip): its norm (`norm`) and the gradients after it (`after`). After FSDP2's reduction,
+    clip_grad_norm; before it, what the recipe calls after the backward,
+    scale_grads_and_clip_grad_norm, which first divides the experts by DP / ep_shard and then calls
+    clip_grad_norm: the gradients that call gets are the ones the case's truth holds them to
+    (`before`, recorded as it starts; nothing else of it changes)."""
     from nemo_automodel.components.training import utils as automodel_utils
     from torch.distributed.tensor import DTensor
 
     max_norm = float(run.config["clip_grad"]["max_norm"])
-    # The MoE mesh and its EP axis as Automodel's recipe passes them (recipes/llm/train_ft.py:1501-1509).
+    max_norm = max_norm if max_norm > 0 else math.inf
+    # The MoE mesh and its EP axis as Automodel's recipe passes them (recipes/llm/train_ft.py:1501-1515).
     moe_mesh = run.mesh_context.moe_mesh
     ep_axis = "ep" if moe_mesh is not None and "ep" in tally_dtensor.dim_names(moe_mesh) else None
-    total = automodel_utils.clip_grad_norm(max_norm if max_norm > 0 else math.inf, [run.model],
-                                           device_mesh=run.mesh_context.device_mesh, moe_mesh=moe_mesh,
-                                           ep_axis_name=ep_axis)
+    device_mesh = run.mesh_context.device_mesh
+    if run.case["automodel"].get("gradients_enter") != "before_reduction":
+        total = automodel_utils.clip_grad_norm(max_norm, [run.model], device_mesh=device_mesh, moe_mesh=moe_mesh,
+                                               ep_axis_name=ep_axis)
+    else:
+        clip_grad_norm = automodel_utils.clip_grad_norm
+
+        def recorded(*args, **kwargs):
+            run.before = {id(p): tally_dtensor.local_values(p.grad) for p in run.params}
+            return clip_grad_norm(*args, **kwargs)
+
+        automodel_utils.clip_grad_norm = recorded
+        try:
+            total = automodel_utils.scale_grads_and_clip_grad_norm(
+                max_norm, [run.model], norm_type=2.0, pp_enabled=False, device_mesh=device_mesh, moe_mesh=moe_mesh,
+                ep_axis_name=ep_axis, pp_axis_name=None, foreach=True, num_label_tokens=None,
+                dp_group_size=dp_group_size(device_mesh),
+                expert_tp_replication_factor=automodel_utils.get_expert_tp_replication_factor([run.model], device_mesh))
+        finally:
+            automodel_utils.clip_grad_norm = clip_grad_norm
     if isinstance(total, DTensor):
         total = total.full_tensor()
     run.norm = float(total)
@@ -497,6 +532,11 @@ class AutomodelWorker(base.Worker):
 
     def manifest(self, run):
         return manifest(run, self.producer())
+
+    def release(self, run, failed):
+        # Automodel builds its meshes each case (MeshContext.build); their gloo groups go with the case.
+        run.model = run.mesh_context = None
+        base.destroy_groups_but_the_world()
 
 
 def main(argv=None):

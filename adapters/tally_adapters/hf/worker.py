@@ -470,9 +470,9 @@ def manifest(run, producer):
 
 
 def release(run):
-    """accelerate's process state and environment forgotten, so the next case's Accelerator is made
-    with its own configuration alone (a user's process makes one; accelerate keeps one shared state
-    per process, and reads back what it wrote into the environment)."""
+    """accelerate's process state, environment and process groups forgotten, so the next case's
+    Accelerator is made with its own configuration alone (a user's process makes one; accelerate
+    keeps one shared state per process, and reads back what it wrote into the environment)."""
     from accelerate.state import AcceleratorState
 
     for name in ("model", "optimizer", "accelerator", "trainer"):
@@ -484,6 +484,8 @@ def release(run):
         for key in [k for k in os.environ if k not in saved]:
             del os.environ[key]
         os.environ.update(saved)
+    # accelerate builds its device mesh each case (ParallelismConfig); its gloo groups go with the case.
+    base.destroy_groups_but_the_world()
 
 
 class HfWorker(base.Worker):
