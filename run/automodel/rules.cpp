@@ -393,10 +393,6 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
   if (m.num_experts > 0 && replicate > 1)
     return "automodel.dp_replicate " + std::to_string(replicate) +
            " with experts: tally's worker does not build HSDP with Automodel's MoE yet";
-  if (m.num_experts > 0 && a->before_reduction)
-    return "automodel.gradients_enter before_reduction with experts: tally's worker does not build FSDP2's reduction "
-           "of Automodel's MoE yet (its recipe then divides expert gradients by DP / ep_shard, "
-           "nemo_automodel/components/training/utils.py:722-727)";
   // Automodel would run it: its parallelizer reads sequence_parallel only where TP > 1.
   if (a->sequence_parallel && t.tp == 1)
     return "automodel.sequence_parallel with topology.tp 1: tally's worker does not build it, the same run as "
@@ -462,10 +458,7 @@ casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std
   }
   AutomodelConfig& a = *stated;
   if (dp % a.dp_replicate != 0 || (a.dp_replicate > 1 && a.dp_replicate >= dp)) a.dp_replicate = 1;
-  if (moe) {  // FSDP2 after its reduction: what the worker builds of Automodel's MoE
-    a.dp_replicate = 1;
-    a.before_reduction = false;
-  }
+  if (moe) a.dp_replicate = 1;  // FSDP2 without HSDP: what the worker builds of Automodel's MoE
   // The replicas' fault shows only where HSDP has replicas.
   if (replicas_fault(o.faults) && a.dp_replicate == 1 && !moe) a.dp_replicate = smallest_replication(dp);
   if (t.tp == 1) a.sequence_parallel = false;
@@ -482,12 +475,17 @@ std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& 
   // With sequence parallelism a param TP replicates has a Partial gradient, which FSDP2 sums over
   // TP before it averages over its own group: shares over both.
   if (t.tp > 1 && a->sequence_parallel) groups.add(fsdp_ranks * t.tp);
+  // Experts: FSDP2 averages them over ep_shard only, and the recipe's scale_grads_and_clip_grad_norm
+  // then divides them by DP / ep_shard (training/utils.py:722-727): over ep_shard, divided by DP.
+  if (c.model.num_experts > 0 && t.ep > 1) groups.add(fsdp_ranks / t.ep);
   return groups;
 }
 
 std::string automodel_norm_code(const casefile::Case& c) {
   const AutomodelConfig a = kAutomodelSection.of(c).value_or(AutomodelConfig{});
-  return std::string("automodel clip_grad_norm") + (c.model.num_experts > 0 ? " with experts over EP" : "") +
+  // Before the reduction, the recipe's own call, which scales the experts first (train_ft.py:1501).
+  return std::string(a.before_reduction ? "automodel scale_grads_and_clip_grad_norm" : "automodel clip_grad_norm") +
+         (c.model.num_experts > 0 ? " with experts over EP" : "") +
          (a.dp_replicate > 1 ? " over HSDP" : "") +
          (a.sequence_parallel ? " with sequence parallelism" : "");
 }
@@ -495,8 +493,9 @@ std::string automodel_norm_code(const casefile::Case& c) {
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base) {
   std::vector<std::pair<std::string, casefile::Case>> out;
   // The sweep's model of each feature as Automodel's architecture of its size; a MoE feature as its
-  // Qwen3-MoE and as its GPT-OSS, and one with multi-latent attention as its DeepSeek-V3, with FSDP
-  // after the reduction (the worker refuses them without a GPU, with its reason).
+  // Qwen3-MoE and as its GPT-OSS, and one with multi-latent attention as its DeepSeek-V3, with FSDP,
+  // after its reduction and before it (the worker refuses the first two without a GPU, with its
+  // reason).
   const bool dense = base.model.kind == topologies::ModelKind::gpt && base.model.num_experts == 0;
   if (base.model.kind == topologies::ModelKind::gpt && !dense) {
     for (MoeFamily family : {MoeFamily::qwen3_moe, MoeFamily::gpt_oss, MoeFamily::deepseek_v3}) {
@@ -507,10 +506,12 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
       if (family == MoeFamily::deepseek_v3) as_deepseek_v3(c.model);
       c.path.optimizer = vocab::OptimizerModel::plain;
       c.path.gradients.generator.dtype = kernels::Dtype::fp32;
-      kAutomodelSection.set(c, {.dp_replicate = 1, .sequence_parallel = false, .before_reduction = false});
       const std::string name = family == MoeFamily::qwen3_moe ? "qwen3-moe" : family == MoeFamily::gpt_oss ? "gpt-oss"
                                                                                                           : "deepseek-v3";
-      out.emplace_back(name + "-fsdp", c);
+      for (bool before_reduction : {false, true}) {
+        kAutomodelSection.set(c, {.dp_replicate = 1, .sequence_parallel = false, .before_reduction = before_reduction});
+        out.emplace_back(name + "-fsdp" + (before_reduction ? "-unreduced" : ""), c);
+      }
     }
     return out;
   }

@@ -39,22 +39,27 @@ std::optional<std::string> automodel_refusal(const casefile::Case& c, std::strin
 // `automodel` section gets one drawn from `draw`: the HSDP replicate degree (a divisor of DP below
 // it, or 1) and sequence parallelism where TP > 1. A planted fault gets what shows it (HSDP for the
 // replicas' one). A MoE GPT, where the worker can build MoE (`cannot_run` does not name
-// model.num_experts), stays MoE as Automodel's Qwen3-MoE (with qk-layernorm: no biases, sinks or
-// shared expert) or GPT-OSS (without: sinks, biases, every layer MoE, no shared expert), TP 1, CP 1, FSDP without HSDP, after FSDP2's reduction, EP kept where it divides the experts.
+// model.num_experts, or the case has multi-latent attention), stays MoE as Automodel's DeepSeek-V3
+// (multi-latent attention: its dense layers first, no MTP), Qwen3-MoE (qk-layernorm: no biases,
+// sinks or shared expert) or GPT-OSS (neither: sinks, biases, every layer MoE, no shared expert),
+// TP 1, CP 1, FSDP without HSDP, EP kept where it divides the experts.
 // A custom layout has no Automodel counterpart and is returned as it is.
 casefile::Case within_automodel(casefile::Case c, const FaultPlants& plants, std::uint64_t draw,
                                 const std::map<std::string, std::string>& cannot_run = {});
 
-// The code that computes the norm of `c`: "automodel clip_grad_norm", then " with experts over EP"
-// (a MoE model), " over HSDP" or " with sequence parallelism" where the case asks.
+// The code that computes the norm of `c`: "automodel clip_grad_norm" (after FSDP2's reduction) or
+// "automodel scale_grads_and_clip_grad_norm" (before it: the recipe's call, which first divides the
+// experts by DP / ep_shard), then " with experts over EP" (a MoE model), " over HSDP" or " with
+// sequence parallelism" where the case asks.
 std::string automodel_norm_code(const casefile::Case& c);
 
 // `base`, a dense model as the Llama and as the Qwen3 of its size, with FSDP and with HSDP
 // replicating over two, each with and, where TP > 1, without sequence parallelism, and each with
 // the gradients entering after FSDP2's reduction and before it ("fsdp", "fsdp-unreduced",
 // "fsdp-sp", "hsdp", "hsdp-sp-unreduced", "qwen3-fsdp", ...); a MoE model as Automodel's Qwen3-MoE
-// and as its GPT-OSS, with FSDP after the reduction ("qwen3-moe-fsdp", "gpt-oss-fsdp"), EP as the layout has it. The worker's refusals
-// decide which run.
+// and as its GPT-OSS, and one with multi-latent attention as its DeepSeek-V3 too, with FSDP after
+// the reduction and before it ("qwen3-moe-fsdp", "gpt-oss-fsdp-unreduced", "deepseek-v3-fsdp", ...),
+// EP as the layout has it. The worker's refusals decide which run.
 std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(const casefile::Case& base);
 
 // The configuration the worker builds Automodel with (`case-<K>.engine.json`, and `tally show`), in
@@ -63,8 +68,8 @@ std::vector<std::pair<std::string, casefile::Case>> automodel_sweep_variants(con
 nlohmann::ordered_json automodel_recipe(const casefile::Case& c);
 
 // The name of the class in Automodel's registry the worker builds `m` as: "LlamaForCausalLM",
-// "Qwen3ForCausalLM", "Qwen3MoeForCausalLM" (experts with qk-layernorm) or "GptOssForCausalLM"
-// (experts without).
+// "Qwen3ForCausalLM", "DeepseekV3ForCausalLM" (experts with multi-latent attention),
+// "Qwen3MoeForCausalLM" (experts with qk-layernorm) or "GptOssForCausalLM" (experts, neither).
 std::string automodel_architecture(const topologies::ModelSpec& m);
 
 // How FSDP2 reduces `c`'s gradients under Automodel, where the case's gradients enter before that
@@ -72,7 +77,9 @@ std::string automodel_architecture(const topologies::ModelSpec& m);
 // over dp_shard_cp, HSDP's all-reduce over dp_replicate) and averaged, FSDP2's default (Automodel
 // sets no gradient divide factor: nemo_automodel 0.7.0 never calls set_gradient_divide_factor);
 // with sequence parallelism, a param TP replicates over that group times TP (its gradient is
-// Partial over TP, which FSDP2 sums first), divided by the same FSDP group's size.
+// Partial over TP, which FSDP2 sums first), divided by the same FSDP group's size; with experts over
+// EP, the experts over ep_shard (FSDP2's group of theirs), divided by DP (FSDP2 averages them over
+// ep_shard, then the recipe's scale_grads_and_clip_grad_norm divides them by DP / ep_shard).
 std::optional<ReductionGroups> automodel_reduction_groups(const casefile::Case& c);
 
 // One line of what the worker gives Automodel, for `tally show`.

@@ -28,10 +28,10 @@ It speaks the queue protocol of tally_adapters.queue (docs/real-targets.md). Per
 4. Automodel's `clip_grad_norm` (components/training/utils.py), as its training recipes call it
    after the gradients are synchronized, with the case's max_norm (infinity where the case does
    not clip) and, for a MoE model, its MoE mesh and EP axis as the recipe passes them, and the
-   manifests of what it returned and of the gradients after it. (The recipe's
-   `scale_grads_and_clip_grad_norm` first divides expert gradients by DP / ep_shard, undoing what
-   its FSDP2 reduction of them left; after the reduction tally gives the true gradients, so the
-   worker calls the clip it ends in.) Automodel
+   manifests of what it returned and of the gradients after it. Before the reduction, the call the
+   recipe makes, `scale_grads_and_clip_grad_norm`, which first divides expert gradients by
+   DP / ep_shard (FSDP2 averaged them over ep_shard only) and then calls `clip_grad_norm`, whose
+   gradients are recorded as it starts (`clip`). Automodel
    groups params by mesh and placements and sums each group's squares over the group's sharded
    mesh dims (not over its replicated ones), so each group's stats group on this rank is exactly
    those ranks (tally_adapters.dtensor.ranks_along) and every shard counts there.

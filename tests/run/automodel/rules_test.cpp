@@ -295,14 +295,6 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
          c.model.untie_embeddings_and_output_weights = false;
        },
        "tie_word_embeddings.py:61", Kind::cited},
-      {"experts before FSDP2's reduction",
-       [](casefile::Case& c) {
-         c.model.num_experts = 4;
-         c.model.qk_layernorm = true;
-         c.topology = topologies::ParallelConfig{.world = 4, .ep = 2};
-         kAutomodelSection.change(c, [](AutomodelConfig& d) { d.before_reduction = true; });
-       },
-       "automodel.gradients_enter before_reduction with experts:", Kind::not_built},
       {"MTP", [](casefile::Case& c) { c.model.mtp_num_layers = 1; }, "model.mtp_num_layers:", Kind::not_built},
       {"attention sinks", [](casefile::Case& c) { c.model.softmax_type = topologies::SoftmaxType::learnable; },
        "model.softmax_type learnable:", Kind::not_built},
@@ -424,24 +416,27 @@ TEST(AutomodelTarget, TheSweepTriesLlamaAndQwen3OnFsdpAndHsdpWithAndWithoutSeque
   EXPECT_EQ(automodel_sweep_variants(megatron_gpt).size(), 8u) << "no sequence parallelism without TP";
   megatron_gpt.model.num_experts = 4;
   const auto moe = automodel_sweep_variants(megatron_gpt);
-  ASSERT_EQ(moe.size(), 2u) << "a MoE model as Qwen3-MoE and as GPT-OSS, with FSDP";
+  ASSERT_EQ(moe.size(), 4u) << "a MoE model as Qwen3-MoE and as GPT-OSS, with FSDP after its reduction and before";
   EXPECT_EQ(moe[0].first, "qwen3-moe-fsdp");
   EXPECT_TRUE(moe[0].second.model.qk_layernorm);
   EXPECT_EQ(moe[0].second.model.num_experts, 4);
-  EXPECT_EQ(moe[1].first, "gpt-oss-fsdp");
-  EXPECT_FALSE(moe[1].second.model.qk_layernorm);
-  EXPECT_TRUE(moe[1].second.model.add_bias_linear);
-  EXPECT_EQ(moe[1].second.model.softmax_type, topologies::SoftmaxType::learnable);
-  EXPECT_EQ(automodel_architecture(moe[1].second.model), "GptOssForCausalLM");
+  EXPECT_EQ(moe[1].first, "qwen3-moe-fsdp-unreduced");
+  EXPECT_TRUE(kAutomodelSection.of(moe[1].second)->before_reduction);
+  EXPECT_EQ(moe[2].first, "gpt-oss-fsdp");
+  EXPECT_FALSE(moe[2].second.model.qk_layernorm);
+  EXPECT_TRUE(moe[2].second.model.add_bias_linear);
+  EXPECT_EQ(moe[2].second.model.softmax_type, topologies::SoftmaxType::learnable);
+  EXPECT_EQ(automodel_architecture(moe[2].second.model), "GptOssForCausalLM");
   EXPECT_EQ(automodel_architecture(moe[0].second.model), "Qwen3MoeForCausalLM");
   megatron_gpt.model.multi_latent_attention = true;  // a MoE model with MLA: also as DeepSeek-V3
   megatron_gpt.model.num_query_groups.reset();
   megatron_gpt.model.q_lora_rank = 4;
   const auto latent = automodel_sweep_variants(megatron_gpt);
-  ASSERT_EQ(latent.size(), 3u);
-  EXPECT_EQ(latent[2].first, "deepseek-v3-fsdp");
-  EXPECT_TRUE(latent[2].second.model.multi_latent_attention);
-  EXPECT_EQ(automodel_architecture(latent[2].second.model), "DeepseekV3ForCausalLM");
+  ASSERT_EQ(latent.size(), 6u);
+  EXPECT_EQ(latent[4].first, "deepseek-v3-fsdp");
+  EXPECT_TRUE(latent[4].second.model.multi_latent_attention);
+  EXPECT_EQ(automodel_architecture(latent[4].second.model), "DeepseekV3ForCausalLM");
+  EXPECT_EQ(latent[5].first, "deepseek-v3-fsdp-unreduced");
   EXPECT_FALSE(latent[0].second.model.multi_latent_attention) << "the Qwen3-MoE of its size has GQA attention";
 }
 
@@ -456,6 +451,13 @@ TEST(AutomodelTarget, StatesFsdp2sAverageWhereGradientsEnterBeforeIt) {
   kAutomodelSection.change(c, [&](AutomodelConfig& d) { d.sequence_parallel = false; });
   c.topology = {.world = 8, .tp = 1, .cp = 2, .etp = 1};
   EXPECT_EQ(automodel_reduction_groups(c), (ReductionGroups{{8}, 8})) << "CP ranks are FSDP's too";
+  casefile::Case experts = c;
+  experts.model.num_experts = 4;
+  experts.topology = {.world = 8, .tp = 1, .ep = 2, .etp = 1};
+  EXPECT_EQ(automodel_reduction_groups(experts), (ReductionGroups{{8, 4}, 8}))
+      << "experts: FSDP2's over ep_shard 4, the recipe's scale then dividing by DP / ep_shard";
+  experts.topology.ep = 1;
+  EXPECT_EQ(automodel_reduction_groups(experts), (ReductionGroups{{8}, 8})) << "EP 1: the experts are FSDP2's over DP";
   const nlohmann::json written = casefile::case_to_json(c);
   EXPECT_EQ(written["automodel"]["gradients_enter"], "before_reduction");
   EXPECT_EQ(kAutomodelSection.of(casefile::case_from_json(nlohmann::json::parse(written.dump()), run::case_frameworks(), "case.json")),
