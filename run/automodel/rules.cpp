@@ -279,6 +279,12 @@ std::optional<std::string> moe_refuses(const ModelSpec& m, const ParallelConfig&
   if (t.tp > 1)
     return "topology.tp " + std::to_string(t.tp) + " with experts: tally's worker does not build TP with Automodel's " +
            name + " yet";
+  // Automodel's experts are EP's (and FSDP2's over ep_shard): its MoE TP plan may not shard them.
+  if (t.etp != 1)
+    return "topology.etp " + std::to_string(t.etp) +
+           ": Automodel has no expert TP: its MoE TP plan raises ValueError for a plan that targets routed experts "
+           "(\"Tensor parallelism must not target routed-expert parameters ...\", "
+           "nemo_automodel/components/moe/tp_plan_validation.py:79)";
   if (t.cp > 1)
     return "topology.cp " + std::to_string(t.cp) + " with experts: tally's worker does not build CP with Automodel's " +
            name + " yet";

@@ -349,6 +349,25 @@ def test_deepseek_v3_builds_on_cpus_without_mtp_biases_or_a_dense_layer_after_mo
     assert "n_shared_experts=config.n_shared_experts" in cited_line("components/models/deepseek_v3/model.py", 152)
 
 
+def test_automodels_moe_tp_plan_may_not_shard_routed_experts():
+    """topology.etp != 1 with experts: nemo_automodel/components/moe/tp_plan_validation.py:79."""
+    from nemo_automodel._transformers.registry import get_registry
+    from nemo_automodel.components.moe.tp_plan_validation import _validate_moe_tp_plan
+    from torch.distributed.tensor.parallel import ColwiseParallel
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+
+    config = DeepseekV3Config(vocab_size=4, hidden_size=4, intermediate_size=4, moe_intermediate_size=2, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=2, n_routed_experts=2, n_shared_experts=1,
+                              num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=4,
+                              kv_lora_rank=2, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2,
+                              max_position_embeddings=4, tie_word_embeddings=False, dtype="float32")
+    model = get_registry().get_model_cls_from_model_arch("DeepseekV3ForCausalLM")(config)
+    name, message, frames = caught(lambda: _validate_moe_tp_plan({"model.layers.*.mlp.experts": ColwiseParallel()}, model))
+    assert name == "ValueError", (name, message)
+    assert "must not target routed-expert parameters" in message
+    assert raised_at(frames, "nemo_automodel/components/moe/tp_plan_validation.py", 79)
+
+
 def test_fsdp2_refuses_an_uneven_shard_along_dim_1(on_two_ranks):
     """model.hidden_size or moe_ffn_hidden_size that ep_shard does not divide:
     torch/distributed/fsdp/_fully_shard/_fsdp_param.py:377 at torch 2.11.0."""

@@ -241,6 +241,12 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
          c.model.moe_layer_pattern = {false, true, false};
        },
        "deepseek_v3/model.py:55", Kind::cited},
+      {"expert TP",
+       [&](casefile::Case& c) {
+         deepseek_v3(c);
+         c.topology = topologies::ParallelConfig{.world = 4, .ep = 2, .etp = 2};
+       },
+       "tp_plan_validation.py:79", Kind::cited},
       {"DeepSeek-V3 with MTP",
        [&](casefile::Case& c) {
          deepseek_v3(c);
