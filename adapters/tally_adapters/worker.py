@@ -27,7 +27,11 @@ from typing import Dict, List, Optional, Tuple
 from . import __version__
 from .manifest import write_run
 from .plants import Planted
-from .queue import THREAD_BUDGET, Request, framework_setup, serve
+from .queue import THREAD_BUDGET, Request, framework_setup, serve, threads_of_this_process
+
+# The threads a rank may hold before a worker whose framework builds its meshes each case destroys
+# their process groups (destroy_groups_past): half the queue's budget, so no case takes it past.
+GROUP_THREADS = THREAD_BUDGET // 2
 
 # fault -> ([(where, attr, make)], how): what a worker replaces to plant a catalog fault (plants.py)
 PlantTable = Dict[str, Tuple[List[Tuple[str, str, object]], str]]
@@ -185,37 +189,69 @@ class Worker:
         return hello
 
 
-def destroy_groups_but_the_world() -> int:
-    """Destroys every process group torch holds but the default one and takes each destroyed group
-    out of every DeviceMesh still alive; returns how many groups it destroyed. For a worker whose
-    framework builds its meshes anew each case (Automodel's MeshContext.build, accelerate's
-    ParallelismConfig), as a user's process builds them once. A gloo group keeps its threads (three
-    on CPUs) while anything refers to it, destroyed or not, and a DeviceMesh holds its groups (its
-    `_pg_registry`); torch keeps some of a case's meshes past it through its DTensor sharding
-    strategies, from somewhere the collector cannot see, so destroying the groups alone gave no
-    thread back (bench/RESULTS.md). A mesh left so names a group no case can use again: what the
-    framework computes is unchanged, since the next case builds its own."""
+def destroy_groups(groups) -> None:
+    """Destroys `groups` (process groups torch holds, not the default one), takes each out of every
+    DeviceMesh still alive, forgets the output specs DTensor cached, and collects. A gloo group keeps
+    its threads (three on CPUs) while anything refers to it, destroyed or not, and a DeviceMesh
+    holds its groups (its `_pg_registry`); torch keeps a case's meshes past it through its DTensor
+    sharding strategies, from somewhere the collector cannot see, so destroying the groups alone
+    gave no thread back (bench/RESULTS.md). A mesh left so names no group a later case uses: what
+    the framework computes is unchanged, since the next case builds its own."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-    # torch's registry of the groups it made (private: getattr, so a torch without it destroys none).
-    registry = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
-    groups = [g for g in list(getattr(registry, "pg_map", {})) if g is not dist.group.WORLD]
+    groups = list(groups)
     for group in groups:
         dist.destroy_process_group(group)
-    # Output specs cached by value name the case's meshes: no later case is handed one of them.
+    # Output specs cached by value name the meshes: no later case is handed one of them.
     _clear_sharding_prop_cache()
-    # Only what came since the worker's start (gc.freeze in run): the case's objects. type(), not
+    # Only what came since the worker's start (gc.freeze in run): the cases' objects. type(), not
     # isinstance: an object's __class__ may be a property (torch's deprecated reduce_op warns).
     for mesh in [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]:
         held = getattr(mesh, "_pg_registry", None) or {}
         for name in [name for name, g in held.items() if any(g is d for d in groups)]:
             del held[name]
-    destroyed = len(groups)
     del groups
     gc.collect()
-    return destroyed
+
+
+def groups_but_the_world() -> List[object]:
+    """Every process group torch holds but the default one (its registry, private: getattr, so a
+    torch without it names none)."""
+    import torch.distributed as dist
+
+    registry = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    return [g for g in list(getattr(registry, "pg_map", {})) if g is not dist.group.WORLD]
+
+
+def destroy_groups_but_the_world() -> int:
+    """destroy_groups of every group but the default one; returns how many."""
+    groups = groups_but_the_world()
+    destroy_groups(groups)
+    return len(groups)
+
+
+def most_threads_of_any_rank() -> int:
+    """The most threads any rank holds (a collective: every rank calls it at the same point)."""
+    import torch.distributed as dist
+
+    threads: List[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(threads, threads_of_this_process())
+    return max((t for t in threads if isinstance(t, int)), default=0)
+
+
+def destroy_groups_past(most_threads: int) -> int:
+    """After a case, for a worker whose framework builds its meshes anew each case (Automodel's
+    MeshContext.build, accelerate's ParallelismConfig) where a user's process builds them once:
+    once some rank holds `most_threads` threads or more, destroy_groups_but_the_world; returns how
+    many groups it destroyed. Not after every case: destroying forgets DTensor's cached sharding
+    strategies too, which later cases of equal meshes would reuse (a world-4 hf campaign ran 254
+    cases in 5 minutes destroying after each, where it ran 404 retiring at the budget). Every rank
+    decides alike (the most of any rank's)."""
+    if most_threads_of_any_rank() < most_threads:
+        return 0
+    return destroy_groups_but_the_world()
 
 
 def parse_args(description: str, argv=None) -> argparse.Namespace:

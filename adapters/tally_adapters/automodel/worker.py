@@ -534,9 +534,9 @@ class AutomodelWorker(base.Worker):
         return manifest(run, self.producer())
 
     def release(self, run, failed):
-        # Automodel builds its meshes each case (MeshContext.build); their gloo groups go with the case.
+        # Automodel builds its meshes each case (MeshContext.build): their gloo groups' threads.
         run.model = run.mesh_context = None
-        base.destroy_groups_but_the_world()
+        base.destroy_groups_past(base.GROUP_THREADS)
 
 
 def main(argv=None):

@@ -484,8 +484,8 @@ def release(run):
         for key in [k for k in os.environ if k not in saved]:
             del os.environ[key]
         os.environ.update(saved)
-    # accelerate builds its device mesh each case (ParallelismConfig); its gloo groups go with the case.
-    base.destroy_groups_but_the_world()
+    # accelerate builds its device mesh each case (ParallelismConfig): its gloo groups' threads.
+    base.destroy_groups_past(base.GROUP_THREADS)
 
 
 class HfWorker(base.Worker):

@@ -49,6 +49,7 @@ import sys
 from .. import dtensor as tally_dtensor
 from .. import fsdp2, gloo_shims
 from .. import worker as base
+from ..queue import THREAD_BUDGET, threads_of_this_process
 from . import families
 from .family_model import FamilyModel
 from .plants import NOT_PLANTED, PLANTS
@@ -56,13 +57,23 @@ from .stage_model import StageModel
 
 # --- one case ------------------------------------------------------------------------------------
 
+# The threads a rank may hold before its least recently used layouts' groups are destroyed: half
+# the queue's budget, so that the layout a case builds rarely takes a rank past it.
+LAYOUT_THREADS = THREAD_BUDGET // 2
+
 
 class Layouts:
-    """torchtitan's ParallelDims of each layout this worker has run, its meshes built once (most of a
-    case's time on gloo is making their process groups)."""
+    """torchtitan's ParallelDims of the layouts this worker has run lately, each layout's meshes built
+    once (most of a case's time on gloo is making their process groups). A gloo group keeps its
+    threads while a mesh holds it: past `most_threads` on any rank, the least recently used layouts'
+    groups are destroyed (kept, a world-4 worker's ranks passed the queue's 512 within about 60
+    cases and the worker retired)."""
 
-    def __init__(self):
-        self.dims = {}
+    def __init__(self, most_threads=LAYOUT_THREADS):
+        self.most_threads = most_threads
+        self.dims = {}  # layout -> its ParallelDims, least recently used first
+        self.groups = {}  # layout -> the process groups made while it was the current one
+        self.known = []  # the groups torch held when the current layout became current
         self.current = None
 
     def parallel_dims(self, parallelism, world):
@@ -76,7 +87,12 @@ class Layouts:
             # layout's mesh would hand back that mesh object for this layout's equal one, which
             # fully_shard (checking identity) refuses. torchtitan builds one layout per process.
             _clear_sharding_prop_cache()
+            self.note_groups_of_current()
             self.current = key
+        if key in self.dims:
+            self.dims[key] = self.dims.pop(key)  # the most recently used
+        else:
+            self.forget_least_recent(self.most_threads)
         if key not in self.dims:
             dims = ParallelDims(dp_replicate=parallelism["data_parallel_replicate_degree"],
                                 dp_shard=parallelism["data_parallel_shard_degree"],
@@ -86,6 +102,33 @@ class Layouts:
             dims.build_mesh()
             self.dims[key] = dims
         return self.dims[key]
+
+    def note_groups_of_current(self):
+        """The groups made since the current layout became current are its own (its meshes', the
+        ones its cases flattened)."""
+        now = base.groups_but_the_world()
+        if self.current is not None:
+            made = [g for g in now if not any(g is k for k in self.known)]
+            self.groups.setdefault(self.current, []).extend(made)
+        self.known = now
+
+    def forget_least_recent(self, most_threads):
+        """While some rank holds `most_threads` threads or more, destroys the groups of the least
+        recently used layout other than the current one. Every rank decides alike (the most of any
+        rank's), so every rank builds the same layouts' groups in the same order later."""
+        import torch.distributed as dist
+
+        while len(self.dims) > int(self.current in self.dims):
+            threads = [None] * dist.get_world_size()
+            dist.all_gather_object(threads, threads_of_this_process())
+            if max((t for t in threads if t is not None), default=0) < most_threads:
+                return
+            oldest = next(k for k in self.dims if k != self.current)
+            del self.dims[oldest]
+            forgotten = self.groups.pop(oldest, [])
+            self.known = [g for g in self.known if not any(g is f for f in forgotten)]
+            base.destroy_groups(forgotten)
+            del forgotten
 
 
 def layout_meshes(dims, backend):
