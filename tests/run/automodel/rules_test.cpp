@@ -48,6 +48,23 @@ FaultPlants every_plant() {
   return plants;
 }
 
+// tally's deepseek-v3 preset's shape on the case: multi-latent attention, a dense first layer, a
+// shared expert of one expert's width.
+void deepseek_v3(casefile::Case& c) {
+  c.model.num_experts = 4;
+  c.model.multi_latent_attention = true;
+  c.model.qk_layernorm = true;
+  c.model.num_query_groups.reset();
+  c.model.q_lora_rank = 4;
+  c.model.kv_lora_rank = 2;
+  c.model.qk_head_dim = 2;
+  c.model.qk_pos_emb_head_dim = 2;
+  c.model.v_head_dim = 2;
+  c.model.moe_ffn_hidden_size = 2;
+  c.model.moe_shared_expert_intermediate_size = 2;
+  c.model.moe_layer_pattern = {false, true};
+}
+
 // A worker on a machine without a GPU says it cannot build MoE (its hello's cannot_run).
 const std::map<std::string, std::string> kNoGpu = {{"model.num_experts", "no CUDA device (as the test says)"}};
 
@@ -125,14 +142,7 @@ TEST(AutomodelTarget, NamesWhatTheWorkerCannotBuild) {
   c.topology = topologies::ParallelConfig{.world = 4, .ep = 2};
   EXPECT_FALSE(automodel_refusal(c, "0.7.0")) << "Qwen3-MoE on EP 2 x FSDP 2";
   // DeepSeek-V3 (multi-latent attention) builds on CPUs: the worker's reason does not reach it.
-  c.model.multi_latent_attention = true;
-  c.model.num_query_groups.reset();
-  c.model.q_lora_rank = 4;
-  c.model.kv_lora_rank = 2;
-  c.model.qk_head_dim = 2;
-  c.model.qk_pos_emb_head_dim = 2;
-  c.model.v_head_dim = 2;
-  c.model.moe_ffn_hidden_size = 2;
+  deepseek_v3(c);
   EXPECT_FALSE(automodel_refusal(c, "0.7.0", {}, no_gpu)) << "DeepSeek-V3 on EP 2 x FSDP 2, without a GPU";
   const casefile::Case kept = within_automodel(c, {}, 1, no_gpu);
   EXPECT_EQ(kept.model.num_experts, 4) << "stays MoE where the worker sees no GPU";
@@ -188,22 +198,6 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
       d.sequence_parallel = sp;
     });
   };
-  // tally's deepseek-v3 preset's shape on the case: multi-latent attention, a dense first layer, a
-  // shared expert of one expert's width.
-  const auto deepseek_v3 = [](casefile::Case& c) {
-    c.model.num_experts = 4;
-    c.model.multi_latent_attention = true;
-    c.model.qk_layernorm = true;
-    c.model.num_query_groups.reset();
-    c.model.q_lora_rank = 4;
-    c.model.kv_lora_rank = 2;
-    c.model.qk_head_dim = 2;
-    c.model.qk_pos_emb_head_dim = 2;
-    c.model.v_head_dim = 2;
-    c.model.moe_ffn_hidden_size = 2;
-    c.model.moe_shared_expert_intermediate_size = 2;
-    c.model.moe_layer_pattern = {false, true};
-  };
   const std::vector<Row> rows = {
       {"custom layout", [](casefile::Case& c) { c.model.kind = topologies::ModelKind::custom; }, "model.kind custom:",
        Kind::not_built},
@@ -235,32 +229,32 @@ TEST(AutomodelTarget, EveryRefusalCitesAutomodelsCheckOrSaysTheWorkerDoesNotBuil
        },
        "topology.tp 2 with experts: tally's worker does not build TP with Automodel's GPT-OSS", Kind::not_built},
       {"DeepSeek-V3 with a dense layer after a MoE one",
-       [&](casefile::Case& c) {
+       [](casefile::Case& c) {
          deepseek_v3(c);
          c.model.num_layers = 3;
          c.model.moe_layer_pattern = {false, true, false};
        },
        "deepseek_v3/model.py:55", Kind::cited},
       {"expert TP",
-       [&](casefile::Case& c) {
+       [](casefile::Case& c) {
          deepseek_v3(c);
          c.topology = topologies::ParallelConfig{.world = 4, .ep = 2, .etp = 2};
        },
        "tp_plan_validation.py:79", Kind::cited},
       {"DeepSeek-V3 with MTP",
-       [&](casefile::Case& c) {
+       [](casefile::Case& c) {
          deepseek_v3(c);
          c.model.mtp_num_layers = 1;
        },
        "model.mtp_num_layers: tally's worker does not build multi-token prediction with Automodel", Kind::not_built},
       {"DeepSeek-V3 with a shared expert not a whole number of experts",
-       [&](casefile::Case& c) {
+       [](casefile::Case& c) {
          deepseek_v3(c);
          c.model.moe_shared_expert_intermediate_size = 3;
        },
        "deepseek_v3/model.py:152", Kind::not_built},
       {"DeepSeek-V3 without its latent norms",
-       [&](casefile::Case& c) {
+       [](casefile::Case& c) {
          deepseek_v3(c);
          c.model.qk_layernorm = false;
        },
