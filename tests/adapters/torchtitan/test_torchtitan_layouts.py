@@ -3,6 +3,7 @@ run again reuses its meshes while the ranks' threads allow, and past them the le
 layout's groups are destroyed and that layout is built anew when it
 comes again."""
 
+import importlib.util
 import os
 import sys
 import unittest
@@ -63,6 +64,7 @@ def _both(rank):
     _least_recent_destroyed_past_them(rank)
 
 
+@unittest.skipUnless(importlib.util.find_spec("torchtitan"), "needs torchtitan")
 class Layouts(unittest.TestCase):
     def test_layouts_are_reused_while_the_threads_allow_and_the_least_recent_destroyed_past_them(self):
         # One pair of ranks for both (each start imports torchtitan on every rank).
