@@ -64,7 +64,9 @@ def _both(rank):
     _least_recent_destroyed_past_them(rank)
 
 
-@unittest.skipUnless(importlib.util.find_spec("torchtitan"), "needs torchtitan")
+# torchtitan.distributed: this folder is a namespace package named torchtitan on the tests' path
+@unittest.skipUnless(importlib.util.find_spec("torch") and importlib.util.find_spec("torchtitan.distributed"),
+                     "needs torch and torchtitan")
 class Layouts(unittest.TestCase):
     def test_layouts_are_reused_while_the_threads_allow_and_the_least_recent_destroyed_past_them(self):
         # One pair of ranks for both (each start imports torchtitan on every rank).
